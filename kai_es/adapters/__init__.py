@@ -1,0 +1,1 @@
+"""Implementations of the ports: logs, clocks, ids, cluster sources and actuators."""

@@ -1,0 +1,47 @@
+"""The CloudEvents 1.0 envelope and the log record that pairs it with its position.
+
+Contract: `logicaltime` (int nanoseconds since the Unix epoch) is the only time the core reads;
+`time` is the same instant rendered for humans. Optional extensions are omitted when unset, so
+canonical bytes do not depend on how an absent field was spelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from kai_es.events.payloads import Payload
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    specversion: str
+    id: str
+    type: str
+    source: str
+    subject: str
+    time: str
+    datacontenttype: str
+    schemaversion: int
+    logicaltime: int
+    causationid: str | None = None
+    correlationid: str | None = None
+    basedon: int | None = None
+    policyversion: str | None = None
+    statedigest: str | None = None
+    data: Any
+
+    @property
+    def payload(self) -> Payload:
+        """The typed payload (after decoding, `data` always holds a Payload)."""
+        assert isinstance(self.data, Payload)
+        return self.data
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """An envelope at its log position. Positions increase strictly; they need not be dense."""
+
+    position: int
+    envelope: Envelope

@@ -1,0 +1,325 @@
+"""Payload types of every event, version 1.
+
+Contract: every quantity is an integer whose unit is in its name (`milli_cpu`, `memory_bytes`,
+`milli_gpu`, `gpu_memory_mib`); there are no floats. Field order is irrelevant on the wire because
+the codec sorts keys. A payload never carries a log position of its own event: the log assigns it.
+
+msgspec Structs (not dataclasses or pydantic) because one definition gives us the fastest decoder
+on PyPI, canonical sorted-key JSON and the JSON Schema in `schemas/`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+Preemptibility = Literal["", "preemptible", "non-preemptible"]
+
+
+class Payload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of all payloads: immutable, keyword-only, unknown fields rejected."""
+
+
+# --- shared value types ---------------------------------------------------------------------
+
+
+class Taint(Payload, kw_only=True):
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class Toleration(Payload, kw_only=True):
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = ""
+    effect: str = ""
+
+
+class NodeSelectorRequirement(Payload, kw_only=True):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = []
+
+
+class NodeSelectorTerm(Payload, kw_only=True):
+    """All requirements of a term must hold; a pod's terms are ORed."""
+
+    match_expressions: list[NodeSelectorRequirement] = []
+
+
+class OwnerRef(Payload, kw_only=True):
+    kind: str
+    name: str
+    uid: str
+
+
+class PodResources(Payload, kw_only=True):
+    milli_cpu: int = 0
+    memory_bytes: int = 0
+
+
+class GpuRequest(Payload, kw_only=True):
+    """What a pod asks of GPUs. `whole` devices, or a share of `fraction_devices` devices given
+    as `fraction_milli` (1..999) or as `gpu_memory_mib`. All zero: a CPU-only pod."""
+
+    whole: int = 0
+    fraction_milli: int = 0
+    gpu_memory_mib: int = 0
+    fraction_devices: int = 1
+
+
+class QueueResource(Payload, kw_only=True):
+    """One resource of a queue: quota (-1 unlimited), over-quota weight, limit (-1 none)."""
+
+    quota: int = 0
+    over_quota_weight: int = 1
+    limit: int = -1
+
+
+class SubGroup(Payload, kw_only=True):
+    name: str
+    min_member: int = 1
+    parent: str = ""
+
+
+class Reason(Payload, kw_only=True):
+    """One structured reason a pod could not be placed. `numbers` holds the quantities that make
+    the reason checkable (requested, allocated, limit, nodes, ...), integers only."""
+
+    code: str
+    message: str
+    numbers: dict[str, int] = {}
+
+
+# --- cluster: observed and removed objects -------------------------------------------------
+
+
+class NodeObserved(Payload, kw_only=True):
+    name: str
+    uid: str = ""
+    labels: dict[str, str] = {}
+    taints: list[Taint] = []
+    unschedulable: bool = False
+    milli_cpu: int
+    memory_bytes: int
+    gpus: int = 0
+    max_pods: int = 110
+    gpu_memory_mib: int = 0
+    gpu_model: str = ""
+
+
+class NodeRemoved(Payload, kw_only=True):
+    name: str
+
+
+class PodObserved(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    scheduler_name: str = "kai-scheduler"
+    phase: Phase = "Pending"
+    node_name: str = ""
+    terminating: bool = False
+    queue: str = ""
+    podgroup: str
+    implicit_podgroup: bool = False
+    priority_class: str = ""
+    priority: int | None = None
+    preemptibility: Preemptibility = ""
+    requests: PodResources = PodResources()
+    gpu: GpuRequest = GpuRequest()
+    gpu_group: str = ""
+    gpu_devices: list[int] = []
+    node_selector: dict[str, str] = {}
+    affinity_terms: list[NodeSelectorTerm] = []
+    tolerations: list[Toleration] = []
+    subgroup: str = ""
+    task_priority: int = 0
+    owner: OwnerRef | None = None
+    created_ns: int = 0
+
+
+class PodRemoved(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str = ""
+
+
+class QueueObserved(Payload, kw_only=True):
+    name: str
+    uid: str = ""
+    parent: str = ""
+    priority: int = 100
+    gpu: QueueResource = QueueResource()
+    cpu: QueueResource = QueueResource()
+    memory: QueueResource = QueueResource()
+    preempt_min_runtime_ns: int = 0
+    reclaim_min_runtime_ns: int = 0
+    created_ns: int = 0
+
+
+class QueueRemoved(Payload, kw_only=True):
+    name: str
+
+
+class PodGroupObserved(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str = ""
+    queue: str = ""
+    min_member: int = 1
+    priority_class: str = ""
+    preemptibility: Preemptibility = ""
+    subgroups: list[SubGroup] = []
+    topology: str = ""
+    required_topology_level: str = ""
+    preferred_topology_level: str = ""
+    staleness_grace_ns: int | None = None
+    created_ns: int = 0
+
+
+class PodGroupRemoved(Payload, kw_only=True):
+    namespace: str
+    name: str
+
+
+class TopologyObserved(Payload, kw_only=True):
+    name: str
+    levels: list[str] = []
+
+
+class TopologyRemoved(Payload, kw_only=True):
+    name: str
+
+
+class PriorityClassObserved(Payload, kw_only=True):
+    name: str
+    value: int
+    preemption_policy: str = "PreemptLowerPriority"
+
+
+class PriorityClassRemoved(Payload, kw_only=True):
+    name: str
+
+
+ResyncKind = Literal["Node", "Pod", "Queue", "PodGroup", "Topology", "PriorityClass"]
+
+
+class ResyncStarted(Payload, kw_only=True):
+    """A relist of `kind` begins: objects of that kind not observed before the matching
+    ResyncCompleted are removed from state when it arrives."""
+
+    kind: ResyncKind
+
+
+class ResyncCompleted(Payload, kw_only=True):
+    kind: ResyncKind
+
+
+class ObjectRejected(Payload, kw_only=True):
+    """An object the informer or loader could not translate: kept in the log, never dropped."""
+
+    kind: str
+    namespace: str = ""
+    name: str = ""
+    path: str = ""
+    reason: str
+
+
+# --- scheduler ------------------------------------------------------------------------------
+
+
+class ConfigApplied(Payload, kw_only=True):
+    """The scheduler configuration in force from this position on (canonical JSON object)."""
+
+    config_digest: str
+    config: dict[str, object]
+
+
+class CycleStarted(Payload, kw_only=True):
+    cycle: int
+    config_digest: str
+
+
+class CycleCompleted(Payload, kw_only=True):
+    cycle: int
+    decisions: int
+    bound: int = 0
+    pipelined: int = 0
+    evicted: int = 0
+    unschedulable: int = 0
+
+
+class BindingDecided(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    podgroup: str
+    queue: str
+    gpu_devices: list[int] = []
+    gpu_groups: list[str] = []
+
+
+class PodPipelined(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    podgroup: str
+    queue: str
+    gpu_devices: list[int] = []
+    gpu_groups: list[str] = []
+    waiting_for: list[str] = []
+
+
+class EvictionDecided(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    podgroup: str
+    queue: str
+    action: str
+    reason: str
+
+
+class PodUnschedulable(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    podgroup: str
+    queue: str
+    reasons: list[Reason]
+
+
+# --- binder outcomes -------------------------------------------------------------------------
+
+
+class PodBound(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    decision_id: str
+    gpu_devices: list[int] = []
+
+
+class PodBindFailed(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    decision_id: str
+    message: str
+
+
+class PodEvicted(Payload, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    decision_id: str

@@ -1,0 +1,59 @@
+"""The event type names (CloudEvents `type`) and the payload class of each, with its version.
+
+Contract: a type name never changes meaning. A new payload shape is a new schema version with an
+upcaster in `kai_es.events.upcast`; the published schema file of the old version stays as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from kai_es.events import payloads as p
+
+CURRENT_SCHEMA_VERSION: Final = 1
+
+EVENT_TYPES: Final[dict[str, type[p.Payload]]] = {
+    "kai.cluster.node.observed": p.NodeObserved,
+    "kai.cluster.node.removed": p.NodeRemoved,
+    "kai.cluster.pod.observed": p.PodObserved,
+    "kai.cluster.pod.removed": p.PodRemoved,
+    "kai.cluster.queue.observed": p.QueueObserved,
+    "kai.cluster.queue.removed": p.QueueRemoved,
+    "kai.cluster.podgroup.observed": p.PodGroupObserved,
+    "kai.cluster.podgroup.removed": p.PodGroupRemoved,
+    "kai.cluster.topology.observed": p.TopologyObserved,
+    "kai.cluster.topology.removed": p.TopologyRemoved,
+    "kai.cluster.priorityclass.observed": p.PriorityClassObserved,
+    "kai.cluster.priorityclass.removed": p.PriorityClassRemoved,
+    "kai.cluster.resync.started": p.ResyncStarted,
+    "kai.cluster.resync.completed": p.ResyncCompleted,
+    "kai.cluster.object.rejected": p.ObjectRejected,
+    "kai.scheduler.config.applied": p.ConfigApplied,
+    "kai.scheduler.cycle.started": p.CycleStarted,
+    "kai.scheduler.cycle.completed": p.CycleCompleted,
+    "kai.scheduler.pod.bindingdecided": p.BindingDecided,
+    "kai.scheduler.pod.pipelined": p.PodPipelined,
+    "kai.scheduler.pod.evictiondecided": p.EvictionDecided,
+    "kai.scheduler.pod.unschedulable": p.PodUnschedulable,
+    "kai.binder.pod.bound": p.PodBound,
+    "kai.binder.pod.bindfailed": p.PodBindFailed,
+    "kai.binder.pod.evicted": p.PodEvicted,
+}
+
+TYPE_OF: Final[dict[type[p.Payload], str]] = {cls: name for name, cls in EVENT_TYPES.items()}
+
+#: Types the scheduler writes as the outcome of a cycle (compared byte for byte by replay).
+DECISION_TYPES: Final = frozenset(
+    {
+        "kai.scheduler.pod.bindingdecided",
+        "kai.scheduler.pod.pipelined",
+        "kai.scheduler.pod.evictiondecided",
+        "kai.scheduler.pod.unschedulable",
+        "kai.scheduler.cycle.completed",
+    }
+)
+
+
+def type_name(payload: p.Payload) -> str:
+    """The CloudEvents type of a payload instance."""
+    return TYPE_OF[type(payload)]

@@ -1,0 +1,71 @@
+"""Logical time (int ns since the epoch) to and from RFC 3339, without the machine clock."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(Z|z|[+-]\d{2}:\d{2})$"
+)
+
+
+def rfc3339(ns: int) -> str:
+    """`ns` rendered as UTC RFC 3339 with nanoseconds when non-zero (deterministic)."""
+    seconds, frac = divmod(ns, 1_000_000_000)
+    base = (_EPOCH + _dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    if frac:
+        return f"{base}.{frac:09d}".rstrip("0") + "Z"
+    return base + "Z"
+
+
+def parse_rfc3339(text: str) -> int:
+    """RFC 3339 timestamp to int ns since the epoch. Raises ValueError with the text on failure."""
+    m = _RFC3339.match(text.strip())
+    if not m:
+        raise ValueError(f"not an RFC 3339 timestamp: {text!r}")
+    year, month, day, hour, minute, sec, frac, zone = m.groups()
+    tz = _dt.timezone.utc
+    if zone not in ("Z", "z"):
+        sign = 1 if zone[0] == "+" else -1
+        tz = _dt.timezone(sign * _dt.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
+    moment = _dt.datetime(int(year), int(month), int(day), int(hour), int(minute), int(sec), tzinfo=tz)
+    delta = moment - _EPOCH
+    whole = (delta.days * 86_400 + delta.seconds) * 1_000_000_000
+    return whole + (int(frac.ljust(9, "0")) if frac else 0)
+
+
+_DURATION = re.compile(r"(\d+)(ns|us|µs|ms|s|m|h|d)")
+_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
+            "m": 60_000_000_000, "h": 3_600_000_000_000, "d": 86_400_000_000_000}
+
+
+def parse_duration(text: str) -> int:
+    """Kubernetes/Go-style duration (`90s`, `5m`, `1h30m`, `0s`) to int ns. Raises ValueError."""
+    s = str(text).strip()
+    if s == "0":
+        return 0
+    pos = 0
+    total = 0
+    for m in _DURATION.finditer(s):
+        if m.start() != pos:
+            break
+        total += int(m.group(1)) * _UNIT_NS[m.group(2)]
+        pos = m.end()
+    if pos != len(s) or not s:
+        raise ValueError(f"not a duration (use e.g. 90s, 5m, 2h): {text!r}")
+    return total
+
+
+def format_duration(ns: int) -> str:
+    """int ns to a short human duration (`1h2m3s`, `250ms`)."""
+    if ns == 0:
+        return "0s"
+    if ns < 1_000_000_000:
+        return f"{ns // 1_000_000}ms" if ns % 1_000_000 == 0 else f"{ns}ns"
+    seconds = ns // 1_000_000_000
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    out = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{s}s" if s or not (h or m) else "")
+    return out

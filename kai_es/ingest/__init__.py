@@ -1,0 +1,1 @@
+"""Kubernetes objects to events: pure translation and quantity parsing."""

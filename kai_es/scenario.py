@@ -1,0 +1,377 @@
+"""Scenario files (see SCENARIOS.md): a multi-document YAML stream of Kubernetes objects and at
+most one `kai-es.io/v1alpha1` Scenario document.
+
+Contract:
+- `load_scenario(path)` returns a `Scenario` whose objects are expanded (Jobs, Deployments and
+  PyTorchJobs become the pods and PodGroups their controllers and KAI's podgrouper would create)
+  and already translated to observed payloads by the same pure functions the informer uses.
+- Any problem raises `ScenarioError` naming the file, the document index (1-based), the object
+  and the field path. Nothing is skipped silently.
+- Uids and creation times that a document does not state are derived deterministically (uuid5 of
+  the object's identity; scenario start + submit-after + document order), so loading a file twice
+  gives identical events.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from kai_es.events import payloads as p
+from kai_es.events.factory import NAMESPACE
+from kai_es.events.timefmt import parse_duration, parse_rfc3339, rfc3339
+from kai_es.ingest import translate as tr
+from kai_es.scheduling.config import ConfigError, SchedulerConfig, parse_config
+
+SUBMIT_AFTER = "kai-es.io/submit-after"
+RUN_FOR = "kai-es.io/run-for"
+RECREATE = "kai-es.io/recreate"
+BATCH_MIN_MEMBER = "kai.scheduler/batch-min-member"
+DEFAULT_START = "2026-01-01T00:00:00Z"
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be loaded; the message says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Simulation:
+    until_ns: int | None  # None: run until idle
+    cycle_period_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioObject:
+    """One object of the scenario, expanded and translated."""
+
+    doc_index: int
+    kind: str
+    obj: dict[str, Any]
+    payload: p.Payload
+    submit_after_ns: int = 0
+    run_for_ns: int | None = None
+    recreate: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    path: str
+    name: str
+    start_ns: int
+    config: SchedulerConfig
+    simulation: Simulation
+    objects: list[ScenarioObject] = field(default_factory=list)
+
+    def initial(self) -> list[ScenarioObject]:
+        """Objects present at the start (submit-after 0), in creation order."""
+        return [o for o in self.objects if o.submit_after_ns == 0]
+
+
+def _uid(*parts: str) -> str:
+    return str(uuid.uuid5(NAMESPACE, "/".join(parts)))
+
+
+class _Loader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.start_ns = parse_rfc3339(DEFAULT_START)
+        self.name = Path(path).stem
+        self.config = SchedulerConfig()
+        self.simulation = Simulation(until_ns=None, cycle_period_ns=1_000_000_000)
+        self.objects: list[ScenarioObject] = []
+
+    def fail(self, index: int, obj: Any, path: str, message: str) -> ScenarioError:
+        what = ""
+        if isinstance(obj, Mapping):
+            meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+            name = meta.get("name", "?") if isinstance(meta, Mapping) else "?"
+            ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+            what = f" ({obj.get('kind', '?')} {ns + '/' if ns else ''}{name})"
+        where = f" at {path}" if path else ""
+        return ScenarioError(f"{self.path}: document {index}{what}{where}: {message}")
+
+    # -- documents ------------------------------------------------------------------------
+
+    def load(self, text: str) -> Scenario:
+        try:
+            docs = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"{self.path}: not valid YAML: {exc}") from None
+        settings = [(i, d) for i, d in enumerate(docs, 1)
+                    if isinstance(d, Mapping) and d.get("kind") == "Scenario"]
+        if len(settings) > 1:
+            raise self.fail(settings[1][0], settings[1][1], "", "only one Scenario document is allowed")
+        if settings:
+            self._settings(*settings[0])
+        for index, doc in enumerate(docs, 1):
+            if doc is None or (isinstance(doc, Mapping) and doc.get("kind") == "Scenario"):
+                continue
+            if not isinstance(doc, Mapping):
+                raise self.fail(index, doc, "", "a document must be a Kubernetes object (a map)")
+            self._object(index, dict(doc))
+        self._check_references()
+        return Scenario(path=self.path, name=self.name, start_ns=self.start_ns, config=self.config,
+                        simulation=self.simulation, objects=self.objects)
+
+    def _settings(self, index: int, doc: Mapping[str, Any]) -> None:
+        if doc.get("apiVersion") != "kai-es.io/v1alpha1":
+            raise self.fail(index, doc, "apiVersion", "the Scenario document's apiVersion is kai-es.io/v1alpha1")
+        meta = doc.get("metadata") or {}
+        if isinstance(meta, Mapping) and meta.get("name"):
+            self.name = str(meta["name"])
+        spec = doc.get("spec") or {}
+        if not isinstance(spec, Mapping):
+            raise self.fail(index, doc, "spec", "must be a map")
+        unknown = sorted(set(spec) - {"start", "scheduler", "simulation"})
+        if unknown:
+            raise self.fail(index, doc, f"spec.{unknown[0]}", "unknown field")
+        if "start" in spec:
+            try:
+                self.start_ns = parse_rfc3339(str(spec["start"]))
+            except ValueError as exc:
+                raise self.fail(index, doc, "spec.start", str(exc)) from None
+        try:
+            self.config = parse_config(spec.get("scheduler"))
+        except ConfigError as exc:
+            raise self.fail(index, doc, "spec.scheduler", str(exc)) from None
+        sim = spec.get("simulation") or {}
+        if not isinstance(sim, Mapping):
+            raise self.fail(index, doc, "spec.simulation", "must be a map")
+        unknown = sorted(set(sim) - {"until", "cyclePeriod"})
+        if unknown:
+            raise self.fail(index, doc, f"spec.simulation.{unknown[0]}", "unknown field")
+        until = sim.get("until", "idle")
+        try:
+            until_ns = None if str(until) == "idle" else parse_duration(str(until))
+            period = parse_duration(str(sim.get("cyclePeriod", "1s")))
+        except ValueError as exc:
+            raise self.fail(index, doc, "spec.simulation", str(exc)) from None
+        if period <= 0:
+            raise self.fail(index, doc, "spec.simulation.cyclePeriod", "must be positive")
+        self.simulation = Simulation(until_ns=until_ns, cycle_period_ns=period)
+
+    def _sim_annotations(self, index: int, obj: Mapping[str, Any], annotations: Mapping[str, Any]
+                         ) -> tuple[int, int | None, bool]:
+        try:
+            submit = parse_duration(str(annotations.get(SUBMIT_AFTER, "0s")))
+            run_for = parse_duration(str(annotations[RUN_FOR])) if RUN_FOR in annotations else None
+        except ValueError as exc:
+            raise self.fail(index, obj, "metadata.annotations", str(exc)) from None
+        recreate = str(annotations.get(RECREATE, "true")).lower() != "false"
+        return submit, run_for, recreate
+
+    def _object(self, index: int, doc: dict[str, Any]) -> None:
+        kind = str(doc.get("kind"))
+        group = tr.api_group(doc)
+        if (group, kind) == ("batch", "Job"):
+            self._expand_job(index, doc)
+        elif (group, kind) == ("apps", "Deployment"):
+            self._expand_deployment(index, doc)
+        elif (group, kind) == ("kubeflow.org", "PyTorchJob"):
+            self._expand_pytorchjob(index, doc)
+        elif (group, kind) in tr.TRANSLATORS:
+            annotations = (doc.get("metadata") or {}).get("annotations") or {}
+            submit, run_for, recreate = self._sim_annotations(index, doc, annotations)
+            self._add(index, doc, submit, run_for, recreate)
+        else:
+            raise self.fail(index, doc, "kind", f"unsupported object {doc.get('apiVersion')}/{kind}")
+
+    def _add(self, index: int, obj: dict[str, Any], submit: int, run_for: int | None,
+             recreate: bool) -> None:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise self.fail(index, obj, "metadata", "must be a map")
+        kind = str(obj.get("kind"))
+        if kind in ("Pod", "PodGroup"):
+            meta.setdefault("namespace", "default")
+        ident = f"{kind}/{meta.get('namespace', '')}/{meta.get('name', '')}"
+        meta.setdefault("uid", _uid(self.name, ident))
+        if "creationTimestamp" not in meta:
+            # document order is creation order: a nanosecond apart keeps FIFO exact
+            meta["creationTimestamp"] = rfc3339(self.start_ns + submit + len(self.objects))
+        if kind == "Pod":
+            spec = obj.setdefault("spec", {})
+            if isinstance(spec, dict):
+                spec.setdefault("schedulerName", tr.SCHEDULER_NAME)
+        try:
+            payload = tr.translate(obj)
+        except tr.IngestError as exc:
+            raise self.fail(index, obj, exc.path, exc.message) from None
+        self.objects.append(ScenarioObject(doc_index=index, kind=kind, obj=obj, payload=payload,
+                                           submit_after_ns=submit, run_for_ns=run_for,
+                                           recreate=recreate))
+
+    # -- owners -----------------------------------------------------------------------------
+
+    def _owner_parts(self, index: int, doc: dict[str, Any]) -> tuple[str, str, str, dict[str, Any]]:
+        meta = doc.get("metadata") or {}
+        if not isinstance(meta, Mapping) or not meta.get("name"):
+            raise self.fail(index, doc, "metadata.name", "is required")
+        name = str(meta["name"])
+        ns = str(meta.get("namespace") or "default")
+        uid = str(meta.get("uid") or _uid(self.name, f"{doc.get('kind')}/{ns}/{name}"))
+        return name, ns, uid, dict(meta)
+
+    def _template_pod(self, index: int, doc: dict[str, Any], template: Any, path: str,
+                      pod_name: str, ns: str, owner: dict[str, Any], group: str,
+                      owner_meta: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(template, Mapping) or not isinstance(template.get("spec"), Mapping):
+            raise self.fail(index, doc, f"{path}.spec", "a pod template with a spec is required")
+        tmeta = dict(template.get("metadata") or {})
+        labels = dict(owner_meta.get("labels") or {})
+        labels.update(tmeta.get("labels") or {})
+        annotations = dict(owner_meta.get("annotations") or {})
+        annotations.update(tmeta.get("annotations") or {})
+        annotations[tr.PODGROUP_ANNOTATION] = group
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
+                         "annotations": annotations, "ownerReferences": [owner]},
+            "spec": copy.deepcopy(dict(template["spec"])),
+        }
+
+    def _podgroup(self, name: str, ns: str, min_member: int, queue: str, priority_class: str,
+                  owner: dict[str, Any]) -> dict[str, Any]:
+        spec: dict[str, Any] = {"minMember": min_member, "queue": queue}
+        if priority_class:
+            spec["priorityClassName"] = priority_class
+        return {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+                "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner]},
+                "spec": spec}
+
+    def _int_field(self, index: int, doc: Any, value: Any, path: str, minimum: int = 0) -> int:
+        try:
+            return tr._int(value, path, minimum=minimum)
+        except tr.IngestError as exc:
+            raise self.fail(index, doc, exc.path, exc.message) from None
+
+    def _expand_job(self, index: int, doc: dict[str, Any]) -> None:
+        name, ns, uid, meta = self._owner_parts(index, doc)
+        spec = doc.get("spec") or {}
+        replicas = self._int_field(index, doc, spec.get("parallelism", 1), "spec.parallelism")
+        annotations = meta.get("annotations") or {}
+        min_member = self._int_field(index, doc, annotations.get(BATCH_MIN_MEMBER, 1),
+                                     f"metadata.annotations[{BATCH_MIN_MEMBER}]", minimum=1)
+        self._expand(index, doc, name, ns, uid, meta, "Job", "train",
+                     [(f"{name}-{i}", spec.get("template"), "spec.template") for i in range(replicas)],
+                     min_member)
+
+    def _expand_deployment(self, index: int, doc: dict[str, Any]) -> None:
+        name, ns, uid, meta = self._owner_parts(index, doc)
+        spec = doc.get("spec") or {}
+        replicas = self._int_field(index, doc, spec.get("replicas", 1), "spec.replicas")
+        # KAI's podgrouper gives each pod of a Deployment a group of its own
+        for i in range(replicas):
+            self._expand(index, doc, name, ns, uid, meta, "Deployment", "inference",
+                         [(f"{name}-{i}", spec.get("template"), "spec.template")], 1,
+                         group_name=f"pg-{name}-{i}-{uid}")
+
+    def _expand_pytorchjob(self, index: int, doc: dict[str, Any]) -> None:
+        name, ns, uid, meta = self._owner_parts(index, doc)
+        spec = doc.get("spec") or {}
+        replica_specs = spec.get("pytorchReplicaSpecs")
+        if not isinstance(replica_specs, Mapping) or not replica_specs:
+            raise self.fail(index, doc, "spec.pytorchReplicaSpecs", "is required")
+        pods = []
+        for rtype in sorted(replica_specs, key=lambda t: (t != "Master", t)):
+            rspec = replica_specs[rtype] or {}
+            path = f"spec.pytorchReplicaSpecs.{rtype}"
+            count = self._int_field(index, doc, rspec.get("replicas", 1), f"{path}.replicas")
+            for i in range(count):
+                pods.append((f"{name}-{str(rtype).lower()}-{i}", rspec.get("template"), f"{path}.template"))
+        policy = (spec.get("runPolicy") or {}).get("schedulingPolicy") or {}
+        min_member = self._int_field(index, doc, policy.get("minAvailable", len(pods)),
+                                     "spec.runPolicy.schedulingPolicy.minAvailable", minimum=1)
+        self._expand(index, doc, name, ns, uid, meta, "PyTorchJob", "train", pods, min_member)
+
+    def _expand(self, index: int, doc: dict[str, Any], name: str, ns: str, uid: str,
+                meta: dict[str, Any], kind: str, default_class: str,
+                pods: list[tuple[str, Any, str]], min_member: int,
+                group_name: str | None = None) -> None:
+        owner = {"apiVersion": doc.get("apiVersion"), "kind": kind, "name": name, "uid": uid,
+                 "controller": True}
+        group = group_name or f"pg-{name}-{uid}"
+        annotations = meta.get("annotations") or {}
+        submit, run_for, recreate = self._sim_annotations(index, doc, annotations)
+        built = [self._template_pod(index, doc, t, path, pod_name, ns, owner, group, meta)
+                 for pod_name, t, path in pods]
+        if not built:
+            return
+        first = built[0]
+        queue = str((first["metadata"]["labels"] or {}).get(tr.QUEUE_LABEL, ""))
+        pclass = str(first["spec"].get("priorityClassName") or default_class)
+        for pod in built:
+            pod["spec"].setdefault("priorityClassName", pclass)
+        self._add(index, self._podgroup(group, ns, min_member, queue, pclass, owner), submit, None, True)
+        for pod in built:
+            pod_ann = pod["metadata"]["annotations"]
+            s, r, rc = self._sim_annotations(index, doc, pod_ann)
+            self._add(index, pod, s, r, rc)
+
+    # -- cross-object checks ----------------------------------------------------------------
+
+    def _check_references(self) -> None:
+        queues = {o.payload.name: o for o in self.objects if isinstance(o.payload, p.QueueObserved)}
+        groups = {(o.payload.namespace, o.payload.name): o.payload
+                  for o in self.objects if isinstance(o.payload, p.PodGroupObserved)}
+        nodes = {o.payload.name for o in self.objects if isinstance(o.payload, p.NodeObserved)}
+        parents = {q.payload.parent for q in queues.values() if isinstance(q.payload, p.QueueObserved)}
+        for o in queues.values():
+            assert isinstance(o.payload, p.QueueObserved)
+            if o.payload.parent and o.payload.parent not in queues:
+                raise self.fail(o.doc_index, o.obj, "spec.parentQueue",
+                                f"parent queue {o.payload.parent!r} is not defined in this scenario")
+        seen_names: set[tuple[str, str]] = set()
+        for o in self.objects:
+            key = (o.kind, tr.subject_of(o.payload))
+            if key in seen_names:
+                raise self.fail(o.doc_index, o.obj, "metadata.name", "an object of this kind and name is already defined")
+            seen_names.add(key)
+            pl = o.payload
+            if isinstance(pl, p.PodGroupObserved) and pl.queue and pl.queue not in queues:
+                raise self.fail(o.doc_index, o.obj, "spec.queue", f"queue {pl.queue!r} is not defined in this scenario")
+            if not isinstance(pl, p.PodObserved) or pl.scheduler_name != tr.SCHEDULER_NAME:
+                continue
+            group = groups.get((pl.namespace, pl.podgroup))
+            if not pl.implicit_podgroup and group is None:
+                raise self.fail(o.doc_index, o.obj, f"metadata.annotations[{tr.PODGROUP_ANNOTATION}]",
+                                f"PodGroup {pl.podgroup!r} is not defined in this scenario")
+            queue = group.queue if group is not None and group.queue else pl.queue
+            if not queue:
+                raise self.fail(o.doc_index, o.obj, f"metadata.labels[{tr.QUEUE_LABEL}]",
+                                "the pod has no queue (label kai.scheduler/queue or the PodGroup's spec.queue)")
+            if queue not in queues:
+                raise self.fail(o.doc_index, o.obj, f"metadata.labels[{tr.QUEUE_LABEL}]",
+                                f"queue {queue!r} is not defined in this scenario")
+            if queue in parents:
+                raise self.fail(o.doc_index, o.obj, f"metadata.labels[{tr.QUEUE_LABEL}]",
+                                f"queue {queue!r} is a parent queue; only leaf queues hold jobs")
+            if pl.node_name and pl.node_name not in nodes:
+                raise self.fail(o.doc_index, o.obj, "spec.nodeName", f"node {pl.node_name!r} is not defined in this scenario")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Load and validate a scenario file (see module docstring)."""
+    text_path = Path(path)
+    try:
+        text = text_path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+    return _Loader(str(path)).load(text)
+
+
+def load_scenario_text(text: str, name: str = "<scenario>") -> Scenario:
+    """Load a scenario from a string (tests, stdin)."""
+    return _Loader(name).load(text)
+
+
+__all__ = ["Scenario", "ScenarioError", "ScenarioObject", "Simulation", "load_scenario",
+           "load_scenario_text"]

@@ -1,0 +1,94 @@
+"""The scheduler's configuration: the same keys in its config file and in a Scenario's
+`spec.scheduler`. Validated by msgspec (unknown keys and bad values are errors that name the
+field); durations are Kubernetes-style strings, converted to int ns by the accessors.
+
+Contract: `config_digest(cfg)` is the sha256 of the canonical JSON of the fully defaulted config,
+so two spellings of the same configuration have one digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+import msgspec
+
+from kai_es.events.codec import canonical
+from kai_es.events.timefmt import parse_duration
+
+ActionName = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
+IMPLEMENTED_ACTIONS: frozenset[str] = frozenset({"allocate"})
+
+
+class _Cfg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    pass
+
+
+class PlacementStrategy(_Cfg, kw_only=True):
+    gpu: Literal["binpack", "spread", "fragmentation"] = "binpack"
+    cpu: Literal["binpack", "spread"] = "binpack"
+
+
+class MinRuntime(_Cfg, kw_only=True):
+    preempt_min_runtime: str = "0s"
+    reclaim_min_runtime: str = "0s"
+
+
+class Fairshare(_Cfg, kw_only=True):
+    k_value: int = 1
+    window_size: str = "168h"
+    half_life_period: str = "0s"
+
+
+class SchedulerConfig(_Cfg, kw_only=True):
+    actions: list[ActionName] = msgspec.field(
+        default_factory=lambda: ["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"])
+    placement_strategy: PlacementStrategy = PlacementStrategy()
+    gpu_sharing_order: Literal["gpupack", "gpuspread"] = "gpupack"
+    min_runtime: MinRuntime = MinRuntime()
+    default_staleness_grace_period: str = "60s"
+    fairshare: Fairshare = Fairshare()
+    policy_version: str = "kai-es/v1"
+    state_digest_every: int = 1
+
+    def __post_init__(self) -> None:
+        for name, value in (
+            ("minRuntime.preemptMinRuntime", self.min_runtime.preempt_min_runtime),
+            ("minRuntime.reclaimMinRuntime", self.min_runtime.reclaim_min_runtime),
+            ("defaultStalenessGracePeriod", self.default_staleness_grace_period),
+            ("fairshare.windowSize", self.fairshare.window_size),
+            ("fairshare.halfLifePeriod", self.fairshare.half_life_period),
+        ):
+            try:
+                parse_duration(value)
+            except ValueError as exc:
+                raise msgspec.ValidationError(f"{exc} - at `$.{name}`") from None
+        if self.placement_strategy.gpu == "fragmentation":
+            raise msgspec.ValidationError(
+                "the fragmentation strategy is not available in this version - at `$.placementStrategy.gpu`")
+        if self.state_digest_every < 0:
+            raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
+        if len(set(self.actions)) != len(self.actions):
+            raise msgspec.ValidationError("an action is listed twice - at `$.actions`")
+
+
+class ConfigError(ValueError):
+    """A configuration that does not validate; the message names the field."""
+
+
+def parse_config(raw: Any) -> SchedulerConfig:
+    """A validated SchedulerConfig from a plain mapping (None gives all defaults)."""
+    try:
+        return msgspec.convert(raw or {}, SchedulerConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"scheduler config: {exc}") from None
+
+
+def config_to_dict(cfg: SchedulerConfig) -> dict[str, object]:
+    """The fully defaulted config as a plain JSON object (camelCase keys)."""
+    out: dict[str, object] = msgspec.to_builtins(cfg)
+    return out
+
+
+def config_digest(cfg: SchedulerConfig) -> str:
+    return "sha256:" + hashlib.sha256(canonical(config_to_dict(cfg))).hexdigest()

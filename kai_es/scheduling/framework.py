@@ -1,0 +1,65 @@
+"""Scheduling framework values: reason codes and `Status`, returned by plugins, never logged.
+
+Contract: a reason has a stable `code` (machine-readable), a `message` a person can act on, and
+`numbers` with the quantities behind it (ints). The scheduler turns the reasons of a pod left
+Pending into one `PodUnschedulable` event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kai_es.events.payloads import Reason
+
+# Reason codes (stable; part of the decision stream's contract)
+QUEUE_NOT_FOUND = "QueueNotFound"
+NO_QUEUE = "NoQueue"
+PODGROUP_NOT_FOUND = "PodGroupNotFound"
+GANG_INCOMPLETE = "GangIncomplete"
+GANG_UNSATISFIED = "GangUnsatisfied"
+NO_NODE_FITS = "NoNodeFits"
+BIND_BACKOFF = "BindBackoff"
+NO_NODES = "NoNodes"
+
+#: packer rejection slot -> (numbers key, human phrase)
+REJECTION_NAMES: tuple[tuple[str, str], ...] = (
+    ("not_eligible", "excluded by node selector, affinity, taints or cordon"),
+    ("too_many_pods", "at their pod limit"),
+    ("insufficient_cpu", "insufficient CPU"),
+    ("insufficient_memory", "insufficient memory"),
+    ("insufficient_gpu", "too few idle GPUs"),
+    ("insufficient_gpu_share", "no GPU with enough free share"),
+    ("gpu_memory", "GPU memory unknown or too small"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Outcome of a check: `ok`, or not with the reasons why."""
+
+    ok: bool
+    reasons: tuple[Reason, ...] = field(default=())
+
+    @staticmethod
+    def success() -> Status:
+        return _OK
+
+    @staticmethod
+    def fail(code: str, message: str, **numbers: int) -> Status:
+        return Status(False, (Reason(code=code, message=message, numbers=dict(sorted(numbers.items()))),))
+
+
+_OK = Status(True)
+
+
+def no_node_fits(rejections: tuple[int, ...], nodes: int, what: str) -> Reason:
+    """The reason for a task that fits no node, with per-cause node counts."""
+    parts = []
+    numbers = {"nodes": nodes}
+    for (key, phrase), count in zip(REJECTION_NAMES, rejections):
+        if count:
+            parts.append(f"{count} {phrase}")
+            numbers[key] = count
+    detail = "; ".join(parts) if parts else "no nodes"
+    return Reason(code=NO_NODE_FITS, message=f"0/{nodes} nodes can run {what}: {detail}",
+                  numbers=dict(sorted(numbers.items())))

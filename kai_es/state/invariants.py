@@ -1,0 +1,64 @@
+"""Invariants of a folded state. `check(state)` returns violations as readable strings.
+
+Contract: an empty list means the state is internally consistent: indexes equal a recomputation
+from scratch, no node or device is over-committed, occupying pods are on known nodes, and every
+pending pod is indexed exactly once under its job and queue.
+"""
+
+from __future__ import annotations
+
+from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.state.model import OCCUPYING, ClusterState
+from kai_es.state.snapshot import restore, snapshot
+
+
+def check(state: ClusterState, *, allow_overcommit: bool = False) -> list[str]:
+    """Violations found in `state` (empty when it is consistent)."""
+    out: list[str] = []
+    snap = snapshot(state)
+    again = snapshot(restore(snap))
+    if again != snap:
+        for a, b in zip(snap.nodes, again.nodes):
+            if a != b:
+                out.append(f"node {a.spec.name}: incremental usage {_usage(a)} != recomputed {_usage(b)}")
+        for qa, qb in zip(snap.queues, again.queues):
+            if qa != qb:
+                out.append(f"queue {qa.spec.name}: incremental allocation differs from recomputed")
+        for ja, jb in zip(snap.jobs, again.jobs):
+            if ja != jb:
+                out.append(f"job {ja.key}: incremental index differs from recomputed")
+        if snap.pending_jobs != again.pending_jobs:
+            out.append("pending job index differs from recomputed")
+        if not out:
+            out.append("snapshot differs from its restored copy")
+    for name in state.node_names:
+        n = state.nodes[name]
+        if not allow_overcommit:
+            if n.used_milli_cpu > n.spec.milli_cpu:
+                out.append(f"node {name}: cpu over-committed {n.used_milli_cpu}>{n.spec.milli_cpu}")
+            if n.used_memory_bytes > n.spec.memory_bytes:
+                out.append(f"node {name}: memory over-committed")
+            if n.used_pods > n.spec.max_pods:
+                out.append(f"node {name}: pods over-committed {n.used_pods}>{n.spec.max_pods}")
+            for i, used in enumerate(n.device_used):
+                if used > 1000:
+                    out.append(f"node {name}: gpu {i} over-committed {used}>1000 milli")
+        if min([n.used_milli_cpu, n.used_memory_bytes, n.used_pods, *n.device_used, 0]) < 0:
+            out.append(f"node {name}: negative usage")
+    for key in sorted(state.pods):
+        pod = state.pods[key]
+        if pod.status in OCCUPYING and pod.node not in state.nodes:
+            out.append(f"pod {key}: {pod.status} on unknown node {pod.node!r}")
+        want = pod.status == "Pending" and not pod.spec.terminating and pod.spec.scheduler_name == SCHEDULER_NAME
+        if (pod.pending_key is not None) != want:
+            out.append(f"pod {key}: pending index says {pod.pending_key is not None}, status {pod.status}")
+        if pod.job_key not in state.jobs or key not in state.jobs[pod.job_key].members:
+            out.append(f"pod {key}: not a member of its job {pod.job_key}")
+    return out
+
+
+def _usage(n: object) -> str:
+    from kai_es.state.snapshot import NodeSnap
+
+    assert isinstance(n, NodeSnap)
+    return f"cpu={n.used_milli_cpu} mem={n.used_memory_bytes} pods={n.used_pods} gpu={n.device_used}"

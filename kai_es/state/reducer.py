@@ -1,0 +1,712 @@
+"""The reducer: a deterministic fold of log records into `ClusterState`, one handler per type.
+
+Contract:
+- `apply(state, record)` mutates `state` in place and returns it. Its effect depends only on the
+  state and the record: no clock, randomness, I/O or unordered iteration.
+- It is total: an event that refers to something unknown (a bind for a removed pod, a second
+  bind) changes nothing but `state.ignored_events`; it never raises on a valid envelope.
+- Indexes (node usage, per-device milli-GPU, queue usage, pending jobs per queue, pending pods
+  per job) are maintained incrementally; `kai_es.state.invariants` checks them against a
+  recomputation from scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Final
+
+from sortedcontainers import SortedList
+
+from kai_es.events import Envelope, Record
+from kai_es.events import payloads as p
+from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.state.model import (
+    BIND_BACKOFF_BASE_NS,
+    BIND_BACKOFF_CAP_NS,
+    DEFAULT_PRIORITY_CLASSES,
+    OCCUPYING,
+    ClusterState,
+    Job,
+    NodeState,
+    PodState,
+    QueueState,
+)
+
+
+def pod_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def device_milli_on(node: p.NodeObserved, gpu: p.GpuRequest) -> int:
+    """Milli-GPU per device that `gpu` takes on `node` (0 for a CPU-only pod).
+
+    A gpu-memory request converts by the node's per-device memory, rounding up; on a node whose
+    GPU memory is unknown it takes a whole device.
+    """
+    if gpu.whole:
+        return 1000
+    if gpu.fraction_milli:
+        return gpu.fraction_milli
+    if gpu.gpu_memory_mib:
+        if node.gpu_memory_mib <= 0:
+            return 1000
+        return min(1000, -(-gpu.gpu_memory_mib * 1000 // node.gpu_memory_mib))
+    return 0
+
+
+def device_count(gpu: p.GpuRequest) -> int:
+    """How many devices a pod holds."""
+    if gpu.whole:
+        return gpu.whole
+    if gpu.fraction_milli or gpu.gpu_memory_mib:
+        return max(1, gpu.fraction_devices)
+    return 0
+
+
+def resolve_priority(state: ClusterState, class_name: str, explicit: int | None) -> int:
+    """Priority of a PriorityClass name: the observed object, else KAI's defaults, else 0."""
+    if class_name:
+        if class_name in state.priority_classes:
+            return state.priority_classes[class_name]
+        if class_name in DEFAULT_PRIORITY_CLASSES:
+            return DEFAULT_PRIORITY_CLASSES[class_name]
+    return explicit if explicit is not None else 0
+
+
+# --- occupancy ------------------------------------------------------------------------------
+
+
+def _assign_devices(node: NodeState, pod: PodState, milli: int, count: int) -> tuple[int, ...]:
+    """Devices for an observed running pod whose devices the cluster did not state."""
+    if count == 0:
+        return ()
+    n = len(node.device_used)
+    if pod.spec.gpu_group and pod.spec.gpu_group in node.group_device and count == 1:
+        return (node.group_device[pod.spec.gpu_group],)
+    chosen = [i for i in range(n) if node.device_used[i] + milli <= 1000][:count]
+    if len(chosen) < count:  # the cluster over-committed: record the truth, invariants flag it
+        chosen += [i for i in range(n) if i not in chosen][: count - len(chosen)]
+    return tuple(chosen)
+
+
+def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterable[int],
+            groups: Iterable[str], status: str) -> None:
+    node = state.nodes.get(node_name)
+    spec = pod.spec
+    pod.node = node_name
+    pod.status = status  # type: ignore[assignment]
+    if node is None:  # bound to a node we do not know (yet): tracked, not counted
+        pod.devices = tuple(devices)
+        pod.gpu_groups = tuple(groups)
+        pod.device_milli = 0
+        _queue_usage(state, pod, +1)
+        return
+    milli = device_milli_on(node.spec, spec.gpu)
+    count = device_count(spec.gpu)
+    devs = tuple(d for d in devices if 0 <= d < len(node.device_used))
+    if len(devs) != count:
+        devs = _assign_devices(node, pod, milli, count)
+    pod.devices = devs
+    pod.device_milli = milli if devs else 0
+    grp = tuple(groups)
+    if not grp and devs and (spec.gpu.fraction_milli or spec.gpu.gpu_memory_mib):
+        grp = (spec.gpu_group,) if spec.gpu_group else tuple(f"{node_name}/gpu{d}" for d in devs)
+    pod.gpu_groups = grp
+    node.used_milli_cpu += spec.requests.milli_cpu
+    node.used_memory_bytes += spec.requests.memory_bytes
+    node.used_pods += 1
+    shared = bool(spec.gpu.fraction_milli or spec.gpu.gpu_memory_mib)
+    for i, d in enumerate(devs):
+        node.device_used[d] += pod.device_milli
+        if shared:
+            node.device_sharers[d] += 1
+            if i < len(grp) and grp[i]:
+                node.group_device[grp[i]] = d
+    node.pods.add(pod.key)
+    if status == "Releasing":
+        _releasing(node, pod, +1)
+    _queue_usage(state, pod, +1)
+
+
+def _release(state: ClusterState, pod: PodState) -> None:
+    if pod.status not in OCCUPYING:
+        return
+    _queue_usage(state, pod, -1)
+    node = state.nodes.get(pod.node)
+    if node is not None and pod.key in node.pods:
+        spec = pod.spec
+        if pod.status == "Releasing":
+            _releasing(node, pod, -1)
+        node.used_milli_cpu -= spec.requests.milli_cpu
+        node.used_memory_bytes -= spec.requests.memory_bytes
+        node.used_pods -= 1
+        shared = bool(spec.gpu.fraction_milli or spec.gpu.gpu_memory_mib)
+        for i, d in enumerate(pod.devices):
+            node.device_used[d] -= pod.device_milli
+            if shared:
+                node.device_sharers[d] -= 1
+                if node.device_sharers[d] == 0 and i < len(pod.gpu_groups):
+                    node.group_device.pop(pod.gpu_groups[i], None)
+        node.pods.discard(pod.key)
+    pod.status = "Pending"
+    pod.node = ""
+    pod.devices = ()
+    pod.gpu_groups = ()
+    pod.device_milli = 0
+
+
+def _releasing(node: NodeState, pod: PodState, sign: int) -> None:
+    spec = pod.spec
+    node.releasing_milli_cpu += sign * spec.requests.milli_cpu
+    node.releasing_memory_bytes += sign * spec.requests.memory_bytes
+    node.releasing_pods += sign
+    for d in pod.devices:
+        node.device_releasing[d] += sign * pod.device_milli
+
+
+def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
+    job = state.jobs.get(pod.job_key)
+    if job is not None:
+        job.occupying += sign
+    q = state.queues.get(_pod_queue(state, pod))
+    if q is None:
+        return
+    q.allocated_milli_cpu += sign * pod.spec.requests.milli_cpu
+    q.allocated_memory_bytes += sign * pod.spec.requests.memory_bytes
+    q.allocated_milli_gpu += sign * pod.milli_gpu
+
+
+def _pod_queue(state: ClusterState, pod: PodState) -> str:
+    job = state.jobs.get(pod.job_key)
+    if job is not None and job.queue:
+        return job.queue
+    return pod.spec.queue
+
+
+# --- pending indexes ------------------------------------------------------------------------
+
+
+def _set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
+    job = state.jobs[pod.job_key]
+    if pod.pending_key is not None:
+        job.pending.remove(pod.pending_key)
+        pod.pending_key = None
+    if pending and pod.spec.scheduler_name == SCHEDULER_NAME:
+        pod.pending_key = (-pod.spec.task_priority, pod.spec.created_ns, pod.spec.uid, pod.key)
+        job.pending.add(pod.pending_key)
+    _reindex_job(state, job)
+
+
+def _reindex_job(state: ClusterState, job: Job) -> None:
+    """Keep `state.pending_jobs[queue]` in step with the job's pending pods and sort key."""
+    if job.index_key is not None:
+        old_queue = job.index_key[3].split("\x00", 1)[0]
+        bucket = state.pending_jobs.get(old_queue)
+        if bucket is not None:
+            bucket.remove(job.index_key)
+            if not bucket:
+                del state.pending_jobs[old_queue]
+        job.index_key = None
+    if job.pending:
+        job.index_key = (-job.priority, job.created_ns, job.uid, f"{job.queue}\x00{job.key}")
+        state.pending_jobs.setdefault(job.queue, SortedList()).add(job.index_key)
+
+
+def job_key_of_index(index_key: tuple[int, int, str, str]) -> str:
+    """The job key stored in a `pending_jobs` entry."""
+    return index_key[3].split("\x00", 1)[1]
+
+
+def _refresh_job(state: ClusterState, job: Job) -> None:
+    """Recompute a job's queue, priority and age from its spec and members; move its usage."""
+    members = sorted(job.members)
+    first = state.pods[members[0]].spec if members else None
+    queue = job.spec.queue if job.spec is not None and job.spec.queue else (first.queue if first else "")
+    class_name = job.spec.priority_class if job.spec is not None and job.spec.priority_class else ""
+    if not class_name and first is not None:
+        class_name = first.priority_class
+    explicit = first.priority if first is not None else None
+    priority = resolve_priority(state, class_name, explicit)
+    created = job.spec.created_ns if job.spec is not None and job.spec.created_ns else (
+        min(state.pods[m].spec.created_ns for m in members) if members else 0)
+    uid = job.spec.uid if job.spec is not None and job.spec.uid else (first.uid if first else job.key)
+    if queue != job.queue:
+        occupying = [state.pods[m] for m in members if state.pods[m].status in OCCUPYING]
+        for pod in occupying:
+            _queue_usage(state, pod, -1)
+        job.queue = queue
+        for pod in occupying:
+            _queue_usage(state, pod, +1)
+    job.priority, job.created_ns, job.uid = priority, created, uid
+    _reindex_job(state, job)
+
+
+def _job_for(state: ClusterState, spec: p.PodObserved) -> Job:
+    key = pod_key(spec.namespace, spec.podgroup)
+    job = state.jobs.get(key)
+    if job is None:
+        job = Job(key=key, namespace=spec.namespace, name=spec.podgroup, spec=None,
+                  implicit=spec.implicit_podgroup)
+        state.jobs[key] = job
+    return job
+
+
+# --- handlers -------------------------------------------------------------------------------
+
+Handler = Callable[[ClusterState, Envelope], None]
+
+
+def _node_observed(state: ClusterState, env: Envelope) -> None:
+    spec: p.NodeObserved = env.data
+    _mark_seen(state, "Node", spec.name)
+    node = state.nodes.get(spec.name)
+    if node is None:
+        state.nodes[spec.name] = NodeState(
+            spec=spec, device_used=[0] * spec.gpus, device_releasing=[0] * spec.gpus,
+            device_sharers=[0] * spec.gpus)
+        state.node_names.add(spec.name)
+        for pod in [state.pods[k] for k in sorted(state.pods) if state.pods[k].node == spec.name
+                    and state.pods[k].status in OCCUPYING]:
+            status, devices, groups = pod.status, pod.devices, pod.gpu_groups
+            _queue_usage(state, pod, -1)
+            pod.status = "Pending"
+            _occupy(state, pod, spec.name, devices, groups, status)
+        return
+    if spec.gpus != len(node.device_used) or spec.gpu_memory_mib != node.spec.gpu_memory_mib:
+        # device count or size changed: re-seat the node's pods on the new device list
+        resident = [state.pods[k] for k in sorted(node.pods)]
+        saved = [(pod, pod.status, pod.devices, pod.gpu_groups) for pod in resident]
+        for pod in resident:
+            _release(state, pod)
+        node.spec = spec
+        node.device_used = [0] * spec.gpus
+        node.device_releasing = [0] * spec.gpus
+        node.device_sharers = [0] * spec.gpus
+        node.group_device = {}
+        for pod, status, devices, groups in saved:
+            _occupy(state, pod, spec.name, devices, groups, status)
+            _set_pending(state, pod, False)
+        return
+    node.spec = spec
+
+
+def _node_removed(state: ClusterState, env: Envelope) -> None:
+    _remove_node(state, env.data.name)
+
+
+def _remove_node(state: ClusterState, name: str) -> None:
+    node = state.nodes.pop(name, None)
+    if node is None:
+        state.ignored_events += 1
+        return
+    state.node_names.remove(name)
+    for key in sorted(node.pods):
+        pod = state.pods[key]
+        status, devices, groups = pod.status, pod.devices, pod.gpu_groups
+        _queue_usage(state, pod, -1)
+        pod.status = "Pending"
+        # still bound to a node that is gone: tracked as occupying nothing until it goes
+        pod.node = name
+        pod.status = status
+        pod.devices, pod.gpu_groups, pod.device_milli = devices, groups, 0
+        _queue_usage(state, pod, +1)
+
+
+def _pod_observed(state: ClusterState, env: Envelope) -> None:
+    spec: p.PodObserved = env.data
+    key = pod_key(spec.namespace, spec.name)
+    _mark_seen(state, "Pod", key)
+    pod = state.pods.get(key)
+    if spec.phase in ("Succeeded", "Failed"):
+        if pod is not None:
+            _drop_pod(state, pod)
+        return
+    if pod is not None and pod.spec.uid != spec.uid:
+        _drop_pod(state, pod)  # same name, new incarnation
+        pod = None
+    new_job_key = pod_key(spec.namespace, spec.podgroup)
+    if pod is None:
+        job = _job_for(state, spec)
+        pod = PodState(key=key, spec=spec, job_key=job.key)
+        state.pods[key] = pod
+        job.members.add(key)
+        _refresh_job(state, job)
+    elif pod.job_key != new_job_key or _shape_changed(pod.spec, spec):
+        # membership or resource shape changed: re-seat the pod from scratch
+        status, node, devices, groups = pod.status, pod.node, pod.devices, pod.gpu_groups
+        _release(state, pod)
+        _set_pending(state, pod, False)
+        old_job = state.jobs[pod.job_key]
+        old_job.members.discard(key)
+        pod.spec = spec
+        job = _job_for(state, spec)
+        job.members.add(key)
+        pod.job_key = job.key
+        _cleanup_job(state, old_job)
+        _refresh_job(state, job)
+        if status in OCCUPYING and not spec.node_name:
+            _occupy(state, pod, node, devices, groups, status)
+    else:
+        old = pod.spec
+        pod.spec = spec
+        if (old.queue, old.priority_class, old.priority, old.created_ns) != (
+                spec.queue, spec.priority_class, spec.priority, spec.created_ns):
+            _refresh_job(state, state.jobs[pod.job_key])
+    _reconcile_placement(state, pod, spec, env.logicaltime)
+
+
+def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved, now: int) -> None:
+    """Make the pod's placement agree with what the cluster reports.
+
+    A pod with a node is bound (Running), or Releasing when terminating or when an eviction was
+    decided. A pod without a node keeps an in-flight Binding or Releasing; a Running pod the
+    cluster no longer places goes back to Pending.
+    """
+    if spec.node_name:
+        status = "Releasing" if spec.terminating or pod.status == "Releasing" else "Running"
+        if pod.status in OCCUPYING and pod.node == spec.node_name:
+            if status != pod.status:
+                _set_status(state, pod, status)
+        else:
+            _release(state, pod)
+            _occupy(state, pod, spec.node_name, spec.gpu_devices,
+                    (spec.gpu_group,) if spec.gpu_group else (), status)
+        if not pod.started_ns:
+            pod.started_ns = now
+        _set_pending(state, pod, False)
+    elif pod.status in ("Binding", "Releasing"):
+        _set_pending(state, pod, False)
+    else:
+        if pod.status == "Running":
+            _release(state, pod)
+        _set_pending(state, pod, not spec.terminating)
+
+
+def _shape_changed(old: p.PodObserved, new: p.PodObserved) -> bool:
+    return old.requests != new.requests or old.gpu != new.gpu
+
+
+def _set_status(state: ClusterState, pod: PodState, status: str) -> None:
+    node = state.nodes.get(pod.node)
+    if node is not None:
+        if pod.status == "Releasing":
+            _releasing(node, pod, -1)
+        if status == "Releasing":
+            _releasing(node, pod, +1)
+    pod.status = status  # type: ignore[assignment]
+
+
+def _drop_pod(state: ClusterState, pod: PodState) -> None:
+    _release(state, pod)
+    _set_pending(state, pod, False)
+    del state.pods[pod.key]
+    job = state.jobs[pod.job_key]
+    job.members.discard(pod.key)
+    _cleanup_job(state, job)
+    if job.key in state.jobs:
+        _refresh_job(state, job)
+
+
+def _cleanup_job(state: ClusterState, job: Job) -> None:
+    if not job.members and job.spec is None:
+        _reindex_job(state, job)
+        del state.jobs[job.key]
+
+
+def _pod_removed(state: ClusterState, env: Envelope) -> None:
+    data: p.PodRemoved = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or (data.uid and pod.spec.uid != data.uid):
+        state.ignored_events += 1
+        return
+    _drop_pod(state, pod)
+
+
+def _queue_observed(state: ClusterState, env: Envelope) -> None:
+    spec: p.QueueObserved = env.data
+    _mark_seen(state, "Queue", spec.name)
+    q = state.queues.get(spec.name)
+    if q is None:
+        state.queues[spec.name] = q = QueueState(spec=spec)
+        for key in sorted(state.pods):
+            pod = state.pods[key]
+            if pod.status in OCCUPYING and _pod_queue(state, pod) == spec.name:
+                q.allocated_milli_cpu += pod.spec.requests.milli_cpu
+                q.allocated_memory_bytes += pod.spec.requests.memory_bytes
+                q.allocated_milli_gpu += pod.milli_gpu
+    else:
+        q.spec = spec
+
+
+def _queue_removed(state: ClusterState, env: Envelope) -> None:
+    if state.queues.pop(env.data.name, None) is None:
+        state.ignored_events += 1
+
+
+def _podgroup_observed(state: ClusterState, env: Envelope) -> None:
+    spec: p.PodGroupObserved = env.data
+    key = pod_key(spec.namespace, spec.name)
+    _mark_seen(state, "PodGroup", key)
+    job = state.jobs.get(key)
+    if job is None:
+        job = Job(key=key, namespace=spec.namespace, name=spec.name, spec=spec, implicit=False)
+        state.jobs[key] = job
+    job.spec = spec
+    job.implicit = False
+    _refresh_job(state, job)
+
+
+def _podgroup_removed(state: ClusterState, env: Envelope) -> None:
+    key = pod_key(env.data.namespace, env.data.name)
+    job = state.jobs.get(key)
+    if job is None or job.spec is None:
+        state.ignored_events += 1
+        return
+    job.spec = None
+    _cleanup_job(state, job)
+    if key in state.jobs:
+        _refresh_job(state, job)
+
+
+def _priorityclass_observed(state: ClusterState, env: Envelope) -> None:
+    data: p.PriorityClassObserved = env.data
+    _mark_seen(state, "PriorityClass", data.name)
+    if state.priority_classes.get(data.name) != data.value:
+        state.priority_classes[data.name] = data.value
+        _refresh_all_jobs(state)
+
+
+def _priorityclass_removed(state: ClusterState, env: Envelope) -> None:
+    if state.priority_classes.pop(env.data.name, None) is None:
+        state.ignored_events += 1
+        return
+    _refresh_all_jobs(state)
+
+
+def _refresh_all_jobs(state: ClusterState) -> None:
+    for key in sorted(state.jobs):
+        _refresh_job(state, state.jobs[key])
+
+
+def _topology_observed(state: ClusterState, env: Envelope) -> None:
+    data: p.TopologyObserved = env.data
+    _mark_seen(state, "Topology", data.name)
+    state.topologies[data.name] = list(data.levels)
+
+
+def _topology_removed(state: ClusterState, env: Envelope) -> None:
+    if state.topologies.pop(env.data.name, None) is None:
+        state.ignored_events += 1
+
+
+def _mark_seen(state: ClusterState, kind: str, key: str) -> None:
+    seen = state.resync_seen.get(kind)
+    if seen is not None:
+        seen.add(key)
+
+
+def _resync_started(state: ClusterState, env: Envelope) -> None:
+    state.resync_seen[env.data.kind] = set()
+
+
+def _resync_completed(state: ClusterState, env: Envelope) -> None:
+    kind = env.data.kind
+    seen = state.resync_seen.pop(kind, None)
+    if seen is None:
+        state.ignored_events += 1
+        return
+    if kind == "Node":
+        for name in [n for n in state.node_names if n not in seen]:
+            _remove_node(state, name)
+    elif kind == "Pod":
+        for key in [k for k in sorted(state.pods) if k not in seen]:
+            _drop_pod(state, state.pods[key])
+    elif kind == "Queue":
+        for name in [n for n in sorted(state.queues) if n not in seen]:
+            del state.queues[name]
+    elif kind == "PodGroup":
+        for key in [k for k in sorted(state.jobs) if state.jobs[k].spec is not None and k not in seen]:
+            job = state.jobs[key]
+            job.spec = None
+            _cleanup_job(state, job)
+            if key in state.jobs:
+                _refresh_job(state, job)
+    elif kind == "PriorityClass":
+        gone = [n for n in sorted(state.priority_classes) if n not in seen]
+        for name in gone:
+            del state.priority_classes[name]
+        if gone:
+            _refresh_all_jobs(state)
+    elif kind == "Topology":
+        for name in [n for n in sorted(state.topologies) if n not in seen]:
+            del state.topologies[name]
+
+
+def _object_rejected(state: ClusterState, env: Envelope) -> None:
+    state.rejected_objects += 1
+
+
+def _config_applied(state: ClusterState, env: Envelope) -> None:
+    data: p.ConfigApplied = env.data
+    state.config = dict(data.config)
+    state.config_digest = data.config_digest
+
+
+def _cycle_started(state: ClusterState, env: Envelope) -> None:
+    state.cycle = env.data.cycle
+
+
+def _cycle_completed(state: ClusterState, env: Envelope) -> None:
+    state.completed_cycle = env.data.cycle
+
+
+def _binding_decided(state: ClusterState, env: Envelope) -> None:
+    data: p.BindingDecided = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid or pod.status != "Pending":
+        state.ignored_events += 1
+        return
+    pod.decision_id = env.id
+    pod.last_unschedulable = ""
+    _occupy(state, pod, data.node, data.gpu_devices, data.gpu_groups, "Binding")
+    _set_pending(state, pod, False)
+
+
+def _pod_pipelined(state: ClusterState, env: Envelope) -> None:
+    data: p.PodPipelined = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid:
+        state.ignored_events += 1
+        return
+    pod.last_unschedulable = ""
+
+
+def _eviction_decided(state: ClusterState, env: Envelope) -> None:
+    data: p.EvictionDecided = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid or pod.status not in ("Binding", "Running"):
+        state.ignored_events += 1
+        return
+    pod.decision_id = env.id
+    _set_status(state, pod, "Releasing")
+
+
+def _pod_unschedulable(state: ClusterState, env: Envelope) -> None:
+    data: p.PodUnschedulable = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid:
+        state.ignored_events += 1
+        return
+    pod.last_unschedulable = reasons_fingerprint(data.reasons)
+
+
+def reasons_fingerprint(reasons: list[p.Reason]) -> str:
+    """What makes two unschedulable verdicts 'the same' (so an unchanged one is not re-announced)."""
+    return "|".join(
+        r.code + ":" + ",".join(f"{k}={v}" for k, v in sorted(r.numbers.items())) for r in reasons
+    )
+
+
+def _pod_bound(state: ClusterState, env: Envelope) -> None:
+    data: p.PodBound = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid:
+        state.ignored_events += 1
+        return
+    pod.bind_failures = 0
+    pod.backoff_until_ns = 0
+    if pod.status == "Binding" and pod.node == data.node:
+        _set_status(state, pod, "Running")
+    elif pod.status in OCCUPYING and pod.node == data.node:
+        pass
+    else:
+        _release(state, pod)
+        _occupy(state, pod, data.node, data.gpu_devices, (), "Running")
+        _set_pending(state, pod, False)
+    if not pod.started_ns:
+        pod.started_ns = env.logicaltime
+
+
+def _pod_bind_failed(state: ClusterState, env: Envelope) -> None:
+    data: p.PodBindFailed = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid or pod.status != "Binding":
+        state.ignored_events += 1
+        return
+    _release(state, pod)
+    pod.bind_failures += 1
+    backoff = min(BIND_BACKOFF_CAP_NS, BIND_BACKOFF_BASE_NS << min(pod.bind_failures - 1, 20))
+    pod.backoff_until_ns = env.logicaltime + backoff
+    _set_pending(state, pod, True)
+
+
+def _pod_evicted(state: ClusterState, env: Envelope) -> None:
+    data: p.PodEvicted = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid:
+        state.ignored_events += 1
+        return
+    if pod.status in ("Binding", "Running"):
+        _set_status(state, pod, "Releasing")
+
+
+HANDLERS: Final[dict[type[p.Payload], Handler]] = {
+    p.NodeObserved: _node_observed,
+    p.NodeRemoved: _node_removed,
+    p.PodObserved: _pod_observed,
+    p.PodRemoved: _pod_removed,
+    p.QueueObserved: _queue_observed,
+    p.QueueRemoved: _queue_removed,
+    p.PodGroupObserved: _podgroup_observed,
+    p.PodGroupRemoved: _podgroup_removed,
+    p.TopologyObserved: _topology_observed,
+    p.TopologyRemoved: _topology_removed,
+    p.PriorityClassObserved: _priorityclass_observed,
+    p.PriorityClassRemoved: _priorityclass_removed,
+    p.ResyncStarted: _resync_started,
+    p.ResyncCompleted: _resync_completed,
+    p.ObjectRejected: _object_rejected,
+    p.ConfigApplied: _config_applied,
+    p.CycleStarted: _cycle_started,
+    p.CycleCompleted: _cycle_completed,
+    p.BindingDecided: _binding_decided,
+    p.PodPipelined: _pod_pipelined,
+    p.EvictionDecided: _eviction_decided,
+    p.PodUnschedulable: _pod_unschedulable,
+    p.PodBound: _pod_bound,
+    p.PodBindFailed: _pod_bind_failed,
+    p.PodEvicted: _pod_evicted,
+}
+
+
+def apply(state: ClusterState, record: Record) -> ClusterState:
+    """Fold one record into `state` (in place) and return it."""
+    env = record.envelope
+    if record.position <= state.position:
+        raise ValueError(
+            f"record at position {record.position} is not after the state's position {state.position}"
+        )
+    HANDLERS[type(env.data)](state, env)
+    state.position = record.position
+    state.records += 1
+    if env.logicaltime > state.logicaltime:
+        state.logicaltime = env.logicaltime
+    return state
+
+
+def fold(records: Iterable[Record], state: ClusterState | None = None) -> ClusterState:
+    """Fold `records` into `state` (a new empty state when None)."""
+    st = state if state is not None else ClusterState()
+    handlers = HANDLERS
+    for record in records:
+        env = record.envelope
+        if record.position <= st.position:
+            raise ValueError(
+                f"record at position {record.position} is not after the state's position {st.position}"
+            )
+        handlers[type(env.data)](st, env)
+        st.position = record.position
+        st.records += 1
+        if env.logicaltime > st.logicaltime:
+            st.logicaltime = env.logicaltime
+    return st
