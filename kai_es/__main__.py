@@ -1,0 +1,3 @@
+from kai_es.cli import main
+
+main()

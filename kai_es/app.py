@@ -1,0 +1,35 @@
+"""The only place that chooses adapters: log URLs to EventLog implementations, and the packer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kai_es.adapters.file_log import FileEventLog
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.ports import EventLog
+
+
+class LogUrlError(ValueError):
+    """A log location that cannot be opened; the message says why."""
+
+
+def open_log(url: str, *, readonly: bool = False, fresh: bool = False) -> EventLog:
+    """An EventLog for `url`: `kafka://host:port/topic`, `memory:`, or a file path.
+
+    `fresh=True` starts an empty log (a file is truncated); `readonly=True` never writes.
+    """
+    if url.startswith("kafka://"):
+        try:
+            from kai_es.adapters.kafka_log import KafkaEventLog  # noqa: PLC0415 - optional backend
+        except ImportError as exc:
+            raise LogUrlError(f"{url}: the Kafka log is not available in this build ({exc})") from None
+        return KafkaEventLog.from_url(url)  # type: ignore[no-any-return]
+    if url == "memory:":
+        return MemoryEventLog()
+    path = Path(url)
+    if fresh and not readonly:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    if readonly and not path.exists():
+        raise LogUrlError(f"{url}: no such log file")
+    return FileEventLog(path, readonly=readonly)

@@ -1,0 +1,283 @@
+"""The `kai-es` command line. click for parsing (sub-commands, typed options, help for free),
+rich for tables and progress.
+
+Every expected failure (bad scenario, bad config, corrupt log, missing file) prints one readable
+message to stderr and exits 2; a replay that diverges exits 1. No tracebacks for user errors.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import click
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kai_es.adapters.file_log import CorruptLogError, FileEventLog
+from kai_es.app import LogUrlError, open_log
+from kai_es.events import Record, encode
+from kai_es.events import payloads as p
+from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
+from kai_es.scenario import ScenarioError, load_scenario
+from kai_es.scheduling.config import ConfigError
+from kai_es.scheduling.packing import NativePackerUnavailable, Packer, load_packer
+
+F = TypeVar("F", bound=Callable[..., Any])
+console = Console()
+err = Console(stderr=True)
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        err.print(f"[bold red]error:[/] {self.message}", highlight=False)
+
+
+def friendly(fn: F) -> F:
+    """Turn expected failures into one-line messages (exit 2)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ScenarioError, ConfigError, CorruptLogError, LogUrlError, NativePackerUnavailable,
+                FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+            raise UserError(str(exc)) from None
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper  # type: ignore[return-value]
+
+
+def _packer(kind: str | None) -> Packer:
+    return load_packer(kind)  # type: ignore[arg-type]
+
+
+packer_option = click.option("--packer", type=click.Choice(["native", "reference"]), default=None,
+                             help="GPU packer engine (default: native C; env KAI_ES_PACKER).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kai-es")
+def main() -> None:
+    """kai-es: an event-sourced GPU scheduler with KAI Scheduler semantics."""
+
+
+# --- simulate ----------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False))
+@click.option("--log", "log_url", default=None, help="Event log to write (file path or kafka://). "
+              "Default: out/<scenario>.events.jsonl")
+@click.option("--until", default=None, help="'idle' or a duration such as 24h (default: the scenario's).")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Directory for the summary and plot. Default: out/<scenario>-report")
+@packer_option
+@friendly
+def simulate(scenario_file: str, log_url: str | None, until: str | None, report_dir: str | None,
+             packer: str | None) -> None:
+    """Run a scenario through the whole pipeline on a simulated cluster."""
+    from kai_es.report import plot, summarize
+    from kai_es.sim.runner import simulate as run_sim
+
+    scenario = load_scenario(scenario_file)
+    until_ns: int | None = scenario.simulation.until_ns
+    if until is not None:
+        try:
+            until_ns = None if until == "idle" else parse_duration(until)
+        except ValueError as exc:
+            raise UserError(f"--until: {exc}") from None
+    log_url = log_url or f"out/{scenario.name}.events.jsonl"
+    report_path = Path(report_dir or f"out/{scenario.name}-report")
+    engine = _packer(packer)
+    events = open_log(log_url, fresh=not log_url.startswith("kafka://"))
+    console.print(f"[bold]kai-es simulate[/] {scenario_file}: {len(scenario.objects)} objects, "
+                  f"packer={engine.kind}, log={log_url}")
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  TextColumn("{task.fields[sim]}"), TimeElapsedColumn(), console=console,
+                  transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("simulating", total=1000, sim="")
+
+        def progress(elapsed: int, total: int | None) -> None:
+            done = elapsed * 1000 // total if total else 0
+            bar.update(task, completed=done, sim=f"t+{format_duration(elapsed)}")
+
+        result = anyio.run(lambda: run_sim(scenario, events, engine, until_ns=until_ns, progress=progress))
+    records = list(_records(events))
+    summary = summarize(records)
+    report_path.mkdir(parents=True, exist_ok=True)
+    plot_path = report_path / "gpu-allocation.png"
+    plot(summary, str(plot_path))
+    _print_summary(summary, result.stopped_because, result.end_ns - result.start_ns, result.cycles)
+    (report_path / "summary.json").write_text(json.dumps(_summary_json(summary), indent=2) + "\n")
+    console.print(f"log: {log_url} ({result.end_position} records)   plot: {plot_path}   "
+                  f"summary: {report_path / 'summary.json'}")
+
+
+def _records(events: Any) -> Iterator[Record]:
+    if isinstance(events, FileEventLog):
+        yield from events.scan()
+        return
+
+    async def collect() -> list[Record]:
+        return [r async for r in events.read()]
+
+    yield from anyio.run(collect)
+
+
+def _fmt_ns(ns: int | None) -> str:
+    return "-" if ns is None else format_duration(ns)
+
+
+def _print_summary(s: Any, why: str, duration: int, cycles: int) -> None:
+    console.print(f"simulated {format_duration(duration)} ({why}); {cycles} cycles; "
+                  f"{s.pods_scheduled}/{s.pods_seen} pods scheduled; {s.pending_at_end} pending at end; "
+                  f"GPU utilization {s.utilization_permille / 10:.1f}%")
+    table = Table(title="per queue")
+    for col in ("queue", "scheduled", "wait p50", "wait p95", "GPU-hours", "pending"):
+        table.add_column(col, justify="right" if col != "queue" else "left")
+    for name in sorted(s.queues):
+        q = s.queues[name]
+        table.add_row(name or "(none)", str(q.scheduled), _fmt_ns(q.percentile_ns(50)),
+                      _fmt_ns(q.percentile_ns(95)), f"{q.gpu_milli_ns / 3.6e15:.2f}", str(q.pending_at_end))
+    console.print(table)
+
+
+def _summary_json(s: Any) -> dict[str, Any]:
+    return {
+        "start": rfc3339(s.start_ns), "end": rfc3339(s.end_ns), "podsSeen": s.pods_seen,
+        "podsScheduled": s.pods_scheduled, "pendingAtEnd": s.pending_at_end, "cycles": s.cycles,
+        "gpuUtilizationPermille": s.utilization_permille,
+        "queues": {name: {"scheduled": q.scheduled, "waitP50Ns": q.percentile_ns(50),
+                          "waitP95Ns": q.percentile_ns(95), "gpuMilliNs": q.gpu_milli_ns,
+                          "pendingAtEnd": q.pending_at_end}
+                   for name, q in sorted(s.queues.items())},
+    }
+
+
+# --- cycle -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", type=click.Choice(["json", "text"]), default="text")
+@packer_option
+@friendly
+def cycle(scenario_file: str, output: str, packer: str | None) -> None:
+    """Run exactly one scheduling cycle on the scenario's initial state."""
+    from kai_es.oneshot import one_cycle
+
+    scenario = load_scenario(scenario_file)
+    outcome = one_cycle(scenario, _packer(packer))
+    if output == "json":
+        sys.stdout.write(json.dumps(outcome, sort_keys=True, indent=1) + "\n")
+        return
+    table = Table(title=f"one cycle of {scenario_file}")
+    for col in ("pod", "status", "node", "gpu groups"):
+        table.add_column(col)
+    for key, pod in outcome["pods"].items():
+        table.add_row(key, pod["status"], pod["node"] or "-", ",".join(pod["gpuGroups"]) or "-")
+    console.print(table)
+    for d in outcome["decisions"]:
+        if d["type"] == "kai.scheduler.pod.unschedulable":
+            for reason in d["data"]["reasons"]:
+                console.print(f"[yellow]{d['subject']}[/] {reason['code']}: {reason['message']}")
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("log_url")
+@packer_option
+@friendly
+def replay(log_url: str, packer: str | None) -> None:
+    """Re-fold LOG and re-run every recorded cycle; exit 0 only if every decision matches."""
+    from kai_es.replay import describe
+    from kai_es.replay import replay as do_replay
+    from kai_es.state.snapshot import digest
+
+    events = open_log(log_url, readonly=True)
+    result = do_replay(_records(events), _packer(packer))
+    if result.divergence is not None:
+        err.print(describe(result.divergence), highlight=False, markup=False)
+        sys.exit(1)
+    extra = f", {result.abandoned} abandoned" if result.abandoned else ""
+    console.print(f"OK: {result.cycles} cycles, {result.decisions} decisions over {result.records} "
+                  f"records replayed byte for byte{extra}; state {digest(result.state)}",
+                  highlight=False)
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("log_url")
+@click.option("--type", "type_pattern", default=None,
+              help="Event type or glob (e.g. 'kai.scheduler.*').")
+@click.option("--subject", default=None, help="Subject or glob (e.g. 'pod/default/train-*').")
+@click.option("--from", "from_position", default=0, type=int, help="First position to read.")
+@click.option("--limit", default=None, type=int, help="Stop after this many matching events.")
+@click.option("--output", "-o", type=click.Choice(["json", "text"]), default="text")
+@friendly
+def events(log_url: str, type_pattern: str | None, subject: str | None, from_position: int,
+           limit: int | None, output: str) -> None:
+    """Read the log like an audit consumer (one event per line)."""
+    log = open_log(log_url, readonly=True)
+    shown = 0
+    out = sys.stdout
+    for record in _records_from(log, from_position):
+        env = record.envelope
+        if type_pattern and not fnmatch.fnmatchcase(env.type, type_pattern):
+            continue
+        if subject and not fnmatch.fnmatchcase(env.subject, subject):
+            continue
+        if output == "json":
+            body = msgspec.json.decode(encode(env))
+            out.write(json.dumps({"position": record.position, "event": body}, sort_keys=True,
+                                 separators=(",", ":")) + "\n")
+        else:
+            out.write(f"{record.position:>8} {env.time} {env.type:<36} {env.subject}  {_brief(env.data)}\n")
+        shown += 1
+        if limit is not None and shown >= limit:
+            break
+
+
+def _records_from(log: Any, position: int) -> Iterator[Record]:
+    if isinstance(log, FileEventLog):
+        yield from log.scan(position)
+        return
+    for record in _records(log):
+        if record.position >= position:
+            yield record
+
+
+def _brief(data: p.Payload) -> str:
+    if isinstance(data, (p.BindingDecided, p.PodPipelined)):
+        return f"-> {data.node} gpus={data.gpu_devices}"
+    if isinstance(data, p.PodUnschedulable):
+        return "; ".join(f"{r.code}: {r.message}" for r in data.reasons)
+    if isinstance(data, p.PodBound):
+        return f"bound to {data.node}"
+    if isinstance(data, p.PodBindFailed):
+        return f"bind to {data.node} failed: {data.message}"
+    if isinstance(data, p.PodObserved):
+        return f"{data.phase}{' on ' + data.node_name if data.node_name else ''}"
+    if isinstance(data, p.CycleCompleted):
+        return f"cycle {data.cycle}: {data.bound} bound, {data.pipelined} pipelined, {data.unschedulable} pending"
+    if isinstance(data, p.ObjectRejected):
+        return f"{data.kind} {data.namespace}/{data.name} at {data.path}: {data.reason}"
+    return ""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""`kai-es cycle`: one scheduling cycle on a scenario's initial state, reported per pod.
+
+Contract: deterministic; the output follows SCENARIOS.md ("Outcome of one cycle"): `pods` maps
+`<namespace>/<name>` to status (Running | Binding | Pipelined | Releasing | Pending), node and
+GPU groups, and `decisions` lists the cycle's decision envelopes as canonical JSON objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import msgspec
+
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.events import encode
+from kai_es.events import payloads as p
+from kai_es.events.factory import derived_id, make_envelope
+from kai_es.feed import config_event, object_events
+from kai_es.scenario import Scenario
+from kai_es.scheduling.config import config_digest
+from kai_es.scheduling.cycle import run_cycle
+from kai_es.scheduling.packing import Packer
+from kai_es.state import fold
+
+
+def one_cycle(scenario: Scenario, packer: Packer) -> dict[str, Any]:
+    async def build() -> list[Any]:
+        log = MemoryEventLog()
+        start = scenario.start_ns
+        await log.append([config_event(scenario.config, event_id=derived_id(scenario.name, -1),
+                                       logicaltime=start)])
+        await log.append(object_events(scenario, scenario.initial(), start))
+        await log.append([make_envelope(
+            p.CycleStarted(cycle=1, config_digest=config_digest(scenario.config)),
+            event_id=derived_id(scenario.name, -2), source="kai-es/scheduler", subject="cycle/1",
+            logicaltime=start, policyversion=scenario.config.policy_version)])
+        return [r async for r in log.read()]
+
+    records = anyio.run(build)
+    state = fold(records)
+    decisions = run_cycle(state, records[-1], scenario.config, packer)
+    pods: dict[str, dict[str, Any]] = {}
+    for key in sorted(state.pods):
+        pod = state.pods[key]
+        status = {"Running": "Running", "Binding": "Binding", "Releasing": "Releasing"}.get(
+            pod.status, "Pending")
+        if pod.spec.terminating:
+            status = "Releasing"
+        pods[key] = {"status": status, "node": pod.node or None, "gpuGroups": list(pod.gpu_groups)}
+    for env in decisions:
+        data = env.data
+        if isinstance(data, (p.BindingDecided, p.PodPipelined)):
+            pods[f"{data.namespace}/{data.name}"] = {
+                "status": "Binding" if isinstance(data, p.BindingDecided) else "Pipelined",
+                "node": data.node, "gpuGroups": list(data.gpu_groups)}
+        elif isinstance(data, p.EvictionDecided):
+            pods[f"{data.namespace}/{data.name}"]["status"] = "Releasing"
+    return {"pods": pods, "decisions": [msgspec.json.decode(encode(e)) for e in decisions]}

@@ -1,0 +1,102 @@
+"""GPU placement hot path: one task -> best node and devices, with rejection counts.
+
+Two engines give identical answers:
+
+* ``NativePacker`` -- ``csrc/packer.c`` through cffi (``kai_es._native._packer``);
+* ``ReferencePacker`` -- the pure-Python twin and executable specification.
+
+:func:`load_packer` picks one.  The default is the native packer and it RAISES
+:class:`NativePackerUnavailable` if the extension is not built; the twin is used only
+when asked for explicitly (``load_packer("reference")`` or ``KAI_ES_PACKER=reference``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from .model import (
+    MAX_MEMORY_MIB,
+    MAX_QUANTITY,
+    MAX_TASK_DEVICES,
+    MILLI_PER_GPU,
+    REASON_COUNT,
+    ArrayPackTable,
+    CpuStrategy,
+    DeviceRow,
+    DeviceStrategy,
+    GpuStrategy,
+    InvalidArgument,
+    NativePackerUnavailable,
+    NodeRow,
+    Packer,
+    PackingError,
+    PackTable,
+    Placement,
+    Reason,
+    ReturnCode,
+    Strategy,
+    TaskKind,
+    TaskShape,
+    UnsupportedStrategy,
+    need_milli,
+)
+from .native import NativePacker
+from .reference import ReferencePacker
+
+__all__ = [
+    "ENV_VAR",
+    "MAX_MEMORY_MIB",
+    "MAX_QUANTITY",
+    "MAX_TASK_DEVICES",
+    "MILLI_PER_GPU",
+    "REASON_COUNT",
+    "ArrayPackTable",
+    "CpuStrategy",
+    "DeviceRow",
+    "DeviceStrategy",
+    "GpuStrategy",
+    "InvalidArgument",
+    "NativePacker",
+    "NativePackerUnavailable",
+    "NodeRow",
+    "Packer",
+    "PackingError",
+    "PackTable",
+    "Placement",
+    "Reason",
+    "ReferencePacker",
+    "ReturnCode",
+    "Strategy",
+    "TaskKind",
+    "TaskShape",
+    "UnsupportedStrategy",
+    "load_packer",
+    "need_milli",
+]
+
+ENV_VAR = "KAI_ES_PACKER"
+"""Environment variable read by :func:`load_packer` when no kind is given."""
+
+PackerKind = Literal["native", "reference"]
+
+
+def load_packer(kind: PackerKind | None = None) -> Packer:
+    """Return a packer.
+
+    ``kind="native"`` -> :class:`NativePacker`; raises :class:`NativePackerUnavailable`
+    (with build instructions) if ``kai_es._native._packer`` is not built -- never falls
+    back.  ``kind="reference"`` -> :class:`ReferencePacker`.  ``kind=None`` reads
+    ``KAI_ES_PACKER`` (unset or empty means ``"native"``); any other value raises
+    ``ValueError``.
+    """
+    if kind is None:
+        env = os.environ.get(ENV_VAR, "").strip() or "native"
+        if env not in ("native", "reference"):
+            raise ValueError(f"{ENV_VAR}={env!r}: expected 'native' or 'reference'")
+        kind = "reference" if env == "reference" else "native"
+    if kind == "native":
+        return NativePacker()
+    if kind == "reference":
+        return ReferencePacker()
+    raise ValueError(f"unknown packer kind {kind!r}: expected 'native' or 'reference'")

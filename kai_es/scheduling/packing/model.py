@@ -1,0 +1,669 @@
+"""Value types of the GPU-placement hot path: task shapes, strategies, results and the table.
+
+Everything here is an ``int``; no floats anywhere.  The placement function itself is
+specified by :mod:`kai_es.scheduling.packing.reference` (the pure-Python twin) and
+implemented natively in ``csrc/packer.c``; this module holds what both share:
+
+* the enums whose integer values are the C ABI (``csrc/packer.h``);
+* :class:`TaskShape`, :class:`Strategy`, :class:`Placement`;
+* the validation rules (:func:`task_problem`, :func:`strategy_problem`,
+  :func:`table_problem`) -- the C side checks exactly the same conditions and answers
+  ``-1`` (:attr:`ReturnCode.EINVAL`) where these return a message;
+* :func:`need_milli`, the milli a shared task takes from one device;
+* :class:`PackTable` (protocol) and :class:`ArrayPackTable`, the struct-of-arrays table
+  whose ``array('q')`` buffers the native packer reads in place, with
+  :meth:`ArrayPackTable.apply` to commit or roll back a placement incrementally.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import NoReturn, Protocol
+
+__all__ = [
+    "MILLI_PER_GPU",
+    "REASON_COUNT",
+    "MAX_TASK_DEVICES",
+    "MAX_MEMORY_MIB",
+    "MAX_QUANTITY",
+    "INT64_MAX",
+    "Reason",
+    "ReturnCode",
+    "GpuStrategy",
+    "CpuStrategy",
+    "DeviceStrategy",
+    "TaskKind",
+    "TaskShape",
+    "Strategy",
+    "Placement",
+    "PackingError",
+    "InvalidArgument",
+    "UnsupportedStrategy",
+    "NativePackerUnavailable",
+    "ensure",
+    "raise_for_code",
+    "task_problem",
+    "strategy_problem",
+    "table_problem",
+    "need_milli",
+    "PackTable",
+    "ArrayPackTable",
+    "DeviceRow",
+    "NodeRow",
+    "Packer",
+]
+
+MILLI_PER_GPU = 1000
+"""A whole device is 1000 milli-GPU."""
+REASON_COUNT = 7
+"""Length of the rejection-count vector (one slot per :class:`Reason`)."""
+MAX_TASK_DEVICES = 1 << 20
+"""Upper bound of ``whole_gpus`` and ``fraction_devices``."""
+MAX_MEMORY_MIB = 1 << 40
+"""Upper bound of ``gpu_memory_mib`` and of a device's ``total_memory_mib``."""
+MAX_QUANTITY = 1 << 62
+"""Upper bound of a task's ``milli_cpu`` and ``memory_bytes``."""
+INT64_MAX = (1 << 63) - 1
+
+
+class Reason(IntEnum):
+    """Why a node was rejected; the value is the slot in the rejection-count vector.
+
+    The filter tries them in this order and a node is counted under the first that fails.
+    ``GPU_SHARE`` and ``GPU_MEMORY`` are mutually exclusive (see
+    :func:`kai_es.scheduling.packing.reference.filter_node`).
+    """
+
+    NOT_ELIGIBLE = 0
+    PODS = 1
+    CPU = 2
+    MEMORY = 3
+    GPU = 4
+    GPU_SHARE = 5
+    GPU_MEMORY = 6
+
+
+class ReturnCode(IntEnum):
+    """Return code of one placement call (same values as ``enum kai_pack_code``)."""
+
+    OK = 0
+    NO_FIT = 1
+    EINVAL = -1
+    EUNSUPPORTED = -2
+
+
+class GpuStrategy(IntEnum):
+    """Node-level GPU strategy: rank nodes by free milli-GPU left after placement."""
+
+    BINPACK = 0
+    SPREAD = 1
+    FRAGMENTATION = 2
+    """Reserved; not designed yet -- placing with it raises :class:`UnsupportedStrategy`."""
+
+
+class CpuStrategy(IntEnum):
+    """Node-level CPU strategy: rank nodes by free milli-CPU left after placement."""
+
+    BINPACK = 0
+    SPREAD = 1
+
+
+class DeviceStrategy(IntEnum):
+    """Device choice for a shared (fraction / gpu-memory) task on the chosen node."""
+
+    GPUPACK = 0
+    GPUSPREAD = 1
+
+
+class TaskKind(IntEnum):
+    """The three kinds of task shape; see :class:`TaskShape`."""
+
+    CPU = 0
+    WHOLE = 1
+    SHARED = 2
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class PackingError(Exception):
+    """Base class of every packing error."""
+
+
+class InvalidArgument(PackingError, ValueError):
+    """An input is out of range or inconsistent (return code -1)."""
+
+
+class UnsupportedStrategy(PackingError, NotImplementedError):
+    """A reserved strategy was requested (return code -2)."""
+
+
+class NativePackerUnavailable(PackingError, ImportError):
+    """The compiled module ``kai_es._native._packer`` is not built or does not match."""
+
+
+def ensure(cond: bool, *args: object, raising: type[Exception] = InvalidArgument) -> None:
+    """Raise ``raising(*args)`` unless ``cond`` (PyNaCl-style precondition check)."""
+    if not cond:
+        raise raising(*args)
+
+
+def raise_for_code(code: int, detail: str = "") -> NoReturn:
+    """Map a negative return code to its typed exception."""
+    if code == ReturnCode.EUNSUPPORTED:
+        raise UnsupportedStrategy(detail or "gpu strategy 'fragmentation' is reserved and not implemented")
+    if code == ReturnCode.EINVAL:
+        raise InvalidArgument(detail or "invalid argument")
+    raise PackingError(f"unexpected return code {code}")
+
+
+# --------------------------------------------------------------------------- task / strategy
+
+
+@dataclass(frozen=True, slots=True)
+class TaskShape:
+    """What one task asks for.  Exactly one of three kinds (anything else is invalid):
+
+    * **CPU-only** -- every GPU field is 0.
+    * **WHOLE** -- ``whole_gpus >= 1`` idle devices; ``fraction_milli``,
+      ``gpu_memory_mib`` and ``fraction_devices`` are 0.
+    * **SHARED** -- ``whole_gpus == 0``, ``fraction_devices >= 1`` distinct devices, each
+      taking a share given by exactly one of ``fraction_milli`` (1..999 milli of a device)
+      or ``gpu_memory_mib`` (>= 1; converted per device by :func:`need_milli`).
+
+    Bounds: ``0 <= milli_cpu, memory_bytes <= MAX_QUANTITY``;
+    ``0 <= whole_gpus, fraction_devices <= MAX_TASK_DEVICES``;
+    ``0 <= gpu_memory_mib <= MAX_MEMORY_MIB``.  The shape is not validated at
+    construction; every packer validates it at its boundary (:func:`task_problem`).
+    """
+
+    milli_cpu: int = 0
+    memory_bytes: int = 0
+    whole_gpus: int = 0
+    fraction_milli: int = 0
+    fraction_devices: int = 0
+    gpu_memory_mib: int = 0
+
+    @classmethod
+    def cpu(cls, milli_cpu: int, memory_bytes: int = 0) -> TaskShape:
+        """A CPU-only task."""
+        return cls(milli_cpu=milli_cpu, memory_bytes=memory_bytes)
+
+    @classmethod
+    def whole(cls, gpus: int, milli_cpu: int = 0, memory_bytes: int = 0) -> TaskShape:
+        """A task taking ``gpus`` whole (idle) devices."""
+        return cls(milli_cpu=milli_cpu, memory_bytes=memory_bytes, whole_gpus=gpus)
+
+    @classmethod
+    def fraction(cls, milli: int, devices: int = 1, milli_cpu: int = 0, memory_bytes: int = 0) -> TaskShape:
+        """A task taking ``milli`` (1..999) of each of ``devices`` distinct devices."""
+        return cls(milli_cpu=milli_cpu, memory_bytes=memory_bytes, fraction_milli=milli, fraction_devices=devices)
+
+    @classmethod
+    def gpu_memory(cls, mib: int, devices: int = 1, milli_cpu: int = 0, memory_bytes: int = 0) -> TaskShape:
+        """A task taking ``mib`` MiB of GPU memory on each of ``devices`` distinct devices."""
+        return cls(milli_cpu=milli_cpu, memory_bytes=memory_bytes, gpu_memory_mib=mib, fraction_devices=devices)
+
+    @property
+    def kind(self) -> TaskKind:
+        """The task kind; raises :class:`InvalidArgument` if the shape is invalid."""
+        problem = task_problem(self)
+        ensure(problem is None, problem)
+        if self.whole_gpus > 0:
+            return TaskKind.WHOLE
+        if self.fraction_devices > 0:
+            return TaskKind.SHARED
+        return TaskKind.CPU
+
+    @property
+    def device_count(self) -> int:
+        """How many devices a placement of this task names (0 for a CPU-only task)."""
+        kind = self.kind
+        if kind is TaskKind.WHOLE:
+            return self.whole_gpus
+        if kind is TaskKind.SHARED:
+            return self.fraction_devices
+        return 0
+
+    def as_tuple(self) -> tuple[int, int, int, int, int, int]:
+        """The fields in ABI order (``struct kai_pack_task``)."""
+        return (
+            self.milli_cpu,
+            self.memory_bytes,
+            self.whole_gpus,
+            self.fraction_milli,
+            self.fraction_devices,
+            self.gpu_memory_mib,
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int)
+
+
+def task_problem(task: TaskShape) -> str | None:
+    """Why ``task`` is invalid, or None.  Same conditions as ``task_kind()`` in packer.c."""
+    names = ("milli_cpu", "memory_bytes", "whole_gpus", "fraction_milli", "fraction_devices", "gpu_memory_mib")
+    bounds = (MAX_QUANTITY, MAX_QUANTITY, MAX_TASK_DEVICES, 999, MAX_TASK_DEVICES, MAX_MEMORY_MIB)
+    for name, value, upper in zip(names, task.as_tuple(), bounds):
+        if not _is_int(value):
+            return f"task.{name} must be an int, got {type(value).__name__}"
+        if not 0 <= value <= upper:
+            return f"task.{name}={value} is outside 0..{upper}"
+    if task.whole_gpus > 0:
+        if task.fraction_milli or task.gpu_memory_mib or task.fraction_devices:
+            return "a whole-GPU task cannot also set fraction_milli, gpu_memory_mib or fraction_devices"
+        return None
+    if task.fraction_milli == 0 and task.gpu_memory_mib == 0:
+        if task.fraction_devices != 0:
+            return "fraction_devices is set but neither fraction_milli nor gpu_memory_mib is"
+        return None
+    if task.fraction_milli and task.gpu_memory_mib:
+        return "fraction_milli and gpu_memory_mib are mutually exclusive"
+    if task.fraction_devices < 1:
+        return "a fraction / gpu-memory task needs fraction_devices >= 1"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """Placement strategy: ``gpu_strategy`` (:class:`GpuStrategy`, 0..2),
+    ``cpu_strategy`` (:class:`CpuStrategy`, 0..1), ``device_strategy``
+    (:class:`DeviceStrategy`, 0..1).  Not validated at construction."""
+
+    gpu_strategy: int = GpuStrategy.BINPACK
+    cpu_strategy: int = CpuStrategy.BINPACK
+    device_strategy: int = DeviceStrategy.GPUPACK
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        """The fields in ABI order (``struct kai_pack_strategy``)."""
+        return (self.gpu_strategy, self.cpu_strategy, self.device_strategy)
+
+
+def strategy_problem(strategy: Strategy) -> str | None:
+    """Why ``strategy`` is out of range (return code -1), or None.
+
+    ``GpuStrategy.FRAGMENTATION`` is in range; it is *unsupported* (-2), checked after
+    every -1 condition.
+    """
+    names = ("gpu_strategy", "cpu_strategy", "device_strategy")
+    for name, value, upper in zip(names, strategy.as_tuple(), (2, 1, 1)):
+        if not _is_int(value):
+            return f"strategy.{name} must be an int, got {type(value).__name__}"
+        if not 0 <= value <= upper:
+            return f"strategy.{name}={value} is outside 0..{upper}"
+    return None
+
+
+# --------------------------------------------------------------------------- result
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The answer of one placement call.
+
+    ``code``: :class:`ReturnCode` value (``place`` only ever returns OK or NO_FIT; the
+    raw entry points may return the negative codes).  ``node``: chosen node or -1.
+    ``devices``: chosen device indices (empty unless placed; WHOLE: ascending; SHARED: in
+    device-strategy order).  ``rejections``: per-:class:`Reason` counts of rejected nodes
+    (all zero for a negative code).
+    """
+
+    code: int
+    node: int
+    devices: tuple[int, ...]
+    rejections: tuple[int, ...] = field(default=(0,) * REASON_COUNT)
+
+    @property
+    def placed(self) -> bool:
+        return self.code == ReturnCode.OK
+
+    def rejected(self, reason: Reason) -> int:
+        """How many nodes were rejected for ``reason``."""
+        return self.rejections[reason]
+
+    @classmethod
+    def failure(cls, code: int) -> Placement:
+        """The result for a negative return code."""
+        return cls(code=code, node=-1, devices=(), rejections=(0,) * REASON_COUNT)
+
+
+# --------------------------------------------------------------------------- device need
+
+
+def need_milli(task: TaskShape, total_memory_mib: int) -> int | None:
+    """The milli-GPU a SHARED ``task`` takes from a device of ``total_memory_mib``.
+
+    * fraction task: ``fraction_milli`` on every device.
+    * gpu-memory task: ``None`` if the device is not *size-capable* -- its memory is
+      unknown (``total_memory_mib == 0``) or smaller than ``gpu_memory_mib``;
+      otherwise ``ceil(gpu_memory_mib * 1000 / total_memory_mib)``, computed in integers
+      as ``(gpu_memory_mib * 1000 + total - 1) // total``; this lies in 1..1000, and
+      1000 means the task needs an idle device.
+
+    A device *can take* the task iff this is not None and ``free_milli >= need``.
+    """
+    if task.fraction_milli:
+        return task.fraction_milli
+    if total_memory_mib <= 0 or task.gpu_memory_mib > total_memory_mib:
+        return None
+    return (task.gpu_memory_mib * MILLI_PER_GPU + total_memory_mib - 1) // total_memory_mib
+
+
+# --------------------------------------------------------------------------- table
+
+
+class PackTable(Protocol):
+    """The struct-of-arrays cluster table one scheduling cycle places into.
+
+    Every array is ``array('q')`` (int64), so the native packer reads it in place.
+    n nodes, d devices; node ``i`` owns devices ``[gpu_start[i], gpu_start[i+1])``.
+
+    * node arrays (length n): ``free_milli_cpu``, ``free_memory_bytes``, ``free_pods``,
+      ``alloc_milli_cpu`` (allocatable; carried, not used by binpack/spread),
+      ``eligible`` (0/1 -- default per-task eligibility; a packer call may override it);
+    * ``gpu_start`` (length n+1): ``gpu_start[0] == 0``, non-decreasing,
+      ``gpu_start[n] == d``;
+    * device arrays (length d): ``dev_free_milli`` (0..1000), ``dev_total_memory_mib``
+      (0 = unknown, <= MAX_MEMORY_MIB), ``dev_shared`` (0/1), ``dev_frac_holders``
+      (number of fractional allocations on the device; ``dev_shared[j] ==
+      (dev_frac_holders[j] > 0)``; not read by the packers).
+    """
+
+    @property
+    def free_milli_cpu(self) -> array[int]: ...
+    @property
+    def free_memory_bytes(self) -> array[int]: ...
+    @property
+    def free_pods(self) -> array[int]: ...
+    @property
+    def alloc_milli_cpu(self) -> array[int]: ...
+    @property
+    def eligible(self) -> array[int]: ...
+    @property
+    def gpu_start(self) -> array[int]: ...
+    @property
+    def dev_free_milli(self) -> array[int]: ...
+    @property
+    def dev_total_memory_mib(self) -> array[int]: ...
+    @property
+    def dev_shared(self) -> array[int]: ...
+    @property
+    def dev_frac_holders(self) -> array[int]: ...
+
+    def apply(self, node: int, devices: Sequence[int], task: TaskShape, sign: int = 1) -> None: ...
+
+
+def table_problem(table: PackTable, eligible: array[int] | None = None) -> str | None:
+    """Why ``table`` (with ``eligible``, default ``table.eligible``) is invalid, or None.
+
+    Same conditions as ``table_valid()`` in packer.c, plus the array lengths (which the
+    native wrapper checks before the boundary).  ``dev_frac_holders`` is not checked
+    here (the packers never read it); :meth:`ArrayPackTable.problem` checks it.
+    """
+    elig = table.eligible if eligible is None else eligible
+    n = len(table.free_milli_cpu)
+    for name in ("free_memory_bytes", "free_pods", "alloc_milli_cpu"):
+        if len(getattr(table, name)) != n:
+            return f"{name} has length {len(getattr(table, name))}, expected {n}"
+    if len(elig) != n:
+        return f"eligible has length {len(elig)}, expected {n}"
+    if len(table.gpu_start) != n + 1:
+        return f"gpu_start has length {len(table.gpu_start)}, expected {n + 1}"
+    d = len(table.dev_free_milli)
+    for name in ("dev_total_memory_mib", "dev_shared"):
+        if len(getattr(table, name)) != d:
+            return f"{name} has length {len(getattr(table, name))}, expected {d}"
+    gs = table.gpu_start
+    if gs[0] != 0 or gs[n] != d:
+        return f"gpu_start must start at 0 and end at {d}"
+    for i in range(n):
+        if gs[i + 1] < gs[i]:
+            return f"gpu_start decreases at node {i}"
+        if table.free_milli_cpu[i] < 0 or table.free_memory_bytes[i] < 0 or table.free_pods[i] < 0:
+            return f"node {i} has a negative free quantity"
+        if table.alloc_milli_cpu[i] < 0:
+            return f"node {i} has negative alloc_milli_cpu"
+        if elig[i] not in (0, 1):
+            return f"eligible[{i}]={elig[i]} is not 0/1"
+    for j in range(d):
+        if not 0 <= table.dev_free_milli[j] <= MILLI_PER_GPU:
+            return f"dev_free_milli[{j}]={table.dev_free_milli[j]} is outside 0..1000"
+        if not 0 <= table.dev_total_memory_mib[j] <= MAX_MEMORY_MIB:
+            return f"dev_total_memory_mib[{j}] is outside 0..{MAX_MEMORY_MIB}"
+        if table.dev_shared[j] not in (0, 1):
+            return f"dev_shared[{j}]={table.dev_shared[j]} is not 0/1"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRow:
+    """One device, for :meth:`ArrayPackTable.from_rows`.  ``frac_holders`` defaults to
+    ``shared`` (one holder if shared)."""
+
+    free_milli: int = MILLI_PER_GPU
+    total_memory_mib: int = 0
+    shared: int = 0
+    frac_holders: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    """One node, for :meth:`ArrayPackTable.from_rows`.  ``alloc_milli_cpu`` defaults to
+    ``free_milli_cpu``."""
+
+    free_milli_cpu: int = 0
+    free_memory_bytes: int = 0
+    free_pods: int = 110
+    devices: tuple[DeviceRow, ...] = ()
+    eligible: int = 1
+    alloc_milli_cpu: int | None = None
+
+
+def _int64_array(values: Iterable[int]) -> array[int]:
+    return array("q", values)
+
+
+class ArrayPackTable:
+    """The concrete :class:`PackTable`: ten ``array('q')`` buffers, updated in place.
+
+    Build it once per scheduling cycle (constructor or :meth:`from_rows`), place with a
+    packer, then :meth:`apply` each placement (``sign=+1``) and roll a plan back with
+    ``sign=-1``.  The buffers are never resized, so the native packer can read them
+    without copying.
+    """
+
+    __slots__ = (
+        "free_milli_cpu",
+        "free_memory_bytes",
+        "free_pods",
+        "alloc_milli_cpu",
+        "eligible",
+        "gpu_start",
+        "dev_free_milli",
+        "dev_total_memory_mib",
+        "dev_shared",
+        "dev_frac_holders",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        *,
+        free_milli_cpu: Iterable[int],
+        free_memory_bytes: Iterable[int],
+        free_pods: Iterable[int],
+        gpu_start: Iterable[int],
+        dev_free_milli: Iterable[int],
+        alloc_milli_cpu: Iterable[int] | None = None,
+        eligible: Iterable[int] | None = None,
+        dev_total_memory_mib: Iterable[int] | None = None,
+        dev_shared: Iterable[int] | None = None,
+        dev_frac_holders: Iterable[int] | None = None,
+    ) -> None:
+        try:
+            self.free_milli_cpu = _int64_array(free_milli_cpu)
+            self.free_memory_bytes = _int64_array(free_memory_bytes)
+            self.free_pods = _int64_array(free_pods)
+            n = len(self.free_milli_cpu)
+            self.alloc_milli_cpu = (
+                _int64_array(self.free_milli_cpu) if alloc_milli_cpu is None else _int64_array(alloc_milli_cpu)
+            )
+            self.eligible = _int64_array([1] * n) if eligible is None else _int64_array(eligible)
+            self.gpu_start = _int64_array(gpu_start)
+            self.dev_free_milli = _int64_array(dev_free_milli)
+            d = len(self.dev_free_milli)
+            self.dev_total_memory_mib = (
+                _int64_array([0] * d) if dev_total_memory_mib is None else _int64_array(dev_total_memory_mib)
+            )
+            self.dev_shared = _int64_array([0] * d) if dev_shared is None else _int64_array(dev_shared)
+            self.dev_frac_holders = (
+                _int64_array(self.dev_shared) if dev_frac_holders is None else _int64_array(dev_frac_holders)
+            )
+        except (OverflowError, TypeError) as exc:
+            raise InvalidArgument(f"table values must be int64: {exc}") from exc
+        problem = self.problem()
+        ensure(problem is None, problem)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[NodeRow]) -> ArrayPackTable:
+        """Build a table from per-node rows (convenient for tests and tools)."""
+        node_rows = list(rows)
+        gpu_start = [0]
+        devices: list[DeviceRow] = []
+        for row in node_rows:
+            devices.extend(row.devices)
+            gpu_start.append(len(devices))
+        return cls(
+            free_milli_cpu=[r.free_milli_cpu for r in node_rows],
+            free_memory_bytes=[r.free_memory_bytes for r in node_rows],
+            free_pods=[r.free_pods for r in node_rows],
+            alloc_milli_cpu=[r.free_milli_cpu if r.alloc_milli_cpu is None else r.alloc_milli_cpu for r in node_rows],
+            eligible=[r.eligible for r in node_rows],
+            gpu_start=gpu_start,
+            dev_free_milli=[dv.free_milli for dv in devices],
+            dev_total_memory_mib=[dv.total_memory_mib for dv in devices],
+            dev_shared=[dv.shared for dv in devices],
+            dev_frac_holders=[dv.shared if dv.frac_holders is None else dv.frac_holders for dv in devices],
+        )
+
+    # ----------------------------------------------------------------- inspection
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.free_milli_cpu)
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.dev_free_milli)
+
+    def devices_of(self, node: int) -> range:
+        """The device indices node ``node`` owns."""
+        return range(self.gpu_start[node], self.gpu_start[node + 1])
+
+    def problem(self) -> str | None:
+        """:func:`table_problem` plus the ``dev_frac_holders`` invariant."""
+        problem = table_problem(self)
+        if problem is not None:
+            return problem
+        if len(self.dev_frac_holders) != self.n_devices:
+            return f"dev_frac_holders has length {len(self.dev_frac_holders)}, expected {self.n_devices}"
+        for j, holders in enumerate(self.dev_frac_holders):
+            if holders < 0:
+                return f"dev_frac_holders[{j}] is negative"
+            if self.dev_shared[j] != (1 if holders > 0 else 0):
+                return f"dev_shared[{j}] disagrees with dev_frac_holders[{j}]"
+        return None
+
+    def snapshot(self) -> tuple[tuple[int, ...], ...]:
+        """An immutable copy of every array (for equality checks)."""
+        return tuple(tuple(getattr(self, name)) for name in self.__slots__[:-1])
+
+    def copy(self) -> ArrayPackTable:
+        """An independent deep copy."""
+        new = ArrayPackTable.__new__(ArrayPackTable)
+        for name in self.__slots__[:-1]:
+            setattr(new, name, array("q", getattr(self, name)))
+        return new
+
+    # ----------------------------------------------------------------- mutation
+
+    def apply(self, node: int, devices: Sequence[int], task: TaskShape, sign: int = 1) -> None:
+        """Commit (``sign=+1``) or roll back (``sign=-1``) placing ``task`` on ``node``.
+
+        * node: ``free_milli_cpu -= sign*milli_cpu``, ``free_memory_bytes -=
+          sign*memory_bytes``, ``free_pods -= sign``;
+        * WHOLE task: each device's ``free_milli -= sign*1000`` (so +1 needs an idle
+          device and -1 a fully taken one);
+        * SHARED task: each device's ``free_milli -= sign*need_milli(task, total)``,
+          ``frac_holders += sign`` and ``shared = 1 if frac_holders > 0 else 0``.
+
+        ``devices`` must be ``task.device_count`` distinct devices owned by ``node``.
+        Everything is checked before anything is written (free quantities stay >= 0 and
+        int64, ``free_milli`` within 0..1000, holders >= 0); a violation raises
+        :class:`InvalidArgument` and leaves the table unchanged.  Applying then
+        un-applying the same placement restores every array exactly.
+        """
+        ensure(sign in (1, -1), f"sign must be +1 or -1, got {sign!r}")
+        problem = task_problem(task)
+        ensure(problem is None, problem)
+        ensure(0 <= node < self.n_nodes, f"node {node} is out of range")
+        devs = tuple(devices)
+        ensure(len(devs) == task.device_count, f"expected {task.device_count} devices, got {len(devs)}")
+        ensure(len(set(devs)) == len(devs), f"devices {devs} are not distinct")
+        owned = self.devices_of(node)
+        for j in devs:
+            ensure(j in owned, f"device {j} is not owned by node {node}")
+
+        cpu = self.free_milli_cpu[node] - sign * task.milli_cpu
+        mem = self.free_memory_bytes[node] - sign * task.memory_bytes
+        pods = self.free_pods[node] - sign
+        for name, value in (("free_milli_cpu", cpu), ("free_memory_bytes", mem), ("free_pods", pods)):
+            ensure(0 <= value <= INT64_MAX, f"node {node}: {name} would become {value}")
+
+        shared_task = task.kind is TaskKind.SHARED
+        updates: list[tuple[int, int, int]] = []
+        for j in devs:
+            holders = self.dev_frac_holders[j]
+            if shared_task:
+                need = need_milli(task, self.dev_total_memory_mib[j])
+                ensure(need is not None, f"device {j} cannot hold {task.gpu_memory_mib} MiB")
+                assert need is not None
+                holders += sign
+                ensure(holders >= 0, f"device {j} has no fractional holder to remove")
+            else:
+                need = MILLI_PER_GPU
+            free = self.dev_free_milli[j] - sign * need
+            ensure(0 <= free <= MILLI_PER_GPU, f"device {j}: free_milli would become {free}")
+            updates.append((j, free, holders))
+
+        self.free_milli_cpu[node] = cpu
+        self.free_memory_bytes[node] = mem
+        self.free_pods[node] = pods
+        for j, free, holders in updates:
+            self.dev_free_milli[j] = free
+            self.dev_frac_holders[j] = holders
+            self.dev_shared[j] = 1 if holders > 0 else 0
+
+
+# --------------------------------------------------------------------------- packer protocol
+
+
+class Packer(Protocol):
+    """A placement engine.  :class:`~kai_es.scheduling.packing.reference.ReferencePacker`
+    (the specification) and :class:`~kai_es.scheduling.packing.native.NativePacker`
+    (the C hot path) give identical answers."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def place(
+        self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None = None
+    ) -> Placement: ...
+
+    def place_raw(
+        self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None = None
+    ) -> Placement: ...

@@ -1,0 +1,209 @@
+"""NativePacker: a thin cffi wrapper over ``kai_pack_place`` (``csrc/packer.c``).
+
+The wrapper validates what it can cheaply before the boundary (task and strategy,
+array types and lengths -- the lengths are what keep the C code inside its buffers),
+lets C validate the array *contents*, and maps negative return codes to the typed
+exceptions of :mod:`.model`.  The table's ``array('q')`` buffers are handed to C
+without copying; the bound ``struct kai_pack_table`` is cached per table (weakly), so
+the per-call cost is a few small ``ffi.new`` calls.
+
+The answers are, by contract, identical to
+:class:`~kai_es.scheduling.packing.reference.ReferencePacker`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import weakref
+from array import array
+from types import ModuleType
+from typing import Any
+
+from .model import (
+    MAX_MEMORY_MIB,
+    MAX_QUANTITY,
+    MAX_TASK_DEVICES,
+    REASON_COUNT,
+    NativePackerUnavailable,
+    PackTable,
+    Placement,
+    ReturnCode,
+    Strategy,
+    TaskShape,
+    ensure,
+    raise_for_code,
+    strategy_problem,
+    table_problem,
+    task_problem,
+)
+
+__all__ = ["NativePacker", "import_native", "NATIVE_MODULE", "ABI_VERSION"]
+
+NATIVE_MODULE = "kai_es._native._packer"
+ABI_VERSION = 1
+
+_NODE_FIELDS = ("free_milli_cpu", "free_memory_bytes", "free_pods", "alloc_milli_cpu")
+_DEVICE_FIELDS = ("dev_free_milli", "dev_total_memory_mib", "dev_shared")
+# Order of the pointer members of struct kai_pack_table.
+_TABLE_FIELDS = (*_NODE_FIELDS, "gpu_start", *_DEVICE_FIELDS, "eligible")
+
+_BUILD_HINT = (
+    "build it with `pip install -e . --no-build-isolation` or `python3 setup.py build_ext --inplace`; "
+    "to use the pure-Python twin instead, set KAI_ES_PACKER=reference explicitly"
+)
+
+
+def import_native() -> ModuleType:
+    """Import ``kai_es._native._packer`` or raise :class:`NativePackerUnavailable`."""
+    try:
+        return importlib.import_module(NATIVE_MODULE)
+    except ImportError as exc:
+        raise NativePackerUnavailable(f"native packer {NATIVE_MODULE} is not available ({exc}); {_BUILD_HINT}") from exc
+
+
+def _check_buffer(name: str, value: object) -> array[int]:
+    if not isinstance(value, array) or value.typecode != "q":
+        raise TypeError(f"{name} must be array('q'), got {type(value).__name__}")
+    return value
+
+
+class _Bound:
+    """A table's arrays, their cffi views and the filled ``kai_pack_table`` struct."""
+
+    __slots__ = ("arrays", "views", "struct")
+
+    def __init__(self, arrays: tuple[array[int], ...], views: list[Any], struct: Any) -> None:
+        self.arrays = arrays
+        self.views = views  # keeps the buffer exports (and so the memory) alive
+        self.struct = struct
+
+
+class NativePacker:
+    """Placement through the compiled ``kai_pack_place``."""
+
+    __slots__ = ("_module", "_ffi", "_lib", "_bound")
+
+    def __init__(self, module: ModuleType | None = None) -> None:
+        mod = import_native() if module is None else module
+        ffi: Any = mod.ffi
+        lib: Any = mod.lib
+        version = int(lib.kai_pack_abi_version())
+        ensure(
+            version == ABI_VERSION,
+            f"{NATIVE_MODULE} has ABI version {version}, expected {ABI_VERSION}; rebuild it ({_BUILD_HINT})",
+            raising=NativePackerUnavailable,
+        )
+        constants = (lib.KAI_PACK_REASON_COUNT, lib.KAI_PACK_MAX_TASK_DEVICES, lib.KAI_PACK_MAX_MEMORY_MIB,
+                     lib.KAI_PACK_MAX_QUANTITY)
+        ensure(
+            constants == (REASON_COUNT, MAX_TASK_DEVICES, MAX_MEMORY_MIB, MAX_QUANTITY),
+            f"{NATIVE_MODULE} constants {constants} disagree with kai_es.scheduling.packing.model",
+            raising=NativePackerUnavailable,
+        )
+        self._module = mod
+        self._ffi = ffi
+        self._lib = lib
+        self._bound: weakref.WeakKeyDictionary[Any, _Bound] = weakref.WeakKeyDictionary()
+
+    @property
+    def kind(self) -> str:
+        return "native"
+
+    @property
+    def module(self) -> ModuleType:
+        """The loaded extension module (``kai_es._native._packer``)."""
+        return self._module
+
+    @property
+    def lib(self) -> Any:
+        return self._lib
+
+    @property
+    def ffi(self) -> Any:
+        return self._ffi
+
+    # ----------------------------------------------------------------- binding
+
+    def _bind(self, table: PackTable) -> _Bound:
+        arrays = tuple(_check_buffer(name, getattr(table, name)) for name in _TABLE_FIELDS)
+        try:
+            cached = self._bound.get(table)
+        except TypeError:  # not weak-referenceable: bind every call
+            cached = None
+        if cached is not None and all(a is b for a, b in zip(cached.arrays, arrays)):
+            return cached
+        ffi = self._ffi
+        views = [ffi.from_buffer("int64_t[]", a) for a in arrays]
+        struct = ffi.new("kai_pack_table *")
+        struct.n_nodes = len(arrays[0])
+        struct.n_devices = len(arrays[5])
+        (struct.free_milli_cpu, struct.free_memory_bytes, struct.free_pods, struct.alloc_milli_cpu,
+         struct.gpu_start, struct.dev_free_milli, struct.dev_total_memory_mib, struct.dev_shared) = views[:8]
+        bound = _Bound(arrays, views, struct)
+        try:
+            self._bound[table] = bound
+        except TypeError:
+            pass
+        return bound
+
+    # ----------------------------------------------------------------- placement
+
+    def place(
+        self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None = None
+    ) -> Placement:
+        """Place ``task``; returns a :class:`Placement` with code OK or NO_FIT.
+
+        Raises :class:`InvalidArgument` (bad task, strategy or table),
+        :class:`UnsupportedStrategy` (``GpuStrategy.FRAGMENTATION``) or ``TypeError``
+        (a table buffer that is not ``array('q')``).
+        """
+        problem = task_problem(task) or strategy_problem(strategy)
+        ensure(problem is None, problem)
+        result = self.place_raw(table, task, strategy, eligible)
+        if result.code < 0:
+            detail = table_problem(table, eligible) if result.code == ReturnCode.EINVAL else ""
+            raise_for_code(result.code, detail or "")
+        return result
+
+    def place_raw(
+        self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None = None
+    ) -> Placement:
+        """Call ``kai_pack_place`` and return its answer as a :class:`Placement`
+        (negative codes included, nothing raised for invalid values)."""
+        ffi = self._ffi
+        bound = self._bind(table)
+        arrays = bound.arrays
+        n = len(arrays[0])
+        d = len(arrays[5])
+        elig = bound.arrays[8] if eligible is None else _check_buffer("eligible", eligible)
+        # Lengths are the memory-safety contract of the boundary: check them here.
+        if (
+            any(len(a) != n for a in arrays[1:4])
+            or len(elig) != n
+            or len(arrays[4]) != n + 1
+            or len(arrays[6]) != d
+            or len(arrays[7]) != d
+        ):
+            return Placement.failure(ReturnCode.EINVAL)
+        try:
+            c_task = ffi.new("kai_pack_task *", task.as_tuple())
+            c_strategy = ffi.new("kai_pack_strategy *", strategy.as_tuple())
+        except (OverflowError, TypeError):
+            return Placement.failure(ReturnCode.EINVAL)
+        want = c_task.whole_gpus if c_task.whole_gpus > 0 else c_task.fraction_devices
+        want = min(max(want, 0), MAX_TASK_DEVICES)
+        out = ffi.new("int64_t[]", 1 + REASON_COUNT + want)
+        c_elig = bound.views[8] if eligible is None else ffi.from_buffer("int64_t[]", elig)
+        code = int(
+            self._lib.kai_pack_place(
+                bound.struct, c_elig, c_task, c_strategy,
+                out, out + 1 + REASON_COUNT, want, out + 1, REASON_COUNT,
+            )
+        )
+        rc = ReturnCode(code)
+        if rc < 0:
+            return Placement.failure(rc)
+        reasons = tuple(ffi.unpack(out + 1, REASON_COUNT))
+        if rc == ReturnCode.OK:
+            return Placement(rc, int(out[0]), tuple(ffi.unpack(out + 1 + REASON_COUNT, want)), reasons)
+        return Placement(rc, -1, (), reasons)

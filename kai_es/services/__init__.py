@@ -1,0 +1,1 @@
+"""The imperative shell: informer, scheduler and binder loops over the ports."""

@@ -1,0 +1,86 @@
+"""The binder service: performs bind and evict decisions on the cluster and appends outcomes.
+
+Contract:
+- Idempotent by decision id: a decision that already has an outcome in the log (PodBound,
+  PodBindFailed or PodEvicted naming it) is never performed again, so restarting the binder or
+  replaying decisions never binds twice.
+- The outcome's id is uuid5(decision id), so even a crash between performing and appending
+  yields one outcome id; "already bound to that node" counts as success.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kai_es.events import Envelope, Record
+from kai_es.events import payloads as p
+from kai_es.events.factory import derived_id, make_envelope
+from kai_es.ports import Clock, ClusterActuator, EventLog
+
+log = logging.getLogger(__name__)
+SOURCE = "kai-es/binder"
+
+
+class BinderService:
+    def __init__(self, events: EventLog, actuator: ClusterActuator, clock: Clock) -> None:
+        self.events = events
+        self.actuator = actuator
+        self.clock = clock
+        self.position = 0
+        self.done: set[str] = set()
+        self.pending: dict[str, Record] = {}
+        self.performed = 0
+
+    def _observe(self, record: Record) -> None:
+        data = record.envelope.data
+        if isinstance(data, (p.PodBound, p.PodBindFailed, p.PodEvicted)):
+            self.done.add(data.decision_id)
+            self.pending.pop(data.decision_id, None)
+        elif isinstance(data, (p.BindingDecided, p.EvictionDecided)):
+            if record.envelope.id not in self.done:
+                self.pending[record.envelope.id] = record
+
+    async def step(self) -> int:
+        """Read new records, perform decisions without outcomes; returns how many it performed."""
+        async for record in self.events.read(self.position):
+            self._observe(record)
+            self.position = record.position + 1
+        count = 0
+        for decision_id in list(self.pending):
+            record = self.pending[decision_id]
+            outcome = await self._perform(record)
+            await self.events.append([outcome])
+            self.done.add(decision_id)
+            self.pending.pop(decision_id, None)
+            count += 1
+        self.performed += count
+        return count
+
+    async def _perform(self, record: Record) -> Envelope:
+        env = record.envelope
+        data = env.data
+        now = max(self.clock.now_ns(), env.logicaltime)
+        common = dict(event_id=derived_id(env.id, 0), source=SOURCE, subject=env.subject,
+                      logicaltime=now, causationid=env.id, correlationid=env.correlationid)
+        if isinstance(data, p.BindingDecided):
+            result = await self.actuator.bind(data.namespace, data.name, data.uid, data.node,
+                                              data.gpu_devices, data.gpu_groups)
+            if result.ok:
+                return make_envelope(p.PodBound(namespace=data.namespace, name=data.name, uid=data.uid,
+                                                node=data.node, decision_id=env.id,
+                                                gpu_devices=list(data.gpu_devices)), **common)  # type: ignore[arg-type]
+            log.warning("bind %s/%s -> %s failed: %s", data.namespace, data.name, data.node, result.message)
+            return make_envelope(p.PodBindFailed(namespace=data.namespace, name=data.name, uid=data.uid,
+                                                 node=data.node, decision_id=env.id,
+                                                 message=result.message), **common)  # type: ignore[arg-type]
+        assert isinstance(data, p.EvictionDecided)
+        result = await self.actuator.evict(data.namespace, data.name, data.uid)
+        if not result.ok:
+            log.warning("evict %s/%s failed: %s", data.namespace, data.name, result.message)
+        return make_envelope(p.PodEvicted(namespace=data.namespace, name=data.name, uid=data.uid,
+                                          node=data.node, decision_id=env.id), **common)  # type: ignore[arg-type]
+
+    async def run(self, poll_ns: int = 50_000_000) -> None:
+        while True:
+            await self.step()
+            await self.clock.sleep_until(self.clock.now_ns() + poll_ns)

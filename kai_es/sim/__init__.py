@@ -1,0 +1,1 @@
+"""The simulated cluster and the discrete-event driver that runs the real services against it."""

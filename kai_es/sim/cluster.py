@@ -1,0 +1,272 @@
+"""A simulated Kubernetes cluster: plays the API server, the kubelets and the workload
+controllers for the simulator. It implements both ClusterSource and ClusterActuator.
+
+Contract:
+- Objects are the scenario's raw Kubernetes JSON; every change is reported as an ObjectChange
+  exactly as a watch would report it, so the informer's real translation path is exercised.
+- A bind is admitted like a kubelet would: the pod must exist with that uid, the node must exist
+  and have room (CPU, memory, pod slots, and the named GPU devices); otherwise it fails with a
+  message. A pod already bound to that node is success (`already=True`).
+- A bound pod with `kai-es.io/run-for` succeeds that long after it was bound. An evicted pod is
+  deleted and, unless `kai-es.io/recreate: "false"`, recreated as a new Pending pod (as its
+  controller would) named `<name>-r<k>`.
+- Time only moves through `advance(now)`; everything is deterministic.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import re
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from kai_es.events.factory import NAMESPACE
+from kai_es.events.timefmt import rfc3339
+from kai_es.ingest import translate as tr
+from kai_es.ports import ActionOutcome, ObjectChange
+from kai_es.scenario import Scenario, ScenarioObject
+from kai_es.state.reducer import device_count, device_milli_on
+
+
+@dataclass(slots=True)
+class _NodeUse:
+    cpu: int = 0
+    memory: int = 0
+    pods: int = 0
+    devices: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _PodInfo:
+    obj: dict[str, Any]
+    run_for_ns: int | None
+    recreate: bool
+    generation: int = 0
+    node: str = ""
+    devices: tuple[int, ...] = ()
+    device_milli: int = 0
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{meta.get('namespace', 'default')}/{meta['name']}"
+
+
+class SimCluster:
+    def __init__(self, scenario: Scenario, now_ns: int) -> None:
+        self.scenario = scenario
+        self.now_ns = now_ns
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.node_use: dict[str, _NodeUse] = {}
+        self.others: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: dict[str, _PodInfo] = {}
+        self._heap: list[tuple[int, int, str, Any]] = []
+        self._seq = 0
+        self._changes: list[ObjectChange] = []
+        self._wake = anyio.Event()
+        self.binds = 0
+        self.bind_failures = 0
+        self.evictions = 0
+        self.completions = 0
+        for obj in scenario.objects:
+            if obj.submit_after_ns == 0:
+                self._create(obj, report=False)
+            else:
+                self._push(scenario.start_ns + obj.submit_after_ns, "submit", obj)
+
+    # -- time -------------------------------------------------------------------------------
+
+    def _push(self, at: int, what: str, item: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, what, item))
+
+    def next_event_ns(self) -> int | None:
+        return self._heap[0][0] if self._heap else None
+
+    def advance(self, now_ns: int) -> None:
+        """Apply every scheduled happening up to and including `now_ns`."""
+        self.now_ns = now_ns
+        while self._heap and self._heap[0][0] <= now_ns:
+            _, _, what, item = heapq.heappop(self._heap)
+            if what == "submit":
+                self._create(item, report=True)
+            elif what == "complete":
+                key, generation = item
+                info = self.pods.get(key)
+                if info is not None and info.generation == generation and info.node:
+                    self._finish(key, info)
+
+    # -- objects ----------------------------------------------------------------------------
+
+    def _report(self, kind: str, action: str, obj: dict[str, Any]) -> None:
+        self._changes.append(ObjectChange(kind=kind, action=action, obj=copy.deepcopy(obj)))  # type: ignore[arg-type]
+        self._wake.set()
+
+    def _create(self, so: ScenarioObject, report: bool) -> None:
+        obj = copy.deepcopy(so.obj)
+        if report:
+            obj["metadata"]["creationTimestamp"] = rfc3339(self.now_ns)
+        kind = so.kind
+        if kind == "Node":
+            name = obj["metadata"]["name"]
+            self.nodes[name] = obj
+            gpus = getattr(so.payload, "gpus", 0)
+            self.node_use[name] = _NodeUse(devices=[0] * gpus)
+        elif kind == "Pod":
+            key = _key(obj)
+            info = _PodInfo(obj=obj, run_for_ns=so.run_for_ns, recreate=so.recreate)
+            self.pods[key] = info
+            node = (obj.get("spec") or {}).get("nodeName")
+            if node and (obj.get("status") or {}).get("phase") == "Running":
+                payload = tr.pod(obj)
+                devices = tuple(payload.gpu_devices) or self._first_fit(node, payload)
+                self._take(key, info, node, devices, payload)
+        else:
+            meta = obj["metadata"]
+            self.others[(kind, f"{meta.get('namespace', '')}/{meta['name']}")] = obj
+        if report:
+            self._report(kind, "ADDED", obj)
+
+    def _first_fit(self, node: str, payload: Any) -> tuple[int, ...]:
+        use = self.node_use.get(node)
+        if use is None:
+            return ()
+        milli = device_milli_on(tr.node(self.nodes[node]), payload.gpu)
+        count = device_count(payload.gpu)
+        free = [i for i, u in enumerate(use.devices) if u + milli <= 1000]
+        return tuple(free[:count])
+
+    def _take(self, key: str, info: _PodInfo, node: str, devices: tuple[int, ...], payload: Any) -> None:
+        use = self.node_use[node]
+        milli = device_milli_on(tr.node(self.nodes[node]), payload.gpu) if devices else 0
+        use.cpu += payload.requests.milli_cpu
+        use.memory += payload.requests.memory_bytes
+        use.pods += 1
+        for d in devices:
+            use.devices[d] += milli
+        info.node, info.devices, info.device_milli = node, devices, milli
+        info.generation += 1
+        if info.run_for_ns is not None:
+            self._push(self.now_ns + info.run_for_ns, "complete", (key, info.generation))
+
+    def _free(self, info: _PodInfo) -> None:
+        if not info.node:
+            return
+        use = self.node_use.get(info.node)
+        if use is not None:
+            payload = tr.pod(info.obj)
+            use.cpu -= payload.requests.milli_cpu
+            use.memory -= payload.requests.memory_bytes
+            use.pods -= 1
+            for d in info.devices:
+                use.devices[d] -= info.device_milli
+        info.node, info.devices, info.device_milli = "", (), 0
+
+    def _finish(self, key: str, info: _PodInfo) -> None:
+        self._free(info)
+        info.obj.setdefault("status", {})["phase"] = "Succeeded"
+        self.completions += 1
+        self._report("Pod", "MODIFIED", info.obj)
+        del self.pods[key]
+
+    # -- ClusterSource --------------------------------------------------------------------------
+
+    async def list_objects(self) -> list[ObjectChange]:
+        out = [ObjectChange("Node", "ADDED", copy.deepcopy(o)) for o in self.nodes.values()]
+        out += [ObjectChange(kind, "ADDED", copy.deepcopy(o)) for (kind, _), o in self.others.items()]
+        out += [ObjectChange("Pod", "ADDED", copy.deepcopy(i.obj)) for i in self.pods.values()]
+        self._changes.clear()
+        return out
+
+    def drain_changes(self) -> list[ObjectChange]:
+        out, self._changes = self._changes, []
+        return out
+
+    async def changes(self) -> AsyncIterator[list[ObjectChange]]:
+        while True:
+            if not self._changes:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+            yield self.drain_changes()
+
+    # -- ClusterActuator ------------------------------------------------------------------------
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   gpu_devices: Sequence[int], gpu_groups: Sequence[str]) -> ActionOutcome:
+        key = f"{namespace}/{name}"
+        info = self.pods.get(key)
+        if info is None or info.obj["metadata"].get("uid") != uid:
+            return self._fail(f"pod {key} (uid {uid}) does not exist")
+        if info.node:
+            if info.node == node:
+                return ActionOutcome(ok=True, already=True, message="already bound to this node")
+            return self._fail(f"pod {key} is already bound to {info.node}")
+        if node not in self.nodes:
+            return self._fail(f"node {node} does not exist")
+        payload = tr.pod(info.obj)
+        use = self.node_use[node]
+        node_payload = tr.node(self.nodes[node])
+        milli = device_milli_on(node_payload, payload.gpu)
+        devices = tuple(gpu_devices)
+        problems = []
+        if use.cpu + payload.requests.milli_cpu > node_payload.milli_cpu:
+            problems.append("cpu")
+        if use.memory + payload.requests.memory_bytes > node_payload.memory_bytes:
+            problems.append("memory")
+        if use.pods + 1 > node_payload.max_pods:
+            problems.append("pods")
+        if len(devices) != device_count(payload.gpu) or any(
+                not 0 <= d < len(use.devices) or use.devices[d] + milli > 1000 for d in devices):
+            problems.append("gpu devices")
+        if problems:
+            return self._fail(f"node {node} cannot admit pod {key}: insufficient {', '.join(problems)}")
+        info.obj.setdefault("spec", {})["nodeName"] = node
+        info.obj.setdefault("status", {})["phase"] = "Running"
+        meta = info.obj["metadata"]
+        if devices:
+            meta.setdefault("annotations", {})["kai-es.io/gpu-devices"] = ",".join(map(str, devices))
+        if gpu_groups:
+            meta.setdefault("labels", {})[tr.GPU_GROUP_LABEL] = gpu_groups[0]
+        self._take(key, info, node, devices, payload)
+        self.binds += 1
+        self._report("Pod", "MODIFIED", info.obj)
+        return ActionOutcome(ok=True)
+
+    def _fail(self, message: str) -> ActionOutcome:
+        self.bind_failures += 1
+        return ActionOutcome(ok=False, message=message)
+
+    async def evict(self, namespace: str, name: str, uid: str) -> ActionOutcome:
+        key = f"{namespace}/{name}"
+        info = self.pods.get(key)
+        if info is None or info.obj["metadata"].get("uid") != uid:
+            return ActionOutcome(ok=True, already=True, message="pod is already gone")
+        self._free(info)
+        del self.pods[key]
+        self.evictions += 1
+        self._report("Pod", "DELETED", info.obj)
+        if info.recreate:
+            self._recreate(info)
+        return ActionOutcome(ok=True)
+
+    def _recreate(self, info: _PodInfo) -> None:
+        obj = copy.deepcopy(info.obj)
+        meta = obj["metadata"]
+        base = re.sub(r"-r\d+$", "", meta["name"])
+        k = 1
+        while f"{meta.get('namespace', 'default')}/{base}-r{k}" in self.pods:
+            k += 1
+        meta["name"] = f"{base}-r{k}"
+        meta["uid"] = str(uuid.uuid5(NAMESPACE, f"{meta['uid']}/recreated"))
+        meta["creationTimestamp"] = rfc3339(self.now_ns)
+        meta.get("annotations", {}).pop("kai-es.io/gpu-devices", None)
+        meta.get("labels", {}).pop(tr.GPU_GROUP_LABEL, None)
+        obj.get("spec", {}).pop("nodeName", None)
+        obj["status"] = {"phase": "Pending"}
+        self.pods[_key(obj)] = _PodInfo(obj=obj, run_for_ns=info.run_for_ns, recreate=info.recreate)
+        self._report("Pod", "ADDED", obj)
