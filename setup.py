@@ -1,0 +1,3 @@
+from setuptools import setup
+
+setup(cffi_modules=["kai_es/_native/build_packer.py:ffibuilder"])
