@@ -10,7 +10,7 @@ on PyPI, canonical sorted-key JSON and the JSON Schema in `schemas/`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -236,7 +236,7 @@ class ConfigApplied(Payload, kw_only=True):
     """The scheduler configuration in force from this position on (canonical JSON object)."""
 
     config_digest: str
-    config: dict[str, object]
+    config: dict[str, Any]
 
 
 class CycleStarted(Payload, kw_only=True):

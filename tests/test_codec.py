@@ -1,0 +1,108 @@
+"""Canonical bytes: sorted keys, stable across decode/encode, readable errors, upcasting."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from kai_es.events import DecodeError, decode, encode
+from kai_es.events import payloads as p
+from kai_es.events.factory import derived_id, make_envelope
+from kai_es.events.timefmt import format_duration, parse_duration, parse_rfc3339, rfc3339
+from kai_es.events import upcast as up
+
+
+def _env(payload: p.Payload, **kw: object) -> object:
+    return make_envelope(payload, event_id="e-1", source="test", subject="pod/default/a",
+                         logicaltime=1_767_225_600_123_000_000, **kw)  # type: ignore[arg-type]
+
+
+def test_canonical_bytes_sort_keys_and_round_trip() -> None:
+    env = _env(p.BindingDecided(namespace="default", name="a", uid="u", node="n1", podgroup="g",
+                                queue="q", gpu_devices=[3, 1]), basedon=7)
+    raw = encode(env)  # type: ignore[arg-type]
+    obj = json.loads(raw)
+    assert list(obj) == sorted(obj)
+    assert list(obj["data"]) == sorted(obj["data"])
+    assert b" " not in raw  # compact
+    assert obj["time"] == "2026-01-01T00:00:00.123Z"
+    again = decode(raw)
+    assert again == env
+    assert encode(again) == raw
+
+
+def test_unset_extensions_are_omitted() -> None:
+    raw = encode(_env(p.NodeRemoved(name="n")))  # type: ignore[arg-type]
+    assert b"basedon" not in raw and b"statedigest" not in raw
+
+
+def test_floats_are_rejected_in_quantities() -> None:
+    env = json.loads(encode(_env(p.NodeObserved(name="n", milli_cpu=1000, memory_bytes=1))))  # type: ignore[arg-type]
+    env["data"]["milli_cpu"] = 1000.5
+    with pytest.raises(DecodeError, match="milli_cpu"):
+        decode(json.dumps(env).encode())
+
+
+@pytest.mark.parametrize(("mutate", "needle"), [
+    (lambda e: e.update(type="kai.nope"), "unknown event type"),
+    (lambda e: e.pop("logicaltime"), "logicaltime"),
+    (lambda e: e.update(specversion="0.3"), "specversion"),
+    (lambda e: e["data"].update(extra=1), "extra"),
+    (lambda e: e.update(schemaversion=99), "newer"),
+])
+def test_malformed_events_give_readable_errors(mutate, needle) -> None:  # type: ignore[no-untyped-def]
+    env = json.loads(encode(_env(p.NodeRemoved(name="n"))))  # type: ignore[arg-type]
+    mutate(env)
+    with pytest.raises(DecodeError, match=needle):
+        decode(json.dumps(env).encode())
+
+
+def test_not_json_is_a_decode_error() -> None:
+    with pytest.raises(DecodeError):
+        decode(b"{not json")
+
+
+def test_upcaster_chain_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pretend v2 is current and v1 of node.removed spelled the field 'node'
+    import kai_es.events.codec as codec
+
+    monkeypatch.setattr(codec, "CURRENT_SCHEMA_VERSION", 2)
+    monkeypatch.setattr(up, "CURRENT_SCHEMA_VERSION", 2)
+    monkeypatch.setitem(up.UPCASTERS, ("kai.cluster.node.removed", 1), lambda f: {"name": f["node"]})
+    env = json.loads(encode(_env(p.NodeRemoved(name="n"))))  # type: ignore[arg-type]
+    env["data"] = {"node": "old-name"}
+    out = decode(json.dumps(env).encode())
+    assert out.data == p.NodeRemoved(name="old-name")
+    assert out.schemaversion == 2
+
+
+def test_missing_upcaster_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kai_es.events.codec as codec
+
+    monkeypatch.setattr(codec, "CURRENT_SCHEMA_VERSION", 2)
+    monkeypatch.setattr(up, "CURRENT_SCHEMA_VERSION", 2)
+    env = encode(_env(p.NodeRemoved(name="n")))  # type: ignore[arg-type]
+    with pytest.raises(up.UpcastError, match="no upcaster"):
+        decode(env)
+
+
+def test_derived_ids_are_stable_and_distinct() -> None:
+    assert derived_id("c", 0) == derived_id("c", 0)
+    assert derived_id("c", 0) != derived_id("c", 1) != derived_id("d", 1)
+
+
+def test_time_helpers() -> None:
+    ns = parse_rfc3339("2026-01-01T01:02:03.5+01:00")
+    assert rfc3339(ns) == "2026-01-01T00:02:03.5Z"
+    assert parse_duration("1h30m") == 5_400_000_000_000
+    assert parse_duration("250ms") == 250_000_000
+    assert format_duration(5_400_000_000_000) == "1h30m"
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration("5 minutes")
+
+
+def test_payload_structs_reject_unknown_fields() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"name": "n", "bogus": 1}, p.NodeRemoved)
