@@ -4,7 +4,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("ci", max_examples=60, deadline=None,
+settings.register_profile("ci", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("soak", max_examples=1500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=25, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

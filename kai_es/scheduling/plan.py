@@ -127,10 +127,9 @@ class Plan:
     def _group_for(self, node_index: int, device: int, pod_uid: str) -> str:
         """The shared-GPU group of a device: the one it already has, else a new stable id."""
         local = device - self.idle.gpu_start[node_index]
-        node = self.nodes[node_index]
-        for group, dev in sorted(node.group_device.items()):
-            if dev == local:
-                return group
+        existing = self.nodes[node_index].device_group(local)
+        if existing is not None:
+            return existing
         key = (node_index, local)
         if key not in self._new_groups:
             self._new_groups[key] = derived_id(pod_uid, device)

@@ -12,8 +12,12 @@ from kai_es.state.model import OCCUPYING, ClusterState
 from kai_es.state.snapshot import restore, snapshot
 
 
-def check(state: ClusterState, *, allow_overcommit: bool = False) -> list[str]:
-    """Violations found in `state` (empty when it is consistent)."""
+def check(state: ClusterState, *, strict: bool = True) -> list[str]:
+    """Violations found in `state` (empty when it is consistent).
+
+    `strict=False` accepts what only the cluster itself can cause (over-commitment by another
+    scheduler, pods reported on nodes not observed yet) and checks internal consistency only.
+    """
     out: list[str] = []
     snap = snapshot(state)
     again = snapshot(restore(snap))
@@ -33,7 +37,7 @@ def check(state: ClusterState, *, allow_overcommit: bool = False) -> list[str]:
             out.append("snapshot differs from its restored copy")
     for name in state.node_names:
         n = state.nodes[name]
-        if not allow_overcommit:
+        if strict:
             if n.used_milli_cpu > n.spec.milli_cpu:
                 out.append(f"node {name}: cpu over-committed {n.used_milli_cpu}>{n.spec.milli_cpu}")
             if n.used_memory_bytes > n.spec.memory_bytes:
@@ -47,7 +51,7 @@ def check(state: ClusterState, *, allow_overcommit: bool = False) -> list[str]:
             out.append(f"node {name}: negative usage")
     for key in sorted(state.pods):
         pod = state.pods[key]
-        if pod.status in OCCUPYING and pod.node not in state.nodes:
+        if strict and pod.status in OCCUPYING and pod.node not in state.nodes:
             out.append(f"pod {key}: {pod.status} on unknown node {pod.node!r}")
         want = pod.status == "Pending" and not pod.spec.terminating and pod.spec.scheduler_name == SCHEDULER_NAME
         if (pod.pending_key is not None) != want:

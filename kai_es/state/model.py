@@ -40,8 +40,21 @@ class NodeState:
     device_used: list[int] = field(default_factory=list)
     device_releasing: list[int] = field(default_factory=list)
     device_sharers: list[int] = field(default_factory=list)
-    group_device: dict[str, int] = field(default_factory=dict)
+    group_holders: dict[str, dict[int, int]] = field(default_factory=dict)
     pods: set[str] = field(default_factory=set)
+
+    def group_device(self, group: str) -> int | None:
+        """The device a shared-GPU group lives on: the lowest device holding it (None if none).
+        A function of the holders only, so it never depends on the order pods arrived in."""
+        holders = self.group_holders.get(group)
+        return min(holders) if holders else None
+
+    def device_group(self, device: int) -> str | None:
+        """The first (by name) group held on `device`, if any."""
+        for group in sorted(self.group_holders):
+            if self.group_device(group) == device:
+                return group
+        return None
 
     @property
     def free_milli_cpu(self) -> int:

@@ -81,8 +81,9 @@ def _assign_devices(node: NodeState, pod: PodState, milli: int, count: int) -> t
     if count == 0:
         return ()
     n = len(node.device_used)
-    if pod.spec.gpu_group and pod.spec.gpu_group in node.group_device and count == 1:
-        return (node.group_device[pod.spec.gpu_group],)
+    known = node.group_device(pod.spec.gpu_group) if pod.spec.gpu_group else None
+    if known is not None and count == 1:
+        return (known,)
     chosen = [i for i in range(n) if node.device_used[i] + milli <= 1000][:count]
     if len(chosen) < count:  # the cluster over-committed: record the truth, invariants flag it
         chosen += [i for i in range(n) if i not in chosen][: count - len(chosen)]
@@ -90,7 +91,7 @@ def _assign_devices(node: NodeState, pod: PodState, milli: int, count: int) -> t
 
 
 def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterable[int],
-            groups: Iterable[str], status: str) -> None:
+            groups: Iterable[str], status: str, *, trust_devices: bool = False) -> None:
     node = state.nodes.get(node_name)
     spec = pod.spec
     pod.node = node_name
@@ -104,7 +105,7 @@ def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterabl
     milli = device_milli_on(node.spec, spec.gpu)
     count = device_count(spec.gpu)
     devs = tuple(d for d in devices if 0 <= d < len(node.device_used))
-    if len(devs) != count:
+    if len(devs) != count and not (trust_devices and devs):
         devs = _assign_devices(node, pod, milli, count)
     pod.devices = devs
     pod.device_milli = milli if devs else 0
@@ -121,7 +122,8 @@ def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterabl
         if shared:
             node.device_sharers[d] += 1
             if i < len(grp) and grp[i]:
-                node.group_device[grp[i]] = d
+                held = node.group_holders.setdefault(grp[i], {})
+                held[d] = held.get(d, 0) + 1
     node.pods.add(pod.key)
     if status == "Releasing":
         _releasing(node, pod, +1)
@@ -145,8 +147,14 @@ def _release(state: ClusterState, pod: PodState) -> None:
             node.device_used[d] -= pod.device_milli
             if shared:
                 node.device_sharers[d] -= 1
-                if node.device_sharers[d] == 0 and i < len(pod.gpu_groups):
-                    node.group_device.pop(pod.gpu_groups[i], None)
+                if i < len(pod.gpu_groups) and pod.gpu_groups[i]:
+                    held = node.group_holders.get(pod.gpu_groups[i])
+                    if held is not None and d in held:
+                        held[d] -= 1
+                        if held[d] == 0:
+                            del held[d]
+                        if not held:
+                            del node.group_holders[pod.gpu_groups[i]]
         node.pods.discard(pod.key)
     pod.status = "Pending"
     pod.node = ""
@@ -282,7 +290,7 @@ def _node_observed(state: ClusterState, env: Envelope) -> None:
         node.device_used = [0] * spec.gpus
         node.device_releasing = [0] * spec.gpus
         node.device_sharers = [0] * spec.gpus
-        node.group_device = {}
+        node.group_holders = {}
         for pod, status, devices, groups in saved:
             _occupy(state, pod, spec.name, devices, groups, status)
             _set_pending(state, pod, False)
@@ -343,6 +351,8 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
         job.members.add(key)
         pod.job_key = job.key
         _cleanup_job(state, old_job)
+        if old_job.key in state.jobs:
+            _refresh_job(state, old_job)
         _refresh_job(state, job)
         if status in OCCUPYING and not spec.node_name:
             _occupy(state, pod, node, devices, groups, status)

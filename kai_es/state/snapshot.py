@@ -33,7 +33,7 @@ class NodeSnap(msgspec.Struct, frozen=True, kw_only=True):
     device_used: list[int]
     device_releasing: list[int]
     device_sharers: list[int]
-    group_device: dict[str, int]
+    group_holders: dict[str, dict[str, int]]
     pods: list[str]
 
 
@@ -102,7 +102,9 @@ def snapshot(state: ClusterState) -> Snapshot:
                  used_pods=n.used_pods, releasing_milli_cpu=n.releasing_milli_cpu,
                  releasing_memory_bytes=n.releasing_memory_bytes, releasing_pods=n.releasing_pods,
                  device_used=list(n.device_used), device_releasing=list(n.device_releasing),
-                 device_sharers=list(n.device_sharers), group_device=dict(sorted(n.group_device.items())),
+                 device_sharers=list(n.device_sharers),
+                 group_holders={g: {str(d): c for d, c in sorted(h.items())}
+                                for g, h in sorted(n.group_holders.items())},
                  pods=sorted(n.pods))
         for n in (state.nodes[name] for name in state.node_names)
     ]
@@ -188,7 +190,7 @@ def restore(snap: Snapshot) -> ClusterState:
     for ps in snap.pods:
         pod = st.pods[r.pod_key(ps.spec.namespace, ps.spec.name)]
         if ps.status in OCCUPYING:
-            r._occupy(st, pod, ps.node, ps.devices, ps.gpu_groups, ps.status)
+            r._occupy(st, pod, ps.node, ps.devices, ps.gpu_groups, ps.status, trust_devices=True)
             if st.nodes.get(ps.node) is None:
                 pod.device_milli = ps.device_milli
         elif not ps.spec.terminating:

@@ -30,6 +30,10 @@ __all__ = [
     "MAX_MEMORY_MIB",
     "MAX_QUANTITY",
     "INT64_MAX",
+    "SHAPE_FIELDS",
+    "MAX_SHAPES",
+    "MAX_TOTAL_WEIGHT",
+    "MAX_FRAG_DEVICES",
     "Reason",
     "ReturnCode",
     "GpuStrategy",
@@ -38,6 +42,8 @@ __all__ = [
     "TaskKind",
     "TaskShape",
     "Strategy",
+    "WorkloadShape",
+    "workload_problem",
     "Placement",
     "PackingError",
     "InvalidArgument",
@@ -67,6 +73,14 @@ MAX_MEMORY_MIB = 1 << 40
 MAX_QUANTITY = 1 << 62
 """Upper bound of a task's ``milli_cpu`` and ``memory_bytes``."""
 INT64_MAX = (1 << 63) - 1
+SHAPE_FIELDS = 7
+"""Integers per workload-shape row in the C ABI: the six task fields, then the weight."""
+MAX_SHAPES = 64
+"""Most shapes a workload table (:attr:`Strategy.workload`) may hold."""
+MAX_TOTAL_WEIGHT = 1 << 20
+"""Upper bound of the sum of the workload weights (keeps every score inside int64)."""
+MAX_FRAG_DEVICES = 1 << 30
+"""Most devices a table may hold when placing with ``GpuStrategy.FRAGMENTATION``."""
 
 
 class Reason(IntEnum):
@@ -96,12 +110,17 @@ class ReturnCode(IntEnum):
 
 
 class GpuStrategy(IntEnum):
-    """Node-level GPU strategy: rank nodes by free milli-GPU left after placement."""
+    """Node-level GPU strategy.
+
+    BINPACK / SPREAD rank nodes by the free milli-GPU left after placement (KAI
+    semantics).  FRAGMENTATION ranks them by the smallest increase of the expected
+    stranded GPU capacity under the workload table of the strategy
+    (:attr:`Strategy.workload`); see :mod:`kai_es.scheduling.packing.reference`.
+    """
 
     BINPACK = 0
     SPREAD = 1
     FRAGMENTATION = 2
-    """Reserved; not designed yet -- placing with it raises :class:`UnsupportedStrategy`."""
 
 
 class CpuStrategy(IntEnum):
@@ -138,7 +157,8 @@ class InvalidArgument(PackingError, ValueError):
 
 
 class UnsupportedStrategy(PackingError, NotImplementedError):
-    """A reserved strategy was requested (return code -2)."""
+    """A reserved strategy was requested (return code -2; no strategy is reserved at
+    ABI version 2, the code is kept for future ones)."""
 
 
 class NativePackerUnavailable(PackingError, ImportError):
@@ -154,7 +174,7 @@ def ensure(cond: bool, *args: object, raising: type[Exception] = InvalidArgument
 def raise_for_code(code: int, detail: str = "") -> NoReturn:
     """Map a negative return code to its typed exception."""
     if code == ReturnCode.EUNSUPPORTED:
-        raise UnsupportedStrategy(detail or "gpu strategy 'fragmentation' is reserved and not implemented")
+        raise UnsupportedStrategy(detail or "unsupported strategy")
     if code == ReturnCode.EINVAL:
         raise InvalidArgument(detail or "invalid argument")
     raise PackingError(f"unexpected return code {code}")
@@ -269,33 +289,76 @@ def task_problem(task: TaskShape) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadShape:
+    """One row of the workload table: a task shape expected to arrive, with an
+    integer ``weight`` (0..MAX_TOTAL_WEIGHT; e.g. how many pending or recent pods have
+    this shape).  The shape must be a valid :class:`TaskShape` (any kind; CPU-only
+    shapes contribute nothing to the fragmentation measure)."""
+
+    task: TaskShape
+    weight: int = 1
+
+    def as_row(self) -> tuple[int, int, int, int, int, int, int]:
+        """The row in ABI order: the six task fields, then the weight."""
+        return (*self.task.as_tuple(), self.weight)
+
+
+@dataclass(frozen=True, slots=True)
 class Strategy:
     """Placement strategy: ``gpu_strategy`` (:class:`GpuStrategy`, 0..2),
     ``cpu_strategy`` (:class:`CpuStrategy`, 0..1), ``device_strategy``
-    (:class:`DeviceStrategy`, 0..1).  Not validated at construction."""
+    (:class:`DeviceStrategy`, 0..1) and the workload table ``workload`` (a tuple of
+    at most MAX_SHAPES :class:`WorkloadShape`; read only by FRAGMENTATION, validated
+    always).  Not validated at construction."""
 
     gpu_strategy: int = GpuStrategy.BINPACK
     cpu_strategy: int = CpuStrategy.BINPACK
     device_strategy: int = DeviceStrategy.GPUPACK
+    workload: tuple[WorkloadShape, ...] = ()
 
     def as_tuple(self) -> tuple[int, int, int]:
-        """The fields in ABI order (``struct kai_pack_strategy``)."""
+        """The three strategy codes in ABI order (``struct kai_pack_strategy``)."""
         return (self.gpu_strategy, self.cpu_strategy, self.device_strategy)
+
+    def workload_rows(self) -> list[int]:
+        """The workload table flattened row-major (``shapes`` of the ABI)."""
+        return [value for shape in self.workload for value in shape.as_row()]
+
+
+def workload_problem(workload: object) -> str | None:
+    """Why a workload table is invalid (return code -1), or None.  Same conditions as
+    ``workload_valid()`` in packer.c: at most MAX_SHAPES rows, each a valid task shape
+    with an int weight in 0..MAX_TOTAL_WEIGHT, the weights summing to at most
+    MAX_TOTAL_WEIGHT."""
+    if not isinstance(workload, tuple):
+        return f"strategy.workload must be a tuple, got {type(workload).__name__}"
+    if len(workload) > MAX_SHAPES:
+        return f"strategy.workload has {len(workload)} shapes, at most {MAX_SHAPES} allowed"
+    total = 0
+    for m, shape in enumerate(workload):
+        if not isinstance(shape, WorkloadShape) or not isinstance(shape.task, TaskShape):
+            return f"strategy.workload[{m}] must be a WorkloadShape of a TaskShape"
+        problem = task_problem(shape.task)
+        if problem is not None:
+            return f"strategy.workload[{m}]: {problem}"
+        if not _is_int(shape.weight) or not 0 <= shape.weight <= MAX_TOTAL_WEIGHT:
+            return f"strategy.workload[{m}].weight={shape.weight!r} is outside 0..{MAX_TOTAL_WEIGHT}"
+        total += shape.weight
+    if total > MAX_TOTAL_WEIGHT:
+        return f"strategy.workload weights sum to {total}, more than {MAX_TOTAL_WEIGHT}"
+    return None
 
 
 def strategy_problem(strategy: Strategy) -> str | None:
-    """Why ``strategy`` is out of range (return code -1), or None.
-
-    ``GpuStrategy.FRAGMENTATION`` is in range; it is *unsupported* (-2), checked after
-    every -1 condition.
-    """
+    """Why ``strategy`` is out of range (return code -1), or None: a code out of range
+    or an invalid workload table (:func:`workload_problem`)."""
     names = ("gpu_strategy", "cpu_strategy", "device_strategy")
     for name, value, upper in zip(names, strategy.as_tuple(), (2, 1, 1)):
         if not _is_int(value):
             return f"strategy.{name} must be an int, got {type(value).__name__}"
         if not 0 <= value <= upper:
             return f"strategy.{name}={value} is outside 0..{upper}"
-    return None
+    return workload_problem(strategy.workload)
 
 
 # --------------------------------------------------------------------------- result

@@ -7,6 +7,10 @@ exceptions of :mod:`.model`.  The table's ``array('q')`` buffers are handed to C
 without copying; the bound ``struct kai_pack_table`` is cached per table (weakly), so
 the per-call cost is a few small ``ffi.new`` calls.
 
+The strategy's workload table (:attr:`Strategy.workload`) is flattened into one
+``array('q')`` and handed to C as ``strategy->shapes``; the last one is cached (by
+identity), so a cycle that reuses one ``Strategy`` pays the conversion once.
+
 The answers are, by contract, identical to
 :class:`~kai_es.scheduling.packing.reference.ReferencePacker`.
 """
@@ -20,10 +24,15 @@ from types import ModuleType
 from typing import Any
 
 from .model import (
+    MAX_FRAG_DEVICES,
     MAX_MEMORY_MIB,
     MAX_QUANTITY,
+    MAX_SHAPES,
     MAX_TASK_DEVICES,
+    MAX_TOTAL_WEIGHT,
     REASON_COUNT,
+    SHAPE_FIELDS,
+    GpuStrategy,
     NativePackerUnavailable,
     PackTable,
     Placement,
@@ -40,7 +49,7 @@ from .model import (
 __all__ = ["NativePacker", "import_native", "NATIVE_MODULE", "ABI_VERSION"]
 
 NATIVE_MODULE = "kai_es._native._packer"
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _NODE_FIELDS = ("free_milli_cpu", "free_memory_bytes", "free_pods", "alloc_milli_cpu")
 _DEVICE_FIELDS = ("dev_free_milli", "dev_total_memory_mib", "dev_shared")
@@ -81,7 +90,7 @@ class _Bound:
 class NativePacker:
     """Placement through the compiled ``kai_pack_place``."""
 
-    __slots__ = ("_module", "_ffi", "_lib", "_bound")
+    __slots__ = ("_module", "_ffi", "_lib", "_bound", "_workload")
 
     def __init__(self, module: ModuleType | None = None) -> None:
         mod = import_native() if module is None else module
@@ -94,9 +103,11 @@ class NativePacker:
             raising=NativePackerUnavailable,
         )
         constants = (lib.KAI_PACK_REASON_COUNT, lib.KAI_PACK_MAX_TASK_DEVICES, lib.KAI_PACK_MAX_MEMORY_MIB,
-                     lib.KAI_PACK_MAX_QUANTITY)
+                     lib.KAI_PACK_MAX_QUANTITY, lib.KAI_PACK_SHAPE_FIELDS, lib.KAI_PACK_MAX_SHAPES,
+                     lib.KAI_PACK_MAX_TOTAL_WEIGHT, lib.KAI_PACK_MAX_FRAG_DEVICES)
         ensure(
-            constants == (REASON_COUNT, MAX_TASK_DEVICES, MAX_MEMORY_MIB, MAX_QUANTITY),
+            constants == (REASON_COUNT, MAX_TASK_DEVICES, MAX_MEMORY_MIB, MAX_QUANTITY, SHAPE_FIELDS, MAX_SHAPES,
+                          MAX_TOTAL_WEIGHT, MAX_FRAG_DEVICES),
             f"{NATIVE_MODULE} constants {constants} disagree with kai_es.scheduling.packing.model",
             raising=NativePackerUnavailable,
         )
@@ -104,6 +115,8 @@ class NativePacker:
         self._ffi = ffi
         self._lib = lib
         self._bound: weakref.WeakKeyDictionary[Any, _Bound] = weakref.WeakKeyDictionary()
+        # (workload tuple, its flattened array, the cffi view) of the last call
+        self._workload: tuple[object, array[int], Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -146,6 +159,25 @@ class NativePacker:
             pass
         return bound
 
+    def _shapes(self, strategy: Strategy) -> tuple[int, Any] | None:
+        """(n_shapes, pointer) of the strategy's workload, or None if it cannot be
+        handed to C (not a tuple of WorkloadShape, too long, or not int64)."""
+        workload = strategy.workload
+        cached = self._workload
+        if cached is not None and cached[0] is workload:
+            return len(cached[1]) // SHAPE_FIELDS, cached[2]
+        if not isinstance(workload, tuple) or len(workload) > MAX_SHAPES:
+            return None
+        if not workload:
+            return 0, self._ffi.NULL
+        try:
+            flat = array("q", strategy.workload_rows())
+        except (AttributeError, OverflowError, TypeError):
+            return None
+        view = self._ffi.from_buffer("int64_t[]", flat)
+        self._workload = (workload, flat, view)
+        return len(workload), view
+
     # ----------------------------------------------------------------- placement
 
     def place(
@@ -153,16 +185,19 @@ class NativePacker:
     ) -> Placement:
         """Place ``task``; returns a :class:`Placement` with code OK or NO_FIT.
 
-        Raises :class:`InvalidArgument` (bad task, strategy or table),
-        :class:`UnsupportedStrategy` (``GpuStrategy.FRAGMENTATION``) or ``TypeError``
-        (a table buffer that is not ``array('q')``).
+        Raises :class:`InvalidArgument` (bad task, strategy, workload or table) or
+        ``TypeError`` (a table buffer that is not ``array('q')``).
         """
         problem = task_problem(task) or strategy_problem(strategy)
         ensure(problem is None, problem)
         result = self.place_raw(table, task, strategy, eligible)
         if result.code < 0:
-            detail = table_problem(table, eligible) if result.code == ReturnCode.EINVAL else ""
-            raise_for_code(result.code, detail or "")
+            detail = ""
+            if result.code == ReturnCode.EINVAL:
+                detail = table_problem(table, eligible) or ""
+                if not detail and strategy.gpu_strategy == GpuStrategy.FRAGMENTATION:
+                    detail = f"more than {MAX_FRAG_DEVICES} devices for the fragmentation strategy"
+            raise_for_code(result.code, detail)
         return result
 
     def place_raw(
@@ -185,9 +220,12 @@ class NativePacker:
             or len(arrays[7]) != d
         ):
             return Placement.failure(ReturnCode.EINVAL)
+        shapes = self._shapes(strategy)
+        if shapes is None:
+            return Placement.failure(ReturnCode.EINVAL)
         try:
             c_task = ffi.new("kai_pack_task *", task.as_tuple())
-            c_strategy = ffi.new("kai_pack_strategy *", strategy.as_tuple())
+            c_strategy = ffi.new("kai_pack_strategy *", (*strategy.as_tuple(), *shapes))
         except (OverflowError, TypeError):
             return Placement.failure(ReturnCode.EINVAL)
         want = c_task.whole_gpus if c_task.whole_gpus > 0 else c_task.fraction_devices

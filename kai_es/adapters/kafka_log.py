@@ -1,0 +1,462 @@
+"""The production EventLog: one single-partition Apache Kafka topic (ARCHITECTURE.md §3).
+
+URL: ``kafka://host:port[,host:port...]/topic?transactional_id=ID&create=false``
+(topic default ``kai-es.events``).
+
+Contract (on top of `kai_es.ports.EventLog`):
+- Position = Kafka offset of partition 0. Transaction markers occupy offsets, so positions are
+  strictly increasing but NOT dense; readers stop on ``position >= end``, never on a count.
+- Record value = canonical envelope bytes (`kai_es.events.encode`, CloudEvents structured mode),
+  key = ``envelope.subject`` (UTF-8), headers ``ce_type``, ``ce_id`` and
+  ``content-type: application/cloudevents+json`` for consumers that route on headers.
+- `append` is one Kafka transaction (idempotent transactional producer): all or none of the batch
+  becomes visible to ``read_committed`` readers. It returns only once the batch is visible (the
+  last stable offset passed it), so a `read` or `end_position` that follows an `append` — from
+  any instance — sees it (read-your-writes; needed by the cycle protocol's "fold up to the cut").
+- Fencing: a producer's ``transactional_id`` names the *writer role*, and must be stable across
+  restarts of the same service instance (e.g. a StatefulSet pod name), not per process. When a
+  second instance with the same id starts writing, Kafka fences the first: its next `append`
+  raises `FencedError`, nothing of that append is visible, and the log refuses every later
+  append. The default id is ``kai-es-writer.<topic>`` (so two default writers of one topic
+  fence each other instead of interleaving); give each service its own id.
+- `read` uses a ``read_committed`` consumer with manual assignment (no group, no commits).
+  Without ``follow`` it stops at the last stable offset (LSO) as of the call. A record that does
+  not decode is logged, copied to ``<topic>.deadletter`` (key = its offset as text, headers
+  with the reason), recorded in `dead_letters` and skipped: it never stops a reader.
+- `end_position` is the LSO of a ``read_committed`` consumer.
+- Clients (producer, consumers, admin) are created lazily inside the running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import anyio
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+from aiokafka.errors import (  # type: ignore[import-untyped]
+    InvalidProducerEpoch,
+    ProducerFenced,
+    TopicAlreadyExistsError,
+    for_code,
+)
+
+from kai_es.events import DecodeError, Envelope, Record, decode, encode
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOPIC: Final = "kai-es.events"
+DEFAULT_PORT: Final = 9092
+CONTENT_TYPE: Final = b"application/cloudevents+json"
+TOPIC_CONFIG: Final = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+_UNKNOWN_TOPIC: Final = 3
+_MAX_IDLE_CONSUMERS: Final = 2
+
+
+class KafkaLogError(RuntimeError):
+    """The Kafka log cannot be used as configured (bad URL, wrong topic layout, closed)."""
+
+
+class FencedError(RuntimeError):
+    """Another instance with the same transactional_id took over; this one must stop writing."""
+
+    def __init__(self, transactional_id: str, topic: str) -> None:
+        super().__init__(
+            f"another instance with transactional_id {transactional_id!r} took over writing to "
+            f"Kafka topic {topic!r}; this one stops (its last append is not visible)")
+        self.transactional_id = transactional_id
+        self.topic = topic
+
+
+class DeadLetter(NamedTuple):
+    """A record that could not be decoded: its offset and why (compares equal to the tuple)."""
+
+    offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaLogConfig:
+    bootstrap: str
+    topic: str = DEFAULT_TOPIC
+    transactional_id: str | None = None
+    create: bool = True
+
+
+def parse_url(url: str) -> KafkaLogConfig:
+    """``kafka://host:port[,host2:port2]/topic?transactional_id=X&create=false``."""
+    parts = urlsplit(url)
+    if parts.scheme != "kafka":
+        raise KafkaLogError(f"{url}: not a kafka:// URL")
+    hosts = []
+    for hp in parts.netloc.split(","):
+        hp = hp.strip()
+        if not hp:
+            continue
+        hosts.append(hp if ":" in hp.rsplit("]", 1)[-1] else f"{hp}:{DEFAULT_PORT}")
+    if not hosts:
+        raise KafkaLogError(f"{url}: no broker address (expected kafka://host:port/topic)")
+    topic = unquote(parts.path.lstrip("/")) or DEFAULT_TOPIC
+    if "/" in topic:
+        raise KafkaLogError(f"{url}: topic name {topic!r} may not contain '/'")
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    txn = query.pop("transactional_id", None) or None
+    create_s = query.pop("create", "true").lower()
+    if create_s not in ("true", "false", "1", "0", "yes", "no"):
+        raise KafkaLogError(f"{url}: create={create_s!r} is not a boolean")
+    if query:
+        raise KafkaLogError(f"{url}: unknown option(s) {', '.join(sorted(query))} "
+                            "(known: transactional_id, create)")
+    return KafkaLogConfig(bootstrap=",".join(hosts), topic=topic, transactional_id=txn,
+                          create=create_s in ("true", "1", "yes"))
+
+
+class KafkaEventLog:
+    """EventLog over a single-partition Kafka topic (see the module docstring)."""
+
+    def __init__(self, bootstrap: str, topic: str = DEFAULT_TOPIC, *,
+                 transactional_id: str | None = None, create: bool = True,
+                 transaction_timeout_ms: int = 60_000, request_timeout_ms: int = 30_000,
+                 visibility_timeout_s: float = 30.0, fetch_max_wait_ms: int = 500,
+                 client_id: str = "kai-es") -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.deadletter_topic = f"{topic}.deadletter"
+        self.transactional_id = transactional_id or f"kai-es-writer.{topic}"
+        self.create = create
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.request_timeout_ms = request_timeout_ms
+        self.visibility_timeout_s = visibility_timeout_s
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.client_id = client_id
+        self.dead_letters: list[DeadLetter] = []
+        self._tp = TopicPartition(topic, 0)
+        self._producer: Any = None
+        self._dlq_producer: Any = None
+        self._consumers: set[Any] = set()
+        self._idle: list[Any] = []
+        self._meta: Any = None
+        self._topic_ready = False
+        self._dlq_exists = False
+        self._fenced = False
+        self._closed = False
+        self._last_appended = -1
+        self._dead_offsets: set[int] = set()
+        self._setup_lock: anyio.Lock | None = None
+        self._append_lock: anyio.Lock | None = None
+
+    @classmethod
+    def from_url(cls, url: str, *, transactional_id: str | None = None) -> KafkaEventLog:
+        cfg = parse_url(url)
+        return cls(cfg.bootstrap, cfg.topic, transactional_id=transactional_id or cfg.transactional_id,
+                   create=cfg.create)
+
+    def __repr__(self) -> str:
+        return (f"KafkaEventLog(bootstrap={self.bootstrap!r}, topic={self.topic!r}, "
+                f"transactional_id={self.transactional_id!r})")
+
+    # -- lazy setup (always inside the running loop) --------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KafkaLogError(f"{self!r} is closed")
+
+    def _lock(self) -> anyio.Lock:
+        if self._setup_lock is None:
+            self._setup_lock = anyio.Lock()
+        return self._setup_lock
+
+    async def _ensure_topic(self) -> None:
+        if self._topic_ready:
+            return
+        async with self._lock():
+            if self._topic_ready:
+                return
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self.client_id,
+                                        request_timeout_ms=self.request_timeout_ms)
+            await admin.start()
+            try:
+                await self._ensure_one_topic(admin, self.topic, required=True)
+                self._dlq_exists = await self._ensure_one_topic(admin, self.deadletter_topic,
+                                                                required=False)
+            finally:
+                await admin.close()
+            self._topic_ready = True
+
+    async def _ensure_one_topic(self, admin: Any, topic: str, *, required: bool) -> bool:
+        """Create `topic` if missing (and allowed); False if it is missing and may not be."""
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        created = False
+        while True:
+            (desc,) = await admin.describe_topics([topic])
+            code = desc["error_code"]
+            if code == 0 and desc["partitions"]:
+                n = len(desc["partitions"])
+                if topic == self.topic and n != 1:
+                    raise KafkaLogError(
+                        f"Kafka topic {topic!r} has {n} partitions; the kai-es event log needs "
+                        "exactly 1 (the offset is the total order). Use another topic, or one "
+                        "topic per shard.")
+                if all(p["leader"] >= 0 for p in desc["partitions"]):
+                    return True
+            elif code == _UNKNOWN_TOPIC and not created:
+                if not self.create:
+                    if required:
+                        raise KafkaLogError(f"Kafka topic {topic!r} does not exist on "
+                                            f"{self.bootstrap} (and create=false)")
+                    return False
+                resp = await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=TOPIC_CONFIG)])
+                (err,) = resp.to_object()["topic_errors"]
+                if err["error_code"] not in (0, TopicAlreadyExistsError.errno):
+                    raise KafkaLogError(f"cannot create Kafka topic {topic!r}: "
+                                        f"{for_code(err['error_code']).__name__} {err['error_message']}")
+                if err["error_code"] == 0:
+                    log.info("created Kafka topic %s (1 partition, unlimited retention)", topic)
+                created = True
+            elif code not in (0, _UNKNOWN_TOPIC):
+                raise KafkaLogError(f"cannot describe Kafka topic {topic!r}: "
+                                    f"{for_code(code).__name__}")
+            if time.monotonic() > deadline:
+                raise KafkaLogError(f"Kafka topic {topic!r} has no partition leader after "
+                                    f"{self.request_timeout_ms} ms")
+            await anyio.sleep(0.05)
+
+    async def _new_consumer(self, *, assign: bool, fetch_max_wait_ms: int) -> Any:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, client_id=self.client_id, group_id=None,
+            isolation_level="read_committed", enable_auto_commit=False,
+            auto_offset_reset="earliest", request_timeout_ms=self.request_timeout_ms,
+            fetch_max_wait_ms=fetch_max_wait_ms, max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_bytes=32 * 1024 * 1024, max_poll_records=10_000)
+        self._consumers.add(consumer)
+        await consumer.start()
+        if assign:
+            consumer.assign([self._tp])
+        return consumer
+
+    async def _acquire_reader(self, *, follow: bool) -> Any:
+        """A consumer assigned to the partition. Non-follow readers are pooled (paused while
+        idle, so they hold no long-poll fetch); follow readers long-poll and are not pooled."""
+        self._check_open()
+        await self._ensure_topic()
+        if follow:
+            return await self._new_consumer(assign=True, fetch_max_wait_ms=self.fetch_max_wait_ms)
+        if self._idle:
+            return self._idle.pop()
+        return await self._new_consumer(assign=True, fetch_max_wait_ms=10)
+
+    async def _release_reader(self, consumer: Any, *, follow: bool) -> None:
+        if not follow and not self._closed and len(self._idle) < _MAX_IDLE_CONSUMERS:
+            consumer.pause(self._tp)
+            self._idle.append(consumer)
+            return
+        self._consumers.discard(consumer)
+        await consumer.stop()
+
+    async def _lso(self) -> int:
+        """The last stable offset, asked of a consumer that never fetches (a ListOffsets
+        request queued behind a long-poll Fetch on the same connection would wait for it)."""
+        self._check_open()
+        await self._ensure_topic()
+        if self._meta is None:
+            self._meta = await self._new_consumer(assign=False, fetch_max_wait_ms=10)
+        offsets = await self._meta.end_offsets([self._tp])
+        return int(offsets[self._tp])
+
+    async def _ensure_producer(self) -> Any:
+        if self._producer is not None and self._producer._txn_manager.is_fatal_error():
+            await self._drop_producer("it is in a fatal state")
+        if self._producer is None:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap, client_id=self.client_id,
+                transactional_id=self.transactional_id, enable_idempotence=True, acks="all",
+                transaction_timeout_ms=self.transaction_timeout_ms,
+                request_timeout_ms=self.request_timeout_ms,
+                max_batch_size=1024 * 1024, max_request_size=4 * 1024 * 1024, linger_ms=0)
+            await producer.start()  # InitProducerId: fences older producers with this id
+            self._producer = producer
+        return self._producer
+
+    # -- EventLog ---------------------------------------------------------------------------------
+
+    async def append(self, events: Sequence[Envelope]) -> list[int]:
+        self._check_open()
+        if self._fenced:
+            raise FencedError(self.transactional_id, self.topic)
+        if not events:
+            return []
+        payloads = [(encode(e), e.subject.encode(), [("ce_type", e.type.encode()),
+                                                      ("ce_id", e.id.encode()),
+                                                      ("content-type", CONTENT_TYPE)])
+                    for e in events]
+        if self._append_lock is None:
+            self._append_lock = anyio.Lock()
+        async with self._append_lock:
+            self._check_open()
+            if self._fenced:
+                raise FencedError(self.transactional_id, self.topic)
+            await self._ensure_topic()
+            producer = await self._ensure_producer()
+            try:
+                positions = await self._transaction(producer, payloads)
+            except (ProducerFenced, InvalidProducerEpoch) as exc:
+                await self._on_fenced()
+                raise FencedError(self.transactional_id, self.topic) from exc
+            except BaseException:
+                if self._producer is not None and self._producer._txn_manager.is_fatal_error():
+                    await self._drop_producer("its transaction failed fatally")
+                raise
+            self._last_appended = positions[-1]
+        await self._wait_visible(positions[-1])
+        return positions
+
+    async def _transaction(self, producer: Any,
+                           payloads: list[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> list[int]:
+        await producer.begin_transaction()
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            for value, key, headers in payloads:
+                futures.append(await producer.send(self.topic, value=value, key=key, partition=0,
+                                                   headers=headers))
+            metas = await asyncio.gather(*futures)
+            await producer.commit_transaction()
+        except BaseException:
+            # Retrieve every send result, so no future is left holding an unread exception.
+            if futures:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.gather(*futures, return_exceptions=True)
+            if not producer._txn_manager.is_fatal_error():
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await producer.abort_transaction()
+                    except (ProducerFenced, InvalidProducerEpoch):
+                        raise
+                    except Exception:  # the original error is the one worth reporting
+                        log.exception("aborting a Kafka transaction on %s failed", self.topic)
+            raise
+        return [int(m.offset) for m in metas]
+
+    async def _on_fenced(self) -> None:
+        self._fenced = True
+        log.error("Kafka producer with transactional_id %r was fenced on topic %s: another "
+                  "instance took over; this log refuses further appends",
+                  self.transactional_id, self.topic)
+        await self._drop_producer("it was fenced")
+
+    async def _drop_producer(self, why: str) -> None:
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        log.info("replacing the Kafka producer of %s: %s", self.topic, why)
+        with anyio.CancelScope(shield=True):
+            try:
+                await producer.stop()
+            except Exception:
+                log.debug("stopping the Kafka producer failed", exc_info=True)
+
+    async def _wait_visible(self, offset: int) -> None:
+        """Return once read_committed readers see `offset` (the coordinator writes the commit
+        marker after answering EndTxn, so the LSO can trail a successful commit briefly)."""
+        deadline = time.monotonic() + self.visibility_timeout_s
+        delay = 0.0005
+        while await self._lso() <= offset:
+            if time.monotonic() > deadline:
+                log.warning("committed offset %d of %s not visible to read_committed "
+                            "readers after %.1f s", offset, self.topic, self.visibility_timeout_s)
+                return
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    async def read(self, from_position: int = 0, *, follow: bool = False) -> AsyncIterator[Record]:
+        tp = self._tp
+        pos = max(0, from_position)
+        end = -1
+        if not follow:
+            end = await self._lso()
+            if pos >= end:
+                return
+        consumer = await self._acquire_reader(follow=follow)
+        try:
+            consumer.seek(tp, pos)
+            consumer.resume(tp)
+            while True:
+                batches = await consumer.getmany(tp, timeout_ms=500 if follow else 200)
+                for msg in batches.get(tp, ()):
+                    offset = msg.offset
+                    if not follow and offset >= end:
+                        return
+                    try:
+                        if msg.value is None:
+                            raise DecodeError("record has no value")
+                        env = decode(msg.value)
+                    except DecodeError as exc:
+                        await self._dead_letter(offset, msg.key, msg.value, str(exc))
+                        continue
+                    yield Record(offset, env)
+                if not follow and await consumer.position(tp) >= end:
+                    return
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._release_reader(consumer, follow=follow)
+
+    async def end_position(self) -> int:
+        return await self._lso()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._idle.clear()
+        clients = [self._producer, self._dlq_producer, *self._consumers]
+        self._producer = self._dlq_producer = self._meta = None
+        self._consumers.clear()
+        with anyio.CancelScope(shield=True):
+            for client in clients:
+                if client is None:
+                    continue
+                try:
+                    await client.stop()
+                except Exception:
+                    log.warning("stopping Kafka client %r failed", client, exc_info=True)
+
+    # -- dead letters -------------------------------------------------------------------------------
+
+    async def _dead_letter(self, offset: int, key: bytes | None, value: bytes | None,
+                           reason: str) -> None:
+        log.warning("%s: skipping undecodable record at offset %d (%s); copied to %s",
+                    self.topic, offset, reason, self.deadletter_topic)
+        if offset in self._dead_offsets:
+            return
+        self._dead_offsets.add(offset)
+        self.dead_letters.append(DeadLetter(offset, reason))
+        if not self._dlq_exists:
+            log.error("%s: dead-letter topic %s does not exist (create=false): record at offset "
+                      "%d is only reported, not copied", self.topic, self.deadletter_topic, offset)
+            return
+        try:
+            if self._dlq_producer is None:
+                producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap,
+                                            client_id=self.client_id, enable_idempotence=True,
+                                            acks="all", request_timeout_ms=self.request_timeout_ms)
+                await producer.start()
+                self._dlq_producer = producer
+            headers = [("kai_es_reason", reason.encode()),
+                       ("kai_es_source_topic", self.topic.encode()),
+                       ("kai_es_source_offset", str(offset).encode())]
+            if key is not None:
+                headers.append(("kai_es_source_key", key))
+            await self._dlq_producer.send_and_wait(self.deadletter_topic, value=value or b"",
+                                                   key=str(offset).encode(), headers=headers)
+        except Exception as exc:  # a reader never dies of a dead letter
+            log.error("%s: could not copy record at offset %d to %s: %s", self.topic, offset,
+                      self.deadletter_topic, exc)
+
+
+__all__ = ["DEFAULT_TOPIC", "DeadLetter", "FencedError", "KafkaEventLog", "KafkaLogError",
+           "parse_url"]
