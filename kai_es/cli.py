@@ -31,8 +31,8 @@ from kai_es.scheduling.config import ConfigError
 from kai_es.scheduling.packing import NativePackerUnavailable, Packer, load_packer
 
 F = TypeVar("F", bound=Callable[..., Any])
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class UserError(click.ClickException):

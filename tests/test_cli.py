@@ -1,0 +1,66 @@
+"""CLI behaviour a user sees: readable one-line errors (exit 2), filters, help."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kai_es", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_invalid_scenario_is_one_readable_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec:\n  containers:\n"
+                   "  - name: c\n    resources: {requests: {cpu: two}}\n")
+    for cmd in ("simulate", "cycle"):
+        run = _cli(cmd, str(bad))
+        assert run.returncode == 2
+        assert "Traceback" not in run.stderr
+        assert run.stderr.strip().count("\n") == 0
+        assert "bad.yaml: document 1 (Pod default/a) at spec.containers[0].resources.requests.cpu" in run.stderr
+
+
+def test_missing_and_corrupt_logs(tmp_path: Path) -> None:
+    run = _cli("replay", str(tmp_path / "nope.log"))
+    assert run.returncode == 2 and "no such log file" in run.stderr
+    corrupt = tmp_path / "c.log"
+    corrupt.write_bytes(b"00000000\t{}\n00000000\t{}\n")
+    run = _cli("events", str(corrupt))
+    assert run.returncode == 2 and "position 0" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_events_filters_by_type_and_subject(tmp_path: Path) -> None:
+    log = str(ROOT / "tests" / "golden" / "quickstart.events.jsonl")
+    run = _cli("events", log, "--type", "kai.scheduler.pod.*", "--subject", "pod/default/train-*", "-o", "json")
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(rows) == 3
+    assert all(r["event"]["type"] == "kai.scheduler.pod.bindingdecided" for r in rows)
+    assert all(r["event"]["subject"].startswith("pod/default/train-") for r in rows)
+    assert [r["position"] for r in rows] == sorted(r["position"] for r in rows)
+    text = _cli("events", log, "--type", "kai.binder.*", "--limit", "2")
+    assert len(text.stdout.splitlines()) == 2 and "bound to" in text.stdout
+
+
+def test_until_must_be_a_duration(tmp_path: Path) -> None:
+    run = _cli("simulate", "examples/quickstart.yaml", "--until", "soon", "--log", str(tmp_path / "l"))
+    assert run.returncode == 2 and "--until" in run.stderr
+
+
+def test_simulate_until_stops_early(tmp_path: Path) -> None:
+    run = _cli("simulate", "examples/quickstart.yaml", "--until", "20m", "--log", str(tmp_path / "l"),
+               "--report", str(tmp_path / "r"))
+    assert run.returncode == 0, run.stderr
+    assert "simulated 20m (time limit)" in run.stdout
+
+
+def test_help_lists_the_commands() -> None:
+    run = _cli("--help")
+    for cmd in ("simulate", "cycle", "replay", "events"):
+        assert cmd in run.stdout

@@ -1,0 +1,212 @@
+"""End to end on the embedded defaults: simulate -> log -> replay; determinism; golden logs."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kai_es.adapters.file_log import FileEventLog
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.events import payloads as p
+from kai_es.replay import replay
+from kai_es.scenario import load_scenario, load_scenario_text
+from kai_es.scheduling.packing import Placement, Strategy, TaskShape, load_packer
+from kai_es.scheduling.packing.model import PackTable
+from kai_es.sim.runner import simulate
+from kai_es.state import ClusterState, fold
+from kai_es.state.invariants import check
+from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kai_es", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_simulate_twice_gives_identical_bytes(tmp_path: Path) -> None:
+    for i in (1, 2):
+        run = _cli("simulate", "examples/quickstart.yaml", "--log", str(tmp_path / f"{i}.log"),
+                   "--report", str(tmp_path / f"r{i}"))
+        assert run.returncode == 0, run.stderr
+    assert _sha(tmp_path / "1.log") == _sha(tmp_path / "2.log")
+    assert "7/7 pods scheduled" in run.stdout
+    assert (tmp_path / "r2" / "gpu-allocation.png").stat().st_size > 10_000
+    assert (tmp_path / "r2" / "summary.json").exists()
+
+
+def test_native_and_reference_packers_write_the_same_log(tmp_path: Path) -> None:
+    for engine in ("native", "reference"):
+        run = _cli("simulate", "examples/quickstart.yaml", "--log", str(tmp_path / f"{engine}.log"),
+                   "--report", str(tmp_path / engine), "--packer", engine)
+        assert run.returncode == 0, run.stderr
+    assert _sha(tmp_path / "native.log") == _sha(tmp_path / "reference.log")
+
+
+def test_golden_log_replays_byte_for_byte() -> None:
+    run = _cli("replay", str(GOLDEN / "quickstart.events.jsonl"))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("OK: 7 cycles, 15 decisions")
+
+
+def test_current_code_still_writes_the_golden_log(tmp_path: Path) -> None:
+    run = _cli("simulate", "examples/quickstart.yaml", "--log", str(tmp_path / "q.log"), "--report", str(tmp_path / "r"))
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "q.log").read_bytes() == (GOLDEN / "quickstart.events.jsonl").read_bytes(), \
+        "decisions changed: if intended, run tools/make_golden.py and review the diff"
+
+
+def test_altered_golden_log_fails_replay_naming_the_cycle() -> None:
+    run = _cli("replay", str(GOLDEN / "quickstart.altered.events.jsonl"))
+    assert run.returncode == 1
+    assert "DIVERGED at cycle 1 (CycleStarted at position 24), decision #2" in run.stderr
+    assert "data.node: replay='node-a' log='node-b'" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+class CoinFlipPacker:
+    """A deliberately non-deterministic packer: picks a random fitting node."""
+
+    kind = "coin-flip"
+
+    def __init__(self) -> None:
+        self.inner = load_packer("reference")
+        self.rng = random.Random()  # unseeded on purpose
+
+    def place(self, table: PackTable, task: TaskShape, strategy: Strategy,
+              eligible: array[int] | None = None) -> Placement:
+        best = self.inner.place(table, task, strategy, eligible)
+        if not best.placed:
+            return best
+        options = []
+        for node in range(len(table.free_pods)):
+            mask = array("q", [1 if i == node else 0 for i in range(len(table.free_pods))])
+            if eligible is not None and not eligible[node]:
+                continue
+            answer = self.inner.place(table, task, strategy, mask)
+            if answer.placed:
+                options.append(answer)
+        return self.rng.choice(options)
+
+    place_raw = place
+
+
+def test_a_non_deterministic_scheduler_is_caught_by_replay() -> None:
+    sc = load_scenario(ROOT / "examples" / "quickstart.yaml")
+    failures = 0
+    for _ in range(6):  # a coin can agree with binpack by chance; six runs essentially never all do
+        log = MemoryEventLog()
+        anyio.run(lambda: simulate(sc, log, CoinFlipPacker()))  # type: ignore[arg-type]
+        records = anyio.run(lambda: _all(log))
+        result = replay(records, load_packer("native"))
+        failures += not result.ok
+    assert failures >= 1
+
+
+async def _all(log: MemoryEventLog) -> list:  # type: ignore[type-arg]
+    return [r async for r in log.read()]
+
+
+def test_replay_reports_a_config_that_does_not_match(tmp_path: Path) -> None:
+    log_path = tmp_path / "q.log"
+    assert _cli("simulate", "examples/quickstart.yaml", "--log", str(log_path), "--report", str(tmp_path / "r")).returncode == 0
+    text = log_path.read_bytes().replace(b'"policyVersion":"kai-es/v1"', b'"policyVersion":"kai-es/v0"')
+    import zlib
+    lines = [b"%08x\t%s\n" % (zlib.crc32(line[9:]), line[9:]) for line in text.splitlines()]
+    log_path.write_bytes(b"".join(lines))
+    run = _cli("replay", str(log_path))
+    assert run.returncode == 1
+    assert "ran with config" in run.stderr
+
+
+def test_abandoned_cycle_is_counted_not_failed(tmp_path: Path) -> None:
+    """A scheduler that died after CycleStarted leaves a cycle without decisions."""
+    log_path = tmp_path / "q.log"
+    assert _cli("simulate", "examples/quickstart.yaml", "--log", str(log_path), "--report", str(tmp_path / "r")).returncode == 0
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    last_start = max(i for i, line in enumerate(lines) if b"kai.scheduler.cycle.started" in line)
+    kept = [line for i, line in enumerate(lines) if not (i > last_start and b'"basedon":%d' % last_start in line)]
+    log_path.write_bytes(b"".join(kept))
+    run = _cli("replay", str(log_path))
+    assert run.returncode == 0, run.stderr
+    assert "1 abandoned" in run.stdout
+
+
+def test_day_example_replays_and_keeps_invariants(tmp_path: Path) -> None:
+    sc = load_scenario(ROOT / "examples" / "cluster-day.yaml")
+    log = FileEventLog(tmp_path / "day.log")
+    result = anyio.run(lambda: simulate(sc, log, load_packer("native"), until_ns=6 * 3_600_000_000_000))
+    assert result.binds > 300 and result.bind_failures == 0
+    state = ClusterState()
+    cuts = 0
+    for record in log.scan():
+        fold([record], state)
+        if isinstance(record.envelope.data, p.CycleStarted) and record.envelope.data.cycle % 25 == 0:
+            assert check(state) == []
+            cuts += 1
+    assert cuts > 5
+    assert replay(log.scan(), load_packer("native")).ok
+
+
+# --- property: random small clusters through the whole pipeline ------------------------------
+
+@st.composite
+def small_scenarios(draw: st.DrawFn) -> str:
+    docs = [MakeNode(f"n{i}").gpus(draw(st.integers(0, 4))).cpu(str(draw(st.integers(2, 16)))).obj()
+            for i in range(draw(st.integers(1, 3)))]
+    docs += [queue("team-a"), queue("team-b")]
+    gangs = draw(st.integers(0, 2))
+    for g in range(gangs):
+        docs.append(podgroup(f"g{g}", draw(st.integers(1, 3)), draw(st.sampled_from(["team-a", "team-b"]))))
+    for i in range(draw(st.integers(1, 10))):
+        pod = MakePod(f"p{i}", queue=draw(st.sampled_from(["team-a", "team-b"])))
+        shape = draw(st.sampled_from(["cpu", "whole", "frac", "mem"]))
+        if shape == "whole":
+            pod.gpu(draw(st.integers(1, 4)))
+        elif shape == "frac":
+            pod.fraction(draw(st.sampled_from(["0.25", "0.5", "0.75"])))
+        elif shape == "mem":
+            pod.gpu_memory(draw(st.sampled_from([10000, 30000])))
+        pod.req(cpu=draw(st.sampled_from(["500m", "1", "4"])))
+        pod.annotate("kai-es.io/submit-after", f"{draw(st.integers(0, 30))}s")
+        pod.annotate("kai-es.io/run-for", f"{draw(st.integers(1, 120))}s")
+        if gangs and draw(st.booleans()):
+            pod.group(f"g{draw(st.integers(0, gangs - 1))}")
+        if draw(st.integers(0, 5)) == 0:
+            pod.priority_class(draw(st.sampled_from(["inference", "build"])))
+        docs.append(pod.obj())
+    for d in docs:
+        if d["kind"] == "Node":
+            d["metadata"]["labels"]["nvidia.com/gpu.memory"] = "40960"
+    return scenario_text(*docs, settings={"simulation": {"until": "1h", "cyclePeriod": "1s"}})
+
+
+@settings(max_examples=25, deadline=None)
+@given(small_scenarios())
+def test_random_clusters_stay_consistent_and_replay(text: str) -> None:
+    sc = load_scenario_text(text, "random.yaml")
+    log = MemoryEventLog()
+    result = anyio.run(lambda: simulate(sc, log, load_packer("native")))
+    assert result.bind_failures == 0  # the simulated kubelet never had to refuse a decision
+    records = anyio.run(lambda: _all(log))
+    state = ClusterState()
+    for record in records:
+        fold([record], state)
+        if isinstance(record.envelope.data, (p.CycleStarted, p.CycleCompleted)):
+            assert check(state) == [], record.position
+    assert replay(records, load_packer("native")).ok
+    assert result.stopped_because in ("idle", "time limit")
