@@ -23,7 +23,7 @@ def open_log(url: str, *, readonly: bool = False, fresh: bool = False) -> EventL
             from kai_es.adapters.kafka_log import KafkaEventLog  # noqa: PLC0415 - optional backend
         except ImportError as exc:
             raise LogUrlError(f"{url}: the Kafka log is not available in this build ({exc})") from None
-        return KafkaEventLog.from_url(url)  # type: ignore[no-any-return]
+        return KafkaEventLog.from_url(url, create=False if readonly else None)
     if url == "memory:":
         return MemoryEventLog()
     path = Path(url)

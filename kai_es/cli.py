@@ -49,12 +49,20 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (ScenarioError, ConfigError, CorruptLogError, LogUrlError, NativePackerUnavailable,
-                FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+                FileNotFoundError, PermissionError, IsADirectoryError, *_backend_errors()) as exc:
             raise UserError(str(exc)) from None
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
     return wrapper  # type: ignore[return-value]
+
+
+def _backend_errors() -> tuple[type[Exception], ...]:
+    try:
+        from kai_es.adapters.kafka_log import FencedError, KafkaLogError
+    except ImportError:  # pragma: no cover - aiokafka is a dependency
+        return ()
+    return (FencedError, KafkaLogError)
 
 
 def _packer(kind: str | None) -> Packer:
@@ -111,7 +119,13 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
             done = elapsed * 1000 // total if total else 0
             bar.update(task, completed=done, sim=f"t+{format_duration(elapsed)}")
 
-        result = anyio.run(lambda: run_sim(scenario, events, engine, until_ns=until_ns, progress=progress))
+        async def run_and_close() -> Any:
+            try:
+                return await run_sim(scenario, events, engine, until_ns=until_ns, progress=progress)
+            finally:
+                await events.close()
+
+        result = anyio.run(run_and_close)
     records = list(_records(events))
     summary = summarize(records)
     report_path.mkdir(parents=True, exist_ok=True)
@@ -119,7 +133,7 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
     plot(summary, str(plot_path))
     _print_summary(summary, result.stopped_because, result.end_ns - result.start_ns, result.cycles)
     (report_path / "summary.json").write_text(json.dumps(_summary_json(summary), indent=2) + "\n")
-    console.print(f"log: {log_url} ({result.end_position} records)   plot: {plot_path}   "
+    console.print(f"log: {log_url} ({len(records)} events)   plot: {plot_path}   "
                   f"summary: {report_path / 'summary.json'}")
 
 
@@ -129,7 +143,10 @@ def _records(events: Any) -> Iterator[Record]:
         return
 
     async def collect() -> list[Record]:
-        return [r async for r in events.read()]
+        try:
+            return [r async for r in events.read()]
+        finally:
+            await events.close()
 
     yield from anyio.run(collect)
 

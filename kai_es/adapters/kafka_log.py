@@ -25,6 +25,8 @@ Contract (on top of `kai_es.ports.EventLog`):
   with the reason), recorded in `dead_letters` and skipped: it never stops a reader.
 - `end_position` is the LSO of a ``read_committed`` consumer.
 - Clients (producer, consumers, admin) are created lazily inside the running event loop.
+  `close()` stops them; the object may be used again afterwards (new clients, possibly in a new
+  event loop), as a CLI that calls `anyio.run` twice on one log does.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type:
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 from aiokafka.errors import (  # type: ignore[import-untyped]
     InvalidProducerEpoch,
+    KafkaConnectionError,
     ProducerFenced,
     TopicAlreadyExistsError,
     for_code,
@@ -122,7 +125,7 @@ class KafkaEventLog:
 
     def __init__(self, bootstrap: str, topic: str = DEFAULT_TOPIC, *,
                  transactional_id: str | None = None, create: bool = True,
-                 transaction_timeout_ms: int = 60_000, request_timeout_ms: int = 30_000,
+                 transaction_timeout_ms: int = 15_000, request_timeout_ms: int = 30_000,
                  visibility_timeout_s: float = 30.0, fetch_max_wait_ms: int = 500,
                  client_id: str = "kai-es") -> None:
         self.bootstrap = bootstrap
@@ -145,17 +148,19 @@ class KafkaEventLog:
         self._topic_ready = False
         self._dlq_exists = False
         self._fenced = False
-        self._closed = False
-        self._last_appended = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._dead_offsets: set[int] = set()
         self._setup_lock: anyio.Lock | None = None
         self._append_lock: anyio.Lock | None = None
 
     @classmethod
-    def from_url(cls, url: str, *, transactional_id: str | None = None) -> KafkaEventLog:
+    def from_url(cls, url: str, *, transactional_id: str | None = None,
+                 create: bool | None = None) -> KafkaEventLog:
+        """A log for `url`; keyword arguments override the URL's query options (a read-only
+        opener may pass ``create=False`` so that a mistyped topic is an error, not a new topic)."""
         cfg = parse_url(url)
         return cls(cfg.bootstrap, cfg.topic, transactional_id=transactional_id or cfg.transactional_id,
-                   create=cfg.create)
+                   create=cfg.create if create is None else create)
 
     def __repr__(self) -> str:
         return (f"KafkaEventLog(bootstrap={self.bootstrap!r}, topic={self.topic!r}, "
@@ -164,8 +169,21 @@ class KafkaEventLog:
     # -- lazy setup (always inside the running loop) --------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise KafkaLogError(f"{self!r} is closed")
+        """Bind the log to the running event loop. aiokafka clients belong to the loop that
+        started them: a log used from a new loop without `close()` in the previous one
+        abandons its old clients (with a warning) and starts new ones."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is not None and (self._producer is not None or self._consumers
+                                       or self._dlq_producer is not None):
+            log.warning("%r is used from a new event loop without close() in the previous one; "
+                        "its Kafka clients there are abandoned", self)
+        self._producer = self._dlq_producer = self._meta = None
+        self._idle = []
+        self._consumers = set()
+        self._setup_lock = self._append_lock = None
+        self._loop = loop
 
     def _lock(self) -> anyio.Lock:
         if self._setup_lock is None:
@@ -180,8 +198,11 @@ class KafkaEventLog:
                 return
             admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self.client_id,
                                         request_timeout_ms=self.request_timeout_ms)
-            await admin.start()
             try:
+                try:
+                    await admin.start()
+                except KafkaConnectionError as exc:
+                    raise KafkaLogError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from exc
                 await self._ensure_one_topic(admin, self.topic, required=True)
                 self._dlq_exists = await self._ensure_one_topic(admin, self.deadletter_topic,
                                                                 required=False)
@@ -234,8 +255,8 @@ class KafkaEventLog:
             auto_offset_reset="earliest", request_timeout_ms=self.request_timeout_ms,
             fetch_max_wait_ms=fetch_max_wait_ms, max_partition_fetch_bytes=8 * 1024 * 1024,
             fetch_max_bytes=32 * 1024 * 1024, max_poll_records=10_000)
+        await _started(consumer)
         self._consumers.add(consumer)
-        await consumer.start()
         if assign:
             consumer.assign([self._tp])
         return consumer
@@ -252,7 +273,7 @@ class KafkaEventLog:
         return await self._new_consumer(assign=True, fetch_max_wait_ms=10)
 
     async def _release_reader(self, consumer: Any, *, follow: bool) -> None:
-        if not follow and not self._closed and len(self._idle) < _MAX_IDLE_CONSUMERS:
+        if not follow and consumer in self._consumers and len(self._idle) < _MAX_IDLE_CONSUMERS:
             consumer.pause(self._tp)
             self._idle.append(consumer)
             return
@@ -279,7 +300,7 @@ class KafkaEventLog:
                 transaction_timeout_ms=self.transaction_timeout_ms,
                 request_timeout_ms=self.request_timeout_ms,
                 max_batch_size=1024 * 1024, max_request_size=4 * 1024 * 1024, linger_ms=0)
-            await producer.start()  # InitProducerId: fences older producers with this id
+            await _started(producer)  # InitProducerId: fences older producers with this id
             self._producer = producer
         return self._producer
 
@@ -312,7 +333,6 @@ class KafkaEventLog:
                 if self._producer is not None and self._producer._txn_manager.is_fatal_error():
                     await self._drop_producer("its transaction failed fatally")
                 raise
-            self._last_appended = positions[-1]
         await self._wait_visible(positions[-1])
         return positions
 
@@ -409,13 +429,16 @@ class KafkaEventLog:
         return await self._lso()
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._idle.clear()
+        """Stop every client. The log stays usable: a later call (in this or another event
+        loop) starts new clients, so one object can serve successive `anyio.run` calls. A
+        fenced log stays fenced."""
+        if self._loop is not asyncio.get_running_loop():
+            self._check_open()  # clients of another loop cannot be stopped from here: drop them
         clients = [self._producer, self._dlq_producer, *self._consumers]
         self._producer = self._dlq_producer = self._meta = None
-        self._consumers.clear()
+        self._idle = []
+        self._consumers = set()
+        self._loop = None
         with anyio.CancelScope(shield=True):
             for client in clients:
                 if client is None:
@@ -429,8 +452,7 @@ class KafkaEventLog:
 
     async def _dead_letter(self, offset: int, key: bytes | None, value: bytes | None,
                            reason: str) -> None:
-        log.warning("%s: skipping undecodable record at offset %d (%s); copied to %s",
-                    self.topic, offset, reason, self.deadletter_topic)
+        log.warning("%s: skipping undecodable record at offset %d (%s)", self.topic, offset, reason)
         if offset in self._dead_offsets:
             return
         self._dead_offsets.add(offset)
@@ -444,7 +466,7 @@ class KafkaEventLog:
                 producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap,
                                             client_id=self.client_id, enable_idempotence=True,
                                             acks="all", request_timeout_ms=self.request_timeout_ms)
-                await producer.start()
+                await _started(producer)
                 self._dlq_producer = producer
             headers = [("kai_es_reason", reason.encode()),
                        ("kai_es_source_topic", self.topic.encode()),
@@ -453,9 +475,24 @@ class KafkaEventLog:
                 headers.append(("kai_es_source_key", key))
             await self._dlq_producer.send_and_wait(self.deadletter_topic, value=value or b"",
                                                    key=str(offset).encode(), headers=headers)
+            log.info("%s: record at offset %d copied to %s", self.topic, offset,
+                     self.deadletter_topic)
         except Exception as exc:  # a reader never dies of a dead letter
             log.error("%s: could not copy record at offset %d to %s: %s", self.topic, offset,
                       self.deadletter_topic, exc)
+
+
+async def _started(client: Any) -> None:
+    """Start an aiokafka client; stop it again if starting fails (no half-open leftovers)."""
+    try:
+        await client.start()
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            try:
+                await client.stop()
+            except Exception:
+                log.debug("stopping a client that failed to start failed", exc_info=True)
+        raise
 
 
 __all__ = ["DEFAULT_TOPIC", "DeadLetter", "FencedError", "KafkaEventLog", "KafkaLogError",

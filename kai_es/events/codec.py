@@ -9,13 +9,13 @@ Contract:
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Union
 
 import msgspec
 
 from kai_es.events.envelope import Envelope
 from kai_es.events.payloads import Payload
-from kai_es.events.registry import CURRENT_SCHEMA_VERSION, EVENT_TYPES
+from kai_es.events.registry import CURRENT_SCHEMA_VERSION, ENVELOPE_CLASSES, EVENT_TYPES
 from kai_es.events.upcast import upcast
 
 
@@ -23,29 +23,8 @@ class DecodeError(ValueError):
     """A record that is not a valid kai-es event; the message says why."""
 
 
-class _RawEnvelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    specversion: str
-    id: str
-    type: str
-    source: str
-    subject: str
-    time: str
-    datacontenttype: str = "application/json"
-    schemaversion: int
-    logicaltime: int
-    causationid: str | None = None
-    correlationid: str | None = None
-    basedon: int | None = None
-    policyversion: str | None = None
-    statedigest: str | None = None
-    data: msgspec.Raw
-
-
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
-_RAW_DECODER: Final = msgspec.json.Decoder(_RawEnvelope)
-_PAYLOAD_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
-    name: msgspec.json.Decoder(cls) for name, cls in EVENT_TYPES.items()
-}
+_DECODER: Final = msgspec.json.Decoder(Union[tuple(ENVELOPE_CLASSES.values())])
 _DICT_DECODER: Final = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -67,44 +46,46 @@ def canonical(obj: object) -> bytes:
 def decode(data: bytes) -> Envelope:
     """Decode one canonical event. Raises DecodeError naming what is wrong."""
     try:
-        raw = _RAW_DECODER.decode(data)
+        env: Envelope = _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        return _decode_slow(data, str(exc))
     except msgspec.DecodeError as exc:
         raise DecodeError(f"not a kai-es envelope: {exc}") from None
-    if raw.specversion != "1.0":
-        raise DecodeError(f"unsupported CloudEvents specversion {raw.specversion!r}")
-    payload_decoder = _PAYLOAD_DECODERS.get(raw.type)
-    if payload_decoder is None:
-        raise DecodeError(f"unknown event type {raw.type!r}")
+    if env.specversion != "1.0":
+        raise DecodeError(f"unsupported CloudEvents specversion {env.specversion!r}")
+    if env.schemaversion != CURRENT_SCHEMA_VERSION:
+        return _decode_slow(data, "")
+    return env
+
+
+def _decode_slow(data: bytes, error: str) -> Envelope:
+    """The path for anything but a current, valid event: explain it, or upcast it."""
     try:
-        if raw.schemaversion == CURRENT_SCHEMA_VERSION:
-            payload = payload_decoder.decode(raw.data)
-        elif 0 < raw.schemaversion < CURRENT_SCHEMA_VERSION:
-            fields = upcast(raw.type, raw.schemaversion, _DICT_DECODER.decode(raw.data))
-            payload = msgspec.convert(fields, EVENT_TYPES[raw.type])
-        else:
-            raise DecodeError(
-                f"{raw.type}: schema version {raw.schemaversion} is newer than this build "
-                f"understands ({CURRENT_SCHEMA_VERSION})"
-            )
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise DecodeError(f"{raw.type} payload invalid: {exc}") from None
-    return Envelope(
-        specversion=raw.specversion,
-        id=raw.id,
-        type=raw.type,
-        source=raw.source,
-        subject=raw.subject,
-        time=raw.time,
-        datacontenttype=raw.datacontenttype,
-        schemaversion=CURRENT_SCHEMA_VERSION,
-        logicaltime=raw.logicaltime,
-        causationid=raw.causationid,
-        correlationid=raw.correlationid,
-        basedon=raw.basedon,
-        policyversion=raw.policyversion,
-        statedigest=raw.statedigest,
-        data=payload,
-    )
+        raw = _DICT_DECODER.decode(data)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"not a kai-es envelope: {exc}") from None
+    event_type = raw.get("type")
+    if event_type is None:
+        raise DecodeError(f"not a kai-es envelope: {error or 'no type field'}")
+    if event_type not in EVENT_TYPES:
+        raise DecodeError(f"unknown event type {event_type!r}")
+    if raw.get("specversion") != "1.0":
+        raise DecodeError(f"unsupported CloudEvents specversion {raw.get('specversion')!r}")
+    version = raw.get("schemaversion")
+    if not isinstance(version, int) or version == CURRENT_SCHEMA_VERSION or version <= 0:
+        raise DecodeError(f"{event_type}: {error or f'bad schema version {version!r}'}")
+    if version > CURRENT_SCHEMA_VERSION:
+        raise DecodeError(f"{event_type}: schema version {version} is newer than this build "
+                          f"understands ({CURRENT_SCHEMA_VERSION})")
+    if not isinstance(raw.get("data"), dict):
+        raise DecodeError(f"{event_type}: data must be an object")
+    raw["data"] = upcast(event_type, version, raw["data"])
+    raw["schemaversion"] = CURRENT_SCHEMA_VERSION
+    try:
+        env: Envelope = msgspec.convert(raw, ENVELOPE_CLASSES[event_type])
+    except msgspec.ValidationError as exc:
+        raise DecodeError(f"{event_type} (upcast from v{version}) invalid: {exc}") from None
+    return env
 
 
 def decode_envelope_bytes(data: bytes) -> Envelope:

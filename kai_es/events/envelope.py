@@ -15,10 +15,17 @@ import msgspec
 from kai_es.events.payloads import Payload
 
 
-class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False,
+               forbid_unknown_fields=True, tag_field="type"):
+    """Base of the per-type envelope classes (`kai_es.events.registry.ENVELOPE_OF`).
+
+    The CloudEvents `type` is the msgspec tag of the concrete class, so one decode pass picks
+    the payload type; read it as `env.type`. Construct envelopes with
+    `kai_es.events.factory.make_envelope`, never directly.
+    """
+
     specversion: str
     id: str
-    type: str
     source: str
     subject: str
     time: str
@@ -31,6 +38,11 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     policyversion: str | None = None
     statedigest: str | None = None
     data: Any
+
+    @property
+    def type(self) -> str:
+        tag: str = self.__struct_config__.tag  # type: ignore[assignment]
+        return tag
 
     @property
     def payload(self) -> Payload:

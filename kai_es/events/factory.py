@@ -11,7 +11,7 @@ from typing import Final
 
 from kai_es.events.envelope import Envelope
 from kai_es.events.payloads import Payload
-from kai_es.events.registry import CURRENT_SCHEMA_VERSION, TYPE_OF
+from kai_es.events.registry import CURRENT_SCHEMA_VERSION, ENVELOPE_OF
 from kai_es.events.timefmt import rfc3339
 
 NAMESPACE: Final = uuid.UUID("6f1c3e0a-9d2b-5c7e-8a41-2b6d0f9e7c13")
@@ -36,10 +36,9 @@ def make_envelope(
     statedigest: str | None = None,
 ) -> Envelope:
     """An envelope for `payload`; `time` is rendered from `logicaltime`, never from a clock."""
-    return Envelope(
+    return ENVELOPE_OF[type(payload)](
         specversion="1.0",
         id=event_id,
-        type=TYPE_OF[type(payload)],
         source=source,
         subject=subject,
         time=rfc3339(logicaltime),

@@ -18,50 +18,51 @@ Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
 Preemptibility = Literal["", "preemptible", "non-preemptible"]
 
 
-class Payload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Payload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True,
+              gc=False):
     """Base of all payloads: immutable, keyword-only, unknown fields rejected."""
 
 
 # --- shared value types ---------------------------------------------------------------------
 
 
-class Taint(Payload, kw_only=True):
+class Taint(Payload, kw_only=True, frozen=True):
     key: str
     value: str = ""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
-class Toleration(Payload, kw_only=True):
+class Toleration(Payload, kw_only=True, frozen=True):
     key: str = ""
     operator: Literal["Equal", "Exists"] = "Equal"
     value: str = ""
     effect: str = ""
 
 
-class NodeSelectorRequirement(Payload, kw_only=True):
+class NodeSelectorRequirement(Payload, kw_only=True, frozen=True):
     key: str
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
     values: list[str] = []
 
 
-class NodeSelectorTerm(Payload, kw_only=True):
+class NodeSelectorTerm(Payload, kw_only=True, frozen=True):
     """All requirements of a term must hold; a pod's terms are ORed."""
 
     match_expressions: list[NodeSelectorRequirement] = []
 
 
-class OwnerRef(Payload, kw_only=True):
+class OwnerRef(Payload, kw_only=True, frozen=True):
     kind: str
     name: str
     uid: str
 
 
-class PodResources(Payload, kw_only=True):
+class PodResources(Payload, kw_only=True, frozen=True):
     milli_cpu: int = 0
     memory_bytes: int = 0
 
 
-class GpuRequest(Payload, kw_only=True):
+class GpuRequest(Payload, kw_only=True, frozen=True):
     """What a pod asks of GPUs. `whole` devices, or a share of `fraction_devices` devices given
     as `fraction_milli` (1..999) or as `gpu_memory_mib`. All zero: a CPU-only pod."""
 
@@ -71,7 +72,7 @@ class GpuRequest(Payload, kw_only=True):
     fraction_devices: int = 1
 
 
-class QueueResource(Payload, kw_only=True):
+class QueueResource(Payload, kw_only=True, frozen=True):
     """One resource of a queue: quota (-1 unlimited), over-quota weight, limit (-1 none)."""
 
     quota: int = 0
@@ -79,13 +80,13 @@ class QueueResource(Payload, kw_only=True):
     limit: int = -1
 
 
-class SubGroup(Payload, kw_only=True):
+class SubGroup(Payload, kw_only=True, frozen=True):
     name: str
     min_member: int = 1
     parent: str = ""
 
 
-class Reason(Payload, kw_only=True):
+class Reason(Payload, kw_only=True, frozen=True):
     """One structured reason a pod could not be placed. `numbers` holds the quantities that make
     the reason checkable (requested, allocated, limit, nodes, ...), integers only."""
 
@@ -97,7 +98,7 @@ class Reason(Payload, kw_only=True):
 # --- cluster: observed and removed objects -------------------------------------------------
 
 
-class NodeObserved(Payload, kw_only=True):
+class NodeObserved(Payload, kw_only=True, frozen=True):
     name: str
     uid: str = ""
     labels: dict[str, str] = {}
@@ -111,11 +112,11 @@ class NodeObserved(Payload, kw_only=True):
     gpu_model: str = ""
 
 
-class NodeRemoved(Payload, kw_only=True):
+class NodeRemoved(Payload, kw_only=True, frozen=True):
     name: str
 
 
-class PodObserved(Payload, kw_only=True):
+class PodObserved(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str
@@ -142,13 +143,13 @@ class PodObserved(Payload, kw_only=True):
     created_ns: int = 0
 
 
-class PodRemoved(Payload, kw_only=True):
+class PodRemoved(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str = ""
 
 
-class QueueObserved(Payload, kw_only=True):
+class QueueObserved(Payload, kw_only=True, frozen=True):
     name: str
     uid: str = ""
     parent: str = ""
@@ -161,11 +162,11 @@ class QueueObserved(Payload, kw_only=True):
     created_ns: int = 0
 
 
-class QueueRemoved(Payload, kw_only=True):
+class QueueRemoved(Payload, kw_only=True, frozen=True):
     name: str
 
 
-class PodGroupObserved(Payload, kw_only=True):
+class PodGroupObserved(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str = ""
@@ -181,45 +182,45 @@ class PodGroupObserved(Payload, kw_only=True):
     created_ns: int = 0
 
 
-class PodGroupRemoved(Payload, kw_only=True):
+class PodGroupRemoved(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
 
 
-class TopologyObserved(Payload, kw_only=True):
+class TopologyObserved(Payload, kw_only=True, frozen=True):
     name: str
     levels: list[str] = []
 
 
-class TopologyRemoved(Payload, kw_only=True):
+class TopologyRemoved(Payload, kw_only=True, frozen=True):
     name: str
 
 
-class PriorityClassObserved(Payload, kw_only=True):
+class PriorityClassObserved(Payload, kw_only=True, frozen=True):
     name: str
     value: int
     preemption_policy: str = "PreemptLowerPriority"
 
 
-class PriorityClassRemoved(Payload, kw_only=True):
+class PriorityClassRemoved(Payload, kw_only=True, frozen=True):
     name: str
 
 
 ResyncKind = Literal["Node", "Pod", "Queue", "PodGroup", "Topology", "PriorityClass"]
 
 
-class ResyncStarted(Payload, kw_only=True):
+class ResyncStarted(Payload, kw_only=True, frozen=True):
     """A relist of `kind` begins: objects of that kind not observed before the matching
     ResyncCompleted are removed from state when it arrives."""
 
     kind: ResyncKind
 
 
-class ResyncCompleted(Payload, kw_only=True):
+class ResyncCompleted(Payload, kw_only=True, frozen=True):
     kind: ResyncKind
 
 
-class ObjectRejected(Payload, kw_only=True):
+class ObjectRejected(Payload, kw_only=True, frozen=True):
     """An object the informer or loader could not translate: kept in the log, never dropped."""
 
     kind: str
@@ -232,19 +233,19 @@ class ObjectRejected(Payload, kw_only=True):
 # --- scheduler ------------------------------------------------------------------------------
 
 
-class ConfigApplied(Payload, kw_only=True):
+class ConfigApplied(Payload, kw_only=True, frozen=True):
     """The scheduler configuration in force from this position on (canonical JSON object)."""
 
     config_digest: str
     config: dict[str, Any]
 
 
-class CycleStarted(Payload, kw_only=True):
+class CycleStarted(Payload, kw_only=True, frozen=True):
     cycle: int
     config_digest: str
 
 
-class CycleCompleted(Payload, kw_only=True):
+class CycleCompleted(Payload, kw_only=True, frozen=True):
     cycle: int
     decisions: int
     bound: int = 0
@@ -253,7 +254,7 @@ class CycleCompleted(Payload, kw_only=True):
     unschedulable: int = 0
 
 
-class BindingDecided(Payload, kw_only=True):
+class BindingDecided(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str
@@ -264,7 +265,7 @@ class BindingDecided(Payload, kw_only=True):
     gpu_groups: list[str] = []
 
 
-class PodPipelined(Payload, kw_only=True):
+class PodPipelined(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str
@@ -276,7 +277,7 @@ class PodPipelined(Payload, kw_only=True):
     waiting_for: list[str] = []
 
 
-class EvictionDecided(Payload, kw_only=True):
+class EvictionDecided(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str
@@ -287,7 +288,7 @@ class EvictionDecided(Payload, kw_only=True):
     reason: str
 
 
-class PodUnschedulable(Payload, kw_only=True):
+class PodUnschedulable(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str
@@ -299,7 +300,7 @@ class PodUnschedulable(Payload, kw_only=True):
 # --- binder outcomes -------------------------------------------------------------------------
 
 
-class PodBound(Payload, kw_only=True):
+class PodBound(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str
@@ -308,7 +309,7 @@ class PodBound(Payload, kw_only=True):
     gpu_devices: list[int] = []
 
 
-class PodBindFailed(Payload, kw_only=True):
+class PodBindFailed(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str
@@ -317,7 +318,7 @@ class PodBindFailed(Payload, kw_only=True):
     message: str
 
 
-class PodEvicted(Payload, kw_only=True):
+class PodEvicted(Payload, kw_only=True, frozen=True):
     namespace: str
     name: str
     uid: str

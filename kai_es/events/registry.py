@@ -6,9 +6,12 @@ upcaster in `kai_es.events.upcast`; the published schema file of the old version
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, cast
+
+import msgspec
 
 from kai_es.events import payloads as p
+from kai_es.events.envelope import Envelope
 
 CURRENT_SCHEMA_VERSION: Final = 1
 
@@ -41,6 +44,21 @@ EVENT_TYPES: Final[dict[str, type[p.Payload]]] = {
 }
 
 TYPE_OF: Final[dict[type[p.Payload], str]] = {cls: name for name, cls in EVENT_TYPES.items()}
+
+
+def _envelope_class(name: str, payload: type[p.Payload]) -> type[Envelope]:
+    cls = msgspec.defstruct(f"{payload.__name__}Envelope", [("data", payload)], bases=(Envelope,),
+                            tag=name, kw_only=True, frozen=True, omit_defaults=True, gc=False,
+                            forbid_unknown_fields=True, module=__name__)
+    return cast("type[Envelope]", cls)
+
+
+#: event type name -> its envelope class (an Envelope subclass tagged with the name)
+ENVELOPE_CLASSES: Final[dict[str, type[Envelope]]] = {
+    name: _envelope_class(name, cls) for name, cls in EVENT_TYPES.items()}
+#: payload class -> envelope class
+ENVELOPE_OF: Final[dict[type[p.Payload], type[Envelope]]] = {
+    EVENT_TYPES[name]: env for name, env in ENVELOPE_CLASSES.items()}
 
 #: Types the scheduler writes as the outcome of a cycle (compared byte for byte by replay).
 DECISION_TYPES: Final = frozenset(

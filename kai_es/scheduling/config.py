@@ -24,23 +24,23 @@ class _Cfg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     pass
 
 
-class PlacementStrategy(_Cfg, kw_only=True):
+class PlacementStrategy(_Cfg, kw_only=True, frozen=True):
     gpu: Literal["binpack", "spread", "fragmentation"] = "binpack"
     cpu: Literal["binpack", "spread"] = "binpack"
 
 
-class MinRuntime(_Cfg, kw_only=True):
+class MinRuntime(_Cfg, kw_only=True, frozen=True):
     preempt_min_runtime: str = "0s"
     reclaim_min_runtime: str = "0s"
 
 
-class Fairshare(_Cfg, kw_only=True):
+class Fairshare(_Cfg, kw_only=True, frozen=True):
     k_value: int = 1
     window_size: str = "168h"
     half_life_period: str = "0s"
 
 
-class SchedulerConfig(_Cfg, kw_only=True):
+class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     actions: list[ActionName] = msgspec.field(
         default_factory=lambda: ["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"])
     placement_strategy: PlacementStrategy = PlacementStrategy()

@@ -207,6 +207,10 @@ def _set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
 
 def _reindex_job(state: ClusterState, job: Job) -> None:
     """Keep `state.pending_jobs[queue]` in step with the job's pending pods and sort key."""
+    if job.pending and job.index_key is not None and job.index_key[0] == -job.priority and \
+            job.index_key[1] == job.created_ns and job.index_key[2] == job.uid and \
+            job.index_key[3] == f"{job.queue}\x00{job.key}":
+        return  # still pending under the same key
     if job.index_key is not None:
         old_queue = job.index_key[3].split("\x00", 1)[0]
         bucket = state.pending_jobs.get(old_queue)
@@ -227,7 +231,7 @@ def job_key_of_index(index_key: tuple[int, int, str, str]) -> str:
 
 def _refresh_job(state: ClusterState, job: Job) -> None:
     """Recompute a job's queue, priority and age from its spec and members; move its usage."""
-    members = sorted(job.members)
+    members = sorted(job.members) if len(job.members) > 1 else list(job.members)
     first = state.pods[members[0]].spec if members else None
     queue = job.spec.queue if job.spec is not None and job.spec.queue else (first.queue if first else "")
     class_name = job.spec.priority_class if job.spec is not None and job.spec.priority_class else ""
@@ -235,8 +239,12 @@ def _refresh_job(state: ClusterState, job: Job) -> None:
         class_name = first.priority_class
     explicit = first.priority if first is not None else None
     priority = resolve_priority(state, class_name, explicit)
-    created = job.spec.created_ns if job.spec is not None and job.spec.created_ns else (
-        min(state.pods[m].spec.created_ns for m in members) if members else 0)
+    if job.spec is not None and job.spec.created_ns:
+        created = job.spec.created_ns
+    elif len(members) == 1:
+        created = first.created_ns if first is not None else 0
+    else:
+        created = min(state.pods[m].spec.created_ns for m in members) if members else 0
     uid = job.spec.uid if job.spec is not None and job.spec.uid else (first.uid if first else job.key)
     if queue != job.queue:
         occupying = [state.pods[m] for m in members if state.pods[m].status in OCCUPYING]

@@ -1,0 +1,72 @@
+"""schemas/ is generated from the payload types and validates real and broken events."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from kai_es.events import encode
+from kai_es.events.registry import CURRENT_SCHEMA_VERSION, EVENT_TYPES
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "tests" / "data" / "schema-examples"
+
+
+def _validator(type_name: str) -> jsonschema.Draft202012Validator:
+    schema = json.loads((ROOT / "schemas" / f"{type_name}.v{CURRENT_SCHEMA_VERSION}.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_schema_files_are_up_to_date() -> None:
+    run = subprocess.run([sys.executable, "tools/gen_schemas.py", "--check"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def test_every_type_has_a_schema() -> None:
+    for type_name in EVENT_TYPES:
+        assert (ROOT / "schemas" / f"{type_name}.v{CURRENT_SCHEMA_VERSION}.json").exists(), type_name
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "valid").glob("*.json")), ids=lambda p: p.name)
+def test_valid_examples_validate(path: Path) -> None:
+    event = json.loads(path.read_text())
+    errors = list(_validator(event["type"]).iter_errors(event))
+    assert errors == []
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "invalid").glob("*.json")), ids=lambda p: p.name)
+def test_invalid_examples_are_rejected(path: Path) -> None:
+    case = json.loads(path.read_text())
+    errors = list(_validator(case["event"]["type"]).iter_errors(case["event"]))
+    assert errors, f"{path.name} should be invalid: {case['why']}"
+    assert any(case["expect"] in e.message or case["expect"] in str(list(e.path)) for e in errors), \
+        [e.message for e in errors]
+
+
+def test_examples_exist_for_both_kinds() -> None:
+    assert len(list((EXAMPLES / "valid").glob("*.json"))) >= 5
+    assert len(list((EXAMPLES / "invalid").glob("*.json"))) >= 4
+
+
+def test_events_from_a_simulation_validate(tmp_path: Path) -> None:
+    from kai_es.adapters.file_log import FileEventLog
+
+    run = subprocess.run([sys.executable, "-m", "kai_es", "simulate", "examples/quickstart.yaml",
+                          "--log", str(tmp_path / "q.log"), "--report", str(tmp_path / "r")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    validators: dict[str, jsonschema.Draft202012Validator] = {}
+    count = 0
+    for record in FileEventLog(tmp_path / "q.log", readonly=True).scan():
+        env = record.envelope
+        v = validators.setdefault(env.type, _validator(env.type))
+        assert list(v.iter_errors(json.loads(encode(env)))) == [], env.type
+        count += 1
+    assert count > 50 and len(validators) >= 10
