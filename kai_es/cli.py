@@ -298,3 +298,4 @@ def _brief(data: p.Payload) -> str:
 
 if __name__ == "__main__":
     main()
+from kai_es import cli_services  # noqa: F401,E402

@@ -331,8 +331,13 @@ _QUEUE_UNIT = {"gpu": Fraction(1000), "cpu": Fraction(1), "memory": Fraction(10*
 
 
 def _queue_resource(obj: Obj, resource: str) -> p.QueueResource:
+    """One resource of a Queue. A resource the Queue does not mention is not managed by it
+    (quota -1: deserves whatever it requests, no limit); a mentioned one defaults to quota 0,
+    limit -1 and weight 1 like KAI's CRD."""
     base = f"spec.resources.{resource}"
-    spec = _get(obj, base, {})
+    spec = _get(obj, base, None)
+    if spec is None:
+        return p.QueueResource(quota=-1, over_quota_weight=1, limit=-1)
     if not isinstance(spec, Mapping):
         raise IngestError(base, "must be a map")
 

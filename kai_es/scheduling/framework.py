@@ -20,6 +20,9 @@ GANG_UNSATISFIED = "GangUnsatisfied"
 NO_NODE_FITS = "NoNodeFits"
 BIND_BACKOFF = "BindBackoff"
 NO_NODES = "NoNodes"
+QUEUE_NOT_LEAF = "QueueNotLeaf"
+QUEUE_LIMIT = "QueueLimit"
+NON_PREEMPTIBLE_OVER_QUOTA = "NonPreemptibleOverQuota"
 
 #: packer rejection slot -> (numbers key, human phrase)
 REJECTION_NAMES: tuple[tuple[str, str], ...] = (

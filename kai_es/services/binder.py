@@ -42,9 +42,39 @@ class BinderService:
 
     async def step(self) -> int:
         """Read new records, perform decisions without outcomes; returns how many it performed."""
+        await self.poll()
+        return await self.perform_pending()
+
+    async def poll(self) -> None:
+        """Read new records (decisions to perform, outcomes already in the log)."""
         async for record in self.events.read(self.position):
             self._observe(record)
             self.position = record.position + 1
+
+    def observe(self, record: Record) -> None:
+        """Take a record read elsewhere (e.g. while rebuilding a cluster) as read by `poll`."""
+        if record.position >= self.position:
+            self._observe(record)
+            self.position = record.position + 1
+
+    async def perform_batch(self) -> int:
+        """Perform every pending decision, then append all their outcomes in ONE atomic append.
+
+        For an actuator whose effects are rebuilt from the log after a crash (the simulated
+        cluster of the `kai-es binder` process), a crash before the append loses the effects
+        and the outcomes together, so the decisions are simply performed again."""
+        todo = list(self.pending)
+        outcomes = [await self._perform(self.pending[d]) for d in todo]
+        if outcomes:
+            await self.events.append(outcomes)
+        for decision_id in todo:
+            self.done.add(decision_id)
+            self.pending.pop(decision_id, None)
+        self.performed += len(todo)
+        return len(todo)
+
+    async def perform_pending(self) -> int:
+        """Perform decisions without outcomes, one append per outcome."""
         count = 0
         for decision_id in list(self.pending):
             record = self.pending[decision_id]

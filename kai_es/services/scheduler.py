@@ -7,6 +7,10 @@ Contract:
 - `has_work()` is true when something other than the scheduler's own events arrived since the
   last cycle, or a bind back-off has expired; the shell never runs a cycle that has nothing new
   to look at (so an idle cluster writes nothing).
+- Optional snapshots (`snapshots=` a `kai_es.services.snapshotting.SnapshotStore`): every
+  `snapshot_every` cycles, on a cycle whose CycleCompleted carries a `statedigest`, the state at
+  the cut is saved after the decisions are in the log; `start()` restores the newest snapshot
+  that passes validation and folds only the tail (a rejected one is reported and ignored).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from kai_es.ports import Clock, EventLog, IdFactory
 from kai_es.scheduling.config import SchedulerConfig, config_digest
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
+from kai_es.services.snapshotting import SnapshotStore, StoredSnapshot, restore_validated, sha256_of
 from kai_es.state import ClusterState
 from kai_es.state.reducer import HANDLERS
+from kai_es.state.snapshot import snapshot_bytes
 
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/scheduler"
@@ -30,7 +36,8 @@ SOURCE = "kai-es/scheduler"
 
 class SchedulerService:
     def __init__(self, events: EventLog, config: SchedulerConfig, packer: Packer, clock: Clock,
-                 ids: IdFactory, state: ClusterState | None = None) -> None:
+                 ids: IdFactory, state: ClusterState | None = None, *,
+                 snapshots: SnapshotStore | None = None, snapshot_every: int = 0) -> None:
         self.events = events
         self.config = config
         self.digest = config_digest(config)
@@ -40,6 +47,11 @@ class SchedulerService:
         self.state = state if state is not None else ClusterState()
         self._inputs_since_cycle = True
         self.cycles_run = 0
+        self.snapshots = snapshots
+        self.snapshot_every = snapshot_every
+        self.snapshot_restored: int | None = None  # position of the snapshot start() used
+        self.snapshots_written = 0
+        self._cycles_since_snapshot = 0
 
     def _fold(self, record: Record) -> None:
         st = self.state
@@ -61,8 +73,21 @@ class SchedulerService:
             if until is not None and record.position == until:
                 break
 
+    async def restore_snapshot(self) -> bool:
+        """Replace an empty state by the newest valid snapshot (True if one was used)."""
+        if self.snapshots is None or self.state.position >= 0:
+            return False
+        state = await restore_validated(self.snapshots, self.events)
+        if state is None:
+            return False
+        self.state = state
+        self.snapshot_restored = state.position
+        return True
+
     async def start(self) -> None:
-        """Fold to the end; announce the configuration if the log does not have it yet."""
+        """Fold to the end (from a snapshot when there is a valid one); announce the
+        configuration if the log does not have it yet."""
+        await self.restore_snapshot()
         await self.catch_up()
         if self.state.config_digest != self.digest:
             await self.events.append([config_event(self.config, event_id=self.ids.new_id(),
@@ -101,12 +126,43 @@ class SchedulerService:
         if cut_record is None or cut_record.position != cut:
             raise RuntimeError(f"the log did not return the cycle's own CycleStarted at {cut}")
         decisions = run_cycle(self.state, cut_record, self.config, self.packer)
-        await self.events.append(decisions)
+        snap_data = self._snapshot_due(decisions)
+        positions = await self.events.append(decisions)
+        if snap_data is not None:
+            await self._save_snapshot(cut_record, positions[-1], decisions[-1], snap_data)
         self._inputs_since_cycle = False
         await self.catch_up()
         self._inputs_since_cycle = False
         self.cycles_run += 1
         return decisions
+
+    def _snapshot_due(self, decisions: list[Envelope]) -> bytes | None:
+        """The snapshot bytes of the state at the cut, when this cycle should be snapshotted."""
+        if self.snapshots is None or self.snapshot_every <= 0:
+            return None
+        self._cycles_since_snapshot += 1
+        if self._cycles_since_snapshot < self.snapshot_every or not decisions[-1].statedigest:
+            return None
+        data = snapshot_bytes(self.state)
+        if sha256_of(data) != decisions[-1].statedigest:
+            log.error("snapshot bytes at position %d do not match the cycle's statedigest; "
+                      "not saving it", self.state.position)
+            return None
+        return data
+
+    async def _save_snapshot(self, cut: Record, completed_position: int, completed: Envelope,
+                             data: bytes) -> None:
+        assert self.snapshots is not None and completed.statedigest
+        snap = StoredSnapshot(position=cut.position, completed_position=completed_position,
+                              cycle=self.state.cycle, logicaltime=cut.envelope.logicaltime,
+                              digest=completed.statedigest, data=data)
+        try:
+            await self.snapshots.save(snap)
+        except Exception as exc:  # an optimisation: never fails a cycle
+            log.warning("saving the snapshot of position %d failed: %s", cut.position, exc)
+            return
+        self._cycles_since_snapshot = 0
+        self.snapshots_written += 1
 
     async def run(self, period_ns: int) -> None:
         """Production loop: a cycle every `period_ns` when there is work."""

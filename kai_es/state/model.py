@@ -23,6 +23,9 @@ OCCUPYING: frozenset[str] = frozenset({"Binding", "Running", "Releasing"})
 #: KAI's default priority classes (name -> value) when no PriorityClass object says otherwise.
 DEFAULT_PRIORITY_CLASSES: dict[str, int] = {"train": 50, "build": 100, "inference": 125}
 
+#: KAI: a job whose priority is below this is preemptible unless it says otherwise.
+NON_PREEMPTIBLE_PRIORITY = 100
+
 #: Bind back-off after the n-th consecutive failure: BASE * 2**(n-1), capped.
 BIND_BACKOFF_BASE_NS = 1_000_000_000
 BIND_BACKOFF_CAP_NS = 300_000_000_000
@@ -111,6 +114,7 @@ class Job:
     members: set[str] = field(default_factory=set)
     pending: SortedList = field(default_factory=SortedList)
     occupying: int = 0
+    preemptible: bool = True
     index_key: tuple[int, int, str, str] | None = None
 
     @property
@@ -124,6 +128,10 @@ class QueueState:
     allocated_milli_cpu: int = 0
     allocated_memory_bytes: int = 0
     allocated_milli_gpu: int = 0
+    #: the part of the allocation held by non-preemptible jobs (must stay within quota)
+    nonpreemptible_milli_cpu: int = 0
+    nonpreemptible_memory_bytes: int = 0
+    nonpreemptible_milli_gpu: int = 0
 
 
 @dataclass(slots=True)

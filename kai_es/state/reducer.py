@@ -24,6 +24,7 @@ from kai_es.state.model import (
     BIND_BACKOFF_BASE_NS,
     BIND_BACKOFF_CAP_NS,
     DEFAULT_PRIORITY_CLASSES,
+    NON_PREEMPTIBLE_PRIORITY,
     OCCUPYING,
     ClusterState,
     Job,
@@ -182,6 +183,10 @@ def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
     q.allocated_milli_cpu += sign * pod.spec.requests.milli_cpu
     q.allocated_memory_bytes += sign * pod.spec.requests.memory_bytes
     q.allocated_milli_gpu += sign * pod.milli_gpu
+    if job is not None and not job.preemptible:
+        q.nonpreemptible_milli_cpu += sign * pod.spec.requests.milli_cpu
+        q.nonpreemptible_memory_bytes += sign * pod.spec.requests.memory_bytes
+        q.nonpreemptible_milli_gpu += sign * pod.milli_gpu
 
 
 def _pod_queue(state: ClusterState, pod: PodState) -> str:
@@ -246,11 +251,15 @@ def _refresh_job(state: ClusterState, job: Job) -> None:
     else:
         created = min(state.pods[m].spec.created_ns for m in members) if members else 0
     uid = job.spec.uid if job.spec is not None and job.spec.uid else (first.uid if first else job.key)
-    if queue != job.queue:
+    mode = job.spec.preemptibility if job.spec is not None and job.spec.preemptibility else (
+        first.preemptibility if first is not None else "")
+    preemptible = (mode == "preemptible") if mode else priority < NON_PREEMPTIBLE_PRIORITY
+    if queue != job.queue or preemptible != job.preemptible:
         occupying = [state.pods[m] for m in members if state.pods[m].status in OCCUPYING]
         for pod in occupying:
             _queue_usage(state, pod, -1)
         job.queue = queue
+        job.preemptible = preemptible
         for pod in occupying:
             _queue_usage(state, pod, +1)
     job.priority, job.created_ns, job.uid = priority, created, uid
@@ -449,9 +458,10 @@ def _queue_observed(state: ClusterState, env: Envelope) -> None:
         for key in sorted(state.pods):
             pod = state.pods[key]
             if pod.status in OCCUPYING and _pod_queue(state, pod) == spec.name:
-                q.allocated_milli_cpu += pod.spec.requests.milli_cpu
-                q.allocated_memory_bytes += pod.spec.requests.memory_bytes
-                q.allocated_milli_gpu += pod.milli_gpu
+                job = state.jobs.get(pod.job_key)
+                if job is not None:
+                    job.occupying -= 1  # _queue_usage counts it again
+                _queue_usage(state, pod, +1)
     else:
         q.spec = spec
 

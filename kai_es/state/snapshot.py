@@ -63,6 +63,7 @@ class JobSnap(msgspec.Struct, frozen=True, kw_only=True):
     created_ns: int
     uid: str
     occupying: int
+    preemptible: bool
     members: list[str]
     pending: list[str]
 
@@ -72,6 +73,9 @@ class QueueSnap(msgspec.Struct, frozen=True, kw_only=True):
     allocated_milli_cpu: int
     allocated_memory_bytes: int
     allocated_milli_gpu: int
+    nonpreemptible_milli_cpu: int
+    nonpreemptible_memory_bytes: int
+    nonpreemptible_milli_gpu: int
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,13 +122,16 @@ def snapshot(state: ClusterState) -> Snapshot:
     jobs = [
         JobSnap(key=j.key, namespace=j.namespace, name=j.name, spec=j.spec, implicit=j.implicit,
                 queue=j.queue, priority=j.priority, created_ns=j.created_ns, uid=j.uid,
-                occupying=j.occupying, members=sorted(j.members), pending=[e[3] for e in j.pending])
+                occupying=j.occupying, preemptible=j.preemptible, members=sorted(j.members), pending=[e[3] for e in j.pending])
         for j in (state.jobs[k] for k in sorted(state.jobs))
     ]
     queues = [
         QueueSnap(spec=q.spec, allocated_milli_cpu=q.allocated_milli_cpu,
                   allocated_memory_bytes=q.allocated_memory_bytes,
-                  allocated_milli_gpu=q.allocated_milli_gpu)
+                  allocated_milli_gpu=q.allocated_milli_gpu,
+                  nonpreemptible_milli_cpu=q.nonpreemptible_milli_cpu,
+                  nonpreemptible_memory_bytes=q.nonpreemptible_memory_bytes,
+                  nonpreemptible_milli_gpu=q.nonpreemptible_milli_gpu)
         for q in (state.queues[k] for k in sorted(state.queues))
     ]
     return Snapshot(

@@ -1,38 +1,94 @@
 """The allocate action: place pending jobs onto idle capacity (or pipeline them onto capacity
-being released), a gang's minimum atomically, elastic extras one by one.
+being released); a gang's minimum atomically, elastic extras one at a time, interleaved with
+other queues.
 
-Job order (this version): higher priority first, then older, then uid — across all queues.
-Fair-share queue ordering replaces it when the queue semantics land (see ARCHITECTURE.md §6).
+Which job goes next (KAI's order, level by level down the queue tree; first difference decides):
+  1. queues not over their fair share in every resource before those that are;
+  2. queues that stay within quota with the candidate job before those that would not;
+  3. higher queue priority;
+  4. smaller dominant-resource share including the candidate job (DRF: max over resources of
+     (allocated + candidate) / fair share, compared exactly as fractions);
+  5. older queue, then name.
+Within a leaf queue: higher job priority, jobs below their gang minimum before elastic extras,
+older, then uid.
 
-Contract: pure. Reads the state, writes only to the Plan and the returned outcome map.
+Rules enforced before a job is tried: it may not take its queue or any ancestor over its limit
+(any job), nor over its quota (non-preemptible jobs, counting only non-preemptible usage).
+
+Contract: pure. Reads the state, writes only to the Plan and the returned result.
 """
 
 from __future__ import annotations
 
-import heapq
 from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from fractions import Fraction
+
+from sortedcontainers import SortedList
 
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
+from kai_es.scheduling.fairshare import RESOURCES, shares_for_state
 from kai_es.scheduling.filters import constraint_key, eligibility
 from kai_es.scheduling.plan import Entry, Plan
 from kai_es.state.model import ClusterState, Job, PodState
-from kai_es.state.reducer import job_key_of_index
+from kai_es.state.reducer import device_count, job_key_of_index
+
+Vector = tuple[int, int, int]  # (milli-GPU, milli-CPU, bytes), in RESOURCES order
+ZERO: Vector = (0, 0, 0)
+INFINITE = Fraction(10**30)
+
+
+def _add(a: Vector, b: Vector) -> Vector:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+def pod_request(pod: PodState, gpu_memory_mib_hint: int) -> Vector:
+    """What a pending pod will add to its queue. A gpu-memory request is counted against the
+    largest GPU in the cluster (`gpu_memory_mib_hint`; a whole GPU when unknown)."""
+    g = pod.spec.gpu
+    if g.whole:
+        gpu = 1000 * g.whole
+    elif g.fraction_milli:
+        gpu = g.fraction_milli * max(1, g.fraction_devices)
+    elif g.gpu_memory_mib:
+        per = 1000 if gpu_memory_mib_hint <= 0 else min(1000, -(-g.gpu_memory_mib * 1000 // gpu_memory_mib_hint))
+        gpu = per * max(1, g.fraction_devices)
+    else:
+        gpu = 0
+    return (gpu, pod.spec.requests.milli_cpu, pod.spec.requests.memory_bytes)
+
+
+@dataclass(slots=True)
+class QueueNode:
+    """A queue's tentative accounting for this cycle (parents aggregate their children)."""
+
+    name: str
+    parent: QueueNode | None
+    priority: int
+    created_ns: int
+    quota: Vector
+    limit: Vector
+    allocated: Vector = ZERO
+    nonpreemptible: Vector = ZERO
+    fair: Vector = ZERO
+    children: list[QueueNode] = field(default_factory=list)
+    jobs: SortedList | None = None  # leaves: (-priority, stage, created, uid, job key)
+
+    def ancestry(self) -> list[QueueNode]:
+        out: list[QueueNode] = []
+        node: QueueNode | None = self
+        while node is not None:
+            out.append(node)
+            node = node.parent
+        return out
 
 
 @dataclass(slots=True)
 class AllocateResult:
     placed: list[Entry] = field(default_factory=list)
     unschedulable: dict[str, list[Reason]] = field(default_factory=dict)
-
-
-def ordered_jobs(state: ClusterState) -> Iterator[Job]:
-    """Pending jobs of every queue, by (priority desc, creation, uid)."""
-    buckets = [state.pending_jobs[q] for q in sorted(state.pending_jobs)]
-    for index_key in heapq.merge(*buckets):
-        yield state.jobs[job_key_of_index(index_key)]
+    fair_shares: dict[str, Vector] = field(default_factory=dict)
 
 
 def _what(pod: PodState) -> str:
@@ -48,6 +104,14 @@ def _what(pod: PodState) -> str:
     return f"pod {pod.key} ({gpu}, {pod.spec.requests.milli_cpu}m CPU)"
 
 
+def _fmt(resource: str, amount: int) -> str:
+    if resource == "gpu":
+        return f"{amount / 1000:g} GPU"
+    if resource == "cpu":
+        return f"{amount}m CPU"
+    return f"{amount // 2**20}Mi memory"
+
+
 class Allocator:
     def __init__(self, state: ClusterState, plan: Plan, now_ns: int) -> None:
         self.state = state
@@ -55,6 +119,50 @@ class Allocator:
         self.now_ns = now_ns
         self.result = AllocateResult()
         self._masks: dict[tuple[object, ...], array[int]] = {}
+        self.gpu_memory_hint = max((n.spec.gpu_memory_mib for n in plan.nodes), default=0)
+        self.queues: dict[str, QueueNode] = {}
+        self.roots: list[QueueNode] = []
+        self._build_queues()
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _build_queues(self) -> None:
+        st = self.state
+        for name in sorted(st.queues):
+            spec = st.queues[name].spec
+            self.queues[name] = QueueNode(
+                name=name, parent=None, priority=spec.priority, created_ns=spec.created_ns,
+                quota=(spec.gpu.quota, spec.cpu.quota, spec.memory.quota),
+                limit=(spec.gpu.limit, spec.cpu.limit, spec.memory.limit))
+        for name in sorted(self.queues):
+            node = self.queues[name]
+            parent = self.queues.get(st.queues[name].spec.parent)
+            if parent is not None and parent is not node and not _is_descendant(parent, node, st):
+                node.parent = parent
+                parent.children.append(node)
+            else:
+                self.roots.append(node)
+        for name in sorted(st.pending_jobs):
+            leaf = self.queues.get(name)
+            if leaf is None:
+                continue
+            leaf.jobs = SortedList()
+            for index_key in st.pending_jobs[name]:
+                job = st.jobs[job_key_of_index(index_key)]
+                stage = 0 if job.occupying < job.min_member else 1
+                leaf.jobs.add((-job.priority, stage, job.created_ns, job.uid, job.key))
+        for name, node in self.queues.items():
+            q = st.queues[name]
+            own = (q.allocated_milli_gpu, q.allocated_milli_cpu, q.allocated_memory_bytes)
+            np = (q.nonpreemptible_milli_gpu, q.nonpreemptible_milli_cpu, q.nonpreemptible_memory_bytes)
+            for anc in node.ancestry():
+                anc.allocated = _add(anc.allocated, own)
+                anc.nonpreemptible = _add(anc.nonpreemptible, np)
+        shares = shares_for_state(st)
+        for name, node in self.queues.items():
+            node.fair = (shares["gpu"][name].fair_share, shares["cpu"][name].fair_share,
+                         shares["memory"][name].fair_share)
+            self.result.fair_shares[name] = node.fair
 
     def mask(self, pod: PodState) -> array[int]:
         key = constraint_key(pod.spec)
@@ -63,78 +171,218 @@ class Allocator:
             m = self._masks[key] = eligibility(self.plan.nodes, pod.spec)
         return m
 
+    # -- order ------------------------------------------------------------------------------
+
+    def _candidate(self, leaf: QueueNode) -> tuple[Job, list[PodState], Vector] | None:
+        """The leaf's next job with the pods it would place now and their total request."""
+        while leaf.jobs:
+            _, stage, _, _, key = leaf.jobs[0]
+            job = self.state.jobs[key]
+            pods = [self.state.pods[e[3]] for e in job.pending if e[3] not in self._done]
+            if not pods:
+                leaf.jobs.pop(0)
+                continue
+            if stage == 0:
+                need = max(1, job.min_member - job.occupying - self._placed_in_job.get(key, 0))
+                chosen = pods[:need]
+            else:
+                chosen = pods[:1]
+            request = ZERO
+            for pod in chosen:
+                request = _add(request, pod_request(pod, self.gpu_memory_hint))
+            return job, chosen, request
+        return None
+
+    def _key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
+        over_all = all(q.allocated[r] > q.fair[r] for r in range(3))
+        within_quota = all(q.quota[r] < 0 or q.allocated[r] + request[r] <= q.quota[r] for r in range(3)
+                           if request[r] > 0)
+        share = Fraction(0)
+        for r in range(3):
+            used = q.allocated[r] + request[r]
+            if used <= 0:
+                continue
+            s = Fraction(used, q.fair[r]) if q.fair[r] > 0 else INFINITE
+            share = max(share, s)
+        return (over_all, not within_quota, -q.priority, share, q.created_ns, q.name)
+
+    def _pick(self, nodes: list[QueueNode]) -> tuple[QueueNode, Job, list[PodState], Vector] | None:
+        best = None
+        best_key: tuple[object, ...] | None = None
+        for q in nodes:
+            if q.children:
+                cand = self._pick(q.children)
+            elif q.jobs:
+                c = self._candidate(q)
+                cand = (q, *c) if c is not None else None
+            else:
+                cand = None
+            if cand is None:
+                continue
+            key = self._key(q, cand[3])
+            if best_key is None or key < best_key:
+                best, best_key = cand, key
+        return best
+
+    # -- run --------------------------------------------------------------------------------
+
     def run(self) -> AllocateResult:
-        for job in ordered_jobs(self.state):
-            self._job(job)
+        self._done: set[str] = set()
+        self._placed_in_job: dict[str, int] = {}
+        self._unqueued()
+        if not self.plan.nodes:
+            for name in sorted(self.state.pending_jobs):
+                for index_key in self.state.pending_jobs[name]:
+                    job = self.state.jobs[job_key_of_index(index_key)]
+                    self._fail_all([self.state.pods[e[3]] for e in job.pending],
+                                   [Reason(code=fw.NO_NODES, message="the cluster has no nodes")])
+            return self.result
+        while True:
+            pick = self._pick(self.roots)
+            if pick is None:
+                break
+            leaf, job, pods, request = pick
+            self._try(leaf, job, pods, request)
         return self.result
+
+    def _unqueued(self) -> None:
+        """Jobs whose queue is missing or not a leaf: Pending, with the reason."""
+        for name in sorted(self.state.pending_jobs):
+            leaf = self.queues.get(name)
+            if leaf is not None and not leaf.children:
+                continue
+            for index_key in self.state.pending_jobs[name]:
+                job = self.state.jobs[job_key_of_index(index_key)]
+                pods = [self.state.pods[e[3]] for e in job.pending]
+                if not job.queue:
+                    reason = Reason(code=fw.NO_QUEUE, message=(
+                        f"job {job.key} names no queue (label kai.scheduler/queue or PodGroup spec.queue)"))
+                elif leaf is None:
+                    reason = Reason(code=fw.QUEUE_NOT_FOUND, message=f"queue {job.queue!r} does not exist")
+                else:
+                    reason = Reason(code=fw.QUEUE_NOT_LEAF,
+                                    message=f"queue {job.queue!r} is a parent queue; only leaf queues hold jobs")
+                self._fail_all(pods, [reason])
 
     def _fail_all(self, pods: list[PodState], reasons: list[Reason]) -> None:
         for pod in pods:
+            self._done.add(pod.key)
             self.result.unschedulable[pod.key] = reasons
 
-    def _job(self, job: Job) -> None:
-        pods = [self.state.pods[entry[3]] for entry in job.pending]
-        if not job.queue:
-            self._fail_all(pods, [Reason(code=fw.NO_QUEUE, message=(
-                f"job {job.key} names no queue (label kai.scheduler/queue or PodGroup spec.queue)"))])
-            return
-        if job.queue not in self.state.queues:
-            self._fail_all(pods, [Reason(code=fw.QUEUE_NOT_FOUND,
-                                         message=f"queue {job.queue!r} does not exist")])
-            return
+    def _drop_job(self, leaf: QueueNode, job: Job, reasons: list[Reason]) -> None:
+        """The job can do nothing more this cycle: every remaining pending pod gets `reasons`."""
+        self._fail_all([self.state.pods[e[3]] for e in job.pending if e[3] not in self._done], reasons)
+
+    def _limits(self, leaf: QueueNode, job: Job, request: Vector) -> list[Reason]:
+        for q in leaf.ancestry():
+            for r, resource in enumerate(RESOURCES):
+                if request[r] <= 0:
+                    continue
+                if q.limit[r] >= 0 and q.allocated[r] + request[r] > q.limit[r]:
+                    return [Reason(code=fw.QUEUE_LIMIT, message=(
+                        f"queue {q.name} would exceed its {resource} limit: requested "
+                        f"{_fmt(resource, request[r])}, allocated {_fmt(resource, q.allocated[r])}, "
+                        f"limit {_fmt(resource, q.limit[r])}"),
+                        numbers={"requested": request[r], "allocated": q.allocated[r], "limit": q.limit[r]})]
+                if not job.preemptible and q.quota[r] >= 0 and q.nonpreemptible[r] + request[r] > q.quota[r]:
+                    return [Reason(code=fw.NON_PREEMPTIBLE_OVER_QUOTA, message=(
+                        f"non-preemptible job may not take queue {q.name} over its {resource} quota: "
+                        f"requested {_fmt(resource, request[r])}, non-preemptible allocated "
+                        f"{_fmt(resource, q.nonpreemptible[r])}, quota {_fmt(resource, q.quota[r])}"),
+                        numbers={"requested": request[r], "allocated": q.nonpreemptible[r], "quota": q.quota[r]})]
+        return []
+
+    def _commit(self, leaf: QueueNode, job: Job, entries: list[Entry]) -> None:
+        total = ZERO
+        for e in entries:
+            pod = self.state.pods[e.pod_key]
+            node = self.plan.nodes[e.node]
+            if pod.spec.gpu.gpu_memory_mib and device_count(pod.spec.gpu):
+                mib, n = pod.spec.gpu.gpu_memory_mib, len(e.devices)
+                per = 1000 if node.spec.gpu_memory_mib <= 0 else min(1000, -(-mib * 1000 // node.spec.gpu_memory_mib))
+                used: Vector = (per * n, pod.spec.requests.milli_cpu, pod.spec.requests.memory_bytes)
+            else:
+                used = pod_request(pod, self.gpu_memory_hint)
+            total = _add(total, used)
+            self._done.add(e.pod_key)
+        for q in leaf.ancestry():
+            q.allocated = _add(q.allocated, total)
+            if not job.preemptible:
+                q.nonpreemptible = _add(q.nonpreemptible, total)
+        self._placed_in_job[job.key] = self._placed_in_job.get(job.key, 0) + len(entries)
+        self.result.placed.extend(entries)
+
+    def _requeue(self, leaf: QueueNode, job: Job) -> None:
+        """After progress, the job competes again for its remaining pods as an elastic job."""
+        assert leaf.jobs is not None
+        for item in list(leaf.jobs.irange((-job.priority,), (-job.priority + 1,))):
+            if item[4] == job.key:
+                leaf.jobs.remove(item)
+        if any(e[3] not in self._done for e in job.pending):
+            leaf.jobs.add((-job.priority, 1, job.created_ns, job.uid, job.key))
+
+    def _try(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector) -> None:
+        assert leaf.jobs is not None
+        gang_stage = job.occupying + self._placed_in_job.get(job.key, 0) < job.min_member
         if job.spec is None and not job.implicit:
-            self._fail_all(pods, [Reason(code=fw.PODGROUP_NOT_FOUND,
-                                         message=f"PodGroup {job.key} does not exist yet")])
+            self._drop_job(leaf, job, [Reason(code=fw.PODGROUP_NOT_FOUND,
+                                              message=f"PodGroup {job.key} does not exist yet")])
             return
         waiting = [pod for pod in pods if pod.backoff_until_ns > self.now_ns]
         if waiting:
             for pod in waiting:
+                self._done.add(pod.key)
                 self.result.unschedulable[pod.key] = [Reason(
-                    code=fw.BIND_BACKOFF,
-                    message=f"binding failed {pod.bind_failures} time(s); retry after back-off",
-                    numbers={"failures": pod.bind_failures,
-                             "retry_at_ns": pod.backoff_until_ns})]
-            pods = [pod for pod in pods if pod.backoff_until_ns <= self.now_ns]
-        if not self.plan.nodes:
-            self._fail_all(pods, [Reason(code=fw.NO_NODES, message="the cluster has no nodes")])
+                    code=fw.BIND_BACKOFF, message=f"binding failed {pod.bind_failures} time(s); retry after back-off",
+                    numbers={"failures": pod.bind_failures, "retry_at_ns": pod.backoff_until_ns})]
+            if gang_stage:
+                self._drop_job(leaf, job, [Reason(
+                    code=fw.GANG_UNSATISFIED, message=f"gang needs {len(pods)} pods placed at once; "
+                    f"{len(waiting)} are backing off after failed binds",
+                    numbers={"min_member": job.min_member, "backing_off": len(waiting)})])
             return
-        need = max(0, job.min_member - job.occupying)
-        if need > len(pods) + len(waiting):
-            self._fail_all(pods, [Reason(
-                code=fw.GANG_INCOMPLETE,
-                message=f"gang needs {job.min_member} pods but only "
-                        f"{job.occupying + len(pods) + len(waiting)} exist",
-                numbers={"min_member": job.min_member, "existing": job.occupying + len(pods) + len(waiting)})])
+        existing = job.occupying + len(job.pending)
+        if gang_stage and existing < job.min_member:
+            self._drop_job(leaf, job, [Reason(
+                code=fw.GANG_INCOMPLETE, message=f"gang needs {job.min_member} pods but only {existing} exist",
+                numbers={"min_member": job.min_member, "existing": existing})])
             return
-        if need > len(pods):
-            self._fail_all(pods, [Reason(
-                code=fw.GANG_UNSATISFIED,
-                message=f"gang needs {need} more pods placed at once; {len(waiting)} are backing off",
-                numbers={"min_member": job.min_member, "needed": need})])
+        limit_reasons = self._limits(leaf, job, request)
+        if limit_reasons:
+            self._drop_job(leaf, job, limit_reasons)
             return
         cp = self.plan.checkpoint()
-        gang: list[Entry] = []
-        for i, pod in enumerate(pods[:need]):
+        entries: list[Entry] = []
+        for i, pod in enumerate(pods):
             entry, answer = self.plan.place(pod.key, pod.spec, self.mask(pod))
             if entry is None:
                 self.plan.rollback(cp)
                 node_reason = fw.no_node_fits(answer.rejections, len(self.plan.nodes), _what(pod))
-                gang_reason = Reason(
-                    code=fw.GANG_UNSATISFIED,
-                    message=f"gang needs {need} pods placed at once; only {i} fit",
-                    numbers={"min_member": job.min_member, "needed": need, "fit": i})
-                reasons = [node_reason] if need == 1 else [gang_reason, node_reason]
-                self._fail_all(pods, reasons)
+                if gang_stage and len(pods) > 1:
+                    reasons = [Reason(code=fw.GANG_UNSATISFIED,
+                                      message=f"gang needs {len(pods)} pods placed at once; only {i} fit",
+                                      numbers={"min_member": job.min_member, "needed": len(pods), "fit": i}),
+                               node_reason]
+                else:
+                    reasons = [node_reason]
+                self._drop_job(leaf, job, reasons)
                 return
-            gang.append(entry)
-        if any(e.pipelined for e in gang):
-            for e in gang:
+            entries.append(entry)
+        if gang_stage and any(e.pipelined for e in entries):
+            for e in entries:
                 e.pipelined = True
-        self.result.placed.extend(gang)
-        for pod in pods[need:]:  # elastic extras, one at a time
-            entry, answer = self.plan.place(pod.key, pod.spec, self.mask(pod))
-            if entry is None:
-                self.result.unschedulable[pod.key] = [
-                    fw.no_node_fits(answer.rejections, len(self.plan.nodes), _what(pod))]
-                continue
-            self.result.placed.append(entry)
+        self._commit(leaf, job, entries)
+        self._requeue(leaf, job)
+
+
+def _is_descendant(candidate: QueueNode, node: QueueNode, state: ClusterState) -> bool:
+    """Whether `candidate` (a prospective parent) lies below `node` (a cycle in parentQueue)."""
+    seen = set()
+    name = candidate.name
+    while name and name not in seen:
+        if name == node.name:
+            return True
+        seen.add(name)
+        q = state.queues.get(name)
+        name = q.spec.parent if q is not None else ""
+    return False

@@ -17,8 +17,11 @@ from typing import Literal
 
 from .model import (
     MAX_MEMORY_MIB,
+    MAX_NODE_DEVICES,
     MAX_QUANTITY,
+    MAX_SHAPES,
     MAX_TASK_DEVICES,
+    MAX_TOTAL_WEIGHT,
     MILLI_PER_GPU,
     REASON_COUNT,
     ArrayPackTable,
@@ -39,7 +42,10 @@ from .model import (
     TaskKind,
     TaskShape,
     UnsupportedStrategy,
+    WorkloadShape,
     need_milli,
+    workload_from_tasks,
+    workload_problem,
 )
 from .native import NativePacker
 from .reference import ReferencePacker
@@ -47,8 +53,11 @@ from .reference import ReferencePacker
 __all__ = [
     "ENV_VAR",
     "MAX_MEMORY_MIB",
+    "MAX_NODE_DEVICES",
     "MAX_QUANTITY",
+    "MAX_SHAPES",
     "MAX_TASK_DEVICES",
+    "MAX_TOTAL_WEIGHT",
     "MILLI_PER_GPU",
     "REASON_COUNT",
     "ArrayPackTable",
@@ -71,8 +80,11 @@ __all__ = [
     "TaskKind",
     "TaskShape",
     "UnsupportedStrategy",
+    "WorkloadShape",
     "load_packer",
     "need_milli",
+    "workload_from_tasks",
+    "workload_problem",
 ]
 
 ENV_VAR = "KAI_ES_PACKER"

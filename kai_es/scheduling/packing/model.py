@@ -33,7 +33,7 @@ __all__ = [
     "SHAPE_FIELDS",
     "MAX_SHAPES",
     "MAX_TOTAL_WEIGHT",
-    "MAX_FRAG_DEVICES",
+    "MAX_NODE_DEVICES",
     "Reason",
     "ReturnCode",
     "GpuStrategy",
@@ -44,6 +44,7 @@ __all__ = [
     "Strategy",
     "WorkloadShape",
     "workload_problem",
+    "workload_from_tasks",
     "Placement",
     "PackingError",
     "InvalidArgument",
@@ -79,8 +80,8 @@ MAX_SHAPES = 64
 """Most shapes a workload table (:attr:`Strategy.workload`) may hold."""
 MAX_TOTAL_WEIGHT = 1 << 20
 """Upper bound of the sum of the workload weights (keeps every score inside int64)."""
-MAX_FRAG_DEVICES = 1 << 30
-"""Most devices a table may hold when placing with ``GpuStrategy.FRAGMENTATION``."""
+MAX_NODE_DEVICES = 1 << 16
+"""Most devices one node may own when placing with ``GpuStrategy.FRAGMENTATION``."""
 
 
 class Reason(IntEnum):
@@ -347,6 +348,35 @@ def workload_problem(workload: object) -> str | None:
     if total > MAX_TOTAL_WEIGHT:
         return f"strategy.workload weights sum to {total}, more than {MAX_TOTAL_WEIGHT}"
     return None
+
+
+def workload_from_tasks(
+    tasks: Iterable[TaskShape], *, max_shapes: int = MAX_SHAPES, coverage_pct: int = 100
+) -> tuple[WorkloadShape, ...]:
+    """A valid workload table from observed task shapes (e.g. a cycle's pending pods).
+
+    CPU-only and invalid shapes are skipped (they strand no GPU); equal shapes are
+    counted; the most frequent come first (ties by ``as_tuple()``), at most
+    ``max_shapes`` (<= MAX_SHAPES) of them, stopping once they cover ``coverage_pct`` %
+    of the GPU tasks; the counts are divided by the smallest integer that brings their
+    sum within MAX_TOTAL_WEIGHT.  Deterministic for a given multiset of shapes.
+    """
+    counts: dict[TaskShape, int] = {}
+    for task in tasks:
+        if task_problem(task) is None and (task.whole_gpus > 0 or task.fraction_devices > 0):
+            counts[task] = counts.get(task, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].as_tuple()))
+    need = sum(counts.values()) * coverage_pct
+    chosen: list[tuple[TaskShape, int]] = []
+    covered = 0
+    for task, count in ranked[: min(max_shapes, MAX_SHAPES)]:
+        if covered * 100 >= need:
+            break
+        chosen.append((task, count))
+        covered += count
+    total = sum(count for _, count in chosen)
+    scale = max(1, -(-total // MAX_TOTAL_WEIGHT))
+    return tuple(WorkloadShape(task, count // scale) for task, count in chosen)
 
 
 def strategy_problem(strategy: Strategy) -> str | None:

@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from .model import (
-    MAX_FRAG_DEVICES,
+    MAX_NODE_DEVICES,
     MAX_MEMORY_MIB,
     MAX_QUANTITY,
     MAX_SHAPES,
@@ -104,10 +104,10 @@ class NativePacker:
         )
         constants = (lib.KAI_PACK_REASON_COUNT, lib.KAI_PACK_MAX_TASK_DEVICES, lib.KAI_PACK_MAX_MEMORY_MIB,
                      lib.KAI_PACK_MAX_QUANTITY, lib.KAI_PACK_SHAPE_FIELDS, lib.KAI_PACK_MAX_SHAPES,
-                     lib.KAI_PACK_MAX_TOTAL_WEIGHT, lib.KAI_PACK_MAX_FRAG_DEVICES)
+                     lib.KAI_PACK_MAX_TOTAL_WEIGHT, lib.KAI_PACK_MAX_NODE_DEVICES)
         ensure(
             constants == (REASON_COUNT, MAX_TASK_DEVICES, MAX_MEMORY_MIB, MAX_QUANTITY, SHAPE_FIELDS, MAX_SHAPES,
-                          MAX_TOTAL_WEIGHT, MAX_FRAG_DEVICES),
+                          MAX_TOTAL_WEIGHT, MAX_NODE_DEVICES),
             f"{NATIVE_MODULE} constants {constants} disagree with kai_es.scheduling.packing.model",
             raising=NativePackerUnavailable,
         )
@@ -196,7 +196,7 @@ class NativePacker:
             if result.code == ReturnCode.EINVAL:
                 detail = table_problem(table, eligible) or ""
                 if not detail and strategy.gpu_strategy == GpuStrategy.FRAGMENTATION:
-                    detail = f"more than {MAX_FRAG_DEVICES} devices for the fragmentation strategy"
+                    detail = f"a node owns more than {MAX_NODE_DEVICES} devices (fragmentation strategy)"
             raise_for_code(result.code, detail)
         return result
 

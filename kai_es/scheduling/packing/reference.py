@@ -11,8 +11,9 @@ Rules, in full
 --------------
 
 Validation (return code -1 / ``InvalidArgument``): :func:`~.model.task_problem`,
-:func:`~.model.strategy_problem`, :func:`~.model.table_problem`.  Then
-``gpu_strategy == FRAGMENTATION`` gives -2 / ``UnsupportedStrategy``.
+:func:`~.model.strategy_problem` (including the workload table,
+:func:`~.model.workload_problem`), :func:`~.model.table_problem`, and -- for
+FRAGMENTATION only -- no node may own more than ``MAX_NODE_DEVICES`` devices.
 
 Filter, first failing reason counts (see :func:`filter_node`):
 NOT_ELIGIBLE, PODS, CPU, MEMORY, GPU, GPU_SHARE, GPU_MEMORY.
@@ -33,6 +34,49 @@ SHARED -- among devices that can take the task, GPUPACK orders by ``(not shared,
 free_milli, index)``, GPUSPREAD by ``(-free_milli, index)``, and the first
 ``fraction_devices`` are taken.
 
+FRAGMENTATION (gpu strategy 2)
+------------------------------
+
+The strategy carries a *workload table* (:attr:`~.model.Strategy.workload`): task shapes
+``m`` with integer weights ``w_m`` describing what is expected to arrive.  The
+*fragmentation* of a node state is the weighted amount of its free milli-GPU that the
+workload could NOT use (:func:`fragmentation`)::
+
+    F(node) = sum over GPU shapes m of  w_m * stranded_m(node)
+
+For one shape ``m`` (``want`` = ``whole_gpus`` or ``fraction_devices``; a device
+*serves* ``m`` when it is idle (WHOLE) or can take one share of it; ``slots_j`` = how
+many shares of ``m`` device ``j`` holds: 1 if it serves a WHOLE shape, ``free // need``
+for a SHARED one, else 0):
+
+* fewer than ``want`` devices serve ``m``: ``stranded_m`` = all free milli of the node;
+* otherwise ``inst = sum(slots_j) // want`` instances fit the devices, ``n = min(inst,
+  free_pods, free_cpu // cpu_m, free_mem // mem_m)`` fit the node (a zero cpu or memory
+  request does not limit) and ``stranded_m = P + (G - P) * (inst - n) // inst``, where
+  ``G`` is the node's free milli and ``P`` the free milli on the devices that do not
+  serve ``m``.
+
+So ``P`` is the FGD view (partial devices too small for ``m``), and the second term adds
+the GPU capacity that the node's CPU, memory or pod slots leave unusable when it is
+filled with ``m`` -- FGD only asks whether ONE instance fits, which misses GPUs stranded
+by CPU; this multi-instance view is what beats it on the openb trace.  CPU-only shapes
+contribute nothing.
+
+A node that passes the filter gets ``delta = F(after) - F(before)``, "after" = the node
+with the task's CPU, memory and pod slot and its devices' milli taken.  Devices: WHOLE
+-- the lowest-index idle ones (as above); SHARED -- the takers in ascending
+``(key_j, device_order_key)``, ``key_j`` = ``F`` of the node with the task's CPU, memory,
+pod slot and only device ``j``'s share taken; the first ``fraction_devices``.  Score:
+
+* CPU-only task: ``(node has no device, -delta, cpu_key)``;
+* WHOLE and SHARED tasks: ``(-delta, -gpu_left, cpu_key)`` -- smallest fragmentation
+  increase, then the least GPU left (binpack), then the cpu strategy.
+
+With an empty workload ``delta`` is 0 and this is GPU binpack without the shared-reuse
+preference.  All arithmetic is on non-negative ints (floor division); the bounds
+(``MAX_SHAPES``, ``MAX_TOTAL_WEIGHT``, ``MAX_NODE_DEVICES``) keep every value inside
+int64 in the C twin.
+
 The helper functions (:func:`filter_node`, :func:`score_node`, :func:`choose_devices`)
 assume inputs that :meth:`ReferencePacker.place_raw` has already validated.
 """
@@ -42,6 +86,7 @@ from __future__ import annotations
 from array import array
 
 from .model import (
+    MAX_NODE_DEVICES,
     MILLI_PER_GPU,
     REASON_COUNT,
     CpuStrategy,
@@ -62,7 +107,15 @@ from .model import (
     task_problem,
 )
 
-__all__ = ["ReferencePacker", "filter_node", "score_node", "choose_devices", "device_order_key"]
+__all__ = [
+    "ReferencePacker",
+    "filter_node",
+    "score_node",
+    "choose_devices",
+    "device_order_key",
+    "fragmentation",
+    "fragmentation_placement",
+]
 
 
 def _devices(table: PackTable, node: int) -> range:
@@ -152,7 +205,11 @@ def choose_devices(table: PackTable, node: int, task: TaskShape, strategy: Strat
     * WHOLE: the ``whole_gpus`` lowest-index devices with ``free_milli == 1000``.
     * SHARED: the devices that can take the task, sorted by :func:`device_order_key`;
       the first ``fraction_devices`` of them.
+
+    Under ``GpuStrategy.FRAGMENTATION`` the choice is :func:`fragmentation_placement`'s.
     """
+    if strategy.gpu_strategy == GpuStrategy.FRAGMENTATION:
+        return fragmentation_placement(table, node, task, strategy)[0]
     devices = _devices(table, node)
     kind = _kind(task)
     if kind is TaskKind.WHOLE:
@@ -177,6 +234,97 @@ def _taken_milli(table: PackTable, task: TaskShape, chosen: tuple[int, ...]) -> 
     return total
 
 
+# --------------------------------------------------------------------------- fragmentation
+
+
+def _shape_need(shape: TaskShape, table: PackTable, j: int) -> int | None:
+    """Milli one device's worth of a GPU ``shape`` takes from device ``j`` (1000 for
+    WHOLE), or None if ``j`` is not size-capable."""
+    if shape.whole_gpus > 0:
+        return MILLI_PER_GPU
+    return need_milli(shape, table.dev_total_memory_mib[j])
+
+
+def _slots(shape: TaskShape, table: PackTable, j: int, free: int) -> int:
+    """Shares of ``shape`` device ``j`` holds with ``free`` milli free (WHOLE: 0 or 1)."""
+    need = _shape_need(shape, table, j)
+    if need is None or free < need:
+        return 0
+    return 1 if shape.whole_gpus > 0 else free // need
+
+
+def fragmentation(
+    table: PackTable, node: int, strategy: Strategy, cpu: int, mem: int, pods: int, free: dict[int, int]
+) -> int:
+    """``F`` of ``node`` in the state given by ``cpu``, ``mem``, ``pods`` (free
+    quantities) and ``free`` (device -> free milli); see the module docstring."""
+    devices = _devices(table, node)
+    gpu_free = sum(free[j] for j in devices)
+    total = 0
+    for shape in strategy.workload:
+        m = shape.task
+        if shape.weight == 0 or _kind(m) is TaskKind.CPU:
+            continue
+        want = m.whole_gpus if m.whole_gpus > 0 else m.fraction_devices
+        slots = [_slots(m, table, j, free[j]) for j in devices]
+        if sum(1 for c in slots if c > 0) < want:
+            stranded = gpu_free
+        else:
+            partial = sum(free[j] for j, c in zip(devices, slots) if c == 0)
+            inst = sum(slots) // want
+            n = min(inst, pods)
+            if m.milli_cpu > 0:
+                n = min(n, cpu // m.milli_cpu)
+            if m.memory_bytes > 0:
+                n = min(n, mem // m.memory_bytes)
+            stranded = partial + (gpu_free - partial) * (inst - n) // inst
+        total += shape.weight * stranded
+    return total
+
+
+def _device_take(table: PackTable, task: TaskShape, j: int) -> int:
+    """Milli the task takes from device ``j`` (1000 for WHOLE, ``need_milli`` for SHARED)."""
+    if _kind(task) is TaskKind.WHOLE:
+        return MILLI_PER_GPU
+    need = need_milli(task, table.dev_total_memory_mib[j])
+    assert need is not None
+    return need
+
+
+def fragmentation_placement(
+    table: PackTable, node: int, task: TaskShape, strategy: Strategy
+) -> tuple[tuple[int, ...], int, int]:
+    """FRAGMENTATION on ``node`` (which passed :func:`filter_node`):
+    ``(devices, delta, taken)`` -- the chosen devices, ``F(after) - F(before)`` and the
+    milli the devices give up."""
+    devices = _devices(table, node)
+    free = {j: table.dev_free_milli[j] for j in devices}
+    cpu, mem, pods = table.free_milli_cpu[node], table.free_memory_bytes[node], table.free_pods[node]
+    before = fragmentation(table, node, strategy, cpu, mem, pods, free)
+    cpu, mem, pods = cpu - task.milli_cpu, mem - task.memory_bytes, pods - 1
+    kind = _kind(task)
+    chosen: tuple[int, ...] = ()
+    if kind is TaskKind.WHOLE:
+        chosen = tuple([j for j in devices if free[j] == MILLI_PER_GPU][: task.whole_gpus])
+    elif kind is TaskKind.SHARED:
+
+        def key(j: int) -> tuple[int, tuple[int, ...]]:
+            alone = {**free, j: free[j] - _device_take(table, task, j)}
+            return (fragmentation(table, node, strategy, cpu, mem, pods, alone),
+                    device_order_key(table, j, strategy.device_strategy))
+
+        takers = sorted((j for j in devices if _can_take(table, task, j)), key=key)
+        chosen = tuple(takers[: task.fraction_devices])
+    after = dict(free)
+    taken = 0
+    for j in chosen:
+        take = _device_take(table, task, j)
+        after[j] -= take
+        taken += take
+    delta = fragmentation(table, node, strategy, cpu, mem, pods, after) - before
+    return chosen, delta, taken
+
+
 def score_node(table: PackTable, node: int, task: TaskShape, strategy: Strategy) -> tuple[int, ...]:
     """Score of ``node`` (which passed :func:`filter_node`); higher is better.
 
@@ -189,11 +337,21 @@ def score_node(table: PackTable, node: int, task: TaskShape, strategy: Strategy)
     CPU-only task: ``(1 if the node owns no device else 0, cpu_key)``.
     SHARED task: ``(number of chosen devices with shared == 1, gpu_key, cpu_key)``.
     WHOLE task: ``(gpu_key, cpu_key)``.
+
+    FRAGMENTATION (``delta`` from :func:`fragmentation_placement`): CPU-only task
+    ``(1 if the node owns no device else 0, -delta, cpu_key)``; WHOLE and SHARED tasks
+    ``(-delta, -gpu_left, cpu_key)``.
     """
     cpu_left = table.free_milli_cpu[node] - task.milli_cpu
     cpu_key = cpu_left if strategy.cpu_strategy == CpuStrategy.SPREAD else -cpu_left
     devices = _devices(table, node)
     kind = _kind(task)
+    if strategy.gpu_strategy == GpuStrategy.FRAGMENTATION:
+        _, delta, taken = fragmentation_placement(table, node, task, strategy)
+        if kind is TaskKind.CPU:
+            return (1 if len(devices) == 0 else 0, -delta, cpu_key)
+        gpu_left = sum(table.dev_free_milli[j] for j in devices) - taken
+        return (-delta, -gpu_left, cpu_key)
     if kind is TaskKind.CPU:
         return (1 if len(devices) == 0 else 0, cpu_key)
     chosen = choose_devices(table, node, task, strategy)
@@ -217,15 +375,18 @@ class ReferencePacker:
     ) -> Placement:
         """Place ``task``; returns a :class:`Placement` with code OK or NO_FIT.
 
-        Raises :class:`InvalidArgument` (bad task, strategy or table) or
-        :class:`UnsupportedStrategy` (``GpuStrategy.FRAGMENTATION``).
+        Raises :class:`InvalidArgument` (bad task, strategy, workload or table).
         """
         problem = task_problem(task) or strategy_problem(strategy)
         ensure(problem is None, problem)
         result = self.place_raw(table, task, strategy, eligible)
         if result.code < 0:
-            detail = table_problem(table, eligible) if result.code == ReturnCode.EINVAL else ""
-            raise_for_code(result.code, detail or "")
+            detail = ""
+            if result.code == ReturnCode.EINVAL:
+                detail = table_problem(table, eligible) or ""
+                if not detail and strategy.gpu_strategy == GpuStrategy.FRAGMENTATION:
+                    detail = f"a node owns more than {MAX_NODE_DEVICES} devices (fragmentation strategy)"
+            raise_for_code(result.code, detail)
         return result
 
     def place_raw(
@@ -237,7 +398,9 @@ class ReferencePacker:
         if task_problem(task) or strategy_problem(strategy) or table_problem(table, elig):
             return Placement.failure(ReturnCode.EINVAL)
         if strategy.gpu_strategy == GpuStrategy.FRAGMENTATION:
-            return Placement.failure(ReturnCode.EUNSUPPORTED)
+            gs = table.gpu_start
+            if any(gs[i + 1] - gs[i] > MAX_NODE_DEVICES for i in range(len(gs) - 1)):
+                return Placement.failure(ReturnCode.EINVAL)
 
         rejections = [0] * REASON_COUNT
         best_node = -1

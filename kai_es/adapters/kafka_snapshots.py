@@ -1,0 +1,128 @@
+"""Scheduler state snapshots in a compacted Kafka side topic ``<events topic>.snapshots``.
+
+Contract:
+- One partition, ``cleanup.policy=compact``, record key = the writer role (``scheduler``), value
+  = `kai_es.services.snapshotting.encode_stored` (a JSON header line + zlib'd canonical
+  snapshot bytes). Compaction keeps the newest snapshot per key; older ones may linger until
+  the cleaner runs, so `load_latest` reads the whole partition and keeps the last one.
+- `max.message.bytes` of the topic is raised (64 MiB) so a large state fits in one record.
+- Writes use an idempotent (non-transactional) producer: a snapshot is checked against the
+  event log before use, so even a fenced scheduler's late snapshot cannot corrupt a start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Final
+
+import anyio
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+from aiokafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
+
+from kai_es.services.snapshotting import StoredSnapshot, decode_stored, encode_stored
+
+log = logging.getLogger(__name__)
+
+MAX_BYTES: Final = 64 * 1024 * 1024
+TOPIC_CONFIG: Final = {"cleanup.policy": "compact", "max.message.bytes": str(MAX_BYTES),
+                       "min.cleanable.dirty.ratio": "0.1", "segment.bytes": str(128 * 1024 * 1024)}
+_UNKNOWN_TOPIC: Final = 3
+
+
+class KafkaSnapshotStore:
+    def __init__(self, bootstrap: str, events_topic: str, *, key: str = "scheduler",
+                 request_timeout_ms: int = 30_000) -> None:
+        self.bootstrap = bootstrap
+        self.topic = f"{events_topic}.snapshots"
+        self.key = key.encode()
+        self.request_timeout_ms = request_timeout_ms
+        self._tp = TopicPartition(self.topic, 0)
+        self._producer: Any = None
+        self._ready = False
+
+    @classmethod
+    def for_log(cls, events: Any, *, key: str = "scheduler") -> KafkaSnapshotStore:
+        """The store beside a `KafkaEventLog`."""
+        return cls(events.bootstrap, events.topic, key=key)
+
+    async def _ensure_topic(self) -> None:
+        if self._ready:
+            return
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="kai-es-snapshots",
+                                    request_timeout_ms=self.request_timeout_ms)
+        await admin.start()
+        try:
+            deadline = time.monotonic() + self.request_timeout_ms / 1000
+            created = False
+            while True:
+                (desc,) = await admin.describe_topics([self.topic])
+                if desc["error_code"] == 0 and desc["partitions"] and all(
+                        part["leader"] >= 0 for part in desc["partitions"]):
+                    break
+                if desc["error_code"] == _UNKNOWN_TOPIC and not created:
+                    resp = await admin.create_topics([NewTopic(self.topic, 1, 1,
+                                                               topic_configs=TOPIC_CONFIG)])
+                    (err,) = resp.to_object()["topic_errors"]
+                    if err["error_code"] not in (0, TopicAlreadyExistsError.errno):
+                        raise RuntimeError(f"cannot create snapshot topic {self.topic}: "
+                                           f"{err['error_message']}")
+                    created = True
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"snapshot topic {self.topic} not ready")
+                await anyio.sleep(0.05)
+        finally:
+            await admin.close()
+        self._ready = True
+
+    async def save(self, snap: StoredSnapshot) -> None:
+        await self._ensure_topic()
+        if self._producer is None:
+            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap,
+                                        client_id="kai-es-snapshots", enable_idempotence=True,
+                                        acks="all", max_request_size=MAX_BYTES,
+                                        request_timeout_ms=self.request_timeout_ms)
+            await producer.start()
+            self._producer = producer
+        blob = encode_stored(snap)
+        await self._producer.send_and_wait(self.topic, value=blob, key=self.key, partition=0)
+        log.info("snapshot of position %d (cycle %d, %d bytes stored) written to %s",
+                 snap.position, snap.cycle, len(blob), self.topic)
+
+    async def load_latest(self) -> StoredSnapshot | None:
+        await self._ensure_topic()
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id="kai-es-snapshots",
+                                    group_id=None, enable_auto_commit=False,
+                                    isolation_level="read_committed",
+                                    request_timeout_ms=self.request_timeout_ms,
+                                    fetch_max_wait_ms=10, max_partition_fetch_bytes=MAX_BYTES,
+                                    fetch_max_bytes=MAX_BYTES)
+        await consumer.start()
+        try:
+            consumer.assign([self._tp])
+            end = (await consumer.end_offsets([self._tp]))[self._tp]
+            begin = (await consumer.beginning_offsets([self._tp]))[self._tp]
+            if end <= begin:
+                return None
+            consumer.seek(self._tp, begin)
+            last: bytes | None = None
+            while await consumer.position(self._tp) < end:
+                batches = await consumer.getmany(self._tp, timeout_ms=500)
+                for msg in batches.get(self._tp, ()):
+                    if msg.offset >= end:
+                        break
+                    if msg.key == self.key and msg.value is not None:
+                        last = msg.value
+        finally:
+            await consumer.stop()
+        return decode_stored(last) if last is not None else None
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await producer.stop()
+                except Exception:
+                    log.debug("stopping the snapshot producer failed", exc_info=True)

@@ -1,0 +1,240 @@
+"""Fair-share division of cluster capacity among a queue hierarchy, per resource, in integers.
+
+The rules (KAI's, stated exactly so they can be checked by hand):
+- A queue's *request* is allocated + pending, capped by its limit (-1: no limit). A parent's
+  request is the sum of its children's requests, capped by its own limit.
+- Level by level, a parent's fair share (the cluster's capacity at the root) is divided among its
+  children:
+  1. Each child first gets min(quota, request) (quota -1: its whole request). If the parent
+     cannot cover all of these, they are served by descending queue priority, and within a
+     priority proportionally to what they asked for in this step.
+  2. What remains goes to priority buckets in descending order; within a bucket, in rounds by
+     over-quota weight: each unsatisfied child with weight > 0 gets remaining * weight // total
+     weight. A child offered more than it still needs gets exactly what it needs, and another
+     round divides the rest. Weight 0 gets nothing over quota.
+  3. Units left by integer division go one at a time to the children with the largest division
+     remainder, then the oldest queue, then by name.
+- A child never gets more than its request; what nobody requests stays undivided.
+
+Contract: pure; integers only (milli-GPU, milli-CPU, bytes); deterministic order everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+RESOURCES: tuple[str, ...] = ("gpu", "cpu", "memory")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInput:
+    """One queue's inputs for one resource."""
+
+    name: str
+    parent: str
+    priority: int
+    created_ns: int
+    quota: int
+    over_quota_weight: int
+    limit: int
+    allocated: int = 0
+    pending: int = 0
+
+
+@dataclass(slots=True)
+class QueueShare:
+    """One queue's outcome for one resource."""
+
+    name: str
+    quota: int
+    limit: int
+    request: int
+    allocated: int
+    fair_share: int = 0
+    children: list[str] = field(default_factory=list)
+
+
+def _cap(value: int, limit: int) -> int:
+    return value if limit < 0 else min(value, limit)
+
+
+def _sort_key(q: QueueInput) -> tuple[int, int, str]:
+    return (-q.priority, q.created_ns, q.name)
+
+
+def divide(capacity: int, queues: Sequence[QueueInput]) -> dict[str, QueueShare]:
+    """Fair share of every queue (see module docstring). Unknown parents count as the root."""
+    by_name = {q.name: q for q in queues}
+    children: dict[str, list[QueueInput]] = {}
+    for q in sorted(queues, key=_sort_key):
+        parent = q.parent if q.parent in by_name else ""
+        children.setdefault(parent, []).append(q)
+    out: dict[str, QueueShare] = {}
+
+    def request_of(q: QueueInput) -> int:
+        kids = children.get(q.name)
+        if kids:
+            own = sum(request_of(k) for k in kids)
+            alloc = sum(out[k.name].allocated for k in kids)
+        else:
+            own = q.allocated + q.pending
+            alloc = q.allocated
+        out[q.name] = QueueShare(name=q.name, quota=q.quota, limit=q.limit, request=_cap(own, q.limit),
+                                 allocated=alloc, children=[k.name for k in kids or []])
+        return out[q.name].request
+
+    for top in children.get("", []):
+        request_of(top)
+
+    def assign(parent_share: int, kids: list[QueueInput]) -> None:
+        shares = split(parent_share, [(k, out[k.name].request) for k in kids])
+        for k in kids:
+            out[k.name].fair_share = shares[k.name]
+            if children.get(k.name):
+                assign(shares[k.name], children[k.name])
+
+    assign(capacity, children.get("", []))
+    return out
+
+
+def split(amount: int, claims: Sequence[tuple[QueueInput, int]]) -> dict[str, int]:
+    """Divide `amount` among siblings, each (queue, request), by steps 1-3 of the rules."""
+    given = {q.name: 0 for q, _ in claims}
+    need = {q.name: r for q, r in claims}
+    # step 1: quota
+    in_quota = {q.name: (r if q.quota < 0 else min(q.quota, r)) for q, r in claims}
+    remaining = amount
+    for bucket in _buckets(q for q, _ in claims):
+        asked = sum(in_quota[q.name] for q in bucket)
+        if asked <= remaining:
+            for q in bucket:
+                given[q.name] = in_quota[q.name]
+            remaining -= asked
+        else:
+            open_ = [q for q in bucket if in_quota[q.name] > 0]
+            while open_ and remaining > 0:
+                wanted = {q.name: in_quota[q.name] - given[q.name] for q in open_}
+                portions = _proportional(remaining, [(q, in_quota[q.name]) for q in open_], wanted)
+                for q in open_:
+                    given[q.name] += portions[q.name]
+                    remaining -= portions[q.name]
+                still_open = [q for q in open_ if given[q.name] < in_quota[q.name]]
+                if len(still_open) == len(open_) or not still_open:
+                    break
+                open_ = still_open
+    # step 2 and 3: over quota, by priority bucket, in weighted rounds
+    for bucket in _buckets(q for q, _ in claims):
+        if remaining <= 0:
+            break
+        open_ = [q for q in bucket if q.over_quota_weight > 0 and given[q.name] < need[q.name]]
+        while open_ and remaining > 0:
+            wanted = {q.name: need[q.name] - given[q.name] for q in open_}
+            portions = _proportional(remaining, [(q, q.over_quota_weight) for q in open_], wanted)
+            for q in open_:
+                given[q.name] += portions[q.name]
+                remaining -= portions[q.name]
+            still_open = [q for q in open_ if given[q.name] < need[q.name]]
+            if len(still_open) == len(open_) or not still_open:
+                break  # nobody was capped: the division is final
+            open_ = still_open
+    return given
+
+
+def _buckets(queues: Iterable[QueueInput]) -> list[list[QueueInput]]:
+    ordered = sorted(queues, key=_sort_key)
+    out: list[list[QueueInput]] = []
+    for q in ordered:
+        if out and out[-1][0].priority == q.priority:
+            out[-1].append(q)
+        else:
+            out.append([q])
+    return out
+
+
+def _proportional(amount: int, weighted: Sequence[tuple[QueueInput, int]],
+                  caps: Mapping[str, int]) -> dict[str, int]:
+    """`amount` split by weight, each capped; remainders one unit at a time by largest
+    remainder, then oldest, then name. Caps that bind leave their excess undistributed (the
+    caller runs another round)."""
+    total = sum(w for _, w in weighted)
+    out = {q.name: 0 for q, _ in weighted}
+    if total <= 0 or amount <= 0:
+        return out
+    rema: list[tuple[int, int, str]] = []
+    handed = 0
+    capped = False
+    for q, w in weighted:
+        share, rem = divmod(amount * w, total)
+        if share >= caps[q.name]:
+            out[q.name] = caps[q.name]
+            capped = True
+        else:
+            out[q.name] = share
+            rema.append((-rem, q.created_ns, q.name))
+        handed += out[q.name]
+    if capped:
+        return out  # another round will redistribute the excess exactly
+    leftover = amount - handed
+    for _, _, name in sorted(rema):
+        if leftover <= 0:
+            break
+        if out[name] < caps[name]:
+            out[name] += 1
+            leftover -= 1
+    return out
+
+
+def pending_request(state: "ClusterState", gpu_memory_mib_hint: int) -> dict[str, tuple[int, int, int]]:
+    """Per leaf queue: the total (milli-GPU, milli-CPU, bytes) its pending pods ask for."""
+    from kai_es.state.reducer import job_key_of_index
+
+    out: dict[str, tuple[int, int, int]] = {}
+    for name in sorted(state.pending_jobs):
+        gpu = cpu = mem = 0
+        for index_key in state.pending_jobs[name]:
+            job = state.jobs[job_key_of_index(index_key)]
+            for entry in job.pending:
+                spec = state.pods[entry[3]].spec
+                g = spec.gpu
+                if g.whole:
+                    gpu += 1000 * g.whole
+                elif g.fraction_milli:
+                    gpu += g.fraction_milli * max(1, g.fraction_devices)
+                elif g.gpu_memory_mib:
+                    per = 1000 if gpu_memory_mib_hint <= 0 else min(
+                        1000, -(-g.gpu_memory_mib * 1000 // gpu_memory_mib_hint))
+                    gpu += per * max(1, g.fraction_devices)
+                cpu += spec.requests.milli_cpu
+                mem += spec.requests.memory_bytes
+        out[name] = (gpu, cpu, mem)
+    return out
+
+
+def shares_for_state(state: "ClusterState") -> dict[str, dict[str, QueueShare]]:
+    """resource -> queue -> its share, for the cluster and queues in `state` (capacity = every
+    node's allocatable; allocated = Binding, Running and Releasing pods; pending = Pending pods)."""
+    nodes = [state.nodes[n] for n in state.node_names]
+    hint = max((n.spec.gpu_memory_mib for n in nodes), default=0)
+    capacity = (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
+                sum(n.spec.memory_bytes for n in nodes))
+    pending = pending_request(state, hint)
+    out: dict[str, dict[str, QueueShare]] = {}
+    for r, resource in enumerate(RESOURCES):
+        inputs = []
+        for name in sorted(state.queues):
+            q = state.queues[name]
+            spec = q.spec
+            res = getattr(spec, resource)
+            inputs.append(QueueInput(
+                name=name, parent=spec.parent, priority=spec.priority, created_ns=spec.created_ns,
+                quota=res.quota, over_quota_weight=res.over_quota_weight, limit=res.limit,
+                allocated=(q.allocated_milli_gpu, q.allocated_milli_cpu, q.allocated_memory_bytes)[r],
+                pending=pending.get(name, (0, 0, 0))[r]))
+        out[resource] = divide(capacity[r], inputs)
+    return out
+
+
+if TYPE_CHECKING:
+    from kai_es.state.model import ClusterState

@@ -1,0 +1,147 @@
+"""State snapshots for a fast scheduler start: the store protocol, the stored form, and the
+validation that decides whether a stored snapshot may replace folding from the beginning.
+
+Contract:
+- A snapshot is taken at a cycle cut: `position` is the CycleStarted position, `data` the
+  canonical snapshot bytes (`kai_es.state.snapshot.snapshot_bytes`) of the state folded exactly
+  up to it, `digest` = ``sha256:`` of `data`, `completed_position` the position of that cycle's
+  CycleCompleted, whose `statedigest` the full fold computed when the cycle ran.
+- Snapshots are an optimisation, never the source of truth. `restore_validated` accepts one only
+  if (a) the state restored from it (every index recomputed) has the stored digest, and (b) the
+  log's CycleCompleted at `completed_position` is based on `position` and records that same
+  digest. Otherwise it logs a warning naming the position and returns None: fold from 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import zlib
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+
+from kai_es.events import payloads as p
+from kai_es.ports import EventLog
+from kai_es.state import ClusterState
+from kai_es.state.snapshot import digest as state_digest
+from kai_es.state.snapshot import load_snapshot, restore
+
+log = logging.getLogger(__name__)
+STORED_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSnapshot:
+    position: int
+    completed_position: int
+    cycle: int
+    logicaltime: int
+    digest: str
+    data: bytes  # canonical snapshot bytes (uncompressed)
+
+
+class SnapshotStore(Protocol):
+    async def save(self, snap: StoredSnapshot) -> None: ...
+
+    async def load_latest(self) -> StoredSnapshot | None: ...
+
+    async def close(self) -> None: ...
+
+
+class _Header(msgspec.Struct, frozen=True, kw_only=True):
+    format: int
+    position: int
+    completedposition: int
+    cycle: int
+    logicaltime: int
+    digest: str
+    compression: str
+    size: int
+
+
+class SnapshotFormatError(ValueError):
+    """Stored snapshot bytes that cannot be decoded."""
+
+
+def encode_stored(snap: StoredSnapshot) -> bytes:
+    """One header line (JSON) + zlib-compressed snapshot bytes."""
+    header = _Header(format=STORED_FORMAT, position=snap.position,
+                     completedposition=snap.completed_position, cycle=snap.cycle,
+                     logicaltime=snap.logicaltime, digest=snap.digest, compression="zlib",
+                     size=len(snap.data))
+    return msgspec.json.encode(header) + b"\n" + zlib.compress(snap.data, 1)
+
+
+def decode_stored(blob: bytes) -> StoredSnapshot:
+    head, sep, body = blob.partition(b"\n")
+    if not sep:
+        raise SnapshotFormatError("no header line")
+    try:
+        header = msgspec.json.decode(head, type=_Header)
+    except msgspec.DecodeError as exc:
+        raise SnapshotFormatError(f"bad header: {exc}") from None
+    if header.format != STORED_FORMAT or header.compression != "zlib":
+        raise SnapshotFormatError(f"unsupported format {header.format}/{header.compression}")
+    try:
+        data = zlib.decompress(body)
+    except zlib.error as exc:
+        raise SnapshotFormatError(f"body does not decompress: {exc}") from None
+    if len(data) != header.size:
+        raise SnapshotFormatError(f"body is {len(data)} bytes, header says {header.size}")
+    return StoredSnapshot(position=header.position, completed_position=header.completedposition,
+                          cycle=header.cycle, logicaltime=header.logicaltime,
+                          digest=header.digest, data=data)
+
+
+def sha256_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+async def restore_validated(store: SnapshotStore, events: EventLog) -> ClusterState | None:
+    """The newest stored snapshot restored, if it passes checks (a) and (b); else None."""
+    try:
+        snap = await store.load_latest()
+    except SnapshotFormatError as exc:
+        log.warning("snapshot rejected: %s; folding the log from the beginning", exc)
+        return None
+    if snap is None:
+        return None
+    where = f"snapshot at position {snap.position} (cycle {snap.cycle})"
+    try:
+        state = restore(load_snapshot(snap.data))
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, KeyError) as exc:
+        log.warning("%s rejected: it does not restore (%s); folding the log from the beginning",
+                    where, exc)
+        return None
+    got = state_digest(state)
+    if got != snap.digest or state.position != snap.position:
+        log.warning("%s rejected: restored state digest %s != stored %s; folding the log from the "
+                    "beginning", where, got, snap.digest)
+        return None
+    recorded = None
+    async with aclosing(events.read(snap.completed_position)) as records:
+        async for record in records:
+            if record.position == snap.completed_position:
+                env = record.envelope
+                if isinstance(env.data, p.CycleCompleted) and env.basedon == snap.position:
+                    recorded = env.statedigest or ""
+            break
+    if recorded is None:
+        log.warning("%s rejected: no CycleCompleted based on it at position %d in the log; "
+                    "folding the log from the beginning", where, snap.completed_position)
+        return None
+    if recorded != snap.digest:
+        log.warning("%s rejected: its digest %s != the statedigest %r the log recorded at "
+                    "position %d; folding the log from the beginning", where, snap.digest,
+                    recorded, snap.completed_position)
+        return None
+    log.info("restored %s (digest verified against the log at position %d)", where,
+             snap.completed_position)
+    return state
+
+
+__all__ = ["SnapshotFormatError", "SnapshotStore", "StoredSnapshot", "decode_stored",
+           "encode_stored", "restore_validated", "sha256_of"]
