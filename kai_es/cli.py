@@ -31,7 +31,7 @@ from kai_es.scheduling.config import ConfigError
 from kai_es.scheduling.packing import NativePackerUnavailable, Packer, load_packer
 
 F = TypeVar("F", bound=Callable[..., Any])
-console = Console(soft_wrap=True)
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -208,6 +208,42 @@ def cycle(scenario_file: str, output: str, packer: str | None) -> None:
         if d["type"] == "kai.scheduler.pod.unschedulable":
             for reason in d["data"]["reasons"]:
                 console.print(f"[yellow]{d['subject']}[/] {reason['code']}: {reason['message']}")
+
+
+# --- fairshare ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", type=click.Choice(["json", "text"]), default="text")
+@friendly
+def fairshare(scenario_file: str, output: str) -> None:
+    """Fair share of every queue and resource on the scenario's initial state."""
+    from kai_es.oneshot import fairshare_report
+
+    report = fairshare_report(load_scenario(scenario_file))
+    if output == "json":
+        sys.stdout.write(json.dumps(report, sort_keys=True, indent=1) + "\n")
+        return
+    table = Table(title=f"fair share of {scenario_file}")
+    for col in ("queue", "resource", "quota", "limit", "request", "allocated", "fair share"):
+        table.add_column(col, justify="left" if col in ("queue", "resource") else "right")
+    for name, q in report["queues"].items():
+        label = name if not q["parent"] else f"{q['parent']}/{name}"
+        for resource, r in q["resources"].items():
+            table.add_row(label, resource, *(_unit(resource, r[k]) for k in
+                                             ("quota", "limit", "request", "allocated", "fairShare")))
+    console.print(table)
+
+
+def _unit(resource: str, value: int) -> str:
+    if value < 0:
+        return "unlimited"
+    if resource == "gpu":
+        return f"{value / 1000:g}"
+    if resource == "cpu":
+        return f"{value}m"
+    return f"{value / 2**30:.1f}Gi"
 
 
 # --- replay ------------------------------------------------------------------------------------

@@ -24,6 +24,39 @@ from kai_es.scheduling.packing import Packer
 from kai_es.state import fold
 
 
+def initial_state(scenario: Scenario) -> Any:
+    """The folded state of the scenario's initial objects (no cycle run)."""
+    async def build() -> list[Any]:
+        log = MemoryEventLog()
+        await log.append([config_event(scenario.config, event_id=derived_id(scenario.name, -1),
+                                       logicaltime=scenario.start_ns)])
+        await log.append(object_events(scenario, scenario.initial(), scenario.start_ns))
+        return [r async for r in log.read()]
+
+    return fold(anyio.run(build))
+
+
+def fairshare_report(scenario: Scenario) -> dict[str, Any]:
+    """Per queue and resource: quota, limit, request, allocated and fair share (ints; GPU in
+    milli-GPU, CPU in milli-CPU, memory in bytes; -1 = unlimited)."""
+    from kai_es.scheduling.fairshare import RESOURCES, shares_for_state
+
+    state = initial_state(scenario)
+    shares = shares_for_state(state)
+    out: dict[str, Any] = {}
+    for name in sorted(state.queues):
+        spec = state.queues[name].spec
+        out[name] = {"parent": spec.parent or None, "priority": spec.priority, "resources": {
+            resource: {"quota": shares[resource][name].quota, "limit": shares[resource][name].limit,
+                       "request": shares[resource][name].request,
+                       "allocated": shares[resource][name].allocated,
+                       "fairShare": shares[resource][name].fair_share,
+                       "overQuotaWeight": getattr(spec, resource).over_quota_weight}
+            for resource in RESOURCES}}
+    units = {"gpu": "milli-GPU", "cpu": "milli-CPU", "memory": "bytes"}
+    return {"units": units, "queues": out}
+
+
 def one_cycle(scenario: Scenario, packer: Packer) -> dict[str, Any]:
     async def build() -> list[Any]:
         log = MemoryEventLog()
