@@ -226,7 +226,10 @@ def _reindex_job(state: ClusterState, job: Job) -> None:
         job.index_key = None
     if job.pending:
         job.index_key = (-job.priority, job.created_ns, job.uid, f"{job.queue}\x00{job.key}")
-        state.pending_jobs.setdefault(job.queue, SortedList()).add(job.index_key)
+        bucket = state.pending_jobs.get(job.queue)
+        if bucket is None:
+            bucket = state.pending_jobs[job.queue] = SortedList()
+        bucket.add(job.index_key)
 
 
 def job_key_of_index(index_key: tuple[int, int, str, str]) -> str:

@@ -207,20 +207,26 @@ class Allocator:
         return (over_all, not within_quota, -q.priority, share, q.created_ns, q.name)
 
     def _pick(self, nodes: list[QueueNode]) -> tuple[QueueNode, Job, list[PodState], Vector] | None:
+        """The best (leaf, job, pods, request) below `nodes`. A queue's key and candidate depend
+        only on its own subtree, so they are cached until a try below it changes something."""
         best = None
         best_key: tuple[object, ...] | None = None
         for q in nodes:
-            if q.children:
-                cand = self._pick(q.children)
-            elif q.jobs:
-                c = self._candidate(q)
-                cand = (q, *c) if c is not None else None
-            else:
-                cand = None
+            cached = self._cache.get(q.name)
+            if cached is None:
+                if q.children:
+                    cand = self._pick(q.children)
+                elif q.jobs:
+                    c = self._candidate(q)
+                    cand = (q, *c) if c is not None else None
+                else:
+                    cand = None
+                key = self._key(q, cand[3]) if cand is not None else None
+                self._cache[q.name] = cached = (key, cand)
+            key, cand = cached
             if cand is None:
                 continue
-            key = self._key(q, cand[3])
-            if best_key is None or key < best_key:
+            if best_key is None or key < best_key:  # type: ignore[operator]
                 best, best_key = cand, key
         return best
 
@@ -237,12 +243,15 @@ class Allocator:
                     self._fail_all([self.state.pods[e[3]] for e in job.pending],
                                    [Reason(code=fw.NO_NODES, message="the cluster has no nodes")])
             return self.result
+        self._cache: dict[str, tuple[tuple[object, ...] | None, object]] = {}
         while True:
             pick = self._pick(self.roots)
             if pick is None:
                 break
             leaf, job, pods, request = pick
             self._try(leaf, job, pods, request)
+            for q in leaf.ancestry():
+                self._cache.pop(q.name, None)
         return self.result
 
     def _unqueued(self) -> None:
