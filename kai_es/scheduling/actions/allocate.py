@@ -35,6 +35,7 @@ from kai_es.state.model import ClusterState, Job, PodState
 from kai_es.state.reducer import device_count, job_key_of_index
 
 Vector = tuple[int, int, int]  # (milli-GPU, milli-CPU, bytes), in RESOURCES order
+Candidate = tuple["QueueNode", Job, list[PodState], Vector]
 ZERO: Vector = (0, 0, 0)
 INFINITE = Fraction(10**30)
 
@@ -206,12 +207,13 @@ class Allocator:
             share = max(share, s)
         return (over_all, not within_quota, -q.priority, share, q.created_ns, q.name)
 
-    def _pick(self, nodes: list[QueueNode]) -> tuple[QueueNode, Job, list[PodState], Vector] | None:
+    def _pick(self, nodes: list[QueueNode]) -> Candidate | None:
         """The best (leaf, job, pods, request) below `nodes`. A queue's key and candidate depend
         only on its own subtree, so they are cached until a try below it changes something."""
-        best = None
+        best: Candidate | None = None
         best_key: tuple[object, ...] | None = None
         for q in nodes:
+            cand: Candidate | None
             cached = self._cache.get(q.name)
             if cached is None:
                 if q.children:
@@ -243,7 +245,7 @@ class Allocator:
                     self._fail_all([self.state.pods[e[3]] for e in job.pending],
                                    [Reason(code=fw.NO_NODES, message="the cluster has no nodes")])
             return self.result
-        self._cache: dict[str, tuple[tuple[object, ...] | None, object]] = {}
+        self._cache: dict[str, tuple[tuple[object, ...] | None, Candidate | None]] = {}
         while True:
             pick = self._pick(self.roots)
             if pick is None:
