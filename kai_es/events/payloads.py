@@ -138,6 +138,7 @@ class PodObserved(Payload, kw_only=True, frozen=True):
     affinity_terms: list[NodeSelectorTerm] = []
     tolerations: list[Toleration] = []
     subgroup: str = ""
+    node_pool: str = ""
     task_priority: int = 0
     owner: OwnerRef | None = None
     created_ns: int = 0

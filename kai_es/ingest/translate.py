@@ -29,6 +29,7 @@ PREEMPTIBILITY_LABEL = "kai.scheduler/preemptibility"
 SUBGROUP_LABEL = "kai.scheduler/subgroup-name"
 TASK_PRIORITY_LABEL = "kai.scheduler/task-priority"
 GPU_GROUP_LABEL = "runai-gpu-group"
+NODE_POOL_LABEL = "kai.scheduler/node-pool"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_MODEL_LABEL = "nvidia.com/gpu.product"
 
@@ -320,6 +321,7 @@ def pod(obj: Obj) -> p.PodObserved:
         gpu_group=labels.get(GPU_GROUP_LABEL, ""), gpu_devices=devices,
         node_selector=_map(obj, "spec.nodeSelector"), affinity_terms=_affinity_terms(obj),
         tolerations=_tolerations(obj), subgroup=labels.get(SUBGROUP_LABEL, ""),
+        node_pool=labels.get(NODE_POOL_LABEL, ""),
         task_priority=_int(labels.get(TASK_PRIORITY_LABEL, 0), f"metadata.labels[{TASK_PRIORITY_LABEL}]"),
         owner=owner, created_ns=created_ns(obj),
     )

@@ -1,5 +1,6 @@
-"""Node filters that depend on the pod: cordon, taints/tolerations, nodeSelector and required
-node affinity. Pure; the result is an eligibility mask in node-index order.
+"""Node filters that depend on the pod: cordon, node pool (label `kai.scheduler/node-pool` on
+pod and node; pods without it use nodes without it), taints/tolerations, nodeSelector and
+required node affinity. Pure; the result is an eligibility mask in node-index order.
 
 Contract: `eligibility(state, nodes, pod_spec)` gives 1 for nodes the pod may run on by these
 rules and 0 otherwise. Pods with the same constraints share a mask (`constraint_key`).
@@ -14,10 +15,13 @@ from kai_es.events import payloads as p
 from kai_es.state.model import NodeState
 
 
+NODE_POOL_LABEL = "kai.scheduler/node-pool"
+
+
 def constraint_key(spec: p.PodObserved) -> tuple[object, ...]:
     """Pods with equal keys get equal masks."""
     return (tuple(sorted(spec.node_selector.items())), tuple(spec.tolerations),
-            tuple(spec.affinity_terms))
+            tuple(spec.affinity_terms), spec.node_pool)
 
 
 def tolerates(taint: p.Taint, tolerations: Sequence[p.Toleration]) -> bool:
@@ -60,6 +64,8 @@ def node_allows(node: NodeState, spec: p.PodObserved) -> bool:
         if taint.effect in ("NoSchedule", "NoExecute") and not tolerates(taint, spec.tolerations):
             return False
     labels = ns.labels
+    if labels.get(NODE_POOL_LABEL, "") != spec.node_pool:
+        return False  # KAI node pools: a pod runs only in its pool (no label: the default pool)
     for k, v in spec.node_selector.items():
         if labels.get(k) != v:
             return False
