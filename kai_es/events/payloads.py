@@ -81,9 +81,14 @@ class QueueResource(Payload, kw_only=True, frozen=True):
 
 
 class SubGroup(Payload, kw_only=True, frozen=True):
+    """A level of a gang: a leaf sub-group needs `min_member` of its pods (label
+    `kai.scheduler/subgroup-name`); an inner one needs `min_subgroup` of its children (all when
+    unset)."""
+
     name: str
     min_member: int = 1
     parent: str = ""
+    min_subgroup: int | None = None
 
 
 class Reason(Payload, kw_only=True, frozen=True):

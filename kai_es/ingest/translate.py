@@ -392,9 +392,17 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
         path = f"spec.subGroups[{i}]"
         if not isinstance(sg, Mapping) or not sg.get("name"):
             raise IngestError(path, "needs a name")
+        min_sub = sg.get("minSubGroup")
         subgroups.append(p.SubGroup(
             name=str(sg["name"]), min_member=_int(sg.get("minMember", 1), f"{path}.minMember", minimum=0),
-            parent=str(sg.get("parent", "") or "")))
+            parent=str(sg.get("parent", "") or ""),
+            min_subgroup=_int(min_sub, f"{path}.minSubGroup", minimum=0) if min_sub is not None else None))
+    names = [sg.name for sg in subgroups]
+    for i, sg in enumerate(subgroups):
+        if names.count(sg.name) > 1:
+            raise IngestError(f"spec.subGroups[{i}].name", f"sub-group {sg.name!r} is defined twice")
+        if sg.parent and sg.parent not in names:
+            raise IngestError(f"spec.subGroups[{i}].parent", f"no sub-group named {sg.parent!r}")
     preempt = _get(obj, "spec.preemptibility", "")
     if preempt not in ("", "preemptible", "non-preemptible"):
         raise IngestError("spec.preemptibility", f"must be preemptible or non-preemptible, got {preempt!r}")

@@ -30,8 +30,9 @@ from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.fairshare import RESOURCES, shares_for_state
 from kai_es.scheduling.filters import constraint_key, eligibility
+from kai_es.scheduling.gang import Minimum, minimum
 from kai_es.scheduling.plan import Entry, Plan
-from kai_es.state.model import ClusterState, Job, PodState
+from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 from kai_es.state.reducer import device_count, job_key_of_index
 
 Vector = tuple[int, int, int]  # (milli-GPU, milli-CPU, bytes), in RESOURCES order
@@ -177,16 +178,18 @@ class Allocator:
     def _candidate(self, leaf: QueueNode) -> tuple[Job, list[PodState], Vector] | None:
         """The leaf's next job with the pods it would place now and their total request."""
         while leaf.jobs:
-            _, stage, _, _, key = leaf.jobs[0]
+            key = leaf.jobs[0][4]
             job = self.state.jobs[key]
             pods = [self.state.pods[e[3]] for e in job.pending if e[3] not in self._done]
             if not pods:
                 leaf.jobs.pop(0)
                 continue
-            if stage == 0:
-                need = max(1, job.min_member - job.occupying - self._placed_in_job.get(key, 0))
-                chosen = pods[:need]
-            else:
+            occupying = [self.state.pods[m] for m in sorted(job.members)
+                         if self.state.pods[m].status in OCCUPYING or m in self._placed_pods]
+            need = minimum(job, pods, occupying)
+            self._gang[key] = need
+            chosen = list(need.pods) if (need.pods or need.problem is not None) else pods[:1]
+            if not chosen:
                 chosen = pods[:1]
             request = ZERO
             for pod in chosen:
@@ -236,6 +239,8 @@ class Allocator:
 
     def run(self) -> AllocateResult:
         self._done: set[str] = set()
+        self._placed_pods: set[str] = set()
+        self._gang: dict[str, Minimum] = {}
         self._placed_in_job: dict[str, int] = {}
         self._unqueued()
         if not self.plan.nodes:
@@ -316,6 +321,7 @@ class Allocator:
                 used = pod_request(pod, self.gpu_memory_hint)
             total = _add(total, used)
             self._done.add(e.pod_key)
+            self._placed_pods.add(e.pod_key)
         for q in leaf.ancestry():
             q.allocated = _add(q.allocated, total)
             if not job.preemptible:
@@ -334,7 +340,8 @@ class Allocator:
 
     def _try(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector) -> None:
         assert leaf.jobs is not None
-        gang_stage = job.occupying + self._placed_in_job.get(job.key, 0) < job.min_member
+        need = self._gang[job.key]
+        gang_stage = bool(need.pods) or need.problem is not None
         if job.spec is None and not job.implicit:
             self._drop_job(leaf, job, [Reason(code=fw.PODGROUP_NOT_FOUND,
                                               message=f"PodGroup {job.key} does not exist yet")])
@@ -352,11 +359,8 @@ class Allocator:
                     f"{len(waiting)} are backing off after failed binds",
                     numbers={"min_member": job.min_member, "backing_off": len(waiting)})])
             return
-        existing = job.occupying + len(job.pending)
-        if gang_stage and existing < job.min_member:
-            self._drop_job(leaf, job, [Reason(
-                code=fw.GANG_INCOMPLETE, message=f"gang needs {job.min_member} pods but only {existing} exist",
-                numbers={"min_member": job.min_member, "existing": existing})])
+        if need.problem is not None:
+            self._drop_job(leaf, job, [need.problem])
             return
         limit_reasons = self._limits(leaf, job, request)
         if limit_reasons:
