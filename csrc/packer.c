@@ -68,16 +68,49 @@ static int table_valid(const kai_pack_table *tb, const int64_t *eligible)
     return 1;
 }
 
+/* Validates the workload of a strategy (n_shapes rows of KAI_PACK_SHAPE_FIELDS). */
+static int workload_valid(const kai_pack_strategy *st)
+{
+    int64_t m, total = 0;
+    if (!in_range(st->n_shapes, 0, KAI_PACK_MAX_SHAPES))
+        return 0;
+    if (st->n_shapes > 0 && st->shapes == NULL)
+        return 0;
+    for (m = 0; m < st->n_shapes; m++) {
+        const int64_t *row = st->shapes + m * KAI_PACK_SHAPE_FIELDS;
+        kai_pack_task t;
+        t.milli_cpu = row[0];
+        t.memory_bytes = row[1];
+        t.whole_gpus = row[2];
+        t.fraction_milli = row[3];
+        t.fraction_devices = row[4];
+        t.gpu_memory_mib = row[5];
+        if (task_kind(&t) < 0 || !in_range(row[6], 0, KAI_PACK_MAX_TOTAL_WEIGHT))
+            return 0;
+        total += row[6];
+        if (total > KAI_PACK_MAX_TOTAL_WEIGHT)
+            return 0;
+    }
+    return 1;
+}
+
 /* --- shared-task helpers ------------------------------------------------ */
+
+/* need(j) of a share given as fraction_milli or gpu_memory_mib, or -1 if a
+ * device of total_mib is not size-capable. */
+static int64_t need_of(int64_t fraction_milli, int64_t gpu_memory_mib, int64_t total_mib)
+{
+    if (fraction_milli != 0)
+        return fraction_milli;
+    if (total_mib <= 0 || gpu_memory_mib > total_mib)
+        return -1;
+    return (gpu_memory_mib * 1000 + total_mib - 1) / total_mib;
+}
 
 /* need(j) for a SHARED task, or -1 if device j is not size-capable. */
 static int64_t need_milli(const kai_pack_task *t, int64_t total_mib)
 {
-    if (t->fraction_milli != 0)
-        return t->fraction_milli;
-    if (total_mib <= 0 || t->gpu_memory_mib > total_mib)
-        return -1;
-    return (t->gpu_memory_mib * 1000 + total_mib - 1) / total_mib;
+    return need_of(t->fraction_milli, t->gpu_memory_mib, total_mib);
 }
 
 /* Device order key: device a precedes device b iff key(a) < key(b).
@@ -140,6 +173,236 @@ static int64_t choose_shared(const kai_pack_table *tb, const kai_pack_task *t,
     return picked;
 }
 
+/* --- fragmentation (gpu_strategy 2) -------------------------------------- */
+
+enum { SH_CPU = 0, SH_MEM = 1, SH_WHOLE = 2, SH_FRAC = 3, SH_DEVS = 4, SH_GMEM = 5, SH_WEIGHT = 6 };
+
+/* Per-node aggregates of the fragmentation measure, one slot per shape:
+ * serving[m] = devices that serve shape m, stranded[m] = free milli on the
+ * devices that do not.  Fixed-size, on the stack: no allocation. */
+typedef struct frag_agg {
+    int64_t serving[KAI_PACK_MAX_SHAPES];
+    int64_t stranded[KAI_PACK_MAX_SHAPES];
+    int64_t slots[KAI_PACK_MAX_SHAPES];
+} frag_agg;
+
+/* The node-level resources a shape is checked against. */
+typedef struct frag_node {
+    int64_t cpu, mem, pods, gpu_free;
+} frag_node;
+
+static const int64_t *shape_row(const kai_pack_strategy *st, int64_t m)
+{
+    return st->shapes + m * KAI_PACK_SHAPE_FIELDS;
+}
+
+/* serves(m, j, free): a device j with `free` milli free can serve one
+ * device's worth of shape m.  CPU-only shapes are never asked. */
+static int serves(const int64_t *row, const kai_pack_table *tb, int64_t j, int64_t free)
+{
+    int64_t nd;
+    if (row[SH_WHOLE] > 0)
+        return free == 1000;
+    nd = need_of(row[SH_FRAC], row[SH_GMEM], tb->dev_total_memory_mib[j]);
+    return nd >= 0 && free >= nd;
+}
+
+static int64_t slots_of(const int64_t *row, const kai_pack_table *tb, int64_t j, int64_t free)
+{
+    int64_t nd;
+    if (row[SH_WHOLE] > 0)
+        return free == 1000;
+    nd = need_of(row[SH_FRAC], row[SH_GMEM], tb->dev_total_memory_mib[j]);
+    return nd >= 0 && free >= nd ? free / nd : 0;
+}
+
+static int is_gpu_shape(const int64_t *row)
+{
+    return row[SH_WHOLE] > 0 || row[SH_DEVS] > 0;
+}
+
+/* Aggregates of devices [s, e) at their current free milli. */
+static void frag_collect(const kai_pack_table *tb, const kai_pack_strategy *st,
+                         int64_t s, int64_t e, frag_agg *agg)
+{
+    int64_t m, j;
+    for (m = 0; m < st->n_shapes; m++) {
+        const int64_t *row = shape_row(st, m);
+        int64_t serving = 0, stranded = 0, slots = 0;
+        if (is_gpu_shape(row)) {
+            for (j = s; j < e; j++) {
+                if (serves(row, tb, j, tb->dev_free_milli[j]))
+                    serving++;
+                else
+                    stranded += tb->dev_free_milli[j];
+                slots += slots_of(row, tb, j, tb->dev_free_milli[j]);
+            }
+        }
+        agg->serving[m] = serving;
+        agg->stranded[m] = stranded;
+        agg->slots[m] = slots;
+    }
+}
+
+/* Contribution of shape m, unweighted, given its aggregates after a
+ * hypothetical change of device j from `old_free` to `new_free` (j < 0: no
+ * change). */
+static int64_t frag_shape(const int64_t *row, const kai_pack_table *tb, const frag_node *nd,
+                          int64_t serving, int64_t stranded, int64_t slots,
+                          int64_t j, int64_t old_free, int64_t new_free)
+{
+    int64_t want, inst, n;
+    if (!is_gpu_shape(row))
+        return 0;
+    if (j >= 0) {
+        int sa = serves(row, tb, j, old_free), sb = serves(row, tb, j, new_free);
+        serving += sb - sa;
+        stranded += (sb ? 0 : new_free) - (sa ? 0 : old_free);
+        slots += slots_of(row, tb, j, new_free) - slots_of(row, tb, j, old_free);
+    }
+    want = row[SH_WHOLE] > 0 ? row[SH_WHOLE] : row[SH_DEVS];
+    if (serving < want)
+        return nd->gpu_free;            /* not even one instance: all stranded */
+    inst = slots / want;                /* >= 1: instances the devices allow */
+    n = inst;                           /* instances the node allows */
+    if (nd->pods < n)
+        n = nd->pods;
+    if (row[SH_CPU] > 0 && nd->cpu / row[SH_CPU] < n)
+        n = nd->cpu / row[SH_CPU];
+    if (row[SH_MEM] > 0 && nd->mem / row[SH_MEM] < n)
+        n = nd->mem / row[SH_MEM];
+    return stranded + (nd->gpu_free - stranded) * (inst - n) / inst;
+}
+
+/* F = sum over shapes of weight * contribution (see packer.h). */
+static int64_t frag_total(const kai_pack_table *tb, const kai_pack_strategy *st,
+                          const frag_node *nd, const frag_agg *agg,
+                          int64_t j, int64_t old_free, int64_t new_free)
+{
+    int64_t m, f = 0;
+    for (m = 0; m < st->n_shapes; m++) {
+        const int64_t *row = shape_row(st, m);
+        if (row[SH_WEIGHT] == 0)
+            continue;
+        f += row[SH_WEIGHT] * frag_shape(row, tb, nd, agg->serving[m], agg->stranded[m],
+                                         agg->slots[m], j, old_free, new_free);
+    }
+    return f;
+}
+
+/* Folds the change of device j (old_free -> new_free) into the aggregates. */
+static void frag_apply(const kai_pack_table *tb, const kai_pack_strategy *st, frag_agg *agg,
+                       int64_t j, int64_t old_free, int64_t new_free)
+{
+    int64_t m;
+    for (m = 0; m < st->n_shapes; m++) {
+        const int64_t *row = shape_row(st, m);
+        int sa, sb;
+        if (!is_gpu_shape(row))
+            continue;
+        sa = serves(row, tb, j, old_free);
+        sb = serves(row, tb, j, new_free);
+        agg->serving[m] += sb - sa;
+        agg->stranded[m] += (sb ? 0 : new_free) - (sa ? 0 : old_free);
+        agg->slots[m] += slots_of(row, tb, j, new_free) - slots_of(row, tb, j, old_free);
+    }
+}
+
+/* Device order of a SHARED task under FRAGMENTATION: ascending by
+ * (key, device-strategy order). */
+static int frag_precedes(int64_t gpuspread, const kai_pack_table *tb,
+                         int64_t a, int64_t ka, int64_t b, int64_t kb)
+{
+    if (ka != kb)
+        return ka < kb;
+    return precedes(gpuspread, tb, a, b);
+}
+
+/*
+ * Fragmentation placement on node i (which passed the filter): chooses the
+ * devices (written to out if non-NULL) and returns F_after - F_before; also
+ * stores the milli taken.  See packer.h, "FRAGMENTATION".
+ */
+static int64_t frag_place(const kai_pack_table *tb, const kai_pack_task *t, int kind,
+                          const kai_pack_strategy *st, int64_t gpuspread, int64_t i,
+                          int64_t *out, int64_t *taken_out)
+{
+    int64_t s = tb->gpu_start[i], e = tb->gpu_start[i + 1], j, k, gpu_free = 0;
+    int64_t before, taken = 0;
+    frag_agg agg, base;
+    frag_node nd;
+
+    for (j = s; j < e; j++)
+        gpu_free += tb->dev_free_milli[j];
+    if (gpu_free == 0) {
+        /* no free milli: every stranded_m is 0 before and after (only a CPU-only
+         * task can be placed here), so delta is 0 */
+        *taken_out = 0;
+        return 0;
+    }
+    frag_collect(tb, st, s, e, &agg);
+    nd.cpu = tb->free_milli_cpu[i];
+    nd.mem = tb->free_memory_bytes[i];
+    nd.pods = tb->free_pods[i];
+    nd.gpu_free = gpu_free;
+    before = frag_total(tb, st, &nd, &agg, -1, 0, 0);
+
+    nd.cpu -= t->milli_cpu;
+    nd.mem -= t->memory_bytes;
+    nd.pods -= 1;
+
+    if (kind == KIND_WHOLE) {
+        int64_t got = 0;
+        for (j = s; j < e && got < t->whole_gpus; j++) {
+            if (tb->dev_free_milli[j] != 1000)
+                continue;
+            if (out != NULL)
+                out[got] = j;
+            got++;
+            frag_apply(tb, st, &agg, j, 1000, 0);
+        }
+        taken = 1000 * t->whole_gpus;
+    } else if (kind == KIND_SHARED) {
+        /* key(j) = F with the node's CPU/memory/pod and only device j's need
+         * taken, against the aggregates before any device is taken; the
+         * picks are the first fraction_devices takers in (key, order),
+         * selected by repeated minimum (no scratch buffer). */
+        int64_t last = -1, last_key = 0;
+        base = agg;
+        nd.gpu_free = gpu_free;
+        for (k = 0; k < t->fraction_devices; k++) {
+            int64_t best = -1, best_key = 0, best_need = 0;
+            for (j = s; j < e; j++) {
+                int64_t need = need_milli(t, tb->dev_total_memory_mib[j]), key, f;
+                if (need < 0 || tb->dev_free_milli[j] < need)
+                    continue;
+                f = tb->dev_free_milli[j];
+                nd.gpu_free = gpu_free - need;
+                key = frag_total(tb, st, &nd, &base, j, f, f - need);
+                if (last >= 0 && !frag_precedes(gpuspread, tb, last, last_key, j, key))
+                    continue;
+                if (best < 0 || frag_precedes(gpuspread, tb, j, key, best, best_key)) {
+                    best = j;
+                    best_key = key;
+                    best_need = need;
+                }
+            }
+            if (best < 0)
+                break; /* not reached: the filter guarantees enough takers */
+            if (out != NULL)
+                out[k] = best;
+            frag_apply(tb, st, &agg, best, tb->dev_free_milli[best],
+                       tb->dev_free_milli[best] - best_need);
+            taken += best_need;
+            last = best;
+            last_key = best_key;
+        }
+    }
+    nd.gpu_free = gpu_free - taken;
+    *taken_out = taken;
+    return frag_total(tb, st, &nd, &agg, -1, 0, 0) - before;
+}
+
 /* --- the entry point ---------------------------------------------------- */
 
 int kai_pack_place(const kai_pack_table *table,
@@ -155,7 +418,7 @@ int kai_pack_place(const kai_pack_table *table,
     int kind;
     int64_t i, j, n, want, best = -1;
     int64_t best_s0 = 0, best_s1 = 0, best_s2 = 0;
-    int64_t gpu_sign, cpu_sign, gpuspread;
+    int64_t gpu_sign, cpu_sign, gpuspread, frag;
 
     if (node_out != NULL)
         *node_out = -1;
@@ -176,10 +439,15 @@ int kai_pack_place(const kai_pack_table *table,
     if (!in_range(strategy->gpu_strategy, 0, 2) || !in_range(strategy->cpu_strategy, 0, 1) ||
         !in_range(strategy->device_strategy, 0, 1))
         return KAI_PACK_EINVAL;
+    if (!workload_valid(strategy))
+        return KAI_PACK_EINVAL;
     if (!table_valid(table, eligible))
         return KAI_PACK_EINVAL;
-    if (strategy->gpu_strategy == KAI_PACK_GPU_FRAGMENTATION)
-        return KAI_PACK_EUNSUPPORTED;
+    frag = strategy->gpu_strategy == KAI_PACK_GPU_FRAGMENTATION;
+    if (frag)
+        for (i = 0; i < table->n_nodes; i++)
+            if (table->gpu_start[i + 1] - table->gpu_start[i] > KAI_PACK_MAX_NODE_DEVICES)
+                return KAI_PACK_EINVAL;
 
     gpu_sign = strategy->gpu_strategy == KAI_PACK_GPU_SPREAD ? 1 : -1;
     cpu_sign = strategy->cpu_strategy == KAI_PACK_CPU_SPREAD ? 1 : -1;
@@ -208,7 +476,51 @@ int kai_pack_place(const kai_pack_table *table,
         }
         cpu_key = cpu_sign * (table->free_milli_cpu[i] - task->milli_cpu);
 
-        if (kind == KIND_CPU) {
+        if (frag) {
+            /* the GPU filter of the other strategies, then the fragmentation score */
+            int64_t gpu_free = 0, taken, delta;
+            if (kind == KIND_WHOLE) {
+                int64_t idle = 0;
+                for (j = s; j < e; j++)
+                    idle += table->dev_free_milli[j] == 1000;
+                if (idle < task->whole_gpus) {
+                    reasons_out[KAI_PACK_R_GPU]++;
+                    continue;
+                }
+            } else if (kind == KIND_SHARED) {
+                int64_t capable = 0, takers = 0;
+                if (e - s < task->fraction_devices) {
+                    reasons_out[KAI_PACK_R_GPU]++;
+                    continue;
+                }
+                for (j = s; j < e; j++) {
+                    int64_t nd = need_milli(task, table->dev_total_memory_mib[j]);
+                    if (nd < 0)
+                        continue;
+                    capable++;
+                    takers += table->dev_free_milli[j] >= nd;
+                }
+                if (capable < task->fraction_devices) {
+                    reasons_out[KAI_PACK_R_GPU_MEMORY]++;
+                    continue;
+                }
+                if (takers < task->fraction_devices) {
+                    reasons_out[KAI_PACK_R_GPU_SHARE]++;
+                    continue;
+                }
+            }
+            for (j = s; j < e; j++)
+                gpu_free += table->dev_free_milli[j];
+            delta = frag_place(table, task, kind, strategy, gpuspread, i, NULL, &taken);
+            if (kind == KIND_CPU) {
+                s0 = (e == s) ? 1 : 0;
+                s1 = -delta;
+            } else {
+                s0 = -delta;
+                s1 = -(gpu_free - taken);
+            }
+            s2 = cpu_key;
+        } else if (kind == KIND_CPU) {
             s0 = (e == s) ? 1 : 0;
             s1 = cpu_key;
             s2 = 0;
@@ -283,7 +595,10 @@ int kai_pack_place(const kai_pack_table *table,
         return KAI_PACK_NO_FIT;
 
     *node_out = best;
-    if (kind == KIND_WHOLE) {
+    if (frag) {
+        int64_t taken;
+        frag_place(table, task, kind, strategy, gpuspread, best, devices_out, &taken);
+    } else if (kind == KIND_WHOLE) {
         int64_t got = 0;
         for (j = table->gpu_start[best]; j < table->gpu_start[best + 1] && got < want; j++)
             if (table->dev_free_milli[j] == 1000)

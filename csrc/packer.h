@@ -24,9 +24,8 @@
  *   free_memory_bytes[i]  free memory of node i, bytes, >= 0
  *   free_pods[i]          free pod slots of node i, >= 0
  *   alloc_milli_cpu[i]    allocatable CPU of node i, >= 0.  Validated and
- *                         carried; NOT used by the binpack/spread scores (they
- *                         rank the absolute CPU left), kept for the
- *                         "fragmentation" strategy that is still to be designed.
+ *                         carried; NOT used by any score (binpack/spread rank
+ *                         the absolute CPU left, fragmentation the free CPU).
  *   eligible[i]           0/1, the verdict of the Python-side filters (taints,
  *                         selectors, node pool, GPU model, ...) for THIS task;
  *                         passed separately from the table because it changes
@@ -122,6 +121,54 @@
  *   WHOLE task    : (gpu_key, cpu_key)
  *
  * ---------------------------------------------------------------------------
+ * FRAGMENTATION (gpu_strategy 2) -- expected stranded GPU capacity
+ * ---------------------------------------------------------------------------
+ * The strategy carries a WORKLOAD TABLE: n_shapes (0..KAI_PACK_MAX_SHAPES)
+ * rows of KAI_PACK_SHAPE_FIELDS int64, row-major in `shapes`:
+ *   milli_cpu, memory_bytes, whole_gpus, fraction_milli, fraction_devices,
+ *   gpu_memory_mib, weight
+ * -- a task shape m (valid exactly as a task is) that is expected to arrive,
+ * with weight w_m in 0..KAI_PACK_MAX_TOTAL_WEIGHT; the weights sum to at most
+ * KAI_PACK_MAX_TOTAL_WEIGHT.  The table is validated for EVERY strategy but
+ * read only by FRAGMENTATION.  Like FGD (Weng et al., ATC'23) the strategy
+ * places a task where the fragmentation -- the weighted free GPU capacity that
+ * the workload could not use -- grows least; unlike FGD it asks how many
+ * instances of a shape the node could still host, not only whether one fits,
+ * so GPUs stranded by the node's CPU, memory or pod slots count too.
+ *
+ * For a node state (free cpu, mem, pods, device frees), with G = the node's
+ * free milli and, for a GPU shape m (want = whole_gpus or fraction_devices):
+ *   serves(j)  device j is idle (WHOLE m) or can take one share of m (SHARED
+ *              m, need(j) as above with m's fraction_milli/gpu_memory_mib);
+ *   slots(j)   1 if j serves a WHOLE m; free/need(j) if it serves a SHARED m;
+ *              0 otherwise;
+ *   P          free milli of the devices that do not serve m;
+ *   stranded_m = G                        if fewer than `want` devices serve m;
+ *              = P + (G - P) * (inst - n) / inst     otherwise, where
+ *                inst = sum(slots) / want  (>= 1, instances the devices allow)
+ *                n    = min(inst, pods, cpu / cpu_m, mem / mem_m)
+ *                       (a zero cpu_m or mem_m does not limit);
+ *   F(node)    = sum over GPU shapes of w_m * stranded_m;  CPU-only shapes
+ *                contribute 0.  All divisions are floor divisions of
+ *                non-negative ints.
+ * delta = F(after) - F(before), "after" = the node with the task's milli_cpu,
+ * memory_bytes and one pod slot taken and the chosen devices' milli taken.
+ * Filter and rejection counts: exactly as above.  Devices:
+ *   WHOLE : the whole_gpus lowest-index idle devices (as above);
+ *   SHARED: the devices that can take the task, ascending by
+ *           (key(j), device-strategy order), the first fraction_devices;
+ *           key(j) = F of the node with the task's cpu/memory/pod slot and
+ *           ONLY device j's need(j) taken.
+ * Score (higher is better, ties to the lowest node index):
+ *   CPU-only task : (node owns no device ? 1 : 0, -delta, cpu_key)
+ *   WHOLE, SHARED : (-delta, -gpu_left, cpu_key)   (gpu_left as above)
+ * An empty workload makes delta 0: GPU binpack without the shared-reuse key.
+ * Every node must own at most KAI_PACK_MAX_NODE_DEVICES devices (else
+ * EINVAL); with the weight bound this keeps every product below 2^53 and F
+ * below 2^47.  Cost: O(n_shapes * devices) per node (O(fraction_devices *
+ * n_shapes * devices) for a SHARED task), on the stack, no allocation.
+ *
+ * ---------------------------------------------------------------------------
  * RESULT
  * ---------------------------------------------------------------------------
  *   KAI_PACK_OK (0)        placed: *node_out = chosen node, devices_out[0..k)
@@ -131,11 +178,14 @@
  *                          (they sum to n); devices_out untouched.
  *   KAI_PACK_EINVAL (-1)   bad argument: a NULL pointer, reasons_cap <
  *                          KAI_PACK_REASON_COUNT, devices_cap < k, a task,
- *                          strategy or table value out of range, or an
- *                          inconsistent gpu_start.
- *   KAI_PACK_EUNSUPPORTED (-2)  gpu_strategy == 2 ("fragmentation"), reserved.
- *   Validation order: all EINVAL checks first (strategies must be in range:
- *   gpu 0..2, cpu 0..1, device 0..1), then EUNSUPPORTED.
+ *                          strategy (gpu 0..2, cpu 0..1, device 0..1),
+ *                          workload or table value out of range, an
+ *                          inconsistent gpu_start, or (FRAGMENTATION) a node
+ *                          owning more than KAI_PACK_MAX_NODE_DEVICES devices.
+ *   KAI_PACK_EUNSUPPORTED (-2)  kept for future reserved strategies; no input
+ *                          returns it at ABI version 2.
+ *   ABI version 2 (was 1): struct kai_pack_strategy gained n_shapes and
+ *   shapes; FRAGMENTATION is implemented.
  *   On a negative code *node_out (if non-NULL) is -1, reasons_out (if it is
  *   non-NULL and long enough) is all zero, devices_out is untouched.
  *
@@ -152,8 +202,12 @@ extern "C" {
 #endif
 
 /* CDEF-BEGIN */
-#define KAI_PACK_ABI_VERSION 1
+#define KAI_PACK_ABI_VERSION 2
 #define KAI_PACK_REASON_COUNT 7
+#define KAI_PACK_SHAPE_FIELDS 7
+#define KAI_PACK_MAX_SHAPES 64
+#define KAI_PACK_MAX_TOTAL_WEIGHT 1048576
+#define KAI_PACK_MAX_NODE_DEVICES 65536
 #define KAI_PACK_MAX_TASK_DEVICES 1048576
 #define KAI_PACK_MAX_MEMORY_MIB 1099511627776
 #define KAI_PACK_MAX_QUANTITY 4611686018427387904
@@ -217,6 +271,8 @@ typedef struct kai_pack_strategy {
     int64_t gpu_strategy;
     int64_t cpu_strategy;
     int64_t device_strategy;
+    int64_t n_shapes;       /* workload table: 0..KAI_PACK_MAX_SHAPES rows */
+    const int64_t *shapes;  /* n_shapes * KAI_PACK_SHAPE_FIELDS, row-major */
 } kai_pack_strategy;
 
 int kai_pack_abi_version(void);

@@ -28,9 +28,10 @@ from kai_es.scheduling.packing import (
     ReturnCode,
     Strategy,
     TaskShape,
-    UnsupportedStrategy,
+    WorkloadShape,
     load_packer,
 )
+from kai_es.scheduling.packing.model import MAX_NODE_DEVICES, MAX_SHAPES, MAX_TOTAL_WEIGHT, workload_from_tasks
 from kai_es.scheduling.packing import native as native_module
 
 GIB = 1 << 30
@@ -300,12 +301,97 @@ def test_eligible_override(packer: Packer) -> None:
 # ----------------------------------------------------------------------------- errors
 
 
-def test_fragmentation_is_unsupported(packer: Packer) -> None:
+def frag(*shapes: tuple[TaskShape, int], cpu: int = CpuStrategy.BINPACK, device: int = DeviceStrategy.GPUPACK) -> Strategy:
+    return Strategy(GpuStrategy.FRAGMENTATION, cpu, device, tuple(WorkloadShape(t, w) for t, w in shapes))
+
+
+def test_fragmentation_avoids_stranding_a_partial_device(packer: Packer) -> None:
+    # Workload: halves.  Node 1 (600 free) would keep 300, too small for a half: +300
+    # stranded; node 0 keeps 700, still one half.  Binpack takes node 1 (least left).
+    t = table(node(devs=(dev(1000),)), node(devs=(dev(600),)))
+    assert packer.place(t, TaskShape.fraction(300), BINPACK).node == 1
+    p = packer.place(t, TaskShape.fraction(300), frag((TaskShape.fraction(500), 1)))
+    assert (p.code, p.node, p.devices, p.rejections) == (ReturnCode.OK, 0, (0,), rej())
+
+
+def test_fragmentation_counts_gpus_stranded_by_cpu(packer: Packer) -> None:
+    # Workload: 1 GPU + 4 cores.  A 4-core CPU-only task on node 0 (8 cores, 2 idle
+    # GPUs) leaves room for one such task only: 1000 milli stranded.  Node 1 (12 cores)
+    # still hosts two.  CPU binpack alone would take node 0.
+    t = table(node(cpu=8000, devs=(dev(), dev())), node(cpu=12000, devs=(dev(), dev())))
+    task = TaskShape.cpu(4000)
+    assert packer.place(t, task, BINPACK).node == 0
+    p = packer.place(t, task, frag((TaskShape.whole(1, milli_cpu=4000), 3)))
+    assert (p.node, p.devices) == (1, ())
+
+
+def test_fragmentation_device_choice(packer: Packer) -> None:
+    # Workload: halves.  F before = 400 (device 2 is too small).  Taking 200 from
+    # device 0 -> 400, device 1 -> 800 (it drops below a half), device 2 -> 200.
+    t = table(node(devs=(dev(1000), dev(600), dev(400))))
+    spread_dev = frag((TaskShape.fraction(500), 1), device=DeviceStrategy.GPUSPREAD)
+    assert packer.place(t, TaskShape.fraction(200), SPREAD).devices == (0,)
+    assert packer.place(t, TaskShape.fraction(200), spread_dev).devices == (2,)
+    assert packer.place(t, TaskShape.fraction(200, devices=2), spread_dev).devices == (2, 0)
+    # equal keys: the device strategy breaks the tie (GPUPACK: fullest first)
+    t2 = table(node(devs=(dev(1000), dev(900))))
+    assert packer.place(t2, TaskShape.fraction(100), frag((TaskShape.whole(2), 1))).devices == (1,)
+
+
+def test_fragmentation_prefers_node_already_fragmented(packer: Packer) -> None:
+    # Workload: whole GPUs.  Node 1's 300-milli device is stranded already; filling it
+    # lowers F (delta -300 * 2), while node 0 would lose its only idle device.
+    t = table(node(devs=(dev(1000),)), node(devs=(dev(300), dev(0))))
+    p = packer.place(t, TaskShape.fraction(300), frag((TaskShape.whole(1), 2)))
+    assert (p.node, p.devices) == (1, (1,))
+
+
+def test_fragmentation_without_workload_is_binpack_order(packer: Packer) -> None:
+    t = table(node(devs=(dev(), dev())), node(devs=(dev(), dev(500))))
+    p = packer.place(t, TaskShape.whole(1), frag())
+    assert (p.node, p.devices) == (1, (2,))
+    t2 = table(node(cpu=2000, devs=(dev(),)), node(cpu=8000))
+    assert packer.place(t2, TaskShape.cpu(1000), frag()).node == 1  # CPU-only node first
+
+
+def test_fragmentation_workload_is_validated(packer: Packer) -> None:
     t = table(node(devs=(dev(),)))
-    with pytest.raises(UnsupportedStrategy):
-        packer.place(t, TaskShape.whole(1), Strategy(gpu_strategy=GpuStrategy.FRAGMENTATION))
-    raw = packer.place_raw(t, TaskShape.whole(1), Strategy(gpu_strategy=GpuStrategy.FRAGMENTATION))
-    assert raw == Placement.failure(ReturnCode.EUNSUPPORTED)
+    task = TaskShape.whole(1)
+    bad = [
+        frag(*[(TaskShape.whole(1), 1)] * (MAX_SHAPES + 1)),
+        frag((TaskShape.whole(1), MAX_TOTAL_WEIGHT + 1)),
+        frag((TaskShape.whole(1), MAX_TOTAL_WEIGHT), (TaskShape.fraction(500), 1)),
+        frag((TaskShape.whole(1), -1)),
+        frag((TaskShape(fraction_milli=500), 1)),
+        Strategy(GpuStrategy.FRAGMENTATION, workload=[WorkloadShape(task)]),  # type: ignore[arg-type]
+        Strategy(GpuStrategy.BINPACK, workload=(WorkloadShape(TaskShape(whole_gpus=-1)),)),  # checked always
+    ]
+    for strategy in bad:
+        with pytest.raises(InvalidArgument):
+            packer.place(t, task, strategy)
+        assert packer.place_raw(t, task, strategy) == Placement.failure(ReturnCode.EINVAL)
+    ok = frag(*[(TaskShape.whole(1), 1)] * MAX_SHAPES)
+    assert packer.place(t, task, ok).placed
+
+
+def test_workload_from_tasks() -> None:
+    half, whole = TaskShape.fraction(500, milli_cpu=1000), TaskShape.whole(1)
+    tasks = [half, whole, half, TaskShape.cpu(1000), TaskShape(fraction_milli=1), half, whole]
+    assert workload_from_tasks(tasks) == (WorkloadShape(half, 3), WorkloadShape(whole, 2))
+    assert workload_from_tasks(tasks, max_shapes=1) == (WorkloadShape(half, 3),)
+    assert workload_from_tasks(tasks, coverage_pct=60) == (WorkloadShape(half, 3),)
+    many = workload_from_tasks([TaskShape.fraction(1 + k % 100) for k in range(300)])
+    assert len(many) == MAX_SHAPES
+    assert packing.workload_problem(many) is None
+
+
+def test_fragmentation_bounds_devices_per_node(packer: Packer) -> None:
+    big = ArrayPackTable(free_milli_cpu=[1000], free_memory_bytes=[GIB], free_pods=[1],
+                         gpu_start=[0, MAX_NODE_DEVICES + 1], dev_free_milli=[1000] * (MAX_NODE_DEVICES + 1))
+    assert packer.place_raw(big, TaskShape.cpu(1), BINPACK).placed
+    assert packer.place_raw(big, TaskShape.cpu(1), frag()) == Placement.failure(ReturnCode.EINVAL)
+    with pytest.raises(InvalidArgument):
+        packer.place(big, TaskShape.cpu(1), frag())
 
 
 @pytest.mark.parametrize(
@@ -455,8 +541,15 @@ _invalid_tasks = st.builds(  # mostly invalid combinations and out-of-range valu
     st.integers(-1, 3),
     st.sampled_from([0, 0, 20000, -1, (1 << 40) + 1]),
 )
-strategies = st.builds(Strategy, st.integers(0, 1), st.integers(0, 1), st.integers(0, 1))
-_odd_strategies = st.builds(Strategy, st.integers(-1, 3), st.integers(-1, 2), st.integers(-1, 2))  # incl. fragmentation
+_workloads = st.lists(st.builds(WorkloadShape, tasks, st.integers(0, 1000)), max_size=4).map(tuple)
+strategies = st.builds(Strategy, st.integers(0, 2), st.integers(0, 1), st.integers(0, 1), _workloads)
+_odd_workloads = st.lists(
+    st.builds(WorkloadShape, st.one_of(tasks, _invalid_tasks),
+              st.sampled_from([-1, 0, 1, MAX_TOTAL_WEIGHT, MAX_TOTAL_WEIGHT + 1])),
+    max_size=3,
+).map(tuple)
+_odd_strategies = st.builds(Strategy, st.integers(-1, 3), st.integers(-1, 2), st.integers(-1, 2),
+                            st.one_of(_workloads, _odd_workloads))
 _one_in_ten = st.sampled_from([False] * 9 + [True])
 any_tasks = _one_in_ten.flatmap(lambda odd: _invalid_tasks if odd else tasks)
 any_strategies = _one_in_ten.flatmap(lambda odd: _odd_strategies if odd else strategies)

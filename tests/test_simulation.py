@@ -21,6 +21,7 @@ from kai_es.replay import replay
 from kai_es.scenario import load_scenario, load_scenario_text
 from kai_es.scheduling.packing import Placement, Strategy, TaskShape, load_packer
 from kai_es.scheduling.packing.model import PackTable
+from kai_es.scheduling.tables import build_tables, tables
 from kai_es.sim.runner import simulate
 from kai_es.state import ClusterState, fold
 from kai_es.state.invariants import check
@@ -208,5 +209,10 @@ def test_random_clusters_stay_consistent_and_replay(text: str) -> None:
         fold([record], state)
         if isinstance(record.envelope.data, (p.CycleStarted, p.CycleCompleted)):
             assert check(state) == [], record.position
+            # the incrementally maintained packer tables equal a build from scratch
+            names, _, idle, future = tables(state)
+            fresh = build_tables(state)
+            assert names == fresh[0]
+            assert idle.snapshot() == fresh[2].snapshot() and future.snapshot() == fresh[3].snapshot()
     assert replay(records, load_packer("native")).ok
     assert result.stopped_because in ("idle", "time limit")

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
 from kai_es.scheduling.packing import ArrayPackTable, Packer, Placement, Strategy, TaskShape
-from kai_es.state.model import ClusterState, NodeState
+from kai_es.scheduling.tables import build_tables as build_tables  # re-exported
+from kai_es.scheduling.tables import tables
+from kai_es.state.model import ClusterState
 from kai_es.state.reducer import device_count
 
 
@@ -43,38 +45,6 @@ def task_shape(spec: PodObserved) -> TaskShape:
     return TaskShape.cpu(cpu, mem)
 
 
-def build_tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTable, ArrayPackTable]:
-    """Node names, node states and the idle and future tables, in node-name order."""
-    names = list(state.node_names)
-    nodes = [state.nodes[n] for n in names]
-    gpu_start = [0]
-    for n in nodes:
-        gpu_start.append(gpu_start[-1] + len(n.device_used))
-    dev_total = [n.spec.gpu_memory_mib for n in nodes for _ in n.device_used]
-    sharers = [s for n in nodes for s in n.device_sharers]
-    shared = [1 if s > 0 else 0 for s in sharers]
-    idle = ArrayPackTable(
-        free_milli_cpu=[max(0, n.free_milli_cpu) for n in nodes],
-        free_memory_bytes=[max(0, n.free_memory_bytes) for n in nodes],
-        free_pods=[max(0, n.free_pods) for n in nodes],
-        alloc_milli_cpu=[n.spec.milli_cpu for n in nodes],
-        gpu_start=gpu_start,
-        dev_free_milli=[max(0, 1000 - u) for n in nodes for u in n.device_used],
-        dev_total_memory_mib=dev_total, dev_shared=shared, dev_frac_holders=sharers,
-    )
-    future = ArrayPackTable(
-        free_milli_cpu=[max(0, n.free_milli_cpu + n.releasing_milli_cpu) for n in nodes],
-        free_memory_bytes=[max(0, n.free_memory_bytes + n.releasing_memory_bytes) for n in nodes],
-        free_pods=[max(0, n.free_pods + n.releasing_pods) for n in nodes],
-        alloc_milli_cpu=[n.spec.milli_cpu for n in nodes],
-        gpu_start=gpu_start,
-        dev_free_milli=[min(1000, max(0, 1000 - u + r))
-                        for n in nodes for u, r in zip(n.device_used, n.device_releasing)],
-        dev_total_memory_mib=dev_total, dev_shared=shared, dev_frac_holders=sharers,
-    )
-    return names, nodes, idle, future
-
-
 class Plan:
     """Tentative placements with checkpoint/rollback (see module docstring)."""
 
@@ -82,7 +52,8 @@ class Plan:
         self.state = state
         self.packer = packer
         self.strategy = strategy
-        self.names, self.nodes, self.idle, self.future = build_tables(state)
+        self.names, self.nodes, idle, future = tables(state)
+        self.idle, self.future = idle.copy(), future.copy()
         self.entries: list[Entry] = []
         self._new_groups: dict[tuple[int, int], str] = {}
 

@@ -156,3 +156,9 @@ class ClusterState:
     resync_seen: dict[str, set[str]] = field(default_factory=dict)
     rejected_objects: int = 0
     ignored_events: int = 0
+    #: change tracking for caches derived from node usage (not part of the snapshot or digest):
+    #: nodes whose usage changed since a cache last looked, and a counter bumped whenever the
+    #: set of nodes or a node's spec changes.
+    dirty_nodes: set[str] = field(default_factory=set)
+    node_set_version: int = 0
+    caches: dict[str, object] = field(default_factory=dict)

@@ -126,6 +126,7 @@ def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterabl
                 held = node.group_holders.setdefault(grp[i], {})
                 held[d] = held.get(d, 0) + 1
     node.pods.add(pod.key)
+    state.dirty_nodes.add(node_name)
     if status == "Releasing":
         _releasing(node, pod, +1)
     _queue_usage(state, pod, +1)
@@ -157,6 +158,7 @@ def _release(state: ClusterState, pod: PodState) -> None:
                         if not held:
                             del node.group_holders[pod.gpu_groups[i]]
         node.pods.discard(pod.key)
+        state.dirty_nodes.add(pod.node)
     pod.status = "Pending"
     pod.node = ""
     pod.devices = ()
@@ -288,6 +290,8 @@ def _node_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.NodeObserved = env.data
     _mark_seen(state, "Node", spec.name)
     node = state.nodes.get(spec.name)
+    if node is None or node.spec != spec:
+        state.node_set_version += 1
     if node is None:
         state.nodes[spec.name] = NodeState(
             spec=spec, device_used=[0] * spec.gpus, device_releasing=[0] * spec.gpus,
@@ -328,6 +332,7 @@ def _remove_node(state: ClusterState, name: str) -> None:
         state.ignored_events += 1
         return
     state.node_names.remove(name)
+    state.node_set_version += 1
     for key in sorted(node.pods):
         pod = state.pods[key]
         status, devices, groups = pod.status, pod.devices, pod.gpu_groups
@@ -419,6 +424,7 @@ def _shape_changed(old: p.PodObserved, new: p.PodObserved) -> bool:
 def _set_status(state: ClusterState, pod: PodState, status: str) -> None:
     node = state.nodes.get(pod.node)
     if node is not None:
+        state.dirty_nodes.add(pod.node)
         if pod.status == "Releasing":
             _releasing(node, pod, -1)
         if status == "Releasing":

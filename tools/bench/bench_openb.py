@@ -21,12 +21,13 @@ Protocol (the same as the paper's "unallocated GPU at 100% arrival" figure):
 Strategies: ``binpack`` and ``spread`` (KAI's, unchanged) and ``fragmentation`` (ours)
 go through the NATIVE packer, the GPU model through its ``eligible`` argument.
 ``fragmentation`` gets the workload table from the pod list itself: the shapes
-(cpu, GPU request) of all its rows, weighted by their count (the top MAX_SHAPES).
+(cpu, GPU request) of all its rows, weighted by their count (the most frequent ones covering 95% of the GPU pods, ``--coverage``).
 ``bestfit``, ``random`` and ``dotprod`` are numpy baselines for calibrating the harness
 against the paper: best-fit as in the FGD simulator (score 0.5 cpu_left/128000 +
 0.5 gpu_left/8000, quantised to 0..100 with seeded random ties, fullest fitting GPU
-for a fraction), random-fit (seeded), and a Tetris dot product (largest
-req . free alignment, both normalised by the node's capacity).
+for a fraction), random-fit (seeded), and dot-product as the FGD simulator scores it
+(the node minimising req . free, both normalised by the node's capacity; for a
+fraction the GPU term uses the fullest fitting device; lowest index on ties).
 
 Published (FGD paper, this setup, default trace): FGD 4.77%, best-fit 7.14%,
 GPU packing 8.22%, dot-product 9.38%, random 13.70%.  Variants: gpushare80 10.92%,
@@ -179,14 +180,23 @@ class Meter:
 # --------------------------------------------------------------------------- native strategies
 
 
-def workload_of(pods: Sequence[Pod]) -> tuple[WorkloadShape, ...]:
+def workload_of(pods: Sequence[Pod], coverage_pct: int = 95) -> tuple[WorkloadShape, ...]:
     """The workload table of the fragmentation strategy: the pod list's GPU shapes
-    (cpu, GPU request; memory left out) weighted by their count, the top MAX_SHAPES."""
+    (cpu, GPU request; memory left out) weighted by their count, the most frequent ones
+    until they cover ``coverage_pct`` % of the GPU pods (at most MAX_SHAPES), like
+    FGD's "typical pods"."""
     counts: Counter[tuple[int, int, int]] = Counter()
     for p in pods:
         if p.gpu_request > 0:
             counts[(p.cpu, p.num_gpu, p.gpu_milli)] += 1
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SHAPES]
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    need = sum(counts.values()) * coverage_pct
+    top, covered = [], 0
+    for item in ranked[:MAX_SHAPES]:
+        if covered * 100 >= need:
+            break
+        top.append(item)
+        covered += item[1]
     total = sum(c for _, c in top)
     scale = max(1, -(-total // MAX_TOTAL_WEIGHT))
     shapes = []
@@ -196,13 +206,14 @@ def workload_of(pods: Sequence[Pod]) -> tuple[WorkloadShape, ...]:
     return tuple(shapes)
 
 
-def native_strategy(name: str, pods: Sequence[Pod]) -> Strategy:
+def native_strategy(name: str, pods: Sequence[Pod], coverage_pct: int = 95) -> Strategy:
     if name == "binpack":
         return Strategy(GpuStrategy.BINPACK, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK)
     if name == "spread":
         return Strategy(GpuStrategy.SPREAD, CpuStrategy.SPREAD, DeviceStrategy.GPUSPREAD)
     if name == "fragmentation":
-        return Strategy(GpuStrategy.FRAGMENTATION, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK, workload_of(pods))
+        return Strategy(GpuStrategy.FRAGMENTATION, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK,
+                        workload_of(pods, coverage_pct))
     raise ValueError(name)
 
 
@@ -297,8 +308,8 @@ def run_python(name: str, nodes: Sequence[Node], pods: Sequence[Pod], order: Seq
                 gpu_term = (pod.gpu_request / gcap) * (gfree / gcap)
                 if frac:  # align with the chosen device: its free share
                     gpu_term = (pod.gpu_milli / 1000) * (dev[cand, d] / 1000)
-                score = cpu_term + gpu_term
-                pick = int(np.flatnonzero(score == score.max())[0])
+                score = cpu_term + gpu_term  # the FGD simulator takes the SMALLEST product
+                pick = int(np.flatnonzero(score == score.min())[0])
             else:
                 raise ValueError(name)
             i = int(cand[pick])
@@ -324,6 +335,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--strategies", default=",".join(ALL_STRATEGIES), help=f"comma list of {', '.join(ALL_STRATEGIES)}")
+    parser.add_argument("--coverage", type=int, default=95,
+                        help="fragmentation workload: the most frequent shapes covering this %% of GPU pods")
     args = parser.parse_args()
 
     seeds: list[int] = []
@@ -353,7 +366,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 if name in NATIVE_STRATEGIES:
                     assert packer is not None
-                    value = run_native(packer, nodes, pods, order, native_strategy(name, pods), capacity)
+                    value = run_native(packer, nodes, pods, order, native_strategy(name, pods, args.coverage), capacity)
                 else:
                     value = run_python(name, nodes, pods, order, capacity, seed)
                 results.setdefault((variant, name), []).append(value)

@@ -2,7 +2,8 @@
 
 5,000 nodes x 8 GPUs (seeded random partial occupancy, some shared devices, a few
 devices with unknown memory), a range of task shapes and strategies.  Prints the
-per-call time of each packer and the ratio (target: native >= 20x faster).  It also
+per-call time of each packer and the ratio (target: native >= 20x faster) for the
+binpack, spread and fragmentation (16-shape workload) strategies.  It also
 prints how many answers differed (should be 0).  No assertions.
 
     python3 tools/bench/bench_packer.py [--nodes 5000] [--gpus 8] [--seed 7]
@@ -25,6 +26,7 @@ from kai_es.scheduling.packing import (
     Placement,
     Strategy,
     TaskShape,
+    WorkloadShape,
     load_packer,
 )
 
@@ -73,10 +75,26 @@ TASKS = [
     TaskShape.gpu_memory(40000, 2, 4000, 8 * GIB),
     TaskShape.gpu_memory(81920, 1, 4000, 8 * GIB),
 ]
+# A workload table in the spirit of the openb trace: 16 shapes (the fragmentation
+# strategy's cost grows with the number of shapes).
+WORKLOAD = tuple(
+    WorkloadShape(task, weight)
+    for task, weight in [
+        (TaskShape.whole(1, 11300), 874), (TaskShape.whole(1, 3152), 470), (TaskShape.whole(1, 12000), 326),
+        (TaskShape.whole(1, 18708), 255), (TaskShape.whole(2, 16000), 120), (TaskShape.whole(4, 32000), 60),
+        (TaskShape.whole(8, 64000), 40), (TaskShape.fraction(810, 1, 3152), 1047),
+        (TaskShape.fraction(470, 1, 11908), 388), (TaskShape.fraction(470, 1, 8000), 360),
+        (TaskShape.fraction(650, 1, 11908), 237), (TaskShape.fraction(320, 1, 4000), 232),
+        (TaskShape.fraction(230, 1, 4000), 122), (TaskShape.fraction(460, 1, 6000), 120),
+        (TaskShape.fraction(590, 1, 3152), 75), (TaskShape.gpu_memory(10000, 1, 4000), 50),
+    ]
+)
 STRATEGIES = [
     Strategy(GpuStrategy.BINPACK, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK),
     Strategy(GpuStrategy.SPREAD, CpuStrategy.SPREAD, DeviceStrategy.GPUSPREAD),
+    Strategy(GpuStrategy.FRAGMENTATION, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK, WORKLOAD),
 ]
+STRATEGY_NAMES = {GpuStrategy.BINPACK: "binpack", GpuStrategy.SPREAD: "spread", GpuStrategy.FRAGMENTATION: "frag"}
 
 
 def per_call(fn: Callable[[], Placement], min_seconds: float) -> float:
@@ -127,7 +145,7 @@ def main() -> None:
                 f"cpu={task.milli_cpu} whole={task.whole_gpus} frac={task.fraction_milli}"
                 f"x{task.fraction_devices} gmem={task.gpu_memory_mib}"
             )
-            strat = "binpack" if strategy.gpu_strategy == GpuStrategy.BINPACK else "spread"
+            strat = STRATEGY_NAMES[GpuStrategy(strategy.gpu_strategy)]
             placed = f"n{got.node}" if got.placed else "-"
             print(
                 f"{label:<58} {strat:<9} {placed:>6} {t_native * 1e6:>10.1f} {t_ref * 1e6:>10.1f}"

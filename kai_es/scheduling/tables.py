@@ -1,0 +1,90 @@
+"""The packer's view of the cluster, kept up to date incrementally between cycles.
+
+Contract: `tables(state)` returns node names, node states and the idle and future
+`ArrayPackTable`s in node-name order, equal to building them from scratch (`build_tables`), at
+O(changes) cost: rows are refreshed only for nodes whose usage changed since the last call
+(`state.dirty_nodes`), and everything is rebuilt only when the node set or a node's spec
+changed (`state.node_set_version`). The cache lives in `state.caches` and is derived data: it is
+never part of a snapshot or digest. Callers must not mutate the returned tables (copy them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kai_es.scheduling.packing import ArrayPackTable
+from kai_es.state.model import ClusterState, NodeState
+
+_KEY = "scheduling.tables"
+
+
+def _rows(n: NodeState) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """idle cpu/mem/pods, future cpu/mem/pods, idle device free, future device free, sharers"""
+    idle = [max(0, n.free_milli_cpu), max(0, n.free_memory_bytes), max(0, n.free_pods)]
+    future = [max(0, n.free_milli_cpu + n.releasing_milli_cpu),
+              max(0, n.free_memory_bytes + n.releasing_memory_bytes),
+              max(0, n.free_pods + n.releasing_pods)]
+    dev_idle = [max(0, 1000 - u) for u in n.device_used]
+    dev_future = [min(1000, max(0, 1000 - u + r)) for u, r in zip(n.device_used, n.device_releasing)]
+    return idle, future, dev_idle, dev_future, list(n.device_sharers)
+
+
+def build_tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTable, ArrayPackTable]:
+    """Node names, node states and the idle and future tables, built from scratch."""
+    names = list(state.node_names)
+    nodes = [state.nodes[n] for n in names]
+    gpu_start = [0]
+    for n in nodes:
+        gpu_start.append(gpu_start[-1] + len(n.device_used))
+    rows = [_rows(n) for n in nodes]
+    dev_total = [n.spec.gpu_memory_mib for n in nodes for _ in n.device_used]
+    sharers = [s for r in rows for s in r[4]]
+    shared = [1 if s > 0 else 0 for s in sharers]
+    common = dict(alloc_milli_cpu=[n.spec.milli_cpu for n in nodes], gpu_start=gpu_start,
+                  dev_total_memory_mib=dev_total, dev_shared=shared, dev_frac_holders=sharers)
+    idle = ArrayPackTable(free_milli_cpu=[r[0][0] for r in rows], free_memory_bytes=[r[0][1] for r in rows],
+                          free_pods=[r[0][2] for r in rows], dev_free_milli=[d for r in rows for d in r[2]],
+                          **common)
+    future = ArrayPackTable(free_milli_cpu=[r[1][0] for r in rows], free_memory_bytes=[r[1][1] for r in rows],
+                            free_pods=[r[1][2] for r in rows], dev_free_milli=[d for r in rows for d in r[3]],
+                            **common)
+    return names, nodes, idle, future
+
+
+@dataclass(slots=True)
+class _Cache:
+    version: int = -1
+    names: list[str] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+    idle: ArrayPackTable | None = None
+    future: ArrayPackTable | None = None
+
+
+def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTable, ArrayPackTable]:
+    """The current tables (see module docstring)."""
+    cache = state.caches.get(_KEY)
+    if not isinstance(cache, _Cache):
+        cache = _Cache()
+        state.caches[_KEY] = cache
+    if cache.version != state.node_set_version or cache.idle is None or cache.future is None:
+        cache.names, _, cache.idle, cache.future = build_tables(state)
+        cache.index = {name: i for i, name in enumerate(cache.names)}
+        cache.version = state.node_set_version
+        state.dirty_nodes.clear()
+    else:
+        idle, future = cache.idle, cache.future
+        for name in sorted(state.dirty_nodes):
+            i = cache.index.get(name)
+            if i is None:
+                continue
+            (ic, im, ip), (fc, fm, fp), dev_idle, dev_future, sharers = _rows(state.nodes[name])
+            idle.free_milli_cpu[i], idle.free_memory_bytes[i], idle.free_pods[i] = ic, im, ip
+            future.free_milli_cpu[i], future.free_memory_bytes[i], future.free_pods[i] = fc, fm, fp
+            start = idle.gpu_start[i]
+            for k, (di, df, sh) in enumerate(zip(dev_idle, dev_future, sharers)):
+                j = start + k
+                idle.dev_free_milli[j], future.dev_free_milli[j] = di, df
+                idle.dev_frac_holders[j] = future.dev_frac_holders[j] = sh
+                idle.dev_shared[j] = future.dev_shared[j] = 1 if sh > 0 else 0
+        state.dirty_nodes.clear()
+    return cache.names, [state.nodes[n] for n in cache.names], cache.idle, cache.future
