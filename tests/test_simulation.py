@@ -216,3 +216,18 @@ def test_random_clusters_stay_consistent_and_replay(text: str) -> None:
             assert idle.snapshot() == fresh[2].snapshot() and future.snapshot() == fresh[3].snapshot()
     assert replay(records, load_packer("native")).ok
     assert result.stopped_because in ("idle", "time limit")
+
+
+def test_fragmentation_strategy_end_to_end_on_both_packers() -> None:
+    text = (ROOT / "examples" / "quickstart.yaml").read_text().replace(
+        "placementStrategy: {gpu: binpack, cpu: binpack}", "placementStrategy: {gpu: fragmentation, cpu: binpack}")
+    assert "fragmentation" in text
+    sc = load_scenario_text(text, "frag.yaml")
+    logs = {}
+    for engine in ("native", "reference"):
+        log = MemoryEventLog()
+        result = anyio.run(lambda: simulate(sc, log, load_packer(engine)))  # type: ignore[arg-type]
+        assert result.binds == 7 and result.bind_failures == 0
+        logs[engine] = log.raw_lines()
+        assert replay(anyio.run(lambda: _all(log)), load_packer("native")).ok
+    assert logs["native"] == logs["reference"]

@@ -63,9 +63,6 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
                 parse_duration(value)
             except ValueError as exc:
                 raise msgspec.ValidationError(f"{exc} - at `$.{name}`") from None
-        if self.placement_strategy.gpu == "fragmentation":
-            raise msgspec.ValidationError(
-                "the fragmentation strategy is not available in this version - at `$.placementStrategy.gpu`")
         if self.state_digest_every < 0:
             raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
         if len(set(self.actions)) != len(self.actions):

@@ -12,26 +12,43 @@ Contract (what makes replay exact):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
 from kai_es.scheduling.actions.allocate import Allocator
 from kai_es.scheduling.config import SchedulerConfig
-from kai_es.scheduling.packing import CpuStrategy, DeviceStrategy, GpuStrategy, Packer, Strategy
-from kai_es.scheduling.plan import Plan
+from kai_es.scheduling.packing import (
+    CpuStrategy,
+    DeviceStrategy,
+    GpuStrategy,
+    Packer,
+    Strategy,
+    workload_from_tasks,
+)
+from kai_es.scheduling.plan import Plan, task_shape
 from kai_es.state.model import ClusterState
-from kai_es.state.reducer import reasons_fingerprint
+from kai_es.state.reducer import job_key_of_index, reasons_fingerprint
 from kai_es.state.snapshot import digest
 
 SOURCE = "kai-es/scheduler"
 
 
-def strategy_of(config: SchedulerConfig) -> Strategy:
+def strategy_of(config: SchedulerConfig, state: ClusterState | None = None) -> Strategy:
+    """The packer strategy of `config`. For `fragmentation` the expected workload is the shapes
+    of the pods pending in `state` (counted; order-independent)."""
     gpu = {"binpack": GpuStrategy.BINPACK, "spread": GpuStrategy.SPREAD,
            "fragmentation": GpuStrategy.FRAGMENTATION}[config.placement_strategy.gpu]
     cpu = CpuStrategy.BINPACK if config.placement_strategy.cpu == "binpack" else CpuStrategy.SPREAD
     dev = DeviceStrategy.GPUPACK if config.gpu_sharing_order == "gpupack" else DeviceStrategy.GPUSPREAD
-    return Strategy(gpu, cpu, dev)
+    strategy = Strategy(gpu, cpu, dev)
+    if gpu == GpuStrategy.FRAGMENTATION and state is not None:
+        shapes = [task_shape(state.pods[entry[3]].spec)
+                  for queue in sorted(state.pending_jobs) for index_key in state.pending_jobs[queue]
+                  for entry in state.jobs[job_key_of_index(index_key)].pending]
+        strategy = replace(strategy, workload=workload_from_tasks(shapes))
+    return strategy
 
 
 class _Emitter:
@@ -60,7 +77,7 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
         raise ValueError(f"state is at position {state.position}, the cycle's cut is {started.position}")
     now = started.envelope.logicaltime
     emitter = _Emitter(started, config)
-    plan = Plan(state, packer, strategy_of(config))
+    plan = Plan(state, packer, strategy_of(config, state))
     counts = {"bound": 0, "pipelined": 0, "unschedulable": 0}
     if "allocate" in config.actions:
         result = Allocator(state, plan, now).run()
