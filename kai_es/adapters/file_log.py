@@ -161,33 +161,20 @@ class FileEventLog:
 
     def scan(self, from_position: int = 0, end: int | None = None) -> Iterator[Record]:
         """Synchronous read of records [from_position, end) — the fast path for folds."""
+        for pos, body in self.scan_raw(from_position, end):
+            try:
+                env = decode(body)
+            except DecodeError as exc:
+                raise CorruptLogError(self.path, pos, str(exc)) from None
+            yield Record(pos, env)
+
+    def scan_raw(self, from_position: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """(position, canonical body bytes) of [from_position, end) without decoding."""
         self._refresh()
         stop = len(self._offsets) if end is None else min(end, len(self._offsets))
         pos = max(0, from_position)
         if pos >= stop:
             return
-        with open(self.path, "rb") as f:
-            f.seek(self._offsets[pos])
-            for line in f:
-                if pos >= stop:
-                    return
-                body, reason = _check_line(line)
-                if body is None:
-                    raise CorruptLogError(self.path, pos, reason)
-                try:
-                    env = decode(body)
-                except DecodeError as exc:
-                    raise CorruptLogError(self.path, pos, str(exc)) from None
-                yield Record(pos, env)
-                pos += 1
-
-    def scan_raw(self, from_position: int = 0) -> Iterator[tuple[int, bytes]]:
-        """(position, canonical body bytes) without decoding — for digests and dead letters."""
-        self._refresh()
-        pos = max(0, from_position)
-        if pos >= len(self._offsets):
-            return
-        stop = len(self._offsets)
         with open(self.path, "rb") as f:
             f.seek(self._offsets[pos])
             for line in f:

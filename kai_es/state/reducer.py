@@ -718,17 +718,7 @@ HANDLERS: Final[dict[type[p.Payload], Handler]] = {
 
 def apply(state: ClusterState, record: Record) -> ClusterState:
     """Fold one record into `state` (in place) and return it."""
-    env = record.envelope
-    if record.position <= state.position:
-        raise ValueError(
-            f"record at position {record.position} is not after the state's position {state.position}"
-        )
-    HANDLERS[type(env.data)](state, env)
-    state.position = record.position
-    state.records += 1
-    if env.logicaltime > state.logicaltime:
-        state.logicaltime = env.logicaltime
-    return state
+    return fold((record,), state)
 
 
 def fold(records: Iterable[Record], state: ClusterState | None = None) -> ClusterState:
