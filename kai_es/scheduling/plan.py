@@ -56,6 +56,7 @@ class Plan:
         self.idle, self.future = idle.copy(), future.copy()
         self.entries: list[Entry] = []
         self._new_groups: dict[tuple[int, int], str] = {}
+        self._failed: dict[tuple[TaskShape, int], Placement] = {}  # masks live as long as the plan
 
     def checkpoint(self) -> int:
         return len(self.entries)
@@ -68,11 +69,19 @@ class Plan:
             if not e.pipelined:
                 self.idle.apply(e.node, e.devices, e.shape, -1)
 
-    def place(self, pod_key: str, spec: PodObserved, mask: array[int]) -> tuple[Entry | None, Placement]:
+    def place(self, pod_key: str, spec: PodObserved, mask: array[int],
+              settled: bool = False) -> tuple[Entry | None, Placement]:
         """Place one task: idle capacity first, else pipelined onto releasing capacity.
         Returns the entry (None when nothing fits) and the idle-capacity placement answer,
-        whose rejection counts explain a failure."""
+        whose rejection counts explain a failure.
+
+        `settled=True` says no tentative (uncommitted) placement is outstanding. Capacity never
+        grows above its settled level during a cycle, so a shape that fails then, for the same
+        mask, fails for the rest of the cycle: that answer is remembered and reused."""
         shape = task_shape(spec)
+        known = self._failed.get((shape, id(mask)))
+        if known is not None:
+            return None, known
         now = self.packer.place(self.idle, shape, self.strategy, mask)
         if now.placed:
             entry = self._record(pod_key, spec, shape, now, pipelined=False)
@@ -84,6 +93,8 @@ class Plan:
             entry = self._record(pod_key, spec, shape, later, pipelined=True)
             self.future.apply(later.node, later.devices, shape, 1)
             return entry, now
+        if settled:
+            self._failed[(shape, id(mask))] = now
         return None, now
 
     def _record(self, pod_key: str, spec: PodObserved, shape: TaskShape, placement: Placement,

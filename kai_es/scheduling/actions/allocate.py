@@ -369,7 +369,7 @@ class Allocator:
         cp = self.plan.checkpoint()
         entries: list[Entry] = []
         for i, pod in enumerate(pods):
-            entry, answer = self.plan.place(pod.key, pod.spec, self.mask(pod))
+            entry, answer = self.plan.place(pod.key, pod.spec, self.mask(pod), settled=not entries)
             if entry is None:
                 self.plan.rollback(cp)
                 node_reason = fw.no_node_fits(answer.rejections, len(self.plan.nodes), _what(pod))

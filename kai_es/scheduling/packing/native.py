@@ -90,7 +90,8 @@ class _Bound:
 class NativePacker:
     """Placement through the compiled ``kai_pack_place``."""
 
-    __slots__ = ("_module", "_ffi", "_lib", "_bound", "_workload")
+    __slots__ = ("_module", "_ffi", "_lib", "_bound", "_workload", "_valid_tasks", "_valid_strategy",
+                 "_c_tasks", "_c_strategy", "_elig", "_outs")
 
     def __init__(self, module: ModuleType | None = None) -> None:
         mod = import_native() if module is None else module
@@ -117,6 +118,14 @@ class NativePacker:
         self._bound: weakref.WeakKeyDictionary[Any, _Bound] = weakref.WeakKeyDictionary()
         # (workload tuple, its flattened array, the cffi view) of the last call
         self._workload: tuple[object, array[int], Any] | None = None
+        # Per-call costs that do not change between calls are paid once. C still checks every
+        # value on every call; these caches only skip repeated Python-side work.
+        self._valid_tasks: set[TaskShape] = set()
+        self._valid_strategy: Strategy | None = None
+        self._c_tasks: dict[TaskShape, Any] = {}
+        self._c_strategy: tuple[Strategy, Any, int, Any] | None = None
+        self._elig: tuple[array[int], Any] | None = None
+        self._outs: dict[int, Any] = {}
 
     @property
     def kind(self) -> str:
@@ -138,13 +147,17 @@ class NativePacker:
     # ----------------------------------------------------------------- binding
 
     def _bind(self, table: PackTable) -> _Bound:
-        arrays = tuple(_check_buffer(name, getattr(table, name)) for name in _TABLE_FIELDS)
         try:
             cached = self._bound.get(table)
         except TypeError:  # not weak-referenceable: bind every call
             cached = None
-        if cached is not None and all(a is b for a, b in zip(cached.arrays, arrays)):
-            return cached
+        if cached is not None:
+            for name, a in zip(_TABLE_FIELDS, cached.arrays):
+                if getattr(table, name) is not a:
+                    break
+            else:
+                return cached
+        arrays = tuple(_check_buffer(name, getattr(table, name)) for name in _TABLE_FIELDS)
         ffi = self._ffi
         views = [ffi.from_buffer("int64_t[]", a) for a in arrays]
         struct = ffi.new("kai_pack_table *")
@@ -188,8 +201,15 @@ class NativePacker:
         Raises :class:`InvalidArgument` (bad task, strategy, workload or table) or
         ``TypeError`` (a table buffer that is not ``array('q')``).
         """
-        problem = task_problem(task) or strategy_problem(strategy)
-        ensure(problem is None, problem)
+        if task not in self._valid_tasks:
+            problem = task_problem(task)
+            ensure(problem is None, problem)
+            if len(self._valid_tasks) < 4096:
+                self._valid_tasks.add(task)
+        if strategy is not self._valid_strategy:
+            problem = strategy_problem(strategy)
+            ensure(problem is None, problem)
+            self._valid_strategy = strategy
         result = self.place_raw(table, task, strategy, eligible)
         if result.code < 0:
             detail = ""
@@ -210,7 +230,13 @@ class NativePacker:
         arrays = bound.arrays
         n = len(arrays[0])
         d = len(arrays[5])
-        elig = bound.arrays[8] if eligible is None else _check_buffer("eligible", eligible)
+        cached_elig = self._elig
+        if eligible is None:
+            elig = bound.arrays[8]
+        elif cached_elig is not None and cached_elig[0] is eligible:
+            elig = eligible
+        else:
+            elig = _check_buffer("eligible", eligible)
         # Lengths are the memory-safety contract of the boundary: check them here.
         if (
             any(len(a) != n for a in arrays[1:4])
@@ -224,14 +250,31 @@ class NativePacker:
         if shapes is None:
             return Placement.failure(ReturnCode.EINVAL)
         try:
-            c_task = ffi.new("kai_pack_task *", task.as_tuple())
-            c_strategy = ffi.new("kai_pack_strategy *", (*strategy.as_tuple(), *shapes))
+            c_task = self._c_tasks.get(task)
+            if c_task is None:
+                c_task = ffi.new("kai_pack_task *", task.as_tuple())
+                if len(self._c_tasks) < 4096:
+                    self._c_tasks[task] = c_task
+            cs = self._c_strategy
+            if cs is not None and cs[0] is strategy and cs[2] == shapes[0]:
+                c_strategy = cs[1]
+            else:
+                c_strategy = ffi.new("kai_pack_strategy *", (*strategy.as_tuple(), *shapes))
+                self._c_strategy = (strategy, c_strategy, shapes[0], shapes[1])
         except (OverflowError, TypeError):
             return Placement.failure(ReturnCode.EINVAL)
         want = c_task.whole_gpus if c_task.whole_gpus > 0 else c_task.fraction_devices
         want = min(max(want, 0), MAX_TASK_DEVICES)
-        out = ffi.new("int64_t[]", 1 + REASON_COUNT + want)
-        c_elig = bound.views[8] if eligible is None else ffi.from_buffer("int64_t[]", elig)
+        out = self._outs.get(want)
+        if out is None:
+            out = self._outs[want] = ffi.new("int64_t[]", 1 + REASON_COUNT + want)
+        if eligible is None:
+            c_elig = bound.views[8]
+        elif cached_elig is not None and cached_elig[0] is eligible:
+            c_elig = cached_elig[1]
+        else:
+            c_elig = ffi.from_buffer("int64_t[]", elig)
+            self._elig = (eligible, c_elig)
         code = int(
             self._lib.kai_pack_place(
                 bound.struct, c_elig, c_task, c_strategy,
