@@ -261,6 +261,10 @@ def replay(log_url: str, packer: str | None) -> None:
 
     events = open_log(log_url, readonly=True)
     result = do_replay(_records(events), _packer(packer))
+    from kai_es.services.processes import describe_dead_letters
+
+    for line in describe_dead_letters(list(getattr(events, "dead_letters", []))):
+        console.print(line, highlight=False)
     if result.divergence is not None:
         err.print(describe(result.divergence), highlight=False, markup=False)
         sys.exit(1)
@@ -332,6 +336,7 @@ def _brief(data: p.Payload) -> str:
     return ""
 
 
+from kai_es import cli_services  # noqa: E402,F401  (registers scheduler/binder/... commands)
+
 if __name__ == "__main__":
     main()
-from kai_es import cli_services  # noqa: F401,E402

@@ -26,7 +26,7 @@ from kai_es.scheduling.packing import load_packer
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
 def _seconds(option: str, text: str) -> float:
@@ -50,10 +50,17 @@ def _ready(line: str) -> None:
 
 
 def _run(fn: Any) -> None:
+    from kai_es.services.processes import fenced_error_types  # noqa: PLC0415
+
     try:
         anyio.run(fn)
     except KeyboardInterrupt:  # pragma: no cover - interactive stop
         sys.exit(130)
+    except fenced_error_types():
+        # the fenced producer leaves futures holding ProducerFenced that nobody awaits; at exit
+        # asyncio would log each one: keep the stop to the one line friendly() prints
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        raise
 
 
 time_scale_option = click.option(

@@ -115,6 +115,7 @@ async def claim_writer(events: EventLog) -> None:
     """Start the producer now (InitProducerId): fences an older instance with our
     transactional_id and settles any transaction of ours still in flight, BEFORE we read."""
     if is_kafka(events):
+        events._check_open()  # type: ignore[attr-defined]
         await events._ensure_topic()  # type: ignore[attr-defined]
         await events._ensure_producer()  # type: ignore[attr-defined]
 
@@ -331,6 +332,29 @@ async def binder_session(events: EventLog, scenario: Scenario, clock: FlowClock,
         await anyio.sleep(max(delay, 0.005))
 
 
-__all__ = ["BINDER_TXN_ID", "SCHEDULER_TXN_ID", "CountingActuator", "FlowClock", "FrozenClock",
+def describe_dead_letters(dead_letters: list[Any]) -> list[str]:
+    """One line per record a reader skipped (`KafkaEventLog.dead_letters`)."""
+    return [f"dead-lettered: offset {d.offset} ({d.reason})" for d in dead_letters]
+
+
+def dead_letter_report(url: str) -> str:
+    """Read the whole log at `url` and name every record that was skipped as undecodable."""
+    from kai_es.app import open_log  # noqa: PLC0415
+
+    events = open_log(url, readonly=True)
+
+    async def go() -> None:
+        try:
+            async for _ in events.read(0):
+                pass
+        finally:
+            await events.close()
+
+    anyio.run(go)
+    lines = describe_dead_letters(list(getattr(events, "dead_letters", [])))
+    return "\n".join(lines) if lines else "no dead letters"
+
+
+__all__ = ["dead_letter_report", "describe_dead_letters", "BINDER_TXN_ID", "SCHEDULER_TXN_ID", "CountingActuator", "FlowClock", "FrozenClock",
            "StatsFile", "binder_session", "claim_writer", "cluster_birth", "read_all",
            "rebuild_cluster", "scheduler_session", "supervise"]

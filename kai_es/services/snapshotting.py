@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import zlib
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -122,13 +121,18 @@ async def restore_validated(store: SnapshotStore, events: EventLog) -> ClusterSt
                     "beginning", where, got, snap.digest)
         return None
     recorded = None
-    async with aclosing(events.read(snap.completed_position)) as records:
+    records = events.read(snap.completed_position)
+    try:
         async for record in records:
             if record.position == snap.completed_position:
                 env = record.envelope
                 if isinstance(env.data, p.CycleCompleted) and env.basedon == snap.position:
                     recorded = env.statedigest or ""
             break
+    finally:
+        aclose = getattr(records, "aclose", None)
+        if aclose is not None:
+            await aclose()
     if recorded is None:
         log.warning("%s rejected: no CycleCompleted based on it at position %d in the log; "
                     "folding the log from the beginning", where, snap.completed_position)

@@ -1,0 +1,63 @@
+"""`kai-es scheduler` and `kai-es binder` as real processes on the real broker: a workload runs
+to completion, `kai-es replay kafka://...` passes on the result, and a second scheduler with
+the same transactional_id fences the first, which stops with one clear line and exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kafka.procs import ROOT, Proc, end_checks, workload_done, workload_scenario
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            proc.kill9()
+
+
+def test_fenced_scheduler_stops_and_workload_completes(kafka_bootstrap: str, unique_name: str,
+                                                       tmp_path: Path, procs: list[Proc]) -> None:
+    pods = 300
+    scenario = workload_scenario(tmp_path / "w.yaml", pods=pods, nodes=4, spread_s=600,
+                                 run_for_s=60)
+    url = f"kafka://{kafka_bootstrap}/{unique_name}"
+    binder = Proc("binder", ["binder", "--log", f"{url}?transactional_id=b-{unique_name}",
+                             "--scenario", str(scenario), "--time-scale", "60",
+                             "--stats", str(tmp_path / "stats.jsonl")], tmp_path)
+    sched_args = ["scheduler", "--log", f"{url}?transactional_id=s-{unique_name}",
+                  "--scenario", str(scenario), "--time-scale", "60", "--period", "100ms"]
+    first = Proc("scheduler-1", sched_args, tmp_path)
+    second = Proc("scheduler-2", sched_args, tmp_path)
+    procs.extend([binder, first, second])
+    binder.start()
+    binder.wait_ready("binder")
+    first.start()
+    first.wait_ready("scheduler")
+    time.sleep(2)
+    second.start()
+    second.wait_ready("scheduler")
+    assert first.popen is not None
+    rc = first.popen.wait(30)
+    lines = [line for line in first.stderr().splitlines() if line.strip()]
+    assert rc == 2, first.stderr()[-2000:]
+    assert lines[-1].startswith("error: ") and "took over" in lines[-1], lines[-5:]
+    assert "s-" + unique_name in lines[-1], lines[-1]
+    deadline = time.monotonic() + 90
+    while not workload_done(kafka_bootstrap, unique_name, pods)[0]:
+        assert second.alive(), second.stderr()[-2000:]
+        assert time.monotonic() < deadline, workload_done(kafka_bootstrap, unique_name, pods)[1]
+        time.sleep(1)
+    end_checks(kafka_bootstrap, unique_name, pods, tmp_path / "stats.jsonl")
+    out = subprocess.run([sys.executable, "-m", "kai_es", "replay", url], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "OK:" in out.stdout, out.stdout + out.stderr
