@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kai_es.adapters.file_log import CorruptLogError, FileEventLog
-from kai_es.app import LogUrlError, open_log
+from kai_es.app import LogUrlError, bulk_fold, open_log
 from kai_es.events import Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
@@ -126,8 +126,9 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
                 await events.close()
 
         result = anyio.run(run_and_close)
-    records = list(_records(events))
-    summary = summarize(records)
+    with bulk_fold():
+        records = list(_records(events))
+        summary = summarize(records)
     report_path.mkdir(parents=True, exist_ok=True)
     plot_path = report_path / "gpu-allocation.png"
     plot(summary, str(plot_path))
@@ -260,7 +261,8 @@ def replay(log_url: str, packer: str | None) -> None:
     from kai_es.state.snapshot import digest
 
     events = open_log(log_url, readonly=True)
-    result = do_replay(_records(events), _packer(packer))
+    with bulk_fold():
+        result = do_replay(_records(events), _packer(packer))
     from kai_es.services.processes import describe_dead_letters
 
     for line in describe_dead_letters(list(getattr(events, "dead_letters", []))):

@@ -56,7 +56,22 @@ _OK = Status(True)
 
 
 def no_node_fits(rejections: tuple[int, ...], nodes: int, what: str) -> Reason:
-    """The reason for a task that fits no node, with per-cause node counts."""
+    """The reason for a task that fits no node, with per-cause node counts (memoised: equal
+    inputs give the same immutable Reason)."""
+    key = (rejections, nodes, what)
+    found = _NO_FIT.get(key)
+    if found is None:
+        found = _no_node_fits(rejections, nodes, what)
+        if len(_NO_FIT) > 65536:
+            _NO_FIT.clear()
+        _NO_FIT[key] = found
+    return found
+
+
+_NO_FIT: dict[tuple[tuple[int, ...], int, str], Reason] = {}
+
+
+def _no_node_fits(rejections: tuple[int, ...], nodes: int, what: str) -> Reason:
     parts = []
     numbers = {"nodes": nodes}
     for (key, phrase), count in zip(REJECTION_NAMES, rejections):

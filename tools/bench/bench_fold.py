@@ -1,6 +1,6 @@
 """Fold throughput and replay time on a 1,000,000-event synthetic log, and encode latency.
 
-    python tools/bench/bench_fold.py [--events 1000000] [--regenerate]
+    python tools/bench/bench_fold.py [--events 1000000] [--regenerate] [--overload]
 
 The log is realistic in shape, not just in size: 250 nodes x 8 GPUs; pods arrive, a real cycle
 (run_cycle, native packer) decides them in batches, the binder confirms, pods run and finish.
@@ -14,6 +14,7 @@ Prints: events/s for decode+apply (file scan incl. CRC; and from bytes in memory
 from __future__ import annotations
 
 import argparse
+import gc
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ START = 1_767_225_600_000_000_000
 SEC = 1_000_000_000
 
 
-def generate(path: Path, target: int) -> None:
+def generate(path: Path, target: int, overload: bool = False) -> None:
     cfg = SchedulerConfig(state_digest_every=0)
     packer = load_packer("native")
     state = ClusterState()
@@ -108,7 +109,9 @@ def generate(path: Path, target: int) -> None:
                                        "phase": "Running", "node_name": d.data.node,
                                        "gpu_devices": d.data.gpu_devices})
                 now_running.append(ev(obs, d.subject))
-                running.append((cycle + 2, obs))
+                # steady state: pods run one cycle (~80% GPU load, a small backlog); overload:
+                # two cycles (~120% of capacity arrives, a backlog of thousands is retried each cycle)
+                running.append((cycle + (2 if overload else 1), obs))
         emit(now_running)
         done = [obs for until, obs in running if until <= cycle]
         running = [(u, o) for u, o in running if u > cycle]
@@ -121,12 +124,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--regenerate", action="store_true")
+    ap.add_argument("--overload", action="store_true",
+                    help="a cluster offered ~120%% of its capacity: thousands of pods stay pending and "
+                         "are re-examined every cycle (a stress case for replay)")
     args = ap.parse_args()
-    path = ROOT / "out" / "bench" / f"synthetic-{args.events}.events.jsonl"
+    kind = "overload" if args.overload else "steady"
+    path = ROOT / "out" / "bench" / f"synthetic-{kind}-{args.events}.events.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     if args.regenerate or not path.exists():
         t0 = time.perf_counter()
-        generate(path, args.events)
+        generate(path, args.events, args.overload)
         print(f"generated {path.relative_to(ROOT)} in {time.perf_counter() - t0:.1f}s")
     log = FileEventLog(path, readonly=True)
     total = sum(1 for _ in log.scan_raw())
@@ -137,6 +144,18 @@ def main() -> None:
     state = fold(log.scan())
     dt = time.perf_counter() - t0
     print(f"fold from file (CRC + decode + apply): {total / dt:,.0f} events/s  ({dt:.2f}s)   target >= 200,000")
+    print(f"  state at the end: {len(state.pods):,} pods, {len(state.nodes)} nodes")
+    gc.disable()
+    t0 = time.perf_counter()
+    fold(log.scan())
+    dt = time.perf_counter() - t0
+    gc.enable()
+    print(f"fold from file, GC paused (as kai-es replay does): {total / dt:,.0f} events/s  ({dt:.2f}s)")
+    t0 = time.perf_counter()
+    for _, body in log.scan_raw():
+        decode(body)
+    dt = time.perf_counter() - t0
+    print(f"decode alone (CRC + decode): {total / dt:,.0f} events/s")
 
     bodies = [body for _, body in log.scan_raw()]
     t0 = time.perf_counter()

@@ -7,7 +7,7 @@ Which job goes next (KAI's order, level by level down the queue tree; first diff
   2. queues that stay within quota with the candidate job before those that would not;
   3. higher queue priority;
   4. smaller dominant-resource share including the candidate job (DRF: max over resources of
-     (allocated + candidate) / fair share, compared exactly as fractions);
+     (allocated + candidate) / fair share, as an integer in units of 1e-12);
   5. older queue, then name.
 Within a leaf queue: higher job priority, jobs below their gang minimum before elastic extras,
 older, then uid.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 from sortedcontainers import SortedList
 
@@ -38,7 +37,9 @@ from kai_es.state.reducer import device_count, job_key_of_index
 Vector = tuple[int, int, int]  # (milli-GPU, milli-CPU, bytes), in RESOURCES order
 Candidate = tuple["QueueNode", Job, list[PodState], Vector]
 ZERO: Vector = (0, 0, 0)
-INFINITE = Fraction(10**30)
+#: DRF shares are compared as floor(used * SHARE_SCALE / fair share): integers, exact to 1e-12
+SHARE_SCALE = 10**12
+INFINITE = 10**40
 
 
 def _add(a: Vector, b: Vector) -> Vector:
@@ -103,7 +104,7 @@ def _what(pod: PodState) -> str:
         gpu = f"{g.gpu_memory_mib}MiB GPU memory x{g.fraction_devices}"
     else:
         gpu = "no GPU"
-    return f"pod {pod.key} ({gpu}, {pod.spec.requests.milli_cpu}m CPU)"
+    return f"{gpu}, {pod.spec.requests.milli_cpu}m CPU"
 
 
 def _fmt(resource: str, amount: int) -> str:
@@ -184,6 +185,10 @@ class Allocator:
             if not pods:
                 leaf.jobs.pop(0)
                 continue
+            if len(job.members) == 1 and job.min_member <= 1 and (job.spec is None or not job.spec.subgroups):
+                # a job of one pod: its minimum is that pod (the common case, kept cheap)
+                self._gang[key] = need = Minimum(tuple(pods))
+                return job, pods, pod_request(pods[0], self.gpu_memory_hint)
             occupying = [self.state.pods[m] for m in sorted(job.members)
                          if self.state.pods[m].status in OCCUPYING or m in self._placed_pods]
             need = minimum(job, pods, occupying)
@@ -201,13 +206,14 @@ class Allocator:
         over_all = all(q.allocated[r] > q.fair[r] for r in range(3))
         within_quota = all(q.quota[r] < 0 or q.allocated[r] + request[r] <= q.quota[r] for r in range(3)
                            if request[r] > 0)
-        share = Fraction(0)
+        share = 0
         for r in range(3):
             used = q.allocated[r] + request[r]
             if used <= 0:
                 continue
-            s = Fraction(used, q.fair[r]) if q.fair[r] > 0 else INFINITE
-            share = max(share, s)
+            s = used * SHARE_SCALE // q.fair[r] if q.fair[r] > 0 else INFINITE
+            if s > share:
+                share = s
         return (over_all, not within_quota, -q.priority, share, q.created_ns, q.name)
 
     def _pick(self, nodes: list[QueueNode]) -> Candidate | None:
@@ -332,9 +338,8 @@ class Allocator:
     def _requeue(self, leaf: QueueNode, job: Job) -> None:
         """After progress, the job competes again for its remaining pods as an elastic job."""
         assert leaf.jobs is not None
-        for item in list(leaf.jobs.irange((-job.priority,), (-job.priority + 1,))):
-            if item[4] == job.key:
-                leaf.jobs.remove(item)
+        for stage in (0, 1):
+            leaf.jobs.discard((-job.priority, stage, job.created_ns, job.uid, job.key))
         if any(e[3] not in self._done for e in job.pending):
             leaf.jobs.add((-job.priority, 1, job.created_ns, job.uid, job.key))
 

@@ -560,6 +560,10 @@ def _int64_array(values: Iterable[int]) -> array[int]:
     return array("q", values)
 
 
+#: shapes already validated by `ArrayPackTable.apply` (bounded; a cache, not state)
+_VALID_TASKS: set[TaskShape] = set()
+
+
 class ArrayPackTable:
     """The concrete :class:`PackTable`: ten ``array('q')`` buffers, updated in place.
 
@@ -701,11 +705,15 @@ class ArrayPackTable:
         un-applying the same placement restores every array exactly.
         """
         ensure(sign in (1, -1), f"sign must be +1 or -1, got {sign!r}")
-        problem = task_problem(task)
-        ensure(problem is None, problem)
+        if task not in _VALID_TASKS:
+            problem = task_problem(task)
+            ensure(problem is None, problem)
+            if len(_VALID_TASKS) < 4096:
+                _VALID_TASKS.add(task)
         ensure(0 <= node < self.n_nodes, f"node {node} is out of range")
         devs = tuple(devices)
-        ensure(len(devs) == task.device_count, f"expected {task.device_count} devices, got {len(devs)}")
+        count = task.whole_gpus if task.whole_gpus > 0 else task.fraction_devices
+        ensure(len(devs) == count, f"expected {count} devices, got {len(devs)}")
         ensure(len(set(devs)) == len(devs), f"devices {devs} are not distinct")
         owned = self.devices_of(node)
         for j in devs:
@@ -717,7 +725,7 @@ class ArrayPackTable:
         for name, value in (("free_milli_cpu", cpu), ("free_memory_bytes", mem), ("free_pods", pods)):
             ensure(0 <= value <= INT64_MAX, f"node {node}: {name} would become {value}")
 
-        shared_task = task.kind is TaskKind.SHARED
+        shared_task = task.whole_gpus == 0 and task.fraction_devices > 0
         updates: list[tuple[int, int, int]] = []
         for j in devs:
             holders = self.dev_frac_holders[j]
