@@ -78,6 +78,7 @@ def _no_node_fits(rejections: tuple[int, ...], nodes: int, what: str) -> Reason:
         if count:
             parts.append(f"{count} {phrase}")
             numbers[key] = count
-    detail = "; ".join(parts) if parts else "no nodes"
+    detail = "; ".join(parts) if parts else (
+        "the capacity that fits is held for pipelined pods waiting on it" if nodes else "no nodes")
     return Reason(code=NO_NODE_FITS, message=f"0/{nodes} nodes can run {what}: {detail}",
                   numbers=dict(sorted(numbers.items())))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
-from kai_es.scheduling.packing import ArrayPackTable, Packer, Placement, Strategy, TaskShape
+from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape
 from kai_es.scheduling.tables import build_tables as build_tables  # re-exported
 from kai_es.scheduling.tables import tables
 from kai_es.state.model import ClusterState
@@ -65,9 +65,9 @@ class Plan:
         """Undo every placement made after `checkpoint`, newest first."""
         while len(self.entries) > checkpoint:
             e = self.entries.pop()
-            self.future.apply(e.node, e.devices, e.shape, -1)
+            self.future.apply_placed(e.node, e.devices, e.shape, -1)
             if not e.pipelined:
-                self.idle.apply(e.node, e.devices, e.shape, -1)
+                self.idle.apply_placed(e.node, e.devices, e.shape, -1)
 
     def place(self, pod_key: str, spec: PodObserved, mask: array[int],
               settled: bool = False) -> tuple[Entry | None, Placement]:
@@ -84,14 +84,16 @@ class Plan:
             return None, known
         now = self.packer.place(self.idle, shape, self.strategy, mask)
         if now.placed:
+            if not self.future.can_take(now.node, now.devices, shape):
+                return None, now  # idle capacity a pipelined pod is already waiting for
+            self.future.apply_placed(now.node, now.devices, shape, 1)
+            self.idle.apply_placed(now.node, now.devices, shape, 1)
             entry = self._record(pod_key, spec, shape, now, pipelined=False)
-            self.idle.apply(now.node, now.devices, shape, 1)
-            self.future.apply(now.node, now.devices, shape, 1)
             return entry, now
         later = self.packer.place(self.future, shape, self.strategy, mask)
         if later.placed:
             entry = self._record(pod_key, spec, shape, later, pipelined=True)
-            self.future.apply(later.node, later.devices, shape, 1)
+            self.future.apply_placed(later.node, later.devices, shape, 1)
             return entry, now
         if settled:
             self._failed[(shape, id(mask))] = now

@@ -750,6 +750,38 @@ class ArrayPackTable:
             self.dev_shared[j] = 1 if holders > 0 else 0
 
 
+    def can_take(self, node: int, devices: Sequence[int], task: TaskShape) -> bool:
+        """Whether `apply_placed(node, devices, task, +1)` keeps every free quantity >= 0 (for
+        a placement chosen on another table, e.g. idle capacity checked against future)."""
+        if (self.free_milli_cpu[node] < task.milli_cpu or self.free_memory_bytes[node] < task.memory_bytes
+                or self.free_pods[node] < 1):
+            return False
+        for j in devices:
+            need = MILLI_PER_GPU if task.whole_gpus > 0 else need_milli(task, self.dev_total_memory_mib[j])
+            if need is None or self.dev_free_milli[j] < need:
+                return False
+        return True
+
+    def apply_placed(self, node: int, devices: Sequence[int], task: TaskShape, sign: int = 1) -> None:
+        """`apply` without the checks, for a placement a packer has just answered on this very
+        table (sign=+1) or for undoing one such placement (sign=-1): those are valid by
+        construction. Anything else must use `apply`."""
+        self.free_milli_cpu[node] -= sign * task.milli_cpu
+        self.free_memory_bytes[node] -= sign * task.memory_bytes
+        self.free_pods[node] -= sign
+        if task.whole_gpus > 0:
+            for j in devices:
+                self.dev_free_milli[j] -= sign * MILLI_PER_GPU
+            return
+        for j in devices:
+            need = need_milli(task, self.dev_total_memory_mib[j])
+            assert need is not None
+            holders = self.dev_frac_holders[j] + sign
+            self.dev_free_milli[j] -= sign * need
+            self.dev_frac_holders[j] = holders
+            self.dev_shared[j] = 1 if holders > 0 else 0
+
+
 # --------------------------------------------------------------------------- packer protocol
 
 
