@@ -54,13 +54,13 @@ def frame(body: bytes) -> bytes:
     return b"%08x\t%s\n" % (zlib.crc32(body), body)
 
 
-def _check_line(line: bytes) -> tuple[bytes | None, str]:
-    """The body of a framed line, or None and the reason it is not valid."""
+def _check_line(line: bytes) -> tuple[memoryview | None, str]:
+    """The body of a framed line (a view, not a copy), or None and the reason it is not valid."""
     if not line.endswith(b"\n"):
         return None, "line is not terminated (write was cut short)"
-    if len(line) < 10 or line[8:9] != b"\t":
+    if len(line) < 10 or line[8] != 9:  # b"\t"
         return None, "line has no CRC frame"
-    body = line[9:-1]
+    body = memoryview(line)[9:-1]
     try:
         expected = int(line[:8], 16)
     except ValueError:
@@ -161,15 +161,20 @@ class FileEventLog:
 
     def scan(self, from_position: int = 0, end: int | None = None) -> Iterator[Record]:
         """Synchronous read of records [from_position, end) — the fast path for folds."""
-        for pos, body in self.scan_raw(from_position, end):
+        for pos, body in self._frames(from_position, end):
             try:
-                env = decode(body)
+                env = decode(body)  # type: ignore[arg-type]  # msgspec reads any buffer
             except DecodeError as exc:
                 raise CorruptLogError(self.path, pos, str(exc)) from None
             yield Record(pos, env)
 
     def scan_raw(self, from_position: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]:
         """(position, canonical body bytes) of [from_position, end) without decoding."""
+        for pos, body in self._frames(from_position, end):
+            yield pos, bytes(body)
+
+    def _frames(self, from_position: int, end: int | None) -> Iterator[tuple[int, memoryview]]:
+        """(position, body view) of every checked line in [from_position, end); no copies."""
         self._refresh()
         stop = len(self._offsets) if end is None else min(end, len(self._offsets))
         pos = max(0, from_position)

@@ -203,6 +203,13 @@ def _pod_queue(state: ClusterState, pod: PodState) -> str:
 
 def _set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
     job = state.jobs[pod.job_key]
+    want = pending and pod.spec.scheduler_name == SCHEDULER_NAME
+    if pod.pending_key is None and not want:
+        _reindex_job(state, job)  # job fields may have changed; the pod's own entry did not
+        return
+    if want and pod.pending_key == (-pod.spec.task_priority, pod.spec.created_ns, pod.spec.uid, pod.key):
+        _reindex_job(state, job)
+        return
     if pod.pending_key is not None:
         job.pending.remove(pod.pending_key)
         pod.pending_key = None
