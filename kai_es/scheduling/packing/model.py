@@ -52,6 +52,7 @@ __all__ = [
     "NativePackerUnavailable",
     "ensure",
     "raise_for_code",
+    "raise_for_result",
     "task_problem",
     "strategy_problem",
     "table_problem",
@@ -179,6 +180,17 @@ def raise_for_code(code: int, detail: str = "") -> NoReturn:
     if code == ReturnCode.EINVAL:
         raise InvalidArgument(detail or "invalid argument")
     raise PackingError(f"unexpected return code {code}")
+
+
+def raise_for_result(result: "Placement", table: "PackTable", strategy: "Strategy",
+                     eligible: "array[int] | None") -> NoReturn:
+    """Raise the typed error for a negative placement code, naming the bad input when it can."""
+    detail = ""
+    if result.code == ReturnCode.EINVAL:
+        detail = table_problem(table, eligible) or ""
+        if not detail and strategy.gpu_strategy == GpuStrategy.FRAGMENTATION:
+            detail = f"a node owns more than {MAX_NODE_DEVICES} devices (fragmentation strategy)"
+    raise_for_code(result.code, detail)
 
 
 # --------------------------------------------------------------------------- task / strategy

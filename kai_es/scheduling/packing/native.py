@@ -32,7 +32,6 @@ from .model import (
     MAX_TOTAL_WEIGHT,
     REASON_COUNT,
     SHAPE_FIELDS,
-    GpuStrategy,
     NativePackerUnavailable,
     PackTable,
     Placement,
@@ -40,9 +39,8 @@ from .model import (
     Strategy,
     TaskShape,
     ensure,
-    raise_for_code,
+    raise_for_result,
     strategy_problem,
-    table_problem,
     task_problem,
 )
 
@@ -212,12 +210,7 @@ class NativePacker:
             self._valid_strategy = strategy
         result = self.place_raw(table, task, strategy, eligible)
         if result.code < 0:
-            detail = ""
-            if result.code == ReturnCode.EINVAL:
-                detail = table_problem(table, eligible) or ""
-                if not detail and strategy.gpu_strategy == GpuStrategy.FRAGMENTATION:
-                    detail = f"a node owns more than {MAX_NODE_DEVICES} devices (fragmentation strategy)"
-            raise_for_code(result.code, detail)
+            raise_for_result(result, table, strategy, eligible)
         return result
 
     def place_raw(

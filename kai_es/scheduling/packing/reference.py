@@ -101,7 +101,7 @@ from .model import (
     TaskShape,
     ensure,
     need_milli,
-    raise_for_code,
+    raise_for_result,
     strategy_problem,
     table_problem,
     task_problem,
@@ -381,12 +381,7 @@ class ReferencePacker:
         ensure(problem is None, problem)
         result = self.place_raw(table, task, strategy, eligible)
         if result.code < 0:
-            detail = ""
-            if result.code == ReturnCode.EINVAL:
-                detail = table_problem(table, eligible) or ""
-                if not detail and strategy.gpu_strategy == GpuStrategy.FRAGMENTATION:
-                    detail = f"a node owns more than {MAX_NODE_DEVICES} devices (fragmentation strategy)"
-            raise_for_code(result.code, detail)
+            raise_for_result(result, table, strategy, eligible)
         return result
 
     def place_raw(
