@@ -112,7 +112,9 @@ class Job:
     created_ns: int = 0
     uid: str = ""
     members: set[str] = field(default_factory=set)
-    pending: SortedList = field(default_factory=SortedList)
+    #: pending pods' keys (-task priority, created, uid, pod key), kept sorted with bisect: a
+    #: plain list is far cheaper than a SortedList for the handful of pods a job usually has
+    pending: list[tuple[int, int, str, str]] = field(default_factory=list)
     occupying: int = 0
     preemptible: bool = True
     index_key: tuple[int, int, str, str] | None = None

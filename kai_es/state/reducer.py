@@ -12,6 +12,7 @@ Contract:
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Callable, Iterable
 from typing import Final
 
@@ -205,17 +206,15 @@ def _set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
     job = state.jobs[pod.job_key]
     want = pending and pod.spec.scheduler_name == SCHEDULER_NAME
     if pod.pending_key is None and not want:
-        _reindex_job(state, job)  # job fields may have changed; the pod's own entry did not
-        return
+        return  # the job's pending set is unchanged (job field changes reindex in _refresh_job)
     if want and pod.pending_key == (-pod.spec.task_priority, pod.spec.created_ns, pod.spec.uid, pod.key):
-        _reindex_job(state, job)
         return
     if pod.pending_key is not None:
         job.pending.remove(pod.pending_key)
         pod.pending_key = None
     if pending and pod.spec.scheduler_name == SCHEDULER_NAME:
         pod.pending_key = (-pod.spec.task_priority, pod.spec.created_ns, pod.spec.uid, pod.key)
-        job.pending.add(pod.pending_key)
+        insort(job.pending, pod.pending_key)
     _reindex_job(state, job)
 
 
