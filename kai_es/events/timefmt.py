@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import re
 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
@@ -11,8 +12,10 @@ _RFC3339 = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def rfc3339(ns: int) -> str:
-    """`ns` rendered as UTC RFC 3339 with nanoseconds when non-zero (deterministic)."""
+    """`ns` rendered as UTC RFC 3339 with nanoseconds when non-zero (deterministic; memoised,
+    since a cycle's decisions all share one logical time)."""
     seconds, frac = divmod(ns, 1_000_000_000)
     base = (_EPOCH + _dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
     if frac:

@@ -74,6 +74,9 @@ def _check_buffer(name: str, value: object) -> array[int]:
     return value
 
 
+_OK = ReturnCode.OK
+
+
 class _Bound:
     """A table's arrays, their cffi views and the filled ``kai_pack_table`` struct."""
 
@@ -232,7 +235,7 @@ class NativePacker:
             elig = _check_buffer("eligible", eligible)
         # Lengths are the memory-safety contract of the boundary: check them here.
         if (
-            any(len(a) != n for a in arrays[1:4])
+            len(arrays[1]) != n or len(arrays[2]) != n or len(arrays[3]) != n
             or len(elig) != n
             or len(arrays[4]) != n + 1
             or len(arrays[6]) != d
@@ -274,10 +277,9 @@ class NativePacker:
                 out, out + 1 + REASON_COUNT, want, out + 1, REASON_COUNT,
             )
         )
-        rc = ReturnCode(code)
-        if rc < 0:
-            return Placement.failure(rc)
+        if code < 0:
+            return Placement.failure(ReturnCode(code))
         reasons = tuple(ffi.unpack(out + 1, REASON_COUNT))
-        if rc == ReturnCode.OK:
-            return Placement(rc, int(out[0]), tuple(ffi.unpack(out + 1 + REASON_COUNT, want)), reasons)
-        return Placement(rc, -1, (), reasons)
+        if code == 0:
+            return Placement(_OK, int(out[0]), tuple(ffi.unpack(out + 1 + REASON_COUNT, want)), reasons)
+        return Placement(ReturnCode(code), -1, (), reasons)
