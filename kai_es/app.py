@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,6 +11,9 @@ from pathlib import Path
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.ports import EventLog
+from kai_es.scheduling.packing import Packer, load_packer
+
+PACKER_ENV_VAR = "KAI_ES_PACKER"
 
 
 class LogUrlError(ValueError):
@@ -50,3 +54,12 @@ def bulk_fold() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def packer_from_env(kind: str | None = None) -> Packer:
+    """The packer named by `kind`, else by `KAI_ES_PACKER` (unset or empty: native). An
+    unknown name is a ValueError; a missing native module raises, it never falls back."""
+    choice = kind or os.environ.get(PACKER_ENV_VAR, "").strip() or "native"
+    if choice not in ("native", "reference"):
+        raise ValueError(f"{PACKER_ENV_VAR}={choice!r}: expected 'native' or 'reference'")
+    return load_packer("reference" if choice == "reference" else "native")

@@ -22,13 +22,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kai_es.adapters.file_log import CorruptLogError, FileEventLog
-from kai_es.app import LogUrlError, bulk_fold, open_log
+from kai_es.app import LogUrlError, bulk_fold, open_log, packer_from_env
 from kai_es.events import Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
 from kai_es.scenario import ScenarioError, load_scenario
 from kai_es.scheduling.config import ConfigError
-from kai_es.scheduling.packing import NativePackerUnavailable, Packer, load_packer
+from kai_es.scheduling.packing import NativePackerUnavailable, Packer
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -66,7 +66,10 @@ def _backend_errors() -> tuple[type[Exception], ...]:
 
 
 def _packer(kind: str | None) -> Packer:
-    return load_packer(kind)  # type: ignore[arg-type]
+    try:
+        return packer_from_env(kind)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 packer_option = click.option("--packer", type=click.Choice(["native", "reference"]), default=None,

@@ -20,7 +20,7 @@ from kai_es.cli import UserError, err, friendly, main, packer_option
 from kai_es.events.timefmt import parse_duration
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.config import SchedulerConfig
-from kai_es.scheduling.packing import load_packer
+from kai_es.app import packer_from_env
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -96,7 +96,7 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
     _setup_logging(verbose)
     config = load_scenario(scenario_file).config if scenario_file else SchedulerConfig()
     period_s = _seconds("--period", period)
-    engine = load_packer(packer)  # type: ignore[arg-type]
+    engine = packer_from_env(packer)
     if time_scale <= 0:
         raise UserError("--time-scale must be positive")
     if snapshot_every > 0 and config.state_digest_every != 1:

@@ -78,21 +78,28 @@ def test_native_module_is_loaded() -> None:
 
 
 def test_default_loader_is_native_and_env_selects_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(packing.ENV_VAR, raising=False)
+    from kai_es.app import PACKER_ENV_VAR, packer_from_env
+
+    monkeypatch.delenv(PACKER_ENV_VAR, raising=False)
     assert isinstance(load_packer(), NativePacker)
-    monkeypatch.setenv(packing.ENV_VAR, "reference")
-    assert isinstance(load_packer(), ReferencePacker)
-    assert isinstance(load_packer("native"), NativePacker)  # an explicit kind wins
-    monkeypatch.setenv(packing.ENV_VAR, "fallback-please")
+    assert isinstance(packer_from_env(), NativePacker)
+    monkeypatch.setenv(PACKER_ENV_VAR, "reference")
+    assert isinstance(packer_from_env(), ReferencePacker)
+    assert isinstance(packer_from_env("native"), NativePacker)  # an explicit kind wins
+    monkeypatch.setenv(PACKER_ENV_VAR, "fallback-please")
     with pytest.raises(ValueError):
-        load_packer()
+        packer_from_env()
 
 
 def test_missing_native_module_raises_never_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(packing.ENV_VAR, raising=False)
+    from kai_es.app import PACKER_ENV_VAR, packer_from_env
+
+    monkeypatch.delenv(PACKER_ENV_VAR, raising=False)
     monkeypatch.setattr(native_module, "NATIVE_MODULE", "kai_es._native._no_such_module")
     with pytest.raises(NativePackerUnavailable, match="KAI_ES_PACKER=reference"):
         load_packer()
+    with pytest.raises(NativePackerUnavailable):
+        packer_from_env()
     with pytest.raises(NativePackerUnavailable):
         load_packer("native")
     assert isinstance(load_packer("reference"), ReferencePacker)

@@ -7,12 +7,12 @@ Two engines give identical answers:
 
 :func:`load_packer` picks one.  The default is the native packer and it RAISES
 :class:`NativePackerUnavailable` if the extension is not built; the twin is used only
-when asked for explicitly (``load_packer("reference")`` or ``KAI_ES_PACKER=reference``).
+when asked for explicitly (``load_packer("reference")``; the CLI also honours
+``KAI_ES_PACKER=reference`` through ``kai_es.app.packer_from_env``).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from .model import (
@@ -51,7 +51,6 @@ from .native import NativePacker
 from .reference import ReferencePacker
 
 __all__ = [
-    "ENV_VAR",
     "MAX_MEMORY_MIB",
     "MAX_NODE_DEVICES",
     "MAX_QUANTITY",
@@ -87,26 +86,17 @@ __all__ = [
     "workload_problem",
 ]
 
-ENV_VAR = "KAI_ES_PACKER"
-"""Environment variable read by :func:`load_packer` when no kind is given."""
-
 PackerKind = Literal["native", "reference"]
 
 
-def load_packer(kind: PackerKind | None = None) -> Packer:
+def load_packer(kind: PackerKind = "native") -> Packer:
     """Return a packer.
 
     ``kind="native"`` -> :class:`NativePacker`; raises :class:`NativePackerUnavailable`
     (with build instructions) if ``kai_es._native._packer`` is not built -- never falls
-    back.  ``kind="reference"`` -> :class:`ReferencePacker`.  ``kind=None`` reads
-    ``KAI_ES_PACKER`` (unset or empty means ``"native"``); any other value raises
-    ``ValueError``.
+    back.  ``kind="reference"`` -> :class:`ReferencePacker`. (Choosing from the
+    environment, ``KAI_ES_PACKER``, is the shell's job: ``kai_es.app.packer_from_env``.)
     """
-    if kind is None:
-        env = os.environ.get(ENV_VAR, "").strip() or "native"
-        if env not in ("native", "reference"):
-            raise ValueError(f"{ENV_VAR}={env!r}: expected 'native' or 'reference'")
-        kind = "reference" if env == "reference" else "native"
     if kind == "native":
         return NativePacker()
     if kind == "reference":
