@@ -180,7 +180,7 @@ def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
     job = state.jobs.get(pod.job_key)
     if job is not None:
         job.occupying += sign
-    q = state.queues.get(_pod_queue(state, pod))
+    q = state.queues.get(job.queue if job is not None and job.queue else pod.spec.queue)
     if q is None:
         return
     q.allocated_milli_cpu += sign * pod.spec.requests.milli_cpu
@@ -294,7 +294,8 @@ Handler = Callable[[ClusterState, Envelope], None]
 
 def _node_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.NodeObserved = env.data
-    _mark_seen(state, "Node", spec.name)
+    if state.resync_seen:
+        _mark_seen(state, "Node", spec.name)
     node = state.nodes.get(spec.name)
     if node is None or node.spec != spec:
         state.node_set_version += 1
@@ -354,7 +355,8 @@ def _remove_node(state: ClusterState, name: str) -> None:
 def _pod_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.PodObserved = env.data
     key = pod_key(spec.namespace, spec.name)
-    _mark_seen(state, "Pod", key)
+    if state.resync_seen:
+        _mark_seen(state, "Pod", key)
     pod = state.pods.get(key)
     if spec.phase in ("Succeeded", "Failed"):
         if pod is not None:
@@ -363,14 +365,13 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
     if pod is not None and pod.spec.uid != spec.uid:
         _drop_pod(state, pod)  # same name, new incarnation
         pod = None
-    new_job_key = pod_key(spec.namespace, spec.podgroup)
     if pod is None:
         job = _job_for(state, spec)
         pod = PodState(key=key, spec=spec, job_key=job.key)
         state.pods[key] = pod
         job.members.add(key)
         _refresh_job(state, job)
-    elif pod.job_key != new_job_key or _shape_changed(pod.spec, spec):
+    elif pod.job_key != pod_key(spec.namespace, spec.podgroup) or _shape_changed(pod.spec, spec):
         # membership or resource shape changed: re-seat the pod from scratch
         status, node, devices, groups = pod.status, pod.node, pod.devices, pod.gpu_groups
         _release(state, pod)
@@ -466,7 +467,8 @@ def _pod_removed(state: ClusterState, env: Envelope) -> None:
 
 def _queue_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.QueueObserved = env.data
-    _mark_seen(state, "Queue", spec.name)
+    if state.resync_seen:
+        _mark_seen(state, "Queue", spec.name)
     q = state.queues.get(spec.name)
     if q is None:
         state.queues[spec.name] = q = QueueState(spec=spec)
@@ -489,7 +491,8 @@ def _queue_removed(state: ClusterState, env: Envelope) -> None:
 def _podgroup_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.PodGroupObserved = env.data
     key = pod_key(spec.namespace, spec.name)
-    _mark_seen(state, "PodGroup", key)
+    if state.resync_seen:
+        _mark_seen(state, "PodGroup", key)
     job = state.jobs.get(key)
     if job is None:
         job = Job(key=key, namespace=spec.namespace, name=spec.name, spec=spec, implicit=False)
@@ -513,7 +516,8 @@ def _podgroup_removed(state: ClusterState, env: Envelope) -> None:
 
 def _priorityclass_observed(state: ClusterState, env: Envelope) -> None:
     data: p.PriorityClassObserved = env.data
-    _mark_seen(state, "PriorityClass", data.name)
+    if state.resync_seen:
+        _mark_seen(state, "PriorityClass", data.name)
     if state.priority_classes.get(data.name) != data.value:
         state.priority_classes[data.name] = data.value
         _refresh_all_jobs(state)
@@ -533,7 +537,8 @@ def _refresh_all_jobs(state: ClusterState) -> None:
 
 def _topology_observed(state: ClusterState, env: Envelope) -> None:
     data: p.TopologyObserved = env.data
-    _mark_seen(state, "Topology", data.name)
+    if state.resync_seen:
+        _mark_seen(state, "Topology", data.name)
     state.topologies[data.name] = list(data.levels)
 
 
