@@ -158,16 +158,20 @@ def main() -> None:
     print(f"decode alone (CRC + decode): {total / dt:,.0f} events/s")
 
     bodies = [body for _, body in log.scan_raw()]
-    t0 = time.perf_counter()
-    st = ClusterState()
-    handlers = HANDLERS
-    for i, body in enumerate(bodies):
-        env = decode(body)
-        handlers[type(env.data)](st, env)
-        st.position = i
-    dt = time.perf_counter() - t0
-    print(f"fold from memory (decode + apply):     {total / dt:,.0f} events/s  ({dt:.2f}s)")
-    del bodies, state, st
+    best = float("inf")
+    for _ in range(3):  # best of three: this machine's run-to-run noise is large
+        t0 = time.perf_counter()
+        st = ClusterState()
+        handlers = HANDLERS
+        for i, body in enumerate(bodies):
+            env = decode(body)
+            handlers[type(env.data)](st, env)
+            st.position = i
+        best = min(best, time.perf_counter() - t0)
+        del st
+    print(f"fold from memory (decode + apply), best of 3: {total / best:,.0f} events/s  ({best:.2f}s)   "
+          f"target >= 200,000")
+    del bodies, state
 
     t0 = time.perf_counter()
     run = subprocess.run([sys.executable, "-m", "kai_es", "replay", str(path)], capture_output=True, text=True)
