@@ -166,11 +166,23 @@ def _print_summary(s: Any, why: str, duration: int, cycles: int) -> None:
     table = Table(title="per queue")
     for col in ("queue", "scheduled", "wait p50", "wait p95", "GPU-hours", "pending"):
         table.add_column(col, justify="right" if col != "queue" else "left")
-    for name in sorted(s.queues):
+    for name in sorted(s.queues, key=lambda n: _queue_path(s, n)):
         q = s.queues[name]
-        table.add_row(name or "(none)", str(q.scheduled), _fmt_ns(q.percentile_ns(50)),
+        depth = _queue_path(s, name).count("/")
+        table.add_row("  " * depth + (name or "(none)"), str(q.scheduled), _fmt_ns(q.percentile_ns(50)),
                       _fmt_ns(q.percentile_ns(95)), f"{q.gpu_milli_ns / 3.6e15:.2f}", str(q.pending_at_end))
     console.print(table)
+
+
+def _queue_path(s: Any, name: str) -> str:
+    """`parent/child` path of a queue in the summary (for tree order and indentation)."""
+    parts, seen = [name], {name}
+    parent = s.queues[name].parent if name in s.queues else ""
+    while parent and parent not in seen:
+        parts.append(parent)
+        seen.add(parent)
+        parent = s.queues[parent].parent if parent in s.queues else ""
+    return "/".join(reversed(parts))
 
 
 def _summary_json(s: Any) -> dict[str, Any]:
@@ -178,7 +190,7 @@ def _summary_json(s: Any) -> dict[str, Any]:
         "start": rfc3339(s.start_ns), "end": rfc3339(s.end_ns), "podsSeen": s.pods_seen,
         "podsScheduled": s.pods_scheduled, "pendingAtEnd": s.pending_at_end, "cycles": s.cycles,
         "gpuUtilizationPermille": s.utilization_permille,
-        "queues": {name: {"scheduled": q.scheduled, "waitP50Ns": q.percentile_ns(50),
+        "queues": {name: {"parent": q.parent or None, "scheduled": q.scheduled, "waitP50Ns": q.percentile_ns(50),
                           "waitP95Ns": q.percentile_ns(95), "gpuMilliNs": q.gpu_milli_ns,
                           "pendingAtEnd": q.pending_at_end}
                    for name, q in sorted(s.queues.items())},

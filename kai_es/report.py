@@ -22,6 +22,7 @@ _ALLOCATION_TYPES = (p.BindingDecided, p.PodBound, p.PodBindFailed, p.PodObserve
 @dataclass(slots=True)
 class QueueSummary:
     name: str
+    parent: str = ""
     scheduled: int = 0
     waits_ns: list[int] = field(default_factory=list)
     gpu_milli_ns: int = 0
@@ -113,6 +114,7 @@ def summarize(records: Iterable[Record]) -> Summary:
                         s.timeline.append((t, name, milli))
                     alloc[name] = milli
     s.end_ns = last_t or 0
+    _roll_up(s, state)
     for key in sorted(state.pods):
         pod = state.pods[key]
         if pod.status == "Pending" and pod.spec.scheduler_name == "kai-scheduler":
@@ -120,6 +122,25 @@ def summarize(records: Iterable[Record]) -> Summary:
             queue = state.jobs[pod.job_key].queue if pod.job_key in state.jobs else ""
             s.queues.setdefault(queue, QueueSummary(queue)).pending_at_end += 1
     return s
+
+
+def _roll_up(s: Summary, state: ClusterState) -> None:
+    """Give every parent queue the totals of its leaves (scheduled, waits, GPU time, pending)."""
+    parents = {name: q.spec.parent for name, q in state.queues.items()}
+    for name in sorted(s.queues):
+        s.queues[name].parent = parents.get(name, "")
+    for name in sorted(s.queues):
+        leaf = s.queues[name]
+        seen = {name}
+        parent = parents.get(name, "")
+        while parent and parent not in seen:
+            seen.add(parent)
+            up = s.queues.setdefault(parent, QueueSummary(parent, parent=parents.get(parent, "")))
+            up.scheduled += leaf.scheduled
+            up.waits_ns.extend(leaf.waits_ns)
+            up.gpu_milli_ns += leaf.gpu_milli_ns
+            up.pending_at_end += leaf.pending_at_end
+            parent = parents.get(parent, "")
 
 
 def plot(summary: Summary, path: str) -> None:

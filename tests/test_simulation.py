@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import subprocess
 import sys
@@ -47,7 +48,13 @@ def test_simulate_twice_gives_identical_bytes(tmp_path: Path) -> None:
     assert _sha(tmp_path / "1.log") == _sha(tmp_path / "2.log")
     assert "7/7 pods scheduled" in run.stdout
     assert (tmp_path / "r2" / "gpu-allocation.png").stat().st_size > 10_000
-    assert (tmp_path / "r2" / "summary.json").exists()
+    summary = json.loads((tmp_path / "r2" / "summary.json").read_text())
+    queues = summary["queues"]
+    # leaves: team-a ran the 3-pod gang, team-b 2 inference pods and 2 fine-tune pods;
+    # the parent 'research' rolls both up
+    assert (queues["team-a"]["scheduled"], queues["team-b"]["scheduled"]) == (3, 4)
+    assert queues["research"]["scheduled"] == 7 and queues["team-a"]["parent"] == "research"
+    assert queues["research"]["gpuMilliNs"] == queues["team-a"]["gpuMilliNs"] + queues["team-b"]["gpuMilliNs"]
 
 
 def test_native_and_reference_packers_write_the_same_log(tmp_path: Path) -> None:
