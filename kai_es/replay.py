@@ -26,7 +26,7 @@ from kai_es.scheduling.config import ConfigError, SchedulerConfig, config_digest
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.state import ClusterState
-from kai_es.state.reducer import HANDLERS
+from kai_es.state.reducer import apply
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,6 @@ def replay(records: Iterable[Record], packer: Packer, *, override: SchedulerConf
     expected: dict[int, deque[Envelope]] = {}
     cycle_of: dict[int, int] = {}
     planned: dict[int, int] = {}
-    handlers = HANDLERS
     for record in records:
         env = record.envelope
         based = env.basedon
@@ -94,11 +93,7 @@ def replay(records: Iterable[Record], packer: Packer, *, override: SchedulerConf
             result.decisions += 1
             if not queue and isinstance(env.data, p.CycleCompleted):
                 del expected[based]
-        handlers[type(env.data)](state, env)
-        state.position = record.position
-        state.records += 1
-        if env.logicaltime > state.logicaltime:
-            state.logicaltime = env.logicaltime
+        apply(state, record)
         result.records += 1
         if progress is not None and result.records % 65536 == 0:
             progress(result.records)

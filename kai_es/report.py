@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.state import ClusterState
-from kai_es.state.reducer import HANDLERS, pod_key
+from kai_es.state.reducer import apply, pod_key
 
 _ALLOCATION_TYPES = (p.BindingDecided, p.PodBound, p.PodBindFailed, p.PodObserved, p.PodRemoved,
                      p.PodEvicted, p.EvictionDecided, p.NodeObserved, p.NodeRemoved, p.QueueObserved)
@@ -82,8 +82,7 @@ def summarize(records: Iterable[Record]) -> Summary:
                 s.queues[q].gpu_milli_ns += milli * dt
             last_t = t
         data = env.data
-        HANDLERS[type(data)](state, env)
-        state.position = record.position
+        apply(state, record)
         if isinstance(data, p.CycleStarted):
             s.cycles += 1
         if isinstance(data, p.PodObserved):

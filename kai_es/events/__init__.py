@@ -7,7 +7,6 @@ Public surface: `Envelope`, `Record`, the payload structs in `payloads`, `encode
 from kai_es.events.codec import (
     DecodeError,
     decode,
-    decode_envelope_bytes,
     encode,
     encode_payload,
 )
@@ -22,7 +21,6 @@ __all__ = [
     "Envelope",
     "Record",
     "decode",
-    "decode_envelope_bytes",
     "encode",
     "encode_payload",
     "type_name",

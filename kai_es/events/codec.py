@@ -87,7 +87,3 @@ def _decode_slow(data: bytes, error: str) -> Envelope:
         raise DecodeError(f"{event_type} (upcast from v{version}) invalid: {exc}") from None
     return env
 
-
-def decode_envelope_bytes(data: bytes) -> Envelope:
-    """Alias of `decode`, named for call sites that read raw log lines."""
-    return decode(data)

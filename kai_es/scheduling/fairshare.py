@@ -186,6 +186,24 @@ def _proportional(amount: int, weighted: Sequence[tuple[QueueInput, int]],
     return out
 
 
+def pod_request(spec: "PodObserved", gpu_memory_mib_hint: int) -> tuple[int, int, int]:
+    """What a pending pod will add to its queue: (milli-GPU, milli-CPU, bytes). A gpu-memory
+    request is counted against the largest GPU in the cluster (`gpu_memory_mib_hint`), since
+    its device is not known before placement."""
+    from kai_es.state.reducer import gpu_memory_milli
+
+    g = spec.gpu
+    if g.whole:
+        gpu = 1000 * g.whole
+    elif g.fraction_milli:
+        gpu = g.fraction_milli * max(1, g.fraction_devices)
+    elif g.gpu_memory_mib:
+        gpu = gpu_memory_milli(g.gpu_memory_mib, gpu_memory_mib_hint) * max(1, g.fraction_devices)
+    else:
+        gpu = 0
+    return (gpu, spec.requests.milli_cpu, spec.requests.memory_bytes)
+
+
 def pending_request(state: "ClusterState", gpu_memory_mib_hint: int) -> dict[str, tuple[int, int, int]]:
     """Per leaf queue: the total (milli-GPU, milli-CPU, bytes) its pending pods ask for."""
     from kai_es.state.reducer import job_key_of_index
@@ -194,20 +212,9 @@ def pending_request(state: "ClusterState", gpu_memory_mib_hint: int) -> dict[str
     for name in sorted(state.pending_jobs):
         gpu = cpu = mem = 0
         for index_key in state.pending_jobs[name]:
-            job = state.jobs[job_key_of_index(index_key)]
-            for entry in job.pending:
-                spec = state.pods[entry[3]].spec
-                g = spec.gpu
-                if g.whole:
-                    gpu += 1000 * g.whole
-                elif g.fraction_milli:
-                    gpu += g.fraction_milli * max(1, g.fraction_devices)
-                elif g.gpu_memory_mib:
-                    per = 1000 if gpu_memory_mib_hint <= 0 else min(
-                        1000, -(-g.gpu_memory_mib * 1000 // gpu_memory_mib_hint))
-                    gpu += per * max(1, g.fraction_devices)
-                cpu += spec.requests.milli_cpu
-                mem += spec.requests.memory_bytes
+            for entry in state.jobs[job_key_of_index(index_key)].pending:
+                g, c, m = pod_request(state.pods[entry[3]].spec, gpu_memory_mib_hint)
+                gpu, cpu, mem = gpu + g, cpu + c, mem + m
         out[name] = (gpu, cpu, mem)
     return out
 
@@ -237,4 +244,5 @@ def shares_for_state(state: "ClusterState") -> dict[str, dict[str, QueueShare]]:
 
 
 if TYPE_CHECKING:
+    from kai_es.events.payloads import PodObserved
     from kai_es.state.model import ClusterState

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
 from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape
-from kai_es.scheduling.tables import build_tables as build_tables  # re-exported
 from kai_es.scheduling.tables import tables
 from kai_es.state.model import ClusterState
 from kai_es.state.reducer import device_count

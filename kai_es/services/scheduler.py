@@ -27,7 +27,7 @@ from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.services.snapshotting import SnapshotStore, StoredSnapshot, restore_validated, sha256_of
 from kai_es.state import ClusterState
-from kai_es.state.reducer import HANDLERS
+from kai_es.state.reducer import apply
 from kai_es.state.snapshot import snapshot_bytes
 
 log = logging.getLogger(__name__)
@@ -54,14 +54,8 @@ class SchedulerService:
         self._cycles_since_snapshot = 0
 
     def _fold(self, record: Record) -> None:
-        st = self.state
-        env = record.envelope
-        HANDLERS[type(env.data)](st, env)
-        st.position = record.position
-        st.records += 1
-        if env.logicaltime > st.logicaltime:
-            st.logicaltime = env.logicaltime
-        if not env.type.startswith("kai.scheduler."):
+        apply(self.state, record)
+        if not record.envelope.type.startswith("kai.scheduler."):
             self._inputs_since_cycle = True
 
     async def catch_up(self, until: int | None = None) -> None:

@@ -39,6 +39,14 @@ def pod_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
+def gpu_memory_milli(gpu_memory_mib: int, device_memory_mib: int) -> int:
+    """Milli-GPU a gpu-memory request takes on a device of `device_memory_mib` (rounded up,
+    at most a whole device; a whole device when the device's memory is unknown)."""
+    if device_memory_mib <= 0:
+        return 1000
+    return min(1000, -(-gpu_memory_mib * 1000 // device_memory_mib))
+
+
 def device_milli_on(node: p.NodeObserved, gpu: p.GpuRequest) -> int:
     """Milli-GPU per device that `gpu` takes on `node` (0 for a CPU-only pod).
 
@@ -50,9 +58,7 @@ def device_milli_on(node: p.NodeObserved, gpu: p.GpuRequest) -> int:
     if gpu.fraction_milli:
         return gpu.fraction_milli
     if gpu.gpu_memory_mib:
-        if node.gpu_memory_mib <= 0:
-            return 1000
-        return min(1000, -(-gpu.gpu_memory_mib * 1000 // node.gpu_memory_mib))
+        return gpu_memory_milli(gpu.gpu_memory_mib, node.gpu_memory_mib)
     return 0
 
 
@@ -728,23 +734,24 @@ HANDLERS: Final[dict[type[p.Payload], Handler]] = {
 
 
 def apply(state: ClusterState, record: Record) -> ClusterState:
-    """Fold one record into `state` (in place) and return it."""
-    return fold((record,), state)
+    """Fold one record into `state` (in place) and return it. The one fold step: everything
+    that folds records (fold, the scheduler service, replay, reports) goes through here."""
+    env = record.envelope
+    if record.position <= state.position:
+        raise ValueError(
+            f"record at position {record.position} is not after the state's position {state.position}"
+        )
+    HANDLERS[type(env.data)](state, env)
+    state.position = record.position
+    state.records += 1
+    if env.logicaltime > state.logicaltime:
+        state.logicaltime = env.logicaltime
+    return state
 
 
 def fold(records: Iterable[Record], state: ClusterState | None = None) -> ClusterState:
     """Fold `records` into `state` (a new empty state when None)."""
     st = state if state is not None else ClusterState()
-    handlers = HANDLERS
     for record in records:
-        env = record.envelope
-        if record.position <= st.position:
-            raise ValueError(
-                f"record at position {record.position} is not after the state's position {st.position}"
-            )
-        handlers[type(env.data)](st, env)
-        st.position = record.position
-        st.records += 1
-        if env.logicaltime > st.logicaltime:
-            st.logicaltime = env.logicaltime
+        apply(st, record)
     return st

@@ -28,11 +28,12 @@ from sortedcontainers import SortedList
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.fairshare import RESOURCES, shares_for_state
+from kai_es.scheduling.fairshare import pod_request
 from kai_es.scheduling.filters import constraint_key, eligibility
 from kai_es.scheduling.gang import Minimum, minimum
 from kai_es.scheduling.plan import Entry, Plan
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
-from kai_es.state.reducer import device_count, job_key_of_index
+from kai_es.state.reducer import device_milli_on, job_key_of_index
 
 Vector = tuple[int, int, int]  # (milli-GPU, milli-CPU, bytes), in RESOURCES order
 Candidate = tuple["QueueNode", Job, list[PodState], Vector]
@@ -44,22 +45,6 @@ INFINITE = 10**40
 
 def _add(a: Vector, b: Vector) -> Vector:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
-
-
-def pod_request(pod: PodState, gpu_memory_mib_hint: int) -> Vector:
-    """What a pending pod will add to its queue. A gpu-memory request is counted against the
-    largest GPU in the cluster (`gpu_memory_mib_hint`; a whole GPU when unknown)."""
-    g = pod.spec.gpu
-    if g.whole:
-        gpu = 1000 * g.whole
-    elif g.fraction_milli:
-        gpu = g.fraction_milli * max(1, g.fraction_devices)
-    elif g.gpu_memory_mib:
-        per = 1000 if gpu_memory_mib_hint <= 0 else min(1000, -(-g.gpu_memory_mib * 1000 // gpu_memory_mib_hint))
-        gpu = per * max(1, g.fraction_devices)
-    else:
-        gpu = 0
-    return (gpu, pod.spec.requests.milli_cpu, pod.spec.requests.memory_bytes)
 
 
 @dataclass(slots=True)
@@ -188,7 +173,7 @@ class Allocator:
             if len(job.members) == 1 and job.min_member <= 1 and (job.spec is None or not job.spec.subgroups):
                 # a job of one pod: its minimum is that pod (the common case, kept cheap)
                 self._gang[key] = need = Minimum(tuple(pods))
-                return job, pods, pod_request(pods[0], self.gpu_memory_hint)
+                return job, pods, pod_request(pods[0].spec, self.gpu_memory_hint)
             occupying = [self.state.pods[m] for m in sorted(job.members)
                          if self.state.pods[m].status in OCCUPYING or m in self._placed_pods]
             need = minimum(job, pods, occupying)
@@ -198,7 +183,7 @@ class Allocator:
                 chosen = pods[:1]
             request = ZERO
             for pod in chosen:
-                request = _add(request, pod_request(pod, self.gpu_memory_hint))
+                request = _add(request, pod_request(pod.spec, self.gpu_memory_hint))
             return job, chosen, request
         return None
 
@@ -247,7 +232,6 @@ class Allocator:
         self._done: set[str] = set()
         self._placed_pods: set[str] = set()
         self._gang: dict[str, Minimum] = {}
-        self._placed_in_job: dict[str, int] = {}
         self._unqueued()
         if not self.plan.nodes:
             for name in sorted(self.state.pending_jobs):
@@ -317,14 +301,10 @@ class Allocator:
     def _commit(self, leaf: QueueNode, job: Job, entries: list[Entry]) -> None:
         total = ZERO
         for e in entries:
-            pod = self.state.pods[e.pod_key]
-            node = self.plan.nodes[e.node]
-            if pod.spec.gpu.gpu_memory_mib and device_count(pod.spec.gpu):
-                mib, n = pod.spec.gpu.gpu_memory_mib, len(e.devices)
-                per = 1000 if node.spec.gpu_memory_mib <= 0 else min(1000, -(-mib * 1000 // node.spec.gpu_memory_mib))
-                used: Vector = (per * n, pod.spec.requests.milli_cpu, pod.spec.requests.memory_bytes)
-            else:
-                used = pod_request(pod, self.gpu_memory_hint)
+            spec = self.state.pods[e.pod_key].spec
+            # placed: the GPU share is known exactly, as the reducer will count it
+            used: Vector = (device_milli_on(self.plan.nodes[e.node].spec, spec.gpu) * len(e.devices),
+                            spec.requests.milli_cpu, spec.requests.memory_bytes)
             total = _add(total, used)
             self._done.add(e.pod_key)
             self._placed_pods.add(e.pod_key)
@@ -332,7 +312,6 @@ class Allocator:
             q.allocated = _add(q.allocated, total)
             if not job.preemptible:
                 q.nonpreemptible = _add(q.nonpreemptible, total)
-        self._placed_in_job[job.key] = self._placed_in_job.get(job.key, 0) + len(entries)
         self.result.placed.extend(entries)
 
     def _requeue(self, leaf: QueueNode, job: Job) -> None:
