@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kai_es.events import DecodeError, decode, encode
 from kai_es.events import payloads as p
@@ -106,3 +109,9 @@ def test_time_helpers() -> None:
 def test_payload_structs_reject_unknown_fields() -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"name": "n", "bogus": 1}, p.NodeRemoved)
+
+
+@given(cause=st.text(max_size=80), ordinal=st.integers(0, 10**9))
+def test_derived_ids_are_rfc4122_uuid5_of_cause_and_ordinal(cause: str, ordinal: int) -> None:
+    expected = uuid.uuid5(uuid.UUID("6f1c3e0a-9d2b-5c7e-8a41-2b6d0f9e7c13"), f"{cause}/{ordinal}")
+    assert derived_id(cause, ordinal) == str(expected)

@@ -6,6 +6,7 @@ log yields the same ids and therefore the same bytes.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import Final
 
@@ -17,9 +18,18 @@ from kai_es.events.timefmt import rfc3339
 NAMESPACE: Final = uuid.UUID("6f1c3e0a-9d2b-5c7e-8a41-2b6d0f9e7c13")
 
 
+_NAMESPACE_BYTES: Final = NAMESPACE.bytes
+
+
 def derived_id(cause_id: str, ordinal: int) -> str:
-    """Deterministic id of the `ordinal`-th event derived from the event `cause_id`."""
-    return str(uuid.uuid5(NAMESPACE, f"{cause_id}/{ordinal}"))
+    """Deterministic id of the `ordinal`-th event derived from the event `cause_id`: exactly
+    `str(uuid.uuid5(NAMESPACE, f"{cause_id}/{ordinal}"))` (RFC 4122 name-based, SHA-1), built
+    without the UUID object, which costs three times as much (a cycle derives one per decision)."""
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + f"{cause_id}/{ordinal}".encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def make_envelope(

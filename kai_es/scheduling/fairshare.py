@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kai_es.state.reducer import gpu_memory_milli, job_key_of_index
+
 RESOURCES: tuple[str, ...] = ("gpu", "cpu", "memory")
 
 
@@ -190,8 +192,6 @@ def pod_request(spec: "PodObserved", gpu_memory_mib_hint: int) -> tuple[int, int
     """What a pending pod will add to its queue: (milli-GPU, milli-CPU, bytes). A gpu-memory
     request is counted against the largest GPU in the cluster (`gpu_memory_mib_hint`), since
     its device is not known before placement."""
-    from kai_es.state.reducer import gpu_memory_milli
-
     g = spec.gpu
     if g.whole:
         gpu = 1000 * g.whole
@@ -206,8 +206,6 @@ def pod_request(spec: "PodObserved", gpu_memory_mib_hint: int) -> tuple[int, int
 
 def pending_request(state: "ClusterState", gpu_memory_mib_hint: int) -> dict[str, tuple[int, int, int]]:
     """Per leaf queue: the total (milli-GPU, milli-CPU, bytes) its pending pods ask for."""
-    from kai_es.state.reducer import job_key_of_index
-
     out: dict[str, tuple[int, int, int]] = {}
     for name in sorted(state.pending_jobs):
         gpu = cpu = mem = 0

@@ -55,7 +55,19 @@ class Plan:
         self.idle, self.future = idle.copy(), future.copy()
         self.entries: list[Entry] = []
         self._new_groups: dict[tuple[int, int], str] = {}
-        self._failed: dict[tuple[TaskShape, int], Placement] = {}  # masks live as long as the plan
+        # answers that cannot change this cycle, by (id of interned shape, id of mask); the
+        # shapes and masks live as long as the plan
+        self._failed: dict[tuple[int, int], Placement] = {}
+        self._shapes: dict[tuple[object, int, int], TaskShape] = {}
+
+    def shape(self, spec: PodObserved) -> TaskShape:
+        """The packer's view of `spec`: one object per distinct request in this plan."""
+        requests = spec.requests
+        key = (spec.gpu, requests.milli_cpu, requests.memory_bytes)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = task_shape(spec)
+        return shape
 
     def checkpoint(self) -> int:
         return len(self.entries)
@@ -77,15 +89,17 @@ class Plan:
         `settled=True` says no tentative (uncommitted) placement is outstanding. Capacity never
         grows above its settled level during a cycle, so a shape that fails then, for the same
         mask, fails for the rest of the cycle: that answer is remembered and reused."""
-        shape = task_shape(spec)
-        known = self._failed.get((shape, id(mask)))
+        shape = self.shape(spec)
+        failed_key = (id(shape), id(mask))
+        known = self._failed.get(failed_key)
         if known is not None:
             return None, known
         now = self.packer.place(self.idle, shape, self.strategy, mask)
         if now.placed:
-            if not self.future.can_take(now.node, now.devices, shape):
+            future = self.future
+            if not future.can_take(now.node, now.devices, shape):
                 return None, now  # idle capacity a pipelined pod is already waiting for
-            self.future.apply_placed(now.node, now.devices, shape, 1)
+            future.apply_placed(now.node, now.devices, shape, 1)
             self.idle.apply_placed(now.node, now.devices, shape, 1)
             entry = self._record(pod_key, spec, shape, now, pipelined=False)
             return entry, now
@@ -95,7 +109,7 @@ class Plan:
             self.future.apply_placed(later.node, later.devices, shape, 1)
             return entry, now
         if settled:
-            self._failed[(shape, id(mask))] = now
+            self._failed[failed_key] = now
         return None, now
 
     def _record(self, pod_key: str, spec: PodObserved, shape: TaskShape, placement: Placement,

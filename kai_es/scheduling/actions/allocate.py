@@ -62,14 +62,16 @@ class QueueNode:
     fair: Vector = ZERO
     children: list[QueueNode] = field(default_factory=list)
     jobs: SortedList | None = None  # leaves: (-priority, stage, created, uid, job key)
+    chain: tuple[QueueNode, ...] = ()  # itself, then its ancestors (set once the tree is built)
 
-    def ancestry(self) -> list[QueueNode]:
+    def ancestry(self) -> tuple[QueueNode, ...]:
+        """Itself, then its parent, up to its root."""
         out: list[QueueNode] = []
         node: QueueNode | None = self
         while node is not None:
             out.append(node)
             node = node.parent
-        return out
+        return tuple(out)
 
 
 @dataclass(slots=True)
@@ -130,20 +132,24 @@ class Allocator:
                 parent.children.append(node)
             else:
                 self.roots.append(node)
+        for node in self.queues.values():
+            node.chain = node.ancestry()
+        jobs = st.jobs
         for name in sorted(st.pending_jobs):
             leaf = self.queues.get(name)
             if leaf is None:
                 continue
-            leaf.jobs = SortedList()
+            entries = []
             for index_key in st.pending_jobs[name]:
-                job = st.jobs[job_key_of_index(index_key)]
+                job = jobs[job_key_of_index(index_key)]
                 stage = 0 if job.occupying < job.min_member else 1
-                leaf.jobs.add((-job.priority, stage, job.created_ns, job.uid, job.key))
+                entries.append((-job.priority, stage, job.created_ns, job.uid, job.key))
+            leaf.jobs = SortedList(entries)
         for name, node in self.queues.items():
             q = st.queues[name]
             own = (q.allocated_milli_gpu, q.allocated_milli_cpu, q.allocated_memory_bytes)
             np = (q.nonpreemptible_milli_gpu, q.nonpreemptible_milli_cpu, q.nonpreemptible_memory_bytes)
-            for anc in node.ancestry():
+            for anc in node.chain:
                 anc.allocated = _add(anc.allocated, own)
                 anc.nonpreemptible = _add(anc.nonpreemptible, np)
         shares = shares_for_state(st)
@@ -188,18 +194,20 @@ class Allocator:
         return None
 
     def _key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
-        over_all = all(q.allocated[r] > q.fair[r] for r in range(3))
-        within_quota = all(q.quota[r] < 0 or q.allocated[r] + request[r] <= q.quota[r] for r in range(3)
-                           if request[r] > 0)
+        allocated, fair, quota = q.allocated, q.fair, q.quota
+        over_all = allocated[0] > fair[0] and allocated[1] > fair[1] and allocated[2] > fair[2]
+        over_quota = False
         share = 0
-        for r in range(3):
-            used = q.allocated[r] + request[r]
-            if used <= 0:
-                continue
-            s = used * SHARE_SCALE // q.fair[r] if q.fair[r] > 0 else INFINITE
-            if s > share:
-                share = s
-        return (over_all, not within_quota, -q.priority, share, q.created_ns, q.name)
+        for r in (0, 1, 2):
+            need = request[r]
+            used = allocated[r] + need
+            if need > 0 and 0 <= quota[r] < used:
+                over_quota = True
+            if used > 0:
+                s = used * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
+                if s > share:
+                    share = s
+        return (over_all, over_quota, -q.priority, share, q.created_ns, q.name)
 
     def _pick(self, nodes: list[QueueNode]) -> Candidate | None:
         """The best (leaf, job, pods, request) below `nodes`. A queue's key and candidate depend
@@ -247,7 +255,7 @@ class Allocator:
                 break
             leaf, job, pods, request = pick
             self._try(leaf, job, pods, request)
-            for q in leaf.ancestry():
+            for q in leaf.chain:
                 self._cache.pop(q.name, None)
         return self.result
 
@@ -280,7 +288,7 @@ class Allocator:
         self._fail_all([self.state.pods[e[3]] for e in job.pending if e[3] not in self._done], reasons)
 
     def _limits(self, leaf: QueueNode, job: Job, request: Vector) -> list[Reason]:
-        for q in leaf.ancestry():
+        for q in leaf.chain:
             for r, resource in enumerate(RESOURCES):
                 if request[r] <= 0:
                     continue
@@ -308,7 +316,7 @@ class Allocator:
             total = _add(total, used)
             self._done.add(e.pod_key)
             self._placed_pods.add(e.pod_key)
-        for q in leaf.ancestry():
+        for q in leaf.chain:
             q.allocated = _add(q.allocated, total)
             if not job.preemptible:
                 q.nonpreemptible = _add(q.nonpreemptible, total)
@@ -317,10 +325,17 @@ class Allocator:
     def _requeue(self, leaf: QueueNode, job: Job) -> None:
         """After progress, the job competes again for its remaining pods as an elastic job."""
         assert leaf.jobs is not None
-        for stage in (0, 1):
-            leaf.jobs.discard((-job.priority, stage, job.created_ns, job.uid, job.key))
-        if any(e[3] not in self._done for e in job.pending):
-            leaf.jobs.add((-job.priority, 1, job.created_ns, job.uid, job.key))
+        jobs = leaf.jobs
+        if jobs and jobs[0][4] == job.key:  # the job just tried is the head (see _candidate)
+            del jobs[0]
+        else:
+            for stage in (0, 1):
+                jobs.discard((-job.priority, stage, job.created_ns, job.uid, job.key))
+        done = self._done
+        for e in job.pending:
+            if e[3] not in done:
+                jobs.add((-job.priority, 1, job.created_ns, job.uid, job.key))
+                break
 
     def _try(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector) -> None:
         assert leaf.jobs is not None
