@@ -23,7 +23,7 @@ from rich.table import Table
 
 from kai_es.adapters.file_log import CorruptLogError, FileEventLog
 from kai_es.app import LogUrlError, bulk_fold, open_log, packer_from_env
-from kai_es.events import Record, encode
+from kai_es.events import DecodeError, Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
 from kai_es.scenario import ScenarioError, load_scenario
@@ -48,7 +48,7 @@ def friendly(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (ScenarioError, ConfigError, CorruptLogError, LogUrlError, NativePackerUnavailable,
+        except (ScenarioError, ConfigError, CorruptLogError, DecodeError, LogUrlError, NativePackerUnavailable,
                 FileNotFoundError, PermissionError, IsADirectoryError, *_backend_errors()) as exc:
             raise UserError(str(exc)) from None
 
@@ -268,16 +268,21 @@ def _unit(resource: str, value: int) -> str:
 @main.command()
 @click.argument("log_url")
 @packer_option
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Processes to spread a file log's replay over (default: the CPUs available).")
 @friendly
-def replay(log_url: str, packer: str | None) -> None:
+def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
     """Re-fold LOG and re-run every recorded cycle; exit 0 only if every decision matches."""
     from kai_es.replay import describe
     from kai_es.replay import replay as do_replay
-    from kai_es.state.snapshot import digest
+    from kai_es.replay_parallel import replay_file
 
     events = open_log(log_url, readonly=True)
-    with bulk_fold():
-        result = do_replay(_records(events), _packer(packer))
+    if isinstance(events, FileEventLog):
+        result = replay_file(log_url, packer_kind=packer, jobs=jobs)
+    else:
+        with bulk_fold():
+            result = do_replay(_records(events), _packer(packer))
     from kai_es.services.processes import describe_dead_letters
 
     for line in describe_dead_letters(list(getattr(events, "dead_letters", []))):
@@ -287,7 +292,7 @@ def replay(log_url: str, packer: str | None) -> None:
         sys.exit(1)
     extra = f", {result.abandoned} abandoned" if result.abandoned else ""
     console.print(f"OK: {result.cycles} cycles, {result.decisions} decisions over {result.records} "
-                  f"records replayed byte for byte{extra}; state {digest(result.state)}",
+                  f"records replayed byte for byte{extra}; state {result.state_digest}",
                   highlight=False)
 
 

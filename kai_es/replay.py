@@ -6,37 +6,64 @@ Contract:
   `run_cycle`; its output must equal, in canonical bytes and order, the recorded events whose
   `basedon` is P (which include CycleCompleted and its state digest).
 - The first difference stops the replay and is reported: the cycle, its position, the index of
-  the decision, and both versions. A cycle whose decisions never reached the log (the scheduler
-  died between CycleStarted and the decisions) is counted as abandoned, not as a divergence.
+  the decision, the position of the record where it was found, and both versions. A cycle whose
+  decisions never reached the log (the scheduler died between CycleStarted and the decisions) is
+  counted as abandoned, not as a divergence.
 - With a config override, decisions are not compared; the re-run decisions are returned so a
   caller can compare outcomes ("what if").
+- A `Share` restricts which cycles are re-run (those starting in [start, stop)); the rest are
+  only folded. A shared replay stops reading once it is past `stop` and its own cycles are all
+  complete. Shares that cover a log between them find, together, exactly what one unshared
+  replay finds (see `merge`): this is how `kai_es.replay_parallel` splits a replay over cores.
+- `replay_frames` reads canonical bodies instead of decoded records: a body equal to the next
+  decision the replay expects is not decoded again (the replay's own envelope is folded), which
+  changes nothing but speed, since equal canonical bytes mean equal events.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
 
-from kai_es.events import Envelope, Record, encode
+from kai_es.events import DecodeError, Envelope, Record, decode, encode
 from kai_es.events import payloads as p
 from kai_es.scheduling.config import ConfigError, SchedulerConfig, config_digest, parse_config
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
+from kai_es.state.snapshot import digest
+
+#: where a divergence found only when the log ended is said to be found
+AT_END = 2**62
 
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
+    """The first difference: cycle number and CycleStarted position, the decision's index within
+    that cycle, what is wrong, both encodings, and where in the log it showed."""
+
     cycle: int
     position: int
     index: int
     message: str
     expected: bytes | None = None
     recorded: bytes | None = None
+    found_at: int = AT_END  # position of the record that revealed it (AT_END: the end of the log)
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """The cycles a replay re-runs: those whose CycleStarted position is in [start, stop)."""
+
+    start: int = 0
+    stop: int | None = None
+
+    def owns(self, position: int) -> bool:
+        return position >= self.start and (self.stop is None or position < self.stop)
 
 
 @dataclass(slots=True)
@@ -48,6 +75,9 @@ class ReplayResult:
     divergence: Divergence | None = None
     rerun: dict[int, list[Envelope]] = field(default_factory=dict)
     state: ClusterState = field(default_factory=ClusterState)
+    #: digest of the state after the last record read, and whether that was the log's end
+    state_digest: str = ""
+    complete: bool = True
 
     @property
     def ok(self) -> bool:
@@ -61,68 +91,179 @@ def _config_of(state: ClusterState) -> SchedulerConfig:
         return parse_config({})
 
 
-def replay(records: Iterable[Record], packer: Packer, *, override: SchedulerConfig | None = None,
-           progress: Callable[[int], None] | None = None) -> ReplayResult:
-    """Replay `records` (see module docstring)."""
-    result = ReplayResult()
-    state = result.state
-    expected: dict[int, deque[Envelope]] = {}
-    cycle_of: dict[int, int] = {}
-    planned: dict[int, int] = {}
-    for record in records:
+class _Replayer:
+    """The replay loop's state; `step` folds one record and returns False to stop."""
+
+    def __init__(self, packer: Packer, override: SchedulerConfig | None, share: Share,
+                 progress: Callable[[int], None] | None) -> None:
+        self.packer = packer
+        self.override = override
+        self.share = share
+        self.progress = progress
+        self.result = ReplayResult()
+        self.state = self.result.state
+        # own cycles still expecting decisions: position -> (envelope, canonical bytes) queue
+        self.expected: dict[int, deque[tuple[Envelope, bytes]]] = {}
+        self.planned: dict[int, int] = {}
+        self.cycle_of: dict[int, int] = {}
+        self.foreign: set[int] = set()  # other shares' cycles that have not completed
+        self.closed: set[int] = set()  # cycles whose CycleCompleted has been folded
+
+    def _diverge(self, div: Divergence) -> bool:
+        self.result.divergence = div
+        return False
+
+    def match(self, body: bytes | memoryview) -> tuple[int, Envelope] | None:
+        """(cycle position, envelope) when `body` is the next decision some own cycle expects."""
+        for based, queue in self.expected.items():
+            if queue and queue[0][1] == body:
+                return based, queue[0][0]
+        return None
+
+    def step_matched(self, position: int, based: int, env: Envelope) -> bool:
+        """Fold a record known (by its bytes) to be cycle `based`'s next expected decision."""
+        queue = self.expected[based]
+        queue.popleft()
+        self.result.decisions += 1
+        if not queue and isinstance(env.data, p.CycleCompleted):
+            del self.expected[based]
+            self.closed.add(based)
+        return self._fold(Record(position, env))
+
+    def step(self, record: Record) -> bool:
         env = record.envelope
         based = env.basedon
-        if based is not None and env.type.startswith("kai.scheduler.") and override is None:
-            queue = expected.get(based)
+        if based is not None and self.override is None and env.type.startswith("kai.scheduler."):
+            queue = self.expected.get(based)
             if queue is None:
-                result.divergence = Divergence(
-                    cycle=-1, position=based, index=0,
-                    message=f"record {record.position} claims to be based on position {based}, "
-                            f"which is not a cycle start", recorded=encode(env))
-                return result
-            want = queue.popleft() if queue else None
+                if based in self.foreign:  # its owner compares it
+                    if isinstance(env.data, p.CycleCompleted):
+                        self.foreign.discard(based)
+                        self.closed.add(based)
+                    return self._fold(record)
+                why = ("whose cycle had already completed" if based in self.closed
+                       else "which is not a cycle start")
+                return self._diverge(Divergence(
+                    cycle=-1, position=based, index=0, found_at=record.position,
+                    message=f"record {record.position} claims to be based on position {based}, {why}",
+                    recorded=encode(env)))
             got = encode(env)
-            if want is None or encode(want) != got:
-                result.divergence = Divergence(
-                    cycle=cycle_of[based], position=based,
-                    index=result.decisions, message=(
-                        "the log holds a decision the replay did not make" if want is None
-                        else "decision differs"),
-                    expected=encode(want) if want is not None else None, recorded=got)
-                return result
-            result.decisions += 1
+            if not queue or queue[0][1] != got:
+                return self._diverge(Divergence(
+                    cycle=self.cycle_of[based], position=based,
+                    index=self.planned[based] - len(queue), found_at=record.position,
+                    message=("the log holds a decision the replay did not make" if not queue
+                             else "decision differs"),
+                    expected=queue[0][1] if queue else None, recorded=got))
+            queue.popleft()
+            self.result.decisions += 1
             if not queue and isinstance(env.data, p.CycleCompleted):
-                del expected[based]
+                del self.expected[based]
+                self.closed.add(based)
+        return self._fold(record)
+
+    def _fold(self, record: Record) -> bool:
+        state = self.state
         apply(state, record)
+        result = self.result
         result.records += 1
-        if progress is not None and result.records % 65536 == 0:
-            progress(result.records)
-        if isinstance(env.data, p.CycleStarted):
-            config = override or _config_of(state)
-            if override is None and env.data.config_digest != config_digest(config):
-                result.divergence = Divergence(
-                    cycle=env.data.cycle, position=record.position, index=0,
-                    message=f"cycle ran with config {env.data.config_digest}, but the log's config "
-                            f"in force is {config_digest(config)}")
-                return result
-            decisions = run_cycle(state, record, config, packer)
-            result.cycles += 1
-            cycle_of[record.position] = env.data.cycle
-            if override is not None:
-                result.rerun[record.position] = decisions
-            else:
-                expected[record.position] = deque(decisions)
-                planned[record.position] = len(decisions)
-    for pos, queue in list(expected.items()):
-        if queue and len(queue) == planned[pos]:
-            result.abandoned += 1  # no decision of it reached the log: the scheduler died mid-cycle
-        elif queue:
-            result.divergence = Divergence(
-                cycle=cycle_of[pos], position=pos, index=result.decisions,
-                message=f"the log ends with {len(queue)} decision(s) of this cycle missing",
-                expected=encode(queue[0]))
-            break
-    return result
+        if self.progress is not None and result.records % 65536 == 0:
+            self.progress(result.records)
+        data = record.envelope.data
+        if isinstance(data, p.CycleStarted):
+            return self._cycle(record, data)
+        stop = self.share.stop
+        return stop is None or record.position + 1 < stop or bool(self.expected)
+
+    def _cycle(self, record: Record, data: p.CycleStarted) -> bool:
+        position = record.position
+        if not self.share.owns(position):
+            self.foreign.add(position)
+            stop = self.share.stop
+            return stop is None or position < stop or bool(self.expected)
+        override = self.override
+        config = override or _config_of(self.state)
+        if override is None and data.config_digest != config_digest(config):
+            return self._diverge(Divergence(
+                cycle=data.cycle, position=position, index=0, found_at=position,
+                message=f"cycle ran with config {data.config_digest}, but the log's config "
+                        f"in force is {config_digest(config)}"))
+        decisions = run_cycle(self.state, record, config, self.packer)
+        self.result.cycles += 1
+        self.cycle_of[position] = data.cycle
+        if override is not None:
+            self.result.rerun[position] = decisions
+        else:
+            self.expected[position] = deque((d, encode(d)) for d in decisions)
+            self.planned[position] = len(decisions)
+        return True
+
+    def finish(self, *, at_end: bool) -> ReplayResult:
+        result = self.result
+        result.complete = at_end
+        if result.divergence is None and at_end:
+            for pos, queue in list(self.expected.items()):
+                if queue and len(queue) == self.planned[pos]:
+                    result.abandoned += 1  # no decision of it reached the log: the scheduler died mid-cycle
+                elif queue:
+                    result.divergence = Divergence(
+                        cycle=self.cycle_of[pos], position=pos, index=self.planned[pos] - len(queue),
+                        message=f"the log ends with {len(queue)} decision(s) of this cycle missing",
+                        expected=queue[0][1])
+                    break
+        result.state_digest = digest(self.state)
+        return result
+
+
+def replay(records: Iterable[Record], packer: Packer, *, override: SchedulerConfig | None = None,
+           progress: Callable[[int], None] | None = None, share: Share = Share()) -> ReplayResult:
+    """Replay decoded `records` (see module docstring)."""
+    replayer = _Replayer(packer, override, share, progress)
+    for record in records:
+        if not replayer.step(record):
+            return replayer.finish(at_end=False)
+    return replayer.finish(at_end=True)
+
+
+def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Packer, *,
+                  progress: Callable[[int], None] | None = None,
+                  share: Share = Share()) -> ReplayResult:
+    """Replay (position, canonical body) frames, decoding only what is not an expected decision.
+    A body that does not decode raises DecodeError naming its position."""
+    replayer = _Replayer(packer, None, share, progress)
+    match, step, step_matched = replayer.match, replayer.step, replayer.step_matched
+    for position, body in frames:
+        hit = match(body) if replayer.expected else None
+        if hit is not None:
+            going = step_matched(position, hit[0], hit[1])
+        else:
+            try:
+                env = decode(body)  # type: ignore[arg-type]  # msgspec reads any buffer
+            except DecodeError as exc:
+                raise DecodeError(f"record at position {position}: {exc}") from None
+            going = step(Record(position, env))
+        if not going:
+            return replayer.finish(at_end=False)
+    return replayer.finish(at_end=True)
+
+
+def merge(parts: Sequence[ReplayResult]) -> ReplayResult:
+    """One verdict from the results of shares that cover a log in order (the last one reads to
+    the end): the earliest divergence wins, counts add up, the state is the last share's."""
+    merged = ReplayResult()
+    found = [r.divergence for r in parts if r.divergence is not None]
+    if found:
+        merged.divergence = min(found, key=lambda d: d.found_at)
+    for r in parts:
+        merged.cycles += r.cycles
+        merged.decisions += r.decisions
+        merged.abandoned += r.abandoned
+        merged.records = max(merged.records, r.records)
+    if parts:
+        merged.state = parts[-1].state
+        merged.state_digest = parts[-1].state_digest
+        merged.complete = parts[-1].complete
+    return merged
 
 
 def describe(div: Divergence) -> str:
