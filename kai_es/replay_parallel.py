@@ -71,7 +71,7 @@ def _replay_share(path: str, end: int, share: Share, packer_kind: str | None) ->
     try:
         log = FileEventLog(Path(path), readonly=True)
         with bulk_fold():
-            result = replay_frames(log._frames(0, end), packer_from_env(packer_kind), share=share)
+            result = replay_frames(log.frames(0, end), packer_from_env(packer_kind), share=share)
     except CorruptLogError as exc:  # its constructor does not survive pickling: keep the message
         raise DecodeError(str(exc)) from None
     result.state = ClusterState()  # stays in this process; the digest travels
@@ -83,18 +83,18 @@ def replay_file(path: str | os.PathLike[str], *, packer_kind: str | None = None,
     """Replay the file log at `path` over up to `jobs` processes (default: `default_jobs()`),
     each given at least `min_records` records."""
     log = FileEventLog(Path(path), readonly=True)
-    end = len(log._offsets)
+    end = log.record_count()
     shares = plan_shares(end, jobs or default_jobs(), min_records=min_records)
     packer = packer_from_env(packer_kind)  # fail here, before any process starts
     if len(shares) == 1:
         with bulk_fold():
-            return replay_frames(log._frames(0, end), packer)
+            return replay_frames(log.frames(0, end), packer)
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=len(shares) - 1, mp_context=context) as pool:
         futures = [pool.submit(_replay_share, str(path), end, share, packer_kind)
                    for share in shares[:-1]]
         with bulk_fold():
-            last = replay_frames(log._frames(0, end), packer, share=shares[-1])
+            last = replay_frames(log.frames(0, end), packer, share=shares[-1])
         parts = [f.result() for f in futures]
     return merge([*parts, last])

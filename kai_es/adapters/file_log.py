@@ -1,6 +1,7 @@
 """The embedded default EventLog: one append-only file, one event per line.
 
-Line format: `<crc32 of the JSON, 8 lowercase hex digits>\\t<canonical JSON envelope>\\n`.
+Line format: `<crc32 of the JSON, 8 hex digits>\\t<canonical JSON envelope>\\n` (written in lowercase;
+either case is read).
 The position of a record is its 0-based line number.
 
 Contract:
@@ -9,21 +10,34 @@ Contract:
 - On open, a torn last line (no newline, or a CRC mismatch on the last line) is a crash mid-write:
   it is reported (`recovered`) and truncated by a writer; a read-only opener ignores it without
   changing the file. A bad line anywhere else is corruption: `CorruptLogError` names its position.
+  A writer truncates only under the append lock, after looking again: what looked torn may have
+  been another writer's append in progress. An append that finds a torn last line under the lock
+  (a writer crashed after this log was opened) truncates it the same way before writing.
+- Lines appended by other processes are indexed when this log next looks (`end_position`, a
+  read, an append); a last line another writer is still appending is indexed by a later look.
+- Every line is verified (frame and CRC) once, when it is indexed; reads hand out views of a
+  read-only `mmap` of the file and report a file that changed after it was verified.
+
+Indexing is `kai_es.adapters.framing` (C, or its pure-Python twin when the C is not built).
 """
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import logging
+import mmap
 import os
 import zlib
 from array import array
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import anyio
 
+from kai_es.adapters.framing import HEAD, LineIndexer, Reason, default_indexer
 from kai_es.events import DecodeError, Envelope, Record, decode, encode
 
 log = logging.getLogger(__name__)
@@ -41,7 +55,8 @@ class CorruptLogError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class TornTail:
-    """What open() found and removed (or, read-only, ignored) at the end of the file."""
+    """A torn last line found and removed (or, read-only, ignored) at the end of the file: by
+    open(), or by an append that found a crashed writer's leftover under the lock."""
 
     position: int
     byte_offset: int
@@ -54,33 +69,24 @@ def frame(body: bytes) -> bytes:
     return b"%08x\t%s\n" % (zlib.crc32(body), body)
 
 
-def _check_line(line: bytes) -> tuple[memoryview | None, str]:
-    """The body of a framed line (a view, not a copy), or None and the reason it is not valid."""
-    if not line.endswith(b"\n"):
-        return None, "line is not terminated (write was cut short)"
-    if len(line) < 10 or line[8] != 9:  # b"\t"
-        return None, "line has no CRC frame"
-    body = memoryview(line)[9:-1]
-    try:
-        expected = int(line[:8], 16)
-    except ValueError:
-        return None, "CRC field is not hexadecimal"
-    if zlib.crc32(body) != expected:
-        return None, "CRC mismatch"
-    return body, ""
-
-
 class FileEventLog:
-    """EventLog over a local file (see module docstring for the format and guarantees)."""
+    """EventLog over a local file (see module docstring for the format and guarantees).
+
+    `indexer` verifies and indexes the lines (default: `framing.default_indexer()`, the C one)."""
 
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False,
-                 fsync: bool = False, poll_interval_s: float = 0.05) -> None:
+                 fsync: bool = False, poll_interval_s: float = 0.05,
+                 indexer: LineIndexer | None = None) -> None:
         self.path = Path(path)
         self.readonly = readonly
         self.fsync = fsync
         self.poll_interval_s = poll_interval_s
+        self._indexer = default_indexer() if indexer is None else indexer
         self._offsets: array[int] = array("q")
         self._indexed_size = 0
+        # A read-only map of the file from byte 0, covering at least the lines indexed when it was
+        # made; replaced (never closed: views handed out keep an old one alive) when it is too short.
+        self._map: mmap.mmap | None = None
         self.recovered: TornTail | None = None
         if not self.path.exists():
             if readonly:
@@ -92,40 +98,94 @@ class FileEventLog:
 
     # -- index maintenance ------------------------------------------------------------------
 
-    def _scan_from(self, start: int, *, at_open: bool = False) -> None:
-        """Index complete lines from byte `start`; detect a torn tail at open."""
+    def _map_from(self, start: int) -> tuple[mmap.mmap, int] | None:
+        """A read-only map of the file from the page holding byte `start` to the file's current
+        end, and the byte offset the map starts at; None if the file ends at or before `start`
+        (an empty file cannot be mapped)."""
         with open(self.path, "rb") as f:
-            f.seek(start)
-            offset = start
-            for line in f:
-                body, reason = _check_line(line)
-                if body is None:
-                    if not at_open and not line.endswith(b"\n"):
-                        break  # another writer is mid-append: index up to here, retry later
-                    if f.read(1) or not at_open:
-                        raise CorruptLogError(self.path, len(self._offsets), reason)
-                    self._handle_torn(offset, len(line), reason)
-                    return
-                self._offsets.append(offset)
-                offset += len(line)
-            self._indexed_size = offset
+            size = os.fstat(f.fileno()).st_size
+            if size <= start:
+                return None
+            base = start - start % mmap.ALLOCATIONGRANULARITY
+            return mmap.mmap(f.fileno(), size - base, offset=base, access=mmap.ACCESS_READ), base
 
-    def _handle_torn(self, offset: int, length: int, reason: str) -> None:
-        position = len(self._offsets)
-        self.recovered = TornTail(position, offset, length, reason)
-        self._indexed_size = offset
-        if self.readonly:
-            log.warning("%s: ignoring torn last record at position %d (%s)", self.path, position, reason)
+    def _scan_from(self, start: int, *, at_open: bool = False, locked: bool = False) -> None:
+        """Verify and index the lines from byte `start` (the end of the indexed ones) to the end.
+
+        The first line that is not valid is corruption (`CorruptLogError`) if more bytes follow
+        it. If it is the last line and not terminated, on a later look (neither `at_open` nor
+        `locked`) another writer may still be appending it: a later look indexes it. Otherwise
+        the last line is torn: truncated if this process holds the append lock (`locked`: no
+        writer can be mid-append), ignored by a read-only log, looked at again under the lock by
+        a writer's open; a writer's later look reports it as corruption."""
+        region = self._map_from(start)
+        if region is None:
             return
-        log.warning("%s: truncating torn last record at position %d (%d bytes: %s)",
-                    self.path, position, length, reason)
-        with open(self.path, "r+b") as f:
-            f.truncate(offset)
+        m, base = region
+        scan = self._indexer.index(m, self._offsets, start=start - base, base=base)
+        self._indexed_size = scan.stop
+        if scan.reason is Reason.OK:
+            if base == 0:
+                self._map = m  # it covers every indexed line: reads need not map the file again
+            return
+        position = len(self._offsets)
+        if scan.line_end != base + len(m):
+            raise CorruptLogError(self.path, position, scan.reason.message)
+        if scan.reason is Reason.NOT_TERMINATED and not (at_open or locked):
+            return
+        torn = TornTail(position, scan.stop, scan.line_end - scan.stop, scan.reason.message)
+        if locked:
+            self._truncate(torn)
+        elif self.readonly:
+            if torn != self.recovered:
+                log.warning("%s: ignoring torn last record at position %d (%s)", self.path, position, torn.reason)
+            self.recovered = torn
+        elif at_open:
+            self._recover_tail()
+        else:
+            raise CorruptLogError(self.path, position, torn.reason)
 
-    def _refresh(self) -> None:
+    def _recover_tail(self) -> None:
+        """A writer opened the log and found a torn last line: look again under the append lock."""
+        with open(self.path, "ab") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                self._scan_from(self._indexed_size, locked=True)
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def _truncate(self, torn: TornTail) -> None:
+        """Remove a torn last line; the caller holds the append lock."""
+        self.recovered = torn
+        log.warning("%s: truncating torn last record at position %d (%d bytes: %s)",
+                    self.path, torn.position, torn.length, torn.reason)
+        os.truncate(self.path, torn.byte_offset)
+        if self._map is not None and len(self._map) > torn.byte_offset:
+            self._map = None  # never read a map past the end of the file
+
+    def _refresh(self, *, locked: bool = False) -> int:
+        """Index what other processes appended; returns the file's size (at least the end of the
+        indexed lines if some were found: the file grew while they were being indexed)."""
         size = self.path.stat().st_size
         if size > self._indexed_size:
-            self._scan_from(self._indexed_size)
+            self._scan_from(self._indexed_size, locked=locked)
+            size = max(size, self._indexed_size)
+        return size
+
+    def _readable(self, end: int) -> mmap.mmap:
+        """A map of the file from byte 0 that covers byte offsets [0, end)."""
+        m = self._map
+        if m is None or len(m) < end:
+            region = self._map_from(0)
+            if region is None or len(region[0]) < end:
+                size = 0 if region is None else len(region[0])
+                raise CorruptLogError(self.path, self._first_line_past(size), "the file changed after it was verified")
+            m = self._map = region[0]
+        return m
+
+    def _first_line_past(self, size: int) -> int:
+        """The position of the first indexed line that does not end within the first `size` bytes."""
+        return max(0, bisect.bisect_right(self._offsets, size) - 1)
 
     # -- EventLog -----------------------------------------------------------------------------
 
@@ -139,7 +199,7 @@ class FileEventLog:
         with open(self.path, "ab") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
-                self._refresh()
+                self._refresh(locked=True)
                 start_pos = len(self._offsets)
                 offset = self._indexed_size
                 f.write(blob)
@@ -173,28 +233,43 @@ class FileEventLog:
         for pos, body in self._frames(from_position, end):
             yield pos, bytes(body)
 
+    def frames(self, from_position: int = 0, end: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """(position, canonical body) of [from_position, end) without decoding or copying (see
+        `_frames`); what `kai_es.replay.replay_frames` reads."""
+        return self._frames(from_position, end)
+
+    def record_count(self) -> int:
+        """The number of complete records now in the file (other processes' appends included)."""
+        self._refresh()
+        return len(self._offsets)
+
     def _frames(self, from_position: int, end: int | None) -> Iterator[tuple[int, memoryview]]:
         """(position, body view) of every line in [from_position, end); no copies.
 
-        Every indexed line had its CRC verified when it was indexed (at open, or by the
-        `_refresh` that found it), so it is not verified again here; a line whose length no
-        longer matches the index means the file changed under us, which is reported."""
-        self._refresh()
-        stop = len(self._offsets) if end is None else min(end, len(self._offsets))
+        The views are slices of a read-only map of the file; each keeps its map alive, so a view
+        stays valid after the log remaps or closes. Every indexed line had its CRC verified when
+        it was indexed (at open, or by the `_refresh` that found it), so it is not verified again
+        here; a file now shorter than the lines read, or a line whose newline or frame is no
+        longer where the index says, means the file changed under us, which is reported."""
+        size = self._refresh()
+        offsets = self._offsets
+        stop = len(offsets) if end is None else min(end, len(offsets))
         pos = max(0, from_position)
         if pos >= stop:
             return
-        offsets = self._offsets
-        with open(self.path, "rb") as f:
-            f.seek(offsets[pos])
-            for line in f:
-                if pos >= stop:
-                    return
-                nxt = offsets[pos + 1] if pos + 1 < len(offsets) else self._indexed_size
-                if len(line) != nxt - offsets[pos] or not line.endswith(b"\n"):
-                    raise CorruptLogError(self.path, pos, "the file changed after it was verified")
-                yield pos, memoryview(line)[9:-1]
-                pos += 1
+        last = offsets[stop] if stop < len(offsets) else self._indexed_size  # end of line stop - 1
+        if size < last:  # reading the map past the end of the file would crash (SIGBUS)
+            raise CorruptLogError(self.path, max(pos, self._first_line_past(size)),
+                                  "the file changed after it was verified")
+        m = self._readable(last)
+        starts = offsets[pos:stop]
+        starts.append(last)
+        good = pos + self._indexer.check(m, starts)
+        view = memoryview(m)
+        for p, s, e in zip(range(pos, good), starts, islice(starts, 1, None)):
+            yield p, view[s + HEAD:e - 1]
+        if good < stop:
+            raise CorruptLogError(self.path, good, "the file changed after it was verified")
 
     async def read(self, from_position: int = 0, *, follow: bool = False) -> AsyncIterator[Record]:
         pos = max(0, from_position)
@@ -220,4 +295,4 @@ class FileEventLog:
         return len(self._offsets)
 
     async def close(self) -> None:
-        return None
+        self._map = None  # unmapped once no view handed out refers to it

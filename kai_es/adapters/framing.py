@@ -1,0 +1,325 @@
+"""Indexing the lines of the file event log: a C fast path and its pure-Python twin.
+
+A line of the log is `<8 hex digits: CRC-32 of BODY>\\t<BODY>\\n` (`kai_es.adapters.file_log`).
+Indexing a buffer of such lines means: walk them from a start offset, record where each valid
+line begins, and stop at the first line that is not valid, saying why (`Reason`) and where it
+ends, so the caller can tell a torn last line from corruption in the middle.
+
+Two indexers give identical answers:
+
+* `NativeIndexer` -- `kai_frame_index` of `csrc/framing.c` through cffi (`kai_es._native._framing`);
+* `PythonIndexer` -- the pure-Python twin and executable specification (`index_frames_py`).
+
+`load_indexer()` picks one. The file log's default, `kind="auto"`, is the native indexer and
+falls back to the twin (with a warning in the log) only when the extension is not built, or
+was built from other sources (ABI mismatch); `kind="native"` raises `NativeIndexerUnavailable`
+instead, and a test fails if the native indexer is not the one in use.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib
+import logging
+import mmap
+import re
+import sys
+import zlib
+from array import array
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "ABI_VERSION",
+    "HEAD",
+    "MIN_LINE",
+    "NATIVE_MODULE",
+    "Buffer",
+    "FrameScan",
+    "IndexerKind",
+    "LineIndexer",
+    "NativeIndexer",
+    "NativeIndexerUnavailable",
+    "PythonIndexer",
+    "Reason",
+    "check_frames_py",
+    "default_indexer",
+    "import_native",
+    "index_frames_py",
+    "load_indexer",
+]
+
+log = logging.getLogger(__name__)
+
+NATIVE_MODULE = "kai_es._native._framing"
+ABI_VERSION = 1
+
+HEAD = 9  # 8 hex digits and a tab
+MIN_LINE = 10  # the head and the newline: an empty body
+_INT64_MAX = (1 << 63) - 1
+_CHUNK = 1 << 16  # offsets handed back by one native call
+
+Buffer = bytes | bytearray | mmap.mmap
+"""What the indexers read: anything with `find` (the twin needs it) and the buffer protocol."""
+
+
+class Reason(enum.IntEnum):
+    """Why a line is not valid (the values are `enum kai_frame_reason` of `csrc/framing.h`)."""
+
+    OK = 0
+    NOT_TERMINATED = 1
+    NO_FRAME = 2
+    BAD_HEX = 3
+    CRC_MISMATCH = 4
+
+    @property
+    def message(self) -> str:
+        return _MESSAGES[self]
+
+
+_MESSAGES = {
+    Reason.OK: "ok",
+    Reason.NOT_TERMINATED: "line is not terminated (write was cut short)",
+    Reason.NO_FRAME: "line has no CRC frame",
+    Reason.BAD_HEX: "CRC field is not hexadecimal",
+    Reason.CRC_MISMATCH: "CRC mismatch",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FrameScan:
+    """Where an index call stopped; byte offsets are absolute (`base` added)."""
+
+    count: int  # valid lines appended to the offsets
+    stop: int  # the end of those lines: where the first invalid (or unread) line starts
+    line_end: int  # reason != OK: the end of that invalid line (past its newline, or the buffer's end)
+    reason: Reason  # OK: the buffer is exhausted (stop == its end) or `cap` lines were indexed
+
+
+class NativeIndexerUnavailable(ImportError):
+    """The compiled module `kai_es._native._framing` is not built or does not match."""
+
+
+class LineIndexer(Protocol):
+    """Appends the start of every valid line of `buf[start:]` to `offsets`, as `base + index`."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def index(self, buf: Buffer, offsets: array[int], *, start: int = 0, base: int = 0,
+              cap: int | None = None) -> FrameScan:
+        """At most `cap` lines (None: no limit); raises ValueError/TypeError for bad arguments."""
+        ...
+
+    def check(self, buf: Buffer, starts: array[int]) -> int:
+        """The first i whose line [starts[i], starts[i + 1]) of `buf` no longer looks like a
+        verified line (see `check_frames_py`), or len(starts) - 1 if none."""
+        ...
+
+
+def _check_offsets(name: str, offsets: array[int]) -> None:
+    if not isinstance(offsets, array) or offsets.typecode != "q":
+        raise TypeError(f"{name} must be array('q'), got {type(offsets).__name__}")
+
+
+def _check_args(buf: Buffer, offsets: array[int], start: int, base: int, cap: int | None) -> None:
+    # These checks are what keep the C code inside its buffers: make them before the boundary.
+    _check_offsets("offsets", offsets)
+    if not 0 <= start <= len(buf):
+        raise ValueError(f"start {start} is outside the buffer (0..{len(buf)})")
+    if base < 0 or base > _INT64_MAX - (len(buf) - start):
+        raise ValueError(f"base {base} is negative or overflows int64 at the buffer's end")
+    if cap is not None and cap < 0:
+        raise ValueError(f"cap {cap} is negative")
+
+
+# ----------------------------------------------------------------------------- the twin
+
+_HEX8 = re.compile(rb"[0-9a-fA-F]{8}")
+
+
+def _line_reason(buf: Buffer, view: memoryview, start: int, end: int) -> Reason:
+    """Why the terminated line buf[start:end] (its last byte is the newline) is not valid."""
+    if end - start < MIN_LINE or buf[start + HEAD - 1] != 0x09:  # b"\t"
+        return Reason.NO_FRAME
+    digits = buf[start:start + HEAD - 1]
+    if _HEX8.fullmatch(digits) is None:
+        return Reason.BAD_HEX
+    if zlib.crc32(view[start + HEAD:end - 1]) != int(digits, 16):
+        return Reason.CRC_MISMATCH
+    return Reason.OK
+
+
+def index_frames_py(buf: Buffer, offsets: array[int], *, start: int = 0, base: int = 0,
+                    cap: int | None = None) -> FrameScan:
+    """The executable specification of `kai_frame_index` (`csrc/framing.h`) on `buf[start:]`.
+
+    Same as the C function called with `(buf + start, len(buf) - start, base + start, ...)`,
+    except that it appends to `offsets` rather than writing into a caller's array."""
+    _check_args(buf, offsets, start, base, cap)
+    limit = sys.maxsize if cap is None else cap
+    length = len(buf)
+    pos = start
+    count = 0
+    with memoryview(buf) as view:
+        while pos < length and count < limit:
+            newline = buf.find(b"\n", pos)
+            if newline < 0:
+                return FrameScan(count, base + pos, base + length, Reason.NOT_TERMINATED)
+            end = newline + 1
+            reason = _line_reason(buf, view, pos, end)
+            if reason is not Reason.OK:
+                return FrameScan(count, base + pos, base + end, reason)
+            offsets.append(base + pos)
+            count += 1
+            pos = end
+    return FrameScan(count, base + pos, base + pos, Reason.OK)
+
+
+def check_frames_py(buf: Buffer, starts: array[int]) -> int:
+    """The executable specification of `kai_frame_check`: the first i whose line
+    [starts[i], starts[i + 1]) is not inside `buf`, is shorter than MIN_LINE, or has no tab at
+    byte 8 or no newline at its end; len(starts) - 1 if none. The CRC is not recomputed."""
+    _check_offsets("starts", starts)
+    length = len(buf)
+    n = max(0, len(starts) - 1)
+    for i in range(n):
+        s, e = starts[i], starts[i + 1]
+        if s < 0 or e > length or e - s < MIN_LINE or buf[s + HEAD - 1] != 0x09 or buf[e - 1] != 0x0A:
+            return i
+    return n
+
+
+class PythonIndexer:
+    """`index_frames_py` and `check_frames_py` behind the `LineIndexer` protocol."""
+
+    __slots__ = ()
+
+    @property
+    def kind(self) -> str:
+        return "python"
+
+    def index(self, buf: Buffer, offsets: array[int], *, start: int = 0, base: int = 0,
+              cap: int | None = None) -> FrameScan:
+        return index_frames_py(buf, offsets, start=start, base=base, cap=cap)
+
+    def check(self, buf: Buffer, starts: array[int]) -> int:
+        return check_frames_py(buf, starts)
+
+
+# ----------------------------------------------------------------------------- the C fast path
+
+_BUILD_HINT = ("build it with `pip install -e . --no-build-isolation` or "
+               "`python3 kai_es/_native/build_framing.py`")
+
+
+def import_native() -> ModuleType:
+    """Import `kai_es._native._framing` or raise `NativeIndexerUnavailable`."""
+    try:
+        return importlib.import_module(NATIVE_MODULE)
+    except ImportError as exc:
+        raise NativeIndexerUnavailable(f"native line indexer {NATIVE_MODULE} is not available ({exc}); "
+                                       f"{_BUILD_HINT}") from exc
+
+
+class NativeIndexer:
+    """Indexing through the compiled `kai_frame_index`."""
+
+    __slots__ = ("_module", "_ffi", "_lib")
+
+    def __init__(self, module: ModuleType | None = None) -> None:
+        mod = import_native() if module is None else module
+        lib: Any = mod.lib
+        version = int(lib.kai_frame_abi_version())
+        if version != ABI_VERSION:
+            raise NativeIndexerUnavailable(
+                f"{NATIVE_MODULE} has ABI version {version}, expected {ABI_VERSION}; rebuild it ({_BUILD_HINT})")
+        constants = (lib.KAI_FRAME_HEAD, lib.KAI_FRAME_MIN_LINE, lib.KAI_FRAME_OK, lib.KAI_FRAME_NOT_TERMINATED,
+                     lib.KAI_FRAME_NO_FRAME, lib.KAI_FRAME_BAD_HEX, lib.KAI_FRAME_CRC_MISMATCH)
+        if constants != (HEAD, MIN_LINE, *Reason):
+            raise NativeIndexerUnavailable(f"{NATIVE_MODULE} constants {constants} disagree with {__name__}")
+        self._module = mod
+        self._ffi: Any = mod.ffi
+        self._lib = lib
+
+    @property
+    def kind(self) -> str:
+        return "native"
+
+    @property
+    def module(self) -> ModuleType:
+        """The loaded extension module (`kai_es._native._framing`)."""
+        return self._module
+
+    def crc32(self, data: bytes, crc: int = 0, *, tables_only: bool = False) -> int:
+        """zlib.crc32 computed by `kai_frame_crc32` (or `kai_frame_crc32_tables`), for tests."""
+        fn = self._lib.kai_frame_crc32_tables if tables_only else self._lib.kai_frame_crc32
+        return int(fn(crc, data, len(data)))
+
+    def index(self, buf: Buffer, offsets: array[int], *, start: int = 0, base: int = 0,
+              cap: int | None = None) -> FrameScan:
+        _check_args(buf, offsets, start, base, cap)
+        limit = sys.maxsize if cap is None else cap
+        length = len(buf)
+        if start == length or limit == 0:
+            return FrameScan(0, base + start, base + start, Reason.OK)
+        ffi, lib = self._ffi, self._lib
+        chunk = min(_CHUNK, limit, (length - start) // MIN_LINE + 1)
+        out = ffi.new("int64_t[]", chunk)
+        stop = ffi.new("kai_frame_stop *")
+        count = 0
+        pos = start
+        # The buffer stays exported (an mmap cannot be closed) until the C calls are done; the
+        # GIL is released during each call.
+        with ffi.from_buffer("unsigned char[]", buf) as p:
+            while True:
+                n = int(lib.kai_frame_index(p + pos, length - pos, base + pos, out, min(chunk, limit - count), stop))
+                if n < 0:  # the arguments were checked above: this is a bug
+                    raise ValueError(f"kai_frame_index rejected its arguments (code {n})")
+                offsets.frombytes(ffi.buffer(out, 8 * n))
+                count += n
+                pos = int(stop.offset) - base
+                if stop.reason != Reason.OK or pos == length or count == limit:
+                    break
+        return FrameScan(count, int(stop.offset), int(stop.line_end), Reason(stop.reason))
+
+    def check(self, buf: Buffer, starts: array[int]) -> int:
+        _check_offsets("starts", starts)
+        n = len(starts) - 1
+        if n <= 0:
+            return 0
+        ffi = self._ffi
+        with ffi.from_buffer("unsigned char[]", buf) as p, ffi.from_buffer("int64_t[]", starts) as q:
+            found = int(self._lib.kai_frame_check(p, len(buf), q, n))
+        if found < 0:  # the arguments were checked above: this is a bug
+            raise ValueError(f"kai_frame_check rejected its arguments (code {found})")
+        return found
+
+
+# ----------------------------------------------------------------------------- choosing one
+
+IndexerKind = Literal["auto", "native", "python"]
+
+
+def load_indexer(kind: IndexerKind = "auto") -> LineIndexer:
+    """`"native"`: `NativeIndexer`, or raise `NativeIndexerUnavailable`. `"python"`: the twin.
+    `"auto"`: the native indexer if it is built, else the twin with a warning in the log."""
+    if kind == "native":
+        return NativeIndexer()
+    if kind == "python":
+        return PythonIndexer()
+    if kind == "auto":
+        try:
+            return NativeIndexer()
+        except NativeIndexerUnavailable as exc:
+            log.warning("%s; the file event log indexes with the pure-Python twin (several times slower)", exc)
+            return PythonIndexer()
+    raise ValueError(f"unknown indexer kind {kind!r}: expected 'auto', 'native' or 'python'")
+
+
+@functools.cache
+def default_indexer() -> LineIndexer:
+    """`load_indexer("auto")`, loaded (and warned about) once per process."""
+    return load_indexer("auto")

@@ -1,0 +1,204 @@
+"""The file event log over the mmap indexer: the EventLog contract with the pure-Python twin,
+and the file-log guarantees with both indexers (empty files, views outliving remaps, other
+writers' appends and torn tails, files changed after verification)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from array import array
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from kai_es.adapters.file_log import CorruptLogError, FileEventLog, frame
+from kai_es.adapters.framing import Buffer, FrameScan, LineIndexer, PythonIndexer, load_indexer
+from kai_es.events import encode
+from kai_es.ports import EventLog
+from tests.log_contract import EventLogContract, collect, event
+
+
+class TestFileLogWithTheTwin(EventLogContract):
+    @pytest.fixture
+    async def log(self, tmp_path: Path) -> AsyncIterator[EventLog]:
+        yield FileEventLog(tmp_path / "events.log", poll_interval_s=0.01, indexer=PythonIndexer())
+
+
+@pytest.fixture(params=["native", "python"])
+def indexer(request: pytest.FixtureRequest) -> LineIndexer:
+    return load_indexer(request.param)
+
+
+def line(i: int) -> bytes:
+    return frame(encode(event(i)))
+
+
+def ids(log: FileEventLog) -> list[str]:
+    return [r.envelope.id for r in log.scan()]
+
+
+async def test_empty_file(tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    path.touch()
+    for readonly in (True, False):
+        log = FileEventLog(path, readonly=readonly, indexer=indexer)
+        assert log.recovered is None
+        assert await log.end_position() == 0
+        assert list(log.scan()) == [] and list(log.scan_raw(0, 5)) == []
+    assert await log.append([event(0)]) == [0]
+    assert ids(log) == ["id-0"]
+
+
+async def test_views_outlive_remaps_and_close(tmp_path: Path, indexer: LineIndexer) -> None:
+    log = FileEventLog(tmp_path / "e.log", indexer=indexer)
+    await log.append([event(0), event(1)])
+    frames = log._frames(0, None)
+    pos, view = next(frames)  # the generator holds its map while it runs
+    for i in range(2, 40):  # the file grows: later reads map it again
+        await log.append([event(i)])
+    assert [p for p, _ in log._frames(0, None)] == list(range(40))
+    held = [v for _, v in log._frames(30, 35)]
+    await log.close()
+    assert (pos, bytes(view)) == (0, encode(event(0)))
+    assert [p for p, _ in frames] == [1]  # the lines indexed when the iteration started
+    assert [bytes(v) for v in held] == [encode(event(i)) for i in range(30, 35)]
+    del frames, view, held  # the old maps go with the last views
+
+
+async def test_appends_by_another_writer_are_picked_up(tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    writer = FileEventLog(path)
+    reader = FileEventLog(path, readonly=True, indexer=indexer)
+    await writer.append([event(0)])
+    assert ids(reader) == ["id-0"]
+    await writer.append([event(i) for i in range(1, 300)])  # past the first page of the file
+    assert await reader.end_position() == 300
+    assert [r.position for r in reader.scan(298)] == [298, 299]
+    assert [r.envelope.id for r in await collect(reader, 150)] == [f"id-{i}" for i in range(150, 300)]
+
+
+async def test_a_line_being_appended_is_indexed_once_complete(tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    log = FileEventLog(path, indexer=indexer)
+    await log.append([event(0)])
+    whole = line(1)
+    with open(path, "ab") as f:  # another writer, mid-append (it holds the lock)
+        f.write(whole[:30])
+    assert await log.end_position() == 1
+    assert ids(log) == ["id-0"]
+    assert log.recovered is None
+    with open(path, "ab") as f:
+        f.write(whole[30:])
+    assert await log.end_position() == 2
+    assert ids(log) == ["id-0", "id-1"]
+
+
+async def test_an_append_truncates_a_crashed_writers_torn_tail(
+        tmp_path: Path, indexer: LineIndexer, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "e.log"
+    log = FileEventLog(path, indexer=indexer)
+    await log.append([event(0)])
+    clean = path.read_bytes()
+    with open(path, "ab") as f:  # a writer died in the middle of its write, after our open
+        f.write(line(1)[:25])
+    with caplog.at_level(logging.WARNING, logger="kai_es.adapters.file_log"):
+        assert await log.append([event(2)]) == [1]
+    assert log.recovered is not None and log.recovered.byte_offset == len(clean)
+    assert any("truncating torn last record at position 1" in r.getMessage() for r in caplog.records)
+    assert path.read_bytes() == clean + line(2)
+    assert ids(FileEventLog(path, indexer=indexer)) == ["id-0", "id-2"]
+
+
+async def test_writer_open_truncates_only_what_is_still_torn(tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    path.write_bytes(line(0) + line(1)[:-1])
+    log = FileEventLog(path, indexer=indexer)
+    assert log.recovered is not None and log.recovered.position == 1
+    assert path.read_bytes() == line(0)
+    assert await log.append([event(1)]) == [1]
+    assert ids(log) == ["id-0", "id-1"]
+
+
+class _FinishesAnAppendAfterTheFirstLook:
+    """An indexer through which the open sees another writer's append before it completes."""
+
+    def __init__(self, inner: LineIndexer, path: Path, rest: bytes) -> None:
+        self.inner, self.path, self.rest = inner, path, rest
+
+    @property
+    def kind(self) -> str:
+        return self.inner.kind
+
+    def index(self, buf: Buffer, offsets: array[int], *, start: int = 0, base: int = 0,
+              cap: int | None = None) -> FrameScan:
+        scan = self.inner.index(buf, offsets, start=start, base=base, cap=cap)
+        if self.rest:
+            with open(self.path, "ab") as f:
+                f.write(self.rest)
+            self.rest = b""
+        return scan
+
+    def check(self, buf: Buffer, starts: array[int]) -> int:
+        return self.inner.check(buf, starts)
+
+
+async def test_writer_open_does_not_truncate_another_writers_append_in_progress(
+        tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    path.write_bytes(line(0) + line(1)[:40])
+    log = FileEventLog(path, indexer=_FinishesAnAppendAfterTheFirstLook(indexer, path, line(1)[40:]))
+    assert log.recovered is None  # looked again under the lock: the line was complete
+    assert path.read_bytes() == line(0) + line(1)
+    assert ids(log) == ["id-0", "id-1"]
+
+
+async def test_read_only_keeps_ignoring_a_terminated_torn_tail(tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    bad = line(1).replace(b"id-1", b"id-X")  # the last line is whole but its CRC does not match
+    content = line(0) + bad
+    path.write_bytes(content)
+    log = FileEventLog(path, readonly=True, indexer=indexer)
+    assert log.recovered is not None and log.recovered.reason == "CRC mismatch"
+    assert ids(log) == ["id-0"]
+    assert await log.end_position() == 1
+    assert path.read_bytes() == content
+    with open(path, "ab") as f:  # now it is in the middle: corruption
+        f.write(line(2))
+    with pytest.raises(CorruptLogError, match="position 1.*CRC mismatch"):
+        await log.end_position()
+
+
+async def test_corruption_in_the_middle_found_by_a_later_look(tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    log = FileEventLog(path, indexer=indexer)
+    await log.append([event(0)])
+    with open(path, "ab") as f:
+        f.write(b"0000000g\t{}\n" + line(2))
+    with pytest.raises(CorruptLogError, match="position 1.*not hexadecimal"):
+        await log.end_position()
+
+
+async def test_a_file_shortened_after_verification_is_reported(tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    log = FileEventLog(path, indexer=indexer)
+    await log.append([event(i) for i in range(5)])
+    content = path.read_bytes()
+    path.write_bytes(content[:len(line(0)) * 2 + 3])
+    assert ids(FileEventLog(path, readonly=True)) == ["id-0", "id-1"]
+    with pytest.raises(CorruptLogError, match="position 2.*changed after it was verified"):
+        list(log.scan())
+    assert [r.position for r in log.scan(0, 2)] == [0, 1]  # the lines still there can be read
+
+
+async def test_a_file_rewritten_after_verification_is_reported(tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    log = FileEventLog(path, indexer=indexer)
+    await log.append([event(i) for i in range(3)])
+    content = bytearray(path.read_bytes())
+    cut = len(line(0)) + len(line(1)) - 1
+    content[cut - 5], content[cut] = 0x0A, 0x20  # line 1 now ends 5 bytes earlier
+    path.write_bytes(bytes(content))
+    with pytest.raises(CorruptLogError, match="position 1.*changed after it was verified"):
+        list(log.scan())
+    assert os.path.getsize(path) == len(content)
