@@ -110,28 +110,37 @@ def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterabl
         pod.device_milli = 0
         _queue_usage(state, pod, +1)
         return
-    milli = device_milli_on(node.spec, spec.gpu)
-    count = device_count(spec.gpu)
-    devs = tuple(d for d in devices if 0 <= d < len(node.device_used))
+    gpu = spec.gpu
+    shared = bool(gpu.fraction_milli or gpu.gpu_memory_mib)
+    milli = device_milli_on(node.spec, gpu)
+    count = device_count(gpu)
+    device_used = node.device_used
+    devs = tuple(devices)
+    if devs and (min(devs) < 0 or max(devs) >= len(device_used)):  # indexes the node does not have
+        devs = tuple(d for d in devs if 0 <= d < len(device_used))
     if len(devs) != count and not (trust_devices and devs):
         devs = _assign_devices(node, pod, milli, count)
-    pod.devices = devs
-    pod.device_milli = milli if devs else 0
+    if not devs:
+        milli = 0
+    pod.devices, pod.device_milli = devs, milli
     grp = tuple(groups)
-    if not grp and devs and (spec.gpu.fraction_milli or spec.gpu.gpu_memory_mib):
+    if not grp and devs and shared:
         grp = (spec.gpu_group,) if spec.gpu_group else tuple(f"{node_name}/gpu{d}" for d in devs)
     pod.gpu_groups = grp
-    node.used_milli_cpu += spec.requests.milli_cpu
-    node.used_memory_bytes += spec.requests.memory_bytes
+    requests = spec.requests
+    node.used_milli_cpu += requests.milli_cpu
+    node.used_memory_bytes += requests.memory_bytes
     node.used_pods += 1
-    shared = bool(spec.gpu.fraction_milli or spec.gpu.gpu_memory_mib)
-    for i, d in enumerate(devs):
-        node.device_used[d] += pod.device_milli
-        if shared:
+    if shared:
+        for i, d in enumerate(devs):
+            device_used[d] += milli
             node.device_sharers[d] += 1
             if i < len(grp) and grp[i]:
                 held = node.group_holders.setdefault(grp[i], {})
                 held[d] = held.get(d, 0) + 1
+    else:
+        for d in devs:
+            device_used[d] += milli
     node.pods.add(pod.key)
     state.dirty_nodes.add(node_name)
     if status == "Releasing":
@@ -148,22 +157,27 @@ def _release(state: ClusterState, pod: PodState) -> None:
         spec = pod.spec
         if pod.status == "Releasing":
             _releasing(node, pod, -1)
-        node.used_milli_cpu -= spec.requests.milli_cpu
-        node.used_memory_bytes -= spec.requests.memory_bytes
+        requests = spec.requests
+        node.used_milli_cpu -= requests.milli_cpu
+        node.used_memory_bytes -= requests.memory_bytes
         node.used_pods -= 1
-        shared = bool(spec.gpu.fraction_milli or spec.gpu.gpu_memory_mib)
-        for i, d in enumerate(pod.devices):
-            node.device_used[d] -= pod.device_milli
-            if shared:
+        device_used, milli = node.device_used, pod.device_milli
+        if spec.gpu.fraction_milli or spec.gpu.gpu_memory_mib:
+            groups = pod.gpu_groups
+            for i, d in enumerate(pod.devices):
+                device_used[d] -= milli
                 node.device_sharers[d] -= 1
-                if i < len(pod.gpu_groups) and pod.gpu_groups[i]:
-                    held = node.group_holders.get(pod.gpu_groups[i])
+                if i < len(groups) and groups[i]:
+                    held = node.group_holders.get(groups[i])
                     if held is not None and d in held:
                         held[d] -= 1
                         if held[d] == 0:
                             del held[d]
                         if not held:
-                            del node.group_holders[pod.gpu_groups[i]]
+                            del node.group_holders[groups[i]]
+        else:
+            for d in pod.devices:
+                device_used[d] -= milli
         node.pods.discard(pod.key)
         state.dirty_nodes.add(pod.node)
     pod.status = "Pending"
@@ -184,18 +198,24 @@ def _releasing(node: NodeState, pod: PodState, sign: int) -> None:
 
 def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
     job = state.jobs.get(pod.job_key)
-    if job is not None:
+    spec = pod.spec
+    if job is None:
+        q = state.queues.get(spec.queue)
+    else:
         job.occupying += sign
-    q = state.queues.get(job.queue if job is not None and job.queue else pod.spec.queue)
+        q = state.queues.get(job.queue or spec.queue)
     if q is None:
         return
-    q.allocated_milli_cpu += sign * pod.spec.requests.milli_cpu
-    q.allocated_memory_bytes += sign * pod.spec.requests.memory_bytes
-    q.allocated_milli_gpu += sign * pod.milli_gpu
+    requests = spec.requests
+    cpu, memory = sign * requests.milli_cpu, sign * requests.memory_bytes
+    gpu = sign * pod.device_milli * len(pod.devices)  # pod.milli_gpu
+    q.allocated_milli_cpu += cpu
+    q.allocated_memory_bytes += memory
+    q.allocated_milli_gpu += gpu
     if job is not None and not job.preemptible:
-        q.nonpreemptible_milli_cpu += sign * pod.spec.requests.milli_cpu
-        q.nonpreemptible_memory_bytes += sign * pod.spec.requests.memory_bytes
-        q.nonpreemptible_milli_gpu += sign * pod.milli_gpu
+        q.nonpreemptible_milli_cpu += cpu
+        q.nonpreemptible_memory_bytes += memory
+        q.nonpreemptible_milli_gpu += gpu
 
 
 def _pod_queue(state: ClusterState, pod: PodState) -> str:
@@ -209,41 +229,47 @@ def _pod_queue(state: ClusterState, pod: PodState) -> str:
 
 
 def _set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
-    job = state.jobs[pod.job_key]
-    want = pending and pod.spec.scheduler_name == SCHEDULER_NAME
-    if pod.pending_key is None and not want:
+    old = pod.pending_key
+    spec = pod.spec
+    new = None
+    if pending and spec.scheduler_name == SCHEDULER_NAME:
+        new = (-spec.task_priority, spec.created_ns, spec.uid, pod.key)
+        if new == old:
+            return
+    elif old is None:
         return  # the job's pending set is unchanged (job field changes reindex in _refresh_job)
-    if want and pod.pending_key == (-pod.spec.task_priority, pod.spec.created_ns, pod.spec.uid, pod.key):
-        return
-    if pod.pending_key is not None:
-        job.pending.remove(pod.pending_key)
-        pod.pending_key = None
-    if pending and pod.spec.scheduler_name == SCHEDULER_NAME:
-        pod.pending_key = (-pod.spec.task_priority, pod.spec.created_ns, pod.spec.uid, pod.key)
-        insort(job.pending, pod.pending_key)
+    job = state.jobs[pod.job_key]
+    if old is not None:
+        job.pending.remove(old)
+    pod.pending_key = new
+    if new is not None:
+        insort(job.pending, new)
     _reindex_job(state, job)
 
 
 def _reindex_job(state: ClusterState, job: Job) -> None:
     """Keep `state.pending_jobs[queue]` in step with the job's pending pods and sort key."""
-    if job.pending and job.index_key is not None and job.index_key[0] == -job.priority and \
-            job.index_key[1] == job.created_ns and job.index_key[2] == job.uid and \
-            job.index_key[3] == f"{job.queue}\x00{job.key}":
-        return  # still pending under the same key
-    if job.index_key is not None:
-        old_queue = job.index_key[3].split("\x00", 1)[0]
+    old = job.index_key
+    new = None
+    if job.pending:
+        new = (-job.priority, job.created_ns, job.uid, f"{job.queue}\x00{job.key}")
+        if new == old:
+            return  # still pending under the same key
+    elif old is None:
+        return  # not pending, not indexed
+    if old is not None:
+        old_queue = old[3].split("\x00", 1)[0]
         bucket = state.pending_jobs.get(old_queue)
         if bucket is not None:
-            bucket.remove(job.index_key)
+            bucket.remove(old)
             if not bucket:
                 del state.pending_jobs[old_queue]
-        job.index_key = None
-    if job.pending:
-        job.index_key = (-job.priority, job.created_ns, job.uid, f"{job.queue}\x00{job.key}")
+    job.index_key = new
+    if new is not None:
         bucket = state.pending_jobs.get(job.queue)
         if bucket is None:
             bucket = state.pending_jobs[job.queue] = SortedList()
-        bucket.add(job.index_key)
+        bucket.add(new)
 
 
 def job_key_of_index(index_key: tuple[int, int, str, str]) -> str:
@@ -252,27 +278,33 @@ def job_key_of_index(index_key: tuple[int, int, str, str]) -> str:
 
 
 def _refresh_job(state: ClusterState, job: Job) -> None:
-    """Recompute a job's queue, priority and age from its spec and members; move its usage."""
+    """Recompute a job's queue, priority and age from its spec and members; move its usage.
+
+    Each field is the PodGroup's when it sets one, else the first member's (by key), except the
+    age, which is then the oldest member's."""
+    pods = state.pods
     members = sorted(job.members) if len(job.members) > 1 else list(job.members)
-    first = state.pods[members[0]].spec if members else None
-    queue = job.spec.queue if job.spec is not None and job.spec.queue else (first.queue if first else "")
-    class_name = job.spec.priority_class if job.spec is not None and job.spec.priority_class else ""
-    if not class_name and first is not None:
-        class_name = first.priority_class
-    explicit = first.priority if first is not None else None
+    created: int | None = 0
+    queue, class_name, explicit, uid, mode = "", "", None, job.key, ""
+    if members:
+        first = pods[members[0]].spec
+        queue, class_name, explicit, uid, mode = (
+            first.queue, first.priority_class, first.priority, first.uid, first.preemptibility)
+        created = first.created_ns if len(members) == 1 else None  # None: the oldest, if needed
+    spec = job.spec
+    if spec is not None:
+        queue = spec.queue or queue
+        class_name = spec.priority_class or class_name
+        uid = spec.uid or uid
+        mode = spec.preemptibility or mode
+        created = spec.created_ns or created
+    if created is None:
+        created = min(pods[m].spec.created_ns for m in members)
     priority = resolve_priority(state, class_name, explicit)
-    if job.spec is not None and job.spec.created_ns:
-        created = job.spec.created_ns
-    elif len(members) == 1:
-        created = first.created_ns if first is not None else 0
-    else:
-        created = min(state.pods[m].spec.created_ns for m in members) if members else 0
-    uid = job.spec.uid if job.spec is not None and job.spec.uid else (first.uid if first else job.key)
-    mode = job.spec.preemptibility if job.spec is not None and job.spec.preemptibility else (
-        first.preemptibility if first is not None else "")
     preemptible = (mode == "preemptible") if mode else priority < NON_PREEMPTIBLE_PRIORITY
     if queue != job.queue or preemptible != job.preemptible:
-        occupying = [state.pods[m] for m in members if state.pods[m].status in OCCUPYING]
+        # job.occupying counts the members that occupy: skip the scan when there are none
+        occupying = [pods[m] for m in members if pods[m].status in OCCUPYING] if job.occupying else []
         for pod in occupying:
             _queue_usage(state, pod, -1)
         job.queue = queue
@@ -287,8 +319,8 @@ def _job_for(state: ClusterState, spec: p.PodObserved) -> Job:
     key = pod_key(spec.namespace, spec.podgroup)
     job = state.jobs.get(key)
     if job is None:
-        job = Job(key=key, namespace=spec.namespace, name=spec.podgroup, spec=None,
-                  implicit=spec.implicit_podgroup)
+        # positional: keyword calls to these many-field dataclasses cost measurably more per pod
+        job = Job(key, spec.namespace, spec.podgroup, None, spec.implicit_podgroup)
         state.jobs[key] = job
     return job
 
@@ -373,12 +405,11 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
         pod = None
     if pod is None:
         job = _job_for(state, spec)
-        pod = PodState(key=key, spec=spec, job_key=job.key)
+        pod = PodState(key, spec, job.key)  # positional, as in _job_for
         state.pods[key] = pod
         job.members.add(key)
         _refresh_job(state, job)
-    elif pod.job_key != pod_key(spec.namespace, spec.podgroup) or _shape_changed(pod.spec, spec):
-        # membership or resource shape changed: re-seat the pod from scratch
+    elif _reseat_needed(pod, spec):
         status, node, devices, groups = pod.status, pod.node, pod.devices, pod.gpu_groups
         _release(state, pod)
         _set_pending(state, pod, False)
@@ -388,18 +419,16 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
         job = _job_for(state, spec)
         job.members.add(key)
         pod.job_key = job.key
-        _cleanup_job(state, old_job)
-        if old_job.key in state.jobs:
-            _refresh_job(state, old_job)
+        _refresh_or_drop_job(state, old_job)
         _refresh_job(state, job)
         if status in OCCUPYING and not spec.node_name:
             _occupy(state, pod, node, devices, groups, status)
     else:
         old = pod.spec
         pod.spec = spec
-        if (old.queue, old.priority_class, old.priority, old.created_ns) != (
-                spec.queue, spec.priority_class, spec.priority, spec.created_ns):
-            _refresh_job(state, state.jobs[pod.job_key])
+        if old.queue != spec.queue or old.priority_class != spec.priority_class or \
+                old.priority != spec.priority or old.created_ns != spec.created_ns:
+            _refresh_job(state, state.jobs[pod.job_key])  # a field the job takes from its pods
     _reconcile_placement(state, pod, spec, env.logicaltime)
 
 
@@ -421,17 +450,27 @@ def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved
                     (spec.gpu_group,) if spec.gpu_group else (), status)
         if not pod.started_ns:
             pod.started_ns = now
-        _set_pending(state, pod, False)
+        if pod.pending_key is not None:
+            _set_pending(state, pod, False)
     elif pod.status in ("Binding", "Releasing"):
-        _set_pending(state, pod, False)
+        if pod.pending_key is not None:
+            _set_pending(state, pod, False)
     else:
         if pod.status == "Running":
             _release(state, pod)
         _set_pending(state, pod, not spec.terminating)
 
 
-def _shape_changed(old: p.PodObserved, new: p.PodObserved) -> bool:
-    return old.requests != new.requests or old.gpu != new.gpu
+def _reseat_needed(pod: PodState, new: p.PodObserved) -> bool:
+    """Whether observing `new` must re-seat the pod from scratch: its resource shape changed or it
+    moved to another job. (`pod.job_key` is always the key of `pod.spec`'s namespace and podgroup,
+    so the new key is built only when one of those differs.)"""
+    old = pod.spec
+    if old.requests != new.requests or old.gpu != new.gpu:
+        return True
+    if old.podgroup == new.podgroup and old.namespace == new.namespace:
+        return False
+    return pod.job_key != pod_key(new.namespace, new.podgroup)
 
 
 def _set_status(state: ClusterState, pod: PodState, status: str) -> None:
@@ -447,19 +486,21 @@ def _set_status(state: ClusterState, pod: PodState, status: str) -> None:
 
 def _drop_pod(state: ClusterState, pod: PodState) -> None:
     _release(state, pod)
-    _set_pending(state, pod, False)
+    if pod.pending_key is not None:
+        _set_pending(state, pod, False)
     del state.pods[pod.key]
     job = state.jobs[pod.job_key]
     job.members.discard(pod.key)
-    _cleanup_job(state, job)
-    if job.key in state.jobs:
-        _refresh_job(state, job)
+    _refresh_or_drop_job(state, job)
 
 
-def _cleanup_job(state: ClusterState, job: Job) -> None:
+def _refresh_or_drop_job(state: ClusterState, job: Job) -> None:
+    """After a job lost a member or its spec: forget it when nothing holds it, else refresh it."""
     if not job.members and job.spec is None:
         _reindex_job(state, job)
         del state.jobs[job.key]
+    else:
+        _refresh_job(state, job)
 
 
 def _pod_removed(state: ClusterState, env: Envelope) -> None:
@@ -515,9 +556,7 @@ def _podgroup_removed(state: ClusterState, env: Envelope) -> None:
         state.ignored_events += 1
         return
     job.spec = None
-    _cleanup_job(state, job)
-    if key in state.jobs:
-        _refresh_job(state, job)
+    _refresh_or_drop_job(state, job)
 
 
 def _priorityclass_observed(state: ClusterState, env: Envelope) -> None:
@@ -582,9 +621,7 @@ def _resync_completed(state: ClusterState, env: Envelope) -> None:
         for key in [k for k in sorted(state.jobs) if state.jobs[k].spec is not None and k not in seen]:
             job = state.jobs[key]
             job.spec = None
-            _cleanup_job(state, job)
-            if key in state.jobs:
-                _refresh_job(state, job)
+            _refresh_or_drop_job(state, job)
     elif kind == "PriorityClass":
         gone = [n for n in sorted(state.priority_classes) if n not in seen]
         for name in gone:
