@@ -279,7 +279,7 @@ def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
 
     events = open_log(log_url, readonly=True)
     if isinstance(events, FileEventLog):
-        result = replay_file(log_url, packer_kind=packer, jobs=jobs)
+        result = replay_file(events, packer_kind=packer, jobs=jobs)
     else:
         with bulk_fold():
             result = do_replay(_records(events), _packer(packer))

@@ -171,11 +171,12 @@ class _Replayer:
             self.progress(result.records)
         data = record.envelope.data
         if isinstance(data, p.CycleStarted):
-            return self._cycle(record, data)
+            return self.cycle(record, data)
         stop = self.share.stop
         return stop is None or record.position + 1 < stop or bool(self.expected)
 
-    def _cycle(self, record: Record, data: p.CycleStarted) -> bool:
+    def cycle(self, record: Record, data: p.CycleStarted) -> bool:
+        """After folding a CycleStarted: re-run it if it is this share's; False to stop."""
         position = record.position
         if not self.share.owns(position):
             self.foreign.add(position)
@@ -231,16 +232,30 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Pack
     """Replay (position, canonical body) frames, decoding only what is not an expected decision.
     A body that does not decode raises DecodeError naming its position."""
     replayer = _Replayer(packer, None, share, progress)
+    expected, state, result = replayer.expected, replayer.state, replayer.result
     match, step, step_matched = replayer.match, replayer.step, replayer.step_matched
+    last_alone = AT_END if share.stop is None else share.stop - 1  # may stop reading after it
     for position, body in frames:
-        hit = match(body) if replayer.expected else None
-        if hit is not None:
-            going = step_matched(position, hit[0], hit[1])
+        if expected:
+            hit = match(body)
+            if hit is not None:
+                if not step_matched(position, hit[0], hit[1]):
+                    return replayer.finish(at_end=False)
+                continue
+        try:
+            env = decode(body)  # type: ignore[arg-type]  # msgspec reads any buffer
+        except DecodeError as exc:
+            raise DecodeError(f"record at position {position}: {exc}") from None
+        if env.basedon is None and progress is None:
+            # the common case (observations, outcomes), inlined: `step` minus what cannot apply
+            record = Record(position, env)
+            apply(state, record)
+            result.records += 1
+            if type(env.data) is p.CycleStarted:
+                going = replayer.cycle(record, env.data)
+            else:
+                going = position < last_alone or bool(expected)
         else:
-            try:
-                env = decode(body)  # type: ignore[arg-type]  # msgspec reads any buffer
-            except DecodeError as exc:
-                raise DecodeError(f"record at position {position}: {exc}") from None
             going = step(Record(position, env))
         if not going:
             return replayer.finish(at_end=False)

@@ -18,6 +18,7 @@ from kai_es.scheduling.packing import (
     DeviceStrategy,
     GpuStrategy,
     InvalidArgument,
+    PackingError,
     NativePacker,
     NativePackerUnavailable,
     NodeRow,
@@ -625,3 +626,34 @@ def test_apply_then_unapply_restores_table(t: ArrayPackTable, task: TaskShape, s
     assert t.snapshot() != before  # at least free_pods changed
     t.apply(p.node, p.devices, task, sign=-1)
     assert t.snapshot() == before
+
+
+def _outcome(fn: object, *args: object) -> object:
+    """A placement, or the type and message of the error it raised."""
+    try:
+        return fn(*args)  # type: ignore[operator]
+    except (PackingError, TypeError) as exc:
+        return (type(exc), str(exc))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(t=maybe_corrupted(), seq=st.lists(st.tuples(any_tasks, st.booleans()), min_size=1, max_size=6),
+       strategy=strategies, mask_seed=st.integers(0, 2**6 - 1))
+def test_bound_place_answers_as_place_does(t: ArrayPackTable, seq: list[tuple[TaskShape, bool]],
+                                           strategy: Strategy, mask_seed: int) -> None:
+    """`bind_place` (checks done once per table) answers, and fails, exactly as `place`, on
+    both engines, while the table changes under it between calls."""
+    mask = array("q", [(mask_seed >> (i % 6)) & 1 for i in range(len(t.free_milli_cpu))])
+    for engine in (_native(), _REFERENCE):
+        table = t.copy()
+        bound = _outcome(packing.bind_place, engine, table, strategy)
+        for task, masked in seq:
+            eligible = mask if masked else None
+            expected = _outcome(engine.place, table, task, strategy, eligible)
+            got = _outcome(bound, task, eligible) if callable(bound) else bound
+            if callable(bound):
+                assert got == expected
+            else:  # bind refused the table itself: place must refuse it too
+                assert isinstance(expected, tuple)
+            if isinstance(expected, Placement) and expected.placed:
+                table.apply_placed(expected.node, expected.devices, task, 1)

@@ -7,7 +7,6 @@ canonical bytes do not depend on how an absent field was spelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -51,9 +50,10 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc
         return self.data
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """An envelope at its log position. Positions increase strictly; they need not be dense."""
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """An envelope at its log position. Positions increase strictly; they need not be dense.
+    (A msgspec Struct rather than a frozen dataclass: one is built per record read, and this
+    is five times cheaper to construct.)"""
 
     position: int
     envelope: Envelope

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
-from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape
+from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape, bind_place
 from kai_es.scheduling.tables import tables
 from kai_es.state.model import ClusterState
 from kai_es.state.reducer import device_count
@@ -53,6 +53,8 @@ class Plan:
         self.strategy = strategy
         self.names, self.nodes, idle, future = tables(state)
         self.idle, self.future = idle.copy(), future.copy()
+        self._place_idle = bind_place(packer, self.idle, strategy)
+        self._place_future = bind_place(packer, self.future, strategy)
         self.entries: list[Entry] = []
         self._new_groups: dict[tuple[int, int], str] = {}
         # answers that cannot change this cycle, by (id of interned shape, id of mask); the
@@ -94,7 +96,7 @@ class Plan:
         known = self._failed.get(failed_key)
         if known is not None:
             return None, known
-        now = self.packer.place(self.idle, shape, self.strategy, mask)
+        now = self._place_idle(shape, mask)
         if now.placed:
             future = self.future
             if not future.can_take(now.node, now.devices, shape):
@@ -103,7 +105,7 @@ class Plan:
             self.idle.apply_placed(now.node, now.devices, shape, 1)
             entry = self._record(pod_key, spec, shape, now, pipelined=False)
             return entry, now
-        later = self.packer.place(self.future, shape, self.strategy, mask)
+        later = self._place_future(shape, mask)
         if later.placed:
             entry = self._record(pod_key, spec, shape, later, pipelined=True)
             self.future.apply_placed(later.node, later.devices, shape, 1)

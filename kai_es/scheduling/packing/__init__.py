@@ -13,6 +13,7 @@ when asked for explicitly (``load_packer("reference")``; the CLI also honours
 
 from __future__ import annotations
 
+from array import array
 from typing import Literal
 
 from .model import (
@@ -35,6 +36,7 @@ from .model import (
     Packer,
     PackingError,
     PackTable,
+    PlaceFn,
     Placement,
     Reason,
     ReturnCode,
@@ -51,6 +53,8 @@ from .native import NativePacker
 from .reference import ReferencePacker
 
 __all__ = [
+    "PlaceFn",
+    "bind_place",
     "MAX_MEMORY_MIB",
     "MAX_NODE_DEVICES",
     "MAX_QUANTITY",
@@ -102,3 +106,17 @@ def load_packer(kind: PackerKind = "native") -> Packer:
     if kind == "reference":
         return ReferencePacker()
     raise ValueError(f"unknown packer kind {kind!r}: expected 'native' or 'reference'")
+
+
+def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> PlaceFn:
+    """`packer.place` for one table and strategy: the packer's own `bind` when it has one
+    (the native packer checks once what does not change between calls), else a plain wrapper."""
+    bind = getattr(packer, "bind", None)
+    if bind is not None:
+        fn: PlaceFn = bind(table, strategy)
+        return fn
+
+    def place(task: TaskShape, eligible: array[int] | None = None) -> Placement:
+        return packer.place(table, task, strategy, eligible)
+
+    return place

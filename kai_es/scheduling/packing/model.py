@@ -18,10 +18,12 @@ implemented natively in ``csrc/packer.c``; this module holds what both share:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NoReturn, Protocol
+
+import msgspec
 
 __all__ = [
     "MILLI_PER_GPU",
@@ -406,9 +408,9 @@ def strategy_problem(strategy: Strategy) -> str | None:
 # --------------------------------------------------------------------------- result
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """The answer of one placement call.
+class Placement(msgspec.Struct, frozen=True, gc=False):
+    """The answer of one placement call. (A msgspec Struct, not a frozen dataclass: a cycle
+    builds one per placement, and a Struct is several times cheaper to construct.)
 
     ``code``: :class:`ReturnCode` value (``place`` only ever returns OK or NO_FIT; the
     raw entry points may return the negative codes).  ``node``: chosen node or -1.
@@ -420,7 +422,7 @@ class Placement:
     code: int
     node: int
     devices: tuple[int, ...]
-    rejections: tuple[int, ...] = field(default=(0,) * REASON_COUNT)
+    rejections: tuple[int, ...] = (0,) * REASON_COUNT
 
     @property
     def placed(self) -> bool:
@@ -795,6 +797,11 @@ class ArrayPackTable:
 
 
 # --------------------------------------------------------------------------- packer protocol
+
+
+#: `place` bound to one table and strategy: (task, eligible) -> Placement (see `Packer.bind`)
+PlaceFn = Callable[["TaskShape", "array[int] | None"], "Placement"]
+
 
 
 class Packer(Protocol):

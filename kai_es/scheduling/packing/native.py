@@ -34,6 +34,7 @@ from .model import (
     SHAPE_FIELDS,
     NativePackerUnavailable,
     PackTable,
+    PlaceFn,
     Placement,
     ReturnCode,
     Strategy,
@@ -215,6 +216,66 @@ class NativePacker:
         if result.code < 0:
             raise_for_result(result, table, strategy, eligible)
         return result
+
+    def bind(self, table: PackTable, strategy: Strategy) -> PlaceFn:
+        """`place` for one table and strategy, with every per-call check that cannot change
+        between calls done now: a cycle's plan places hundreds of tasks on the same two tables.
+        The returned function answers exactly as `place(table, task, strategy, eligible)` would,
+        provided the table's buffers are not replaced or resized while it is used (an
+        `ArrayPackTable` never resizes them; a `Plan` never replaces them)."""
+        problem = strategy_problem(strategy)
+        ensure(problem is None, problem)
+        ffi, lib = self._ffi, self._lib
+        bound = self._bind(table)
+        arrays = bound.arrays
+        n, d = len(arrays[0]), len(arrays[5])
+        if (len(arrays[1]) != n or len(arrays[2]) != n or len(arrays[3]) != n or len(arrays[8]) != n
+                or len(arrays[4]) != n + 1 or len(arrays[6]) != d or len(arrays[7]) != d):
+            raise_for_result(Placement.failure(ReturnCode.EINVAL), table, strategy, None)
+        shapes = self._shapes(strategy)
+        if shapes is None:
+            raise_for_result(Placement.failure(ReturnCode.EINVAL), table, strategy, None)
+        assert shapes is not None
+        c_strategy = ffi.new("kai_pack_strategy *", (*strategy.as_tuple(), *shapes))
+        keep = (bound, shapes, c_strategy)  # alive as long as the function
+        struct = bound.struct
+        c_tasks: dict[TaskShape, tuple[Any, Any, int]] = {}
+        c_eligible: dict[int, tuple[array[int], Any]] = {}
+        place_c = lib.kai_pack_place
+        unpack = ffi.unpack
+        reasons_at = 1
+        devices_at = 1 + REASON_COUNT
+
+        def place(task: TaskShape, eligible: array[int] | None = None) -> Placement:
+            c = c_tasks.get(task)
+            if c is None:
+                problem = task_problem(task)
+                ensure(problem is None, problem)
+                c_task = ffi.new("kai_pack_task *", task.as_tuple())
+                want = c_task.whole_gpus if c_task.whole_gpus > 0 else c_task.fraction_devices
+                want = min(max(want, 0), MAX_TASK_DEVICES)
+                c = c_tasks[task] = (c_task, ffi.new("int64_t[]", devices_at + want), want)
+            c_task, out, want = c
+            if eligible is None:
+                elig = bound.views[8]
+            else:
+                e = c_eligible.get(id(eligible))
+                if e is None or e[0] is not eligible:
+                    if len(_check_buffer("eligible", eligible)) != n:
+                        raise_for_result(Placement.failure(ReturnCode.EINVAL), table, strategy, eligible)
+                    e = c_eligible[id(eligible)] = (eligible, ffi.from_buffer("int64_t[]", eligible))
+                elig = e[1]
+            code = place_c(struct, elig, c_task, c_strategy, out, out + devices_at, want,
+                           out + reasons_at, REASON_COUNT)
+            if code == 0:
+                return Placement(_OK, out[0], tuple(unpack(out + devices_at, want)),
+                                 tuple(unpack(out + reasons_at, REASON_COUNT)))
+            if code < 0:
+                raise_for_result(Placement.failure(ReturnCode(code)), table, strategy, eligible)
+            return Placement(ReturnCode(code), -1, (), tuple(unpack(out + reasons_at, REASON_COUNT)))
+
+        place.keep = keep  # type: ignore[attr-defined]
+        return place
 
     def place_raw(
         self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None = None
