@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kai_es.adapters.file_log import FileEventLog, frame
+from kai_es.events import DecodeError
 from kai_es.replay import ReplayResult, Share, replay
 from kai_es.replay_parallel import plan_shares, replay_file
 from kai_es.scheduling.packing import load_packer
@@ -144,3 +145,17 @@ def test_cli_rejects_zero_jobs() -> None:
     run = subprocess.run([sys.executable, "-m", "kai_es", "replay", "--jobs", "0", str(GOLDEN)],
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 2 and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_a_record_that_is_no_event_stops_any_share_naming_its_position(tmp_path: Path, jobs: int) -> None:
+    def break_record_5(events: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+        events[5]["data"]["oops"] = 1
+        return events
+
+    log = _rewrite(GOLDEN, tmp_path / "bad.log", break_record_5)
+    with pytest.raises(DecodeError, match="record at position 5: .*unknown field `oops`"):
+        replay_file(log, jobs=jobs, min_records=1)
+    run = subprocess.run([sys.executable, "-m", "kai_es", "replay", str(log)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "position 5" in run.stderr and "Traceback" not in run.stderr
