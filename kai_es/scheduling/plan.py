@@ -114,6 +114,11 @@ class Plan:
             self._failed[failed_key] = now
         return None, now
 
+    def known_failure(self, spec: PodObserved, mask: array[int]) -> Placement | None:
+        """The remembered answer if `spec`'s shape already failed on `mask` with no tentative
+        placement outstanding: `place` would return exactly it, now or later in this cycle."""
+        return self._failed.get((id(self.shape(spec)), id(mask)))
+
     def _record(self, pod_key: str, spec: PodObserved, shape: TaskShape, placement: Placement,
                 pipelined: bool) -> Entry:
         groups: tuple[str, ...] = ()

@@ -255,9 +255,43 @@ class Allocator:
                 break
             leaf, job, pods, request = pick
             self._try(leaf, job, pods, request)
+            self._drop_hopeless(leaf)
             for q in leaf.chain:
                 self._cache.pop(q.name, None)
         return self.result
+
+    def _drop_hopeless(self, leaf: QueueNode) -> None:
+        """Fail, from the head of `leaf`, the single-pod jobs whose outcome cannot depend on when
+        they are tried: their shape already failed on their nodes this cycle (`known_failure`;
+        free capacity only shrinks within a cycle), no limit or quota of the leaf's chain can
+        stop them first, they are not backing off and their PodGroup exists. Tried one by one
+        through the queue order, each would get exactly these reasons and change nothing; in a
+        backlogged cycle this saves re-ordering the queues once per pending job."""
+        jobs = leaf.jobs
+        state, done, plan = self.state, self._done, self.plan
+        while jobs:
+            job = state.jobs[jobs[0][4]]
+            pods = [state.pods[e[3]] for e in job.pending if e[3] not in done]
+            if not pods:
+                del jobs[0]  # as _candidate would
+                continue
+            spec = job.spec
+            if (len(pods) != 1 or len(job.members) != 1 or job.min_member > 1
+                    or (spec is None and not job.implicit) or (spec is not None and spec.subgroups)):
+                return
+            pod = pods[0]
+            if pod.backoff_until_ns > self.now_ns:
+                return
+            request = pod_request(pod.spec, self.gpu_memory_hint)
+            for q in leaf.chain:
+                for r in (0, 1, 2):
+                    if request[r] > 0 and (q.limit[r] >= 0 or (not job.preemptible and q.quota[r] >= 0)):
+                        return
+            known = plan.known_failure(pod.spec, self.mask(pod))
+            if known is None:
+                return
+            self._fail_all([pod], [fw.no_node_fits(known.rejections, len(plan.nodes), _what(pod))])
+            del jobs[0]
 
     def _unqueued(self) -> None:
         """Jobs whose queue is missing or not a leaf: Pending, with the reason."""
