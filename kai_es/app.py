@@ -63,3 +63,13 @@ def packer_from_env(kind: str | None = None) -> Packer:
     if choice not in ("native", "reference"):
         raise ValueError(f"{PACKER_ENV_VAR}={choice!r}: expected 'native' or 'reference'")
     return load_packer("reference" if choice == "reference" else "native")
+
+
+def freeze_long_lived() -> None:
+    """Collect, then move everything allocated so far (a long-running service's state, folded
+    at start) out of the cyclic collector's reach: otherwise each of its full passes re-scans
+    that state. Objects frozen here are still freed by reference counting when the state drops
+    them (the state holds no reference cycles). Measured on a 10,000-pod state: folding one more
+    pod event 30 us -> 10 us."""
+    gc.collect()
+    gc.freeze()

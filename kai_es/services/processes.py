@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 
 from kai_es.adapters.ids import RandomIds
+from kai_es.app import bulk_fold, freeze_long_lived
 from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.ports import ActionOutcome, EventLog
@@ -168,11 +169,13 @@ async def scheduler_session(events: EventLog, config: SchedulerConfig, packer: P
     await claim_writer(events)
     sched = SchedulerService(events, config, packer, clock, RandomIds(), snapshots=snapshots,
                              snapshot_every=snapshot_every)
-    await sched.restore_snapshot()
-    restored = sched.snapshot_restored
-    await sched.catch_up()
+    with bulk_fold():
+        await sched.restore_snapshot()
+        restored = sched.snapshot_restored
+        await sched.catch_up()
     clock.observe(sched.state.logicaltime)
     await sched.start()
+    freeze_long_lived()
     if on_ready is not None:
         src = f"snapshot at {restored} + tail" if restored is not None else "full fold"
         on_ready(f"scheduler ready in {time.monotonic() - t:.2f} s ({src}): position "

@@ -9,6 +9,7 @@ small change into the state (the incremental reducer).
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from kai_es.app import freeze_long_lived  # noqa: E402
 from kai_es.events import Record  # noqa: E402
 from kai_es.events import payloads as p  # noqa: E402
 from kai_es.events.factory import derived_id, make_envelope  # noqa: E402
@@ -89,14 +91,20 @@ def main() -> None:
 
     # the incremental reducer: folding one more pod costs the same whatever the cluster size
     n = 2000
-    t0 = time.perf_counter()
-    for i in range(n):
-        env = make_envelope(p.PodObserved(namespace="bench", name=f"late-{i}", uid=f"late-{i}", queue="team-0-0",
-                                          podgroup=f"pg-late-{i}", implicit_podgroup=True, gpu=p.GpuRequest(whole=1)),
-                            event_id=f"late-{i}", source="bench", subject="s", logicaltime=START + pos + 1 + i)
-        apply(state, Record(pos + 1 + i, env))
-    per = (time.perf_counter() - t0) / n * 1e6
-    print(f"fold one pod event into this state: {per:.1f} us (independent of cluster size)")
+    for label, prepare in (("GC on", None), ("after freeze_long_lived, as the scheduler process runs", freeze_long_lived)):
+        if prepare is not None:
+            prepare()
+        t0 = time.perf_counter()
+        for i in range(n):
+            env = make_envelope(p.PodObserved(namespace="bench", name=f"late-{label[:3]}-{i}", uid=f"late-{label[:3]}-{i}",
+                                              queue="team-0-0", podgroup=f"pg-late-{label[:3]}-{i}",
+                                              implicit_podgroup=True, gpu=p.GpuRequest(whole=1)),
+                                event_id=f"late-{i}", source="bench", subject="s", logicaltime=START + pos + 1)
+            pos += 1
+            apply(state, Record(pos, env))
+        per = (time.perf_counter() - t0) / n * 1e6
+        print(f"fold one pod event into this state ({label}): {per:.1f} us (independent of cluster size)")
+    gc.unfreeze()
 
 
 if __name__ == "__main__":
