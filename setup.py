@@ -1,6 +1,6 @@
 from setuptools import setup
 
 setup(cffi_modules=[
-    "kai_es/_native/build_packer.py:ffibuilder",
-    "kai_es/_native/build_framing.py:ffibuilder",
+    "kai_es/_native/build.py:packer_ffi",
+    "kai_es/_native/build.py:framing_ffi",
 ])

@@ -71,7 +71,7 @@ def test_file_log_indexes_with_the_native_module_by_default(tmp_path: Path) -> N
 def test_missing_native_module_falls_back_to_the_twin_loudly(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(framing, "NATIVE_MODULE", "kai_es._native._no_such_module")
-    with pytest.raises(NativeIndexerUnavailable, match="build_framing.py"):
+    with pytest.raises(NativeIndexerUnavailable, match="kai_es/_native/build.py"):
         load_indexer("native")
     with caplog.at_level(logging.WARNING, logger="kai_es.adapters.framing"):
         assert isinstance(load_indexer("auto"), PythonIndexer)

@@ -1,7 +1,7 @@
 """Compiled extensions of kai-es (built by cffi from ``csrc/``).
 
-``kai_es._native._packer`` is produced by ``kai_es/_native/build_packer.py`` and
-``kai_es._native._framing`` by ``kai_es/_native/build_framing.py``
+``kai_es._native._packer`` and ``kai_es._native._framing`` are produced by
+``kai_es/_native/build.py``
 (``pip install -e . --no-build-isolation`` or ``python3 setup.py build_ext --inplace``).
 This package never imports them eagerly: ``kai_es.scheduling.packing.load_packer``
 imports the packer, and raises a clear error if it has not been built;

@@ -212,7 +212,7 @@ class PythonIndexer:
 # ----------------------------------------------------------------------------- the C fast path
 
 _BUILD_HINT = ("build it with `pip install -e . --no-build-isolation` or "
-               "`python3 kai_es/_native/build_framing.py`")
+               "`python3 kai_es/_native/build.py`")
 
 
 def import_native() -> ModuleType:
