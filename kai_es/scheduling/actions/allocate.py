@@ -254,8 +254,8 @@ class Allocator:
             if pick is None:
                 break
             leaf, job, pods, request = pick
-            self._try(leaf, job, pods, request)
-            self._drop_hopeless(leaf)
+            if not self._try(leaf, job, pods, request):
+                self._drop_hopeless(leaf)
             for q in leaf.chain:
                 self._cache.pop(q.name, None)
         return self.result
@@ -371,14 +371,15 @@ class Allocator:
                 jobs.add((-job.priority, 1, job.created_ns, job.uid, job.key))
                 break
 
-    def _try(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector) -> None:
+    def _try(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector) -> bool:
+        """Place the job's pods now, all or none; False (and reasons recorded) if it cannot."""
         assert leaf.jobs is not None
         need = self._gang[job.key]
         gang_stage = bool(need.pods) or need.problem is not None
         if job.spec is None and not job.implicit:
             self._drop_job(leaf, job, [Reason(code=fw.PODGROUP_NOT_FOUND,
                                               message=f"PodGroup {job.key} does not exist yet")])
-            return
+            return False
         waiting = [pod for pod in pods if pod.backoff_until_ns > self.now_ns]
         if waiting:
             for pod in waiting:
@@ -391,14 +392,14 @@ class Allocator:
                     code=fw.GANG_UNSATISFIED, message=f"gang needs {len(pods)} pods placed at once; "
                     f"{len(waiting)} are backing off after failed binds",
                     numbers={"min_member": job.min_member, "backing_off": len(waiting)})])
-            return
+            return False
         if need.problem is not None:
             self._drop_job(leaf, job, [need.problem])
-            return
+            return False
         limit_reasons = self._limits(leaf, job, request)
         if limit_reasons:
             self._drop_job(leaf, job, limit_reasons)
-            return
+            return False
         cp = self.plan.checkpoint()
         entries: list[Entry] = []
         for i, pod in enumerate(pods):
@@ -414,13 +415,14 @@ class Allocator:
                 else:
                     reasons = [node_reason]
                 self._drop_job(leaf, job, reasons)
-                return
+                return False
             entries.append(entry)
         if gang_stage and any(e.pipelined for e in entries):
             for e in entries:
                 e.pipelined = True
         self._commit(leaf, job, entries)
         self._requeue(leaf, job)
+        return True
 
 
 def _is_descendant(candidate: QueueNode, node: QueueNode, state: ClusterState) -> bool:
