@@ -72,19 +72,47 @@ def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTa
         cache.version = state.node_set_version
         state.dirty_nodes.clear()
     else:
-        idle, future = cache.idle, cache.future
-        for name in sorted(state.dirty_nodes):
-            i = cache.index.get(name)
-            if i is None:
-                continue
-            (ic, im, ip), (fc, fm, fp), dev_idle, dev_future, sharers = _rows(state.nodes[name])
-            idle.free_milli_cpu[i], idle.free_memory_bytes[i], idle.free_pods[i] = ic, im, ip
-            future.free_milli_cpu[i], future.free_memory_bytes[i], future.free_pods[i] = fc, fm, fp
-            start = idle.gpu_start[i]
-            for k, (di, df, sh) in enumerate(zip(dev_idle, dev_future, sharers)):
-                j = start + k
-                idle.dev_free_milli[j], future.dev_free_milli[j] = di, df
-                idle.dev_frac_holders[j] = future.dev_frac_holders[j] = sh
-                idle.dev_shared[j] = future.dev_shared[j] = 1 if sh > 0 else 0
+        _refresh_rows(state, cache.index, cache.idle, cache.future)
         state.dirty_nodes.clear()
     return cache.names, [state.nodes[n] for n in cache.names], cache.idle, cache.future
+
+
+def _refresh_rows(state: ClusterState, index: dict[str, int], idle: ArrayPackTable,
+                  future: ArrayPackTable) -> None:
+    """Rewrite the rows of the dirty nodes in place: the values of `_rows`, without building
+    its lists (this runs for every node that changed, every cycle)."""
+    i_cpu, i_mem, i_pods = idle.free_milli_cpu, idle.free_memory_bytes, idle.free_pods
+    f_cpu, f_mem, f_pods = future.free_milli_cpu, future.free_memory_bytes, future.free_pods
+    i_dev, f_dev = idle.dev_free_milli, future.dev_free_milli
+    i_holders, f_holders = idle.dev_frac_holders, future.dev_frac_holders
+    i_shared, f_shared = idle.dev_shared, future.dev_shared
+    gpu_start = idle.gpu_start
+    nodes = state.nodes
+    for name in sorted(state.dirty_nodes):
+        i = index.get(name)
+        if i is None:
+            continue
+        n = nodes[name]
+        spec = n.spec
+        # (conditional expressions rather than max(0, x): same values, no call per field)
+        cpu = spec.milli_cpu - n.used_milli_cpu
+        mem = spec.memory_bytes - n.used_memory_bytes
+        pods = spec.max_pods - n.used_pods
+        i_cpu[i] = cpu if cpu > 0 else 0
+        i_mem[i] = mem if mem > 0 else 0
+        i_pods[i] = pods if pods > 0 else 0
+        cpu += n.releasing_milli_cpu
+        mem += n.releasing_memory_bytes
+        pods += n.releasing_pods
+        f_cpu[i] = cpu if cpu > 0 else 0
+        f_mem[i] = mem if mem > 0 else 0
+        f_pods[i] = pods if pods > 0 else 0
+        j = gpu_start[i]
+        for used, releasing, sharers in zip(n.device_used, n.device_releasing, n.device_sharers):
+            free = 1000 - used
+            i_dev[j] = free if free > 0 else 0
+            free += releasing
+            f_dev[j] = 1000 if free > 1000 else (free if free > 0 else 0)
+            i_holders[j] = f_holders[j] = sharers
+            i_shared[j] = f_shared[j] = 1 if sharers > 0 else 0
+            j += 1
