@@ -81,6 +81,11 @@ class AllocateResult:
     fair_shares: dict[str, Vector] = field(default_factory=dict)
 
 
+def _one_pod(job: Job) -> bool:
+    """A job of exactly one pod and no gang structure: its minimum is that pod."""
+    return len(job.members) == 1 and job.min_member <= 1 and (job.spec is None or not job.spec.subgroups)
+
+
 def _what(pod: PodState) -> str:
     g = pod.spec.gpu
     if g.whole:
@@ -176,7 +181,7 @@ class Allocator:
             if not pods:
                 leaf.jobs.pop(0)
                 continue
-            if len(job.members) == 1 and job.min_member <= 1 and (job.spec is None or not job.spec.subgroups):
+            if _one_pod(job):
                 # a job of one pod: its minimum is that pod (the common case, kept cheap)
                 self._gang[key] = need = Minimum(tuple(pods))
                 return job, pods, pod_request(pods[0].spec, self.gpu_memory_hint)
@@ -275,9 +280,7 @@ class Allocator:
             if not pods:
                 del jobs[0]  # as _candidate would
                 continue
-            spec = job.spec
-            if (len(pods) != 1 or len(job.members) != 1 or job.min_member > 1
-                    or (spec is None and not job.implicit) or (spec is not None and spec.subgroups)):
+            if not _one_pod(job) or (job.spec is None and not job.implicit):
                 return
             pod = pods[0]
             if pod.backoff_until_ns > self.now_ns:
