@@ -108,6 +108,8 @@ class _Replayer:
         self.cycle_of: dict[int, int] = {}
         self.foreign: set[int] = set()  # other shares' cycles that have not completed
         self.closed: set[int] = set()  # cycles whose CycleCompleted has been folded
+        # the last position this share must read even with no cycle of its own still open
+        self.last_alone = AT_END if share.stop is None else share.stop - 1
 
     def _diverge(self, div: Divergence) -> bool:
         self.result.divergence = div
@@ -172,16 +174,14 @@ class _Replayer:
         data = record.envelope.data
         if isinstance(data, p.CycleStarted):
             return self.cycle(record, data)
-        stop = self.share.stop
-        return stop is None or record.position + 1 < stop or bool(self.expected)
+        return record.position < self.last_alone or bool(self.expected)
 
     def cycle(self, record: Record, data: p.CycleStarted) -> bool:
         """After folding a CycleStarted: re-run it if it is this share's; False to stop."""
         position = record.position
         if not self.share.owns(position):
             self.foreign.add(position)
-            stop = self.share.stop
-            return stop is None or position < stop or bool(self.expected)
+            return position < self.last_alone or bool(self.expected)
         override = self.override
         config = override or _config_of(self.state)
         if override is None and data.config_digest != config_digest(config):
@@ -234,7 +234,7 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Pack
     replayer = _Replayer(packer, None, share, progress)
     expected, state, result = replayer.expected, replayer.state, replayer.result
     match, step, step_matched = replayer.match, replayer.step, replayer.step_matched
-    last_alone = AT_END if share.stop is None else share.stop - 1  # may stop reading after it
+    last_alone = replayer.last_alone
     for position, body in frames:
         if expected:
             hit = match(body)

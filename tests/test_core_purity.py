@@ -18,7 +18,12 @@ ALLOWED = {
     "uuid": "uuid5 for derived ids (never uuid1/uuid4)",
 }
 # per-file exceptions, each with its reason
-ALLOWED_IN: dict[str, dict[str, str]] = {}
+ALLOWED_IN: dict[str, dict[str, str]] = {
+    "scheduling/packing/native.py": {
+        "kai_es._native": "the shared loader that imports the compiled packer and checks its ABI; "
+                          "the packer itself is pure computation",
+    },
+}
 BANNED_CALLS = {"now", "utcnow", "today", "time", "time_ns", "monotonic", "perf_counter",
                 "uuid1", "uuid4", "random", "urandom", "getenv"}
 
@@ -42,7 +47,8 @@ def test_core_module_imports_no_io(path: Path) -> None:
             top = name.split(".")[0]
             if top in FORBIDDEN and top not in ALLOWED and top not in allowed_here:
                 bad.append(name)
-            if top == "kai_es" and name.split(".")[1] not in CORE + ["ports"] and name != "kai_es":
+            if (top == "kai_es" and name.split(".")[1] not in CORE + ["ports"] and name != "kai_es"
+                    and name not in allowed_here):
                 bad.append(f"{name} (outside the core)")
         if isinstance(node, ast.Call):
             fn = node.func

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import importlib
 import logging
 import mmap
 import re
@@ -30,6 +29,8 @@ from array import array
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, Protocol
+
+from kai_es._native import load
 
 __all__ = [
     "ABI_VERSION",
@@ -211,17 +212,13 @@ class PythonIndexer:
 
 # ----------------------------------------------------------------------------- the C fast path
 
-_BUILD_HINT = ("build it with `pip install -e . --no-build-isolation` or "
-               "`python3 kai_es/_native/build.py`")
-
-
-def import_native() -> ModuleType:
-    """Import `kai_es._native._framing` or raise `NativeIndexerUnavailable`."""
-    try:
-        return importlib.import_module(NATIVE_MODULE)
-    except ImportError as exc:
-        raise NativeIndexerUnavailable(f"native line indexer {NATIVE_MODULE} is not available ({exc}); "
-                                       f"{_BUILD_HINT}") from exc
+def import_native(module: ModuleType | None = None) -> ModuleType:
+    """`kai_es._native._framing` (or `module`), checked against this side's ABI version and
+    constants, or raise `NativeIndexerUnavailable`."""
+    return load(NATIVE_MODULE, what="native line indexer", abi_function="kai_frame_abi_version",
+                abi_version=ABI_VERSION, error=NativeIndexerUnavailable, module=module,
+                constants={"KAI_FRAME_HEAD": HEAD, "KAI_FRAME_MIN_LINE": MIN_LINE,
+                           **{f"KAI_FRAME_{r.name}": r.value for r in Reason}})
 
 
 class NativeIndexer:
@@ -230,19 +227,10 @@ class NativeIndexer:
     __slots__ = ("_module", "_ffi", "_lib")
 
     def __init__(self, module: ModuleType | None = None) -> None:
-        mod = import_native() if module is None else module
-        lib: Any = mod.lib
-        version = int(lib.kai_frame_abi_version())
-        if version != ABI_VERSION:
-            raise NativeIndexerUnavailable(
-                f"{NATIVE_MODULE} has ABI version {version}, expected {ABI_VERSION}; rebuild it ({_BUILD_HINT})")
-        constants = (lib.KAI_FRAME_HEAD, lib.KAI_FRAME_MIN_LINE, lib.KAI_FRAME_OK, lib.KAI_FRAME_NOT_TERMINATED,
-                     lib.KAI_FRAME_NO_FRAME, lib.KAI_FRAME_BAD_HEX, lib.KAI_FRAME_CRC_MISMATCH)
-        if constants != (HEAD, MIN_LINE, *Reason):
-            raise NativeIndexerUnavailable(f"{NATIVE_MODULE} constants {constants} disagree with {__name__}")
+        mod = import_native(module)
         self._module = mod
         self._ffi: Any = mod.ffi
-        self._lib = lib
+        self._lib: Any = mod.lib
 
     @property
     def kind(self) -> str:

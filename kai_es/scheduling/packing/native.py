@@ -17,11 +17,12 @@ The answers are, by contract, identical to
 
 from __future__ import annotations
 
-import importlib
 import weakref
 from array import array
 from types import ModuleType
 from typing import Any
+
+from kai_es._native import load
 
 from .model import (
     MAX_NODE_DEVICES,
@@ -55,18 +56,27 @@ _DEVICE_FIELDS = ("dev_free_milli", "dev_total_memory_mib", "dev_shared")
 # Order of the pointer members of struct kai_pack_table.
 _TABLE_FIELDS = (*_NODE_FIELDS, "gpu_start", *_DEVICE_FIELDS, "eligible")
 
-_BUILD_HINT = (
-    "build it with `pip install -e . --no-build-isolation` or `python3 setup.py build_ext --inplace`; "
-    "to use the pure-Python twin instead, set KAI_ES_PACKER=reference explicitly"
-)
+_ADVICE = "to use the pure-Python twin instead, set KAI_ES_PACKER=reference explicitly"
 
 
-def import_native() -> ModuleType:
-    """Import ``kai_es._native._packer`` or raise :class:`NativePackerUnavailable`."""
-    try:
-        return importlib.import_module(NATIVE_MODULE)
-    except ImportError as exc:
-        raise NativePackerUnavailable(f"native packer {NATIVE_MODULE} is not available ({exc}); {_BUILD_HINT}") from exc
+def import_native(module: ModuleType | None = None) -> ModuleType:
+    """``kai_es._native._packer`` (or `module`), checked against this side's ABI version and
+    constants, or raise :class:`NativePackerUnavailable`."""
+    return load(NATIVE_MODULE, what="native packer", abi_function="kai_pack_abi_version",
+                abi_version=ABI_VERSION, error=NativePackerUnavailable, module=module, advice=_ADVICE,
+                constants={"KAI_PACK_REASON_COUNT": REASON_COUNT, "KAI_PACK_MAX_TASK_DEVICES": MAX_TASK_DEVICES,
+                           "KAI_PACK_MAX_MEMORY_MIB": MAX_MEMORY_MIB, "KAI_PACK_MAX_QUANTITY": MAX_QUANTITY,
+                           "KAI_PACK_SHAPE_FIELDS": SHAPE_FIELDS, "KAI_PACK_MAX_SHAPES": MAX_SHAPES,
+                           "KAI_PACK_MAX_TOTAL_WEIGHT": MAX_TOTAL_WEIGHT,
+                           "KAI_PACK_MAX_NODE_DEVICES": MAX_NODE_DEVICES})
+
+
+def _lengths_agree(arrays: tuple[array[int], ...], eligible: int) -> bool:
+    """Whether a bound table's buffers (and an eligibility mask of length `eligible`) have the
+    lengths `kai_pack_place` will read: the memory-safety contract of the boundary."""
+    n, d = len(arrays[0]), len(arrays[5])
+    return (len(arrays[1]) == n and len(arrays[2]) == n and len(arrays[3]) == n and eligible == n
+            and len(arrays[4]) == n + 1 and len(arrays[6]) == d and len(arrays[7]) == d)
 
 
 def _check_buffer(name: str, value: object) -> array[int]:
@@ -96,27 +106,10 @@ class NativePacker:
                  "_c_tasks", "_c_strategy", "_elig", "_outs")
 
     def __init__(self, module: ModuleType | None = None) -> None:
-        mod = import_native() if module is None else module
-        ffi: Any = mod.ffi
-        lib: Any = mod.lib
-        version = int(lib.kai_pack_abi_version())
-        ensure(
-            version == ABI_VERSION,
-            f"{NATIVE_MODULE} has ABI version {version}, expected {ABI_VERSION}; rebuild it ({_BUILD_HINT})",
-            raising=NativePackerUnavailable,
-        )
-        constants = (lib.KAI_PACK_REASON_COUNT, lib.KAI_PACK_MAX_TASK_DEVICES, lib.KAI_PACK_MAX_MEMORY_MIB,
-                     lib.KAI_PACK_MAX_QUANTITY, lib.KAI_PACK_SHAPE_FIELDS, lib.KAI_PACK_MAX_SHAPES,
-                     lib.KAI_PACK_MAX_TOTAL_WEIGHT, lib.KAI_PACK_MAX_NODE_DEVICES)
-        ensure(
-            constants == (REASON_COUNT, MAX_TASK_DEVICES, MAX_MEMORY_MIB, MAX_QUANTITY, SHAPE_FIELDS, MAX_SHAPES,
-                          MAX_TOTAL_WEIGHT, MAX_NODE_DEVICES),
-            f"{NATIVE_MODULE} constants {constants} disagree with kai_es.scheduling.packing.model",
-            raising=NativePackerUnavailable,
-        )
+        mod = import_native(module)
         self._module = mod
-        self._ffi = ffi
-        self._lib = lib
+        self._ffi: Any = mod.ffi
+        self._lib: Any = mod.lib
         self._bound: weakref.WeakKeyDictionary[Any, _Bound] = weakref.WeakKeyDictionary()
         # (workload tuple, its flattened array, the cffi view) of the last call
         self._workload: tuple[object, array[int], Any] | None = None
@@ -124,7 +117,7 @@ class NativePacker:
         # value on every call; these caches only skip repeated Python-side work.
         self._valid_tasks: set[TaskShape] = set()
         self._valid_strategy: Strategy | None = None
-        self._c_tasks: dict[TaskShape, Any] = {}
+        self._c_tasks: dict[TaskShape, tuple[Any, Any, int]] = {}
         self._c_strategy: tuple[Strategy, Any, int, Any] | None = None
         self._elig: tuple[array[int], Any] | None = None
         self._outs: dict[int, Any] = {}
@@ -228,9 +221,8 @@ class NativePacker:
         ffi, lib = self._ffi, self._lib
         bound = self._bind(table)
         arrays = bound.arrays
-        n, d = len(arrays[0]), len(arrays[5])
-        if (len(arrays[1]) != n or len(arrays[2]) != n or len(arrays[3]) != n or len(arrays[8]) != n
-                or len(arrays[4]) != n + 1 or len(arrays[6]) != d or len(arrays[7]) != d):
+        n = len(arrays[0])
+        if not _lengths_agree(arrays, len(arrays[8])):
             raise_for_result(Placement.failure(ReturnCode.EINVAL), table, strategy, None)
         shapes = self._shapes(strategy)
         if shapes is None:
@@ -239,7 +231,8 @@ class NativePacker:
         c_strategy = ffi.new("kai_pack_strategy *", (*strategy.as_tuple(), *shapes))
         keep = (bound, shapes, c_strategy)  # alive as long as the function
         struct = bound.struct
-        c_tasks: dict[TaskShape, tuple[Any, Any, int]] = {}
+        c_tasks: dict[TaskShape, tuple[Any, Any, int]] = {}  # the tasks checked valid
+        task_c = self._task_c
         c_eligible: dict[int, tuple[array[int], Any]] = {}
         place_c = lib.kai_pack_place
         unpack = ffi.unpack
@@ -251,10 +244,7 @@ class NativePacker:
             if c is None:
                 problem = task_problem(task)
                 ensure(problem is None, problem)
-                c_task = ffi.new("kai_pack_task *", task.as_tuple())
-                want = c_task.whole_gpus if c_task.whole_gpus > 0 else c_task.fraction_devices
-                want = min(max(want, 0), MAX_TASK_DEVICES)
-                c = c_tasks[task] = (c_task, ffi.new("int64_t[]", devices_at + want), want)
+                c = c_tasks[task] = task_c(task)
             c_task, out, want = c
             if eligible is None:
                 elig = bound.views[8]
@@ -277,6 +267,23 @@ class NativePacker:
         place.keep = keep  # type: ignore[attr-defined]
         return place
 
+    def _task_c(self, task: TaskShape) -> tuple[Any, Any, int]:
+        """(`kai_pack_task`, output buffer, devices wanted) for `task`, made once per shape (the
+        output buffer is shared by shapes that want as many devices: it is read before the next
+        call). Raises OverflowError or TypeError for values C cannot hold."""
+        c = self._c_tasks.get(task)
+        if c is None:
+            c_task = self._ffi.new("kai_pack_task *", task.as_tuple())
+            want = c_task.whole_gpus if c_task.whole_gpus > 0 else c_task.fraction_devices
+            want = min(max(want, 0), MAX_TASK_DEVICES)
+            out = self._outs.get(want)
+            if out is None:
+                out = self._outs[want] = self._ffi.new("int64_t[]", 1 + REASON_COUNT + want)
+            c = (c_task, out, want)
+            if len(self._c_tasks) < 4096:
+                self._c_tasks[task] = c
+        return c
+
     def place_raw(
         self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None = None
     ) -> Placement:
@@ -285,8 +292,6 @@ class NativePacker:
         ffi = self._ffi
         bound = self._bind(table)
         arrays = bound.arrays
-        n = len(arrays[0])
-        d = len(arrays[5])
         cached_elig = self._elig
         if eligible is None:
             elig = bound.arrays[8]
@@ -294,24 +299,13 @@ class NativePacker:
             elig = eligible
         else:
             elig = _check_buffer("eligible", eligible)
-        # Lengths are the memory-safety contract of the boundary: check them here.
-        if (
-            len(arrays[1]) != n or len(arrays[2]) != n or len(arrays[3]) != n
-            or len(elig) != n
-            or len(arrays[4]) != n + 1
-            or len(arrays[6]) != d
-            or len(arrays[7]) != d
-        ):
+        if not _lengths_agree(arrays, len(elig)):
             return Placement.failure(ReturnCode.EINVAL)
         shapes = self._shapes(strategy)
         if shapes is None:
             return Placement.failure(ReturnCode.EINVAL)
         try:
-            c_task = self._c_tasks.get(task)
-            if c_task is None:
-                c_task = ffi.new("kai_pack_task *", task.as_tuple())
-                if len(self._c_tasks) < 4096:
-                    self._c_tasks[task] = c_task
+            c_task, out, want = self._task_c(task)
             cs = self._c_strategy
             if cs is not None and cs[0] is strategy and cs[2] == shapes[0]:
                 c_strategy = cs[1]
@@ -320,11 +314,6 @@ class NativePacker:
                 self._c_strategy = (strategy, c_strategy, shapes[0], shapes[1])
         except (OverflowError, TypeError):
             return Placement.failure(ReturnCode.EINVAL)
-        want = c_task.whole_gpus if c_task.whole_gpus > 0 else c_task.fraction_devices
-        want = min(max(want, 0), MAX_TASK_DEVICES)
-        out = self._outs.get(want)
-        if out is None:
-            out = self._outs[want] = ffi.new("int64_t[]", 1 + REASON_COUNT + want)
         if eligible is None:
             c_elig = bound.views[8]
         elif cached_elig is not None and cached_elig[0] is eligible:
