@@ -75,9 +75,8 @@ class ReplayResult:
     divergence: Divergence | None = None
     rerun: dict[int, list[Envelope]] = field(default_factory=dict)
     state: ClusterState = field(default_factory=ClusterState)
-    #: digest of the state after the last record read, and whether that was the log's end
+    #: digest of the state after the last record read
     state_digest: str = ""
-    complete: bool = True
 
     @property
     def ok(self) -> bool:
@@ -201,7 +200,6 @@ class _Replayer:
 
     def finish(self, *, at_end: bool) -> ReplayResult:
         result = self.result
-        result.complete = at_end
         if result.divergence is None and at_end:
             for pos, queue in list(self.expected.items()):
                 if queue and len(queue) == self.planned[pos]:
@@ -277,7 +275,6 @@ def merge(parts: Sequence[ReplayResult]) -> ReplayResult:
     if parts:
         merged.state = parts[-1].state
         merged.state_digest = parts[-1].state_digest
-        merged.complete = parts[-1].complete
     return merged
 
 
