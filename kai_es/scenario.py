@@ -10,6 +10,11 @@ Contract:
 - Uids and creation times that a document does not state are derived deterministically (uuid5 of
   the object's identity; scenario start + submit-after + document order), so loading a file twice
   gives identical events.
+- Objects mean what `kubectl apply` of them means: a Pod (or pod template) without
+  `schedulerName: kai-scheduler` belongs to the default scheduler — kai-es does not place it, but
+  once it runs on a node it occupies that node. Nodes get the labels a kubelet sets
+  (`kubernetes.io/hostname`, `kubernetes.io/os: linux`, `kubernetes.io/arch: amd64`) unless the
+  file sets them.
 """
 
 from __future__ import annotations
@@ -197,10 +202,16 @@ class _Loader:
         if "creationTimestamp" not in meta:
             # document order is creation order: a nanosecond apart keeps FIFO exact
             meta["creationTimestamp"] = rfc3339(self.start_ns + submit + len(self.objects))
-        if kind == "Pod":
-            spec = obj.setdefault("spec", {})
-            if isinstance(spec, dict):
-                spec.setdefault("schedulerName", tr.SCHEDULER_NAME)
+        if kind == "Node" and isinstance(meta, dict):
+            labels = meta.get("labels")
+            if labels is None:
+                labels = meta["labels"] = {}
+            if isinstance(labels, dict):
+                # what the kubelet sets on every node, unless the file says otherwise
+                for label, value in (("kubernetes.io/hostname", meta.get("name")),
+                                     ("kubernetes.io/os", "linux"), ("kubernetes.io/arch", "amd64")):
+                    if value:
+                        labels.setdefault(label, str(value))
         try:
             payload = tr.translate(obj)
         except tr.IngestError as exc:

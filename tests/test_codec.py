@@ -67,12 +67,17 @@ def test_not_json_is_a_decode_error() -> None:
         decode(b"{not json")
 
 
+def _pretend_v2_is_current(monkeypatch: pytest.MonkeyPatch, event_type: str) -> None:
+    from kai_es.events import registry
+
+    monkeypatch.setitem(registry.SCHEMA_VERSIONS, event_type, 2)
+    monkeypatch.setitem(registry.DIRECT_VERSIONS, registry.ENVELOPE_CLASSES[event_type], frozenset({2}))
+
+
 def test_upcaster_chain_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
     # pretend v2 is current and v1 of node.removed spelled the field 'node'
-    import kai_es.events.codec as codec
 
-    monkeypatch.setattr(codec, "CURRENT_SCHEMA_VERSION", 2)
-    monkeypatch.setattr(up, "CURRENT_SCHEMA_VERSION", 2)
+    _pretend_v2_is_current(monkeypatch, "kai.cluster.node.removed")
     monkeypatch.setitem(up.UPCASTERS, ("kai.cluster.node.removed", 1), lambda f: {"name": f["node"]})
     env = json.loads(encode(_env(p.NodeRemoved(name="n"))))  # type: ignore[arg-type]
     env["data"] = {"node": "old-name"}
@@ -82,10 +87,7 @@ def test_upcaster_chain_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_upcaster_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kai_es.events.codec as codec
-
-    monkeypatch.setattr(codec, "CURRENT_SCHEMA_VERSION", 2)
-    monkeypatch.setattr(up, "CURRENT_SCHEMA_VERSION", 2)
+    _pretend_v2_is_current(monkeypatch, "kai.cluster.node.removed")
     env = encode(_env(p.NodeRemoved(name="n")))  # type: ignore[arg-type]
     with pytest.raises(up.UpcastError, match="no upcaster"):
         decode(env)
@@ -115,3 +117,27 @@ def test_payload_structs_reject_unknown_fields() -> None:
 def test_derived_ids_are_rfc4122_uuid5_of_cause_and_ordinal(cause: str, ordinal: int) -> None:
     expected = uuid.uuid5(uuid.UUID("6f1c3e0a-9d2b-5c7e-8a41-2b6d0f9e7c13"), f"{cause}/{ordinal}")
     assert derived_id(cause, ordinal) == str(expected)
+
+
+def test_version_1_pod_observed_decodes_as_version_2_and_keeps_its_bytes() -> None:
+    """Pod observations written before schema version 2 (no labels, affinities, ports, ...)
+    decode directly, keep `schemaversion: 1`, and re-encode to the recorded bytes, so old logs
+    replay byte for byte."""
+    v1 = (b'{"data":{"name":"a","namespace":"default",'
+          b'"podgroup":"pg","uid":"u1"},"datacontenttype":"application/json","id":"i","logicaltime":5,'
+          b'"schemaversion":1,"source":"s","specversion":"1.0","subject":"pod/default/a",'
+          b'"time":"1970-01-01T00:00:00.000000005Z","type":"kai.cluster.pod.observed"}')
+    env = decode(v1)
+    assert env.schemaversion == 1
+    assert isinstance(env.data, p.PodObserved) and env.data.labels == {} and env.data.host_ports == []
+    assert encode(env) == v1
+    new = _env(p.PodObserved(namespace="default", name="a", uid="u1", podgroup="pg", labels={"app": "x"}))
+    assert new.schemaversion == 2
+    assert decode(encode(new)).data == new.data
+
+
+def test_a_future_schema_version_is_refused() -> None:
+    env = json.loads(encode(_env(p.PodRemoved(namespace="d", name="n"))))  # type: ignore[arg-type]
+    env["schemaversion"] = 7
+    with pytest.raises(DecodeError, match="newer than this build"):
+        decode(json.dumps(env).encode())

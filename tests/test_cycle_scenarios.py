@@ -51,7 +51,9 @@ def check(outcome: dict[str, Any], expect: dict[str, dict[str, Any]]) -> None:
         if "reasons" in want:
             assert [r["code"] for r in _reasons(outcome, pod)] == want["reasons"], (pod, _reasons(outcome, pod))
         if "numbers" in want:
-            numbers = _reasons(outcome, pod)[-1]["numbers"]
+            reasons = _reasons(outcome, pod)
+            # the NoNodeFits reason carries the per-cause node counts; else the last reason
+            numbers = next((r for r in reasons if r["code"] == "NoNodeFits"), reasons[-1])["numbers"]
             assert {k: numbers.get(k) for k in want["numbers"]} == want["numbers"], (pod, numbers)
         if "sameGpuGroupAs" in want:
             assert got["gpuGroups"] and got["gpuGroups"] == pods[want["sameGpuGroupAs"]]["gpuGroups"]

@@ -11,14 +11,16 @@ import jsonschema
 import pytest
 
 from kai_es.events import encode
-from kai_es.events.registry import CURRENT_SCHEMA_VERSION, EVENT_TYPES
+from kai_es.events.registry import EVENT_TYPES, SCHEMA_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "tests" / "data" / "schema-examples"
 
 
-def _validator(type_name: str) -> jsonschema.Draft202012Validator:
-    schema = json.loads((ROOT / "schemas" / f"{type_name}.v{CURRENT_SCHEMA_VERSION}.json").read_text())
+def _validator(type_name: str, version: int | None = None) -> jsonschema.Draft202012Validator:
+    """The validator of `type_name` at `version` (default: its current version)."""
+    version = SCHEMA_VERSIONS[type_name] if version is None else version
+    schema = json.loads((ROOT / "schemas" / f"{type_name}.v{version}.json").read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 
@@ -29,22 +31,26 @@ def test_schema_files_are_up_to_date() -> None:
     assert run.returncode == 0, run.stderr
 
 
-def test_every_type_has_a_schema() -> None:
+def test_every_type_has_a_schema_for_every_published_version() -> None:
+    """Published schema files are never removed: every version up to the current one is there."""
     for type_name in EVENT_TYPES:
-        assert (ROOT / "schemas" / f"{type_name}.v{CURRENT_SCHEMA_VERSION}.json").exists(), type_name
+        for version in range(1, SCHEMA_VERSIONS[type_name] + 1):
+            assert (ROOT / "schemas" / f"{type_name}.v{version}.json").exists(), (type_name, version)
 
 
 @pytest.mark.parametrize("path", sorted((EXAMPLES / "valid").glob("*.json")), ids=lambda p: p.name)
 def test_valid_examples_validate(path: Path) -> None:
     event = json.loads(path.read_text())
-    errors = list(_validator(event["type"]).iter_errors(event))
+    errors = list(_validator(event["type"], event["schemaversion"]).iter_errors(event))
     assert errors == []
 
 
 @pytest.mark.parametrize("path", sorted((EXAMPLES / "invalid").glob("*.json")), ids=lambda p: p.name)
 def test_invalid_examples_are_rejected(path: Path) -> None:
     case = json.loads(path.read_text())
-    errors = list(_validator(case["event"]["type"]).iter_errors(case["event"]))
+    event = case["event"]
+    version = event["schemaversion"] if isinstance(event.get("schemaversion"), int) else None
+    errors = list(_validator(event["type"], version).iter_errors(event))
     assert errors, f"{path.name} should be invalid: {case['why']}"
     assert any(case["expect"] in e.message or case["expect"] in str(list(e.path)) for e in errors), \
         [e.message for e in errors]
@@ -66,7 +72,7 @@ def test_events_from_a_simulation_validate(tmp_path: Path) -> None:
     count = 0
     for record in FileEventLog(tmp_path / "q.log", readonly=True).scan():
         env = record.envelope
-        v = validators.setdefault(env.type, _validator(env.type))
+        v = validators.setdefault(env.type, _validator(env.type, env.schemaversion))
         assert list(v.iter_errors(json.loads(encode(env)))) == [], env.type
         count += 1
     assert count > 50 and len(validators) >= 10

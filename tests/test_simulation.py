@@ -71,6 +71,22 @@ def test_golden_log_replays_byte_for_byte() -> None:
     assert run.stdout.startswith("OK: 7 cycles, ")
 
 
+HISTORY = sorted((GOLDEN / "history").glob("*.events.jsonl"))
+
+
+@pytest.mark.parametrize("log", HISTORY, ids=lambda p: p.name)
+def test_logs_written_by_older_versions_still_replay_byte_for_byte(log: Path) -> None:
+    """tests/golden/history/ keeps logs exactly as earlier versions wrote them (never
+    regenerated): schema-v1 is from before pod labels, affinities and ports existed."""
+    run = _cli("replay", str(log))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("OK: ")
+
+
+def test_history_is_not_empty() -> None:
+    assert HISTORY, "tests/golden/history/ must keep at least one log written by an older version"
+
+
 def test_current_code_still_writes_the_golden_log(tmp_path: Path) -> None:
     run = _cli("simulate", "examples/quickstart.yaml", "--log", str(tmp_path / "q.log"), "--report", str(tmp_path / "r"))
     assert run.returncode == 0, run.stderr

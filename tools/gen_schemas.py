@@ -22,13 +22,14 @@ import msgspec
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kai_es.events.registry import CURRENT_SCHEMA_VERSION, EVENT_TYPES  # noqa: E402
+from kai_es.events.registry import EVENT_TYPES, SCHEMA_VERSIONS  # noqa: E402
 
 SCHEMA_DIR = ROOT / "schemas"
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
 def schema_for(type_name: str, payload: type) -> dict[str, Any]:
+    version = SCHEMA_VERSIONS[type_name]
     envelope = msgspec.defstruct(
         "Envelope",
         [
@@ -39,7 +40,7 @@ def schema_for(type_name: str, payload: type) -> dict[str, Any]:
             ("subject", str),
             ("time", str),
             ("datacontenttype", Literal["application/json"]),
-            ("schemaversion", Literal[CURRENT_SCHEMA_VERSION]),  # type: ignore[valid-type]
+            ("schemaversion", Literal[version]),  # type: ignore[valid-type]
             ("logicaltime", int),
             ("causationid", str, msgspec.UNSET),
             ("correlationid", str, msgspec.UNSET),
@@ -54,8 +55,8 @@ def schema_for(type_name: str, payload: type) -> dict[str, Any]:
     body = msgspec.json.schema(envelope)
     out: dict[str, Any] = {
         "$schema": DIALECT,
-        "$id": f"https://kai-es.io/schemas/{type_name}.v{CURRENT_SCHEMA_VERSION}.json",
-        "title": f"{type_name} v{CURRENT_SCHEMA_VERSION}",
+        "$id": f"https://kai-es.io/schemas/{type_name}.v{version}.json",
+        "title": f"{type_name} v{version}",
     }
     out.update(body)
     return out
@@ -72,7 +73,7 @@ def main() -> int:
     problems = []
     expected_files = set()
     for type_name, payload in sorted(EVENT_TYPES.items()):
-        path = SCHEMA_DIR / f"{type_name}.v{CURRENT_SCHEMA_VERSION}.json"
+        path = SCHEMA_DIR / f"{type_name}.v{SCHEMA_VERSIONS[type_name]}.json"
         expected_files.add(path.name)
         text = render(schema_for(type_name, payload))
         current = path.read_text() if path.exists() else None

@@ -2,8 +2,10 @@
 
 Contract:
 - `encode(env)` is a pure function of the envelope's content; equal envelopes give equal bytes.
-- `decode(b)` returns an Envelope whose `data` is the typed payload of the *current* schema
-  version, upcasting older versions; any malformed input raises `DecodeError` with a reason a
+- `decode(b)` returns an Envelope whose `data` is the typed payload of its type's *current*
+  schema version, upcasting older versions (an older version that the current one only extends
+  with optional fields decodes directly and keeps its recorded `schemaversion`, so its bytes
+  re-encode unchanged); any malformed input raises `DecodeError` with a reason a
   person can read (never a bare msgspec or KeyError).
 """
 
@@ -15,7 +17,7 @@ import msgspec
 
 from kai_es.events.envelope import Envelope
 from kai_es.events.payloads import Payload
-from kai_es.events.registry import CURRENT_SCHEMA_VERSION, ENVELOPE_CLASSES, EVENT_TYPES
+from kai_es.events.registry import ADDITIVE_VERSIONS, DIRECT_VERSIONS, ENVELOPE_CLASSES, EVENT_TYPES, SCHEMA_VERSIONS
 from kai_es.events.upcast import upcast
 
 
@@ -53,7 +55,7 @@ def decode(data: bytes) -> Envelope:
         raise DecodeError(f"not a kai-es envelope: {exc}") from None
     if env.specversion != "1.0":
         raise DecodeError(f"unsupported CloudEvents specversion {env.specversion!r}")
-    if env.schemaversion != CURRENT_SCHEMA_VERSION:
+    if env.schemaversion not in DIRECT_VERSIONS[type(env)]:
         return _decode_slow(data, "")
     return env
 
@@ -72,15 +74,17 @@ def _decode_slow(data: bytes, error: str) -> Envelope:
     if raw.get("specversion") != "1.0":
         raise DecodeError(f"unsupported CloudEvents specversion {raw.get('specversion')!r}")
     version = raw.get("schemaversion")
-    if not isinstance(version, int) or version == CURRENT_SCHEMA_VERSION or version <= 0:
+    current = SCHEMA_VERSIONS[event_type]
+    if not isinstance(version, int) or isinstance(version, bool) or version <= 0 or version == current \
+            or version in ADDITIVE_VERSIONS.get(event_type, ()):
         raise DecodeError(f"{event_type}: {error or f'bad schema version {version!r}'}")
-    if version > CURRENT_SCHEMA_VERSION:
+    if version > current:
         raise DecodeError(f"{event_type}: schema version {version} is newer than this build "
-                          f"understands ({CURRENT_SCHEMA_VERSION})")
+                          f"understands ({current})")
     if not isinstance(raw.get("data"), dict):
         raise DecodeError(f"{event_type}: data must be an object")
     raw["data"] = upcast(event_type, version, raw["data"])
-    raw["schemaversion"] = CURRENT_SCHEMA_VERSION
+    raw["schemaversion"] = current
     try:
         env: Envelope = msgspec.convert(raw, ENVELOPE_CLASSES[event_type])
     except msgspec.ValidationError as exc:

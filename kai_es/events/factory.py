@@ -12,7 +12,7 @@ from typing import Final
 
 from kai_es.events.envelope import Envelope
 from kai_es.events.payloads import Payload
-from kai_es.events.registry import CURRENT_SCHEMA_VERSION, ENVELOPE_OF
+from kai_es.events.registry import ENVELOPE_OF, PAYLOAD_VERSION
 from kai_es.events.timefmt import rfc3339
 
 NAMESPACE: Final = uuid.UUID("6f1c3e0a-9d2b-5c7e-8a41-2b6d0f9e7c13")
@@ -46,14 +46,15 @@ def make_envelope(
     statedigest: str | None = None,
 ) -> Envelope:
     """An envelope for `payload`; `time` is rendered from `logicaltime`, never from a clock."""
-    return ENVELOPE_OF[type(payload)](
+    cls = type(payload)
+    return ENVELOPE_OF[cls](
         specversion="1.0",
         id=event_id,
         source=source,
         subject=subject,
         time=rfc3339(logicaltime),
         datacontenttype="application/json",
-        schemaversion=CURRENT_SCHEMA_VERSION,
+        schemaversion=PAYLOAD_VERSION[cls],
         logicaltime=logicaltime,
         causationid=causationid,
         correlationid=correlationid,

@@ -46,9 +46,57 @@ class NodeSelectorRequirement(Payload, kw_only=True, frozen=True):
 
 
 class NodeSelectorTerm(Payload, kw_only=True, frozen=True):
-    """All requirements of a term must hold; a pod's terms are ORed."""
+    """All requirements of a term must hold; a pod's terms are ORed. `match_fields` test node
+    fields (Kubernetes supports only `metadata.name`); `match_expressions` test node labels. A
+    term with neither matches no node (as in Kubernetes)."""
 
     match_expressions: list[NodeSelectorRequirement] = []
+    match_fields: list[NodeSelectorRequirement] = []
+
+
+class PreferredSchedulingTerm(Payload, kw_only=True, frozen=True):
+    """A preferred node-affinity term: nodes matching `term` score `weight` (1..100)."""
+
+    weight: int
+    term: NodeSelectorTerm
+
+
+class LabelSelectorRequirement(Payload, kw_only=True, frozen=True):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = []
+
+
+class LabelSelector(Payload, kw_only=True, frozen=True):
+    """A Kubernetes label selector: every `match_labels` pair and every expression must hold.
+    An empty selector matches everything."""
+
+    match_labels: dict[str, str] = {}
+    match_expressions: list[LabelSelectorRequirement] = []
+
+
+class PodAffinityTerm(Payload, kw_only=True, frozen=True):
+    """Pods matching `selector` (None: no pod) in the namespaces `namespaces` ∪ those matching
+    `namespace_selector` (both empty/None: the pod's own namespace; an empty selector: every
+    namespace), counted per domain of the node label `topology_key`."""
+
+    selector: LabelSelector | None = None
+    namespaces: list[str] = []
+    namespace_selector: LabelSelector | None = None
+    topology_key: str
+
+
+class WeightedPodAffinityTerm(Payload, kw_only=True, frozen=True):
+    weight: int
+    term: PodAffinityTerm
+
+
+class HostPort(Payload, kw_only=True, frozen=True):
+    """A container port bound on the node. `host_ip` "" means every address (0.0.0.0)."""
+
+    port: int
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    host_ip: str = ""
 
 
 class OwnerRef(Payload, kw_only=True, frozen=True):
@@ -115,6 +163,9 @@ class NodeObserved(Payload, kw_only=True, frozen=True):
     max_pods: int = 110
     gpu_memory_mib: int = 0
     gpu_model: str = ""
+    #: allocatable of every other resource (extended resources, ephemeral-storage, hugepages-*),
+    #: in the resource's base unit (bytes, or units for extended resources)
+    scalar_resources: dict[str, int] = {}
 
 
 class NodeRemoved(Payload, kw_only=True, frozen=True):
@@ -147,6 +198,19 @@ class PodObserved(Payload, kw_only=True, frozen=True):
     task_priority: int = 0
     owner: OwnerRef | None = None
     created_ns: int = 0
+    # --- schema version 2 (all optional: a version-1 payload is a valid version-2 payload) ---
+    labels: dict[str, str] = {}
+    preferred_affinity: list[PreferredSchedulingTerm] = []
+    pod_affinity: list[PodAffinityTerm] = []
+    pod_anti_affinity: list[PodAffinityTerm] = []
+    preferred_pod_affinity: list[WeightedPodAffinityTerm] = []
+    preferred_pod_anti_affinity: list[WeightedPodAffinityTerm] = []
+    host_ports: list[HostPort] = []
+    #: requests of every resource but cpu, memory and nvidia.com/gpu (base units)
+    scalar_requests: dict[str, int] = {}
+    #: PersistentVolumeClaims the pod mounts, and ConfigMaps it needs (non-optional volumes)
+    claims: list[str] = []
+    config_maps: list[str] = []
 
 
 class PodRemoved(Payload, kw_only=True, frozen=True):
@@ -212,7 +276,54 @@ class PriorityClassRemoved(Payload, kw_only=True, frozen=True):
     name: str
 
 
-ResyncKind = Literal["Node", "Pod", "Queue", "PodGroup", "Topology", "PriorityClass"]
+class NamespaceObserved(Payload, kw_only=True, frozen=True):
+    name: str
+    labels: dict[str, str] = {}
+
+
+class NamespaceRemoved(Payload, kw_only=True, frozen=True):
+    name: str
+
+
+class ClaimObserved(Payload, kw_only=True, frozen=True):
+    """A PersistentVolumeClaim. `volume` is the bound PersistentVolume ("" while unbound)."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    phase: Literal["Pending", "Bound", "Lost"] = "Pending"
+    volume: str = ""
+
+
+class ClaimRemoved(Payload, kw_only=True, frozen=True):
+    namespace: str
+    name: str
+
+
+class VolumeObserved(Payload, kw_only=True, frozen=True):
+    """A PersistentVolume; `node_affinity` (required terms, ORed) restricts where pods using
+    it may run (local volumes)."""
+
+    name: str
+    node_affinity: list[NodeSelectorTerm] = []
+
+
+class VolumeRemoved(Payload, kw_only=True, frozen=True):
+    name: str
+
+
+class ConfigMapObserved(Payload, kw_only=True, frozen=True):
+    namespace: str
+    name: str
+
+
+class ConfigMapRemoved(Payload, kw_only=True, frozen=True):
+    namespace: str
+    name: str
+
+
+ResyncKind = Literal["Node", "Pod", "Queue", "PodGroup", "Topology", "PriorityClass", "Namespace",
+                     "PersistentVolumeClaim", "PersistentVolume", "ConfigMap"]
 
 
 class ResyncStarted(Payload, kw_only=True, frozen=True):

@@ -1,7 +1,8 @@
 """The event type names (CloudEvents `type`) and the payload class of each, with its version.
 
-Contract: a type name never changes meaning. A new payload shape is a new schema version with an
-upcaster in `kai_es.events.upcast`; the published schema file of the old version stays as it is.
+Contract: a type name never changes meaning. A new payload shape is a new schema version of that
+type (`SCHEMA_VERSIONS`) with an upcaster in `kai_es.events.upcast`; the published schema file of
+the old version stays as it is. Versions are per type: a type never changed is still at 1.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import msgspec
 from kai_es.events import payloads as p
 from kai_es.events.envelope import Envelope
 
+#: the version of types not listed in SCHEMA_VERSIONS (kept for readers of version-1 logs)
 CURRENT_SCHEMA_VERSION: Final = 1
 
 EVENT_TYPES: Final[dict[str, type[p.Payload]]] = {
@@ -41,6 +43,34 @@ EVENT_TYPES: Final[dict[str, type[p.Payload]]] = {
     "kai.binder.pod.bound": p.PodBound,
     "kai.binder.pod.bindfailed": p.PodBindFailed,
     "kai.binder.pod.evicted": p.PodEvicted,
+    "kai.cluster.namespace.observed": p.NamespaceObserved,
+    "kai.cluster.namespace.removed": p.NamespaceRemoved,
+    "kai.cluster.claim.observed": p.ClaimObserved,
+    "kai.cluster.claim.removed": p.ClaimRemoved,
+    "kai.cluster.volume.observed": p.VolumeObserved,
+    "kai.cluster.volume.removed": p.VolumeRemoved,
+    "kai.cluster.configmap.observed": p.ConfigMapObserved,
+    "kai.cluster.configmap.removed": p.ConfigMapRemoved,
+}
+
+#: type name -> its current schema version (every other type: CURRENT_SCHEMA_VERSION)
+SCHEMA_VERSIONS: Final[dict[str, int]] = {
+    name: 1 for name in EVENT_TYPES} | {
+    # v2 adds optional fields only (pod labels, affinities, ports, scalar resources, volumes;
+    # node scalar resources; resync of the new kinds): a v1 payload decodes as v2 unchanged.
+    "kai.cluster.pod.observed": 2,
+    "kai.cluster.node.observed": 2,
+    "kai.cluster.resync.started": 2,
+    "kai.cluster.resync.completed": 2,
+}
+
+#: type name -> the older versions whose payloads decode directly as the current version (the
+#: newer version only added optional fields); other older versions go through an upcaster
+ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
+    "kai.cluster.pod.observed": frozenset({1}),
+    "kai.cluster.node.observed": frozenset({1}),
+    "kai.cluster.resync.started": frozenset({1}),
+    "kai.cluster.resync.completed": frozenset({1}),
 }
 
 TYPE_OF: Final[dict[type[p.Payload], str]] = {cls: name for name, cls in EVENT_TYPES.items()}
@@ -59,6 +89,14 @@ ENVELOPE_CLASSES: Final[dict[str, type[Envelope]]] = {
 #: payload class -> envelope class
 ENVELOPE_OF: Final[dict[type[p.Payload], type[Envelope]]] = {
     EVENT_TYPES[name]: env for name, env in ENVELOPE_CLASSES.items()}
+
+#: envelope class -> the schema versions it decodes directly (current + additive older ones)
+DIRECT_VERSIONS: Final[dict[type[Envelope], frozenset[int]]] = {
+    ENVELOPE_CLASSES[name]: frozenset({SCHEMA_VERSIONS[name]}) | ADDITIVE_VERSIONS.get(name, frozenset())
+    for name in EVENT_TYPES}
+#: payload class -> its current schema version
+PAYLOAD_VERSION: Final[dict[type[p.Payload], int]] = {
+    cls: SCHEMA_VERSIONS[name] for name, cls in EVENT_TYPES.items()}
 
 #: Types the scheduler writes as the outcome of a cycle (compared byte for byte by replay).
 DECISION_TYPES: Final = frozenset(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from kai_es.events.registry import CURRENT_SCHEMA_VERSION
+from kai_es.events.registry import SCHEMA_VERSIONS
 
 Fields = dict[str, Any]
 
@@ -21,8 +21,8 @@ class UpcastError(ValueError):
 
 
 def upcast(event_type: str, version: int, fields: Fields) -> Fields:
-    """Fields of `event_type` at `version`, upcast step by step to the current version."""
-    while version < CURRENT_SCHEMA_VERSION:
+    """Fields of `event_type` at `version`, upcast step by step to its current version."""
+    while version < SCHEMA_VERSIONS[event_type]:
         step = UPCASTERS.get((event_type, version))
         if step is None:
             raise UpcastError(f"{event_type}: no upcaster from schema version {version}")

@@ -167,43 +167,74 @@ def node(obj: Obj) -> p.NodeObserved:
     for field, value in (("cpu", cpu), ("memory", memory), (GPU_RESOURCE, gpus), ("pods", pods)):
         if value < 0:
             raise IngestError(f"{base}.{field}", "must not be negative")
+    scalar = {}
+    for resource in sorted(str(k) for k in res):
+        if resource in _CORE_RESOURCES:
+            continue
+        amount = _units(res[resource], f"{base}[{resource}]")
+        if amount < 0:
+            raise IngestError(f"{base}[{resource}]", "must not be negative")
+        scalar[resource] = amount
     return p.NodeObserved(
         name=name, uid=_uid(obj, name), labels=labels, taints=taints,
         unschedulable=bool(_get(obj, "spec.unschedulable", False)), milli_cpu=cpu,
         memory_bytes=memory, gpus=gpus, max_pods=pods, gpu_memory_mib=gpu_mem,
-        gpu_model=labels.get(GPU_MODEL_LABEL, ""),
+        gpu_model=labels.get(GPU_MODEL_LABEL, ""), scalar_resources=scalar,
     )
 
 
 # --- Pod ----------------------------------------------------------------------------------
 
 
-def _container_requests(c: Obj, path: str) -> tuple[int, int, int]:
+#: resources with a field of their own; every other resource name is a scalar resource
+_CORE_RESOURCES = frozenset({"cpu", "memory", GPU_RESOURCE, "pods"})
+
+
+def _container_requests(c: Obj, path: str) -> dict[str, int]:
+    """Requests of one container by resource name (a resource with only a limit requests its
+    limit, as the API server defaults it): cpu in milli-CPU, everything else in base units."""
     req = _get(c, "resources.requests") or {}
     lim = _get(c, "resources.limits") or {}
     if not isinstance(req, Mapping) or not isinstance(lim, Mapping):
         raise IngestError(f"{path}.resources", "requests and limits must be maps")
-    cpu = req.get("cpu", lim.get("cpu", 0))
-    mem = req.get("memory", lim.get("memory", 0))
-    gpu = req.get(GPU_RESOURCE, lim.get(GPU_RESOURCE, 0))
-    return (_milli(cpu, f"{path}.resources.requests.cpu"),
-            _units(mem, f"{path}.resources.requests.memory"),
-            _units(gpu, f"{path}.resources.requests[{GPU_RESOURCE}]"))
+    out: dict[str, int] = {}
+    for resource in sorted({str(k) for k in req} | {str(k) for k in lim}):
+        if resource == "pods":
+            continue
+        raw = req.get(resource, lim.get(resource))
+        where = f"{path}.resources.requests[{resource}]" if "/" in resource else f"{path}.resources.requests.{resource}"
+        amount = _milli(raw, where) if resource == "cpu" else _units(raw, where)
+        if amount < 0:
+            raise IngestError(where, "must not be negative")
+        out[resource] = amount
+    return out
 
 
-def _pod_requests(obj: Obj) -> tuple[int, int, int]:
-    total = [0, 0, 0]
+def _pod_requests(obj: Obj) -> tuple[int, int, int, dict[str, int]]:
+    """(milli-CPU, memory bytes, whole GPUs, other resources) a pod needs on its node: the sum
+    over containers, at least the largest init container, plus `spec.overhead`."""
+    total: dict[str, int] = {}
     for i, c in enumerate(_list(obj, "spec.containers")):
         if not isinstance(c, Mapping):
             raise IngestError(f"spec.containers[{i}]", "must be a map")
-        for k, v in enumerate(_container_requests(c, f"spec.containers[{i}]")):
-            total[k] += v
+        for k, v in _container_requests(c, f"spec.containers[{i}]").items():
+            total[k] = total.get(k, 0) + v
     for i, c in enumerate(_list(obj, "spec.initContainers")):
         if not isinstance(c, Mapping):
             raise IngestError(f"spec.initContainers[{i}]", "must be a map")
-        for k, v in enumerate(_container_requests(c, f"spec.initContainers[{i}]")):
-            total[k] = max(total[k], v)
-    return total[0], total[1], total[2]
+        for k, v in _container_requests(c, f"spec.initContainers[{i}]").items():
+            total[k] = max(total.get(k, 0), v)
+    overhead = _get(obj, "spec.overhead", {}) or {}
+    if not isinstance(overhead, Mapping):
+        raise IngestError("spec.overhead", "must be a map")
+    for resource in sorted(str(k) for k in overhead):
+        where = f"spec.overhead.{resource}"
+        amount = _milli(overhead[resource], where) if resource == "cpu" else _units(overhead[resource], where)
+        if amount < 0:
+            raise IngestError(where, "must not be negative")
+        total[resource] = total.get(resource, 0) + amount
+    scalar = {k: v for k, v in sorted(total.items()) if k not in _CORE_RESOURCES and v > 0}
+    return total.get("cpu", 0), total.get("memory", 0), total.get(GPU_RESOURCE, 0), scalar
 
 
 def gpu_request(annotations: Mapping[str, str], whole: int) -> p.GpuRequest:
@@ -237,22 +268,193 @@ def gpu_request(annotations: Mapping[str, str], whole: int) -> p.GpuRequest:
                         fraction_devices=devices if (fraction or gpu_memory) else 1)
 
 
+def _requirement(e: Any, path: str, cls: type[Any]) -> Any:
+    if not isinstance(e, Mapping):
+        raise IngestError(path, "must be a map")
+    values = e.get("values") or []
+    if not isinstance(values, list):
+        raise IngestError(f"{path}.values", "must be a list")
+    try:
+        return msgspec.convert({"key": e.get("key"), "operator": e.get("operator"),
+                                "values": [str(v) for v in values]}, cls)
+    except msgspec.ValidationError as exc:
+        raise IngestError(path, str(exc)) from None
+
+
+def node_selector_terms(raw: Any, base: str) -> list[p.NodeSelectorTerm]:
+    """`nodeSelectorTerms` (a list of terms, ORed) as payload terms."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise IngestError(base, "must be a list")
+    return [_node_selector_term(term, f"{base}[{i}]") for i, term in enumerate(raw)]
+
+
+def _node_selector_term(term: Any, path: str) -> p.NodeSelectorTerm:
+    if not isinstance(term, Mapping):
+        raise IngestError(path, "must be a map")
+    parts: dict[str, list[p.NodeSelectorRequirement]] = {}
+    for field, name in (("matchExpressions", "match_expressions"), ("matchFields", "match_fields")):
+        raw = term.get(field) or []
+        if not isinstance(raw, list):
+            raise IngestError(f"{path}.{field}", "must be a list")
+        parts[name] = [_requirement(e, f"{path}.{field}[{j}]", p.NodeSelectorRequirement)
+                       for j, e in enumerate(raw)]
+        for j, req in enumerate(parts[name]):
+            if req.operator in ("In", "NotIn") and not req.values:
+                raise IngestError(f"{path}.{field}[{j}].values", f"must not be empty for operator {req.operator}")
+            if req.operator in ("Exists", "DoesNotExist") and req.values:
+                raise IngestError(f"{path}.{field}[{j}].values", f"must be empty for operator {req.operator}")
+            if req.operator in ("Gt", "Lt"):
+                if len(req.values) != 1 or not _is_int(req.values[0]):
+                    raise IngestError(f"{path}.{field}[{j}].values", f"operator {req.operator} takes exactly one integer")
+            if field == "matchFields" and req.key != "metadata.name":
+                raise IngestError(f"{path}.{field}[{j}].key", f"only metadata.name is supported, got {req.key!r}")
+    return p.NodeSelectorTerm(**parts)
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _weight(raw: Any, path: str) -> int:
+    weight = _int(raw, path, minimum=1)
+    if weight > 100:
+        raise IngestError(path, f"must be between 1 and 100, got {weight}")
+    return weight
+
+
 def _affinity_terms(obj: Obj) -> list[p.NodeSelectorTerm]:
-    base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
-    terms = []
-    for i, term in enumerate(_list(obj, base)):
-        exprs = []
-        for j, e in enumerate(term.get("matchExpressions", []) if isinstance(term, Mapping) else []):
-            path = f"{base}[{i}].matchExpressions[{j}]"
-            try:
-                exprs.append(msgspec.convert(
-                    {"key": e.get("key"), "operator": e.get("operator"),
-                     "values": [str(v) for v in e.get("values", []) or []]},
-                    p.NodeSelectorRequirement))
-            except (msgspec.ValidationError, AttributeError) as exc:
-                raise IngestError(path, str(exc)) from None
-        terms.append(p.NodeSelectorTerm(match_expressions=exprs))
-    return terms
+    base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    required = _get(obj, base)
+    if required is None:
+        return []
+    if not isinstance(required, Mapping):
+        raise IngestError(base, "must be a map")
+    return node_selector_terms(required.get("nodeSelectorTerms") or [], f"{base}.nodeSelectorTerms")
+
+
+def _preferred_affinity(obj: Obj) -> list[p.PreferredSchedulingTerm]:
+    base = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+    out = []
+    for i, item in enumerate(_list(obj, base)):
+        path = f"{base}[{i}]"
+        if not isinstance(item, Mapping):
+            raise IngestError(path, "must be a map")
+        out.append(p.PreferredSchedulingTerm(
+            weight=_weight(item.get("weight"), f"{path}.weight"),
+            term=_node_selector_term(item.get("preference") or {}, f"{path}.preference")))
+    return out
+
+
+def label_selector(raw: Any, path: str) -> p.LabelSelector | None:
+    """A Kubernetes LabelSelector (None stays None: it selects nothing)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise IngestError(path, "must be a map")
+    labels = raw.get("matchLabels") or {}
+    if not isinstance(labels, Mapping):
+        raise IngestError(f"{path}.matchLabels", "must be a map")
+    exprs = raw.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        raise IngestError(f"{path}.matchExpressions", "must be a list")
+    reqs = [_requirement(e, f"{path}.matchExpressions[{j}]", p.LabelSelectorRequirement)
+            for j, e in enumerate(exprs)]
+    for j, req in enumerate(reqs):
+        if req.operator in ("In", "NotIn") and not req.values:
+            raise IngestError(f"{path}.matchExpressions[{j}].values", f"must not be empty for operator {req.operator}")
+        if req.operator in ("Exists", "DoesNotExist") and req.values:
+            raise IngestError(f"{path}.matchExpressions[{j}].values", f"must be empty for operator {req.operator}")
+    return p.LabelSelector(match_labels={str(k): str(v) for k, v in sorted(labels.items())},
+                           match_expressions=reqs)
+
+
+def _pod_affinity_term(raw: Any, path: str) -> p.PodAffinityTerm:
+    if not isinstance(raw, Mapping):
+        raise IngestError(path, "must be a map")
+    key = raw.get("topologyKey")
+    if not isinstance(key, str) or not key:
+        raise IngestError(f"{path}.topologyKey", "is required")
+    namespaces = raw.get("namespaces") or []
+    if not isinstance(namespaces, list):
+        raise IngestError(f"{path}.namespaces", "must be a list")
+    for field in ("matchLabelKeys", "mismatchLabelKeys"):
+        if raw.get(field):
+            raise IngestError(f"{path}.{field}", "is not supported yet")
+    return p.PodAffinityTerm(
+        selector=label_selector(raw.get("labelSelector"), f"{path}.labelSelector"),
+        namespaces=sorted({str(n) for n in namespaces}),
+        namespace_selector=label_selector(raw.get("namespaceSelector"), f"{path}.namespaceSelector"),
+        topology_key=key)
+
+
+def _pod_affinities(obj: Obj, kind: str) -> tuple[list[p.PodAffinityTerm], list[p.WeightedPodAffinityTerm]]:
+    base = f"spec.affinity.{kind}"
+    required = [_pod_affinity_term(t, f"{base}.requiredDuringSchedulingIgnoredDuringExecution[{i}]")
+                for i, t in enumerate(_list(obj, f"{base}.requiredDuringSchedulingIgnoredDuringExecution"))]
+    preferred = []
+    for i, item in enumerate(_list(obj, f"{base}.preferredDuringSchedulingIgnoredDuringExecution")):
+        path = f"{base}.preferredDuringSchedulingIgnoredDuringExecution[{i}]"
+        if not isinstance(item, Mapping):
+            raise IngestError(path, "must be a map")
+        preferred.append(p.WeightedPodAffinityTerm(
+            weight=_weight(item.get("weight"), f"{path}.weight"),
+            term=_pod_affinity_term(item.get("podAffinityTerm"), f"{path}.podAffinityTerm")))
+    return required, preferred
+
+
+def _host_ports(obj: Obj) -> list[p.HostPort]:
+    ports: set[tuple[int, str, str]] = set()
+    for i, c in enumerate(_list(obj, "spec.containers")):
+        if not isinstance(c, Mapping):
+            continue
+        raw_ports = c.get("ports") or []
+        if not isinstance(raw_ports, list):
+            raise IngestError(f"spec.containers[{i}].ports", "must be a list")
+        for j, port in enumerate(raw_ports):
+            path = f"spec.containers[{i}].ports[{j}]"
+            if not isinstance(port, Mapping):
+                raise IngestError(path, "must be a map")
+            if not port.get("hostPort"):
+                continue
+            number = _int(port["hostPort"], f"{path}.hostPort", minimum=1)
+            if number > 65535:
+                raise IngestError(f"{path}.hostPort", f"must be at most 65535, got {number}")
+            protocol = str(port.get("protocol") or "TCP")
+            if protocol not in ("TCP", "UDP", "SCTP"):
+                raise IngestError(f"{path}.protocol", f"must be TCP, UDP or SCTP, got {protocol!r}")
+            host_ip = str(port.get("hostIP") or "")
+            ports.add((number, protocol, "" if host_ip in ("0.0.0.0", "::") else host_ip))
+    return [p.HostPort(port=n, protocol=proto, host_ip=ip)  # type: ignore[arg-type]
+            for n, proto, ip in sorted(ports)]
+
+
+def _volumes(obj: Obj) -> tuple[list[str], list[str]]:
+    """(claims, config maps) the pod cannot start without."""
+    claims: set[str] = set()
+    maps: set[str] = set()
+    for i, v in enumerate(_list(obj, "spec.volumes")):
+        path = f"spec.volumes[{i}]"
+        if not isinstance(v, Mapping):
+            raise IngestError(path, "must be a map")
+        claim = v.get("persistentVolumeClaim")
+        if isinstance(claim, Mapping):
+            if not claim.get("claimName"):
+                raise IngestError(f"{path}.persistentVolumeClaim.claimName", "is required")
+            claims.add(str(claim["claimName"]))
+        sources = [v.get("configMap")]
+        projected = v.get("projected")
+        if isinstance(projected, Mapping):
+            sources += [s.get("configMap") for s in projected.get("sources") or [] if isinstance(s, Mapping)]
+        for source in sources:
+            if isinstance(source, Mapping) and source.get("name") and not source.get("optional"):
+                maps.add(str(source["name"]))
+    return sorted(claims), sorted(maps)
 
 
 def _tolerations(obj: Obj) -> list[p.Toleration]:
@@ -284,7 +486,7 @@ def pod(obj: Obj) -> p.PodObserved:
     namespace = _namespace(obj)
     labels = _map(obj, "metadata.labels")
     annotations = _map(obj, "metadata.annotations")
-    cpu, memory, whole = _pod_requests(obj)
+    cpu, memory, whole, scalar = _pod_requests(obj)
     gpu = gpu_request(annotations, whole)
     group = annotations.get(PODGROUP_ANNOTATION, "")
     implicit = not group
@@ -308,6 +510,9 @@ def pod(obj: Obj) -> p.PodObserved:
     if devices_text:
         devices = [_int(d, "metadata.annotations[kai-es.io/gpu-devices]", minimum=0)
                    for d in devices_text.split(",")]
+    affinity, preferred = _pod_affinities(obj, "podAffinity")
+    anti, preferred_anti = _pod_affinities(obj, "podAntiAffinity")
+    claims, config_maps = _volumes(obj)
     return p.PodObserved(
         namespace=namespace, name=name, uid=_uid(obj, f"{namespace}/{name}"),
         scheduler_name=str(_get(obj, "spec.schedulerName", "default-scheduler")),
@@ -324,6 +529,10 @@ def pod(obj: Obj) -> p.PodObserved:
         node_pool=labels.get(NODE_POOL_LABEL, ""),
         task_priority=_int(labels.get(TASK_PRIORITY_LABEL, 0), f"metadata.labels[{TASK_PRIORITY_LABEL}]"),
         owner=owner, created_ns=created_ns(obj),
+        labels=labels, preferred_affinity=_preferred_affinity(obj),
+        pod_affinity=affinity, pod_anti_affinity=anti, preferred_pod_affinity=preferred,
+        preferred_pod_anti_affinity=preferred_anti, host_ports=_host_ports(obj),
+        scalar_requests=scalar, claims=claims, config_maps=config_maps,
     )
 
 
@@ -443,6 +652,36 @@ def priority_class(obj: Obj) -> p.PriorityClassObserved:
         preemption_policy=str(obj.get("preemptionPolicy", "PreemptLowerPriority")))
 
 
+def namespace(obj: Obj) -> p.NamespaceObserved:
+    name = _name(obj)
+    labels = _map(obj, "metadata.labels")
+    labels.setdefault("kubernetes.io/metadata.name", name)  # set by the API server on every namespace
+    return p.NamespaceObserved(name=name, labels=labels)
+
+
+def claim(obj: Obj) -> p.ClaimObserved:
+    name = _name(obj)
+    namespace = _namespace(obj)
+    phase = _get(obj, "status.phase", "Pending")
+    if phase not in ("Pending", "Bound", "Lost"):
+        raise IngestError("status.phase", f"unknown phase {phase!r}")
+    return p.ClaimObserved(namespace=namespace, name=name, uid=_uid(obj, f"{namespace}/{name}"),
+                           phase=phase, volume=str(_get(obj, "spec.volumeName", "") or ""))
+
+
+def volume(obj: Obj) -> p.VolumeObserved:
+    base = "spec.nodeAffinity.required"
+    required = _get(obj, base)
+    if required is not None and not isinstance(required, Mapping):
+        raise IngestError(base, "must be a map")
+    terms = node_selector_terms((required or {}).get("nodeSelectorTerms") or [], f"{base}.nodeSelectorTerms")
+    return p.VolumeObserved(name=_name(obj), node_affinity=terms)
+
+
+def config_map(obj: Obj) -> p.ConfigMapObserved:
+    return p.ConfigMapObserved(namespace=_namespace(obj), name=_name(obj))
+
+
 #: (apiVersion group, kind) -> translator. The apiVersion's group must match; version may vary.
 TRANSLATORS: dict[tuple[str, str], Any] = {
     ("", "Node"): node,
@@ -451,6 +690,10 @@ TRANSLATORS: dict[tuple[str, str], Any] = {
     ("scheduling.run.ai", "PodGroup"): podgroup,
     ("kai.scheduler", "Topology"): topology,
     ("scheduling.k8s.io", "PriorityClass"): priority_class,
+    ("", "Namespace"): namespace,
+    ("", "PersistentVolumeClaim"): claim,
+    ("", "PersistentVolume"): volume,
+    ("", "ConfigMap"): config_map,
 }
 
 
@@ -492,6 +735,14 @@ def removal(obj: Obj) -> p.Payload:
         return p.TopologyRemoved(name=name)
     if kind == "PriorityClass":
         return p.PriorityClassRemoved(name=name)
+    if kind == "Namespace":
+        return p.NamespaceRemoved(name=name)
+    if kind == "PersistentVolumeClaim":
+        return p.ClaimRemoved(namespace=_namespace(obj), name=name)
+    if kind == "PersistentVolume":
+        return p.VolumeRemoved(name=name)
+    if kind == "ConfigMap":
+        return p.ConfigMapRemoved(namespace=_namespace(obj), name=name)
     raise IngestError("kind", f"unsupported object kind {kind!r}")
 
 

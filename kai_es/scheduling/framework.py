@@ -55,26 +55,32 @@ class Status:
 _OK = Status(True)
 
 
-def no_node_fits(rejections: tuple[int, ...], nodes: int, what: str) -> Reason:
+def no_node_fits(rejections: tuple[int, ...], nodes: int, what: str,
+                 extra: tuple[tuple[str, str, int], ...] = ()) -> Reason:
     """The reason for a task that fits no node, with per-cause node counts (memoised: equal
-    inputs give the same immutable Reason)."""
-    key = (rejections, nodes, what)
+    inputs give the same immutable Reason). `rejections[0]` counts the nodes excluded by cordon,
+    taints, node pool, selector and required node affinity; `extra` lists the later predicates'
+    exclusions as (numbers key, phrase, nodes), reported after it."""
+    key = (rejections, nodes, what, extra)
     found = _NO_FIT.get(key)
     if found is None:
-        found = _no_node_fits(rejections, nodes, what)
+        found = _no_node_fits(rejections, nodes, what, extra)
         if len(_NO_FIT) > 65536:
             _NO_FIT.clear()
         _NO_FIT[key] = found
     return found
 
 
-_NO_FIT: dict[tuple[tuple[int, ...], int, str], Reason] = {}
+_NO_FIT: dict[tuple[tuple[int, ...], int, str, tuple[tuple[str, str, int], ...]], Reason] = {}
 
 
-def _no_node_fits(rejections: tuple[int, ...], nodes: int, what: str) -> Reason:
+def _no_node_fits(rejections: tuple[int, ...], nodes: int, what: str,
+                  extra: tuple[tuple[str, str, int], ...]) -> Reason:
     parts = []
     numbers = {"nodes": nodes}
-    for (key, phrase), count in zip(REJECTION_NAMES, rejections):
+    causes = [(key, phrase, count) for (key, phrase), count in zip(REJECTION_NAMES, rejections)]
+    causes[1:1] = list(extra)
+    for key, phrase, count in causes:
         if count:
             parts.append(f"{count} {phrase}")
             numbers[key] = count

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from typing import Protocol
 
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
@@ -44,6 +45,15 @@ def task_shape(spec: PodObserved) -> TaskShape:
     return TaskShape.cpu(cpu, mem)
 
 
+class PlanListener(Protocol):
+    """Told of every tentative placement and of its undoing (rollback), in that order, so that
+    what it derives from placements follows the Plan exactly."""
+
+    def placed(self, pod_key: str, node: int) -> None: ...
+
+    def unplaced(self, pod_key: str, node: int) -> None: ...
+
+
 class Plan:
     """Tentative placements with checkpoint/rollback (see module docstring)."""
 
@@ -56,6 +66,7 @@ class Plan:
         self._place_idle = bind_place(packer, self.idle, strategy)
         self._place_future = bind_place(packer, self.future, strategy)
         self.entries: list[Entry] = []
+        self.listeners: list[PlanListener] = []
         self._new_groups: dict[tuple[int, int], str] = {}
         # answers that cannot change this cycle, by (id of interned shape, id of mask); the
         # shapes and masks live as long as the plan
@@ -81,36 +92,53 @@ class Plan:
             self.future.apply_placed(e.node, e.devices, e.shape, -1)
             if not e.pipelined:
                 self.idle.apply_placed(e.node, e.devices, e.shape, -1)
+            for listener in self.listeners:
+                listener.unplaced(e.pod_key, e.node)
 
-    def place(self, pod_key: str, spec: PodObserved, mask: array[int],
-              settled: bool = False) -> tuple[Entry | None, Placement]:
+    def place(self, pod_key: str, spec: PodObserved, mask: array[int], settled: bool = False,
+              remember: bool = True, levels: list[array[int]] | None = None
+              ) -> tuple[Entry | None, Placement]:
         """Place one task: idle capacity first, else pipelined onto releasing capacity.
-        Returns the entry (None when nothing fits) and the idle-capacity placement answer,
-        whose rejection counts explain a failure.
+        Returns the entry (None when nothing fits) and the idle-capacity placement answer on
+        `mask`, whose rejection counts explain a failure.
+
+        `levels` (sub-masks of `mask`, most preferred first) rank nodes before the packing
+        strategy: on idle capacity, then on releasing capacity, the first level with a fitting
+        node wins.
 
         `settled=True` says no tentative (uncommitted) placement is outstanding. Capacity never
         grows above its settled level during a cycle, so a shape that fails then, for the same
-        mask, fails for the rest of the cycle: that answer is remembered and reused."""
+        static mask (`remember=True`: a mask that does not change during the cycle), fails for
+        the rest of the cycle: that answer is remembered and reused."""
         shape = self.shape(spec)
         failed_key = (id(shape), id(mask))
-        known = self._failed.get(failed_key)
-        if known is not None:
-            return None, known
-        now = self._place_idle(shape, mask)
-        if now.placed:
-            future = self.future
-            if not future.can_take(now.node, now.devices, shape):
-                return None, now  # idle capacity a pipelined pod is already waiting for
-            future.apply_placed(now.node, now.devices, shape, 1)
-            self.idle.apply_placed(now.node, now.devices, shape, 1)
-            entry = self._record(pod_key, spec, shape, now, pipelined=False)
-            return entry, now
-        later = self._place_future(shape, mask)
-        if later.placed:
-            entry = self._record(pod_key, spec, shape, later, pipelined=True)
-            self.future.apply_placed(later.node, later.devices, shape, 1)
-            return entry, now
-        if settled:
+        if remember:
+            known = self._failed.get(failed_key)
+            if known is not None:
+                return None, known
+        for level in (levels or (mask,)):
+            now = self._place_idle(shape, level)
+            if now.placed:
+                future = self.future
+                if not future.can_take(now.node, now.devices, shape):
+                    if levels is None:
+                        return None, now  # idle capacity a pipelined pod is already waiting for
+                    continue
+                future.apply_placed(now.node, now.devices, shape, 1)
+                self.idle.apply_placed(now.node, now.devices, shape, 1)
+                entry = self._record(pod_key, spec, shape, now, pipelined=False)
+                return entry, now
+        if levels is not None:
+            now = self._place_idle(shape, mask)
+            if now.placed:
+                return None, now  # fits only capacity pipelined pods are waiting for
+        for level in (levels or (mask,)):
+            later = self._place_future(shape, level)
+            if later.placed:
+                entry = self._record(pod_key, spec, shape, later, pipelined=True)
+                self.future.apply_placed(later.node, later.devices, shape, 1)
+                return entry, now
+        if settled and remember:
             self._failed[failed_key] = now
         return None, now
 
@@ -126,6 +154,8 @@ class Plan:
             groups = tuple(self._group_for(placement.node, d, spec.uid) for d in placement.devices)
         entry = Entry(pod_key, placement.node, tuple(placement.devices), shape, pipelined, groups)
         self.entries.append(entry)
+        for listener in self.listeners:
+            listener.placed(pod_key, placement.node)
         return entry
 
     def _group_for(self, node_index: int, device: int, pod_uid: str) -> str:

@@ -47,7 +47,12 @@ def check(state: ClusterState, *, strict: bool = True) -> list[str]:
             for i, used in enumerate(n.device_used):
                 if used > 1000:
                     out.append(f"node {name}: gpu {i} over-committed {used}>1000 milli")
-        if min([n.used_milli_cpu, n.used_memory_bytes, n.used_pods, *n.device_used, 0]) < 0:
+            for resource, used in sorted(n.used_scalar.items()):
+                if used > n.spec.scalar_resources.get(resource, 0):
+                    out.append(f"node {name}: {resource} over-committed {used}>"
+                               f"{n.spec.scalar_resources.get(resource, 0)}")
+        if min([n.used_milli_cpu, n.used_memory_bytes, n.used_pods, *n.device_used,
+                *n.used_scalar.values(), 0]) < 0:
             out.append(f"node {name}: negative usage")
     for key in sorted(state.pods):
         pod = state.pods[key]
@@ -58,6 +63,9 @@ def check(state: ClusterState, *, strict: bool = True) -> list[str]:
             out.append(f"pod {key}: pending index says {pod.pending_key is not None}, status {pod.status}")
         if pod.job_key not in state.jobs or key not in state.jobs[pod.job_key].members:
             out.append(f"pod {key}: not a member of its job {pod.job_key}")
+    rebuilt = restore(snap)
+    if rebuilt.pods_by_label != state.pods_by_label or rebuilt.affinity_pods != state.affinity_pods:
+        out.append("pod label index differs from recomputed")
     return out
 
 

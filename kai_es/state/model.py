@@ -15,7 +15,14 @@ from typing import Literal
 
 from sortedcontainers import SortedList
 
-from kai_es.events.payloads import NodeObserved, PodGroupObserved, PodObserved, QueueObserved
+from kai_es.events.payloads import (
+    ClaimObserved,
+    NodeObserved,
+    PodGroupObserved,
+    PodObserved,
+    QueueObserved,
+    VolumeObserved,
+)
 
 PodStatus = Literal["Pending", "Binding", "Running", "Releasing"]
 OCCUPYING: frozenset[str] = frozenset({"Binding", "Running", "Releasing"})
@@ -45,6 +52,8 @@ class NodeState:
     device_sharers: list[int] = field(default_factory=list)
     group_holders: dict[str, dict[int, int]] = field(default_factory=dict)
     pods: set[str] = field(default_factory=set)
+    #: scalar resources (extended, ephemeral-storage, hugepages) held by occupying pods
+    used_scalar: dict[str, int] = field(default_factory=dict)
 
     def group_device(self, group: str) -> int | None:
         """The device a shared-GPU group lives on: the lowest device holding it (None if none).
@@ -158,6 +167,18 @@ class ClusterState:
     resync_seen: dict[str, set[str]] = field(default_factory=dict)
     rejected_objects: int = 0
     ignored_events: int = 0
+    #: namespace -> its labels (namespace selectors of pod affinity terms)
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: "namespace/name" -> PersistentVolumeClaim; PersistentVolume by name; "namespace/name" of
+    #: every ConfigMap (volume predicates)
+    claims: dict[str, ClaimObserved] = field(default_factory=dict)
+    volumes: dict[str, VolumeObserved] = field(default_factory=dict)
+    config_maps: set[str] = field(default_factory=set)
+    #: derived index of every pod's labels: label key -> value -> pod keys (inter-pod affinity
+    #: finds the pods a selector matches here instead of scanning every pod); and the keys of
+    #: pods that carry inter-pod affinity terms. Rebuilt by `restore`, never snapshotted.
+    pods_by_label: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    affinity_pods: set[str] = field(default_factory=set)
     #: change tracking for caches derived from node usage (not part of the snapshot or digest):
     #: nodes whose usage changed since a cache last looked, and a counter bumped whenever the
     #: set of nodes or a node's spec changes.

@@ -131,6 +131,8 @@ def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterabl
     node.used_milli_cpu += requests.milli_cpu
     node.used_memory_bytes += requests.memory_bytes
     node.used_pods += 1
+    if spec.scalar_requests:
+        _scalar_usage(node, spec, +1)
     if shared:
         for i, d in enumerate(devs):
             device_used[d] += milli
@@ -161,6 +163,8 @@ def _release(state: ClusterState, pod: PodState) -> None:
         node.used_milli_cpu -= requests.milli_cpu
         node.used_memory_bytes -= requests.memory_bytes
         node.used_pods -= 1
+        if spec.scalar_requests:
+            _scalar_usage(node, spec, -1)
         device_used, milli = node.device_used, pod.device_milli
         if spec.gpu.fraction_milli or spec.gpu.gpu_memory_mib:
             groups = pod.gpu_groups
@@ -185,6 +189,39 @@ def _release(state: ClusterState, pod: PodState) -> None:
     pod.devices = ()
     pod.gpu_groups = ()
     pod.device_milli = 0
+
+
+def _scalar_usage(node: NodeState, spec: p.PodObserved, sign: int) -> None:
+    used = node.used_scalar
+    for resource, amount in spec.scalar_requests.items():
+        total = used.get(resource, 0) + sign * amount
+        if total:
+            used[resource] = total
+        else:
+            used.pop(resource, None)
+
+
+def _index_labels(state: ClusterState, pod: PodState, sign: int) -> None:
+    """Add (+1) or remove (-1) the pod in the label and affinity-holder indexes."""
+    spec, key = pod.spec, pod.key
+    index = state.pods_by_label
+    for label, value in spec.labels.items():
+        if sign > 0:
+            index.setdefault(label, {}).setdefault(value, set()).add(key)
+        else:
+            values = index.get(label)
+            if values is not None and value in values:
+                values[value].discard(key)
+                if not values[value]:
+                    del values[value]
+                    if not values:
+                        del index[label]
+    if spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity or \
+            spec.preferred_pod_anti_affinity:
+        if sign > 0:
+            state.affinity_pods.add(key)
+        else:
+            state.affinity_pods.discard(key)
 
 
 def _releasing(node: NodeState, pod: PodState, sign: int) -> None:
@@ -409,13 +446,18 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
         state.pods[key] = pod
         job.members.add(key)
         _refresh_job(state, job)
+        if spec.labels or spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity \
+                or spec.preferred_pod_anti_affinity:
+            _index_labels(state, pod, +1)
     elif _reseat_needed(pod, spec):
         status, node, devices, groups = pod.status, pod.node, pod.devices, pod.gpu_groups
         _release(state, pod)
         _set_pending(state, pod, False)
         old_job = state.jobs[pod.job_key]
         old_job.members.discard(key)
+        _index_labels(state, pod, -1)
         pod.spec = spec
+        _index_labels(state, pod, +1)
         job = _job_for(state, spec)
         job.members.add(key)
         pod.job_key = job.key
@@ -425,6 +467,13 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
             _occupy(state, pod, node, devices, groups, status)
     else:
         old = pod.spec
+        if old.labels != spec.labels or old.pod_affinity != spec.pod_affinity or \
+                old.pod_anti_affinity != spec.pod_anti_affinity or \
+                old.preferred_pod_affinity != spec.preferred_pod_affinity or \
+                old.preferred_pod_anti_affinity != spec.preferred_pod_anti_affinity:
+            _index_labels(state, pod, -1)
+            pod.spec = spec
+            _index_labels(state, pod, +1)
         pod.spec = spec
         if old.queue != spec.queue or old.priority_class != spec.priority_class or \
                 old.priority != spec.priority or old.created_ns != spec.created_ns:
@@ -466,7 +515,7 @@ def _reseat_needed(pod: PodState, new: p.PodObserved) -> bool:
     moved to another job. (`pod.job_key` is always the key of `pod.spec`'s namespace and podgroup,
     so the new key is built only when one of those differs.)"""
     old = pod.spec
-    if old.requests != new.requests or old.gpu != new.gpu:
+    if old.requests != new.requests or old.gpu != new.gpu or old.scalar_requests != new.scalar_requests:
         return True
     if old.podgroup == new.podgroup and old.namespace == new.namespace:
         return False
@@ -488,6 +537,7 @@ def _drop_pod(state: ClusterState, pod: PodState) -> None:
     _release(state, pod)
     if pod.pending_key is not None:
         _set_pending(state, pod, False)
+    _index_labels(state, pod, -1)
     del state.pods[pod.key]
     job = state.jobs[pod.job_key]
     job.members.discard(pod.key)
@@ -592,6 +642,57 @@ def _topology_removed(state: ClusterState, env: Envelope) -> None:
         state.ignored_events += 1
 
 
+def _namespace_observed(state: ClusterState, env: Envelope) -> None:
+    data: p.NamespaceObserved = env.data
+    if state.resync_seen:
+        _mark_seen(state, "Namespace", data.name)
+    state.namespaces[data.name] = dict(data.labels)
+
+
+def _namespace_removed(state: ClusterState, env: Envelope) -> None:
+    if state.namespaces.pop(env.data.name, None) is None:
+        state.ignored_events += 1
+
+
+def _claim_observed(state: ClusterState, env: Envelope) -> None:
+    data: p.ClaimObserved = env.data
+    key = pod_key(data.namespace, data.name)
+    if state.resync_seen:
+        _mark_seen(state, "PersistentVolumeClaim", key)
+    state.claims[key] = data
+
+
+def _claim_removed(state: ClusterState, env: Envelope) -> None:
+    if state.claims.pop(pod_key(env.data.namespace, env.data.name), None) is None:
+        state.ignored_events += 1
+
+
+def _volume_observed(state: ClusterState, env: Envelope) -> None:
+    data: p.VolumeObserved = env.data
+    if state.resync_seen:
+        _mark_seen(state, "PersistentVolume", data.name)
+    state.volumes[data.name] = data
+
+
+def _volume_removed(state: ClusterState, env: Envelope) -> None:
+    if state.volumes.pop(env.data.name, None) is None:
+        state.ignored_events += 1
+
+
+def _config_map_observed(state: ClusterState, env: Envelope) -> None:
+    key = pod_key(env.data.namespace, env.data.name)
+    if state.resync_seen:
+        _mark_seen(state, "ConfigMap", key)
+    state.config_maps.add(key)
+
+
+def _config_map_removed(state: ClusterState, env: Envelope) -> None:
+    key = pod_key(env.data.namespace, env.data.name)
+    if key not in state.config_maps:
+        state.ignored_events += 1
+    state.config_maps.discard(key)
+
+
 def _mark_seen(state: ClusterState, kind: str, key: str) -> None:
     seen = state.resync_seen.get(kind)
     if seen is not None:
@@ -631,6 +732,17 @@ def _resync_completed(state: ClusterState, env: Envelope) -> None:
     elif kind == "Topology":
         for name in [n for n in sorted(state.topologies) if n not in seen]:
             del state.topologies[name]
+    elif kind == "Namespace":
+        for name in [n for n in sorted(state.namespaces) if n not in seen]:
+            del state.namespaces[name]
+    elif kind == "PersistentVolumeClaim":
+        for key in [k for k in sorted(state.claims) if k not in seen]:
+            del state.claims[key]
+    elif kind == "PersistentVolume":
+        for name in [n for n in sorted(state.volumes) if n not in seen]:
+            del state.volumes[name]
+    elif kind == "ConfigMap":
+        state.config_maps &= seen
 
 
 def _object_rejected(state: ClusterState, env: Envelope) -> None:
@@ -754,6 +866,14 @@ HANDLERS: Final[dict[type[p.Payload], Handler]] = {
     p.TopologyRemoved: _topology_removed,
     p.PriorityClassObserved: _priorityclass_observed,
     p.PriorityClassRemoved: _priorityclass_removed,
+    p.NamespaceObserved: _namespace_observed,
+    p.NamespaceRemoved: _namespace_removed,
+    p.ClaimObserved: _claim_observed,
+    p.ClaimRemoved: _claim_removed,
+    p.VolumeObserved: _volume_observed,
+    p.VolumeRemoved: _volume_removed,
+    p.ConfigMapObserved: _config_map_observed,
+    p.ConfigMapRemoved: _config_map_removed,
     p.ResyncStarted: _resync_started,
     p.ResyncCompleted: _resync_completed,
     p.ObjectRejected: _object_rejected,

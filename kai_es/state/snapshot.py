@@ -22,7 +22,7 @@ from kai_es.state.model import OCCUPYING, ClusterState, Job, NodeState, PodState
 SNAPSHOT_FORMAT = 1
 
 
-class NodeSnap(msgspec.Struct, frozen=True, kw_only=True):
+class NodeSnap(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     spec: p.NodeObserved
     used_milli_cpu: int
     used_memory_bytes: int
@@ -35,6 +35,7 @@ class NodeSnap(msgspec.Struct, frozen=True, kw_only=True):
     device_sharers: list[int]
     group_holders: dict[str, dict[str, int]]
     pods: list[str]
+    used_scalar: dict[str, int] = {}  # omitted when empty, as in every log before it existed
 
 
 class PodSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,7 +79,7 @@ class QueueSnap(msgspec.Struct, frozen=True, kw_only=True):
     nonpreemptible_milli_gpu: int
 
 
-class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     format: int
     position: int
     logicaltime: int
@@ -97,6 +98,11 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     resync_seen: dict[str, list[str]]
     rejected_objects: int
     ignored_events: int
+    # omitted when empty, so states without them digest as before they existed
+    namespaces: dict[str, dict[str, str]] = {}
+    claims: list[p.ClaimObserved] = []
+    volumes: list[p.VolumeObserved] = []
+    config_maps: list[str] = []
 
 
 def snapshot(state: ClusterState) -> Snapshot:
@@ -109,7 +115,7 @@ def snapshot(state: ClusterState) -> Snapshot:
                  device_sharers=list(n.device_sharers),
                  group_holders={g: {str(d): c for d, c in sorted(h.items())}
                                 for g, h in sorted(n.group_holders.items())},
-                 pods=sorted(n.pods))
+                 pods=sorted(n.pods), used_scalar=dict(sorted(n.used_scalar.items())))
         for n in (state.nodes[name] for name in state.node_names)
     ]
     pods = [
@@ -145,6 +151,10 @@ def snapshot(state: ClusterState) -> Snapshot:
         topologies=dict(sorted(state.topologies.items())),
         resync_seen={k: sorted(v) for k, v in sorted(state.resync_seen.items())},
         rejected_objects=state.rejected_objects, ignored_events=state.ignored_events,
+        namespaces={k: dict(sorted(v.items())) for k, v in sorted(state.namespaces.items())},
+        claims=[state.claims[k] for k in sorted(state.claims)],
+        volumes=[state.volumes[k] for k in sorted(state.volumes)],
+        config_maps=sorted(state.config_maps),
     )
 
 
@@ -174,6 +184,9 @@ def restore(snap: Snapshot) -> ClusterState:
         topologies={k: list(v) for k, v in snap.topologies.items()},
         resync_seen={k: set(v) for k, v in snap.resync_seen.items()},
         rejected_objects=snap.rejected_objects, ignored_events=snap.ignored_events,
+        namespaces={k: dict(v) for k, v in snap.namespaces.items()},
+        claims={r.pod_key(c.namespace, c.name): c for c in snap.claims},
+        volumes={v.name: v for v in snap.volumes}, config_maps=set(snap.config_maps),
     )
     for q in snap.queues:
         st.queues[q.spec.name] = QueueState(spec=q.spec)
@@ -192,6 +205,7 @@ def restore(snap: Snapshot) -> ClusterState:
                        started_ns=ps.started_ns, last_unschedulable=ps.last_unschedulable)
         st.pods[pod.key] = pod
         st.jobs[pod.job_key].members.add(pod.key)
+        r._index_labels(st, pod, +1)
     for key in sorted(st.jobs):
         r._refresh_job(st, st.jobs[key])
     for ps in snap.pods:

@@ -20,7 +20,6 @@ Contract: pure. Reads the state, writes only to the Plan and the returned result
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
@@ -29,7 +28,7 @@ from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.fairshare import RESOURCES, shares_for_state
 from kai_es.scheduling.fairshare import pod_request
-from kai_es.scheduling.filters import constraint_key, eligibility
+from kai_es.scheduling.predicates.eligibility import Eligibility
 from kai_es.scheduling.gang import Minimum, minimum
 from kai_es.scheduling.plan import Entry, Plan
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
@@ -113,7 +112,8 @@ class Allocator:
         self.plan = plan
         self.now_ns = now_ns
         self.result = AllocateResult()
-        self._masks: dict[tuple[object, ...], array[int]] = {}
+        self.eligibility = Eligibility(state, plan.names, plan.nodes)
+        plan.listeners.append(self.eligibility)
         self.gpu_memory_hint = max((n.spec.gpu_memory_mib for n in plan.nodes), default=0)
         self.queues: dict[str, QueueNode] = {}
         self.roots: list[QueueNode] = []
@@ -163,12 +163,16 @@ class Allocator:
                          shares["memory"][name].fair_share)
             self.result.fair_shares[name] = node.fair
 
-    def mask(self, pod: PodState) -> array[int]:
-        key = constraint_key(pod.spec)
-        m = self._masks.get(key)
-        if m is None:
-            m = self._masks[key] = eligibility(self.plan.nodes, pod.spec)
-        return m
+    def _no_fit(self, pod: PodState, answer_rejections: tuple[int, ...]) -> list[Reason]:
+        """Why `pod` fits no node: NoNodeFits with per-cause node counts, then one detail
+        reason per predicate beyond stage 1 that excluded nodes."""
+        what = _what(pod)
+        nodes = len(self.plan.nodes)
+        if not answer_rejections[0] or not _has_later_predicates(pod):
+            return [fw.no_node_fits(answer_rejections, nodes, what)]
+        stage1, extra, details = self.eligibility.explain(pod.spec)
+        rejections = (stage1, *answer_rejections[1:])
+        return [fw.no_node_fits(rejections, nodes, what, tuple(extra)), *details]
 
     # -- order ------------------------------------------------------------------------------
 
@@ -290,10 +294,12 @@ class Allocator:
                 for r in (0, 1, 2):
                     if request[r] > 0 and (q.limit[r] >= 0 or (not job.preemptible and q.quota[r] >= 0)):
                         return
-            known = plan.known_failure(pod.spec, self.mask(pod))
+            if self.eligibility.is_dynamic(pod.spec) or pod.spec.claims or pod.spec.config_maps:
+                return
+            known = plan.known_failure(pod.spec, self.eligibility.static_mask(pod.spec))
             if known is None:
                 return
-            self._fail_all([pod], [fw.no_node_fits(known.rejections, len(plan.nodes), _what(pod))])
+            self._fail_all([pod], self._no_fit(pod, tuple(known.rejections)))
             del jobs[0]
 
     def _unqueued(self) -> None:
@@ -403,20 +409,31 @@ class Allocator:
         if limit_reasons:
             self._drop_job(leaf, job, limit_reasons)
             return False
+        for pod in pods:
+            problem = self.eligibility.pod_problem(pod.spec)
+            if problem is not None:
+                self._drop_job(leaf, job, [problem])
+                return False
         cp = self.plan.checkpoint()
         entries: list[Entry] = []
+        eligibility = self.eligibility
         for i, pod in enumerate(pods):
-            entry, answer = self.plan.place(pod.key, pod.spec, self.mask(pod), settled=not entries)
+            mask, dynamic = eligibility.mask(pod.spec)
+            levels = eligibility.levels(pod.spec, mask) if (
+                pod.spec.preferred_affinity or pod.spec.preferred_pod_affinity
+                or pod.spec.preferred_pod_anti_affinity or eligibility.affinity.has_holders()) else None
+            entry, answer = self.plan.place(pod.key, pod.spec, mask, settled=not entries,
+                                            remember=not dynamic, levels=levels)
             if entry is None:
+                node_reasons = self._no_fit(pod, tuple(answer.rejections))
                 self.plan.rollback(cp)
-                node_reason = fw.no_node_fits(answer.rejections, len(self.plan.nodes), _what(pod))
                 if gang_stage and len(pods) > 1:
                     reasons = [Reason(code=fw.GANG_UNSATISFIED,
                                       message=f"gang needs {len(pods)} pods placed at once; only {i} fit",
                                       numbers={"min_member": job.min_member, "needed": len(pods), "fit": i}),
-                               node_reason]
+                               *node_reasons]
                 else:
-                    reasons = [node_reason]
+                    reasons = node_reasons
                 self._drop_job(leaf, job, reasons)
                 return False
             entries.append(entry)
@@ -426,6 +443,14 @@ class Allocator:
         self._commit(leaf, job, entries)
         self._requeue(leaf, job)
         return True
+
+
+def _has_later_predicates(pod: PodState) -> bool:
+    """Whether a predicate beyond stage 1 (see `kai_es.scheduling.predicates`) may have
+    excluded nodes for this pod."""
+    spec = pod.spec
+    return bool(spec.claims or spec.scalar_requests or spec.host_ports or spec.pod_affinity
+                or spec.pod_anti_affinity or spec.labels)
 
 
 def _is_descendant(candidate: QueueNode, node: QueueNode, state: ClusterState) -> bool:

@@ -1,0 +1,47 @@
+"""Label selectors (pod labels, namespace labels). Pure.
+
+Contract: `selector_matches(sel, labels)` is Kubernetes' LabelSelector semantics: every
+`match_labels` pair and every expression must hold; an empty selector matches everything;
+`None` (no selector) matches nothing. `describe(sel)` renders it as `kubectl` would show it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kai_es.events import payloads as p
+
+
+def requirement_holds(req: p.LabelSelectorRequirement, labels: Mapping[str, str]) -> bool:
+    value = labels.get(req.key)
+    op = req.operator
+    if op == "In":
+        return value is not None and value in req.values
+    if op == "NotIn":
+        return value is None or value not in req.values
+    if op == "Exists":
+        return value is not None
+    return value is None  # DoesNotExist
+
+
+def selector_matches(sel: p.LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    if sel is None:
+        return False
+    for key, value in sel.match_labels.items():
+        if labels.get(key) != value:
+            return False
+    return all(requirement_holds(r, labels) for r in sel.match_expressions)
+
+
+def describe(sel: p.LabelSelector | None) -> str:
+    if sel is None:
+        return "<none>"
+    parts = [f"{k}={v}" for k, v in sorted(sel.match_labels.items())]
+    for r in sel.match_expressions:
+        if r.operator in ("In", "NotIn"):
+            parts.append(f"{r.key} {r.operator.lower()} ({','.join(r.values)})")
+        elif r.operator == "Exists":
+            parts.append(r.key)
+        else:
+            parts.append(f"!{r.key}")
+    return ",".join(parts) if parts else "<all>"
