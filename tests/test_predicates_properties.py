@@ -10,6 +10,7 @@ independently of `kai_es.scheduling.predicates` (plain loops over the final plac
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import yaml
@@ -304,3 +305,38 @@ def test_arbitrary_valid_affinity_never_breaks_a_cycle_and_packers_agree(docs: l
             assert any(d["type"] == "kai.scheduler.pod.unschedulable" and d["subject"] == f"pod/{pod_key}"
                        for d in outcome["decisions"]), f"{pod_key} pending without a reason"
     assert _run(docs, "reference" if engine == "native" else "native") == outcome
+
+
+@given(cluster(), st.lists(st.tuples(st.integers(0, 7), st.integers(0, 4), st.booleans()), max_size=12))
+def test_affinity_counts_follow_placements_and_rollbacks_exactly(
+        docs: list[dict[str, Any]], steps: list[tuple[int, int, bool]]) -> None:
+    """Tentative placements and rollbacks on a Plan (through its listener) leave every
+    inter-pod term count equal to a recount from scratch."""
+    from kai_es.oneshot import initial_state
+    from kai_es.scheduling.actions.allocate import Allocator
+    from kai_es.scheduling.cycle import strategy_of
+    from kai_es.scheduling.plan import Plan
+
+    scenario = load_scenario_text(yaml.safe_dump_all(docs), "generated")
+    state = initial_state(scenario)
+    plan = Plan(state, load_packer("native"), strategy_of(scenario.config))
+    allocator = Allocator(state, plan, 0)
+    eligibility = allocator.eligibility
+    pending = [k for k in sorted(state.pods) if state.pods[k].status == "Pending"]
+    checkpoints = []
+    for pod_index, node, rollback in steps:
+        if rollback and checkpoints:
+            plan.rollback(checkpoints.pop())
+        elif pending and plan.nodes:
+            key = pending[pod_index % len(pending)]
+            if any(e.pod_key == key for e in plan.entries):
+                continue
+            spec = state.pods[key].spec
+            checkpoints.append(plan.checkpoint())
+            # build the pod's classes and holders first, so every later step must keep them right
+            eligibility.mask(spec)
+            eligibility.levels(spec, eligibility.static_mask(spec))
+            mask = array("q", [0] * len(plan.nodes))
+            mask[node % len(plan.nodes)] = 1
+            plan.place(key, spec, mask, remember=False)
+        assert eligibility.affinity.verify() == []

@@ -17,7 +17,7 @@ Contract (Kubernetes' semantics, integers only, deterministic):
 - Present pods are counted per term class in domain-count maps that the Plan's listener keeps
   up to date (`placed`/`unplaced`), so a pod's mask costs O(nodes in the affected domains), not
   a scan of every pod per node. The counts after any sequence of placements and rollbacks equal
-  a recount from scratch (`recount`, used by the verification tests).
+  a recount from scratch (`verify` compares them; the property tests call it).
 """
 
 from __future__ import annotations
@@ -260,6 +260,26 @@ class PodAffinityIndex:
         if self._holders_built and (spec.pod_anti_affinity or spec.preferred_pod_affinity
                                     or spec.preferred_pod_anti_affinity):
             self._hold(pod_key, spec, node, sign)
+
+    def verify(self) -> list[str]:
+        """Differences between every class's and holder's incremental counts and a recount of
+        the present pods from scratch (empty: consistent)."""
+        fresh = PodAffinityIndex(self.state, self.node_labels, self.node_names)
+        fresh._planned = dict(self._planned)
+        out = []
+        for key in sorted(self._classes):
+            cls = self._classes[key]
+            again = fresh.term_class(cls.term, cls.own_namespace)
+            if (again.counts, again.members) != (cls.counts, cls.members):
+                out.append(f"term {describe(cls.term.selector)}@{cls.term.topology_key}: "
+                           f"{cls.counts} != recount {again.counts}")
+        if self._holders_built:
+            fresh._build_holders()
+            mine = {k: (h.counts, h.holders) for k, h in self._holders.items() if h.counts}
+            theirs = {k: (h.counts, h.holders) for k, h in fresh._holders.items() if h.counts}
+            if mine != theirs:
+                out.append("holder counts differ from a recount")
+        return out
 
     # -- verdicts ----------------------------------------------------------------------------
 
