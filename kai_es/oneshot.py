@@ -19,6 +19,7 @@ from kai_es.events.factory import derived_id, make_envelope
 from kai_es.feed import config_event, object_events
 from kai_es.scenario import Scenario
 from kai_es.scheduling.config import config_digest
+from kai_es import verify_mode
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.state import fold
@@ -72,7 +73,7 @@ def one_cycle(scenario: Scenario, packer: Packer) -> dict[str, Any]:
 
     records = anyio.run(build)
     state = fold(records)
-    decisions = run_cycle(state, records[-1], scenario.config, packer)
+    decisions = run_cycle(state, records[-1], scenario.config, packer, verify=verify_mode.enabled())
     pods: dict[str, dict[str, Any]] = {}
     for key in sorted(state.pods):
         pod = state.pods[key]

@@ -31,6 +31,7 @@ import msgspec
 from kai_es.events import DecodeError, Envelope, Record, decode, encode
 from kai_es.events import payloads as p
 from kai_es.scheduling.config import ConfigError, SchedulerConfig, config_digest, parse_config
+from kai_es import verify_mode
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.state import ClusterState
@@ -188,7 +189,7 @@ class _Replayer:
                 cycle=data.cycle, position=position, index=0, found_at=position,
                 message=f"cycle ran with config {data.config_digest}, but the log's config "
                         f"in force is {config_digest(config)}"))
-        decisions = run_cycle(self.state, record, config, self.packer)
+        decisions = run_cycle(self.state, record, config, self.packer, verify=verify_mode.enabled())
         self.result.cycles += 1
         self.cycle_of[position] = data.cycle
         if override is not None:

@@ -313,15 +313,14 @@ def test_affinity_counts_follow_placements_and_rollbacks_exactly(
     """Tentative placements and rollbacks on a Plan (through its listener) leave every
     inter-pod term count equal to a recount from scratch."""
     from kai_es.oneshot import initial_state
-    from kai_es.scheduling.actions.allocate import Allocator
     from kai_es.scheduling.cycle import strategy_of
     from kai_es.scheduling.plan import Plan
+    from kai_es.scheduling.session import Session
 
     scenario = load_scenario_text(yaml.safe_dump_all(docs), "generated")
     state = initial_state(scenario)
     plan = Plan(state, load_packer("native"), strategy_of(scenario.config))
-    allocator = Allocator(state, plan, 0)
-    eligibility = allocator.eligibility
+    eligibility = Session(state, plan, 0).eligibility
     pending = [k for k in sorted(state.pods) if state.pods[k].status == "Pending"]
     checkpoints = []
     for pod_index, node, rollback in steps:

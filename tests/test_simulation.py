@@ -148,7 +148,7 @@ async def _all(log: MemoryEventLog) -> list:  # type: ignore[type-arg]
 def test_replay_reports_a_config_that_does_not_match(tmp_path: Path) -> None:
     log_path = tmp_path / "q.log"
     assert _cli("simulate", "examples/quickstart.yaml", "--log", str(log_path), "--report", str(tmp_path / "r")).returncode == 0
-    text = log_path.read_bytes().replace(b'"policyVersion":"kai-es/v1"', b'"policyVersion":"kai-es/v0"')
+    text = log_path.read_bytes().replace(b'"policyVersion":"kai-es/v2"', b'"policyVersion":"kai-es/v1"')
     import zlib
     lines = [b"%08x\t%s\n" % (zlib.crc32(line[9:]), line[9:]) for line in text.splitlines()]
     log_path.write_bytes(b"".join(lines))

@@ -17,7 +17,6 @@ from kai_es.events.codec import canonical
 from kai_es.events.timefmt import parse_duration
 
 ActionName = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
-IMPLEMENTED_ACTIONS: frozenset[str] = frozenset({"allocate"})
 
 
 class _Cfg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
@@ -41,14 +40,13 @@ class Fairshare(_Cfg, kw_only=True, frozen=True):
 
 
 class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
-    actions: list[ActionName] = msgspec.field(
-        default_factory=lambda: ["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"])
+    actions: list[ActionName] = msgspec.field(default_factory=lambda: ["allocate"])
     placement_strategy: PlacementStrategy = PlacementStrategy()
     gpu_sharing_order: Literal["gpupack", "gpuspread"] = "gpupack"
     min_runtime: MinRuntime = MinRuntime()
     default_staleness_grace_period: str = "60s"
     fairshare: Fairshare = Fairshare()
-    policy_version: str = "kai-es/v1"
+    policy_version: str = "kai-es/v2"
     state_digest_every: int = 1
 
     def __post_init__(self) -> None:
@@ -67,6 +65,17 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
             raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
         if len(set(self.actions)) != len(self.actions):
             raise msgspec.ValidationError("an action is listed twice - at `$.actions`")
+        from kai_es.scheduling.policy import UnknownPolicy, policy_for  # the registry imports the actions
+
+        try:
+            policy = policy_for(self.policy_version)
+        except UnknownPolicy as exc:
+            raise msgspec.ValidationError(f"{exc} - at `$.policyVersion`") from None
+        refused = [a for a in self.actions if a not in policy.accepted]
+        if refused:
+            raise msgspec.ValidationError(
+                f"{', '.join(refused)} {'is' if len(refused) == 1 else 'are'} not implemented by policy "
+                f"{self.policy_version} (it runs: {', '.join(sorted(policy.actions))}) - at `$.actions`")
 
 
 class ConfigError(ValueError):

@@ -3,6 +3,9 @@
 Contract (what makes replay exact):
 - `run_cycle` is pure: the same state, CycleStarted record and config give the same list of
   envelopes, byte for byte. "Now" is the CycleStarted event's logical time.
+- It runs the config's actions in order, each looked up in the registry of the config's policy
+  version (`kai_es.scheduling.policy`), all on one Session and one Plan; then the Plan's
+  committed operations become events (`kai_es.scheduling.emit`).
 - Every decision envelope has `basedon` = the CycleStarted position, `causationid` = its id,
   id = uuid5(CycleStarted id, ordinal), `policyversion` from the config. The list always ends
   with exactly one CycleCompleted.
@@ -16,9 +19,8 @@ from dataclasses import replace
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
-from kai_es.events.factory import derived_id, make_envelope
-from kai_es.scheduling.actions.allocate import Allocator
 from kai_es.scheduling.config import SchedulerConfig
+from kai_es.scheduling.emit import SOURCE, Emitter
 from kai_es.scheduling.packing import (
     CpuStrategy,
     DeviceStrategy,
@@ -27,12 +29,14 @@ from kai_es.scheduling.packing import (
     Strategy,
     workload_from_tasks,
 )
-from kai_es.scheduling.plan import Plan, task_shape
+from kai_es.scheduling.plan import Entry, Plan, task_shape
+from kai_es.scheduling.policy import policy_for
+from kai_es.scheduling.session import Session
 from kai_es.state.model import ClusterState
-from kai_es.state.reducer import job_key_of_index, reasons_fingerprint
+from kai_es.state.reducer import job_key_of_index
 from kai_es.state.snapshot import digest
 
-SOURCE = "kai-es/scheduler"
+__all__ = ["SOURCE", "run_cycle", "strategy_of"]
 
 
 def strategy_of(config: SchedulerConfig, state: ClusterState | None = None) -> Strategy:
@@ -51,72 +55,34 @@ def strategy_of(config: SchedulerConfig, state: ClusterState | None = None) -> S
     return strategy
 
 
-class _Emitter:
-    def __init__(self, started: Record, config: SchedulerConfig) -> None:
-        self.started = started
-        self.config = config
-        self.out: list[Envelope] = []
-
-    def emit(self, payload: p.Payload, subject: str, statedigest: str | None = None) -> None:
-        env = self.started.envelope
-        self.out.append(make_envelope(
-            payload, event_id=derived_id(env.id, len(self.out)), source=SOURCE, subject=subject,
-            logicaltime=env.logicaltime, causationid=env.id, correlationid=env.id,
-            basedon=self.started.position, policyversion=self.config.policy_version,
-            statedigest=statedigest))
-
-
 def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
-              packer: Packer) -> list[Envelope]:
+              packer: Packer, verify: bool = False) -> list[Envelope]:
     """The decisions of one cycle (see module docstring). `state` must be folded exactly up to
-    and including `started`; it is not modified."""
+    and including `started`; it is not modified. `verify=True` runs the Plan's verification
+    mode (memos and incremental tables re-checked; a disagreement raises VerificationError)."""
     cycle_payload = started.envelope.data
     if not isinstance(cycle_payload, p.CycleStarted):
         raise TypeError(f"record {started.position} is not a CycleStarted event")
     if state.position != started.position:
         raise ValueError(f"state is at position {state.position}, the cycle's cut is {started.position}")
-    now = started.envelope.logicaltime
-    emitter = _Emitter(started, config)
-    plan = Plan(state, packer, strategy_of(config, state))
-    counts = {"bound": 0, "pipelined": 0, "unschedulable": 0}
-    if "allocate" in config.actions:
-        result = Allocator(state, plan, now).run()
-        for entry in result.placed:
-            pod = state.pods[entry.pod_key]
-            spec = pod.spec
-            job = state.jobs[pod.job_key]
-            node = plan.names[entry.node]
-            devices = plan.local_devices(entry)
-            subject = f"pod/{spec.namespace}/{spec.name}"
-            if entry.pipelined:
-                waiting = sorted(k for k in plan.nodes[entry.node].pods
-                                 if state.pods[k].status == "Releasing")
-                emitter.emit(p.PodPipelined(
-                    namespace=spec.namespace, name=spec.name, uid=spec.uid, node=node,
-                    podgroup=job.name, queue=job.queue, gpu_devices=devices,
-                    gpu_groups=list(entry.gpu_groups), waiting_for=waiting), subject)
-                counts["pipelined"] += 1
-            else:
-                emitter.emit(p.BindingDecided(
-                    namespace=spec.namespace, name=spec.name, uid=spec.uid, node=node,
-                    podgroup=job.name, queue=job.queue, gpu_devices=devices,
-                    gpu_groups=list(entry.gpu_groups)), subject)
-                counts["bound"] += 1
-        for key in sorted(result.unschedulable):
-            pod = state.pods[key]
-            reasons = result.unschedulable[key]
-            counts["unschedulable"] += 1
-            if reasons_fingerprint(reasons) == pod.last_unschedulable:
-                continue
-            job = state.jobs[pod.job_key]
-            emitter.emit(p.PodUnschedulable(
-                namespace=pod.spec.namespace, name=pod.spec.name, uid=pod.spec.uid,
-                podgroup=job.name, queue=job.queue, reasons=reasons),
-                f"pod/{pod.spec.namespace}/{pod.spec.name}")
+    policy = policy_for(config.policy_version)
+    emitter = Emitter(started, config.policy_version)
+    plan = Plan(state, packer, strategy_of(config, state), verify=verify)
+    session = Session(state, plan, started.envelope.logicaltime)
+    unschedulable: dict[str, list[p.Reason]] = {}
+    for name in config.actions:
+        action = policy.actions.get(name)
+        if action is None:
+            continue  # kai-es/v1 accepted names it did not run; later versions reject them
+        result = action(session)
+        unschedulable.update(result.unschedulable)
+    for op in plan.operations:
+        if isinstance(op, Entry):
+            emitter.placement(state, plan, op)
+        else:
+            emitter.eviction(state, plan, op)
+    for key in sorted(unschedulable):
+        emitter.unschedulable(state, key, unschedulable[key])
     every = config.state_digest_every
     state_digest = digest(state) if every and cycle_payload.cycle % every == 0 else None
-    emitter.emit(p.CycleCompleted(
-        cycle=cycle_payload.cycle, decisions=len(emitter.out), bound=counts["bound"],
-        pipelined=counts["pipelined"], evicted=0, unschedulable=counts["unschedulable"]),
-        f"cycle/{cycle_payload.cycle}", statedigest=state_digest)
-    return emitter.out
+    return emitter.completed(cycle_payload.cycle, state_digest)

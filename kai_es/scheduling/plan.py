@@ -1,9 +1,22 @@
-"""A Plan: tentative placements over scratch copies of cluster capacity, with checkpoint and
-rollback (KAI's Statement). Committing a plan means turning its entries into decision events.
+"""The Plan: KAI's Statement. Typed tentative operations — allocate (onto idle capacity),
+pipeline (onto capacity still being released) and evict — over scratch copies of cluster
+capacity, with checkpoint and rollback; committing a plan means turning its operations into
+decision events (`kai_es.scheduling.emit`).
 
-Two tables are kept in node-name order: `idle` (free now) and `future` (free once every
-Releasing pod is gone). A task that fits idle capacity takes it in both; a task that only fits
-future capacity is pipelined and takes it in `future` only.
+Contract:
+- Two tables are kept in node-name order: `idle` (free now) and `future` (free once every
+  Releasing pod, and every pod this plan evicts, is gone). An allocation takes capacity in both;
+  a pipelined placement in `future` only; an eviction gives its pod's capacity back in `future`.
+- Every operation is also announced to the plan's listeners (`PlanListener`), and its undoing
+  too: `rollback(cp)` undoes every operation after checkpoint `cp`, newest first, in the tables
+  *and* in everything the listeners derive (queue accounting, predicate trackers), so that after
+  a rollback the plan is exactly what it was at the checkpoint.
+- `epoch` counts the operations that made capacity grow within the cycle (evictions). Anything
+  remembered on the premise "free capacity only shrinks" is keyed by it (the no-fit memo here;
+  the session's order cache is invalidated by its accounting listener).
+- Verification mode (`verify=True`; CI runs it) re-checks every remembered "does not fit"
+  against the packer before using it, and the incremental pack tables against a rebuild at the
+  cut; it raises `VerificationError` on a disagreement.
 """
 
 from __future__ import annotations
@@ -20,9 +33,13 @@ from kai_es.state.model import ClusterState
 from kai_es.state.reducer import device_count
 
 
+class VerificationError(AssertionError):
+    """A memo or an incremental structure disagrees with a recomputation (verification mode)."""
+
+
 @dataclass(slots=True)
 class Entry:
-    """One tentative placement."""
+    """One tentative placement: an allocation, or a pipelined one (`pipelined`)."""
 
     pod_key: str
     node: int
@@ -30,6 +47,30 @@ class Entry:
     shape: TaskShape
     pipelined: bool
     gpu_groups: tuple[str, ...]
+    #: a member of a gang whose minimum was pipelined: decided as pipelined too (its tables
+    #: entry stays what `pipelined` says, so a rollback undoes exactly what was applied)
+    gang_pipelined: bool = False
+
+    @property
+    def announced_pipelined(self) -> bool:
+        return self.pipelined or self.gang_pipelined
+
+
+@dataclass(slots=True)
+class Eviction:
+    """One tentative eviction of a pod that occupies `node` (its `devices`), decided by
+    `action` for `preemptor` (a pod key) with a reason a person can read."""
+
+    pod_key: str
+    node: int
+    devices: tuple[int, ...]
+    shape: TaskShape
+    action: str
+    preemptor: str
+    reason: str
+
+
+Operation = Entry | Eviction
 
 
 def task_shape(spec: PodObserved) -> TaskShape:
@@ -46,32 +87,34 @@ def task_shape(spec: PodObserved) -> TaskShape:
 
 
 class PlanListener(Protocol):
-    """Told of every tentative placement and of its undoing (rollback), in that order, so that
-    what it derives from placements follows the Plan exactly."""
+    """Told of every operation (`sign=+1`) and of its undoing by a rollback (`sign=-1`), in
+    that order, so that what it derives from the plan follows it exactly."""
 
-    def placed(self, pod_key: str, node: int) -> None: ...
-
-    def unplaced(self, pod_key: str, node: int) -> None: ...
+    def on_operation(self, op: Operation, sign: int) -> None: ...
 
 
 class Plan:
     """Tentative placements with checkpoint/rollback (see module docstring)."""
 
-    def __init__(self, state: ClusterState, packer: Packer, strategy: Strategy) -> None:
+    def __init__(self, state: ClusterState, packer: Packer, strategy: Strategy, verify: bool = False) -> None:
         self.state = state
+        self.verify = verify
+        self.epoch = 0
         self.packer = packer
         self.strategy = strategy
         self.names, self.nodes, idle, future = tables(state)
         self.idle, self.future = idle.copy(), future.copy()
         self._place_idle = bind_place(packer, self.idle, strategy)
         self._place_future = bind_place(packer, self.future, strategy)
-        self.entries: list[Entry] = []
+        self.operations: list[Operation] = []
         self.listeners: list[PlanListener] = []
         self._new_groups: dict[tuple[int, int], str] = {}
-        # answers that cannot change this cycle, by (id of interned shape, id of mask); the
-        # shapes and masks live as long as the plan
-        self._failed: dict[tuple[int, int], Placement] = {}
+        # answers that cannot change while `epoch` stays the same, by (epoch, id of interned
+        # shape, id of mask); the shapes and remembered masks live as long as the plan
+        self._failed: dict[tuple[int, int, int], Placement] = {}
         self._shapes: dict[tuple[object, int, int], TaskShape] = {}
+        if verify:
+            self.verify_tables()
 
     def shape(self, spec: PodObserved) -> TaskShape:
         """The packer's view of `spec`: one object per distinct request in this plan."""
@@ -82,18 +125,47 @@ class Plan:
             shape = self._shapes[key] = task_shape(spec)
         return shape
 
+    @property
+    def entries(self) -> list[Entry]:
+        """The placements (allocations and pipelined ones), in order."""
+        return [op for op in self.operations if isinstance(op, Entry)]
+
+    @property
+    def evictions(self) -> list[Eviction]:
+        return [op for op in self.operations if isinstance(op, Eviction)]
+
     def checkpoint(self) -> int:
-        return len(self.entries)
+        return len(self.operations)
 
     def rollback(self, checkpoint: int) -> None:
-        """Undo every placement made after `checkpoint`, newest first."""
-        while len(self.entries) > checkpoint:
-            e = self.entries.pop()
-            self.future.apply_placed(e.node, e.devices, e.shape, -1)
-            if not e.pipelined:
-                self.idle.apply_placed(e.node, e.devices, e.shape, -1)
-            for listener in self.listeners:
-                listener.unplaced(e.pod_key, e.node)
+        """Undo every operation made after `checkpoint`, newest first."""
+        while len(self.operations) > checkpoint:
+            op = self.operations.pop()
+            if isinstance(op, Entry):
+                self.future.apply_placed(op.node, op.devices, op.shape, -1)
+                if not op.pipelined:
+                    self.idle.apply_placed(op.node, op.devices, op.shape, -1)
+            else:
+                self.future.apply_placed(op.node, op.devices, op.shape, +1)
+            self._announce(op, -1)
+
+    def _announce(self, op: Operation, sign: int) -> None:
+        for listener in self.listeners:
+            listener.on_operation(op, sign)
+
+    def evict(self, pod_key: str, action: str, preemptor: str, reason: str) -> Eviction:
+        """Evict an occupying pod: its capacity becomes future capacity (a capacity-growing
+        operation: `epoch` moves on, and what was remembered as not fitting is forgotten)."""
+        pod = self.state.pods[pod_key]
+        node = self.names.index(pod.node)
+        base = self.idle.gpu_start[node]
+        devices = tuple(base + d for d in pod.devices)
+        op = Eviction(pod_key, node, devices, self.shape(pod.spec), action, preemptor, reason)
+        self.future.apply_placed(node, devices, op.shape, -1)
+        self.operations.append(op)
+        self.epoch += 1
+        self._announce(op, +1)
+        return op
 
     def place(self, pod_key: str, spec: PodObserved, mask: array[int], settled: bool = False,
               remember: bool = True, levels: list[array[int]] | None = None
@@ -109,12 +181,16 @@ class Plan:
         `settled=True` says no tentative (uncommitted) placement is outstanding. Capacity never
         grows above its settled level during a cycle, so a shape that fails then, for the same
         static mask (`remember=True`: a mask that does not change during the cycle), fails for
-        the rest of the cycle: that answer is remembered and reused."""
+        the rest of the cycle: that answer is remembered and reused (its rejection counts are
+        those of the first failure: as capacity shrinks further a node may fail an earlier
+        check, which the remembered reason does not follow)."""
         shape = self.shape(spec)
-        failed_key = (id(shape), id(mask))
+        failed_key = (self.epoch, id(shape), id(mask))
         if remember:
             known = self._failed.get(failed_key)
             if known is not None:
+                if self.verify:
+                    self._verify_failure(shape, mask, known)
                 return None, known
         for level in (levels or (mask,)):
             now = self._place_idle(shape, level)
@@ -144,8 +220,31 @@ class Plan:
 
     def known_failure(self, spec: PodObserved, mask: array[int]) -> Placement | None:
         """The remembered answer if `spec`'s shape already failed on `mask` with no tentative
-        placement outstanding: `place` would return exactly it, now or later in this cycle."""
-        return self._failed.get((id(self.shape(spec)), id(mask)))
+        placement outstanding and capacity has not grown since (same epoch): `place` would
+        return exactly it, now or later in this cycle unless capacity grows."""
+        shape = self.shape(spec)
+        known = self._failed.get((self.epoch, id(shape), id(mask)))
+        if known is not None and self.verify:
+            self._verify_failure(shape, mask, known)
+        return known
+
+    def _verify_failure(self, shape: TaskShape, mask: array[int], known: Placement) -> None:
+        again = self.packer.place(self.idle, shape, self.strategy, mask)
+        later = self.packer.place(self.future, shape, self.strategy, mask)
+        if again.placed or later.placed:
+            raise VerificationError(
+                f"remembered 'does not fit' for {shape} is wrong: it fits node {again.node if again.placed else later.node}")
+
+    def verify_tables(self) -> None:
+        """Verification mode: the incremental tables at the cut equal tables built from
+        scratch (before any operation of this plan)."""
+        from kai_es.scheduling.tables import build_tables
+
+        _, _, idle, future = build_tables(self.state)
+        for name, mine, fresh in (("idle", self.idle, idle), ("future", self.future, future)):
+            for field in fresh.__slots__[:-1]:
+                if getattr(mine, field) != getattr(fresh, field):
+                    raise VerificationError(f"{name} table field {field} differs from a rebuild")
 
     def _record(self, pod_key: str, spec: PodObserved, shape: TaskShape, placement: Placement,
                 pipelined: bool) -> Entry:
@@ -153,9 +252,8 @@ class Plan:
         if device_count(spec.gpu) and not spec.gpu.whole:
             groups = tuple(self._group_for(placement.node, d, spec.uid) for d in placement.devices)
         entry = Entry(pod_key, placement.node, tuple(placement.devices), shape, pipelined, groups)
-        self.entries.append(entry)
-        for listener in self.listeners:
-            listener.placed(pod_key, placement.node)
+        self.operations.append(entry)
+        self._announce(entry, +1)
         return entry
 
     def _group_for(self, node_index: int, device: int, pod_uid: str) -> str:

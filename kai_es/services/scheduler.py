@@ -23,6 +23,7 @@ from kai_es.events.factory import make_envelope
 from kai_es.feed import config_event
 from kai_es.ports import Clock, EventLog, IdFactory
 from kai_es.scheduling.config import SchedulerConfig, config_digest
+from kai_es import verify_mode
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.services.snapshotting import SnapshotStore, StoredSnapshot, restore_validated, sha256_of
@@ -119,7 +120,7 @@ class SchedulerService:
                 break
         if cut_record is None or cut_record.position != cut:
             raise RuntimeError(f"the log did not return the cycle's own CycleStarted at {cut}")
-        decisions = run_cycle(self.state, cut_record, self.config, self.packer)
+        decisions = run_cycle(self.state, cut_record, self.config, self.packer, verify=verify_mode.enabled())
         snap_data = self._snapshot_due(decisions)
         positions = await self.events.append(decisions)
         if snap_data is not None:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
 from kai_es.events.payloads import Reason
+from kai_es.scheduling.plan import Entry, Operation
 from kai_es.scheduling.predicates import host_ports, node_affinity, pod_affinity, resources, taints, volumes
 from kai_es.state.model import ClusterState, NodeState
 
@@ -80,6 +81,15 @@ class Eligibility:
             for key, (spec, node) in sorted(self.affinity._planned.items()):
                 self._ports.apply(key, spec, node, +1)
         return self._ports
+
+    def on_operation(self, op: Operation, sign: int) -> None:
+        """Plan listener. A pod the plan evicts still holds its node until it is gone, so only
+        placements move the trackers (conservative for pipelining)."""
+        if isinstance(op, Entry):
+            if sign > 0:
+                self.placed(op.pod_key, op.node)
+            else:
+                self.unplaced(op.pod_key, op.node)
 
     def placed(self, pod_key: str, node: int) -> None:
         spec = self.state.pods[pod_key].spec

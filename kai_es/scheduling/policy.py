@@ -1,0 +1,61 @@
+"""Policy versions: which actions a cycle runs, by the policy version it records.
+
+A log records the policy version of every cycle (`policyversion` on its decisions, and in the
+config in force); `kai-es replay` re-runs each cycle under that version. A released version is
+never changed: new behaviour is a new version here, and every old log keeps replaying.
+
+- `kai-es/v1`: allocate. Its configs may also list consolidation, reclaim, preempt and
+  stalegangeviction, which it accepts and does not run (as the version that wrote the first
+  logs did).
+- `kai-es/v2`: allocate; a config listing an action this version does not implement is
+  rejected.
+
+Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
+function of the Session that returns its result (placements and reasons), pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from kai_es.scheduling.actions.allocate import AllocateResult, Allocator
+from kai_es.scheduling.session import Session
+
+Action = Callable[[Session], AllocateResult]
+
+ACTION_NAMES: Final = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+
+
+def allocate(session: Session) -> AllocateResult:
+    return Allocator(session).run()
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    version: str
+    #: action name -> implementation
+    actions: Mapping[str, Action]
+    #: action names a config of this version may list (implemented ones, plus v1's legacy names)
+    accepted: frozenset[str]
+
+
+class UnknownPolicy(ValueError):
+    """A policy version this build does not know."""
+
+
+POLICIES: Final[dict[str, Policy]] = {
+    "kai-es/v1": Policy("kai-es/v1", {"allocate": allocate}, frozenset(ACTION_NAMES)),
+    "kai-es/v2": Policy("kai-es/v2", {"allocate": allocate}, frozenset({"allocate"})),
+}
+#: the version new configs get
+CURRENT_POLICY: Final = "kai-es/v2"
+
+
+def policy_for(version: str) -> Policy:
+    found = POLICIES.get(version)
+    if found is None:
+        raise UnknownPolicy(f"unknown policy version {version!r} (this build knows "
+                            f"{', '.join(sorted(POLICIES))})")
+    return found

@@ -1,0 +1,198 @@
+"""The action framework: the Plan as a Statement (typed operations, rollback of tables *and*
+queue accounting), the capacity epoch of its memos, verification mode, the emitter's
+`waiting_for`, and the policy registry that configs and replay dispatch on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kai_es.oneshot import initial_state
+from kai_es.scenario import load_scenario_text
+from kai_es.scheduling.config import ConfigError, parse_config
+from kai_es.scheduling.cycle import strategy_of
+from kai_es.scheduling.packing import load_packer
+from kai_es.scheduling.plan import Entry, Plan, VerificationError
+from kai_es.scheduling.policy import POLICIES, policy_for
+from kai_es.scheduling.session import Session
+from tests.builders import MakeNode, MakePod, queue, scenario_text
+
+# --- the policy registry ----------------------------------------------------------------------
+
+
+def test_config_rejects_an_action_its_policy_does_not_implement() -> None:
+    with pytest.raises(ConfigError, match=r"reclaim, preempt are not implemented by policy kai-es/v2 "
+                                          r"\(it runs: allocate\) - at `\$.actions`"):
+        parse_config({"actions": ["allocate", "reclaim", "preempt"]})
+
+
+def test_version_1_configs_keep_their_legacy_action_list() -> None:
+    """Logs written before the registry recorded five actions under kai-es/v1: still valid."""
+    cfg = parse_config({"policyVersion": "kai-es/v1",
+                        "actions": ["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]})
+    assert list(policy_for(cfg.policy_version).actions) == ["allocate"]
+
+
+def test_unknown_policy_version_is_rejected_naming_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown policy version 'kai-es/v9'.*kai-es/v1, kai-es/v2"):
+        parse_config({"policyVersion": "kai-es/v9"})
+
+
+def test_default_config_runs_exactly_what_it_lists() -> None:
+    cfg = parse_config(None)
+    policy = POLICIES[cfg.policy_version]
+    assert set(cfg.actions) <= set(policy.actions)
+
+
+# --- the Plan as a Statement -------------------------------------------------------------------
+
+
+def _session(*docs: dict[str, Any], verify: bool = False) -> Session:
+    scenario = load_scenario_text(scenario_text(*docs), "framework")
+    state = initial_state(scenario)
+    plan = Plan(state, load_packer("native"), strategy_of(scenario.config), verify=verify)
+    return Session(state, plan, scenario.start_ns)
+
+
+def _full_node() -> list[dict[str, Any]]:
+    return [MakeNode("n1").gpus(8).obj(), queue("team-a", gpu_quota=4), queue("team-b", gpu_quota=4),
+            MakePod("big-a").gpu(8).running_on("n1").obj(),
+            MakePod("big-b", queue="team-b").gpu(8).obj()]
+
+
+def _accounting(session: Session) -> dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    return {name: (q.allocated, q.nonpreemptible) for name, q in sorted(session.queues.items())}
+
+
+def test_eviction_grows_capacity_so_a_remembered_failure_is_not_reused() -> None:
+    session = _session(*_full_node())
+    plan, state = session.plan, session.state
+    spec = state.pods["default/big-b"].spec
+    mask = session.eligibility.static_mask(spec)
+    entry, _ = plan.place("default/big-b", spec, mask, settled=True)
+    assert entry is None and plan.known_failure(spec, mask) is not None
+    plan.evict("default/big-a", action="test", preemptor="default/big-b", reason="make room")
+    assert plan.known_failure(spec, mask) is None  # the epoch moved on
+    entry, _ = plan.place("default/big-b", spec, mask, settled=True)
+    assert entry is not None and entry.pipelined
+
+
+def test_rollback_undoes_tables_and_queue_accounting_of_every_operation() -> None:
+    session = _session(*_full_node(), MakeNode("n2").gpus(8).obj(), MakePod("small", queue="team-b").gpu(2).obj())
+    plan, state = session.plan, session.state
+    before = (None, [list(getattr(plan.idle, f)) for f in plan.idle.__slots__[:-1]],
+              [list(getattr(plan.future, f)) for f in plan.future.__slots__[:-1]], _accounting(session))
+    cp = plan.checkpoint()
+    small = state.pods["default/small"].spec
+    plan.place("default/small", small, session.eligibility.static_mask(small))
+    plan.evict("default/big-a", action="test", preemptor="default/big-b", reason="make room")
+    big = state.pods["default/big-b"].spec
+    plan.place("default/big-b", big, session.eligibility.static_mask(big))
+    assert _accounting(session) != before[3]
+    assert session.queues["team-a"].allocated[0] == 0  # big-a's 8 GPUs went back with the eviction
+    assert session.queues["team-b"].allocated[0] == 10_000
+    plan.rollback(cp)
+    after = (None, [list(getattr(plan.idle, f)) for f in plan.idle.__slots__[:-1]],
+             [list(getattr(plan.future, f)) for f in plan.future.__slots__[:-1]], _accounting(session))
+    assert after[1:] == before[1:]
+    assert plan.operations == []
+
+
+@given(st.lists(st.tuples(st.sampled_from(["place", "evict", "checkpoint", "rollback"]), st.integers(0, 5)),
+                max_size=20))
+def test_any_sequence_of_operations_and_rollbacks_returns_to_the_checkpoint(steps: list[tuple[str, int]]) -> None:
+    docs: list[dict[str, Any]] = [MakeNode("n1").gpus(8).obj(), MakeNode("n2").gpus(4).obj(),
+                                  queue("team-a"), queue("team-b")]
+    for i in range(3):
+        docs.append(MakePod(f"run-{i}", queue="team-a" if i % 2 else "team-b").gpu(2).running_on("n1" if i < 2 else "n2").obj())
+    for i in range(3):
+        docs.append(MakePod(f"pend-{i}", queue="team-b" if i % 2 else "team-a").gpu(1 + i).obj())
+    session = _session(*docs)
+    plan, state = session.plan, session.state
+
+    def snap() -> Any:
+        return ([list(getattr(plan.idle, f)) for f in plan.idle.__slots__[:-1]],
+                [list(getattr(plan.future, f)) for f in plan.future.__slots__[:-1]], _accounting(session),
+                session.eligibility.affinity.verify())
+
+    stack = [(plan.checkpoint(), snap())]
+    for op, n in steps:
+        if op == "checkpoint":
+            stack.append((plan.checkpoint(), snap()))
+        elif op == "rollback" and stack:
+            cp, saved = stack.pop()
+            plan.rollback(cp)
+            assert snap() == saved
+        elif op == "place":
+            key = f"default/pend-{n % 3}"
+            if any(e.pod_key == key for e in plan.entries):
+                continue
+            spec = state.pods[key].spec
+            plan.place(key, spec, session.eligibility.static_mask(spec), remember=False)
+        elif op == "evict":
+            key = f"default/run-{n % 3}"
+            if any(v.pod_key == key for v in plan.evictions):
+                continue
+            plan.evict(key, action="test", preemptor="", reason="test")
+    while stack:
+        cp, saved = stack.pop()
+        plan.rollback(cp)
+        assert snap() == saved
+
+
+# --- verification mode ---------------------------------------------------------------------------
+
+
+def test_verification_mode_catches_a_wrong_memo() -> None:
+    session = _session(*_full_node(), verify=True)
+    plan, state = session.plan, session.state
+    spec = state.pods["default/big-b"].spec
+    mask = session.eligibility.static_mask(spec)
+    plan.place("default/big-b", spec, mask, settled=True)
+    plan.verify = False
+    plan.future.apply_placed(0, (0, 1, 2, 3, 4, 5, 6, 7), plan.shape(state.pods["default/big-a"].spec), -1)
+    assert plan.place("default/big-b", spec, mask, settled=True)[0] is None  # the memo, unchecked
+    plan.verify = True
+    with pytest.raises(VerificationError, match="remembered 'does not fit'"):
+        plan.place("default/big-b", spec, mask, settled=True)
+
+
+def test_verification_mode_catches_stale_incremental_tables() -> None:
+    scenario = load_scenario_text(scenario_text(*_full_node()), "framework")
+    state = initial_state(scenario)
+    Plan(state, load_packer("native"), strategy_of(scenario.config), verify=True)  # consistent: fine
+    state.nodes["n1"].used_milli_cpu += 1000  # a change the reducer did not mark dirty
+    with pytest.raises(VerificationError, match="differs from a rebuild"):
+        Plan(state, load_packer("native"), strategy_of(scenario.config), verify=True)
+
+
+# --- the emitter ------------------------------------------------------------------------------------
+
+
+def test_pipelined_placement_waits_for_the_plans_victims() -> None:
+    from kai_es.events import Record
+    from kai_es.events import payloads as p
+    from kai_es.events.factory import make_envelope
+    from kai_es.scheduling.emit import Emitter
+
+    session = _session(*_full_node())
+    plan, state = session.plan, session.state
+    plan.evict("default/big-a", action="reclaim", preemptor="default/big-b", reason="test")
+    spec = state.pods["default/big-b"].spec
+    entry, _ = plan.place("default/big-b", spec, session.eligibility.static_mask(spec))
+    assert entry is not None
+    started = Record(1, make_envelope(p.CycleStarted(cycle=1, config_digest="x"), event_id="c", source="t",
+                                      subject="cycle/1", logicaltime=0))
+    emitter = Emitter(started, "kai-es/v2")
+    for op in plan.operations:
+        if isinstance(op, Entry):
+            emitter.placement(state, plan, op)
+        else:
+            emitter.eviction(state, plan, op)
+    kinds = [type(e.data).__name__ for e in emitter.out]
+    assert kinds == ["EvictionDecided", "PodPipelined"]
+    assert emitter.out[1].data.waiting_for == ["default/big-a"]
+    assert emitter.out[0].data.action == "reclaim"
