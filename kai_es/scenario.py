@@ -32,8 +32,10 @@ import yaml
 from kai_es.events import payloads as p
 from kai_es.events.factory import NAMESPACE
 from kai_es.events.timefmt import parse_duration, parse_rfc3339, rfc3339
+from kai_es.ingest import bounds
 from kai_es.ingest import translate as tr
 from kai_es.scheduling.config import ConfigError, SchedulerConfig, parse_config
+from kai_es.scheduling.fairshare import parent_loops
 
 SUBMIT_AFTER = "kai-es.io/submit-after"
 RUN_FOR = "kai-es.io/run-for"
@@ -264,10 +266,17 @@ class _Loader:
         except tr.IngestError as exc:
             raise self.fail(index, doc, exc.path, exc.message) from None
 
+    def _replicas(self, index: int, doc: Any, value: Any, path: str) -> int:
+        count = self._int_field(index, doc, value, path)
+        if count > bounds.MAX_REPLICAS:
+            raise self.fail(index, doc, path, f"{count} pods is more than a scenario may expand one "
+                                              f"owner into ({bounds.MAX_REPLICAS})")
+        return count
+
     def _expand_job(self, index: int, doc: dict[str, Any]) -> None:
         name, ns, uid, meta = self._owner_parts(index, doc)
         spec = doc.get("spec") or {}
-        replicas = self._int_field(index, doc, spec.get("parallelism", 1), "spec.parallelism")
+        replicas = self._replicas(index, doc, spec.get("parallelism", 1), "spec.parallelism")
         annotations = meta.get("annotations") or {}
         min_member = self._int_field(index, doc, annotations.get(BATCH_MIN_MEMBER, 1),
                                      f"metadata.annotations[{BATCH_MIN_MEMBER}]", minimum=1)
@@ -278,7 +287,7 @@ class _Loader:
     def _expand_deployment(self, index: int, doc: dict[str, Any]) -> None:
         name, ns, uid, meta = self._owner_parts(index, doc)
         spec = doc.get("spec") or {}
-        replicas = self._int_field(index, doc, spec.get("replicas", 1), "spec.replicas")
+        replicas = self._replicas(index, doc, spec.get("replicas", 1), "spec.replicas")
         # KAI's podgrouper gives each pod of a Deployment a group of its own
         for i in range(replicas):
             self._expand(index, doc, name, ns, uid, meta, "Deployment", "inference",
@@ -295,7 +304,7 @@ class _Loader:
         for rtype in sorted(replica_specs, key=lambda t: (t != "Master", t)):
             rspec = replica_specs[rtype] or {}
             path = f"spec.pytorchReplicaSpecs.{rtype}"
-            count = self._int_field(index, doc, rspec.get("replicas", 1), f"{path}.replicas")
+            count = self._replicas(index, doc, rspec.get("replicas", 1), f"{path}.replicas")
             for i in range(count):
                 pods.append((f"{name}-{str(rtype).lower()}-{i}", rspec.get("template"), f"{path}.template"))
         policy = (spec.get("runPolicy") or {}).get("schedulingPolicy") or {}
@@ -335,6 +344,12 @@ class _Loader:
                   for o in self.objects if isinstance(o.payload, p.PodGroupObserved)}
         nodes = {o.payload.name for o in self.objects if isinstance(o.payload, p.NodeObserved)}
         parents = {q.payload.parent for q in queues.values() if isinstance(q.payload, p.QueueObserved)}
+        loops = parent_loops({name: o.payload.parent for name, o in queues.items()
+                              if isinstance(o.payload, p.QueueObserved)})
+        for name in sorted(loops):
+            o = queues[name]
+            raise self.fail(o.doc_index, o.obj, "spec.parentQueue",
+                            f"the parent chain never reaches a root queue: {' -> '.join(loops[name])}")
         for o in queues.values():
             assert isinstance(o.payload, p.QueueObserved)
             if o.payload.parent and o.payload.parent not in queues:

@@ -154,3 +154,26 @@ def test_node_translation() -> None:
     assert isinstance(node, p.NodeObserved)
     assert (node.gpus, node.gpu_memory_mib, node.milli_cpu, node.memory_bytes) == (4, 40960, 32000, 256 * 2**30)
     assert node.taints == [p.Taint(key="dedicated", effect="NoSchedule")]
+
+
+def test_a_queue_loop_is_rejected_naming_the_chain() -> None:
+    msg = _error(scenario_text(queue("a", parent="b"), queue("b", parent="a"), queue("q")))
+    assert "document 1 (Queue a) at spec.parentQueue: the parent chain never reaches a root queue: a -> b -> a" in msg
+    assert "(Queue me) at spec.parentQueue" in _error(scenario_text(queue("me", parent="me")))
+
+
+@pytest.mark.parametrize(("doc", "where", "what"), [
+    (MakeNode("n").gpus(100_000_000).obj(), "status.allocatable[nvidia.com/gpu]", "above the largest accepted (4096)"),
+    (MakeNode("n").gpu_memory(2**41).obj(), "metadata.labels[nvidia.com/gpu.memory]", "above the largest accepted"),
+    (MakePod("a").req(cpu=str(2**62)).obj(), "spec.containers[0].resources.requests.cpu", "above the largest accepted"),
+    (MakePod("a").req(cpu="-1").obj(), "spec.containers[0].resources.requests.cpu", "must not be negative"),
+    (MakePod("a").gpu(-1).obj(), "spec.containers[0].resources.requests[nvidia.com/gpu]", "must not be negative"),
+    (MakePod("a").annotate("gpu-fraction", "0.5").annotate("gpu-fraction-num-devices", "100000000").obj(),
+     "metadata.annotations[gpu-fraction-num-devices]", "above the largest accepted"),
+    ({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "labels": {"kai.scheduler/queue": "team-a"}},
+      "spec": {"parallelism": 100_000_000, "template": {"spec": {"containers": []}}}},
+     "spec.parallelism", "more than a scenario may expand one owner into"),
+])
+def test_absurd_quantities_are_rejected_naming_the_field(doc: dict, where: str, what: str) -> None:  # type: ignore[type-arg]
+    msg = _error(scenario_text(queue("team-a"), doc))
+    assert f"at {where}" in msg and what in msg, msg

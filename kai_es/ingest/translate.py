@@ -21,6 +21,7 @@ from kai_es.events import payloads as p
 from kai_es.events.timefmt import parse_duration, parse_rfc3339
 from kai_es.ingest.quantity import QuantityError, parse_quantity, to_milli, to_units
 
+from kai_es.ingest import bounds
 from kai_es.ingest.names import SCHEDULER_NAME
 GPU_RESOURCE = "nvidia.com/gpu"
 QUEUE_LABEL = "kai.scheduler/queue"
@@ -104,6 +105,8 @@ def _int(value: Any, path: str, *, minimum: int | None = None) -> int:
         raise IngestError(path, f"must be an integer, got {value!r}") from None
     if minimum is not None and out < minimum:
         raise IngestError(path, f"must be >= {minimum}, got {out}")
+    if abs(out) > bounds.MAX_QUANTITY:
+        raise IngestError(path, f"{out} is beyond the largest accepted magnitude ({bounds.MAX_QUANTITY})")
     return out
 
 
@@ -164,16 +167,22 @@ def node(obj: Obj) -> p.NodeObserved:
     memory = _units(res.get("memory", 0), f"{base}.memory")
     gpus = _units(res.get(GPU_RESOURCE, 0), f"{base}[{GPU_RESOURCE}]")
     pods = _units(res.get("pods", 110), f"{base}.pods")
-    for field, value in (("cpu", cpu), ("memory", memory), (GPU_RESOURCE, gpus), ("pods", pods)):
-        if value < 0:
-            raise IngestError(f"{base}.{field}", "must not be negative")
+    for field, value, bound in (("cpu", cpu, bounds.MAX_QUANTITY), ("memory", memory, bounds.MAX_QUANTITY),
+                                (GPU_RESOURCE, gpus, bounds.MAX_NODE_GPUS), ("pods", pods, bounds.MAX_NODE_PODS)):
+        problem = bounds.quantity_problem(field, value, bound)
+        if problem:
+            raise IngestError(f"{base}.{field}" if "/" not in field else f"{base}[{field}]", problem)
+    if gpu_mem > bounds.MAX_GPU_MEMORY_MIB:
+        raise IngestError(f"metadata.labels[{GPU_MEMORY_LABEL}]",
+                          f"{gpu_mem} MiB is above the largest accepted ({bounds.MAX_GPU_MEMORY_MIB})")
     scalar = {}
     for resource in sorted(str(k) for k in res):
         if resource in _CORE_RESOURCES:
             continue
         amount = _units(res[resource], f"{base}[{resource}]")
-        if amount < 0:
-            raise IngestError(f"{base}[{resource}]", "must not be negative")
+        problem = bounds.quantity_problem(resource, amount)
+        if problem:
+            raise IngestError(f"{base}[{resource}]", problem)
         scalar[resource] = amount
     return p.NodeObserved(
         name=name, uid=_uid(obj, name), labels=labels, taints=taints,
@@ -204,8 +213,10 @@ def _container_requests(c: Obj, path: str) -> dict[str, int]:
         raw = req.get(resource, lim.get(resource))
         where = f"{path}.resources.requests[{resource}]" if "/" in resource else f"{path}.resources.requests.{resource}"
         amount = _milli(raw, where) if resource == "cpu" else _units(raw, where)
-        if amount < 0:
-            raise IngestError(where, "must not be negative")
+        problem = bounds.quantity_problem(resource, amount,
+                                          bounds.MAX_POD_GPUS if resource == GPU_RESOURCE else bounds.MAX_QUANTITY)
+        if problem:
+            raise IngestError(where, problem)
         out[resource] = amount
     return out
 
@@ -230,9 +241,15 @@ def _pod_requests(obj: Obj) -> tuple[int, int, int, dict[str, int]]:
     for resource in sorted(str(k) for k in overhead):
         where = f"spec.overhead.{resource}"
         amount = _milli(overhead[resource], where) if resource == "cpu" else _units(overhead[resource], where)
-        if amount < 0:
-            raise IngestError(where, "must not be negative")
+        problem = bounds.quantity_problem(resource, amount)
+        if problem:
+            raise IngestError(where, problem)
         total[resource] = total.get(resource, 0) + amount
+    for resource, amount in sorted(total.items()):
+        problem = bounds.quantity_problem(
+            resource, amount, bounds.MAX_POD_GPUS if resource == GPU_RESOURCE else bounds.MAX_QUANTITY)
+        if problem:
+            raise IngestError("spec.containers", f"the pod's total {problem}")
     scalar = {k: v for k, v in sorted(total.items()) if k not in _CORE_RESOURCES and v > 0}
     return total.get("cpu", 0), total.get("memory", 0), total.get(GPU_RESOURCE, 0), scalar
 
@@ -249,6 +266,9 @@ def gpu_request(annotations: Mapping[str, str], whole: int) -> p.GpuRequest:
     devices = 1
     if devices_text is not None:
         devices = _int(devices_text, "metadata.annotations[gpu-fraction-num-devices]", minimum=1)
+        if devices > bounds.MAX_POD_GPUS:
+            raise IngestError("metadata.annotations[gpu-fraction-num-devices]",
+                              f"{devices} is above the largest accepted ({bounds.MAX_POD_GPUS})")
     fraction = 0
     if fraction_text is not None:
         path = "metadata.annotations[gpu-fraction]"
@@ -264,6 +284,9 @@ def gpu_request(annotations: Mapping[str, str], whole: int) -> p.GpuRequest:
     gpu_memory = 0
     if memory_text is not None:
         gpu_memory = _int(memory_text, "metadata.annotations[gpu-memory]", minimum=1)
+        if gpu_memory > bounds.MAX_GPU_MEMORY_MIB:
+            raise IngestError("metadata.annotations[gpu-memory]",
+                              f"{gpu_memory} MiB is above the largest accepted ({bounds.MAX_GPU_MEMORY_MIB})")
     return p.GpuRequest(whole=whole, fraction_milli=fraction, gpu_memory_mib=gpu_memory,
                         fraction_devices=devices if (fraction or gpu_memory) else 1)
 

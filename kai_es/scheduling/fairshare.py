@@ -66,11 +66,35 @@ def _sort_key(q: QueueInput) -> tuple[int, int, str]:
     return (-q.priority, q.created_ns, q.name)
 
 
+def parent_loops(parents: Mapping[str, str]) -> dict[str, list[str]]:
+    """Queues whose `parentQueue` chain never reaches a root (it runs into a loop, or names
+    the queue itself), each with the chain that shows it (`[a, b, a]`). A parent that is not a
+    queue counts as the root. Deterministic: chains are followed in name order."""
+    out: dict[str, list[str]] = {}
+    for name in sorted(parents):
+        chain = [name]
+        seen = {name}
+        current = parents.get(name, "")
+        while current and current in parents:
+            chain.append(current)
+            if current in seen or current in out:
+                out[name] = chain if current in seen else chain + out[current][out[current].index(current) + 1:]
+                break
+            seen.add(current)
+            current = parents[current]
+    return out
+
+
 def divide(capacity: int, queues: Sequence[QueueInput]) -> dict[str, QueueShare]:
-    """Fair share of every queue (see module docstring). Unknown parents count as the root."""
+    """Fair share of every queue (see module docstring). Unknown parents count as the root;
+    queues whose parent chain loops (`parent_loops`) are left out of the division: fair share
+    0."""
     by_name = {q.name: q for q in queues}
+    loops = parent_loops({q.name: q.parent for q in queues})
     children: dict[str, list[QueueInput]] = {}
     for q in sorted(queues, key=_sort_key):
+        if q.name in loops:
+            continue
         parent = q.parent if q.parent in by_name else ""
         children.setdefault(parent, []).append(q)
     out: dict[str, QueueShare] = {}
@@ -98,6 +122,9 @@ def divide(capacity: int, queues: Sequence[QueueInput]) -> dict[str, QueueShare]
                 assign(shares[k.name], children[k.name])
 
     assign(capacity, children.get("", []))
+    for name in sorted(loops):
+        q = by_name[name]
+        out[name] = QueueShare(name=name, quota=q.quota, limit=q.limit, request=0, allocated=q.allocated)
     return out
 
 

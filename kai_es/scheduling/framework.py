@@ -21,6 +21,8 @@ NO_NODE_FITS = "NoNodeFits"
 BIND_BACKOFF = "BindBackoff"
 NO_NODES = "NoNodes"
 QUEUE_NOT_LEAF = "QueueNotLeaf"
+QUEUE_LOOP = "QueueLoop"
+INVALID_REQUEST = "InvalidRequest"
 QUEUE_LIMIT = "QueueLimit"
 NON_PREEMPTIBLE_OVER_QUOTA = "NonPreemptibleOverQuota"
 

@@ -30,7 +30,7 @@ from sortedcontainers import SortedList
 
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
-from kai_es.scheduling.fairshare import RESOURCES, pod_request, shares_for_state
+from kai_es.scheduling.fairshare import RESOURCES, parent_loops, pod_request, shares_for_state
 from kai_es.scheduling.gang import Minimum, minimum
 from kai_es.scheduling.plan import Entry, Operation, Plan
 from kai_es.scheduling.predicates.eligibility import Eligibility
@@ -133,7 +133,12 @@ class Session:
 
     def _build_queues(self) -> None:
         st = self.state
+        #: queues whose parentQueue chain loops: not part of the tree; their jobs wait with the
+        #: chain as the reason (`kai_es.scheduling.fairshare.parent_loops`)
+        self.looping = parent_loops({name: q.spec.parent for name, q in st.queues.items()})
         for name in sorted(st.queues):
+            if name in self.looping:
+                continue
             spec = st.queues[name].spec
             self.queues[name] = QueueNode(
                 name=name, parent=None, priority=spec.priority, created_ns=spec.created_ns,
@@ -142,7 +147,7 @@ class Session:
         for name in sorted(self.queues):
             node = self.queues[name]
             parent = self.queues.get(st.queues[name].spec.parent)
-            if parent is not None and parent is not node and not _is_descendant(parent, node, st):
+            if parent is not None:
                 node.parent = parent
                 parent.children.append(node)
             else:
@@ -286,16 +291,3 @@ class Session:
                         f"{_fmt(resource, q.nonpreemptible[r])}, quota {_fmt(resource, q.quota[r])}"),
                         numbers={"requested": request[r], "allocated": q.nonpreemptible[r], "quota": q.quota[r]})]
         return []
-
-
-def _is_descendant(candidate: QueueNode, node: QueueNode, state: ClusterState) -> bool:
-    """Whether `candidate` (a prospective parent) lies below `node` (a cycle in parentQueue)."""
-    seen = set()
-    name = candidate.name
-    while name and name not in seen:
-        if name == node.name:
-            return True
-        seen.add(name)
-        q = state.queues.get(name)
-        name = q.spec.parent if q is not None else ""
-    return False

@@ -22,7 +22,8 @@ from kai_es.ports import Clock, ClusterSource, EventLog, IdFactory, ObjectChange
 
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/informer"
-KINDS = ("PriorityClass", "Queue", "Topology", "Node", "PodGroup", "Pod")
+KINDS = ("PriorityClass", "Queue", "Topology", "Namespace", "ConfigMap", "PersistentVolume",
+         "PersistentVolumeClaim", "Node", "PodGroup", "Pod")
 
 
 class InformerService:

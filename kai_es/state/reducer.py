@@ -4,7 +4,9 @@ Contract:
 - `apply(state, record)` mutates `state` in place and returns it. Its effect depends only on the
   state and the record: no clock, randomness, I/O or unordered iteration.
 - It is total: an event that refers to something unknown (a bind for a removed pod, a second
-  bind) changes nothing but `state.ignored_events`; it never raises on a valid envelope.
+  bind) changes nothing but `state.ignored_events`; an observation whose quantities are outside
+  `kai_es.ingest.bounds` changes nothing but `state.rejected_objects`; it never raises on a
+  valid envelope.
 - Indexes (node usage, per-device milli-GPU, queue usage, pending jobs per queue, pending pods
   per job) are maintained incrementally; `kai_es.state.invariants` checks them against a
   recomputation from scratch.
@@ -20,6 +22,7 @@ from sortedcontainers import SortedList
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
+from kai_es.ingest import bounds
 from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.state.model import (
     BIND_BACKOFF_BASE_NS,
@@ -367,8 +370,27 @@ def _job_for(state: ClusterState, spec: p.PodObserved) -> Job:
 Handler = Callable[[ClusterState, Envelope], None]
 
 
+def _out_of_bounds_node(spec: p.NodeObserved) -> bool:
+    return not (0 <= spec.gpus <= bounds.MAX_NODE_GPUS and 0 <= spec.milli_cpu <= bounds.MAX_QUANTITY
+                and 0 <= spec.memory_bytes <= bounds.MAX_QUANTITY and 0 <= spec.max_pods <= bounds.MAX_NODE_PODS
+                and 0 <= spec.gpu_memory_mib <= bounds.MAX_GPU_MEMORY_MIB
+                and all(0 <= v <= bounds.MAX_QUANTITY for v in spec.scalar_resources.values()))
+
+
+def _out_of_bounds_pod(spec: p.PodObserved) -> bool:
+    g, r = spec.gpu, spec.requests
+    return not (0 <= r.milli_cpu <= bounds.MAX_QUANTITY and 0 <= r.memory_bytes <= bounds.MAX_QUANTITY
+                and 0 <= g.whole <= bounds.MAX_POD_GPUS and 0 <= g.fraction_milli < 1000
+                and 0 <= g.gpu_memory_mib <= bounds.MAX_GPU_MEMORY_MIB
+                and 1 <= g.fraction_devices <= bounds.MAX_POD_GPUS
+                and all(0 <= v <= bounds.MAX_QUANTITY for v in spec.scalar_requests.values()))
+
+
 def _node_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.NodeObserved = env.data
+    if _out_of_bounds_node(spec):
+        state.rejected_objects += 1  # a crafted or corrupt record: never applied
+        return
     if state.resync_seen:
         _mark_seen(state, "Node", spec.name)
     node = state.nodes.get(spec.name)
@@ -429,6 +451,9 @@ def _remove_node(state: ClusterState, name: str) -> None:
 
 def _pod_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.PodObserved = env.data
+    if _out_of_bounds_pod(spec):
+        state.rejected_objects += 1  # a crafted or corrupt record: never applied
+        return
     key = pod_key(spec.namespace, spec.name)
     if state.resync_seen:
         _mark_seen(state, "Pod", key)

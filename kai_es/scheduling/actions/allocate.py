@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.fairshare import pod_request
+from kai_es.scheduling.packing import PackingError
 from kai_es.scheduling.plan import Entry
 from kai_es.scheduling.session import QueueNode, Session, Vector, _one_pod, _what
 from kai_es.state.model import Job, PodState
@@ -115,9 +116,13 @@ class Allocator:
             for index_key in self.state.pending_jobs[name]:
                 job = self.state.jobs[job_key_of_index(index_key)]
                 pods = [self.state.pods[e[3]] for e in job.pending]
+                loop = self.session.looping.get(name)
                 if not job.queue:
                     reason = Reason(code=fw.NO_QUEUE, message=(
                         f"job {job.key} names no queue (label kai.scheduler/queue or PodGroup spec.queue)"))
+                elif loop is not None:
+                    reason = Reason(code=fw.QUEUE_LOOP, message=(
+                        f"queue {job.queue!r} never reaches a root queue: parentQueue {' -> '.join(loop)}"))
                 elif leaf is None:
                     reason = Reason(code=fw.QUEUE_NOT_FOUND, message=f"queue {job.queue!r} does not exist")
                 else:
@@ -199,8 +204,14 @@ class Allocator:
             levels = eligibility.levels(pod.spec, mask) if (
                 pod.spec.preferred_affinity or pod.spec.preferred_pod_affinity
                 or pod.spec.preferred_pod_anti_affinity or eligibility.affinity.has_holders()) else None
-            entry, answer = self.plan.place(pod.key, pod.spec, mask, settled=not entries,
-                                            remember=not dynamic, levels=levels)
+            try:
+                entry, answer = self.plan.place(pod.key, pod.spec, mask, settled=not entries,
+                                                remember=not dynamic, levels=levels)
+            except PackingError as exc:  # a request the packer cannot represent: this job only
+                self.plan.rollback(cp)
+                self._drop_job(leaf, job, [Reason(
+                    code=fw.INVALID_REQUEST, message=f"pod {pod.key} cannot be placed as requested: {exc}")])
+                return False
             if entry is None:
                 node_reasons = self._no_fit(pod, tuple(answer.rejections))
                 self.plan.rollback(cp)
