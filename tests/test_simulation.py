@@ -97,7 +97,7 @@ def test_current_code_still_writes_the_golden_log(tmp_path: Path) -> None:
 def test_altered_golden_log_fails_replay_naming_the_cycle() -> None:
     run = _cli("replay", str(GOLDEN / "quickstart.altered.events.jsonl"))
     assert run.returncode == 1
-    assert "DIVERGED at cycle 1 (CycleStarted at position 24), decision #2" in run.stderr
+    assert "DIVERGED at cycle 1 (CycleStarted at position 32), decision #2" in run.stderr
     assert "data.node: replay='node-a' log='node-b'" in run.stderr
     assert "Traceback" not in run.stderr
 
