@@ -39,11 +39,14 @@ def initial_state(scenario: Scenario) -> Any:
 
 def fairshare_report(scenario: Scenario) -> dict[str, Any]:
     """Per queue and resource: quota, limit, request, allocated and fair share (ints; GPU in
-    milli-GPU, CPU in milli-CPU, memory in bytes; -1 = unlimited)."""
+    milli-GPU, CPU in milli-CPU, memory in bytes; -1 = unlimited), divided as the scenario's
+    policy version divides (`divisionUnit`: kai-es/v2 hands out GPUs over quota in whole GPUs)."""
     from kai_es.scheduling.fairshare import RESOURCES, shares_for_state
+    from kai_es.scheduling.policy import policy_for
 
     state = initial_state(scenario)
-    shares = shares_for_state(state)
+    policy = policy_for(scenario.config.policy_version)
+    shares = shares_for_state(state, policy.gpu_share_unit)
     out: dict[str, Any] = {}
     for name in sorted(state.queues):
         spec = state.queues[name].spec
@@ -55,7 +58,8 @@ def fairshare_report(scenario: Scenario) -> dict[str, Any]:
                        "overQuotaWeight": getattr(spec, resource).over_quota_weight}
             for resource in RESOURCES}}
     units = {"gpu": "milli-GPU", "cpu": "milli-CPU", "memory": "bytes"}
-    return {"units": units, "queues": out}
+    division = {"gpu": policy.gpu_share_unit, "cpu": 1, "memory": 1}
+    return {"units": units, "divisionUnit": division, "policyVersion": policy.version, "queues": out}
 
 
 def one_cycle(scenario: Scenario, packer: Packer) -> dict[str, Any]:

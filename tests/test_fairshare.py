@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def q(name: str, quota: int = 0, weight: int = 1, limit: int = -1, pending: int = 0, allocated: int = 0,
       parent: str = "", priority: int = 100, created: int = 0) -> QueueInput:
-    return QueueInput(name=name, parent=parent, priority=priority, created_ns=created, quota=quota,
+    return QueueInput(name=name, uid=f"uid-{name}", parent=parent, priority=priority, created_ns=created, quota=quota,
                       over_quota_weight=weight, limit=limit, allocated=allocated, pending=pending)
 
 
-def shares(capacity: int, *queues: QueueInput) -> dict[str, int]:
-    return {name: s.fair_share for name, s in divide(capacity, list(queues)).items()}
+def shares(capacity: int, *queues: QueueInput, unit: int = 1) -> dict[str, int]:
+    return {name: s.fair_share for name, s in divide(capacity, list(queues), unit).items()}
 
 
 def test_quota_first_then_weights() -> None:
@@ -132,3 +132,72 @@ def test_cli_fairshare_json() -> None:
                                "fairShare": 13000, "overQuotaWeight": 1}
     assert (gpu["team-a"]["fairShare"], gpu["team-b"]["fairShare"]) == (12000, 1000)
     assert report["queues"]["team-a"]["parent"] == "research"
+
+
+# --- whole GPUs (policy kai-es/v2), KAI's rounds ------------------------------------------------
+
+
+def test_whole_gpus_kai_example() -> None:
+    # 11 GPUs, quotas 2 + 2, weights 1:4, both asking for everything. After quota 7 are left:
+    # a's share 1.4 -> 1 (leftover .4), b's 5.6 -> 5 (leftover .6); the last GPU goes to the
+    # larger leftover, b: a = 3, b = 8 (exact milli division would give 3.4 / 7.6).
+    assert shares(11000, q("a", 2000, weight=1, pending=11000), q("b", 2000, weight=4, pending=11000),
+                  unit=1000) == {"a": 3000, "b": 8000}
+    assert shares(11000, q("a", 2000, weight=1, pending=11000), q("b", 2000, weight=4, pending=11000)) == \
+        {"a": 3400, "b": 7600}
+
+
+def test_whole_gpus_leftover_ties_go_to_the_oldest_then_uid() -> None:
+    # 3 GPUs, no quota, equal weights: 1 each after one round... 3 queues of 1.0: no leftover.
+    # 2 GPUs over 3 queues: shares .666 -> 0 each, leftovers equal: the two oldest get one each.
+    got = shares(2000, q("c", 0, pending=5000, created=3), q("a", 0, pending=5000, created=2),
+                 q("b", 0, pending=5000, created=1), unit=1000)
+    assert got == {"a": 1000, "b": 1000, "c": 0}
+
+
+def test_whole_gpus_only_a_sub_unit_remainder_is_fractional() -> None:
+    # 2.5 GPUs over two equal queues: 1 each in the round (leftover .25 each), then 500 milli
+    # (less than a unit) goes to the first by age.
+    got = shares(2500, q("a", 0, pending=5000, created=1), q("b", 0, pending=5000, created=2), unit=1000)
+    assert got == {"a": 1500, "b": 1000}
+
+
+def test_whole_gpus_a_satisfied_queue_lets_another_round_run() -> None:
+    # 10 GPUs, weights equal: a needs 1, b and c need 9. Round 1: 3.33 each -> a takes 1 (met
+    # early), b 3, c 3; round 2 over 3 left: b 1.5 -> 1, c 1.5 -> 1; one GPU left goes to the
+    # larger leftover (equal: the older, b).
+    got = shares(10000, q("a", 0, pending=1000, created=1), q("b", 0, pending=9000, created=2),
+                 q("c", 0, pending=9000, created=3), unit=1000)
+    assert got == {"a": 1000, "b": 5000, "c": 4000}
+
+
+@given(st.integers(0, 40_000), st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 4), st.integers(0, 20_000),
+                                                   st.sampled_from([50, 100])), min_size=1, max_size=5))
+def test_whole_gpu_division_conserves_and_never_exceeds_requests(capacity: int, specs: list[tuple[int, int, int, int]]) -> None:
+    queues = [q(f"q{i}", quota, weight=w, pending=pend, priority=prio, created=i)
+              for i, (quota, w, pend, prio) in enumerate(specs)]
+    got = shares(capacity, *queues, unit=1000)
+    assert all(0 <= got[x.name] <= x.pending for x in queues)
+    assert sum(got.values()) <= capacity
+    if sum(x.pending for x in queues) >= capacity and all(x.over_quota_weight > 0 for x in queues):
+        assert sum(got.values()) == capacity  # nothing requested is left undivided
+
+
+def test_fairshare_command_divides_whole_gpus_and_says_its_units(tmp_path: Path) -> None:
+    scenario = tmp_path / "eleven.yaml"
+    docs = ["apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nstatus: {allocatable: {cpu: '64', memory: 64Gi, nvidia.com/gpu: '11'}}"]
+    for name, weight in (("a", 1), ("b", 4)):
+        docs.append(f"apiVersion: scheduling.run.ai/v2\nkind: Queue\nmetadata: {{name: {name}}}\n"
+                    f"spec: {{resources: {{gpu: {{quota: 2, overQuotaWeight: {weight}}}}}}}")
+        for i in range(11):
+            docs.append(f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-{i}, labels: {{kai.scheduler/queue: {name}}}}}\n"
+                        "spec: {schedulerName: kai-scheduler, containers: [{name: c, resources: {requests: {nvidia.com/gpu: '1'}}}]}")
+    scenario.write_text("\n---\n".join(docs))
+    run = subprocess.run([sys.executable, "-m", "kai_es", "fairshare", str(scenario), "--output", "json"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["units"]["gpu"] == "milli-GPU" and report["divisionUnit"]["gpu"] == 1000
+    assert report["policyVersion"] == "kai-es/v2"
+    fair = {q: report["queues"][q]["resources"]["gpu"]["fairShare"] for q in ("a", "b")}
+    assert fair == {"a": 3000, "b": 8000}

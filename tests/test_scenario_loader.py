@@ -177,3 +177,25 @@ def test_a_queue_loop_is_rejected_naming_the_chain() -> None:
 def test_absurd_quantities_are_rejected_naming_the_field(doc: dict, where: str, what: str) -> None:  # type: ignore[type-arg]
     msg = _error(scenario_text(queue("team-a"), doc))
     assert f"at {where}" in msg and what in msg, msg
+
+
+@pytest.mark.parametrize(("spec", "where", "what"), [
+    ({"minMember": 2, "minSubGroup": 1, "subGroups": [{"name": "a", "minMember": 1}, {"name": "b", "minMember": 1}]},
+     "spec.minSubGroup", "minMember and minSubGroup are mutually exclusive"),
+    ({"minSubGroup": 3, "subGroups": [{"name": "a", "minMember": 1}, {"name": "b", "minMember": 1}]},
+     "spec.minSubGroup", "minSubGroup (3) exceeds the number of direct child sub-groups (2)"),
+    ({"subGroups": [{"name": "a", "minMember": 1, "minSubGroup": 1}]},
+     "spec.subGroups[0].minSubGroup", "mutually exclusive"),
+    ({"subGroups": [{"name": "a", "minSubGroup": 1}]},
+     "spec.subGroups[0].minSubGroup", "minSubGroup cannot be set on a leaf"),
+    ({"subGroups": [{"name": "a"}]}, "spec.subGroups[0].minMember", "minMember is required"),
+    ({"subGroups": [{"name": "p", "minMember": 1}, {"name": "c", "parent": "p", "minMember": 1}]},
+     "spec.subGroups[0].minMember", "use minSubGroup instead of minMember"),
+    ({"subGroups": [{"name": "p", "minSubGroup": 2}, {"name": "c", "parent": "p", "minMember": 1}]},
+     "spec.subGroups[0].minSubGroup", "exceeds its number of direct child sub-groups (1)"),
+])
+def test_podgroup_validation_is_kais(spec: dict, where: str, what: str) -> None:  # type: ignore[type-arg]
+    group = {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup", "metadata": {"name": "pg"},
+             "spec": {"queue": "team-a", **spec}}
+    msg = _error(scenario_text(queue("team-a"), group))
+    assert f"(PodGroup default/pg) at {where}" in msg and what in msg, msg

@@ -250,6 +250,8 @@ class PodGroupObserved(Payload, kw_only=True, frozen=True):
     preferred_topology_level: str = ""
     staleness_grace_ns: int | None = None
     created_ns: int = 0
+    # --- schema version 2: top-level minSubGroup (direct child sub-groups required; None: all)
+    min_subgroup: int | None = None
 
 
 class PodGroupRemoved(Payload, kw_only=True, frozen=True):

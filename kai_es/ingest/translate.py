@@ -635,6 +635,19 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
             raise IngestError(f"spec.subGroups[{i}].name", f"sub-group {sg.name!r} is defined twice")
         if sg.parent and sg.parent not in names:
             raise IngestError(f"spec.subGroups[{i}].parent", f"no sub-group named {sg.parent!r}")
+    _check_subgroup_minimums(_list(obj, "spec.subGroups"), subgroups)
+    top_min_member = _get(obj, "spec.minMember")
+    top_min_subgroup = _get(obj, "spec.minSubGroup")
+    if top_min_member is not None and top_min_subgroup is not None:
+        raise IngestError("spec.minSubGroup", "minMember and minSubGroup are mutually exclusive: set minMember "
+                          "for a number of pods, or minSubGroup for a number of child sub-groups, not both")
+    min_subgroup = None
+    if top_min_subgroup is not None:
+        min_subgroup = _int(top_min_subgroup, "spec.minSubGroup", minimum=0)
+        roots = sum(1 for sg in subgroups if not sg.parent)
+        if min_subgroup > roots:
+            raise IngestError("spec.minSubGroup", f"minSubGroup ({min_subgroup}) exceeds the number of "
+                                                  f"direct child sub-groups ({roots})")
     preempt = _get(obj, "spec.preemptibility", "")
     if preempt not in ("", "preemptible", "non-preemptible"):
         raise IngestError("spec.preemptibility", f"must be preemptible or non-preemptible, got {preempt!r}")
@@ -645,7 +658,9 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
     return p.PodGroupObserved(
         namespace=namespace, name=name, uid=_uid(obj, f"{namespace}/{name}"),
         queue=str(_get(obj, "spec.queue", "") or ""),
-        min_member=_int(_get(obj, "spec.minMember", 1), "spec.minMember", minimum=0),
+        min_member=_int(_get(obj, "spec.minMember", 0 if min_subgroup is not None else 1), "spec.minMember",
+                        minimum=0),
+        min_subgroup=min_subgroup,
         priority_class=str(_get(obj, "spec.priorityClassName", "") or ""),
         preemptibility=preempt, subgroups=subgroups,
         topology=str(topo.get("topology", "") or ""),
@@ -654,6 +669,34 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
         staleness_grace_ns=_duration(grace, "spec.stalenessGracePeriod") if grace is not None else None,
         created_ns=created_ns(obj),
     )
+
+
+def _check_subgroup_minimums(raw: list[Any], subgroups: list[p.SubGroup]) -> None:
+    """KAI's PodGroup validation of each sub-group: minMember and minSubGroup are mutually
+    exclusive; a leaf needs minMember and cannot have minSubGroup; a sub-group with children
+    cannot have minMember, and its minSubGroup may not exceed its number of children."""
+    children: dict[str, int] = {}
+    for sg in subgroups:
+        if sg.parent:
+            children[sg.parent] = children.get(sg.parent, 0) + 1
+    for i, (item, sg) in enumerate(zip(raw, subgroups)):
+        path = f"spec.subGroups[{i}]"
+        has_member = isinstance(item, Mapping) and item.get("minMember") is not None
+        has_subgroup = sg.min_subgroup is not None
+        if has_member and has_subgroup:
+            raise IngestError(f"{path}.minSubGroup", f"sub-group {sg.name!r}: minMember and minSubGroup are mutually exclusive")
+        kids = children.get(sg.name, 0)
+        if kids == 0 and has_subgroup:
+            raise IngestError(f"{path}.minSubGroup",
+                              f"sub-group {sg.name!r} has no child sub-groups: minSubGroup cannot be set on a leaf")
+        if kids == 0 and not has_member:
+            raise IngestError(f"{path}.minMember", f"sub-group {sg.name!r} is a leaf: minMember is required")
+        if kids and has_member:
+            raise IngestError(f"{path}.minMember", f"sub-group {sg.name!r} has child sub-groups: "
+                                                   f"use minSubGroup instead of minMember")
+        if kids and has_subgroup and sg.min_subgroup is not None and sg.min_subgroup > kids:
+            raise IngestError(f"{path}.minSubGroup", f"sub-group {sg.name!r}: minSubGroup ({sg.min_subgroup}) "
+                                                     f"exceeds its number of direct child sub-groups ({kids})")
 
 
 def topology(obj: Obj) -> p.TopologyObserved:

@@ -41,11 +41,15 @@ __all__ = ["SOURCE", "run_cycle", "strategy_of"]
 
 def strategy_of(config: SchedulerConfig, state: ClusterState | None = None) -> Strategy:
     """The packer strategy of `config`. For `fragmentation` the expected workload is the shapes
-    of the pods pending in `state` (counted; order-independent)."""
+    of the pods pending in `state` (counted; order-independent). Under a policy that says so
+    (kai-es/v2, as KAI), GPU placement `spread` orders shared devices gpuspread whatever
+    `gpuSharingOrder` says."""
     gpu = {"binpack": GpuStrategy.BINPACK, "spread": GpuStrategy.SPREAD,
            "fragmentation": GpuStrategy.FRAGMENTATION}[config.placement_strategy.gpu]
     cpu = CpuStrategy.BINPACK if config.placement_strategy.cpu == "binpack" else CpuStrategy.SPREAD
     dev = DeviceStrategy.GPUPACK if config.gpu_sharing_order == "gpupack" else DeviceStrategy.GPUSPREAD
+    if gpu == GpuStrategy.SPREAD and policy_for(config.policy_version).spread_implies_gpuspread:
+        dev = DeviceStrategy.GPUSPREAD
     strategy = Strategy(gpu, cpu, dev)
     if gpu == GpuStrategy.FRAGMENTATION and state is not None:
         shapes = [task_shape(state.pods[entry[3]].spec)
@@ -68,7 +72,7 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     policy = policy_for(config.policy_version)
     emitter = Emitter(started, config.policy_version)
     plan = Plan(state, packer, strategy_of(config, state), verify=verify)
-    session = Session(state, plan, started.envelope.logicaltime)
+    session = Session(state, plan, started.envelope.logicaltime, policy)
     unschedulable: dict[str, list[p.Reason]] = {}
     for name in config.actions:
         action = policy.actions.get(name)

@@ -16,6 +16,15 @@ The rules (KAI's, stated exactly so they can be checked by hand):
      remainder, then the oldest queue, then by name.
 - A child never gets more than its request; what nobody requests stays undivided.
 
+Division in whole units (`unit` > 1; policy kai-es/v2 divides GPUs in whole GPUs, unit 1000
+milli-GPU, as KAI does): steps 2-3 become KAI's. In every over-quota round each child gets the
+floor of its weighted share in whole units (or all it still needs, when that is less); rounds
+repeat while some child's need was met with room to spare. Only when every priority bucket has
+had its rounds, the amount left goes, bucket by bucket, one unit at a time — at most one per
+child, never beyond its need — to the children with the largest fraction of a unit left over
+in their last round, then the oldest, then uid, then name; an amount smaller than one unit is
+handed out as it is. (`unit` 1 is the exact integer division above, kai-es/v1's.)
+
 Contract: pure; integers only (milli-GPU, milli-CPU, bytes); deterministic order everywhere.
 """
 
@@ -35,6 +44,7 @@ class QueueInput:
     """One queue's inputs for one resource."""
 
     name: str
+    uid: str
     parent: str
     priority: int
     created_ns: int
@@ -85,7 +95,7 @@ def parent_loops(parents: Mapping[str, str]) -> dict[str, list[str]]:
     return out
 
 
-def divide(capacity: int, queues: Sequence[QueueInput]) -> dict[str, QueueShare]:
+def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1) -> dict[str, QueueShare]:
     """Fair share of every queue (see module docstring). Unknown parents count as the root;
     queues whose parent chain loops (`parent_loops`) are left out of the division: fair share
     0."""
@@ -115,7 +125,8 @@ def divide(capacity: int, queues: Sequence[QueueInput]) -> dict[str, QueueShare]
         request_of(top)
 
     def assign(parent_share: int, kids: list[QueueInput]) -> None:
-        shares = split(parent_share, [(k, out[k.name].request) for k in kids])
+        claims = [(k, out[k.name].request) for k in kids]
+        shares = split(parent_share, claims) if unit <= 1 else split_whole(parent_share, claims, unit)
         for k in kids:
             out[k.name].fair_share = shares[k.name]
             if children.get(k.name):
@@ -130,9 +141,88 @@ def divide(capacity: int, queues: Sequence[QueueInput]) -> dict[str, QueueShare]
 
 def split(amount: int, claims: Sequence[tuple[QueueInput, int]]) -> dict[str, int]:
     """Divide `amount` among siblings, each (queue, request), by steps 1-3 of the rules."""
-    given = {q.name: 0 for q, _ in claims}
     need = {q.name: r for q, r in claims}
-    # step 1: quota
+    given = _within_quota(amount, claims)
+    remaining = amount - sum(given.values())
+    # step 2 and 3: over quota, by priority bucket, in weighted rounds
+    for bucket in _buckets(q for q, _ in claims):
+        if remaining <= 0:
+            break
+        open_ = [q for q in bucket if q.over_quota_weight > 0 and given[q.name] < need[q.name]]
+        while open_ and remaining > 0:
+            wanted = {q.name: need[q.name] - given[q.name] for q in open_}
+            portions = _proportional(remaining, [(q, q.over_quota_weight) for q in open_], wanted)
+            for q in open_:
+                given[q.name] += portions[q.name]
+                remaining -= portions[q.name]
+            still_open = [q for q in open_ if given[q.name] < need[q.name]]
+            if len(still_open) == len(open_) or not still_open:
+                break  # nobody was capped: the division is final
+            open_ = still_open
+    return given
+
+
+def split_whole(amount: int, claims: Sequence[tuple[QueueInput, int]], unit: int) -> dict[str, int]:
+    """`split` with the over-quota steps in whole units of `unit` (see module docstring)."""
+    need = {q.name: r for q, r in claims}
+    given = _within_quota(amount, claims)
+    remaining = amount - sum(given.values())
+    #: per bucket, each unsatisfied child's leftover of its last round, as a fraction
+    #: (numerator, denominator) of the round's amount
+    leftovers: list[dict[str, tuple[int, int]]] = []
+    for bucket in _buckets(q for q, _ in claims):
+        left: dict[str, tuple[int, int]] = {}
+        open_ = [q for q in bucket if q.over_quota_weight > 0 and given[q.name] < need[q.name]]
+        while open_ and remaining > 0:
+            total = sum(q.over_quota_weight for q in open_)
+            round_amount = remaining
+            satisfied_early = False
+            for q in open_:
+                share_num = round_amount * q.over_quota_weight  # the exact share is share_num / total
+                wanted = need[q.name] - given[q.name]
+                if wanted * total <= share_num:
+                    give = wanted
+                    left.pop(q.name, None)
+                    satisfied_early = satisfied_early or wanted * total < share_num
+                else:
+                    give = share_num // (total * unit) * unit
+                    rest = share_num - give * total
+                    if rest > 0:
+                        left[q.name] = (rest, total)
+                given[q.name] += give
+                remaining -= give
+            open_ = [q for q in open_ if given[q.name] < need[q.name]]
+            if not satisfied_early:
+                break
+        leftovers.append(left)
+    by_name = {q.name: q for q, _ in claims}
+    for left in leftovers:
+        # largest leftover first: compare a/b > c/d as a*d > c*b, exactly
+        order = sorted(left, key=lambda n: (_Frac(*left[n]), by_name[n].created_ns, by_name[n].uid, n))
+        for name in order:
+            if remaining <= 0:
+                break
+            give = min(unit, remaining, need[name] - given[name])
+            if give > 0:
+                given[name] += give
+                remaining -= give
+    return given
+
+
+@dataclass(frozen=True, slots=True)
+class _Frac:
+    """A fraction ordered from the largest down (for sorting leftovers)."""
+
+    num: int
+    den: int
+
+    def __lt__(self, other: _Frac) -> bool:
+        return self.num * other.den > other.num * self.den
+
+
+def _within_quota(amount: int, claims: Sequence[tuple[QueueInput, int]]) -> dict[str, int]:
+    """Step 1 of the rules: min(quota, request) each, by priority, proportionally when short."""
+    given = {q.name: 0 for q, _ in claims}
     in_quota = {q.name: (r if q.quota < 0 else min(q.quota, r)) for q, r in claims}
     remaining = amount
     for bucket in _buckets(q for q, _ in claims):
@@ -153,21 +243,6 @@ def split(amount: int, claims: Sequence[tuple[QueueInput, int]]) -> dict[str, in
                 if len(still_open) == len(open_) or not still_open:
                     break
                 open_ = still_open
-    # step 2 and 3: over quota, by priority bucket, in weighted rounds
-    for bucket in _buckets(q for q, _ in claims):
-        if remaining <= 0:
-            break
-        open_ = [q for q in bucket if q.over_quota_weight > 0 and given[q.name] < need[q.name]]
-        while open_ and remaining > 0:
-            wanted = {q.name: need[q.name] - given[q.name] for q in open_}
-            portions = _proportional(remaining, [(q, q.over_quota_weight) for q in open_], wanted)
-            for q in open_:
-                given[q.name] += portions[q.name]
-                remaining -= portions[q.name]
-            still_open = [q for q in open_ if given[q.name] < need[q.name]]
-            if len(still_open) == len(open_) or not still_open:
-                break  # nobody was capped: the division is final
-            open_ = still_open
     return given
 
 
@@ -244,9 +319,10 @@ def pending_request(state: "ClusterState", gpu_memory_mib_hint: int) -> dict[str
     return out
 
 
-def shares_for_state(state: "ClusterState") -> dict[str, dict[str, QueueShare]]:
+def shares_for_state(state: "ClusterState", gpu_unit: int = 1) -> dict[str, dict[str, QueueShare]]:
     """resource -> queue -> its share, for the cluster and queues in `state` (capacity = every
-    node's allocatable; allocated = Binding, Running and Releasing pods; pending = Pending pods)."""
+    node's allocatable; allocated = Binding, Running and Releasing pods; pending = Pending pods).
+    GPUs are divided in units of `gpu_unit` milli-GPU over quota (1: exactly; 1000: whole GPUs)."""
     nodes = [state.nodes[n] for n in state.node_names]
     hint = max((n.spec.gpu_memory_mib for n in nodes), default=0)
     capacity = (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
@@ -260,11 +336,11 @@ def shares_for_state(state: "ClusterState") -> dict[str, dict[str, QueueShare]]:
             spec = q.spec
             res = getattr(spec, resource)
             inputs.append(QueueInput(
-                name=name, parent=spec.parent, priority=spec.priority, created_ns=spec.created_ns,
+                name=name, uid=spec.uid, parent=spec.parent, priority=spec.priority, created_ns=spec.created_ns,
                 quota=res.quota, over_quota_weight=res.over_quota_weight, limit=res.limit,
                 allocated=(q.allocated_milli_gpu, q.allocated_milli_cpu, q.allocated_memory_bytes)[r],
                 pending=pending.get(name, (0, 0, 0))[r]))
-        out[resource] = divide(capacity[r], inputs)
+        out[resource] = divide(capacity[r], inputs, gpu_unit if resource == "gpu" else 1)
     return out
 
 

@@ -6,7 +6,7 @@ Rules:
 - With sub-groups (PodGroup `spec.subGroups`, pods labelled `kai.scheduler/subgroup-name`): a
   leaf sub-group needs `minMember` of its pods; an inner sub-group needs `minSubGroup` of its
   children satisfied (all when unset) — children that need no new pod first, then in spec order;
-  top-level sub-groups all need to be satisfied. The job's own `minMember` then tops the set up
+  the PodGroup's own `minSubGroup` says how many top-level sub-groups must be (all when unset). The job's own `minMember` then tops the set up
   with further pending pods in task order.
 An empty minimum means the job is at its minimum: further pods are elastic extras.
 
@@ -34,7 +34,8 @@ def minimum(job: Job, pending: Sequence[PodState], occupying: Sequence[PodState]
     groups = job.spec.subgroups if job.spec is not None else []
     chosen: list[PodState] = []
     if groups:
-        picked = _subgroups(groups, pending, occupying)
+        assert job.spec is not None
+        picked = _subgroups(groups, pending, occupying, job.spec.min_subgroup)
         if isinstance(picked, Reason):
             return Minimum((), picked)
         chosen = picked
@@ -52,7 +53,7 @@ def minimum(job: Job, pending: Sequence[PodState], occupying: Sequence[PodState]
 
 
 def _subgroups(groups: Sequence[SubGroup], pending: Sequence[PodState],
-               occupying: Sequence[PodState]) -> list[PodState] | Reason:
+               occupying: Sequence[PodState], top_min_subgroup: int | None) -> list[PodState] | Reason:
     children: dict[str, list[SubGroup]] = {}
     for sg in groups:
         children.setdefault(sg.parent, []).append(sg)
@@ -85,7 +86,7 @@ def _subgroups(groups: Sequence[SubGroup], pending: Sequence[PodState],
             out += pods
         return out
 
-    root = SubGroup(name="", min_member=0, min_subgroup=None)
+    root = SubGroup(name="", min_member=0, min_subgroup=top_min_subgroup)
     children.setdefault("", [])
     result = solve(root) if children[""] else []
     return result

@@ -8,7 +8,11 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   stalegangeviction, which it accepts and does not run (as the version that wrote the first
   logs did).
 - `kai-es/v2`: allocate; a config listing an action this version does not implement is
-  rejected.
+  rejected. Where v1 disagreed with KAI, v2 decides as KAI does: GPU fair share is divided in
+  whole GPUs; `placementStrategy.gpu: spread` implies the gpuspread device order; queue order
+  has KAI's three further tie-breaks (a queue that would use a resource in which its fair share
+  is zero goes later; dominant share without the candidate job; a queue whose fair share is
+  smaller in some resource and larger in none goes first).
 
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
 function of the Session that returns its result (placements and reasons), pure.
@@ -39,6 +43,12 @@ class Policy:
     actions: Mapping[str, Action]
     #: action names a config of this version may list (implemented ones, plus v1's legacy names)
     accepted: frozenset[str]
+    #: GPU fair share is divided over quota in units of this many milli-GPU (1: exactly)
+    gpu_share_unit: int = 1
+    #: queue order with KAI's zero-fair-share, share-without-job and smaller-fair-share tie-breaks
+    kai_queue_order: bool = False
+    #: `placementStrategy.gpu: spread` also orders shared devices gpuspread
+    spread_implies_gpuspread: bool = False
 
 
 class UnknownPolicy(ValueError):
@@ -47,7 +57,8 @@ class UnknownPolicy(ValueError):
 
 POLICIES: Final[dict[str, Policy]] = {
     "kai-es/v1": Policy("kai-es/v1", {"allocate": allocate}, frozenset(ACTION_NAMES)),
-    "kai-es/v2": Policy("kai-es/v2", {"allocate": allocate}, frozenset({"allocate"})),
+    "kai-es/v2": Policy("kai-es/v2", {"allocate": allocate}, frozenset({"allocate"}), gpu_share_unit=1000,
+                        kai_queue_order=True, spread_implies_gpuspread=True),
 }
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v2"

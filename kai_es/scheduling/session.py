@@ -7,9 +7,14 @@ Queue order (level by level down the queue tree; first difference decides):
   1. queues not over their fair share in every resource before those that are;
   2. queues that stay within quota with the candidate job before those that would not;
   3. higher queue priority;
-  4. smaller dominant-resource share including the candidate job (DRF: max over resources of
+  4. (kai-es/v2, as KAI) a queue that would use a resource in which its fair share is zero goes
+     after one that would not;
+  5. smaller dominant-resource share including the candidate job (DRF: max over resources of
      (allocated + candidate) / fair share, as an integer in units of 1e-12);
-  5. older queue, then name.
+  6. (kai-es/v2) smaller dominant-resource share without the candidate job;
+  7. (kai-es/v2) a queue whose fair share is smaller in at least one resource and larger in
+     none goes first;
+  8. older queue, then name.
 Within a leaf queue: higher job priority, jobs below their gang minimum before elastic extras,
 older, then uid.
 
@@ -25,6 +30,7 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
@@ -36,6 +42,9 @@ from kai_es.scheduling.plan import Entry, Operation, Plan
 from kai_es.scheduling.predicates.eligibility import Eligibility
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 from kai_es.state.reducer import device_milli_on, job_key_of_index
+
+if TYPE_CHECKING:
+    from kai_es.scheduling.policy import Policy
 
 Vector = tuple[int, int, int]  # (milli-GPU, milli-CPU, bytes), in RESOURCES order
 Candidate = tuple["QueueNode", Job, list[PodState], Vector]
@@ -106,13 +115,37 @@ def _fmt(resource: str, amount: int) -> str:
     return f"{amount // 2**20}Mi memory"
 
 
+class FairShareOrder:
+    """KAI's tie-break on fair shares: a queue whose fair share is smaller in at least one
+    resource and not larger in any goes first. Two shares neither of which is smaller that way
+    compare equal, so the order falls through to the next key (creation time)."""
+
+    __slots__ = ("fair",)
+
+    def __init__(self, fair: Vector) -> None:
+        self.fair = fair
+
+    def __lt__(self, other: FairShareOrder) -> bool:
+        a, b = self.fair, other.fair
+        return a != b and a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FairShareOrder) and not self < other and not other < self
+
+    def __hash__(self) -> int:
+        return 0
+
+
 class Session:
     """One cycle's shared view (see module docstring)."""
 
-    def __init__(self, state: ClusterState, plan: Plan, now_ns: int) -> None:
+    def __init__(self, state: ClusterState, plan: Plan, now_ns: int, policy: Policy | None = None) -> None:
         self.state = state
         self.plan = plan
         self.now_ns = now_ns
+        #: the policy version's semantic switches (None: kai-es/v1's)
+        self.gpu_share_unit = policy.gpu_share_unit if policy is not None else 1
+        self.kai_queue_order = policy.kai_queue_order if policy is not None else False
         self.eligibility = Eligibility(state, plan.names, plan.nodes)
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)
@@ -172,7 +205,7 @@ class Session:
             for anc in node.chain:
                 anc.allocated = _add(anc.allocated, own)
                 anc.nonpreemptible = _add(anc.nonpreemptible, np)
-        shares = shares_for_state(st)
+        shares = shares_for_state(st, self.gpu_share_unit)
         for name, node in self.queues.items():
             node.fair = (shares["gpu"][name].fair_share, shares["cpu"][name].fair_share,
                          shares["memory"][name].fair_share)
@@ -244,7 +277,19 @@ class Session:
                 s = used * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
                 if s > share:
                     share = s
-        return (over_all, over_quota, -q.priority, share, q.created_ns, q.name)
+        if not self.kai_queue_order:
+            return (over_all, over_quota, -q.priority, share, q.created_ns, q.name)
+        zero_fair = False
+        share_without = 0
+        for r in (0, 1, 2):
+            if fair[r] == 0 and allocated[r] + request[r] > 0:
+                zero_fair = True
+            if allocated[r] > 0:
+                s = allocated[r] * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
+                if s > share_without:
+                    share_without = s
+        return (over_all, over_quota, -q.priority, zero_fair, share, share_without, FairShareOrder(fair),
+                q.created_ns, q.name)
 
     def pick(self, nodes: list[QueueNode]) -> Candidate | None:
         """The best (leaf, job, pods, request) below `nodes`. A queue's key and candidate depend
