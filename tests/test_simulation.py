@@ -111,7 +111,8 @@ def test_a_non_deterministic_scheduler_is_caught_by_replay() -> None:
     first = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
     bad = json.loads(theirs[first][9:])
     based = bad["basedon"]
-    assert bad["type"] == "kai.scheduler.pod.bindingdecided" and based is not None
+    assert bad["type"] == "kai.scheduler.pod.bindingdecided" and based is not None, \
+        "the must-fail history is stale: regenerate it with tools/make_golden.py"
     cycle = json.loads(theirs[based][9:])["data"]["cycle"]
     index = sum(1 for line in theirs[based + 1:first] if json.loads(line[9:]).get("basedon") == based)
 
