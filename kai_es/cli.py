@@ -163,7 +163,7 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
                         "refusing to overwrite an event log (pass --force to replace it, or choose another file)")
     report_path = Path(report_dir or f"out/{scenario.name}-report")
     engine = _packer(packer)
-    _warn_unimplemented(scenario.config)
+    warn_unimplemented(scenario.config)
     try:
         events = open_log(log_url, fresh=not log_url.startswith("kafka://"))
     except OSError as exc:
@@ -225,8 +225,9 @@ def _holds_data(path: str) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_size > 0
 
 
-def _warn_unimplemented(config: SchedulerConfig) -> None:
-    """One warning line when the config lists actions that do not run yet (until they do)."""
+def warn_unimplemented(config: SchedulerConfig) -> None:
+    """One warning line when the config lists actions that do not run yet (until they do; also
+    used by `kai-es scheduler`)."""
     idle = [a for a in config.actions if a not in IMPLEMENTED_ACTIONS]
     if idle:
         warn(f"the scheduler config lists actions that do not run yet: {', '.join(idle)} "
@@ -318,7 +319,7 @@ def cycle(scenario_file: str, output: str, packer: str | None) -> None:
     from kai_es.oneshot import one_cycle
 
     scenario = _load(scenario_file)
-    _warn_unimplemented(scenario.config)
+    warn_unimplemented(scenario.config)
     outcome = one_cycle(scenario, _packer(packer))
     if output == "json":
         sys.stdout.write(json.dumps(outcome, sort_keys=True, indent=1) + "\n")
