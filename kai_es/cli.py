@@ -38,7 +38,8 @@ from kai_es.events import DecodeError, Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
 from kai_es.scenario import ScenarioError, load_scenario
-from kai_es.scheduling.config import IMPLEMENTED_ACTIONS, ConfigError, SchedulerConfig
+from kai_es.scheduling.config import ConfigError, SchedulerConfig
+from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.packing import NativePackerUnavailable, Packer
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -226,12 +227,14 @@ def _holds_data(path: str) -> bool:
 
 
 def warn_unimplemented(config: SchedulerConfig) -> None:
-    """One warning line when the config lists actions that do not run yet (until they do; also
-    used by `kai-es scheduler`)."""
-    idle = [a for a in config.actions if a not in IMPLEMENTED_ACTIONS]
+    """One warning line when the config lists actions that its policy version accepts but does
+    not run (kai-es/v1 accepts the names of actions it never implemented; later versions refuse
+    them when the config is parsed). Also used by `kai-es scheduler`."""
+    runs = policy_for(config.policy_version).actions
+    idle = [a for a in config.actions if a not in runs]
     if idle:
-        warn(f"the scheduler config lists actions that do not run yet: {', '.join(idle)} "
-             f"(only {', '.join(sorted(IMPLEMENTED_ACTIONS))} runs)")
+        warn(f"the scheduler config lists actions that do not run: {', '.join(idle)} "
+             f"(policy {config.policy_version} runs only {', '.join(sorted(runs))})")
 
 
 def _load(scenario_file: str) -> Any:

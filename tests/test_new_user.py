@@ -307,18 +307,29 @@ def test_scenarios_are_parsed_by_libyaml(monkeypatch: pytest.MonkeyPatch) -> Non
     assert used == [yaml.CSafeLoader]
 
 
-def test_actions_that_do_not_run_yet_are_warned_about_in_one_line(tmp_path: Path) -> None:
+def test_actions_that_do_not_run_are_warned_about_in_one_line(tmp_path: Path) -> None:
+    """Policy kai-es/v1 accepts action names it never ran (old logs list them): a config that
+    lists them says so in one warning line. The current policy refuses them outright."""
     run = _cli("cycle", str(QUICKSTART))
-    assert run.returncode == 0, run.stderr
-    warnings = [line for line in run.stderr.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: the scheduler config lists actions that do not run yet: consolidation, "
-                        "reclaim, preempt, stalegangeviction (only allocate runs)"]
-    only = tmp_path / "only-allocate.yaml"
-    only.write_text(QUICKSTART.read_text().replace(
-        "placementStrategy: {gpu: binpack, cpu: binpack}",
-        "placementStrategy: {gpu: binpack, cpu: binpack}\n    actions: [allocate]"))
-    run = _cli("cycle", str(only))
     assert run.returncode == 0 and "warning" not in run.stderr, run.stderr
+    legacy = tmp_path / "legacy.yaml"
+    legacy.write_text(QUICKSTART.read_text().replace(
+        "placementStrategy: {gpu: binpack, cpu: binpack}",
+        "placementStrategy: {gpu: binpack, cpu: binpack}\n    policyVersion: kai-es/v1\n"
+        "    actions: [allocate, reclaim, preempt]"))
+    for command in ("cycle", "simulate"):
+        args = [command, str(legacy)] + (["--log", str(tmp_path / "l.log"), "--report", str(tmp_path / "r"),
+                                          "--force"] if command == "simulate" else [])
+        run = _cli(*args)
+        assert run.returncode == 0, run.stderr
+        warnings = [line for line in run.stderr.splitlines() if line.startswith("warning:")]
+        assert warnings == ["warning: the scheduler config lists actions that do not run: reclaim, preempt "
+                            "(policy kai-es/v1 runs only allocate)"], run.stderr
+    current = tmp_path / "current.yaml"
+    current.write_text(QUICKSTART.read_text().replace(
+        "placementStrategy: {gpu: binpack, cpu: binpack}",
+        "placementStrategy: {gpu: binpack, cpu: binpack}\n    actions: [allocate, reclaim]"))
+    _one_line_error(_cli("cycle", str(current)), "reclaim is not implemented by policy kai-es/v2")
 
 
 def test_the_readme_documents_the_scenario_format_inside_the_repository() -> None:
