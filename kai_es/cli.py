@@ -1,15 +1,24 @@
 """The `kai-es` command line. click for parsing (sub-commands, typed options, help for free),
 rich for tables and progress.
 
-Every expected failure (bad scenario, bad config, corrupt log, missing file) prints one readable
-message to stderr and exits 2; a replay that diverges exits 1. No tracebacks for user errors.
+Every expected failure (bad scenario, bad config, corrupt log, missing file, a file that cannot
+be read or written: no permission, a full disk) prints one readable message to stderr and exits
+2; a replay that diverges exits 1. No tracebacks for user errors.
+
+Text from the user's files (names, paths, messages) is never read as rich markup, and in the
+one-line-per-event output of `events` control characters are escaped, so a name cannot forge
+lines or styles.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import os
+import re
+import stat
 import sys
+import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,8 +27,10 @@ import anyio
 import click
 import msgspec
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from kai_es.adapters.file_log import CorruptLogError, FileEventLog
 from kai_es.app import LogUrlError, bulk_fold, open_log, packer_from_env
@@ -27,7 +38,8 @@ from kai_es.events import DecodeError, Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
 from kai_es.scenario import ScenarioError, load_scenario
-from kai_es.scheduling.config import ConfigError
+from kai_es.scheduling.config import ConfigError, SchedulerConfig
+from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.packing import NativePackerUnavailable, Packer
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,7 +51,36 @@ class UserError(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        err.print(f"[bold red]error:[/] {self.message}", highlight=False)
+        text = " ".join(part.strip() for part in self.message.splitlines() if part.strip())
+        err.print(f"[bold red]error:[/] {escape(_one_line(text))}", highlight=False)
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (never markup)."""
+    err.print(f"[bold yellow]warning:[/] {escape(_one_line(message))}", highlight=False)
+
+
+def _one_line(text: str) -> str:
+    """`text` with control characters (newlines included) escaped: one line, nothing forged."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escape_char(c) for c in text)
+
+
+def _escape_char(c: str) -> str:
+    code = ord(c)
+    if c in "\n\r\t":
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c]
+    if unicodedata.category(c).startswith("C") or unicodedata.category(c) in ("Zl", "Zp"):
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return c
+
+
+def _os_error(exc: OSError) -> str:
+    """One line for an OSError: the file it was about and why."""
+    what = exc.strerror or str(exc)
+    names = [n for n in (exc.filename, exc.filename2) if n is not None]
+    return f"{' -> '.join(str(n) for n in names)}: {what}" if names else what
 
 
 def friendly(fn: F) -> F:
@@ -49,8 +90,10 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (ScenarioError, ConfigError, CorruptLogError, DecodeError, LogUrlError, NativePackerUnavailable,
-                FileNotFoundError, PermissionError, IsADirectoryError, *_backend_errors()) as exc:
+                *_backend_errors()) as exc:
             raise UserError(str(exc)) from None
+        except OSError as exc:  # no permission, a full disk, a directory for a file, ...
+            raise UserError(_os_error(exc)) from None
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
@@ -92,27 +135,42 @@ def main() -> None:
 @click.option("--until", default=None, help="'idle' or a duration such as 24h (default: the scenario's).")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Directory for the summary and plot. Default: out/<scenario>-report")
+@click.option("--force", "--overwrite", "force", is_flag=True,
+              help="Replace the file given by --log if it already holds events.")
 @packer_option
 @friendly
 def simulate(scenario_file: str, log_url: str | None, until: str | None, report_dir: str | None,
-             packer: str | None) -> None:
+             force: bool, packer: str | None) -> None:
     """Run a scenario through the whole pipeline on a simulated cluster."""
     from kai_es.report import plot, summarize
     from kai_es.sim.runner import simulate as run_sim
 
-    scenario = load_scenario(scenario_file)
+    scenario = _load(scenario_file)
     until_ns: int | None = scenario.simulation.until_ns
     if until is not None:
         try:
             until_ns = None if until == "idle" else parse_duration(until)
         except ValueError as exc:
             raise UserError(f"--until: {exc}") from None
-    log_url = log_url or f"out/{scenario.name}.events.jsonl"
+    if log_url is None or report_dir is None:
+        _check_out_name(scenario.name)
+    replacing = ""
+    if log_url is None:
+        log_url = f"out/{scenario.name}.events.jsonl"
+        if _holds_data(log_url):
+            replacing = f" (replacing the previous run's {log_url})"
+    elif not log_url.startswith("kafka://") and _holds_data(log_url) and not force:
+        raise UserError(f"--log {log_url} already exists and holds {os.path.getsize(log_url)} bytes: "
+                        "refusing to overwrite an event log (pass --force to replace it, or choose another file)")
     report_path = Path(report_dir or f"out/{scenario.name}-report")
     engine = _packer(packer)
-    events = open_log(log_url, fresh=not log_url.startswith("kafka://"))
-    console.print(f"[bold]kai-es simulate[/] {scenario_file}: {len(scenario.objects)} objects, "
-                  f"packer={engine.kind}, log={log_url}")
+    warn_unimplemented(scenario.config)
+    try:
+        events = open_log(log_url, fresh=not log_url.startswith("kafka://"))
+    except OSError as exc:
+        raise UserError(f"--log {log_url}: cannot create the log: {_os_error(exc)}") from None
+    console.print(f"[bold]kai-es simulate[/] {escape(scenario_file)}: {len(scenario.objects)} objects, "
+                  f"packer={engine.kind}, log={escape(log_url)}{escape(replacing)}", highlight=False)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.fields[sim]}"), TimeElapsedColumn(), console=console,
                   transient=True, disable=not console.is_terminal) as bar:
@@ -128,17 +186,67 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
             finally:
                 await events.close()
 
-        result = anyio.run(run_and_close)
+        try:
+            result = anyio.run(run_and_close)
+        except OSError as exc:
+            raise UserError(f"--log {log_url}: writing the log failed: {_os_error(exc)}") from None
     with bulk_fold():
         records = list(_records(events))
-        summary = summarize(records)
-    report_path.mkdir(parents=True, exist_ok=True)
+        summary = summarize(records, end_ns=result.end_ns)
     plot_path = report_path / "gpu-allocation.png"
-    plot(summary, str(plot_path))
     _print_summary(summary, result.stopped_because, result.end_ns - result.start_ns, result.cycles)
-    (report_path / "summary.json").write_text(json.dumps(_summary_json(summary), indent=2) + "\n")
-    console.print(f"log: {log_url} ({len(records)} events)   plot: {plot_path}   "
-                  f"summary: {report_path / 'summary.json'}")
+    try:
+        report_path.mkdir(parents=True, exist_ok=True)
+        plot(summary, str(plot_path))
+        (report_path / "summary.json").write_text(json.dumps(_summary_json(summary), indent=2) + "\n")
+    except OSError as exc:
+        raise UserError(f"--report {report_path}: cannot write the report: {_os_error(exc)} "
+                        f"(the log {log_url} is complete)") from None
+    console.print(f"log: {escape(log_url)} ({len(records)} events)   plot: {escape(str(plot_path))}   "
+                  f"summary: {escape(str(report_path / 'summary.json'))}", highlight=False)
+
+
+#: what a Scenario name may be when it names files under out/
+_OUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def _check_out_name(name: str) -> None:
+    """Refuse a Scenario name that would put the default log or report outside out/."""
+    if not _OUT_NAME.fullmatch(name) or ".." in name:
+        raise UserError(f"the Scenario name {name!r} cannot name files under out/ (it would write "
+                        "elsewhere): use letters, digits, '.', '-' and '_', or give --log and --report")
+
+
+def _holds_data(path: str) -> bool:
+    """Whether `path` is an existing regular file with something in it."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False  # missing, or opening it reports the problem
+    return stat.S_ISREG(info.st_mode) and info.st_size > 0
+
+
+def warn_unimplemented(config: SchedulerConfig) -> None:
+    """One warning line when the config lists actions that its policy version accepts but does
+    not run (kai-es/v1 accepts the names of actions it never implemented; later versions refuse
+    them when the config is parsed). Also used by `kai-es scheduler`."""
+    runs = policy_for(config.policy_version).actions
+    idle = [a for a in config.actions if a not in runs]
+    if idle:
+        warn(f"the scheduler config lists actions that do not run: {', '.join(idle)} "
+             f"(policy {config.policy_version} runs only {', '.join(sorted(runs))})")
+
+
+def _load(scenario_file: str) -> Any:
+    """`load_scenario`, with a transient spinner on a terminal (big files take a while)."""
+    if not err.is_terminal:
+        return load_scenario(scenario_file)
+    try:
+        size = f" ({os.path.getsize(scenario_file) / 1e6:.1f} MB)"
+    except OSError:
+        size = ""
+    with err.status(f"loading {escape(scenario_file)}{size}"):
+        return load_scenario(scenario_file)
 
 
 def _records(events: Any) -> Iterator[Record]:
@@ -169,9 +277,13 @@ def _print_summary(s: Any, why: str, duration: int, cycles: int) -> None:
     for name in sorted(s.queues, key=lambda n: _queue_path(s, n)):
         q = s.queues[name]
         depth = _queue_path(s, name).count("/")
-        table.add_row("  " * depth + (name or "(none)"), str(q.scheduled), _fmt_ns(q.percentile_ns(50)),
+        table.add_row(Text("  " * depth + (name or "(none)")), str(q.scheduled), _fmt_ns(q.percentile_ns(50)),
                       _fmt_ns(q.percentile_ns(95)), f"{q.gpu_milli_ns / 3.6e15:.2f}", str(q.pending_at_end))
     console.print(table)
+    censored = sum(q.censored for q in s.queues.values() if not q.parent)
+    if censored:
+        console.print(f"wait percentiles include {censored} pod(s) still pending at the end, "
+                      "their wait counted up to the end", highlight=False)
 
 
 def _queue_path(s: Any, name: str) -> str:
@@ -191,8 +303,8 @@ def _summary_json(s: Any) -> dict[str, Any]:
         "podsScheduled": s.pods_scheduled, "pendingAtEnd": s.pending_at_end, "cycles": s.cycles,
         "gpuUtilizationPermille": s.utilization_permille,
         "queues": {name: {"parent": q.parent or None, "scheduled": q.scheduled, "waitP50Ns": q.percentile_ns(50),
-                          "waitP95Ns": q.percentile_ns(95), "gpuMilliNs": q.gpu_milli_ns,
-                          "pendingAtEnd": q.pending_at_end}
+                          "waitP95Ns": q.percentile_ns(95), "waitsCensored": q.censored,
+                          "gpuMilliNs": q.gpu_milli_ns, "pendingAtEnd": q.pending_at_end}
                    for name, q in sorted(s.queues.items())},
     }
 
@@ -209,21 +321,24 @@ def cycle(scenario_file: str, output: str, packer: str | None) -> None:
     """Run exactly one scheduling cycle on the scenario's initial state."""
     from kai_es.oneshot import one_cycle
 
-    scenario = load_scenario(scenario_file)
+    scenario = _load(scenario_file)
+    warn_unimplemented(scenario.config)
     outcome = one_cycle(scenario, _packer(packer))
     if output == "json":
         sys.stdout.write(json.dumps(outcome, sort_keys=True, indent=1) + "\n")
         return
-    table = Table(title=f"one cycle of {scenario_file}")
+    table = Table(title=Text(f"one cycle of {scenario_file}"))
     for col in ("pod", "status", "node", "gpu groups"):
         table.add_column(col)
     for key, pod in outcome["pods"].items():
-        table.add_row(key, pod["status"], pod["node"] or "-", ",".join(pod["gpuGroups"]) or "-")
+        table.add_row(Text(key), Text(pod["status"]), Text(pod["node"] or "-"),
+                      Text(",".join(pod["gpuGroups"]) or "-"))
     console.print(table)
     for d in outcome["decisions"]:
         if d["type"] == "kai.scheduler.pod.unschedulable":
             for reason in d["data"]["reasons"]:
-                console.print(f"[yellow]{d['subject']}[/] {reason['code']}: {reason['message']}")
+                console.print(f"[yellow]{escape(_one_line(d['subject']))}[/] "
+                              f"{escape(_one_line(reason['code'] + ': ' + reason['message']))}", highlight=False)
 
 
 # --- fairshare ---------------------------------------------------------------------------------
@@ -237,17 +352,17 @@ def fairshare(scenario_file: str, output: str) -> None:
     """Fair share of every queue and resource on the scenario's initial state."""
     from kai_es.oneshot import fairshare_report
 
-    report = fairshare_report(load_scenario(scenario_file))
+    report = fairshare_report(_load(scenario_file))
     if output == "json":
         sys.stdout.write(json.dumps(report, sort_keys=True, indent=1) + "\n")
         return
-    table = Table(title=f"fair share of {scenario_file}")
+    table = Table(title=Text(f"fair share of {scenario_file}"))
     for col in ("queue", "resource", "quota", "limit", "request", "allocated", "fair share"):
         table.add_column(col, justify="left" if col in ("queue", "resource") else "right")
     for name, q in report["queues"].items():
         label = name if not q["parent"] else f"{q['parent']}/{name}"
         for resource, r in q["resources"].items():
-            table.add_row(label, resource, *(_unit(resource, r[k]) for k in
+            table.add_row(Text(label), resource, *(_unit(resource, r[k]) for k in
                                              ("quota", "limit", "request", "allocated", "fairShare")))
     console.print(table)
 
@@ -278,22 +393,46 @@ def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
     from kai_es.replay_parallel import replay_file
 
     events = open_log(log_url, readonly=True)
-    if isinstance(events, FileEventLog):
-        result = replay_file(events, packer_kind=packer, jobs=jobs)
-    else:
-        with bulk_fold():
-            result = do_replay(_records(events), _packer(packer))
+    with Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
+                  TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
+        if isinstance(events, FileEventLog):
+            task = bar.add_task("replay", total=events.record_count())
+            result = replay_file(events, packer_kind=packer, jobs=jobs,
+                                 progress=lambda n: bar.update(task, completed=n))
+        else:
+            task = bar.add_task("replay", total=None)
+            with bulk_fold():
+                result = do_replay(_records(events), _packer(packer),
+                                   progress=lambda n: bar.update(task, completed=n))
     from kai_es.services.processes import describe_dead_letters
 
     for line in describe_dead_letters(list(getattr(events, "dead_letters", []))):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)
     if result.divergence is not None:
         err.print(describe(result.divergence), highlight=False, markup=False)
         sys.exit(1)
+    torn = getattr(events, "recovered", None)
+    complete = result.cycles - result.abandoned  # cycles whose decisions were compared
+    verified = (f"{complete} cycles, {result.decisions} decisions over {result.records} records "
+                f"replayed byte for byte")
+    if result.records == 0:
+        what = (f"it ends with {torn.length} bytes that are not a complete record ({torn.reason})"
+                if torn is not None else "it is empty")
+        raise UserError(f"{log_url}: no complete record to verify: {what}")
+    if complete == 0:
+        abandoned = f" ({result.abandoned} abandoned: their decisions are not in the log)" if result.abandoned else ""
+        raise UserError(f"{log_url}: {result.records} records but no complete scheduling cycle{abandoned}: "
+                        "nothing to verify")
+    if torn is not None:
+        console.print(f"verified: {verified}, positions 0..{result.last_position}; state {result.state_digest}",
+                      highlight=False, markup=False)
+        raise UserError(f"{log_url}: the log ends with a torn record at position {torn.position} "
+                        f"({torn.length} bytes: {torn.reason}): it is incomplete and that record was not verified")
     extra = f", {result.abandoned} abandoned" if result.abandoned else ""
-    console.print(f"OK: {result.cycles} cycles, {result.decisions} decisions over {result.records} "
-                  f"records replayed byte for byte{extra}; state {result.state_digest}",
-                  highlight=False)
+    if result.abandoned_at and result.abandoned_at[-1] == result.last_position:
+        extra += (f"; the log ends with the CycleStarted at position {result.last_position}, whose decisions "
+                  "are not in it (not verified)")
+    console.print(f"OK: {verified}{extra}; state {result.state_digest}", highlight=False, markup=False)
 
 
 # --- events ------------------------------------------------------------------------------------
@@ -305,7 +444,8 @@ def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
               help="Event type or glob (e.g. 'kai.scheduler.*').")
 @click.option("--subject", default=None, help="Subject or glob (e.g. 'pod/default/train-*').")
 @click.option("--from", "from_position", default=0, type=int, help="First position to read.")
-@click.option("--limit", default=None, type=int, help="Stop after this many matching events.")
+@click.option("--limit", default=None, type=click.IntRange(min=0),
+              help="Stop after this many matching events (0: none).")
 @click.option("--output", "-o", type=click.Choice(["json", "text"]), default="text")
 @friendly
 def events(log_url: str, type_pattern: str | None, subject: str | None, from_position: int,
@@ -314,6 +454,8 @@ def events(log_url: str, type_pattern: str | None, subject: str | None, from_pos
     log = open_log(log_url, readonly=True)
     shown = 0
     out = sys.stdout
+    if limit == 0:
+        return
     for record in _records_from(log, from_position):
         env = record.envelope
         if type_pattern and not fnmatch.fnmatchcase(env.type, type_pattern):
@@ -325,7 +467,8 @@ def events(log_url: str, type_pattern: str | None, subject: str | None, from_pos
             out.write(json.dumps({"position": record.position, "event": body}, sort_keys=True,
                                  separators=(",", ":")) + "\n")
         else:
-            out.write(f"{record.position:>8} {env.time} {env.type:<36} {env.subject}  {_brief(env.data)}\n")
+            out.write(_one_line(f"{record.position:>8} {env.time} {env.type:<36} {env.subject}  "
+                                f"{_brief(env.data)}") + "\n")
         shown += 1
         if limit is not None and shown >= limit:
             break

@@ -16,7 +16,7 @@ import anyio
 import click
 
 from kai_es.app import open_log
-from kai_es.cli import UserError, err, friendly, main, packer_option
+from kai_es.cli import UserError, warn_unimplemented, err, friendly, main, packer_option
 from kai_es.events.timefmt import parse_duration
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.config import SchedulerConfig
@@ -95,6 +95,7 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
 
     _setup_logging(verbose)
     config = load_scenario(scenario_file).config if scenario_file else SchedulerConfig()
+    warn_unimplemented(config)
     period_s = _seconds("--period", period)
     engine = packer_from_env(packer)
     if time_scale <= 0:

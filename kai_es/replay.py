@@ -18,6 +18,14 @@ Contract:
 - `replay_frames` reads canonical bodies instead of decoded records: a body equal to the next
   decision the replay expects is not decoded again (the replay's own envelope is folded), which
   changes nothing but speed, since equal canonical bytes mean equal events.
+- A binder outcome (PodBound, PodBindFailed, PodEvicted) must perform a decision recorded
+  earlier in the log (its `decision_id`), of the matching kind, for the same pod (namespace,
+  name, uid) and node, at a logical time no earlier than the decision's. An outcome that does
+  not is impossible for a correct binder (a pod or node that never existed, time running back),
+  however valid its CRC: the replay stops there with a Divergence of cycle -1 naming the record.
+- The result says how far it got: `last_position` (the last record read) and `abandoned_at`
+  (the CycleStarted positions of abandoned cycles), so a caller can tell a log that ends inside
+  a cycle from one that does not.
 """
 
 from __future__ import annotations
@@ -76,12 +84,56 @@ class ReplayResult:
     divergence: Divergence | None = None
     rerun: dict[int, list[Envelope]] = field(default_factory=dict)
     state: ClusterState = field(default_factory=ClusterState)
+    #: the position of the last record read (-1: none)
+    last_position: int = -1
+    #: CycleStarted positions of the abandoned cycles, in log order
+    abandoned_at: list[int] = field(default_factory=list)
     #: digest of the state after the last record read
     state_digest: str = ""
 
     @property
     def ok(self) -> bool:
         return self.divergence is None
+
+
+_DECISIONS = (p.BindingDecided, p.EvictionDecided)
+_OUTCOMES = (p.PodBound, p.PodBindFailed, p.PodEvicted)
+_DECIDED_BY = {p.PodBound: p.BindingDecided, p.PodBindFailed: p.BindingDecided, p.PodEvicted: p.EvictionDecided}
+
+
+@dataclass(frozen=True, slots=True)
+class _Decided:
+    """What a binder outcome must agree with: its decision's kind, pod, node and time."""
+
+    kind: type
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    logicaltime: int
+
+
+def _impossible_outcome(decided: dict[str, _Decided], record: Record) -> str | None:
+    """Why the binder outcome `record` cannot be the outcome of a decision in `decided`, or None."""
+    env = record.envelope
+    data = env.data
+    assert isinstance(data, _OUTCOMES)
+    what = f"{type(data).__name__} of pod {data.namespace}/{data.name} on node {data.node!r}"
+    decision = decided.get(data.decision_id)
+    if decision is None:
+        return f"{what} names decision {data.decision_id!r}, which is not in the log before it"
+    if decision.kind is not _DECIDED_BY[type(data)]:
+        return f"{what} names decision {data.decision_id!r}, which is a {decision.kind.__name__}"
+    ours = (data.namespace, data.name, data.uid, data.node)
+    theirs = (decision.namespace, decision.name, decision.uid, decision.node)
+    if ours != theirs:
+        fields = ("namespace", "name", "uid", "node")
+        diff = ", ".join(f"{f} {a!r} (decision: {b!r})" for f, a, b in zip(fields, ours, theirs) if a != b)
+        return f"{what} does not match its decision {data.decision_id!r}: {diff}"
+    if env.logicaltime < decision.logicaltime:
+        return (f"{what}: logical time runs back, {env.logicaltime} is before its decision's "
+                f"{decision.logicaltime}")
+    return None
 
 
 def _config_of(state: ClusterState) -> SchedulerConfig:
@@ -110,6 +162,18 @@ class _Replayer:
         self.closed: set[int] = set()  # cycles whose CycleCompleted has been folded
         # the last position this share must read even with no cycle of its own still open
         self.last_alone = AT_END if share.stop is None else share.stop - 1
+        # binder decisions folded so far, by event id (what their outcomes must agree with)
+        self.decided: dict[str, _Decided] = {}
+
+    def impossible(self, record: Record) -> bool:
+        """Check a binder outcome against its decision; True (and the divergence set) if it
+        is impossible."""
+        why = _impossible_outcome(self.decided, record)
+        if why is None:
+            return False
+        self._diverge(Divergence(cycle=-1, position=record.position, index=0, found_at=record.position,
+                                 message=why, recorded=encode(record.envelope)))
+        return True
 
     def _diverge(self, div: Divergence) -> bool:
         self.result.divergence = div
@@ -166,12 +230,19 @@ class _Replayer:
 
     def _fold(self, record: Record) -> bool:
         state = self.state
+        env = record.envelope
+        data = env.data
+        kind = type(data)
+        if kind in _OUTCOMES and self.impossible(record):
+            return False
+        if kind in _DECISIONS:
+            self.decided[env.id] = _Decided(kind, data.namespace, data.name, data.uid,
+                                            data.node, env.logicaltime)
         apply(state, record)
         result = self.result
         result.records += 1
         if self.progress is not None and result.records % 65536 == 0:
             self.progress(result.records)
-        data = record.envelope.data
         if isinstance(data, p.CycleStarted):
             return self.cycle(record, data)
         return record.position < self.last_alone or bool(self.expected)
@@ -205,6 +276,7 @@ class _Replayer:
             for pos, queue in list(self.expected.items()):
                 if queue and len(queue) == self.planned[pos]:
                     result.abandoned += 1  # no decision of it reached the log: the scheduler died mid-cycle
+                    result.abandoned_at.append(pos)
                 elif queue:
                     result.divergence = Divergence(
                         cycle=self.cycle_of[pos], position=pos, index=self.planned[pos] - len(queue),
@@ -219,7 +291,9 @@ def replay(records: Iterable[Record], packer: Packer, *, override: SchedulerConf
            progress: Callable[[int], None] | None = None, share: Share = Share()) -> ReplayResult:
     """Replay decoded `records` (see module docstring)."""
     replayer = _Replayer(packer, override, share, progress)
+    result = replayer.result
     for record in records:
+        result.last_position = record.position
         if not replayer.step(record):
             return replayer.finish(at_end=False)
     return replayer.finish(at_end=True)
@@ -234,30 +308,40 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Pack
     expected, state, result = replayer.expected, replayer.state, replayer.result
     match, step, step_matched = replayer.match, replayer.step, replayer.step_matched
     last_alone = replayer.last_alone
+    position = -1
     for position, body in frames:
         if expected:
             hit = match(body)
             if hit is not None:
                 if not step_matched(position, hit[0], hit[1]):
+                    result.last_position = position
                     return replayer.finish(at_end=False)
                 continue
         try:
             env = decode(body)  # type: ignore[arg-type]  # msgspec reads any buffer
         except DecodeError as exc:
             raise DecodeError(f"record at position {position}: {exc}") from None
-        if env.basedon is None and progress is None:
+        if env.basedon is None:
             # the common case (observations, outcomes), inlined: `step` minus what cannot apply
             record = Record(position, env)
+            kind = type(env.data)
+            if kind in _OUTCOMES and replayer.impossible(record):
+                result.last_position = position
+                return replayer.finish(at_end=False)
             apply(state, record)
             result.records += 1
-            if type(env.data) is p.CycleStarted:
+            if progress is not None and not result.records & 0xFFFF:
+                progress(result.records)
+            if kind is p.CycleStarted:
                 going = replayer.cycle(record, env.data)
             else:
                 going = position < last_alone or bool(expected)
         else:
             going = step(Record(position, env))
         if not going:
+            result.last_position = position
             return replayer.finish(at_end=False)
+    result.last_position = position
     return replayer.finish(at_end=True)
 
 
@@ -272,7 +356,10 @@ def merge(parts: Sequence[ReplayResult]) -> ReplayResult:
         merged.cycles += r.cycles
         merged.decisions += r.decisions
         merged.abandoned += r.abandoned
+        merged.abandoned_at.extend(r.abandoned_at)
         merged.records = max(merged.records, r.records)
+        merged.last_position = max(merged.last_position, r.last_position)
+    merged.abandoned_at.sort()
     if parts:
         merged.state = parts[-1].state
         merged.state_digest = parts[-1].state_digest
@@ -281,8 +368,11 @@ def merge(parts: Sequence[ReplayResult]) -> ReplayResult:
 
 def describe(div: Divergence) -> str:
     """A readable, multi-line account of a divergence."""
-    lines = [f"DIVERGED at cycle {div.cycle} (CycleStarted at position {div.position}), "
-             f"decision #{div.index}: {div.message}"]
+    if div.cycle < 0:  # not a decision of a cycle: a record that cannot be where it is
+        lines = [f"DIVERGED: impossible record at position {div.found_at}: {div.message}"]
+    else:
+        lines = [f"DIVERGED at cycle {div.cycle} (CycleStarted at position {div.position}), "
+                 f"decision #{div.index}: {div.message}"]
     if div.expected is not None or div.recorded is not None:
         exp = msgspec.json.decode(div.expected) if div.expected else None
         rec = msgspec.json.decode(div.recorded) if div.recorded else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -79,9 +80,11 @@ def _replay_share(path: str, end: int, share: Share, packer_kind: str | None) ->
 
 
 def replay_file(path: str | os.PathLike[str] | FileEventLog, *, packer_kind: str | None = None,
-                jobs: int | None = None, min_records: int = MIN_RECORDS_PER_JOB) -> ReplayResult:
+                jobs: int | None = None, min_records: int = MIN_RECORDS_PER_JOB,
+                progress: Callable[[int], None] | None = None) -> ReplayResult:
     """Replay the file log at `path` (or an open one) over up to `jobs` processes (default:
-    `default_jobs()`), each given at least `min_records` records."""
+    `default_jobs()`), each given at least `min_records` records. `progress` is called now and
+    then with the number of records this process has folded (it folds the whole log)."""
     log = path if isinstance(path, FileEventLog) else FileEventLog(Path(path), readonly=True)
     path = log.path
     end = log.record_count()
@@ -89,13 +92,13 @@ def replay_file(path: str | os.PathLike[str] | FileEventLog, *, packer_kind: str
     packer = packer_from_env(packer_kind)  # fail here, before any process starts
     if len(shares) == 1:
         with bulk_fold():
-            return replay_frames(log.frames(0, end), packer)
+            return replay_frames(log.frames(0, end), packer, progress=progress)
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=len(shares) - 1, mp_context=context) as pool:
         futures = [pool.submit(_replay_share, str(path), end, share, packer_kind)
                    for share in shares[:-1]]
         with bulk_fold():
-            last = replay_frames(log.frames(0, end), packer, share=shares[-1])
+            last = replay_frames(log.frames(0, end), packer, share=shares[-1], progress=progress)
         parts = [f.result() for f in futures]
     return merge([*parts, last])

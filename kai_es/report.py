@@ -2,7 +2,12 @@
 GPU-hours, cluster GPU utilization, and the allocation timeline behind the plot.
 
 Contract: pure over records; integers throughout (times in ns, GPU in milli-GPU, GPU time in
-milli-GPU·ns); percentages are derived only when rendered.
+milli-GPU·ns); percentages are derived only when rendered. The measured span runs from the first
+record to the last, or to `end_ns` when the run went on past its last record (a simulation that
+ran to its time limit with nothing more to log): allocations and capacity then hold until
+`end_ns`. A pod still pending at the end waited from when it was first seen to the end: that
+wait is counted (censored: a lower bound of its real wait) with the waits of its queue.
+A parent queue shows the totals of its leaves.
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ class QueueSummary:
     waits_ns: list[int] = field(default_factory=list)
     gpu_milli_ns: int = 0
     pending_at_end: int = 0
+    #: how many of `waits_ns` are censored (pods still pending at the end, waited up to the end)
+    censored: int = 0
 
     def percentile_ns(self, pct: int) -> int | None:
-        """Nearest-rank percentile of the wait times (None when nothing was scheduled)."""
+        """Nearest-rank percentile of the wait times, censored ones included (None when no pod
+        of the queue was scheduled or left waiting)."""
         if not self.waits_ns:
             return None
         ordered = sorted(self.waits_ns)
@@ -60,8 +68,9 @@ class Summary:
         return self.gpu_allocated_milli_ns * 1000 // self.gpu_capacity_milli_ns
 
 
-def summarize(records: Iterable[Record]) -> Summary:
-    """Fold `records` and measure (see module docstring)."""
+def summarize(records: Iterable[Record], *, end_ns: int | None = None) -> Summary:
+    """Fold `records` and measure up to the last record's time or `end_ns` if that is later
+    (see module docstring)."""
     state = ClusterState()
     s = Summary()
     first_seen: dict[str, int] = {}
@@ -112,14 +121,26 @@ def summarize(records: Iterable[Record]) -> Summary:
                     if alloc.get(name) != milli:
                         s.timeline.append((t, name, milli))
                     alloc[name] = milli
+    if last_t is not None and end_ns is not None and end_ns > last_t:
+        dt = end_ns - last_t
+        s.gpu_capacity_milli_ns += capacity * dt
+        for q, milli in alloc.items():
+            s.gpu_allocated_milli_ns += milli * dt
+            s.queues[q].gpu_milli_ns += milli * dt
+        last_t = end_ns
     s.end_ns = last_t or 0
-    _roll_up(s, state)
     for key in sorted(state.pods):
         pod = state.pods[key]
         if pod.status == "Pending" and pod.spec.scheduler_name == "kai-scheduler":
             s.pending_at_end += 1
             queue = state.jobs[pod.job_key].queue if pod.job_key in state.jobs else ""
-            s.queues.setdefault(queue, QueueSummary(queue)).pending_at_end += 1
+            qs = s.queues.setdefault(queue, QueueSummary(queue))
+            qs.pending_at_end += 1
+            seen = first_seen.get(pod.spec.uid)
+            if seen is not None and pod.spec.uid not in scheduled:
+                qs.waits_ns.append(s.end_ns - seen)
+                qs.censored += 1
+    _roll_up(s, state)
     return s
 
 
@@ -139,6 +160,7 @@ def _roll_up(s: Summary, state: ClusterState) -> None:
             up.waits_ns.extend(leaf.waits_ns)
             up.gpu_milli_ns += leaf.gpu_milli_ns
             up.pending_at_end += leaf.pending_at_end
+            up.censored += leaf.censored
             parent = parents.get(parent, "")
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import anyio
+import pytest
 
 from kai_es.adapters.clock import SimClock
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
+from kai_es.ports import ActionOutcome
 from kai_es.scenario import load_scenario, load_scenario_text
 from kai_es.scheduling.packing import load_packer
 from kai_es.services.binder import BinderService
@@ -109,3 +112,56 @@ async def test_eviction_deletes_and_recreates_the_pod() -> None:
     assert [(c.action, c.obj["metadata"]["name"]) for c in changes] == [("DELETED", "a"), ("ADDED", "a-r1")]
     assert cluster.node_use["n"].devices == [0] * 8
     anyio  # noqa: B018 - keep the import used for the async plugin
+
+
+class _RefusingActuator:
+    """A cluster that refuses every eviction (e.g. a PodDisruptionBudget said no)."""
+
+    def __init__(self) -> None:
+        self.evictions: list[tuple[str, str, str]] = []
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpu_devices: object,
+                   gpu_groups: object) -> ActionOutcome:
+        raise AssertionError("no bind expected")
+
+    async def evict(self, namespace: str, name: str, uid: str) -> ActionOutcome:
+        self.evictions.append((namespace, name, uid))
+        return ActionOutcome(ok=False, message="refused by a disruption budget")
+
+
+async def test_a_refused_eviction_is_reported_once_and_not_retried(caplog: pytest.LogCaptureFixture) -> None:
+    log = MemoryEventLog()
+    evict = make_envelope(p.EvictionDecided(namespace="default", name="a", uid="uid-a", node="n",
+                                            podgroup="g", queue="team-a", action="preempt", reason="test"),
+                          event_id="e-1", source="t", subject="pod/default/a", logicaltime=5)
+    await log.append([evict])
+    actuator = _RefusingActuator()
+    binder = BinderService(log, actuator, SimClock(0))  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="kai_es.services.binder"):
+        assert await binder.step() == 1
+    assert actuator.evictions == [("default", "a", "uid-a")]
+    assert "evict default/a failed: refused by a disruption budget" in caplog.text
+    outcomes = [r.envelope for r in await _records(log)][1:]
+    assert len(outcomes) == 1
+    out = outcomes[0]
+    assert isinstance(out.data, p.PodEvicted) and out.data.decision_id == "e-1" and out.causationid == "e-1"
+    assert out.logicaltime == 5  # never before the decision it performs
+    # the outcome is in the log: neither this binder nor a restarted one performs it again
+    assert await binder.step() == 0
+    fresh = BinderService(log, actuator, SimClock(0))  # type: ignore[arg-type]
+    assert await fresh.step() == 0
+    assert len(actuator.evictions) == 1
+
+
+async def test_evicting_a_pod_that_is_already_gone_changes_nothing() -> None:
+    cluster, clock, pods = _setup(scenario_text(MakeNode("n").obj(), queue("team-a"),
+                                                MakePod("a").gpu(1).running_on("n", "0").obj()))
+    log = MemoryEventLog()
+    evict = make_envelope(p.EvictionDecided(namespace="default", name="a", uid="another-uid", node="n",
+                                            podgroup="g", queue="team-a", action="preempt", reason="test"),
+                          event_id="e-2", source="t", subject="pod/default/a", logicaltime=1)
+    await log.append([evict])
+    binder = BinderService(log, cluster, clock)
+    assert await binder.step() == 1
+    assert cluster.drain_changes() == [] and cluster.evictions == 0
+    assert cluster.node_use["n"].devices[0] != 0  # the running pod keeps its GPU

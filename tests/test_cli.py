@@ -64,3 +64,34 @@ def test_help_lists_the_commands() -> None:
     run = _cli("--help")
     for cmd in ("simulate", "cycle", "replay", "events"):
         assert cmd in run.stdout
+
+
+def test_every_command_is_registered_with_its_options() -> None:
+    """The commands a user and the process tests rely on exist, through `kai-es` itself (the
+    service commands are registered by importing kai_es.cli_services from kai_es.cli)."""
+    run = _cli("--help")
+    assert run.returncode == 0, run.stderr
+    listed = {line.split()[0] for line in run.stdout.split("Commands:", 1)[1].splitlines() if line.strip()}
+    assert {"simulate", "cycle", "replay", "events", "fairshare", "scheduler", "binder"} <= listed
+    expected = {
+        "scheduler": ["--log", "--scenario", "--period", "--snapshot-every", "--time-scale", "--cycles"],
+        "binder": ["--log", "--scenario", "--time-scale", "--poll", "--stats"],
+        "fairshare": ["--output"],
+    }
+    for command, options in expected.items():
+        help_run = _cli(command, "--help")
+        assert help_run.returncode == 0, help_run.stderr
+        for option in options:
+            assert option in help_run.stdout, (command, option)
+
+
+def test_fairshare_runs_from_the_command_line() -> None:
+    run = _cli("fairshare", "examples/quickstart.yaml", "-o", "json")
+    assert run.returncode == 0, run.stderr
+    assert {"research", "team-a", "team-b"} <= set(json.loads(run.stdout)["queues"])
+
+
+def test_service_commands_refuse_a_missing_log_option() -> None:
+    for command in ("scheduler", "binder"):
+        run = _cli(command)
+        assert run.returncode == 2 and "--log" in run.stderr and "Traceback" not in run.stderr

@@ -1,71 +1,110 @@
-"""The functional core imports no clock, randomness, concurrency, network, Kafka or Kubernetes."""
+"""The functional core imports no clock, randomness, concurrency, network, Kafka or Kubernetes,
+nothing of the shell, and calls nothing that reads a clock or depends on the process.
+
+Imports: the import-linter contracts in pyproject.toml (`lint-imports`). Calls: `tests/core_calls.py`.
+Each check is also run on a copy of the package with a planted violation, and must fail there
+naming it: a check that cannot fail proves nothing.
+"""
 
 from __future__ import annotations
 
-import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "kai_es"
-CORE = ["events", "state", "scheduling", "ingest"]
-FORBIDDEN = {"time", "datetime_now", "random", "secrets", "asyncio", "anyio", "trio", "socket",
-             "threading", "multiprocessing", "subprocess", "aiokafka", "kafka", "kubernetes",
-             "kubernetes_asyncio", "urllib", "http", "requests", "httpx", "os", "uuid4"}
-# modules the core may import although their names look risky, with the reason
-ALLOWED = {
-    "datetime": "timefmt converts logical ns to RFC 3339 arithmetically (never datetime.now)",
-    "uuid": "uuid5 for derived ids (never uuid1/uuid4)",
-}
-# per-file exceptions, each with its reason
-ALLOWED_IN: dict[str, dict[str, str]] = {
-    "scheduling/packing/native.py": {
-        "kai_es._native": "the shared loader that imports the compiled packer and checks its ABI; "
-                          "the packer itself is pure computation",
-    },
-}
-BANNED_CALLS = {"now", "utcnow", "today", "time", "time_ns", "monotonic", "perf_counter",
-                "uuid1", "uuid4", "random", "urandom", "getenv"}
+from tests.core_calls import core_files, violations
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kai_es"
 
 
-def _core_files() -> list[Path]:
-    return sorted(f for pkg in CORE for f in (ROOT / pkg).rglob("*.py"))
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`lint-imports` on the `kai_es` package found first on the path from `cwd` (no cache)."""
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    return subprocess.run([sys.executable, "-c", code, "--no-cache", "--no-logo"], cwd=cwd, env=env,
+                          capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("path", _core_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_core_module_imports_no_io(path: Path) -> None:
-    tree = ast.parse(path.read_text())
-    allowed_here = ALLOWED_IN.get(str(path.relative_to(ROOT)), {})
-    bad = []
-    for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        for name in names:
-            top = name.split(".")[0]
-            if top in FORBIDDEN and top not in ALLOWED and top not in allowed_here:
-                bad.append(name)
-            if (top == "kai_es" and name.split(".")[1] not in CORE + ["ports"] and name != "kai_es"
-                    and name not in allowed_here):
-                bad.append(f"{name} (outside the core)")
-        if isinstance(node, ast.Call):
-            fn = node.func
-            attr = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
-            if attr in BANNED_CALLS:
-                bad.append(f"call {attr}() at line {node.lineno}")
-    assert bad == [], f"{path.relative_to(ROOT)} reaches outside the pure core: {bad}"
+def _copy_with(tmp_path: Path, relpath: str, source: str) -> Path:
+    """A copy of the package (and its contracts) with `source` written at kai_es/`relpath`."""
+    shutil.copytree(PACKAGE, tmp_path / "kai_es", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "kai_es" / relpath).write_text(source)
+    return tmp_path
 
 
-def test_the_scan_finds_core_files() -> None:
-    assert len(_core_files()) > 15
+def test_import_contracts_are_kept() -> None:
+    run = _lint_imports(ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "3 kept, 0 broken" in run.stdout
 
 
-def test_the_scan_would_catch_a_clock(tmp_path: Path) -> None:
-    sneaky = tmp_path / "x.py"
-    sneaky.write_text("import time\nfrom kai_es.sim import cluster\nx = time.time_ns()\n")
-    tree = ast.parse(sneaky.read_text())
-    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    assert imports and calls  # the walker sees both shapes it checks
+PLANTED_IMPORTS = [
+    # (file, source, contract broken, the line import-linter must name)
+    ("state/planted.py", "from ..adapters import clock\n", "The core imports nothing of the shell",
+     "kai_es.state.planted -> kai_es.adapters.clock (l.1)"),
+    ("scheduling/planted.py", "from kai_es.sim import runner\n", "The core imports nothing of the shell",
+     "kai_es.scheduling.planted -> kai_es.sim.runner (l.1)"),
+    ("ingest/planted.py", "import time\n", "The core has no clock", "kai_es.ingest.planted -> time (l.1)"),
+    ("events/planted.py", "\nimport asyncio\n", "The core has no clock", "kai_es.events.planted -> asyncio (l.2)"),
+    ("state/planted.py", "from aiokafka import AIOKafkaProducer\n", "The core has no clock",
+     "kai_es.state.planted -> aiokafka (l.1)"),
+    ("state/planted.py", "import kubernetes\n", "The core has no clock", "kai_es.state.planted -> kubernetes (l.1)"),
+    ("events/planted.py", "from ..scheduling import config\n", "The core is layered",
+     "kai_es.events.planted -> kai_es.scheduling.config (l.1)"),
+]
+
+
+@pytest.mark.parametrize(("relpath", "source", "contract", "line"), PLANTED_IMPORTS,
+                         ids=[f"{r}:{s.strip()}" for r, s, _, _ in PLANTED_IMPORTS])
+def test_each_import_contract_fails_on_a_planted_violation(tmp_path: Path, relpath: str, source: str,
+                                                           contract: str, line: str) -> None:
+    run = _lint_imports(_copy_with(tmp_path, relpath, source))
+    assert run.returncode == 1, run.stdout + run.stderr
+    broken = run.stdout.split("Broken contracts", 1)[1]
+    assert contract in broken and line in broken, run.stdout
+
+
+def test_the_contracts_read_the_copy_not_the_installed_package(tmp_path: Path) -> None:
+    # a planted module that imports nothing breaks nothing: the failures above are the violations'
+    run = _lint_imports(_copy_with(tmp_path, "state/planted.py", "X = 1\n"))
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_no_banned_call_in_the_core() -> None:
+    assert len(core_files(PACKAGE)) > 15
+    assert [str(v) for v in violations(PACKAGE)] == []
+
+
+PLANTED_CALLS = [
+    ("import time as t\nx = t.monotonic()\n", ["imports time", "calls time.monotonic()"]),
+    ("from time import time_ns\nx = time_ns()\n", ["imports time", "calls time.time_ns()"]),
+    ("from datetime import datetime\nx = datetime.now()\n", ["calls datetime.datetime.now() (a clock)"]),
+    ("import datetime\nx = datetime.date.today()\n", ["calls datetime.date.today() (a clock)"]),
+    ("import uuid\nx = uuid.uuid4()\n", ["calls uuid.uuid4()"]),
+    ("from random import choice\nx = choice([1, 2])\n", ["imports random", "calls random.choice()"]),
+    ("x = hash('a')\n", ["calls hash()"]),
+    ("x = open('f').read()\n", ["calls open()"]),
+    ("x = sorted([object()], key=id)\n", ["orders by id() in sorted()"]),
+    ("xs = [object()]\nxs.sort(key=lambda o: (1, id(o)))\n", ["orders by id() in sort()"]),
+    ("from .. import adapters\n", ["imports kai_es.adapters (outside the core)"]),
+    ("from ..services.binder import BinderService\n", ["imports kai_es.services.binder (outside the core)"]),
+]
+
+
+@pytest.mark.parametrize(("source", "expected"), PLANTED_CALLS, ids=[s.split("\n")[-2] for s, _ in PLANTED_CALLS])
+def test_the_call_ban_fails_on_a_planted_violation(tmp_path: Path, source: str, expected: list[str]) -> None:
+    copy = _copy_with(tmp_path, "scheduling/planted.py", source)
+    found = [str(v) for v in violations(copy / "kai_es")]
+    assert found == [f"scheduling/planted.py:{i + 1 if len(expected) > 1 else source.count(chr(10))}: {what}"
+                     for i, what in enumerate(expected)], found
+
+
+def test_id_as_a_cache_key_is_allowed(tmp_path: Path) -> None:
+    copy = _copy_with(tmp_path, "scheduling/planted.py", "cache = {}\nx = object()\ncache[id(x)] = x\n")
+    assert violations(copy / "kai_es") == []

@@ -153,20 +153,33 @@ async def test_writer_open_does_not_truncate_another_writers_append_in_progress(
     assert ids(log) == ["id-0", "id-1"]
 
 
-async def test_read_only_keeps_ignoring_a_terminated_torn_tail(tmp_path: Path, indexer: LineIndexer) -> None:
+async def test_a_terminated_last_line_that_does_not_verify_is_corruption_not_a_torn_tail(
+        tmp_path: Path, indexer: LineIndexer) -> None:
+    # An append writes whole lines: a crash leaves bytes after the last newline, never a whole
+    # line with a wrong CRC. That is a flipped bit, and it is reported, never dropped as "torn".
     path = tmp_path / "e.log"
     bad = line(1).replace(b"id-1", b"id-X")  # the last line is whole but its CRC does not match
     content = line(0) + bad
     path.write_bytes(content)
+    for readonly in (True, False):
+        with pytest.raises(CorruptLogError, match="position 1.*CRC mismatch"):
+            FileEventLog(path, readonly=readonly, indexer=indexer)
+    assert path.read_bytes() == content  # nothing truncated
+    with open(path, "ab") as f:  # in the middle it is corruption as well
+        f.write(line(2))
+    with pytest.raises(CorruptLogError, match="position 1.*CRC mismatch"):
+        FileEventLog(path, readonly=True, indexer=indexer)
+
+
+async def test_read_only_keeps_ignoring_an_unterminated_torn_tail(tmp_path: Path, indexer: LineIndexer) -> None:
+    path = tmp_path / "e.log"
+    content = line(0) + line(1)[:-1]  # the newline never made it
+    path.write_bytes(content)
     log = FileEventLog(path, readonly=True, indexer=indexer)
-    assert log.recovered is not None and log.recovered.reason == "CRC mismatch"
+    assert log.recovered is not None and log.recovered.reason == "line is not terminated (write was cut short)"
     assert ids(log) == ["id-0"]
     assert await log.end_position() == 1
     assert path.read_bytes() == content
-    with open(path, "ab") as f:  # now it is in the middle: corruption
-        f.write(line(2))
-    with pytest.raises(CorruptLogError, match="position 1.*CRC mismatch"):
-        await log.end_position()
 
 
 async def test_corruption_in_the_middle_found_by_a_later_look(tmp_path: Path, indexer: LineIndexer) -> None:

@@ -657,3 +657,49 @@ def test_bound_place_answers_as_place_does(t: ArrayPackTable, seq: list[tuple[Ta
                 assert isinstance(expected, tuple)
             if isinstance(expected, Placement) and expected.placed:
                 table.apply_placed(expected.node, expected.devices, task, 1)
+
+
+# ----------------------------------------------------------------------------- int64 bounds
+
+_INT64 = (-(1 << 63), -1, 0, 1 << 62, (1 << 62) + 1, (1 << 63) - 1, 1 << 63, 1 << 64)
+_TASK_BOUNDS = {"milli_cpu": 1 << 62, "memory_bytes": 1 << 62, "whole_gpus": 1 << 20,
+                "fraction_milli": 999, "fraction_devices": 1 << 20, "gpu_memory_mib": 1 << 40}
+
+
+def _place_or_invalid(packer: Packer, t: ArrayPackTable, task: TaskShape) -> tuple[str, str]:
+    try:
+        return "placement", repr(packer.place(t, task, BINPACK))
+    except InvalidArgument as exc:
+        return "invalid", str(exc)
+
+
+@pytest.mark.parametrize("field", sorted(_TASK_BOUNDS))
+@pytest.mark.parametrize("value", _INT64)
+def test_task_fields_at_the_int64_bounds_are_rejected_or_placed_alike(field: str, value: int) -> None:
+    t = table(node(cpu=(1 << 63) - 1, mem=(1 << 63) - 1, pods=(1 << 63) - 1, devs=(dev(), dev(shared=0))))
+    task = TaskShape(**{field: value})
+    native = _place_or_invalid(load_packer("native"), t, task)
+    reference = _place_or_invalid(load_packer("reference"), t, task)
+    assert native == reference
+    if not 0 <= value <= _TASK_BOUNDS[field]:
+        assert native == ("invalid", f"task.{field}={value} is outside 0..{_TASK_BOUNDS[field]}")
+        assert load_packer("native").place_raw(t, task, BINPACK) == Placement.failure(ReturnCode.EINVAL)
+        assert load_packer("reference").place_raw(t, task, BINPACK) == Placement.failure(ReturnCode.EINVAL)
+
+
+def test_free_quantities_at_int64_max_do_not_overflow(packer: Packer) -> None:
+    free = (1 << 63) - 1
+    t = table(node(cpu=free, mem=free, pods=free), node(cpu=free - 1, mem=free - 1, pods=1))
+    task = TaskShape(milli_cpu=1 << 62, memory_bytes=1 << 62)
+    assert packer.place(t, task, BINPACK).node == 1  # binpack: the node left fuller
+    assert packer.place(t, task, SPREAD).node == 0
+
+
+@pytest.mark.parametrize("array_name", ["free_milli_cpu", "free_memory_bytes", "free_pods"])
+def test_free_quantities_at_int64_min_are_rejected_alike(array_name: str) -> None:
+    answers = []
+    for kind in ("native", "reference"):
+        t = table(node(devs=(dev(),)))
+        getattr(t, array_name)[0] = -(1 << 63)
+        answers.append(_place_or_invalid(load_packer(kind), t, TaskShape.cpu(1)))
+    assert answers[0] == answers[1] == ("invalid", "node 0 has a negative free quantity")

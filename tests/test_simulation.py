@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import subprocess
 import sys
 from array import array
@@ -102,43 +101,31 @@ def test_altered_golden_log_fails_replay_naming_the_cycle() -> None:
     assert "Traceback" not in run.stderr
 
 
-class CoinFlipPacker:
-    """A deliberately non-deterministic packer: picks a random fitting node."""
-
-    kind = "coin-flip"
-
-    def __init__(self) -> None:
-        self.inner = load_packer("reference")
-        self.rng = random.Random()  # unseeded on purpose
-
-    def place(self, table: PackTable, task: TaskShape, strategy: Strategy,
-              eligible: array[int] | None = None) -> Placement:
-        best = self.inner.place(table, task, strategy, eligible)
-        if not best.placed:
-            return best
-        options = []
-        for node in range(len(table.free_pods)):
-            mask = array("q", [1 if i == node else 0 for i in range(len(table.free_pods))])
-            if eligible is not None and not eligible[node]:
-                continue
-            answer = self.inner.place(table, task, strategy, mask)
-            if answer.placed:
-                options.append(answer)
-        return self.rng.choice(options)
-
-    place_raw = place
-
-
 def test_a_non_deterministic_scheduler_is_caught_by_replay() -> None:
-    sc = load_scenario(ROOT / "examples" / "quickstart.yaml")
-    failures = 0
-    for _ in range(6):  # a coin can agree with binpack by chance; six runs essentially never all do
-        log = MemoryEventLog()
-        anyio.run(lambda: simulate(sc, log, CoinFlipPacker()))  # type: ignore[arg-type]
-        records = anyio.run(lambda: _all(log))
-        result = replay(records, load_packer("native"))
-        failures += not result.ok
+    """A must-fail golden history: the quickstart scheduled by a packer that picks a random
+    fitting node (tools/make_golden.py, seeded). Replay must fail at its first decision that
+    differs from the deterministic golden log, naming that decision's cycle and position."""
+    must_fail = GOLDEN / "quickstart.nondeterministic.events.jsonl"
+    ours = (GOLDEN / "quickstart.events.jsonl").read_bytes().splitlines()
+    theirs = must_fail.read_bytes().splitlines()
+    first = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    bad = json.loads(theirs[first][9:])
+    based = bad["basedon"]
+    assert bad["type"] == "kai.scheduler.pod.bindingdecided" and based is not None, \
+        "the must-fail history is stale: regenerate it with tools/make_golden.py"
+    cycle = json.loads(theirs[based][9:])["data"]["cycle"]
+    index = sum(1 for line in theirs[based + 1:first] if json.loads(line[9:]).get("basedon") == based)
+
+    records = list(FileEventLog(must_fail, readonly=True).scan())
+    result = replay(records, load_packer("native"))
+    failures = int(not result.ok)
     assert failures >= 1
+    div = result.divergence
+    assert div is not None
+    assert (div.cycle, div.position, div.index, div.found_at) == (cycle, based, index, first)
+    run = _cli("replay", str(must_fail))
+    assert run.returncode == 1
+    assert f"DIVERGED at cycle {cycle} (CycleStarted at position {based}), decision #{index}" in run.stderr
 
 
 async def _all(log: MemoryEventLog) -> list:  # type: ignore[type-arg]

@@ -7,9 +7,11 @@ The position of a record is its 0-based line number.
 Contract:
 - An append writes its whole batch with one `write` under an exclusive `flock`, so concurrent
   appenders (other processes too) never interleave and positions stay dense.
-- On open, a torn last line (no newline, or a CRC mismatch on the last line) is a crash mid-write:
-  it is reported (`recovered`) and truncated by a writer; a read-only opener ignores it without
-  changing the file. A bad line anywhere else is corruption: `CorruptLogError` names its position.
+- On open, a torn last line (bytes after the last newline) is a crash mid-write: it is reported
+  (`recovered`) and truncated by a writer; a read-only opener ignores it without changing the
+  file (and says so in `recovered`). Only an unterminated last line is torn: an append writes
+  whole lines, so a newline-terminated line that does not verify (a flipped bit, a bad CRC) is
+  corruption wherever it is, the last line included, and `CorruptLogError` names its position.
   A writer truncates only under the append lock, after looking again: what looked torn may have
   been another writer's append in progress. An append that finds a torn last line under the lock
   (a writer crashed after this log was opened) truncates it the same way before writing.
@@ -113,7 +115,7 @@ class FileEventLog:
         """Verify and index the lines from byte `start` (the end of the indexed ones) to the end.
 
         The first line that is not valid is corruption (`CorruptLogError`) if more bytes follow
-        it. If it is the last line and not terminated, on a later look (neither `at_open` nor
+        it or if it is terminated. If it is the last line and not terminated, on a later look (neither `at_open` nor
         `locked`) another writer may still be appending it: a later look indexes it. Otherwise
         the last line is torn: truncated if this process holds the append lock (`locked`: no
         writer can be mid-append), ignored by a read-only log, looked at again under the lock by
@@ -129,7 +131,7 @@ class FileEventLog:
                 self._map = m  # it covers every indexed line: reads need not map the file again
             return
         position = len(self._offsets)
-        if scan.line_end != base + len(m):
+        if scan.line_end != base + len(m) or scan.reason is not Reason.NOT_TERMINATED:
             raise CorruptLogError(self.path, position, scan.reason.message)
         if scan.reason is Reason.NOT_TERMINATED and not (at_open or locked):
             return

@@ -3,6 +3,12 @@
 Contract: `parse_quantity(text)` returns an exact `Fraction`; `to_milli` and `to_units` round up
 to an integer like the API server does for sub-unit precision. Malformed text raises
 `QuantityError` naming the text.
+
+Bounds, checked on the text before any big number is built (so `1e999999999` is refused at
+once instead of computing a billion-digit integer): at most `MAX_DIGITS` digits, and a value
+that is zero or whose leading digit stands between 10**-`MAX_MAGNITUDE` and 10**`MAX_MAGNITUDE`
+(so it is below 10**(MAX_MAGNITUDE + 1): far above any int64 resource amount, even in
+thousandths). Too many digits, or a value out of those bounds, raises `QuantityError`.
 """
 
 from __future__ import annotations
@@ -20,8 +26,46 @@ _SUFFIX: dict[str, Fraction] = {
 _QUANTITY = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
 
 
+#: the most digits a quantity's number may have (Kubernetes allows far fewer in practice)
+MAX_DIGITS = 64
+#: |decimal exponent of the value| allowed: 10**30 exceeds 2**63 milli-units of anything
+MAX_MAGNITUDE = 30
+_SUFFIX_EXP10 = {"": 0, "n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
+                 "Ki": 3, "Mi": 6, "Gi": 9, "Ti": 12, "Pi": 15, "Ei": 18}  # within one of log10(suffix)
+
+
 class QuantityError(ValueError):
-    """Text that is not a Kubernetes quantity."""
+    """Text that is not a Kubernetes quantity, or one outside the bounds (see module docstring)."""
+
+
+def _check_magnitude(value: str, number: str, exponent: str | None, suffix: str) -> bool:
+    """Refuse, from the text alone, numbers whose value is out of bounds (before building them);
+    True when the value is zero (whatever its exponent: it must not be computed)."""
+    digits = number.replace(".", "")
+    if len(digits) > MAX_DIGITS:
+        raise QuantityError(f"quantity {_shown(value)} has more than {MAX_DIGITS} digits")
+    significant = digits.lstrip("0")
+    if not significant:
+        return True
+    if exponent is not None and len(exponent.lstrip("+-").lstrip("0")) > 6:
+        raise QuantityError(f"quantity {_shown(value)} has an exponent out of range "
+                            f"(the value must be within 10^-{MAX_MAGNITUDE}..10^{MAX_MAGNITUDE})")
+    integer = number.split(".")[0].lstrip("0")
+    # the power of ten of the leading significant digit of the number (0 for 1..9, -1 for 0.1..0.9)
+    if integer:
+        lead = len(integer) - 1
+    else:
+        fraction = number.split(".")[1]
+        lead = -1 - (len(fraction) - len(fraction.lstrip("0")))
+    magnitude = lead + (int(exponent) if exponent is not None else 0) + _SUFFIX_EXP10[suffix]
+    if magnitude > MAX_MAGNITUDE or magnitude < -MAX_MAGNITUDE:
+        raise QuantityError(f"quantity {_shown(value)} is out of range "
+                            f"(the value must be within 10^-{MAX_MAGNITUDE}..10^{MAX_MAGNITUDE})")
+    return False
+
+
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value)} characters)"
 
 
 def parse_quantity(value: object) -> Fraction:
@@ -39,6 +83,8 @@ def parse_quantity(value: object) -> Fraction:
     if not m:
         raise QuantityError(f"not a quantity: {value!r}")
     sign, number, exponent, suffix = m.groups()
+    if _check_magnitude(value, number, exponent, suffix or ""):
+        return Fraction(0)
     result = Fraction(number) * _SUFFIX[suffix or ""]
     if exponent is not None:
         result *= Fraction(10) ** int(exponent)

@@ -46,7 +46,10 @@ Progress = Callable[[int, int | None], None]
 async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
                    config: SchedulerConfig | None = None, until_ns: int | None = None,
                    progress: Progress | None = None, max_steps: int = 50_000_000) -> SimResult:
-    """Run `scenario` to idle (or for `until_ns` of simulated time) appending to `events`."""
+    """Run `scenario` to idle, or for `until_ns` (else the scenario's `until`) of simulated time,
+    appending to `events`. With a time limit the run lasts exactly that long even when nothing
+    happens before it (its `end_ns` is start + limit, `stopped_because` "time limit"); the log
+    gets no record for the quiet stretch."""
     cfg = config or scenario.config
     start = scenario.start_ns
     limit = until_ns if until_ns is not None else scenario.simulation.until_ns
@@ -85,7 +88,11 @@ async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
         if backoff is not None:
             candidates.append(max(backoff, next_cycle))
         if not candidates:
-            reason = "idle"
+            if stop_at is not None and stop_at > now:
+                clock.advance_to(stop_at)  # nothing more happens, but the run lasts until its limit
+                reason = "time limit"
+            else:
+                reason = "idle"
             break
         target = min(candidates)
         if target <= now:
