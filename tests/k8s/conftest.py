@@ -1,0 +1,111 @@
+"""Fixtures for tests that need a real Kubernetes control plane (kube-apiserver + etcd + KWOK).
+
+One control plane (tools/k8s/controlplane.py) is started for the whole session on loopback
+ports, with its data under /dev/shm, and KAI's CRDs (deploy/crds/) are installed once. If it
+cannot start (including a failed build of its binaries), every test that asks for it FAILS with
+the components' log tails: these tests are never skipped.
+
+Every test collected under tests/k8s/ gets the ``k8s`` marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+_CONTROLPLANE_PY = ROOT / "tools" / "k8s" / "controlplane.py"
+CRD_DIR = ROOT / "deploy" / "crds"
+_K8S_DIR = Path(__file__).resolve().parent
+
+
+def _load_controlplane_module() -> ModuleType:
+    name = "kai_es_tools_k8s_controlplane"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, _CONTROLPLANE_PY)
+    assert spec is not None and spec.loader is not None, _CONTROLPLANE_PY
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+cp_mod = _load_controlplane_module()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _K8S_DIR in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.k8s)
+
+
+def load_crds() -> list[dict[str, Any]]:
+    return [yaml.safe_load(p.read_text()) for p in sorted(CRD_DIR.glob("*.yaml"))]
+
+
+@dataclass
+class K8s:
+    """The session's control plane, as tests use it."""
+
+    cp: Any  # tools/k8s/controlplane.py ControlPlane
+    kubeconfig: Path
+    scheduler_kubeconfig: Path
+    admin_token: str
+    scheduler_token: str
+    base_url: str
+    _nodes: list[str] = field(default_factory=list)
+
+    def namespace(self, prefix: str = "t") -> str:
+        """A fresh namespace (namespaces never finish deleting here: no controller-manager)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        self.cp.create_namespace(name)
+        return name
+
+    def gpu_node(self, name: str | None = None, **kw: Any) -> dict[str, Any]:
+        """A Ready KWOK GPU node (see ControlPlane.create_gpu_node); unique name by default."""
+        name = name or f"gpu-{uuid.uuid4().hex[:10]}"
+        node: dict[str, Any] = self.cp.create_gpu_node(name, **kw)
+        self._nodes.append(name)
+        return node
+
+    @contextlib.asynccontextmanager
+    async def client(self, kubeconfig: Path | None = None) -> AsyncIterator[Any]:
+        """A kubernetes-asyncio ApiClient (admin unless another kubeconfig is given)."""
+        from kai_es.adapters.kubernetes.client import api_client
+
+        c = await api_client(kubeconfig or self.kubeconfig)
+        try:
+            yield c
+        finally:
+            await c.close()
+
+
+@pytest.fixture(scope="session")
+def k8s() -> Iterator[K8s]:
+    """The session's control plane with KAI's CRDs installed."""
+    cp = cp_mod.ControlPlane()
+    try:
+        cp.start(timeout_s=120)
+        cp.install_crds(load_crds())
+    except cp_mod.ControlPlaneError as e:
+        tails = cp.log_tails()
+        cp.close()
+        pytest.fail(f"could not start the Kubernetes test control plane: {e}\n{tails}",
+                    pytrace=False)
+    try:
+        yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
+                  admin_token=cp.admin_token, scheduler_token=cp.scheduler_token,
+                  base_url=cp.base_url)
+    finally:
+        cp.close()
