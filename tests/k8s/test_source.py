@@ -235,3 +235,45 @@ async def test_watch_cut_mid_stream_resumes_and_state_matches_the_api(k8s: K8s) 
                            timeout_s=30)
             tg.cancel_scope.cancel()
     assert source.watch_errors["Pod"] >= 1, source.watch_errors
+
+
+async def test_changes_that_do_not_matter_to_scheduling_are_dropped(k8s: K8s) -> None:
+    """A node annotation or status heartbeat changes nothing kai-es reads: the watch reports it,
+    the informer drops it. A label change is observed."""
+    node = k8s.gpu_node(gpus=8)["metadata"]["name"]
+    log = MemoryEventLog()
+    async with k8s.client() as api:
+        source = KubernetesSource(api, kinds=("Node",))
+        informer = InformerService(log, source, SystemClock(), RandomIds())
+        core = client.CoreV1Api(api)
+
+        async def node_events() -> list[p.NodeObserved]:
+            return [r.envelope.data async for r in log.read()
+                    if isinstance(r.envelope.data, p.NodeObserved) and r.envelope.data.name == node]
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(informer.run)
+            await wait_for(lambda: _len_is(node_events(), 1), "the node observed once")
+            dropped = informer.dropped
+            await raw(await core.patch_node(node, {"metadata": {"annotations": {"noise": "1"}}},
+                                            _preload_content=False, _content_type=MERGE))
+            await raw(await core.patch_node_status(
+                node, {"status": {"conditions": [{"type": "Ready", "status": "True",
+                                                  "reason": "KubeletReady", "message": "beat",
+                                                  "lastHeartbeatTime": "2030-01-01T00:00:00Z"}]}},
+                _preload_content=False, _content_type="application/strategic-merge-patch+json"))
+            await wait_for(lambda: _true(informer.dropped >= dropped + 2), "two dropped changes")
+            await raw(await core.patch_node(node, {"metadata": {"labels": {"zone": "b"}}},
+                                            _preload_content=False, _content_type=MERGE))
+            await wait_for(lambda: _len_is(node_events(), 2), "the label change observed")
+            tg.cancel_scope.cancel()
+        events = await node_events()
+        assert events[-1].labels["zone"] == "b"
+
+
+async def _len_is(coro: Any, n: int) -> bool:
+    return len(await coro) == n
+
+
+async def _true(value: bool) -> bool:
+    return value

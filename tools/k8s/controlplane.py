@@ -594,6 +594,12 @@ class _Proc:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def kill(self) -> int | None:
+        """SIGKILL (an unclean crash). Idempotent."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        return self.stop()
+
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
             raise StartError(
@@ -815,14 +821,18 @@ class ControlPlane:
         self.apiserver.stop(timeout_s=5)
         self.etcd.stop(timeout_s=10)
 
-    def restart_apiserver(self, timeout_s: float = 60.0) -> float:
+    def restart_apiserver(self, timeout_s: float = 60.0, *, graceful: bool = False) -> float:
         """Stop and start kube-apiserver on the same port and etcd; return seconds taken.
 
         Open watches end (with a client-side connection error); the new apiserver's watch cache
         starts at etcd's current revision, so a watch from an older resourceVersion gets 410 Gone.
-        KWOK keeps running and reconnects by itself."""
+        KWOK keeps running and reconnects by itself. Not graceful by default (SIGKILL, like a
+        crash): with watches open, a SIGTERM waits out the apiserver's request timeout."""
         t0 = time.monotonic()
-        self.apiserver.stop(timeout_s=3)
+        if graceful:
+            self.apiserver.stop(timeout_s=3)
+        else:
+            self.apiserver.kill()
         self._start_apiserver(time.monotonic() + timeout_s)
         return time.monotonic() - t0
 

@@ -110,7 +110,8 @@ class KubernetesActuator:
 
         async def attempt() -> ActionOutcome:
             status, doc = await _read(await self.core.create_namespaced_pod_binding(
-                name, namespace, body, _preload_content=False, _request_timeout=self.timeout))
+                name, namespace, body,  # type: ignore[arg-type]  # a dict is serialized as is
+                _preload_content=False, _request_timeout=self.timeout))
             if status in (200, 201):
                 return ActionOutcome(ok=True)
             if status == 409:
@@ -157,7 +158,8 @@ class KubernetesActuator:
 
         async def attempt() -> ActionOutcome:
             status, doc = await _read(await self.core.create_namespaced_pod_eviction(
-                name, namespace, body, _preload_content=False, _request_timeout=self.timeout))
+                name, namespace, body,  # type: ignore[arg-type]  # a dict is serialized as is
+                _preload_content=False, _request_timeout=self.timeout))
             if status in (200, 201):
                 return ActionOutcome(ok=True)
             if status == 404:

@@ -22,5 +22,5 @@ async def api_client(kubeconfig: str | os.PathLike[str] | None = None, *,
         await config.load_kube_config(config_file=str(Path(path)), context=context,
                                       client_configuration=cfg, persist_config=False)
     else:
-        config.load_incluster_config(client_configuration=cfg)
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     return client.ApiClient(configuration=cfg)

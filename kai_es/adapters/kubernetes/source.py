@@ -53,11 +53,11 @@ class KindApi:
 
 
 def _core(method: str) -> Callable[[client.ApiClient, dict[str, Any]], Awaitable[Any]]:
-    return lambda api, kw: getattr(client.CoreV1Api(api), method)(**kw)  # type: ignore[no-any-return]
+    return lambda api, kw: getattr(client.CoreV1Api(api), method)(**kw)
 
 
 def _custom(group: str, version: str, plural: str) -> Callable[[client.ApiClient, dict[str, Any]], Awaitable[Any]]:
-    return lambda api, kw: client.CustomObjectsApi(api).list_cluster_custom_object(  # type: ignore[no-any-return]
+    return lambda api, kw: client.CustomObjectsApi(api).list_cluster_custom_object(
         group, version, plural, **kw)
 
 
