@@ -781,6 +781,7 @@ class ControlPlane:
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             "--endpoint-reconciler-type=none",
             "--profiling=false",
+            "--anonymous-auth=false",
             "-v=1",
             *self.extra_apiserver_flags,
         ]  # fmt: skip

@@ -305,6 +305,7 @@ class KubernetesSource:
                         yield batch
             finally:
                 tg.cancel_scope.cancel()
+                send.close()
 
 
 async def _json_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
