@@ -11,6 +11,7 @@ Every test collected under tests/k8s/ gets the ``k8s`` marker.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import sys
 import uuid
@@ -109,3 +110,11 @@ def k8s() -> Iterator[K8s]:
                   base_url=cp.base_url)
     finally:
         cp.close()
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_test() -> Iterator[None]:
+    """Finalize leftovers right after each test, so a leaked socket or stream is reported (as a
+    ResourceWarning, an error here) on the test that leaked it rather than at random later."""
+    yield
+    gc.collect()

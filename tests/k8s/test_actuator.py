@@ -83,6 +83,13 @@ async def test_evict_refused_by_a_disruption_budget_is_a_failure(k8s: K8s) -> No
         status, out = await raw(await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
             ns, pdb, _preload_content=False))
         assert status == 201, out
+
+        async def cached() -> bool:  # the eviction handler reads PDBs from the watch cache
+            status, got = await raw(await client.PolicyV1Api(api).list_namespaced_pod_disruption_budget(
+                ns, resource_version="0", _preload_content=False))
+            return status == 200 and any(i["metadata"]["name"] == "guard" for i in got["items"])
+
+        await wait_for(cached, "the PodDisruptionBudget in the watch cache")
         refused = await act.evict(ns, "guarded", pod["metadata"]["uid"])
         assert not refused.ok and "disruption budget" in refused.message.lower(), refused
         status, still = await get_pod(api, ns, "guarded")

@@ -224,6 +224,7 @@ class KubernetesSource:
               "timeout_seconds": self.watch_timeout_s}
         timeout = aiohttp.ClientTimeout(sock_connect=10, sock_read=self.watch_timeout_s + 30)
         resp = await self._call(kind, kw, timeout)
+        ended = False
         try:
             if resp.status != 200:
                 body = await resp.read()
@@ -250,7 +251,10 @@ class KubernetesSource:
                 if rv:
                     self._rv[kind] = rv
                 await send.send(ObjectChange(kind, etype, obj))
+            ended = True
         finally:
+            if not ended:
+                _abort(resp)
             resp.release()
 
     async def _run_kind(self, kind: str, send: ObjectSendStream[Change]) -> None:
@@ -306,6 +310,17 @@ class KubernetesSource:
             finally:
                 tg.cancel_scope.cancel()
                 send.close()
+
+
+def _abort(resp: Any) -> None:
+    """Drop a watch connection the server is still streaming on (we were cancelled, or failed
+    mid-stream) at once. A plain release would start a TLS shutdown that nothing waits for,
+    leaving the socket open after the client closes (aiohttp waits only for pooled and acquired
+    connections)."""
+    conn = getattr(resp, "connection", None)
+    transport = getattr(conn, "transport", None) if conn is not None else None
+    if transport is not None:
+        transport.abort()
 
 
 async def _json_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
