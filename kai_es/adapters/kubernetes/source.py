@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -263,8 +264,12 @@ class KubernetesSource:
         backoff = Backoff(cap_s=self.backoff_cap_s)
         while True:
             try:
+                started = time.monotonic()
                 await self._watch_once(kind, send)
-                backoff.reset()  # the server closed a healthy watch (its timeout): resume
+                if time.monotonic() - started >= 1.0:
+                    backoff.reset()  # the server closed a healthy watch (its timeout): resume
+                else:  # closed at once (a proxy?): do not spin
+                    await anyio.sleep(backoff.next_delay())
                 continue
             except Gone as exc:
                 log.info("watch %s: resourceVersion %s gone (%s); relisting %s",
