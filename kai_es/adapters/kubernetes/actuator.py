@@ -8,8 +8,9 @@ Contract:
   a decision replayed after a crash), anything else is a failure naming what the pod is now.
   404: a failure (no such pod).
 - `evict` POSTs an Eviction with the uid as delete precondition. 200/201: done. 404 (the pod is
-  gone) and a 409 whose pod is gone or has another uid count as done (`already=True`). 429
-  because of a PodDisruptionBudget, and other client errors, are failures with the API's message.
+  gone) and a 409 whose pod is gone or has another uid count as done (`already=True`); a 409
+  for the same pod is retried. 429 because of a PodDisruptionBudget, and other client errors,
+  are failures with the API's message.
 - Transient errors — 5xx, 429 from API priority and fairness, connection errors, timeouts —
   are retried with bounded exponential backoff (with jitter) up to `max_attempts` tries; then a
   failure naming the last error. Nothing raises for an API answer: every outcome is an
