@@ -14,6 +14,7 @@ import contextlib
 import gc
 import importlib.util
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 _CONTROLPLANE_PY = ROOT / "tools" / "k8s" / "controlplane.py"
 CRD_DIR = ROOT / "deploy" / "crds"
+CLUSTER_ROLE = ROOT / "deploy" / "rbac" / "clusterrole.yaml"
 _K8S_DIR = Path(__file__).resolve().parent
 
 
@@ -110,6 +112,32 @@ def k8s() -> Iterator[K8s]:
                   base_url=cp.base_url)
     finally:
         cp.close()
+
+
+@pytest.fixture(scope="session")
+def scheduler_kubeconfig(k8s: K8s) -> Path:
+    """A kubeconfig for the least-privilege identity (user kai-es-scheduler), bound to the
+    ClusterRole in deploy/rbac/clusterrole.yaml and nothing else; waits until the authorizer
+    has the binding."""
+    cp = k8s.cp
+    role = yaml.safe_load(CLUSTER_ROLE.read_text())
+    cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role, ok=(201, 409))
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "kai-es-test-scheduler"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": role["metadata"]["name"]},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                      "name": cp.scheduler.groups[0]}],
+    }  # fmt: skip
+    cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding,
+            ok=(201, 409))
+    deadline = time.monotonic() + 15
+    while cp.request("GET", "/api/v1/pods?limit=1", token=cp.scheduler_token)[0] != 200:
+        if time.monotonic() > deadline:
+            pytest.fail("the scheduler's ClusterRoleBinding never took effect", pytrace=False)
+        time.sleep(0.05)
+    return Path(k8s.scheduler_kubeconfig)
 
 
 @pytest.fixture(autouse=True)

@@ -3,14 +3,13 @@ and RBAC for a least-privilege scheduler identity (deploy/rbac/clusterrole.yaml)
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes_asyncio import client
 
-from tests.k8s.conftest import ROOT, K8s
-from tests.k8s.helpers import (binding, create_pod, get_pod, gpu_pod, queue, raw, wait_for,
-                               wait_pod_phase)
+from tests.k8s.conftest import K8s
+from tests.k8s.helpers import binding, create_pod, get_pod, gpu_pod, queue, raw, wait_pod_phase
 
 
 async def test_kwok_gpu_nodes_queue_and_bind_to_running(k8s: K8s) -> None:
@@ -52,35 +51,14 @@ async def test_kwok_gpu_nodes_queue_and_bind_to_running(k8s: K8s) -> None:
         assert status == 409, out
 
 
-async def _rbac_setup(k8s: K8s) -> None:
-    role = yaml.safe_load((ROOT / "deploy" / "rbac" / "clusterrole.yaml").read_text())
-    k8s.cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role, ok=(201, 409))
-    rb = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "kai-es-test-scheduler"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": role["metadata"]["name"]},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                      "name": k8s.cp.scheduler.groups[0]}],
-    }  # fmt: skip
-    k8s.cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", rb,
-                ok=(201, 409))
-
-
-async def test_least_privilege_scheduler_can_bind_but_not_delete(k8s: K8s) -> None:
-    await _rbac_setup(k8s)
+async def test_least_privilege_scheduler_can_bind_but_not_delete(
+        k8s: K8s, scheduler_kubeconfig: Path) -> None:
     ns = k8s.namespace()
     node = k8s.gpu_node(gpus=8)["metadata"]["name"]
-    async with k8s.client() as admin, k8s.client(k8s.scheduler_kubeconfig) as sched:
+    async with k8s.client() as admin, k8s.client(scheduler_kubeconfig) as sched:
         pod = await create_pod(admin, gpu_pod("p", ns, gpus=1))
         other = await create_pod(admin, gpu_pod("other", ns, gpus=1))
         core = client.CoreV1Api(sched)
-
-        async def can_get() -> bool:  # RBAC objects reach the authorizer asynchronously
-            status, _ = await get_pod(sched, ns, "p")
-            return status == 200
-
-        await wait_for(can_get, "the scheduler's role to take effect", timeout_s=10)
 
         status, out = await raw(await core.create_namespaced_pod_binding(
             "p", ns, binding("p", ns, pod["metadata"]["uid"], node), _preload_content=False))
@@ -91,7 +69,8 @@ async def test_least_privilege_scheduler_can_bind_but_not_delete(k8s: K8s) -> No
             ("delete pod", core.delete_namespaced_pod("other", ns, _preload_content=False)),
             ("create pod", core.create_namespaced_pod(ns, gpu_pod("new", ns), _preload_content=False)),
             ("patch pod", core.patch_namespaced_pod(
-                "other", ns, {"metadata": {"labels": {"x": "y"}}}, _preload_content=False)),
+                "other", ns, {"metadata": {"labels": {"x": "y"}}}, _preload_content=False,
+                _content_type="application/merge-patch+json")),
             ("list secrets", core.list_namespaced_secret(ns, _preload_content=False)),
         ]  # fmt: skip
         for what, call in denied:

@@ -5,6 +5,7 @@ the pods. The log then replays exactly."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import anyio
 from kubernetes_asyncio import client
@@ -27,14 +28,16 @@ from tests.k8s.helpers import create_pod, get_pod, gpu_pod, queue, raw, wait_for
 POOL_LABEL = "kai.scheduler/node-pool"
 
 
-async def test_a_gang_is_bound_through_the_api_and_the_log_replays(k8s: K8s) -> None:
+async def test_a_gang_is_bound_through_the_api_and_the_log_replays(
+        k8s: K8s, scheduler_kubeconfig: Path) -> None:
+    """kai-es runs as the least-privilege identity of deploy/rbac/clusterrole.yaml."""
     tag = uuid.uuid4().hex[:8]
     ns = k8s.namespace()
     pool = f"pool-{tag}"  # the test's own node pool: other tests' nodes and pods stay out
     node = k8s.gpu_node(f"n-{tag}", gpus=8, labels={POOL_LABEL: pool})["metadata"]["name"]
     qname, pg = f"q-{tag}", f"train-{tag}"
     log = MemoryEventLog()
-    async with k8s.client() as api:
+    async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
         custom = client.CustomObjectsApi(api)
         status, _ = await raw(await custom.create_cluster_custom_object(
             "scheduling.run.ai", "v2", "queues", queue(qname), _preload_content=False))
@@ -52,9 +55,9 @@ async def test_a_gang_is_bound_through_the_api_and_the_log_replays(k8s: K8s) -> 
         await create_pod(api, gpu_pod("too-big", ns, gpus=16, queue=qname, labels=pool_label))
 
         clock, ids = SystemClock(), RandomIds()
-        informer = InformerService(log, KubernetesSource(api), clock, ids)
+        informer = InformerService(log, KubernetesSource(kai_api), clock, ids)
         scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
-        binder = BinderService(log, KubernetesActuator(api), clock)
+        binder = BinderService(log, KubernetesActuator(kai_api), clock)
 
         async def running_on_node() -> bool:
             for i in range(2):
