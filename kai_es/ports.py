@@ -67,6 +67,16 @@ class ObjectChange:
     obj: dict[str, object]
 
 
+@dataclass(frozen=True, slots=True)
+class Relist:
+    """Every object of one kind that exists now (raw Kubernetes JSON, each with `kind` and
+    `apiVersion` set), sent when a watch could not resume (410 Gone): objects of `kind` that
+    are not in `objects` are gone. Items of the changes stream after it are newer than it."""
+
+    kind: str
+    objects: tuple[dict[str, object], ...]
+
+
 class ClusterActuator(Protocol):
     """Performs scheduler decisions on the cluster (Kubernetes API or the simulator)."""
 
@@ -77,15 +87,17 @@ class ClusterActuator(Protocol):
 
 
 class ClusterSource(Protocol):
-    """Object changes of the cluster, in the order the cluster made them.
+    """Object changes of the cluster, in the order the cluster made them (per object).
 
     `list_objects` returns the full current set (for a relist/resync); `changes` yields batches
-    of changes, waiting for more when none are pending.
+    of changes after it, waiting for more when none are pending. A batch item is an
+    `ObjectChange`, or a `Relist` of one kind when the source lost track of that kind (a source
+    that never does simply never yields one).
     """
 
     async def list_objects(self) -> list[ObjectChange]: ...
 
-    def changes(self) -> AsyncIterator[list[ObjectChange]]: ...
+    def changes(self) -> AsyncIterator[Sequence[ObjectChange | Relist]]: ...
 
 
 __all__ = [
@@ -98,4 +110,5 @@ __all__ = [
     "IdFactory",
     "ObjectChange",
     "Record",
+    "Relist",
 ]

@@ -2,7 +2,10 @@
 
 Contract:
 - A relist emits ResyncStarted, an observed event per object, then ResyncCompleted, per kind, so
-  the reducer drops objects that vanished while we were not watching.
+  the reducer drops objects that vanished while we were not watching. That happens for every
+  kind at start (`resync`) and for one kind whenever the source sends a `Relist` of it (its
+  watch could not resume); the markers and the kind's objects are one atomic append, and every
+  object of the kind is emitted (none is dropped as unchanged, or the reducer would drop it).
 - A change whose translated payload equals the last one emitted for that subject (a node
   heartbeat, a status field we do not read) is dropped: it cannot matter to scheduling.
 - An object that cannot be translated becomes an ObjectRejected event with the field path and
@@ -18,7 +21,7 @@ from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from kai_es.ingest import translate as tr
-from kai_es.ports import Clock, ClusterSource, EventLog, IdFactory, ObjectChange
+from kai_es.ports import Clock, ClusterSource, EventLog, IdFactory, ObjectChange, Relist
 
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/informer"
@@ -68,31 +71,60 @@ class InformerService:
         self._last[subject] = payload
         return self._envelope(payload, subject)
 
-    async def pump(self, changes: Sequence[ObjectChange]) -> int:
-        """Append the events of a batch of changes; returns how many were appended."""
-        batch = [e for e in (self.translate(c) for c in changes) if e is not None]
+    def _relist(self, kind: str, changes: Sequence[ObjectChange]) -> list[Envelope]:
+        """ResyncStarted(kind), an event per object (never dropped as unchanged), ResyncCompleted."""
+        prefix = f"{kind.lower()}/"
+        for subject in [s for s in self._last if s.startswith(prefix)]:
+            del self._last[subject]
+        out = [self._envelope(p.ResyncStarted(kind=kind), f"resync/{kind.lower()}")]  # type: ignore[arg-type]
+        for change in changes:
+            env = self.translate(change)
+            if env is not None:
+                out.append(env)
+        out.append(self._envelope(p.ResyncCompleted(kind=kind), f"resync/{kind.lower()}"))  # type: ignore[arg-type]
+        return out
+
+    async def pump(self, changes: Sequence[ObjectChange | Relist]) -> int:
+        """Append the events of a batch of changes (in order, one append); returns how many
+        were appended."""
+        batch: list[Envelope] = []
+        for change in changes:
+            if isinstance(change, Relist):
+                batch += self._relist(change.kind, [ObjectChange(change.kind, "ADDED", obj)
+                                                    for obj in change.objects])
+            else:
+                env = self.translate(change)
+                if env is not None:
+                    batch.append(env)
         if batch:
             await self.events.append(batch)
             self.appended += len(batch)
         return len(batch)
 
     async def resync(self) -> int:
-        """Relist everything and append it bracketed by resync markers."""
+        """Relist everything and append it bracketed by resync markers, per kind."""
         objects = await self.source.list_objects()
         self._last.clear()
         batch: list[Envelope] = []
         for kind in KINDS:
-            batch.append(self._envelope(p.ResyncStarted(kind=kind), f"resync/{kind.lower()}"))  # type: ignore[arg-type]
-            for change in (c for c in objects if c.kind == kind):
-                env = self.translate(change)
-                if env is not None:
-                    batch.append(env)
-            batch.append(self._envelope(p.ResyncCompleted(kind=kind), f"resync/{kind.lower()}"))  # type: ignore[arg-type]
+            batch += self._relist(kind, [c for c in objects if c.kind == kind])
         await self.events.append(batch)
         self.appended += len(batch)
         return len(batch)
 
+    async def follow(self) -> None:
+        """Append the source's changes as they come (after a `resync`), forever. The changes
+        iterator is closed in this task when this returns or is cancelled (a source may run
+        tasks inside it)."""
+        changes = self.source.changes()
+        try:
+            async for batch in changes:
+                await self.pump(batch)
+        finally:
+            aclose = getattr(changes, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
     async def run(self) -> None:
         await self.resync()
-        async for changes in self.source.changes():
-            await self.pump(changes)
+        await self.follow()

@@ -1,0 +1,148 @@
+"""Fixtures for tests that need a real Kubernetes control plane (kube-apiserver + etcd + KWOK).
+
+One control plane (tools/k8s/controlplane.py) is started for the whole session on loopback
+ports, with its data under /dev/shm, and KAI's CRDs (deploy/crds/) are installed once. If it
+cannot start (including a failed build of its binaries), every test that asks for it FAILS with
+the components' log tails: these tests are never skipped.
+
+Every test collected under tests/k8s/ gets the ``k8s`` marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+_CONTROLPLANE_PY = ROOT / "tools" / "k8s" / "controlplane.py"
+CRD_DIR = ROOT / "deploy" / "crds"
+CLUSTER_ROLE = ROOT / "deploy" / "rbac" / "clusterrole.yaml"
+_K8S_DIR = Path(__file__).resolve().parent
+
+
+def _load_controlplane_module() -> ModuleType:
+    name = "kai_es_tools_k8s_controlplane"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, _CONTROLPLANE_PY)
+    assert spec is not None and spec.loader is not None, _CONTROLPLANE_PY
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+cp_mod = _load_controlplane_module()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _K8S_DIR in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.k8s)
+
+
+def load_crds() -> list[dict[str, Any]]:
+    return [yaml.safe_load(p.read_text()) for p in sorted(CRD_DIR.glob("*.yaml"))]
+
+
+@dataclass
+class K8s:
+    """The session's control plane, as tests use it."""
+
+    cp: Any  # tools/k8s/controlplane.py ControlPlane
+    kubeconfig: Path
+    scheduler_kubeconfig: Path
+    admin_token: str
+    scheduler_token: str
+    base_url: str
+    _nodes: list[str] = field(default_factory=list)
+
+    def namespace(self, prefix: str = "t") -> str:
+        """A fresh namespace (namespaces never finish deleting here: no controller-manager)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        self.cp.create_namespace(name)
+        return name
+
+    def gpu_node(self, name: str | None = None, **kw: Any) -> dict[str, Any]:
+        """A Ready KWOK GPU node (see ControlPlane.create_gpu_node); unique name by default."""
+        name = name or f"gpu-{uuid.uuid4().hex[:10]}"
+        node: dict[str, Any] = self.cp.create_gpu_node(name, **kw)
+        self._nodes.append(name)
+        return node
+
+    @contextlib.asynccontextmanager
+    async def client(self, kubeconfig: Path | None = None) -> AsyncIterator[Any]:
+        """A kubernetes-asyncio ApiClient (admin unless another kubeconfig is given)."""
+        from kai_es.adapters.kubernetes.client import api_client
+
+        c = await api_client(kubeconfig or self.kubeconfig)
+        try:
+            yield c
+        finally:
+            await c.close()
+
+
+@pytest.fixture(scope="session")
+def k8s() -> Iterator[K8s]:
+    """The session's control plane with KAI's CRDs installed."""
+    cp = cp_mod.ControlPlane()
+    try:
+        cp.start(timeout_s=120)
+        cp.install_crds(load_crds())
+    except cp_mod.ControlPlaneError as e:
+        tails = cp.log_tails()
+        cp.close()
+        pytest.fail(f"could not start the Kubernetes test control plane: {e}\n{tails}",
+                    pytrace=False)
+    try:
+        yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
+                  admin_token=cp.admin_token, scheduler_token=cp.scheduler_token,
+                  base_url=cp.base_url)
+    finally:
+        cp.close()
+
+
+@pytest.fixture(scope="session")
+def scheduler_kubeconfig(k8s: K8s) -> Path:
+    """A kubeconfig for the least-privilege identity (user kai-es-scheduler), bound to the
+    ClusterRole in deploy/rbac/clusterrole.yaml and nothing else; waits until the authorizer
+    has the binding."""
+    cp = k8s.cp
+    role = yaml.safe_load(CLUSTER_ROLE.read_text())
+    cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role, ok=(201, 409))
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "kai-es-test-scheduler"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": role["metadata"]["name"]},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                      "name": cp.scheduler.groups[0]}],
+    }  # fmt: skip
+    cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding,
+            ok=(201, 409))
+    deadline = time.monotonic() + 15
+    while cp.request("GET", "/api/v1/pods?limit=1", token=cp.scheduler_token)[0] != 200:
+        if time.monotonic() > deadline:
+            pytest.fail("the scheduler's ClusterRoleBinding never took effect", pytrace=False)
+        time.sleep(0.05)
+    return Path(k8s.scheduler_kubeconfig)
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_test() -> Iterator[None]:
+    """Finalize leftovers right after each test, so a leaked socket or stream is reported (as a
+    ResourceWarning, an error here) on the test that leaked it rather than at random later."""
+    yield
+    gc.collect()

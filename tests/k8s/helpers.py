@@ -1,0 +1,99 @@
+"""Small builders and waits for the Kubernetes tests (plain dicts, raw JSON calls)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import anyio
+from kubernetes_asyncio import client
+
+T = TypeVar("T")
+
+
+def gpu_pod(name: str, namespace: str, *, gpus: int = 1, queue: str = "",
+            scheduler: str = "kai-scheduler", labels: Mapping[str, str] | None = None,
+            annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    res: dict[str, Any] = {"cpu": "100m", "memory": "128Mi"}
+    limits: dict[str, Any] = {}
+    if gpus:
+        res["nvidia.com/gpu"] = str(gpus)
+        limits["nvidia.com/gpu"] = str(gpus)  # extended resources: requests == limits
+    all_labels = dict(labels or {})
+    if queue:
+        all_labels["kai.scheduler/queue"] = queue
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": all_labels,
+                     "annotations": dict(annotations or {})},
+        "spec": {"schedulerName": scheduler,
+                 "containers": [{"name": "main", "image": "example.invalid/train:1",
+                                 "resources": {"requests": res, "limits": limits}}]},
+    }  # fmt: skip
+
+
+def queue(name: str, *, parent: str = "", gpu_quota: int = -1) -> dict[str, Any]:
+    spec: dict[str, Any] = {"resources": {"gpu": {"quota": gpu_quota, "limit": -1,
+                                                  "overQuotaWeight": 1}}}
+    if parent:
+        spec["parentQueue"] = parent
+    return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name},
+            "spec": spec}
+
+
+def binding(name: str, namespace: str, uid: str, node: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+
+
+async def raw(resp: Any) -> tuple[int, Any]:
+    """(status, decoded JSON) of a `_preload_content=False` response; releases it."""
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    try:
+        return int(resp.status), json.loads(body) if body else None
+    except ValueError:
+        return int(resp.status), body.decode("utf-8", "replace")
+
+
+async def create_pod(api: client.ApiClient, body: dict[str, Any]) -> dict[str, Any]:
+    core = client.CoreV1Api(api)
+    status, out = await raw(await core.create_namespaced_pod(
+        body["metadata"]["namespace"], body, _preload_content=False))
+    assert status == 201, (status, out)
+    assert isinstance(out, dict)
+    return out
+
+
+async def get_pod(api: client.ApiClient, namespace: str, name: str) -> tuple[int, Any]:
+    core = client.CoreV1Api(api)
+    return await raw(await core.read_namespaced_pod(name, namespace, _preload_content=False))
+
+
+async def wait_for(fn: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = 15.0,
+                   interval_s: float = 0.05) -> T:
+    """Poll `fn` until it returns something other than None/False; fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await fn()
+        if last is not None and last is not False:
+            return last  # type: ignore[return-value]
+        await anyio.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+async def wait_pod_phase(api: client.ApiClient, namespace: str, name: str, phase: str,
+                         timeout_s: float = 15.0) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        status, pod = await get_pod(api, namespace, name)
+        if status == 200 and pod.get("status", {}).get("phase") == phase:
+            return dict(pod)
+        return None
+
+    return await wait_for(check, f"pod {namespace}/{name} {phase}", timeout_s)

@@ -1,0 +1,82 @@
+"""The test control plane itself: KWOK GPU nodes, KAI's CRDs, binding through pods/binding,
+and RBAC for a least-privilege scheduler identity (deploy/rbac/clusterrole.yaml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from tests.k8s.conftest import K8s
+from tests.k8s.helpers import binding, create_pod, get_pod, gpu_pod, queue, raw, wait_pod_phase
+
+
+async def test_kwok_gpu_nodes_queue_and_bind_to_running(k8s: K8s) -> None:
+    ns = k8s.namespace()
+    n1 = k8s.gpu_node(gpus=8)
+    n2 = k8s.gpu_node(gpus=4, gpu_product="NVIDIA-H100-80GB-HBM3")
+    for node, gpus in ((n1, "8"), (n2, "4")):
+        assert node["status"]["capacity"]["nvidia.com/gpu"] == gpus
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == gpus
+        assert node["metadata"]["labels"]["nvidia.com/gpu.memory"] == "81920"
+    assert n2["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+
+    async with k8s.client() as api:
+        custom = client.CustomObjectsApi(api)
+        qname = f"q-{ns}"
+        status, q = await raw(await custom.create_cluster_custom_object(
+            "scheduling.run.ai", "v2", "queues", queue(qname, gpu_quota=4),
+            _preload_content=False))
+        assert status == 201, q
+        assert q["spec"]["resources"]["gpu"]["quota"] == 4
+
+        pod = await create_pod(api, gpu_pod("train-0", ns, gpus=2, queue=qname))
+        assert pod["spec"]["schedulerName"] == "kai-scheduler"
+        assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+
+        core = client.CoreV1Api(api)
+        node = n1["metadata"]["name"]
+        status, out = await raw(await core.create_namespaced_pod_binding(
+            "train-0", ns, binding("train-0", ns, pod["metadata"]["uid"], node),
+            _preload_content=False))
+        assert status == 201, out
+        running = await wait_pod_phase(api, ns, "train-0", "Running")
+        assert running["spec"]["nodeName"] == node
+
+        # Binding again conflicts: the pod already has a node.
+        status, out = await raw(await core.create_namespaced_pod_binding(
+            "train-0", ns, binding("train-0", ns, pod["metadata"]["uid"], n2["metadata"]["name"]),
+            _preload_content=False))
+        assert status == 409, out
+
+
+async def test_least_privilege_scheduler_can_bind_but_not_delete(
+        k8s: K8s, scheduler_kubeconfig: Path) -> None:
+    ns = k8s.namespace()
+    node = k8s.gpu_node(gpus=8)["metadata"]["name"]
+    async with k8s.client() as admin, k8s.client(scheduler_kubeconfig) as sched:
+        pod = await create_pod(admin, gpu_pod("p", ns, gpus=1))
+        other = await create_pod(admin, gpu_pod("other", ns, gpus=1))
+        core = client.CoreV1Api(sched)
+
+        status, out = await raw(await core.create_namespaced_pod_binding(
+            "p", ns, binding("p", ns, pod["metadata"]["uid"], node), _preload_content=False))
+        assert status == 201, out
+        await wait_pod_phase(admin, ns, "p", "Running")
+
+        denied: list[tuple[str, Any]] = [
+            ("delete pod", core.delete_namespaced_pod("other", ns, _preload_content=False)),
+            ("create pod", core.create_namespaced_pod(ns, gpu_pod("new", ns), _preload_content=False)),
+            ("patch pod", core.patch_namespaced_pod(
+                "other", ns, {"metadata": {"labels": {"x": "y"}}}, _preload_content=False,
+                _content_type="application/merge-patch+json")),
+            ("list secrets", core.list_namespaced_secret(ns, _preload_content=False)),
+        ]  # fmt: skip
+        for what, call in denied:
+            status, out = await raw(await call)
+            assert status == 403, (what, status, out)
+        # the pod the scheduler could not delete is still there, unbound
+        status, still = await get_pod(admin, ns, "other")
+        assert status == 200 and still["metadata"]["uid"] == other["metadata"]["uid"]
+        assert not still["spec"].get("nodeName")

@@ -1,0 +1,1059 @@
+#!/usr/bin/env python3
+"""A real Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver + KWOK fake nodes.
+
+Used two ways:
+
+CLI::
+
+    python3 tools/k8s/controlplane.py fetch        # build the binaries once into the cache
+    python3 tools/k8s/controlplane.py run          # start, print kubeconfig=..., run until Ctrl-C
+
+Library (test fixtures)::
+
+    from controlplane import ControlPlane    # or load this file with importlib
+    with ControlPlane() as cp:               # fetches, writes certs, starts, waits for /readyz
+        print(cp.base_url, cp.kubeconfig)    # "https://127.0.0.1:<port>", a kubeconfig file
+        cp.create_gpu_node("gpu-0", gpus=8)  # a KWOK-managed fake node, Ready in ~0.2 s
+        cp.restart_apiserver()               # same etcd, same port: open watches end, old
+                                             # resourceVersions get 410 Gone afterwards
+
+Nothing here is downloaded prebuilt: the Go module proxy serves the sources and the local Go
+toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
+
+* kube-apiserver v1.36.5 — through a throwaway module that requires ``k8s.io/kubernetes`` and
+  ``replace``-s each staging module it requires with the published ``v0.36.5`` module (the
+  ``go install pkg@version`` shortcut is refused for modules with replace directives);
+* etcd v3.6.8 — the same way (its server module replaces its sibling modules);
+* KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
+  (v0.8.0 has no built-in stages).
+
+Binaries land in ``${KAI_ES_CACHE:-~/.cache/kai-es}/k8s/<component>-<version>/`` (outside the
+repo). A marker holding the build recipe's digest is written last, so an interrupted or changed
+build is redone and a complete one is skipped. The Go module and build caches are Go's own
+(``go env GOMODCACHE GOCACHE``), so a second build is seconds.
+
+Certificates use the ``cryptography`` package (a test dependency) when it is importable and
+``openssl`` otherwise. Standard library for everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Callable, Iterator, Mapping, Sequence
+
+KUBE_VERSION = "v1.36.5"
+#: The published staging modules carry the same minor as kubernetes, with major 0.
+STAGING_VERSION = "v0.36.5"
+ETCD_VERSION = "v3.6.8"
+KWOK_VERSION = "v0.8.0"
+
+#: Staging modules kubernetes' go.mod maps to ./staging but the proxy does not serve (and
+#: kube-apiserver does not need).
+UNPUBLISHED_STAGING = frozenset({"k8s.io/sample-cli-plugin", "k8s.io/sample-controller"})
+
+#: KWOK stage files (paths inside the sigs.k8s.io/kwok module) copied next to the binary.
+KWOK_STAGES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
+
+MARKER_NAME = "COMPLETE"
+#: The annotation KWOK is told to manage nodes by (--manage-nodes-with-annotation-selector).
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+
+class ControlPlaneError(RuntimeError):
+    """Base class for this module's errors."""
+
+
+class FetchError(ControlPlaneError):
+    """A binary could not be built (no Go toolchain, no network, a build failure...)."""
+
+
+class StartError(ControlPlaneError):
+    """A component did not become ready; the message ends with the tail of its log."""
+
+
+# --------------------------------------------------------------------------------------------
+# Cache layout
+
+
+def cache_root() -> Path:
+    env = os.environ.get("KAI_ES_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "kai-es"
+
+
+def component_dir(component: str, version: str) -> Path:
+    return cache_root() / "k8s" / f"{component}-{version}"
+
+
+def apiserver_bin() -> Path:
+    return component_dir("kube-apiserver", KUBE_VERSION) / "kube-apiserver"
+
+
+def etcd_bin() -> Path:
+    return component_dir("etcd", ETCD_VERSION) / "etcd"
+
+
+def kwok_bin() -> Path:
+    return component_dir("kwok", KWOK_VERSION) / "kwok"
+
+
+def kwok_stage_files() -> list[Path]:
+    d = component_dir("kwok", KWOK_VERSION) / "stages"
+    return [d / Path(p).name for p in KWOK_STAGES]
+
+
+# --------------------------------------------------------------------------------------------
+# Building
+
+
+def find_go() -> str:
+    """The `go` binary (1.26+ needed by kubernetes 1.36), from PATH or /usr/local/go/bin."""
+    candidates = [shutil.which("go"), "/usr/local/go/bin/go"]
+    for c in candidates:
+        if c and Path(c).exists():
+            out = subprocess.run([c, "version"], capture_output=True, text=True).stdout
+            m = re.search(r"go(\d+)\.(\d+)", out)
+            if m and (int(m.group(1)), int(m.group(2))) >= (1, 26):
+                return c
+    raise FetchError(
+        "a Go toolchain 1.26 or newer is needed to build kube-apiserver "
+        f"{KUBE_VERSION} (looked on PATH and in /usr/local/go/bin; Debian's `golang` package "
+        "is too old): install Go 1.26 into /usr/local/go"
+    )
+
+
+def _recipe_digest(component: str, version: str, extra: str = "") -> str:
+    """Digest of what a cached build depends on: versions plus this file's build recipe."""
+    h = hashlib.sha256()
+    h.update(f"{component}\0{version}\0{extra}\0".encode())
+    src = Path(__file__).read_text()
+    start, end = src.find("# BUILD-RECIPE-BEGIN"), src.find("# BUILD-RECIPE-END")
+    h.update(src[start:end].encode())
+    return h.hexdigest()
+
+
+def _is_built(component: str, version: str, files: Sequence[Path]) -> bool:
+    marker = component_dir(component, version) / MARKER_NAME
+    try:
+        ok = marker.read_text().strip() == _recipe_digest(component, version)
+    except OSError:
+        return False
+    return ok and all(f.exists() for f in files)
+
+
+class _Builder:
+    """Runs go commands with a log file; raises FetchError with the log tail on failure."""
+
+    def __init__(self, go: str, log_path: Path) -> None:
+        self.go = go
+        self.log_path = log_path
+        self.env = dict(os.environ)
+        self.env["GOTOOLCHAIN"] = "local"  # never download another toolchain
+        self.env["PATH"] = f"{Path(go).parent}{os.pathsep}{self.env.get('PATH', '')}"
+        self.env.setdefault("GOFLAGS", "-buildvcs=false")
+
+    def run(self, args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None) -> str:
+        full_env = dict(self.env)
+        full_env.update(env or {})
+        with open(self.log_path, "a") as log:
+            log.write(f"--- (cd {cwd} && {' '.join(args)})\n")
+            log.flush()
+            res = subprocess.run(
+                list(args), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=log, text=True
+            )
+            log.write(res.stdout[-4000:])
+        if res.returncode != 0:
+            raise FetchError(
+                f"`{' '.join(args)}` exited {res.returncode} in {cwd}; "
+                f"last lines of {self.log_path}:\n{_tail(self.log_path, 40)}"
+            )
+        return res.stdout
+
+    def download(self, module: str, cwd: Path) -> dict[str, Any]:
+        out = self.run([self.go, "mod", "download", "-json", module], cwd)
+        info: dict[str, Any] = json.loads(out)
+        if info.get("Error"):
+            raise FetchError(f"go mod download {module}: {info['Error']}")
+        return info
+
+
+# BUILD-RECIPE-BEGIN (edits between these markers invalidate cached builds)
+
+
+def _staging_replaces(kubernetes_gomod: str) -> list[str]:
+    """Modules kubernetes' go.mod maps to ./staging/... and also requires."""
+    staged = set(re.findall(r"^\s*(\S+)\s+=>\s+\./staging/", kubernetes_gomod, re.M))
+    required = set()
+    for block in re.findall(r"^require\s*\((.*?)^\)", kubernetes_gomod, re.M | re.S):
+        required.update(re.findall(r"^\s*(\S+)\s+v\S+", block, re.M))
+    required.update(re.findall(r"^require\s+(\S+)\s+v\S+", kubernetes_gomod, re.M))
+    return sorted((staged & required) - UNPUBLISHED_STAGING)
+
+
+def _sibling_replaces(gomod: str) -> list[str]:
+    """Modules a go.mod replaces with a relative path (../api etc.), i.e. sibling modules."""
+    return sorted(set(re.findall(r"^\s*(\S+)\s+=>\s+\.\./", gomod, re.M)))
+
+
+def _write_tools_go(workdir: Path, package: str) -> None:
+    (workdir / "tools.go").write_text(
+        "//go:build tools\n\npackage tools\n\n" f'import _ "{package}"\n'
+    )
+
+
+def _build_apiserver(b: _Builder, out: Path, workdir: Path) -> None:
+    b.run([b.go, "mod", "init", "kai-es.local/build/kube-apiserver"], workdir)
+    info = b.download(f"k8s.io/kubernetes@{KUBE_VERSION}", workdir)
+    gomod = Path(info["GoMod"]).read_text()
+    args = [b.go, "mod", "edit", f"-require=k8s.io/kubernetes@{KUBE_VERSION}"]
+    for mod in _staging_replaces(gomod):
+        args.append(f"-replace={mod}={mod}@{STAGING_VERSION}")
+    b.run(args, workdir)
+    _write_tools_go(workdir, "k8s.io/kubernetes/cmd/kube-apiserver")
+    b.run([b.go, "mod", "tidy"], workdir)
+    major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
+    build_date = "1970-01-01T00:00:00Z"  # reproducible; the apiserver only reports it
+    ldflags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        ldflags += [
+            f"-X {pkg}.gitVersion={KUBE_VERSION}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate={build_date}",
+        ]
+    b.run(
+        [b.go, "build", "-trimpath", "-ldflags", "-s -w " + " ".join(ldflags),
+         "-o", str(out), "k8s.io/kubernetes/cmd/kube-apiserver"],
+        workdir, env={"CGO_ENABLED": "0"},
+    )  # fmt: skip
+
+
+def _build_etcd(b: _Builder, out: Path, workdir: Path) -> None:
+    b.run([b.go, "mod", "init", "kai-es.local/build/etcd"], workdir)
+    info = b.download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}", workdir)
+    gomod = Path(info["GoMod"]).read_text()
+    args = [b.go, "mod", "edit", f"-require=go.etcd.io/etcd/server/v3@{ETCD_VERSION}"]
+    for mod in _sibling_replaces(gomod):
+        args.append(f"-replace={mod}={mod}@{ETCD_VERSION}")
+    b.run(args, workdir)
+    _write_tools_go(workdir, "go.etcd.io/etcd/server/v3")
+    b.run([b.go, "mod", "tidy"], workdir)
+    b.run(
+        [b.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out),
+         "go.etcd.io/etcd/server/v3"],
+        workdir, env={"CGO_ENABLED": "0"},
+    )  # fmt: skip
+
+
+def _build_kwok(b: _Builder, out: Path, workdir: Path) -> None:
+    gobin = workdir / "bin"
+    b.run(
+        [b.go, "install", "-trimpath", "-ldflags", "-s -w",
+         f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+        workdir, env={"GOBIN": str(gobin), "CGO_ENABLED": "0"},
+    )  # fmt: skip
+    shutil.copy2(gobin / "kwok", out)
+    info = b.download(f"sigs.k8s.io/kwok@{KWOK_VERSION}", workdir)
+    stages = out.parent / "stages"
+    stages.mkdir(exist_ok=True)
+    for rel in KWOK_STAGES:
+        dst = stages / Path(rel).name
+        shutil.copyfile(Path(info["Dir"]) / rel, dst)
+        dst.chmod(0o644)  # the module cache is read-only
+
+
+# BUILD-RECIPE-END
+
+
+def _fetch_one(
+    component: str,
+    version: str,
+    binary: Path,
+    extra_files: Sequence[Path],
+    build: Callable[[_Builder, Path, Path], None],
+    *,
+    quiet: bool,
+) -> Path:
+    files = [binary, *extra_files]
+    if _is_built(component, version, files):
+        return binary
+    cdir = component_dir(component, version)
+    cdir.mkdir(parents=True, exist_ok=True)
+    with open(cdir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _is_built(component, version, files):  # another process finished meanwhile
+            return binary
+        go = find_go()
+        (cdir / MARKER_NAME).unlink(missing_ok=True)
+        log_path = cdir / "build.log"
+        log_path.write_text(f"building {component} {version} with {go}\n")
+        t0 = time.monotonic()
+        if not quiet:
+            print(f"building {component} {version} (log: {log_path})...", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix=f"kai-es-build-{component}-") as tmp:
+            staging = cdir / f"{binary.name}.tmp-{os.getpid()}"
+            build(_Builder(go, log_path), staging, Path(tmp))
+            staging.rename(binary)
+        (cdir / MARKER_NAME).write_text(_recipe_digest(component, version) + "\n")  # last
+        if not quiet:
+            print(f"built {component} {version} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        return binary
+
+
+def fetch(*, quiet: bool = True) -> dict[str, Path]:
+    """Build (or find cached) etcd, kube-apiserver and kwok; return their paths.
+
+    Idempotent and cheap when the cache is complete; safe against concurrent callers (flock).
+    """
+    return {
+        "etcd": _fetch_one("etcd", ETCD_VERSION, etcd_bin(), [], _build_etcd, quiet=quiet),
+        "kwok": _fetch_one(
+            "kwok", KWOK_VERSION, kwok_bin(), kwok_stage_files(), _build_kwok, quiet=quiet
+        ),
+        "kube-apiserver": _fetch_one(
+            "kube-apiserver", KUBE_VERSION, apiserver_bin(), [], _build_apiserver, quiet=quiet
+        ),
+    }
+
+
+def is_fetched() -> bool:
+    return (
+        _is_built("etcd", ETCD_VERSION, [etcd_bin()])
+        and _is_built("kwok", KWOK_VERSION, [kwok_bin(), *kwok_stage_files()])
+        and _is_built("kube-apiserver", KUBE_VERSION, [apiserver_bin()])
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _tail(path: Path, lines: int = 60, start: int = 0) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(start, size - 256 * 1024))
+            data = f.read()
+    except OSError as e:
+        return f"<no log: {e}>"
+    text = data.decode("utf-8", "replace").splitlines()
+    return "\n".join(text[-lines:]) if text else "<log is empty>"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pdeathsig_preexec() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child receive SIGTERM when the thread that started it dies
+    (Linux PR_SET_PDEATHSIG), so a crashed test run does not leak servers holding ports. Only
+    armed from the main thread: the signal fires when the forking *thread* exits."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    sig = int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+
+    return preexec
+
+
+def _child_env() -> dict[str, str]:
+    """Our environment minus ETCD_* (etcd reads every ETCD_* variable as a flag)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+
+
+# --------------------------------------------------------------------------------------------
+# Certificates and credentials
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Files the apiserver and its clients need, all inside one directory."""
+
+    ca_cert: Path
+    ca_key: Path
+    serving_cert: Path
+    serving_key: Path
+    sa_key: Path  # service-account signing key (private)
+    sa_pub: Path  # and its public half (--service-account-key-file)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def make_credentials(directory: Path, *, hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Credentials:
+    """A CA (with keyUsage, which Python's strict TLS verification demands), a serving
+    certificate for `hosts` plus the in-cluster names, and a service-account key pair."""
+    directory.mkdir(parents=True, exist_ok=True)
+    creds = Credentials(
+        ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
+        serving_cert=directory / "apiserver.crt", serving_key=directory / "apiserver.key",
+        sa_key=directory / "sa.key", sa_pub=directory / "sa.pub",
+    )  # fmt: skip
+    names = [*hosts, "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        _credentials_openssl(creds, names)
+    else:
+        _credentials_cryptography(creds, names)
+    return creds
+
+
+def _credentials_cryptography(c: Credentials, names: Sequence[str]) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    until = now + datetime.timedelta(days=30)
+
+    def pem_key(key: Any) -> bytes:
+        return bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))  # fmt: skip
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kai-es test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now).not_valid_after(until)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+            key_encipherment=False, data_encipherment=False, key_agreement=False,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for n in names:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(n)))
+        except ValueError:
+            sans.append(x509.DNSName(n))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_encipherment=True, key_cert_sign=False, crl_sign=False,
+            content_commitment=False, data_encipherment=False, key_agreement=False,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    c.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_private(c.ca_key, pem_key(ca_key))
+    c.serving_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(c.serving_key, pem_key(key))
+    _write_private(c.sa_key, pem_key(sa))
+    c.sa_pub.write_bytes(sa.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
+
+
+def _credentials_openssl(c: Credentials, names: Sequence[str]) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise StartError("need the `cryptography` package or `openssl` to make certificates")
+    d = c.ca_cert.parent
+    san = ",".join(
+        f"IP:{n}" if re.fullmatch(r"[\d.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", n) else f"DNS:{n}"
+        for n in names
+    )
+
+    def run(*args: str) -> None:
+        res = subprocess.run([openssl, *args], cwd=d, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise StartError(f"openssl {' '.join(args)} failed: {res.stderr.strip()}")
+
+    run("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(c.ca_key))
+    run("req", "-x509", "-new", "-key", str(c.ca_key), "-days", "30", "-subj", "/CN=kai-es test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,digitalSignature,keyCertSign,cRLSign",
+        "-out", str(c.ca_cert))  # fmt: skip
+    run("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(c.serving_key))
+    ext = d / "serving.ext"
+    ext.write_text(
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
+    )
+    run("req", "-new", "-key", str(c.serving_key), "-subj", "/CN=kube-apiserver", "-out", "serving.csr")
+    run("x509", "-req", "-in", "serving.csr", "-CA", str(c.ca_cert), "-CAkey", str(c.ca_key),
+        "-CAcreateserial", "-days", "30", "-extfile", str(ext), "-out", str(c.serving_cert))  # fmt: skip
+    run("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(c.sa_key))
+    run("pkey", "-in", str(c.sa_key), "-pubout", "-out", str(c.sa_pub))
+
+
+@dataclass(frozen=True)
+class User:
+    """A static bearer-token identity (--token-auth-file)."""
+
+    name: str
+    token: str
+    groups: tuple[str, ...] = ()
+
+
+ADMIN_USER = "kai-es-admin"
+#: The least-privilege identity tests give the scheduler's RBAC role to.
+SCHEDULER_USER = "kai-es-scheduler"
+SCHEDULER_GROUP = "kai-es:schedulers"
+
+
+def _kubeconfig(server: str, ca_cert: Path, user: User) -> str:
+    """A kubeconfig (JSON is valid YAML) for one user with the CA embedded."""
+    import base64
+
+    ca = base64.b64encode(ca_cert.read_bytes()).decode()
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kai-es-test",
+                      "cluster": {"server": server, "certificate-authority-data": ca}}],
+        "users": [{"name": user.name, "user": {"token": user.token}}],
+        "contexts": [{"name": user.name, "context": {"cluster": "kai-es-test", "user": user.name}}],
+        "current-context": user.name,
+    }  # fmt: skip
+    return json.dumps(cfg, indent=2) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Processes
+
+
+class _Proc:
+    """One child process logging to a file (appended across restarts)."""
+
+    def __init__(self, name: str, log_path: Path, die_with_parent: bool) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.die_with_parent = die_with_parent
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_fh: IO[bytes] | None = None
+        self.log_start = 0
+
+    def start(self, cmd: Sequence[str], cwd: Path) -> None:
+        self._log_fh = open(self.log_path, "ab")
+        self._log_fh.write(f"--- starting: {' '.join(cmd)}\n".encode())
+        self._log_fh.flush()
+        self.log_start = self._log_fh.tell()
+        self.proc = subprocess.Popen(
+            list(cmd), stdin=subprocess.DEVNULL, stdout=self._log_fh, stderr=subprocess.STDOUT,
+            cwd=cwd, env=_child_env(), start_new_session=True,
+            preexec_fn=_pdeathsig_preexec() if self.die_with_parent else None,
+        )  # fmt: skip
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> int | None:
+        """SIGKILL (an unclean crash). Idempotent."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        return self.stop()
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise StartError(
+                f"{self.name} exited with code {self.proc.returncode}; log tail "
+                f"({self.log_path}):\n{_tail(self.log_path, start=self.log_start)}"
+            )
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after timeout_s. Idempotent."""
+        proc, self.proc = self.proc, None
+        rc = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    rc = proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    rc = proc.wait()
+            else:
+                rc = proc.returncode
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        return rc
+
+    def tail(self, lines: int = 60) -> str:
+        return _tail(self.log_path, lines, start=self.log_start)
+
+
+class HttpError(ControlPlaneError):
+    def __init__(self, status: int, body: str, what: str) -> None:
+        super().__init__(f"{what}: HTTP {status}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + KWOK on 127.0.0.1, with generated certificates and tokens.
+
+    ``data_dir`` (a temp dir under /dev/shm by default, removed by :meth:`close`) holds the
+    credentials, kubeconfigs, the token file, each component's log and etcd's data. Ports are
+    picked when the object is made and kept across :meth:`restart_apiserver`.
+
+    Identities: ``admin_token`` (user kai-es-admin in system:masters) and ``scheduler_token``
+    (user kai-es-scheduler in group kai-es:schedulers, with no permissions until a test binds
+    a role to it). Kubeconfigs: :attr:`kubeconfig` (admin), :attr:`scheduler_kubeconfig`.
+    """
+
+    def __init__(
+        self,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        apiserver_port: int | None = None,
+        die_with_parent: bool = True,
+        extra_apiserver_flags: Sequence[str] = (),
+    ) -> None:
+        if data_dir is None:
+            base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+            self.data_dir = Path(tempfile.mkdtemp(prefix="kai-es-k8s-", dir=base))
+            self._owns_data_dir = True
+        else:
+            self.data_dir = Path(data_dir).resolve()
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._owns_data_dir = False
+        self.apiserver_port = apiserver_port or free_port()
+        self.etcd_port = free_port()
+        self.etcd_peer_port = free_port()
+        while len({self.apiserver_port, self.etcd_port, self.etcd_peer_port}) < 3:
+            self.etcd_peer_port = free_port()
+        self.extra_apiserver_flags = tuple(extra_apiserver_flags)
+        self.admin = User(ADMIN_USER, secrets.token_hex(16), ("system:masters",))
+        self.scheduler = User(SCHEDULER_USER, secrets.token_hex(16), (SCHEDULER_GROUP,))
+        self.etcd = _Proc("etcd", self.data_dir / "etcd.log", die_with_parent)
+        self.apiserver = _Proc("kube-apiserver", self.data_dir / "kube-apiserver.log", die_with_parent)
+        self.kwok = _Proc("kwok", self.data_dir / "kwok.log", die_with_parent)
+        self.creds: Credentials | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self.last_start_seconds: float | None = None
+
+    # -- addresses and files ------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def admin_token(self) -> str:
+        return self.admin.token
+
+    @property
+    def scheduler_token(self) -> str:
+        return self.scheduler.token
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.data_dir / "admin.kubeconfig"
+
+    @property
+    def scheduler_kubeconfig(self) -> Path:
+        return self.data_dir / "scheduler.kubeconfig"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.data_dir / "pki" / "ca.crt"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 60.0) -> "ControlPlane":
+        """Fetch if needed, write credentials, start etcd, the apiserver and KWOK; wait for
+        etcd's /health and the apiserver's /readyz. Raises StartError with a log tail."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        try:
+            fetch()
+        except FetchError as e:
+            raise StartError(f"could not build the control plane binaries: {e}") from e
+        if self.creds is None:
+            self.creds = make_credentials(self.data_dir / "pki")
+            tokens = self.data_dir / "tokens.csv"
+            _write_private(tokens, "".join(
+                f'{u.token},{u.name},{u.name},"{",".join(u.groups)}"\n'
+                for u in (self.admin, self.scheduler)).encode())  # fmt: skip
+            self.kubeconfig.write_text(_kubeconfig(self.base_url, self.creds.ca_cert, self.admin))
+            self.scheduler_kubeconfig.write_text(
+                _kubeconfig(self.base_url, self.creds.ca_cert, self.scheduler))
+        try:
+            self._start_etcd(deadline)
+            self._start_apiserver(deadline)
+            self._start_kwok()
+        except BaseException:
+            self.stop()
+            raise
+        self.last_start_seconds = time.monotonic() - t0
+        return self
+
+    def _start_etcd(self, deadline: float) -> None:
+        client = f"http://127.0.0.1:{self.etcd_port}"
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        self.etcd.start([
+            str(etcd_bin()), "--name=kai-es", f"--data-dir={self.data_dir / 'etcd'}",
+            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=kai-es={peer}", "--unsafe-no-fsync", "--log-level=warn",
+            "--quota-backend-bytes=2147483648",
+        ], cwd=self.data_dir)  # fmt: skip
+        while True:
+            self.etcd.check_alive()
+            try:
+                with urllib.request.urlopen(f"{client}/health", timeout=1) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        return
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise StartError(f"etcd not healthy in time; log tail:\n{self.etcd.tail()}")
+            time.sleep(0.05)
+
+    def apiserver_command(self) -> list[str]:
+        assert self.creds is not None
+        c = self.creds
+        return [
+            str(apiserver_bin()),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--cert-dir={self.data_dir / 'pki'}",
+            f"--tls-cert-file={c.serving_cert}", f"--tls-private-key-file={c.serving_key}",
+            f"--client-ca-file={c.ca_cert}",
+            f"--token-auth-file={self.data_dir / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={c.sa_pub}",
+            f"--service-account-signing-key-file={c.sa_key}",
+            "--api-audiences=https://kubernetes.default.svc",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            # No controller-manager: pods would need a default ServiceAccount, and new nodes
+            # would keep their not-ready taint.
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            "--anonymous-auth=false",
+            "-v=1",
+            *self.extra_apiserver_flags,
+        ]  # fmt: skip
+
+    def _start_apiserver(self, deadline: float) -> None:
+        self.apiserver.start(self.apiserver_command(), cwd=self.data_dir)
+        while True:
+            self.apiserver.check_alive()
+            try:
+                status, _ = self.request("GET", "/readyz", timeout=2)
+                if status == 200:
+                    return
+            except (OSError, HttpError):
+                pass
+            if time.monotonic() > deadline:
+                raise StartError(
+                    f"kube-apiserver not ready in time ({self.base_url}/readyz); log tail:\n"
+                    f"{self.apiserver.tail()}"
+                )
+            time.sleep(0.1)
+
+    def _start_kwok(self) -> None:
+        cmd = [
+            str(kwok_bin()), f"--kubeconfig={self.kubeconfig}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=" + "=".join(KWOK_NODE_ANNOTATION),
+            "--cidr=10.0.0.0/16", "--node-ip=10.0.0.1",
+        ]  # fmt: skip
+        cmd += [f"--config={p}" for p in kwok_stage_files()]
+        self.kwok.start(cmd, cwd=self.data_dir)
+        time.sleep(0.2)
+        self.kwok.check_alive()
+
+    def stop(self) -> None:
+        """Stop KWOK, then the apiserver (which would otherwise wait out its watch clients),
+        then etcd. Idempotent."""
+        self.kwok.stop(timeout_s=5)
+        self.apiserver.stop(timeout_s=5)
+        self.etcd.stop(timeout_s=10)
+
+    def restart_apiserver(self, timeout_s: float = 60.0, *, graceful: bool = False) -> float:
+        """Stop and start kube-apiserver on the same port and etcd; return seconds taken.
+
+        Open watches end (with a client-side connection error); the new apiserver's watch cache
+        starts at etcd's current revision, so a watch from an older resourceVersion gets 410 Gone.
+        KWOK keeps running and reconnects by itself. Not graceful by default (SIGKILL, like a
+        crash): with watches open, a SIGTERM waits out the apiserver's request timeout."""
+        t0 = time.monotonic()
+        if graceful:
+            self.apiserver.stop(timeout_s=3)
+        else:
+            self.apiserver.kill()
+        self._start_apiserver(time.monotonic() + timeout_s)
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        """Stop everything and remove the data dir if this object created it."""
+        self.stop()
+        if self._owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> "ControlPlane":
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def log_tails(self, lines: int = 30) -> str:
+        return "\n".join(
+            f"--- {p.name} ({p.log_path}):\n{_tail(p.log_path, lines)}"
+            for p in (self.etcd, self.apiserver, self.kwok)
+        )
+
+    # -- a small synchronous client (stdlib) for setup: CRDs, nodes ----------------------------
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context(cafile=str(self.ca_cert))
+        return self._ssl
+
+    def request(
+        self, method: str, path: str, body: Any = None, *, token: str | None = None,
+        content_type: str = "application/json", timeout: float = 10.0,
+    ) -> tuple[int, Any]:
+        """One API call; returns (status, decoded JSON or text). Never raises on HTTP status."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {token or self.admin_token}")
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.ssl_context()) as r:
+                status, raw = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        text = raw.decode("utf-8", "replace")
+        try:
+            return status, json.loads(text) if text else None
+        except ValueError:
+            return status, text
+
+    def call(self, method: str, path: str, body: Any = None, *, ok: Sequence[int] = (200, 201),
+             **kw: Any) -> Any:
+        """request(), raising HttpError unless the status is in `ok`."""
+        status, out = self.request(method, path, body, **kw)
+        if status not in ok:
+            raise HttpError(status, out if isinstance(out, str) else json.dumps(out),
+                            f"{method} {path}")
+        return out
+
+    def install_crds(self, crds: Sequence[Mapping[str, Any]], timeout_s: float = 30.0) -> None:
+        """Create (or keep) each CRD and wait until Established and servable: the first
+        request right after Established may get 429 or 404, so LIST until it answers 200."""
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        for crd in crds:
+            self.call("POST", path, crd, ok=(201, 409))
+        deadline = time.monotonic() + timeout_s
+        for crd in crds:
+            name = crd["metadata"]["name"]
+            while True:
+                got = self.call("GET", f"{path}/{name}")
+                conds = {c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])}
+                if conds.get("Established") == "True":
+                    break
+                if time.monotonic() > deadline:
+                    raise StartError(f"CRD {name} not Established after {timeout_s}s: {conds}")
+                time.sleep(0.05)
+            spec = crd["spec"]
+            version = next(v["name"] for v in spec["versions"] if v.get("served", True))
+            list_path = f"/apis/{spec['group']}/{version}/{spec['names']['plural']}"
+            while True:
+                status, out = self.request("GET", list_path + "?limit=1")
+                if status == 200:
+                    break
+                if status not in (404, 429, 503) or time.monotonic() > deadline:
+                    raise StartError(f"CRD {name} not servable: GET {list_path}: {status} {out}")
+                time.sleep(0.05)
+
+    def create_gpu_node(
+        self, name: str, *, gpus: int = 8, gpu_product: str = "NVIDIA-A100-SXM4-80GB",
+        gpu_memory_mib: int = 81920, cpu: str = "64", memory: str = "512Gi", pods: int = 110,
+        labels: Mapping[str, str] | None = None, wait_ready: bool = True, timeout_s: float = 20.0,
+    ) -> dict[str, Any]:
+        """A node KWOK manages (annotation kwok.x-k8s.io/node=fake) with `gpus` nvidia.com/gpu
+        and the GPU product/memory labels; waits until KWOK reports it Ready."""
+        capacity = {"cpu": cpu, "memory": memory, "pods": str(pods)}
+        if gpus:
+            capacity["nvidia.com/gpu"] = str(gpus)
+        node_labels = {
+            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok",
+            "nvidia.com/gpu.product": gpu_product, "nvidia.com/gpu.memory": str(gpu_memory_mib),
+            **(labels or {}),
+        }  # fmt: skip
+        if not gpus:
+            for k in ("nvidia.com/gpu.product", "nvidia.com/gpu.memory"):
+                node_labels.pop(k, None)
+        body = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": node_labels,
+                         "annotations": {KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1]}},
+            "spec": {},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        }  # fmt: skip
+        node: dict[str, Any] = self.call("POST", "/api/v1/nodes", body, ok=(201,))
+        if wait_ready:
+            node = self.wait_node_ready(name, timeout_s)
+        return node
+
+    def wait_node_ready(self, name: str, timeout_s: float = 20.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            node: dict[str, Any] = self.call("GET", f"/api/v1/nodes/{name}")
+            conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+            if conds.get("Ready") == "True":
+                return node
+            self.kwok.check_alive()
+            if time.monotonic() > deadline:
+                raise StartError(f"node {name} not Ready after {timeout_s}s; KWOK log:\n"
+                                 f"{self.kwok.tail()}")
+            time.sleep(0.05)
+
+    def create_namespace(self, name: str) -> None:
+        self.call("POST", "/api/v1/namespaces",
+                  {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+                  ok=(201, 409))  # fmt: skip
+
+    def __repr__(self) -> str:
+        state = "running" if self.apiserver.running() else "stopped"
+        return f"ControlPlane({self.base_url}, {state}, data_dir={str(self.data_dir)!r})"
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+@contextlib.contextmanager
+def _stop_signals_as_keyboard_interrupt() -> Iterator[None]:
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port)
+    with _stop_signals_as_keyboard_interrupt():
+        try:
+            try:
+                cp.start(timeout_s=args.timeout)
+                for i in range(args.gpu_nodes):
+                    cp.create_gpu_node(f"gpu-node-{i}", gpus=args.gpus_per_node)
+            except ControlPlaneError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            print(f"control plane started in {cp.last_start_seconds:.1f}s; data dir "
+                  f"{cp.data_dir}", file=sys.stderr)  # fmt: skip
+            print(f"server={cp.base_url}", flush=True)
+            print(f"kubeconfig={cp.kubeconfig}", flush=True)
+            print(f"scheduler_kubeconfig={cp.scheduler_kubeconfig}", flush=True)
+            while cp.apiserver.running() and cp.etcd.running() and cp.kwok.running():
+                time.sleep(0.5)
+            print(f"error: a component exited; logs:\n{cp.log_tails()}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("stopping...", file=sys.stderr)
+            return 0
+        finally:
+            if args.data_dir is None and not args.keep:
+                cp.close()
+            else:
+                cp.stop()
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    try:
+        paths = fetch(quiet=False)
+    except FetchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"control plane binaries ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    for name, path in paths.items():
+        print(f"{name}={path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fetch", help="build the binaries into the cache; print their paths")
+    f.set_defaults(func=_cmd_fetch)
+    r = sub.add_parser("run", help="start the control plane, print kubeconfig=..., run until Ctrl-C")
+    r.add_argument("--port", type=int, default=None, help="apiserver port (default: free)")
+    r.add_argument("--data-dir", default=None, help="default: a temp dir removed on exit")
+    r.add_argument("--keep", action="store_true", help="keep the temp data dir on exit")
+    r.add_argument("--gpu-nodes", type=int, default=0, help="KWOK GPU nodes to create")
+    r.add_argument("--gpus-per-node", type=int, default=8)
+    r.add_argument("--timeout", type=float, default=60.0, help="startup timeout, seconds")
+    r.set_defaults(func=_cmd_run)
+    args = p.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
