@@ -24,9 +24,9 @@ from tests.builders import MakeNode, MakePod, queue, scenario_text
 
 
 def test_config_rejects_an_action_its_policy_does_not_implement() -> None:
-    with pytest.raises(ConfigError, match=r"reclaim, preempt are not implemented by policy kai-es/v2 "
-                                          r"\(it runs: allocate\) - at `\$.actions`"):
-        parse_config({"actions": ["allocate", "reclaim", "preempt"]})
+    with pytest.raises(ConfigError, match=r"consolidation, stalegangeviction are not implemented by policy "
+                                          r"kai-es/v2 \(it runs: allocate, preempt, reclaim\) - at `\$.actions`"):
+        parse_config({"actions": ["allocate", "consolidation", "reclaim", "stalegangeviction"]})
 
 
 def test_version_1_configs_keep_their_legacy_action_list() -> None:

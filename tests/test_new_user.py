@@ -328,8 +328,8 @@ def test_actions_that_do_not_run_are_warned_about_in_one_line(tmp_path: Path) ->
     current = tmp_path / "current.yaml"
     current.write_text(QUICKSTART.read_text().replace(
         "placementStrategy: {gpu: binpack, cpu: binpack}",
-        "placementStrategy: {gpu: binpack, cpu: binpack}\n    actions: [allocate, reclaim]"))
-    _one_line_error(_cli("cycle", str(current)), "reclaim is not implemented by policy kai-es/v2")
+        "placementStrategy: {gpu: binpack, cpu: binpack}\n    actions: [allocate, consolidation]"))
+    _one_line_error(_cli("cycle", str(current)), "consolidation is not implemented by policy kai-es/v2")
 
 
 def test_the_readme_documents_the_scenario_format_inside_the_repository() -> None:

@@ -67,7 +67,7 @@ def test_native_and_reference_packers_write_the_same_log(tmp_path: Path) -> None
 def test_golden_log_replays_byte_for_byte() -> None:
     run = _cli("replay", str(GOLDEN / "quickstart.events.jsonl"))
     assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("OK: 7 cycles, ")
+    assert run.stdout.startswith("OK: 10 cycles, ")
 
 
 HISTORY = sorted((GOLDEN / "history").glob("*.events.jsonl"))

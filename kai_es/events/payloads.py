@@ -405,6 +405,9 @@ class EvictionDecided(Payload, kw_only=True, frozen=True):
     queue: str
     action: str
     reason: str
+    # --- schema version 2: who the pod makes room for, and the numbers that justified it
+    preemptor: str = ""
+    numbers: dict[str, int] = {}
 
 
 class PodUnschedulable(Payload, kw_only=True, frozen=True):

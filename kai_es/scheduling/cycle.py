@@ -73,13 +73,15 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     emitter = Emitter(started, config.policy_version)
     plan = Plan(state, packer, strategy_of(config, state), verify=verify)
     session = Session(state, plan, started.envelope.logicaltime, policy)
-    unschedulable: dict[str, list[p.Reason]] = {}
+    unschedulable = session.unschedulable
     for name in config.actions:
         action = policy.actions.get(name)
         if action is None:
             continue  # kai-es/v1 accepted names it did not run; later versions reject them
         result = action(session)
         unschedulable.update(result.unschedulable)
+        for entry in result.placed:  # a later action placed what an earlier one could not
+            unschedulable.pop(entry.pod_key, None)
     for op in plan.operations:
         if isinstance(op, Entry):
             emitter.placement(state, plan, op)

@@ -66,7 +66,8 @@ class Emitter:
         job = state.jobs[pod.job_key]
         self.emit(p.EvictionDecided(
             namespace=spec.namespace, name=spec.name, uid=spec.uid, node=plan.names[op.node],
-            podgroup=job.name, queue=job.queue, action=op.action, reason=op.reason),
+            podgroup=job.name, queue=job.queue, action=op.action, reason=op.reason,
+            preemptor=op.preemptor, numbers=dict(sorted(op.numbers.items()))),
             f"pod/{spec.namespace}/{spec.name}")
         self.counts["evicted"] += 1
 

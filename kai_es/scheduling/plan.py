@@ -68,6 +68,7 @@ class Eviction:
     action: str
     preemptor: str
     reason: str
+    numbers: dict[str, int]
 
 
 Operation = Entry | Eviction
@@ -103,6 +104,7 @@ class Plan:
         self.packer = packer
         self.strategy = strategy
         self.names, self.nodes, idle, future = tables(state)
+        self.node_index = {name: i for i, name in enumerate(self.names)}
         self.idle, self.future = idle.copy(), future.copy()
         self._place_idle = bind_place(packer, self.idle, strategy)
         self._place_future = bind_place(packer, self.future, strategy)
@@ -153,14 +155,15 @@ class Plan:
         for listener in self.listeners:
             listener.on_operation(op, sign)
 
-    def evict(self, pod_key: str, action: str, preemptor: str, reason: str) -> Eviction:
+    def evict(self, pod_key: str, action: str, preemptor: str, reason: str,
+              numbers: dict[str, int] | None = None) -> Eviction:
         """Evict an occupying pod: its capacity becomes future capacity (a capacity-growing
         operation: `epoch` moves on, and what was remembered as not fitting is forgotten)."""
         pod = self.state.pods[pod_key]
-        node = self.names.index(pod.node)
+        node = self.node_index[pod.node]
         base = self.idle.gpu_start[node]
         devices = tuple(base + d for d in pod.devices)
-        op = Eviction(pod_key, node, devices, self.shape(pod.spec), action, preemptor, reason)
+        op = Eviction(pod_key, node, devices, self.shape(pod.spec), action, preemptor, reason, dict(numbers or {}))
         self.future.apply_placed(node, devices, op.shape, -1)
         self.operations.append(op)
         self.epoch += 1

@@ -7,8 +7,8 @@ never changed: new behaviour is a new version here, and every old log keeps repl
 - `kai-es/v1`: allocate. Its configs may also list consolidation, reclaim, preempt and
   stalegangeviction, which it accepts and does not run (as the version that wrote the first
   logs did).
-- `kai-es/v2`: allocate; a config listing an action this version does not implement is
-  rejected. Where v1 disagreed with KAI, v2 decides as KAI does: GPU fair share is divided in
+- `kai-es/v2`: allocate, reclaim, preempt; a config listing an action this version does not
+  implement is rejected. Where v1 disagreed with KAI, v2 decides as KAI does: GPU fair share is divided in
   whole GPUs; `placementStrategy.gpu: spread` implies the gpuspread device order; queue order
   has KAI's three further tie-breaks (a queue that would use a resource in which its fair share
   is zero goes later; dominant share without the candidate job; a queue whose fair share is
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from kai_es.scheduling.actions.allocate import AllocateResult, Allocator
+from kai_es.scheduling.actions.preempt import Preempt
+from kai_es.scheduling.actions.reclaim import Reclaim
 from kai_es.scheduling.session import Session
 
 Action = Callable[[Session], AllocateResult]
@@ -34,6 +36,14 @@ ACTION_NAMES: Final = ("allocate", "consolidation", "reclaim", "preempt", "stale
 
 def allocate(session: Session) -> AllocateResult:
     return Allocator(session).run()
+
+
+def reclaim(session: Session) -> AllocateResult:
+    return Reclaim(session).run()
+
+
+def preempt(session: Session) -> AllocateResult:
+    return Preempt(session).run()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +67,8 @@ class UnknownPolicy(ValueError):
 
 POLICIES: Final[dict[str, Policy]] = {
     "kai-es/v1": Policy("kai-es/v1", {"allocate": allocate}, frozenset(ACTION_NAMES)),
-    "kai-es/v2": Policy("kai-es/v2", {"allocate": allocate}, frozenset({"allocate"}), gpu_share_unit=1000,
+    "kai-es/v2": Policy("kai-es/v2", {"allocate": allocate, "reclaim": reclaim, "preempt": preempt},
+                        frozenset({"allocate", "reclaim", "preempt"}), gpu_share_unit=1000,
                         kai_queue_order=True, spread_implies_gpuspread=True),
 }
 #: the version new configs get

@@ -158,6 +158,8 @@ class Session:
         self.placed_pods: set[str] = set()
         #: the gang minimum chosen for each job when it was last a candidate
         self.gang: dict[str, Minimum] = {}
+        #: pods an action of this cycle left waiting, with the reasons (the cycle keeps it)
+        self.unschedulable: dict[str, list[Reason]] = {}
         #: queue name -> (order key, candidate) for its subtree; see `pick`
         self.order_cache: dict[str, tuple[tuple[object, ...] | None, Candidate | None]] = {}
         self._build_queues()
@@ -262,6 +264,25 @@ class Session:
                 request = _add(request, pod_request(pod.spec, self.gpu_memory_hint))
             return job, chosen, request
         return None
+
+    def job_candidate(self, job: Job) -> tuple[list[PodState], Vector] | None:
+        """The pods of `job` to place now (its gang minimum, else one elastic pod) and their
+        request, or None when it has nothing to place or its minimum cannot exist (recorded in
+        `gang`, as `candidate` does)."""
+        pods = [self.state.pods[e[3]] for e in job.pending if e[3] not in self.done]
+        if not pods:
+            return None
+        occupying = [self.state.pods[m] for m in sorted(job.members)
+                     if self.state.pods[m].status in OCCUPYING or m in self.placed_pods]
+        need = minimum(job, pods, occupying)
+        self.gang[job.key] = need
+        if need.problem is not None:
+            return None
+        chosen = list(need.pods) or pods[:1]
+        request = ZERO
+        for pod in chosen:
+            request = _add(request, pod_request(pod.spec, self.gpu_memory_hint))
+        return chosen, request
 
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
         allocated, fair, quota = q.allocated, q.fair, q.quota

@@ -77,6 +77,9 @@ async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
                 await informer.pump(cluster.drain_changes())
         if progress is not None:
             progress(now - start, (stop_at - start) if stop_at is not None else None)
+        # what the binder's actions caused (an evicted pod's replacement, ...) is new input: the
+        # scheduler must see it before deciding whether a cycle is due
+        await scheduler.catch_up()
         # when can something happen next?
         candidates = []
         nxt = cluster.next_event_ns()

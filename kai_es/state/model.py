@@ -100,6 +100,9 @@ class PodState:
     started_ns: int = 0
     last_unschedulable: str = ""
     pending_key: tuple[int, int, str, str] | None = None
+    #: the node a PodPipelined decision (policy kai-es/v2 on) reserved for this pending pod:
+    #: its capacity is being released for it, and the next cycles place it there first
+    nominated_node: str = ""
 
     @property
     def milli_gpu(self) -> int:

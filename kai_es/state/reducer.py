@@ -107,6 +107,7 @@ def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterabl
     spec = pod.spec
     pod.node = node_name
     pod.status = status  # type: ignore[assignment]
+    pod.nominated_node = ""
     if node is None:  # bound to a node we do not know (yet): tracked, not counted
         pod.devices = tuple(devices)
         pod.gpu_groups = tuple(groups)
@@ -800,6 +801,11 @@ def _binding_decided(state: ClusterState, env: Envelope) -> None:
     _set_pending(state, pod, False)
 
 
+#: policy versions whose PodPipelined decisions reserve nothing (logs written before
+#: reservations existed must fold to the state they recorded)
+_NO_NOMINATION_POLICIES: Final = frozenset({None, "kai-es/v1"})
+
+
 def _pod_pipelined(state: ClusterState, env: Envelope) -> None:
     data: p.PodPipelined = env.data
     pod = state.pods.get(pod_key(data.namespace, data.name))
@@ -807,6 +813,8 @@ def _pod_pipelined(state: ClusterState, env: Envelope) -> None:
         state.ignored_events += 1
         return
     pod.last_unschedulable = ""
+    if env.policyversion not in _NO_NOMINATION_POLICIES and pod.status == "Pending":
+        pod.nominated_node = data.node
 
 
 def _eviction_decided(state: ClusterState, env: Envelope) -> None:

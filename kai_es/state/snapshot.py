@@ -38,7 +38,7 @@ class NodeSnap(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     used_scalar: dict[str, int] = {}  # omitted when empty, as in every log before it existed
 
 
-class PodSnap(msgspec.Struct, frozen=True, kw_only=True):
+class PodSnap(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     spec: p.PodObserved
     job_key: str
     status: str
@@ -51,6 +51,7 @@ class PodSnap(msgspec.Struct, frozen=True, kw_only=True):
     backoff_until_ns: int
     started_ns: int
     last_unschedulable: str
+    nominated_node: str = ""  # omitted when empty, as in every log before reservations
 
 
 class JobSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,7 +123,8 @@ def snapshot(state: ClusterState) -> Snapshot:
         PodSnap(spec=x.spec, job_key=x.job_key, status=x.status, node=x.node, devices=list(x.devices),
                 gpu_groups=list(x.gpu_groups), device_milli=x.device_milli, decision_id=x.decision_id,
                 bind_failures=x.bind_failures, backoff_until_ns=x.backoff_until_ns,
-                started_ns=x.started_ns, last_unschedulable=x.last_unschedulable)
+                started_ns=x.started_ns, last_unschedulable=x.last_unschedulable,
+                nominated_node=x.nominated_node)
         for x in (state.pods[k] for k in sorted(state.pods))
     ]
     jobs = [
@@ -202,7 +204,8 @@ def restore(snap: Snapshot) -> ClusterState:
         pod = PodState(key=r.pod_key(ps.spec.namespace, ps.spec.name), spec=ps.spec,
                        job_key=ps.job_key, decision_id=ps.decision_id,
                        bind_failures=ps.bind_failures, backoff_until_ns=ps.backoff_until_ns,
-                       started_ns=ps.started_ns, last_unschedulable=ps.last_unschedulable)
+                       started_ns=ps.started_ns, last_unschedulable=ps.last_unschedulable,
+                       nominated_node=ps.nominated_node)
         st.pods[pod.key] = pod
         st.jobs[pod.job_key].members.add(pod.key)
         r._index_labels(st, pod, +1)

@@ -62,6 +62,7 @@ class Allocator:
                     self._fail_all([self.state.pods[e[3]] for e in job.pending],
                                    [Reason(code=fw.NO_NODES, message="the cluster has no nodes")])
             return self.result
+        self._nominated()
         cache = session.order_cache
         while True:
             pick = session.pick(session.roots)
@@ -73,6 +74,28 @@ class Allocator:
             for q in leaf.chain:
                 cache.pop(q.name, None)
         return self.result
+
+    def _nominated(self) -> None:
+        """Jobs with a pod pipelined by an earlier cycle go first, onto the node reserved for it
+        (KAI's nominated node): the capacity its victims released is not given to anyone else."""
+        state, session = self.state, self.session
+        jobs: dict[str, Job] = {}
+        for name in sorted(state.pending_jobs):
+            for index_key in state.pending_jobs[name]:
+                job = state.jobs[job_key_of_index(index_key)]
+                if any(state.pods[e[3]].nominated_node for e in job.pending):
+                    jobs[job.key] = job
+        for key in sorted(jobs, key=lambda k: (-jobs[k].priority, jobs[k].created_ns, jobs[k].uid, k)):
+            job = jobs[key]
+            leaf = session.queues.get(job.queue)
+            if leaf is None or leaf.children or leaf.jobs is None:
+                continue
+            picked = session.job_candidate(job)
+            if picked is None:
+                continue
+            pods, request = picked
+            if self._try(leaf, job, pods, request):
+                continue
 
     def _drop_hopeless(self, leaf: QueueNode) -> None:
         """Fail, from the head of `leaf`, the single-pod jobs whose outcome cannot depend on when
@@ -204,6 +227,8 @@ class Allocator:
             levels = eligibility.levels(pod.spec, mask) if (
                 pod.spec.preferred_affinity or pod.spec.preferred_pod_affinity
                 or pod.spec.preferred_pod_anti_affinity or eligibility.affinity.has_holders()) else None
+            if pod.nominated_node:
+                levels = eligibility.nominated_first(pod.nominated_node, mask, levels)
             try:
                 entry, answer = self.plan.place(pod.key, pod.spec, mask, settled=not entries,
                                                 remember=not dynamic, levels=levels)

@@ -210,6 +210,18 @@ class Eligibility:
             out.append(level)
         return out
 
+    def nominated_first(self, node: str, mask: array[int], levels: list[array[int]] | None
+                        ) -> list[array[int]] | None:
+        """`levels` with the nominated node (reserved by an earlier pipelining) tried first, as
+        KAI's nominated-node score outranks every other; unchanged when it is not eligible."""
+        i = self.node_index.get(node)
+        if i is None or not mask[i]:
+            return levels
+        only = array("q", self._zeros)
+        only[i] = 1
+        rest = levels if levels is not None else [mask]
+        return [only, *rest]
+
     # -- reasons -----------------------------------------------------------------------------
 
     def explain(self, spec: p.PodObserved) -> tuple[int, list[tuple[str, str, int]], list[Reason]]:

@@ -1,0 +1,30 @@
+"""The preempt action: within one queue, a job displaces preemptible jobs of strictly lower
+priority. Victim choice and effort are the shared search's (`kai_es.scheduling.victims`); since
+a victim's priority is always strictly lower, two jobs can never preempt each other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kai_es.scheduling.actions.preempting import PreemptingAction
+from kai_es.scheduling.session import QueueNode, Vector
+from kai_es.scheduling.victims import Unit
+from kai_es.state.model import Job
+
+
+class Preempt(PreemptingAction):
+    name = "preempt"
+
+    def victim_jobs(self, leaf: QueueNode, job: Job) -> list[Job]:
+        return [v for v in self.occupying_jobs if v.queue == leaf.name and v.priority < job.priority]
+
+    def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
+        return lambda unit: unit.job.queue == leaf.name and unit.job.preemptible and unit.job.priority < job.priority
+
+    def why(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], tuple[str, dict[str, int]]]:
+        def why(unit: Unit) -> tuple[str, dict[str, int]]:
+            return (f"preempted in queue {leaf.name} by job {job.key} (priority {job.priority} > {unit.job.priority})",
+                    {"preemptor_priority": job.priority, "victim_priority": unit.job.priority,
+                     "requested_milli_gpu": request[0]})
+
+        return why

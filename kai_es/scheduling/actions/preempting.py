@@ -1,0 +1,185 @@
+"""What reclaim and preempt share: which pending jobs may make room for themselves, how their pods
+are placed on room being made, and the loop over the shared victim search
+(`kai_es.scheduling.victims`).
+
+Contract:
+- Preemptors are the jobs an earlier action of this cycle left waiting for capacity (their
+  first reason is NoNodeFits or GangUnsatisfied), tried once each, most deserving first: queue
+  order at the start of the action (the Session's key), then job priority, age, uid.
+- A preemptor places the pods its gang needs now (all of a gang's minimum, or one elastic pod),
+  all or none; pods landing on capacity that victims release are Pipelined, and a gang whose
+  minimum is pipelined is pipelined whole.
+- The queue's limits (and, for a non-preemptible job, quota) hold for a preemptor as for
+  allocate.
+- Pure: reads the state; writes only the Session's Plan and the returned result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kai_es.events.payloads import Reason
+from kai_es.scheduling import framework as fw
+from kai_es.scheduling.actions.allocate import AllocateResult
+from kai_es.scheduling.fairshare import pod_request
+from kai_es.scheduling.gang import minimum
+from kai_es.scheduling.plan import Entry
+from kai_es.scheduling.session import QueueNode, Session, Vector, _add
+from kai_es.scheduling.victims import Unit, search, units_of
+from kai_es.state.model import OCCUPYING, Job, PodState
+
+CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED})
+
+
+class PreemptingAction:
+    """Base of reclaim and preempt: `victim_jobs`, `admit` and `why` make the difference."""
+
+    name = ""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.state = session.state
+        self.plan = session.plan
+        self.result = AllocateResult()
+        #: jobs that may lose pods (preemptible, occupying), by key; computed once per action
+        jobs = self.state.jobs
+        self.occupying_jobs = [jobs[k] for k in sorted(jobs) if jobs[k].preemptible and jobs[k].occupying]
+        #: (queue, request, plan length) of searches that found nothing: an equal preemptor on an
+        #: unchanged plan would find nothing either
+        self._failed: set[tuple[str, Vector, int]] = set()
+
+    # -- what each action says ---------------------------------------------------------------
+
+    def victim_jobs(self, leaf: QueueNode, job: Job) -> list[Job]:
+        raise NotImplementedError
+
+    def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
+        raise NotImplementedError
+
+    def why(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], tuple[str, dict[str, int]]]:
+        raise NotImplementedError
+
+    def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
+        return True
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def preemptors(self) -> list[tuple[QueueNode, Job]]:
+        waiting = self.session.unschedulable
+        seen: set[str] = set()
+        out: list[tuple[tuple[object, ...], QueueNode, Job]] = []
+        for pod_key in sorted(waiting):
+            reasons = waiting[pod_key]
+            if not reasons or reasons[0].code not in CAPACITY_REASONS:
+                continue
+            pod = self.state.pods[pod_key]
+            job = self.state.jobs[pod.job_key]
+            leaf = self.session.queues.get(job.queue)
+            if job.key in seen or leaf is None or leaf.children:
+                continue
+            seen.add(job.key)
+            key = self.session.key(leaf, (0, 0, 0))
+            out.append(((key, -job.priority, job.created_ns, job.uid, job.key), leaf, job))
+        out.sort(key=lambda item: item[0])
+        return [(leaf, job) for _, leaf, job in out]
+
+    def run(self) -> AllocateResult:
+        for leaf, job in self.preemptors():
+            self._try(leaf, job)
+        return self.result
+
+    def _pods(self, job: Job) -> list[PodState] | None:
+        state, placed = self.state, self.session.placed_pods
+        pending = [state.pods[e[3]] for e in job.pending if e[3] not in placed]
+        if not pending:
+            return None
+        occupying = [state.pods[m] for m in sorted(job.members)
+                     if state.pods[m].status in OCCUPYING or m in placed]
+        need = minimum(job, pending, occupying)
+        if need.problem is not None:
+            return None
+        return list(need.pods) or pending[:1]
+
+    def _try(self, leaf: QueueNode, job: Job) -> None:
+        pods = self._pods(job)
+        if pods is None or any(pod.backoff_until_ns > self.session.now_ns for pod in pods):
+            return
+        hint = self.session.gpu_memory_hint
+        request: Vector = (0, 0, 0)
+        for pod in pods:
+            request = _add(request, pod_request(pod.spec, hint))
+        if self.session.limits(leaf, job, request) or not self.may_start(leaf, job, request):
+            return
+        if any(self.session.eligibility.pod_problem(pod.spec) for pod in pods):
+            return
+        memo = (leaf.name, request, len(self.plan.operations))
+        if memo in self._failed and len(pods) == 1 and not pods[0].spec.pod_affinity \
+                and not pods[0].spec.pod_anti_affinity:
+            return
+        units = units_of(self.session, self.victim_jobs(leaf, job))
+        if not units:
+            self._failed.add(memo)
+            return
+        gang = len(pods) > 1 or job.min_member > 1
+        placed: list[Entry] = []
+
+        def place() -> list[Entry] | None:
+            cp = self.plan.checkpoint()
+            entries: list[Entry] = []
+            eligibility = self.session.eligibility
+            for pod in pods:
+                mask, _ = eligibility.mask(pod.spec)
+                entry, _ = self.plan.place(pod.key, pod.spec, mask, remember=False,
+                                           levels=eligibility.levels(pod.spec, mask))
+                if entry is None:
+                    self.plan.rollback(cp)
+                    return None
+                entries.append(entry)
+            placed[:] = entries
+            return entries
+
+        preemptor = f"{job.namespace}/{pods[0].spec.name}" if len(pods) == 1 else job.key
+        evictions = search(self.session, units, self.admit(leaf, job, request), request, place,
+                           self.name, preemptor, self.why(leaf, job, request))
+        if evictions is None:
+            self._failed.add(memo)
+            return
+        entries = [op for op in self.plan.entries if op.pod_key in {pod.key for pod in pods}]
+        if gang and any(e.pipelined for e in entries):
+            for e in entries:
+                e.gang_pipelined = True
+        for e in entries:
+            self.session.placed_pods.add(e.pod_key)
+            self.session.unschedulable.pop(e.pod_key, None)
+        self.result.placed.extend(entries)
+
+
+def dominant_share(allocated: Vector, fair: Vector) -> tuple[int, int]:
+    """max over resources of allocated / fair, as an exact fraction (numerator, denominator);
+    a resource used with zero fair share is infinitely saturated (1, 0)."""
+    best = (0, 1)
+    for used, share in zip(allocated, fair):
+        if used <= 0:
+            continue
+        if share <= 0:
+            return (1, 0)
+        if used * best[1] > best[0] * share:
+            best = (used, share)
+    return best
+
+
+def at_most(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """a <= b for fractions (x, 0) meaning infinity."""
+    if a[1] == 0:
+        return b[1] == 0
+    if b[1] == 0:
+        return True
+    return a[0] * b[1] <= b[0] * a[1]
+
+
+def reason_numbers(prefix: str, allocated: Vector, fair: Vector) -> dict[str, int]:
+    return {f"{prefix}_allocated_milli_gpu": allocated[0], f"{prefix}_fair_milli_gpu": fair[0],
+            f"{prefix}_allocated_milli_cpu": allocated[1], f"{prefix}_fair_milli_cpu": fair[1]}
+
+
+__all__ = ["PreemptingAction", "Reason", "at_most", "dominant_share", "reason_numbers"]

@@ -1,0 +1,81 @@
+"""No ping-pong: with allocate, reclaim and preempt on, random stable workloads (pods that run
+until evicted, recreated when evicted, as a Job controller would) reach a fixed point in the
+simulator — after convergence further cycles evict nothing — and queues never reclaim back and
+forth from each other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import yaml
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.events import payloads as p
+from kai_es.scenario import load_scenario_text
+from kai_es.scheduling.packing import load_packer
+from kai_es.sim.runner import simulate
+from tests.builders import MakeNode, MakePod, queue, scenario_text
+
+SETTINGS = {"scheduler": {"actions": ["allocate", "reclaim", "preempt"]},
+            "simulation": {"until": "90s", "cyclePeriod": "1s"}}
+
+
+@st.composite
+def workload(draw: Any) -> str:
+    docs: list[dict[str, Any]] = []
+    for i in range(draw(st.integers(1, 3))):
+        docs.append(MakeNode(f"n{i}").gpus(draw(st.sampled_from([2, 4, 8]))).obj())
+    queues = [f"q{i}" for i in range(draw(st.integers(2, 3)))]
+    equal = draw(st.booleans())  # half the cases: every queue alike (quota and weight)
+    quota, weight = draw(st.integers(0, 4)), draw(st.integers(1, 3))
+    for name in queues:
+        q = queue(name, gpu_quota=quota if equal else draw(st.integers(0, 4)))
+        q["spec"]["resources"]["gpu"]["overQuotaWeight"] = weight if equal else draw(st.integers(1, 3))
+        docs.append(q)
+    capacity = sum(int(d["status"]["allocatable"]["nvidia.com/gpu"]) for d in docs if d["kind"] == "Node")
+    # one queue fills the cluster first; the others arrive later and must take back their share
+    for i in range(capacity + draw(st.integers(0, 3))):
+        docs.append(MakePod(f"hog{i}", queue="q0").gpu(1).priority_class("train").obj())
+    for i in range(draw(st.integers(1, 10))):
+        pod = MakePod(f"p{i}", queue=draw(st.sampled_from(queues))).gpu(draw(st.integers(1, 2)))
+        pod = pod.priority_class(draw(st.sampled_from(["train", "train", "build"])))
+        pod = pod.annotate("kai-es.io/submit-after", f"{draw(st.integers(1, 20))}s")
+        docs.append(pod.obj())
+    return scenario_text(*docs, settings=SETTINGS)
+
+
+def _run(text: str) -> list[Any]:
+    log = MemoryEventLog()
+    anyio.run(lambda: simulate(load_scenario_text(text, "pingpong.yaml"), log, load_packer("native")))
+    return [r.envelope for r in log._records]  # noqa: SLF001 - the test reads the whole log
+
+
+@settings(max_examples=150, deadline=None)
+@given(workload())
+def test_reclaim_and_preempt_converge_and_never_go_back_and_forth(text: str) -> None:
+    envelopes = _run(text)
+    evictions = [(e.logicaltime, e.data) for e in envelopes if isinstance(e.data, p.EvictionDecided)]
+    event(f"reclaims: {sum(1 for _, d in evictions if d.action == 'reclaim') > 0}, "
+          f"preemptions: {sum(1 for _, d in evictions if d.action == 'preempt') > 0}")
+    start = min(e.logicaltime for e in envelopes)
+    # the last arrival is at 20 s; after 30 s more of cycles, nothing is evicted any more
+    late = [data for t, data in evictions if t > start + 50 * 10**9]
+    assert max(e.logicaltime for e in envelopes) <= start + 90 * 10**9
+    assert late == [], f"still evicting near the end: {[(d.name, d.action, d.reason) for d in late]}"
+    # two queues with the same quota and weight never reclaim back and forth
+    params = {d["metadata"]["name"]: (d["spec"]["resources"]["gpu"]["quota"],
+                                      d["spec"]["resources"]["gpu"]["overQuotaWeight"])
+              for d in yaml.safe_load_all(text) if d and d.get("kind") == "Queue"}
+    directions = set()
+    for _, data in evictions:
+        if data.action == "reclaim":
+            directions.add((_reclaimer(data), data.queue))
+    back_and_forth = {(a, b) for a, b in directions if (b, a) in directions and params[a] == params[b]}
+    assert not back_and_forth, directions
+
+
+def _reclaimer(data: p.EvictionDecided) -> str:
+    return data.reason.split("of queue ", 1)[1].split(" ", 1)[0]
