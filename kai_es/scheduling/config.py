@@ -40,7 +40,7 @@ class Fairshare(_Cfg, kw_only=True, frozen=True):
 
 
 class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
-    actions: list[ActionName] = msgspec.field(default_factory=lambda: ["allocate"])
+    actions: list[ActionName] = msgspec.field(default_factory=lambda: ["allocate", "reclaim", "preempt"])
     placement_strategy: PlacementStrategy = PlacementStrategy()
     gpu_sharing_order: Literal["gpupack", "gpuspread"] = "gpupack"
     min_runtime: MinRuntime = MinRuntime()
