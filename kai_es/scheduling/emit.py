@@ -29,6 +29,7 @@ class Emitter:
         self.policy_version = policy_version
         self.out: list[Envelope] = []
         self.counts = {"bound": 0, "pipelined": 0, "evicted": 0, "unschedulable": 0}
+        self._victims: dict[int, set[str]] | None = None
 
     def emit(self, payload: p.Payload, subject: str, statedigest: str | None = None) -> None:
         env = self.started.envelope
@@ -46,8 +47,12 @@ class Emitter:
         devices = plan.local_devices(entry)
         subject = f"pod/{spec.namespace}/{spec.name}"
         if entry.announced_pipelined:
+            if self._victims is None:  # the plan's evictions by node, gathered once
+                self._victims = {}
+                for v in plan.evictions:
+                    self._victims.setdefault(v.node, set()).add(v.pod_key)
             waiting = {k for k in plan.nodes[entry.node].pods if state.pods[k].status == "Releasing"}
-            waiting.update(v.pod_key for v in plan.evictions if v.node == entry.node)
+            waiting |= self._victims.get(entry.node, set())
             self.emit(p.PodPipelined(
                 namespace=spec.namespace, name=spec.name, uid=spec.uid, node=node,
                 podgroup=job.name, queue=job.queue, gpu_devices=devices,

@@ -109,6 +109,7 @@ class Plan:
         self._place_idle = bind_place(packer, self.idle, strategy)
         self._place_future = bind_place(packer, self.future, strategy)
         self.operations: list[Operation] = []
+        self._evicted: set[str] = set()
         self.listeners: list[PlanListener] = []
         self._new_groups: dict[tuple[int, int], str] = {}
         # answers that cannot change while `epoch` stays the same, by (epoch, id of interned
@@ -136,6 +137,11 @@ class Plan:
     def evictions(self) -> list[Eviction]:
         return [op for op in self.operations if isinstance(op, Eviction)]
 
+    @property
+    def evicted_pods(self) -> set[str]:
+        """Keys of the pods this plan evicts (kept with the operations)."""
+        return self._evicted
+
     def checkpoint(self) -> int:
         return len(self.operations)
 
@@ -149,6 +155,7 @@ class Plan:
                     self.idle.apply_placed(op.node, op.devices, op.shape, -1)
             else:
                 self.future.apply_placed(op.node, op.devices, op.shape, +1)
+                self._evicted.discard(op.pod_key)
             self._announce(op, -1)
 
     def _announce(self, op: Operation, sign: int) -> None:
@@ -166,6 +173,7 @@ class Plan:
         op = Eviction(pod_key, node, devices, self.shape(pod.spec), action, preemptor, reason, dict(numbers or {}))
         self.future.apply_placed(node, devices, op.shape, -1)
         self.operations.append(op)
+        self._evicted.add(pod_key)
         self.epoch += 1
         self._announce(op, +1)
         return op

@@ -19,7 +19,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kai_es.scheduling.plan import Entry, Eviction
@@ -50,7 +50,7 @@ class Unit:
 def units_of(session: Session, jobs: Sequence[Job]) -> list[Unit]:
     """The victim units of `jobs`, cheapest first (see module docstring). Only pods occupying a
     known node and not already releasing, and not placed by this plan, are offered."""
-    state, evicted = session.state, {v.pod_key for v in session.plan.evictions}
+    state, evicted = session.state, session.plan.evicted_pods
     out: list[tuple[tuple[object, ...], Unit]] = []
     for job in jobs:
         pods = [state.pods[k] for k in sorted(job.members)]
@@ -77,7 +77,7 @@ def units_of(session: Session, jobs: Sequence[Job]) -> list[Unit]:
 Placer = Callable[[], list[Entry] | None]
 
 
-def search(session: Session, units: Sequence[Unit], admit: Callable[[Unit], bool],
+def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool],
            request: Vector, place: Placer, action: str, preemptor: str,
            reason: Callable[[Unit], tuple[str, dict[str, int]]]) -> list[Eviction] | None:
     """Evict admitted units cheapest first until `place()` succeeds (it must place the whole

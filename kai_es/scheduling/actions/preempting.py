@@ -16,7 +16,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
@@ -47,11 +47,39 @@ class PreemptingAction:
         #: (queue, request, plan length) of searches that found nothing: an equal preemptor on an
         #: unchanged plan would find nothing either
         self._failed: set[tuple[str, Vector, int]] = set()
+        self._units: list[Unit] | None = None
+        self._allowed: dict[tuple[str, int], set[int]] = {}
+        self._cursor: dict[tuple[str, int], int] = {}
 
     # -- what each action says ---------------------------------------------------------------
 
     def victim_jobs(self, leaf: QueueNode, job: Job) -> list[Job]:
+        """The jobs this action may take pods from for `job` (a filter of `occupying_jobs` that
+        depends only on the job's queue and priority)."""
         raise NotImplementedError
+
+    def _victim_units(self, leaf: QueueNode, job: Job) -> Iterator[Unit]:
+        """The victim units for `job`, cheapest first, produced lazily: the units of every
+        occupying job are ordered once per action; a unit whose pods this plan already evicts
+        is skipped."""
+        if self._units is None:
+            self._units = units_of(self.session, self.occupying_jobs)
+        key = (leaf.name, job.priority)  # what victim_jobs depends on (for both actions)
+        allowed = self._allowed.get(key)
+        if allowed is None:
+            allowed = self._allowed[key] = {id(j) for j in self.victim_jobs(leaf, job)}
+        evicted = self.plan.evicted_pods
+        units = self._units
+        # units evicted by an earlier preemptor stay evicted (its operations are committed):
+        # skip that prefix for good; a rollback only ever undoes units after it
+        start = self._cursor.get(key, 0)
+        while start < len(units) and all(pod.key in evicted for pod in units[start].pods):
+            start += 1
+        self._cursor[key] = start
+        for i in range(start, len(units)):
+            unit = units[i]
+            if id(unit.job) in allowed and not any(pod.key in evicted for pod in unit.pods):
+                yield unit
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         raise NotImplementedError
@@ -116,10 +144,7 @@ class PreemptingAction:
         if memo in self._failed and len(pods) == 1 and not pods[0].spec.pod_affinity \
                 and not pods[0].spec.pod_anti_affinity:
             return
-        units = units_of(self.session, self.victim_jobs(leaf, job))
-        if not units:
-            self._failed.add(memo)
-            return
+        units = self._victim_units(leaf, job)
         gang = len(pods) > 1 or job.min_member > 1
         placed: list[Entry] = []
 
@@ -144,7 +169,7 @@ class PreemptingAction:
         if evictions is None:
             self._failed.add(memo)
             return
-        entries = [op for op in self.plan.entries if op.pod_key in {pod.key for pod in pods}]
+        entries = list(placed)  # what the last successful place() put on the Plan
         if gang and any(e.pipelined for e in entries):
             for e in entries:
                 e.gang_pipelined = True
