@@ -6,7 +6,8 @@ Used two ways:
 CLI::
 
     python3 tools/k8s/controlplane.py fetch        # build the binaries once into the cache
-    python3 tools/k8s/controlplane.py run          # start, print kubeconfig=..., run until Ctrl-C
+    python3 tools/k8s/controlplane.py run          # start, install deploy/crds, print
+                                                   # kubeconfig=..., run until Ctrl-C
 
 Library (test fixtures)::
 
@@ -81,6 +82,7 @@ KWOK_STAGES = (
 )
 
 MARKER_NAME = "COMPLETE"
+TOOLS_REPO = Path(__file__).resolve().parents[2]
 #: The annotation KWOK is told to manage nodes by (--manage-nodes-with-annotation-selector).
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
@@ -1034,6 +1036,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         try:
             try:
                 cp.start(timeout_s=args.timeout)
+                if args.crds:
+                    import yaml  # pyyaml: a kai-es dependency; only needed for --crds
+
+                    files = sorted(Path(args.crds).glob("*.yaml"))
+                    cp.install_crds([yaml.safe_load(f.read_text()) for f in files])
+                    print(f"installed {len(files)} CRDs from {args.crds}", file=sys.stderr)
                 for i in range(args.gpu_nodes):
                     cp.create_gpu_node(f"gpu-node-{i}", gpus=args.gpus_per_node)
             except ControlPlaneError as e:
@@ -1080,6 +1088,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--port", type=int, default=None, help="apiserver port (default: free)")
     r.add_argument("--data-dir", default=None, help="default: a temp dir removed on exit")
     r.add_argument("--keep", action="store_true", help="keep the temp data dir on exit")
+    default_crds = TOOLS_REPO / "deploy" / "crds"
+    r.add_argument("--crds", default=str(default_crds) if default_crds.is_dir() else "",
+                   help="install the CRDs in this folder (default: the repo's deploy/crds; '' for none)")
     r.add_argument("--gpu-nodes", type=int, default=0, help="KWOK GPU nodes to create")
     r.add_argument("--gpus-per-node", type=int, default=8)
     r.add_argument("--timeout", type=float, default=60.0, help="startup timeout, seconds")
