@@ -6,7 +6,8 @@ Used two ways:
 CLI::
 
     python3 tools/k8s/controlplane.py fetch        # build the binaries once into the cache
-    python3 tools/k8s/controlplane.py run          # start, print kubeconfig=..., run until Ctrl-C
+    python3 tools/k8s/controlplane.py run          # start, install deploy/crds, print
+                                                   # kubeconfig=..., run until Ctrl-C
 
 Library (test fixtures)::
 
@@ -81,6 +82,7 @@ KWOK_STAGES = (
 )
 
 MARKER_NAME = "COMPLETE"
+TOOLS_REPO = Path(__file__).resolve().parents[2]
 #: The annotation KWOK is told to manage nodes by (--manage-nodes-with-annotation-selector).
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
@@ -374,9 +376,11 @@ def free_port() -> int:
 
 
 def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child receive SIGTERM when the thread that started it dies
-    (Linux PR_SET_PDEATHSIG), so a crashed test run does not leak servers holding ports. Only
-    armed from the main thread: the signal fires when the forking *thread* exits."""
+    """A preexec_fn that makes the child receive SIGKILL when the thread that started it dies
+    (Linux PR_SET_PDEATHSIG), so a crashed test run does not leak servers holding ports. SIGKILL,
+    not SIGTERM: a SIGTERMed apiserver whose etcd dies at the same moment was seen to hang for
+    minutes, and nothing here needs a graceful stop. Only armed from the main thread: the
+    signal fires when the forking *thread* exits."""
     if threading.current_thread() is not threading.main_thread():
         return None
     try:
@@ -385,7 +389,7 @@ def _pdeathsig_preexec() -> Callable[[], None] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-    sig = int(signal.SIGTERM)
+    sig = int(signal.SIGKILL)
 
     def preexec() -> None:
         prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
@@ -594,6 +598,10 @@ class _Proc:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
     def kill(self) -> int | None:
         """SIGKILL (an unclean crash). Idempotent."""
         if self.proc is not None and self.proc.poll() is None:
@@ -630,6 +638,31 @@ class _Proc:
         return _tail(self.log_path, lines, start=self.log_start)
 
 
+DATA_DIR_PREFIX = "kai-es-k8s-"
+OWNER_FILE = "owner.pid"
+
+
+def remove_stale_data_dirs(base: Path) -> list[Path]:
+    """Remove temp data dirs (etcd data on /dev/shm is memory) left by a process that died
+    without closing its ControlPlane: those whose owner.pid names no running process."""
+    removed = []
+    for d in base.glob(f"{DATA_DIR_PREFIX}*"):
+        try:
+            pid = int((d / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue  # not ours to judge (no owner file, e.g. an explicit data_dir)
+        try:
+            os.kill(pid, 0)
+            continue  # its owner is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
 class HttpError(ControlPlaneError):
     def __init__(self, status: int, body: str, what: str) -> None:
         super().__init__(f"{what}: HTTP {status}: {body[:500]}")
@@ -658,8 +691,10 @@ class ControlPlane:
         extra_apiserver_flags: Sequence[str] = (),
     ) -> None:
         if data_dir is None:
-            base = "/dev/shm" if Path("/dev/shm").is_dir() else None
-            self.data_dir = Path(tempfile.mkdtemp(prefix="kai-es-k8s-", dir=base))
+            base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
+            remove_stale_data_dirs(Path(base))
+            self.data_dir = Path(tempfile.mkdtemp(prefix=DATA_DIR_PREFIX, dir=base))
+            (self.data_dir / OWNER_FILE).write_text(f"{os.getpid()}\n")
             self._owns_data_dir = True
         else:
             self.data_dir = Path(data_dir).resolve()
@@ -1001,6 +1036,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         try:
             try:
                 cp.start(timeout_s=args.timeout)
+                if args.crds:
+                    import yaml  # pyyaml: a kai-es dependency; only needed for --crds
+
+                    files = sorted(Path(args.crds).glob("*.yaml"))
+                    cp.install_crds([yaml.safe_load(f.read_text()) for f in files])
+                    print(f"installed {len(files)} CRDs from {args.crds}", file=sys.stderr)
                 for i in range(args.gpu_nodes):
                     cp.create_gpu_node(f"gpu-node-{i}", gpus=args.gpus_per_node)
             except ControlPlaneError as e:
@@ -1047,6 +1088,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--port", type=int, default=None, help="apiserver port (default: free)")
     r.add_argument("--data-dir", default=None, help="default: a temp dir removed on exit")
     r.add_argument("--keep", action="store_true", help="keep the temp data dir on exit")
+    default_crds = TOOLS_REPO / "deploy" / "crds"
+    r.add_argument("--crds", default=str(default_crds) if default_crds.is_dir() else "",
+                   help="install the CRDs in this folder (default: the repo's deploy/crds; '' for none)")
     r.add_argument("--gpu-nodes", type=int, default=0, help="KWOK GPU nodes to create")
     r.add_argument("--gpus-per-node", type=int, default=8)
     r.add_argument("--timeout", type=float, default=60.0, help="startup timeout, seconds")
