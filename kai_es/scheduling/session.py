@@ -130,7 +130,14 @@ class FairShareOrder:
         return a != b and a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, FairShareOrder) and not self < other and not other < self
+        # neither is smaller (a hot path of queue ordering: comparisons written out)
+        if not isinstance(other, FairShareOrder):
+            return False
+        a, b = self.fair, other.fair
+        if a == b:
+            return True
+        return not (a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]) and \
+            not (b[0] <= a[0] and b[1] <= a[1] and b[2] <= a[2])
 
     def __hash__(self) -> int:
         return 0

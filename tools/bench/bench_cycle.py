@@ -24,7 +24,8 @@ from kai_es.app import freeze_long_lived  # noqa: E402
 from kai_es.events import Record  # noqa: E402
 from kai_es.events import payloads as p  # noqa: E402
 from kai_es.events.factory import derived_id, make_envelope  # noqa: E402
-from kai_es.scheduling.actions.allocate import Allocator  # noqa: E402
+from kai_es.scheduling.policy import policy_for  # noqa: E402
+from kai_es.scheduling.session import Session  # noqa: E402
 from kai_es.scheduling.config import SchedulerConfig, config_digest  # noqa: E402
 from kai_es.scheduling.cycle import run_cycle, strategy_of  # noqa: E402
 from kai_es.scheduling.packing import load_packer  # noqa: E402
@@ -99,7 +100,7 @@ def main() -> None:
     plan = Plan(state, packer, strategy_of(cfg))
     t_tables = time.perf_counter() - t0
     t0 = time.perf_counter()
-    Allocator(state, plan, START)
+    Session(state, plan, START, policy_for(cfg.policy_version))
     t_queues = time.perf_counter() - t0
     print(f"cycle setup: pack tables {t_tables * 1000:.0f} ms, queues + fair share {t_queues * 1000:.0f} ms")
 

@@ -57,6 +57,7 @@ class Eligibility:
         self.n = len(nodes)
         self.node_index = {name: i for i, name in enumerate(names)}
         self._static: dict[StaticKey, array[int]] = {}
+        self._keys: dict[int, StaticKey] = {}
         self._legacy: dict[StaticKey, array[int]] = {}
         self._volume_terms: dict[str, list[tuple[str, str, list[p.NodeSelectorTerm]]]] = {}
         self.affinity = pod_affinity.PodAffinityIndex(state, [n.spec.labels for n in nodes], names)
@@ -126,7 +127,11 @@ class Eligibility:
     # -- masks -------------------------------------------------------------------------------
 
     def _key(self, spec: p.PodObserved) -> StaticKey:
-        return static_key(spec, tuple(v[0] for v in self._volumes_of(spec)))
+        # by identity: a spec object lives in the state for the whole cycle and never changes
+        key = self._keys.get(id(spec))
+        if key is None:
+            key = self._keys[id(spec)] = static_key(spec, tuple(v[0] for v in self._volumes_of(spec)))
+        return key
 
     def static_mask(self, spec: p.PodObserved) -> array[int]:
         key = self._key(spec)
@@ -151,7 +156,9 @@ class Eligibility:
             resources.capacity_allows(node, spec)
 
     def is_dynamic(self, spec: p.PodObserved) -> bool:
-        return bool(spec.host_ports or spec.scalar_requests) or self.affinity.needs_dynamic(spec)
+        if spec.host_ports or spec.scalar_requests or spec.pod_affinity or spec.pod_anti_affinity:
+            return True
+        return self.affinity.needs_dynamic(spec)
 
     def mask(self, spec: p.PodObserved) -> tuple[array[int], bool]:
         base = self.static_mask(spec)

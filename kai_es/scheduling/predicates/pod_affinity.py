@@ -230,8 +230,11 @@ class PodAffinityIndex:
                 _bump(holder.counts, holder.holders, domain, pod_key, sign)
 
     def holders(self) -> list[HolderClass]:
+        """The holder classes with present holders, in a fixed order."""
         if not self._holders_built:
             self._build_holders()
+        if not self._holders:
+            return []
         return [self._holders[k] for k in sorted(self._holders) if self._holders[k].counts]
 
     def has_holders(self) -> bool:
