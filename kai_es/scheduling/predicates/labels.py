@@ -7,21 +7,25 @@ Contract: `selector_matches(sel, labels)` is Kubernetes' LabelSelector semantics
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from kai_es.events import payloads as p
 
 
-def requirement_holds(req: p.LabelSelectorRequirement, labels: Mapping[str, str]) -> bool:
-    value = labels.get(req.key)
-    op = req.operator
-    if op == "In":
-        return value is not None and value in req.values
-    if op == "NotIn":
-        return value is None or value not in req.values
-    if op == "Exists":
+def set_operator_holds(operator: str, value: str | None, values: Sequence[str]) -> bool:
+    """`In`, `NotIn`, `Exists`, `DoesNotExist` on a label's value (None: the label is absent);
+    label selectors and node selectors share these."""
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
         return value is not None
     return value is None  # DoesNotExist
+
+
+def requirement_holds(req: p.LabelSelectorRequirement, labels: Mapping[str, str]) -> bool:
+    return set_operator_holds(req.operator, labels.get(req.key), req.values)
 
 
 def selector_matches(sel: p.LabelSelector | None, labels: Mapping[str, str]) -> bool:

@@ -14,19 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from kai_es.events import payloads as p
+from kai_es.scheduling.predicates.labels import set_operator_holds
 
 
 def requirement_holds(req: p.NodeSelectorRequirement, labels: Mapping[str, str]) -> bool:
     value = labels.get(req.key)
     op = req.operator
-    if op == "In":
-        return value is not None and value in req.values
-    if op == "NotIn":
-        return value is None or value not in req.values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
+    if op not in ("Gt", "Lt"):
+        return set_operator_holds(op, value, req.values)
     if value is None or len(req.values) != 1:
         return False
     try:
