@@ -93,3 +93,52 @@ async def test_a_gang_is_bound_through_the_api_and_the_log_replays(
     result = replay(records, load_packer("native"))
     assert result.ok, result.divergence
     assert result.cycles >= 1 and result.decisions >= 3
+
+
+async def test_configmap_volumes_are_checked_against_what_the_informer_observed(
+        k8s: K8s, scheduler_kubeconfig: Path) -> None:
+    """A pod whose ConfigMap exists is bound; one whose ConfigMap does not exist waits with
+    ConfigMapNotFound — the informer (as kai-es's least-privilege identity) watches ConfigMaps."""
+    tag = uuid.uuid4().hex[:8]
+    ns = k8s.namespace()
+    pool = f"pool-{tag}"
+    node = k8s.gpu_node(f"n-{tag}", gpus=8, labels={POOL_LABEL: pool})["metadata"]["name"]
+    qname = f"q-{tag}"
+    log = MemoryEventLog()
+    async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
+        status, _ = await raw(await client.CustomObjectsApi(api).create_cluster_custom_object(
+            "scheduling.run.ai", "v2", "queues", queue(qname), _preload_content=False))
+        assert status == 201
+        status, _ = await raw(await client.CoreV1Api(api).create_namespaced_config_map(
+            ns, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"a": "b"}},
+            _preload_content=False))
+        assert status == 201
+        for name, config_map in (("has-config", "settings"), ("lacks-config", "nowhere")):
+            pod = gpu_pod(name, ns, gpus=1, queue=qname, labels={POOL_LABEL: pool})
+            pod["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": config_map}}]
+            await create_pod(api, pod)
+
+        clock, ids = SystemClock(), RandomIds()
+        informer = InformerService(log, KubernetesSource(kai_api), clock, ids)
+        scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
+        binder = BinderService(log, KubernetesActuator(kai_api), clock)
+
+        async def bound() -> bool:
+            status, pod = await get_pod(api, ns, "has-config")
+            return status == 200 and pod["spec"].get("nodeName") == node
+
+        async def reported() -> bool:
+            return any([isinstance(r.envelope.data, p.PodUnschedulable) and r.envelope.data.name == "lacks-config"
+                        and r.envelope.data.namespace == ns
+                        and r.envelope.data.reasons[0].code == "ConfigMapNotFound"
+                        async for r in log.read()])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(informer.run)
+            tg.start_soon(scheduler.run, 50_000_000)
+            tg.start_soon(binder.run, 20_000_000)
+            await wait_for(bound, "the pod with its ConfigMap bound", timeout_s=30)
+            await wait_for(reported, "the pod without its ConfigMap reported", timeout_s=30)
+            tg.cancel_scope.cancel()
+        status, pod = await get_pod(api, ns, "lacks-config")
+        assert status == 200 and not pod["spec"].get("nodeName")

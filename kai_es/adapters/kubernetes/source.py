@@ -37,8 +37,12 @@ from kai_es.ports import ObjectChange, Relist
 log = logging.getLogger(__name__)
 
 #: The kinds kai-es schedules from. Topology is opt-in: its CRD may not be installed.
-DEFAULT_KINDS = ("PriorityClass", "Queue", "Node", "PodGroup", "Pod")
-ALL_KINDS = ("PriorityClass", "Queue", "Topology", "Node", "PodGroup", "Pod")
+#: the volume and namespace kinds feed the placement predicates (claims, local volumes'
+#: node affinity, ConfigMaps, namespace selectors of pod affinity terms)
+DEFAULT_KINDS = ("PriorityClass", "Queue", "Namespace", "ConfigMap", "PersistentVolume",
+                 "PersistentVolumeClaim", "Node", "PodGroup", "Pod")
+ALL_KINDS = ("PriorityClass", "Queue", "Topology", "Namespace", "ConfigMap", "PersistentVolume",
+             "PersistentVolumeClaim", "Node", "PodGroup", "Pod")
 
 Change = ObjectChange | Relist
 
@@ -73,6 +77,11 @@ KIND_APIS: dict[str, KindApi] = {
                         _custom("scheduling.run.ai", "v2alpha2", "podgroups")),
     "Topology": KindApi("Topology", "kai.scheduler/v1alpha1",
                         _custom("kai.scheduler", "v1alpha1", "topologies")),
+    "Namespace": KindApi("Namespace", "v1", _core("list_namespace")),
+    "ConfigMap": KindApi("ConfigMap", "v1", _core("list_config_map_for_all_namespaces")),
+    "PersistentVolume": KindApi("PersistentVolume", "v1", _core("list_persistent_volume")),
+    "PersistentVolumeClaim": KindApi("PersistentVolumeClaim", "v1",
+                                     _core("list_persistent_volume_claim_for_all_namespaces")),
 }
 
 
