@@ -51,11 +51,14 @@ class IdFactory(Protocol):
 @dataclass(frozen=True, slots=True)
 class ActionOutcome:
     """What the cluster said to a bind or evict. `ok` with `already=True` means the effect was
-    already in place (a replayed decision), which counts as success."""
+    already in place (a replayed decision), which counts as success. A failure with
+    `retryable=True` may succeed later unchanged (e.g. an eviction a PodDisruptionBudget refuses
+    for now); `retryable=False` is a permanent refusal."""
 
     ok: bool
     message: str = ""
     already: bool = False
+    retryable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ Contract:
 - `replay_frames` reads canonical bodies instead of decoded records: a body equal to the next
   decision the replay expects is not decoded again (the replay's own envelope is folded), which
   changes nothing but speed, since equal canonical bytes mean equal events.
-- A binder outcome (PodBound, PodBindFailed, PodEvicted) must perform a decision recorded
+- A binder outcome (PodBound, PodBindFailed, PodEvicted, PodEvictionFailed) must perform a decision recorded
   earlier in the log (its `decision_id`), of the matching kind, for the same pod (namespace,
   name, uid) and node, at a logical time no earlier than the decision's. An outcome that does
   not is impossible for a correct binder (a pod or node that never existed, time running back),
@@ -97,8 +97,9 @@ class ReplayResult:
 
 
 _DECISIONS = (p.BindingDecided, p.EvictionDecided)
-_OUTCOMES = (p.PodBound, p.PodBindFailed, p.PodEvicted)
-_DECIDED_BY = {p.PodBound: p.BindingDecided, p.PodBindFailed: p.BindingDecided, p.PodEvicted: p.EvictionDecided}
+_OUTCOMES = (p.PodBound, p.PodBindFailed, p.PodEvicted, p.PodEvictionFailed)
+_DECIDED_BY = {p.PodBound: p.BindingDecided, p.PodBindFailed: p.BindingDecided, p.PodEvicted: p.EvictionDecided,
+               p.PodEvictionFailed: p.EvictionDecided}
 
 
 @dataclass(frozen=True, slots=True)

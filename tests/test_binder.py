@@ -10,6 +10,7 @@ import pytest
 
 from kai_es.adapters.clock import SimClock
 from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from kai_es.ports import ActionOutcome
@@ -115,42 +116,79 @@ async def test_eviction_deletes_and_recreates_the_pod() -> None:
 
 
 class _RefusingActuator:
-    """A cluster that refuses every eviction (e.g. a PodDisruptionBudget said no)."""
+    """A cluster that refuses evictions: permanently, or `retryable` (a PodDisruptionBudget said
+    no for now) `refusals` times before it evicts; and refuses every bind."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, retryable: bool = False, refusals: int = 10**9) -> None:
+        self.retryable = retryable
+        self.refusals = refusals
         self.evictions: list[tuple[str, str, str]] = []
+        self.binds = 0
 
     async def bind(self, namespace: str, name: str, uid: str, node: str, gpu_devices: object,
                    gpu_groups: object) -> ActionOutcome:
-        raise AssertionError("no bind expected")
+        self.binds += 1
+        return ActionOutcome(ok=False, message="admission webhook denied the binding")
 
     async def evict(self, namespace: str, name: str, uid: str) -> ActionOutcome:
         self.evictions.append((namespace, name, uid))
-        return ActionOutcome(ok=False, message="refused by a disruption budget")
+        if len(self.evictions) > self.refusals:
+            return ActionOutcome(ok=True)
+        return ActionOutcome(ok=False, retryable=self.retryable, message="refused by a disruption budget")
 
 
-async def test_a_refused_eviction_is_reported_once_and_not_retried(caplog: pytest.LogCaptureFixture) -> None:
+def _eviction(event_id: str = "e-1") -> Envelope:
+    return make_envelope(p.EvictionDecided(namespace="default", name="a", uid="uid-a", node="n",
+                                           podgroup="g", queue="team-a", action="preempt", reason="test"),
+                         event_id=event_id, source="t", subject="pod/default/a", logicaltime=5)
+
+
+async def test_a_permanently_refused_eviction_is_a_failure_reported_once_and_not_retried(
+        caplog: pytest.LogCaptureFixture) -> None:
     log = MemoryEventLog()
-    evict = make_envelope(p.EvictionDecided(namespace="default", name="a", uid="uid-a", node="n",
-                                            podgroup="g", queue="team-a", action="preempt", reason="test"),
-                          event_id="e-1", source="t", subject="pod/default/a", logicaltime=5)
-    await log.append([evict])
+    await log.append([_eviction()])
     actuator = _RefusingActuator()
     binder = BinderService(log, actuator, SimClock(0))  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="kai_es.services.binder"):
         assert await binder.step() == 1
-    assert actuator.evictions == [("default", "a", "uid-a")]
+    assert actuator.evictions == [("default", "a", "uid-a")]  # permanent: not retried
     assert "evict default/a failed: refused by a disruption budget" in caplog.text
     outcomes = [r.envelope for r in await _records(log)][1:]
     assert len(outcomes) == 1
     out = outcomes[0]
-    assert isinstance(out.data, p.PodEvicted) and out.data.decision_id == "e-1" and out.causationid == "e-1"
+    assert out.type == "kai.binder.pod.evictionfailed"
+    assert isinstance(out.data, p.PodEvictionFailed) and out.data.decision_id == "e-1" and out.causationid == "e-1"
+    assert out.data.retryable is False and out.data.message == "refused by a disruption budget"
     assert out.logicaltime == 5  # never before the decision it performs
     # the outcome is in the log: neither this binder nor a restarted one performs it again
     assert await binder.step() == 0
     fresh = BinderService(log, actuator, SimClock(0))  # type: ignore[arg-type]
     assert await fresh.step() == 0
     assert len(actuator.evictions) == 1
+
+
+async def test_a_retryable_refusal_is_retried_with_bounded_backoff_then_reported() -> None:
+    log = MemoryEventLog()
+    await log.append([_eviction()])
+    actuator = _RefusingActuator(retryable=True)
+    clock = SimClock(0)
+    binder = BinderService(log, actuator, clock, evict_retry_delays_ns=(10, 20, 40))  # type: ignore[arg-type]
+    assert await binder.step() == 1
+    assert len(actuator.evictions) == 4  # the first try and one per delay, then it gives up
+    assert clock.now_ns() == 70  # it waited each delay in turn
+    [out] = [r.envelope.data for r in await _records(log)][1:]
+    assert isinstance(out, p.PodEvictionFailed) and out.retryable is True
+
+
+async def test_a_retryable_refusal_that_passes_on_a_retry_is_an_eviction() -> None:
+    log = MemoryEventLog()
+    await log.append([_eviction()])
+    actuator = _RefusingActuator(retryable=True, refusals=2)
+    binder = BinderService(log, actuator, SimClock(0), evict_retry_delays_ns=(1, 1, 1))  # type: ignore[arg-type]
+    assert await binder.step() == 1
+    assert len(actuator.evictions) == 3
+    [out] = [r.envelope.data for r in await _records(log)][1:]
+    assert isinstance(out, p.PodEvicted) and out.decision_id == "e-1"
 
 
 async def test_evicting_a_pod_that_is_already_gone_changes_nothing() -> None:

@@ -61,7 +61,8 @@ def _pod_ref(draw: st.DrawFn) -> tuple[str, str]:
 @st.composite
 def decision(draw: st.DrawFn) -> p.Payload:
     name, uid = _pod_ref(draw)
-    kind = draw(st.sampled_from(["bind", "bound", "failed", "evict", "evicted", "unsched", "pipelined"]))
+    kind = draw(st.sampled_from(["bind", "bound", "failed", "evict", "evicted", "evictfailed", "unsched",
+                                 "pipelined"]))
     node = draw(st.sampled_from(NODES))
     devices = draw(st.lists(st.integers(0, 3), max_size=3, unique=True))
     common = dict(namespace="default", name=name, uid=uid)
@@ -75,6 +76,9 @@ def decision(draw: st.DrawFn) -> p.Payload:
         return p.EvictionDecided(**common, node=node, podgroup="g", queue="q0", action="reclaim", reason="r")
     if kind == "evicted":
         return p.PodEvicted(**common, node=node, decision_id="d")
+    if kind == "evictfailed":  # names the pod's eviction decision when the record before decided it
+        return p.PodEvictionFailed(**common, node=node, decision_id=f"e{draw(st.integers(0, 80))}",
+                                   message="refused", retryable=draw(st.booleans()))
     if kind == "pipelined":
         return p.PodPipelined(**common, node=node, podgroup="g", queue="q0")
     return p.PodUnschedulable(**common, podgroup="g", queue="q0",

@@ -446,3 +446,16 @@ class PodEvicted(Payload, kw_only=True, frozen=True):
     uid: str
     node: str
     decision_id: str
+
+
+class PodEvictionFailed(Payload, kw_only=True, frozen=True):
+    """The cluster refused an eviction (after the binder's retries when `retryable`): the pod
+    keeps running and its capacity is not being released."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    decision_id: str
+    message: str
+    retryable: bool = False

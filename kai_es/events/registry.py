@@ -43,6 +43,7 @@ EVENT_TYPES: Final[dict[str, type[p.Payload]]] = {
     "kai.binder.pod.bound": p.PodBound,
     "kai.binder.pod.bindfailed": p.PodBindFailed,
     "kai.binder.pod.evicted": p.PodEvicted,
+    "kai.binder.pod.evictionfailed": p.PodEvictionFailed,
     "kai.cluster.namespace.observed": p.NamespaceObserved,
     "kai.cluster.namespace.removed": p.NamespaceRemoved,
     "kai.cluster.claim.observed": p.ClaimObserved,

@@ -2,8 +2,11 @@
 
 Contract:
 - Idempotent by decision id: a decision that already has an outcome in the log (PodBound,
-  PodBindFailed or PodEvicted naming it) is never performed again, so restarting the binder or
-  replaying decisions never binds twice.
+  PodBindFailed, PodEvicted or PodEvictionFailed naming it) is never performed again, so
+  restarting the binder or replaying decisions never binds twice.
+- A failed eviction is not an eviction: a refusal is recorded as PodEvictionFailed (the pod keeps
+  running), never as PodEvicted. A retryable refusal (e.g. a PodDisruptionBudget's 429) is tried
+  again after each delay of `evict_retry_delays_ns` before it is recorded.
 - The outcome's id is uuid5(decision id), so even a crash between performing and appending
   yields one outcome id; "already bound to that node" counts as success.
 """
@@ -11,6 +14,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
@@ -20,12 +24,17 @@ from kai_es.ports import Clock, ClusterActuator, EventLog
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/binder"
 
+#: waits before each retry of an eviction refused as retryable (then PodEvictionFailed)
+EVICT_RETRY_DELAYS_NS: tuple[int, ...] = (500_000_000, 1_000_000_000, 2_000_000_000)
+
 
 class BinderService:
-    def __init__(self, events: EventLog, actuator: ClusterActuator, clock: Clock) -> None:
+    def __init__(self, events: EventLog, actuator: ClusterActuator, clock: Clock, *,
+                 evict_retry_delays_ns: Sequence[int] = EVICT_RETRY_DELAYS_NS) -> None:
         self.events = events
         self.actuator = actuator
         self.clock = clock
+        self.evict_retry_delays_ns = tuple(evict_retry_delays_ns)
         self.position = 0
         self.done: set[str] = set()
         self.pending: dict[str, Record] = {}
@@ -33,7 +42,7 @@ class BinderService:
 
     def _observe(self, record: Record) -> None:
         data = record.envelope.data
-        if isinstance(data, (p.PodBound, p.PodBindFailed, p.PodEvicted)):
+        if isinstance(data, (p.PodBound, p.PodBindFailed, p.PodEvicted, p.PodEvictionFailed)):
             self.done.add(data.decision_id)
             self.pending.pop(data.decision_id, None)
         elif isinstance(data, (p.BindingDecided, p.EvictionDecided)):
@@ -105,8 +114,18 @@ class BinderService:
                                                  message=result.message), **common)  # type: ignore[arg-type]
         assert isinstance(data, p.EvictionDecided)
         result = await self.actuator.evict(data.namespace, data.name, data.uid)
+        for delay in self.evict_retry_delays_ns:
+            if result.ok or not result.retryable:
+                break
+            log.info("evict %s/%s refused, retrying: %s", data.namespace, data.name, result.message)
+            await self.clock.sleep_until(self.clock.now_ns() + delay)
+            result = await self.actuator.evict(data.namespace, data.name, data.uid)
         if not result.ok:
             log.warning("evict %s/%s failed: %s", data.namespace, data.name, result.message)
+            return make_envelope(p.PodEvictionFailed(namespace=data.namespace, name=data.name, uid=data.uid,
+                                                     node=data.node, decision_id=env.id, message=result.message,
+                                                     retryable=result.retryable),
+                                 **common)  # type: ignore[arg-type]
         return make_envelope(p.PodEvicted(namespace=data.namespace, name=data.name, uid=data.uid,
                                           node=data.node, decision_id=env.id), **common)  # type: ignore[arg-type]
 

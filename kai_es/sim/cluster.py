@@ -10,6 +10,9 @@ Contract:
 - A bound pod with `kai-es.io/run-for` succeeds that long after it was bound. An evicted pod is
   deleted and, unless `kai-es.io/recreate: "false"`, recreated as a new Pending pod (as its
   controller would) named `<name>-r<k>`.
+- A pod annotated `kai-es.io/refuse-eviction: "true"` refuses every eviction permanently (as a
+  failed precondition would); `"retryable"` refuses it as a PodDisruptionBudget does (a 429 that
+  may pass later).
 - Time only moves through `advance(now)`; everything is deterministic.
 """
 
@@ -52,6 +55,14 @@ class _PodInfo:
     device_milli: int = 0
 
 
+REFUSE_EVICTION = "kai-es.io/refuse-eviction"
+
+
+def _annotation(obj: dict[str, Any], name: str) -> str:
+    value = (obj.get("metadata") or {}).get("annotations", {}).get(name, "")
+    return value if isinstance(value, str) else ""
+
+
 def _key(obj: dict[str, Any]) -> str:
     meta = obj["metadata"]
     return f"{meta.get('namespace', 'default')}/{meta['name']}"
@@ -72,6 +83,7 @@ class SimCluster:
         self.binds = 0
         self.bind_failures = 0
         self.evictions = 0
+        self.eviction_refusals = 0
         self.completions = 0
         for obj in scenario.objects:
             if obj.submit_after_ns == 0:
@@ -246,6 +258,11 @@ class SimCluster:
         info = self.pods.get(key)
         if info is None or info.obj["metadata"].get("uid") != uid:
             return ActionOutcome(ok=True, already=True, message="pod is already gone")
+        refuse = _annotation(info.obj, REFUSE_EVICTION)
+        if refuse in ("true", "retryable"):
+            self.eviction_refusals += 1
+            return ActionOutcome(ok=False, retryable=refuse == "retryable",
+                                 message=f"pod {key} refuses eviction ({REFUSE_EVICTION}: {refuse})")
         self._free(info)
         del self.pods[key]
         self.evictions += 1

@@ -60,7 +60,8 @@ async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
     ids = SeededIds(f"sim/{scenario.name}")
     informer = InformerService(events, cluster, clock, ids)
     scheduler = SchedulerService(events, cfg, packer, clock, ids)
-    binder = BinderService(events, cluster, clock)
+    # retryable eviction refusals are retried at once: simulated time moves only in this loop
+    binder = BinderService(events, cluster, clock, evict_retry_delays_ns=(0, 0))
     await scheduler.start()
     await informer.resync()
     next_cycle = start

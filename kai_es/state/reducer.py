@@ -886,6 +886,18 @@ def _pod_evicted(state: ClusterState, env: Envelope) -> None:
         _set_status(state, pod, "Releasing")
 
 
+def _pod_eviction_failed(state: ClusterState, env: Envelope) -> None:
+    """The cluster refused the eviction: a pod still Releasing for that decision (and not
+    terminating of its own accord) is Running again, so its capacity no longer counts as freeing."""
+    data: p.PodEvictionFailed = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid or pod.status != "Releasing" \
+            or pod.decision_id != data.decision_id or pod.spec.terminating:
+        state.ignored_events += 1
+        return
+    _set_status(state, pod, "Running")
+
+
 HANDLERS: Final[dict[type[p.Payload], Handler]] = {
     p.NodeObserved: _node_observed,
     p.NodeRemoved: _node_removed,
@@ -920,6 +932,7 @@ HANDLERS: Final[dict[type[p.Payload], Handler]] = {
     p.PodBound: _pod_bound,
     p.PodBindFailed: _pod_bind_failed,
     p.PodEvicted: _pod_evicted,
+    p.PodEvictionFailed: _pod_eviction_failed,
 }
 
 

@@ -172,8 +172,8 @@ class KubernetesActuator:
                                          message=f"pod {namespace}/{name} (uid {uid}) already gone")
                 raise _Transient(_message(status, doc))
             if status == 429:
-                if _is_pdb_refusal(doc):
-                    return ActionOutcome(ok=False, message=_message(status, doc))
+                if _is_pdb_refusal(doc):  # the budget may allow it later: the binder retries
+                    return ActionOutcome(ok=False, retryable=True, message=_message(status, doc))
                 raise _Transient(_message(status, doc))
             if status >= 500:
                 raise _Transient(_message(status, doc))
