@@ -16,7 +16,7 @@ from kai_es.events.factory import make_envelope
 from kai_es.ports import ActionOutcome
 from kai_es.scenario import load_scenario, load_scenario_text
 from kai_es.scheduling.packing import load_packer
-from kai_es.services.binder import BinderService
+from kai_es.services.binder import MAX_BIND_FAILURES, BinderService
 from kai_es.sim.cluster import SimCluster
 from kai_es.sim.runner import simulate
 from kai_es.state import fold
@@ -189,6 +189,41 @@ async def test_a_retryable_refusal_that_passes_on_a_retry_is_an_eviction() -> No
     assert len(actuator.evictions) == 3
     [out] = [r.envelope.data for r in await _records(log)][1:]
     assert isinstance(out, p.PodEvicted) and out.decision_id == "e-1"
+
+
+def _bind_decision(event_id: str) -> Envelope:
+    return make_envelope(p.BindingDecided(namespace="default", name="a", uid="uid-a", node="n",
+                                          podgroup="g", queue="team-a"),
+                         event_id=event_id, source="t", subject="pod/default/a", logicaltime=1)
+
+
+async def test_a_bind_that_keeps_failing_ends_in_a_final_failure_counted_from_the_log() -> None:
+    log = MemoryEventLog()
+    actuator = _RefusingActuator()
+    for i in range(MAX_BIND_FAILURES - 1):
+        await log.append([_bind_decision(f"d-{i}")])
+        # a binder restarted before each decision still counts the failures already in the log
+        assert await BinderService(log, actuator, SimClock(0)).step() == 1  # type: ignore[arg-type]
+    await log.append([_bind_decision("d-last")])
+    assert await BinderService(log, actuator, SimClock(0)).step() == 1  # type: ignore[arg-type]
+    failed = [r.envelope for r in await _records(log) if isinstance(r.envelope.data, p.PodBindFailed)]
+    assert [e.data.final for e in failed] == [False] * (MAX_BIND_FAILURES - 1) + [True]
+    assert failed[-1].data.message == "admission webhook denied the binding"
+
+
+async def test_a_successful_bind_resets_the_count_of_failures() -> None:
+    log = MemoryEventLog()
+    actuator = _RefusingActuator()
+    for i in range(MAX_BIND_FAILURES - 1):
+        await log.append([_bind_decision(f"d-{i}")])
+    binder = BinderService(log, actuator, SimClock(0))  # type: ignore[arg-type]
+    await binder.step()
+    bound = make_envelope(p.PodBound(namespace="default", name="a", uid="uid-a", node="n", decision_id="d-0x"),
+                          event_id="b", source="t", subject="pod/default/a", logicaltime=2)
+    await log.append([bound, _bind_decision("d-next")])
+    await binder.step()
+    last = [r.envelope.data for r in await _records(log)][-1]
+    assert isinstance(last, p.PodBindFailed) and last.decision_id == "d-next" and last.final is False
 
 
 async def test_evicting_a_pod_that_is_already_gone_changes_nothing() -> None:

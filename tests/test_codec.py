@@ -141,3 +141,17 @@ def test_a_future_schema_version_is_refused() -> None:
     env["schemaversion"] = 7
     with pytest.raises(DecodeError, match="newer than this build"):
         decode(json.dumps(env).encode())
+
+
+def test_version_1_bind_failed_decodes_as_version_2_not_final_and_keeps_its_bytes() -> None:
+    """PodBindFailed v2 only adds `final`: a v1 record is a non-final failure, byte for byte."""
+    v1 = (b'{"data":{"decision_id":"d","message":"no","name":"a","namespace":"default","node":"n",'
+          b'"uid":"u1"},"datacontenttype":"application/json","id":"i","logicaltime":5,'
+          b'"schemaversion":1,"source":"s","specversion":"1.0","subject":"pod/default/a",'
+          b'"time":"1970-01-01T00:00:00.000000005Z","type":"kai.binder.pod.bindfailed"}')
+    env = decode(v1)
+    assert env.schemaversion == 1 and isinstance(env.data, p.PodBindFailed) and env.data.final is False
+    assert encode(env) == v1
+    final = _env(p.PodBindFailed(namespace="default", name="a", uid="u1", node="n", decision_id="d",
+                                 message="no", final=True))
+    assert final.schemaversion == 2 and decode(encode(final)).data == final.data

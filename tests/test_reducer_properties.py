@@ -61,7 +61,7 @@ def _pod_ref(draw: st.DrawFn) -> tuple[str, str]:
 @st.composite
 def decision(draw: st.DrawFn) -> p.Payload:
     name, uid = _pod_ref(draw)
-    kind = draw(st.sampled_from(["bind", "bound", "failed", "evict", "evicted", "evictfailed", "unsched",
+    kind = draw(st.sampled_from(["bind", "bound", "failed", "final", "evict", "evicted", "evictfailed", "unsched",
                                  "pipelined"]))
     node = draw(st.sampled_from(NODES))
     devices = draw(st.lists(st.integers(0, 3), max_size=3, unique=True))
@@ -72,6 +72,8 @@ def decision(draw: st.DrawFn) -> p.Payload:
         return p.PodBound(**common, node=node, decision_id="d", gpu_devices=devices)
     if kind == "failed":
         return p.PodBindFailed(**common, node=node, decision_id="d", message="no")
+    if kind == "final":
+        return p.PodBindFailed(**common, node=node, decision_id="d", message="never", final=True)
     if kind == "evict":
         return p.EvictionDecided(**common, node=node, podgroup="g", queue="q0", action="reclaim", reason="r")
     if kind == "evicted":

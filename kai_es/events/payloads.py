@@ -438,6 +438,9 @@ class PodBindFailed(Payload, kw_only=True, frozen=True):
     node: str
     decision_id: str
     message: str
+    # --- schema version 2: the binder gave up on this pod (too many consecutive failures); the
+    # scheduler does not pick it again until the pod is observed changed or recreated
+    final: bool = False
 
 
 class PodEvicted(Payload, kw_only=True, frozen=True):

@@ -65,6 +65,7 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
     "kai.cluster.resync.completed": 2,
     "kai.cluster.podgroup.observed": 2,  # v2 adds the top-level min_subgroup
     "kai.scheduler.pod.evictiondecided": 2,  # v2 adds preemptor and numbers
+    "kai.binder.pod.bindfailed": 2,  # v2 adds final
 }
 
 #: type name -> the older versions whose payloads decode directly as the current version (the
@@ -76,6 +77,7 @@ ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
     "kai.cluster.resync.completed": frozenset({1}),
     "kai.cluster.podgroup.observed": frozenset({1}),
     "kai.scheduler.pod.evictiondecided": frozenset({1}),
+    "kai.binder.pod.bindfailed": frozenset({1}),
 }
 
 TYPE_OF: Final[dict[type[p.Payload], str]] = {cls: name for name, cls in EVENT_TYPES.items()}

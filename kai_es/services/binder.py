@@ -7,6 +7,8 @@ Contract:
 - A failed eviction is not an eviction: a refusal is recorded as PodEvictionFailed (the pod keeps
   running), never as PodEvicted. A retryable refusal (e.g. a PodDisruptionBudget's 429) is tried
   again after each delay of `evict_retry_delays_ns` before it is recorded.
+- A bind that fails `MAX_BIND_FAILURES` times in a row for the same pod (uid), counted from the
+  outcomes in the log, is recorded with `final=True`: the scheduler stops picking that pod.
 - The outcome's id is uuid5(decision id), so even a crash between performing and appending
   yields one outcome id; "already bound to that node" counts as success.
 """
@@ -24,6 +26,8 @@ from kai_es.ports import Clock, ClusterActuator, EventLog
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/binder"
 
+#: consecutive failed binds of one pod after which the binder gives up on it (`final=True`)
+MAX_BIND_FAILURES = 5
 #: waits before each retry of an eviction refused as retryable (then PodEvictionFailed)
 EVICT_RETRY_DELAYS_NS: tuple[int, ...] = (500_000_000, 1_000_000_000, 2_000_000_000)
 
@@ -35,6 +39,8 @@ class BinderService:
         self.actuator = actuator
         self.clock = clock
         self.evict_retry_delays_ns = tuple(evict_retry_delays_ns)
+        #: pod uid -> consecutive failed binds recorded in the log (dropped once bound or final)
+        self.bind_failures: dict[str, int] = {}
         self.position = 0
         self.done: set[str] = set()
         self.pending: dict[str, Record] = {}
@@ -45,6 +51,10 @@ class BinderService:
         if isinstance(data, (p.PodBound, p.PodBindFailed, p.PodEvicted, p.PodEvictionFailed)):
             self.done.add(data.decision_id)
             self.pending.pop(data.decision_id, None)
+            if isinstance(data, p.PodBindFailed) and not data.final:
+                self.bind_failures[data.uid] = self.bind_failures.get(data.uid, 0) + 1
+            elif isinstance(data, (p.PodBound, p.PodBindFailed)):
+                self.bind_failures.pop(data.uid, None)
         elif isinstance(data, (p.BindingDecided, p.EvictionDecided)):
             if record.envelope.id not in self.done:
                 self.pending[record.envelope.id] = record
@@ -108,10 +118,13 @@ class BinderService:
                 return make_envelope(p.PodBound(namespace=data.namespace, name=data.name, uid=data.uid,
                                                 node=data.node, decision_id=env.id,
                                                 gpu_devices=list(data.gpu_devices)), **common)  # type: ignore[arg-type]
-            log.warning("bind %s/%s -> %s failed: %s", data.namespace, data.name, data.node, result.message)
+            final = self.bind_failures.get(data.uid, 0) + 1 >= MAX_BIND_FAILURES
+            log.warning("bind %s/%s -> %s failed%s: %s", data.namespace, data.name, data.node,
+                        " for good" if final else "", result.message)
             return make_envelope(p.PodBindFailed(namespace=data.namespace, name=data.name, uid=data.uid,
                                                  node=data.node, decision_id=env.id,
-                                                 message=result.message), **common)  # type: ignore[arg-type]
+                                                 message=result.message, final=final),
+                                 **common)  # type: ignore[arg-type]
         assert isinstance(data, p.EvictionDecided)
         result = await self.actuator.evict(data.namespace, data.name, data.uid)
         for delay in self.evict_retry_delays_ns:

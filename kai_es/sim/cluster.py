@@ -12,7 +12,8 @@ Contract:
   controller would) named `<name>-r<k>`.
 - A pod annotated `kai-es.io/refuse-eviction: "true"` refuses every eviction permanently (as a
   failed precondition would); `"retryable"` refuses it as a PodDisruptionBudget does (a 429 that
-  may pass later).
+  may pass later). A pod annotated `kai-es.io/refuse-bind: "true"` refuses every bind (as a
+  webhook or a kubelet that never admits it would).
 - Time only moves through `advance(now)`; everything is deterministic.
 """
 
@@ -56,6 +57,7 @@ class _PodInfo:
 
 
 REFUSE_EVICTION = "kai-es.io/refuse-eviction"
+REFUSE_BIND = "kai-es.io/refuse-bind"
 
 
 def _annotation(obj: dict[str, Any], name: str) -> str:
@@ -220,6 +222,8 @@ class SimCluster:
             return self._fail(f"pod {key} is already bound to {info.node}")
         if node not in self.nodes:
             return self._fail(f"node {node} does not exist")
+        if _annotation(info.obj, REFUSE_BIND) == "true":
+            return self._fail(f"pod {key} refuses every bind ({REFUSE_BIND})")
         payload = tr.pod(info.obj)
         use = self.node_use[node]
         node_payload = tr.node(self.nodes[node])

@@ -97,6 +97,9 @@ class PodState:
     decision_id: str = ""
     bind_failures: int = 0
     backoff_until_ns: int = 0
+    #: the message of the binder's final failed bind (PodBindFailed final=True): while set, the
+    #: scheduler does not pick the pod; cleared when the pod is observed changed or recreated
+    bind_final_message: str = ""
     started_ns: int = 0
     last_unschedulable: str = ""
     pending_key: tuple[int, int, str, str] | None = None

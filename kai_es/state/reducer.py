@@ -466,6 +466,9 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
     if pod is not None and pod.spec.uid != spec.uid:
         _drop_pod(state, pod)  # same name, new incarnation
         pod = None
+    if pod is not None and pod.bind_final_message and pod.spec != spec:
+        pod.bind_final_message = ""  # the pod changed: the binder's final verdict may not hold
+        pod.bind_failures = 0
     if pod is None:
         job = _job_for(state, spec)
         pod = PodState(key, spec, job.key)  # positional, as in _job_for
@@ -871,8 +874,12 @@ def _pod_bind_failed(state: ClusterState, env: Envelope) -> None:
         return
     _release(state, pod)
     pod.bind_failures += 1
-    backoff = min(BIND_BACKOFF_CAP_NS, BIND_BACKOFF_BASE_NS << min(pod.bind_failures - 1, 20))
-    pod.backoff_until_ns = env.logicaltime + backoff
+    if data.final:  # the binder gave up: no back-off to wait for, the pod is not picked again
+        pod.bind_final_message = data.message or "bind failed"
+        pod.backoff_until_ns = 0
+    else:
+        backoff = min(BIND_BACKOFF_CAP_NS, BIND_BACKOFF_BASE_NS << min(pod.bind_failures - 1, 20))
+        pod.backoff_until_ns = env.logicaltime + backoff
     _set_pending(state, pod, True)
 
 

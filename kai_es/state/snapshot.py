@@ -52,6 +52,7 @@ class PodSnap(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     started_ns: int
     last_unschedulable: str
     nominated_node: str = ""  # omitted when empty, as in every log before reservations
+    bind_final_message: str = ""  # omitted when empty, as in every log before final bind failures
 
 
 class JobSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,7 +125,7 @@ def snapshot(state: ClusterState) -> Snapshot:
                 gpu_groups=list(x.gpu_groups), device_milli=x.device_milli, decision_id=x.decision_id,
                 bind_failures=x.bind_failures, backoff_until_ns=x.backoff_until_ns,
                 started_ns=x.started_ns, last_unschedulable=x.last_unschedulable,
-                nominated_node=x.nominated_node)
+                nominated_node=x.nominated_node, bind_final_message=x.bind_final_message)
         for x in (state.pods[k] for k in sorted(state.pods))
     ]
     jobs = [
@@ -205,7 +206,7 @@ def restore(snap: Snapshot) -> ClusterState:
                        job_key=ps.job_key, decision_id=ps.decision_id,
                        bind_failures=ps.bind_failures, backoff_until_ns=ps.backoff_until_ns,
                        started_ns=ps.started_ns, last_unschedulable=ps.last_unschedulable,
-                       nominated_node=ps.nominated_node)
+                       nominated_node=ps.nominated_node, bind_final_message=ps.bind_final_message)
         st.pods[pod.key] = pod
         st.jobs[pod.job_key].members.add(pod.key)
         r._index_labels(st, pod, +1)

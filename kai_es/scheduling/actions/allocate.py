@@ -115,7 +115,7 @@ class Allocator:
             if not _one_pod(job) or (job.spec is None and not job.implicit):
                 return
             pod = pods[0]
-            if pod.backoff_until_ns > self.now_ns:
+            if pod.backoff_until_ns > self.now_ns or pod.bind_final_message:
                 return
             request = pod_request(pod.spec, self.session.gpu_memory_hint)
             for q in leaf.chain:
@@ -194,11 +194,15 @@ class Allocator:
             self._drop_job(leaf, job, [Reason(code=fw.PODGROUP_NOT_FOUND,
                                               message=f"PodGroup {job.key} does not exist yet")])
             return False
-        waiting = [pod for pod in pods if pod.backoff_until_ns > self.now_ns]
+        waiting = [pod for pod in pods if pod.backoff_until_ns > self.now_ns or pod.bind_final_message]
         if waiting:
             for pod in waiting:
                 self._done.add(pod.key)
                 self.result.unschedulable[pod.key] = [Reason(
+                    code=fw.BIND_FAILED_PERMANENTLY, message=(
+                        f"binding failed {pod.bind_failures} time(s) and the binder gave up: "
+                        f"{pod.bind_final_message} (retried when the pod changes or is recreated)"),
+                    numbers={"failures": pod.bind_failures})] if pod.bind_final_message else [Reason(
                     code=fw.BIND_BACKOFF, message=f"binding failed {pod.bind_failures} time(s); retry after back-off",
                     numbers={"failures": pod.bind_failures, "retry_at_ns": pod.backoff_until_ns})]
             if gang_stage:

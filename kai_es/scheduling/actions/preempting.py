@@ -130,7 +130,8 @@ class PreemptingAction:
 
     def _try(self, leaf: QueueNode, job: Job) -> None:
         pods = self._pods(job)
-        if pods is None or any(pod.backoff_until_ns > self.session.now_ns for pod in pods):
+        if pods is None or any(pod.backoff_until_ns > self.session.now_ns or pod.bind_final_message
+                               for pod in pods):
             return
         hint = self.session.gpu_memory_hint
         request: Vector = (0, 0, 0)
