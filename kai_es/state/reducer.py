@@ -379,12 +379,19 @@ def _out_of_bounds_node(spec: p.NodeObserved) -> bool:
 
 
 def _out_of_bounds_pod(spec: p.PodObserved) -> bool:
+    # on every pod observation: written to cost a few comparisons (no generator unless needed)
     g, r = spec.gpu, spec.requests
-    return not (0 <= r.milli_cpu <= bounds.MAX_QUANTITY and 0 <= r.memory_bytes <= bounds.MAX_QUANTITY
-                and 0 <= g.whole <= bounds.MAX_POD_GPUS and 0 <= g.fraction_milli < 1000
+    if not (0 <= r.milli_cpu <= _MAX_QUANTITY and 0 <= r.memory_bytes <= _MAX_QUANTITY):
+        return True
+    if g.whole or g.fraction_milli or g.gpu_memory_mib or g.fraction_devices != 1:
+        if not (0 <= g.whole <= bounds.MAX_POD_GPUS and 0 <= g.fraction_milli < 1000
                 and 0 <= g.gpu_memory_mib <= bounds.MAX_GPU_MEMORY_MIB
-                and 1 <= g.fraction_devices <= bounds.MAX_POD_GPUS
-                and all(0 <= v <= bounds.MAX_QUANTITY for v in spec.scalar_requests.values()))
+                and 1 <= g.fraction_devices <= bounds.MAX_POD_GPUS):
+            return True
+    return bool(spec.scalar_requests) and not all(0 <= v <= _MAX_QUANTITY for v in spec.scalar_requests.values())
+
+
+_MAX_QUANTITY: Final = bounds.MAX_QUANTITY
 
 
 def _node_observed(state: ClusterState, env: Envelope) -> None:
@@ -452,13 +459,20 @@ def _remove_node(state: ClusterState, name: str) -> None:
 
 def _pod_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.PodObserved = env.data
-    if _out_of_bounds_pod(spec):
+    key = pod_key(spec.namespace, spec.name)
+    pod = state.pods.get(key)
+    if pod is not None:
+        old_spec = pod.spec
+        same_shape = old_spec.requests == spec.requests and old_spec.gpu == spec.gpu \
+            and old_spec.scalar_requests == spec.scalar_requests
+    else:
+        same_shape = False
+    # quantities already accepted for this pod need no second look (phase-only observations)
+    if not same_shape and _out_of_bounds_pod(spec):
         state.rejected_objects += 1  # a crafted or corrupt record: never applied
         return
-    key = pod_key(spec.namespace, spec.name)
     if state.resync_seen:
         _mark_seen(state, "Pod", key)
-    pod = state.pods.get(key)
     if spec.phase in ("Succeeded", "Failed"):
         if pod is not None:
             _drop_pod(state, pod)
@@ -466,6 +480,7 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
     if pod is not None and pod.spec.uid != spec.uid:
         _drop_pod(state, pod)  # same name, new incarnation
         pod = None
+        same_shape = False
     if pod is not None and pod.bind_final_message and pod.spec != spec:
         pod.bind_final_message = ""  # the pod changed: the binder's final verdict may not hold
         pod.bind_failures = 0
@@ -478,7 +493,7 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
         if spec.labels or spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity \
                 or spec.preferred_pod_anti_affinity:
             _index_labels(state, pod, +1)
-    elif _reseat_needed(pod, spec):
+    elif not same_shape or _moved_job(pod, spec):
         status, node, devices, groups = pod.status, pod.node, pod.devices, pod.gpu_groups
         _release(state, pod)
         _set_pending(state, pod, False)
@@ -496,10 +511,14 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
             _occupy(state, pod, node, devices, groups, status)
     else:
         old = pod.spec
-        if old.labels != spec.labels or old.pod_affinity != spec.pod_affinity or \
-                old.pod_anti_affinity != spec.pod_anti_affinity or \
-                old.preferred_pod_affinity != spec.preferred_pod_affinity or \
-                old.preferred_pod_anti_affinity != spec.preferred_pod_anti_affinity:
+        if old.labels != spec.labels or ((old.pod_affinity or old.pod_anti_affinity or old.preferred_pod_affinity
+                                          or old.preferred_pod_anti_affinity or spec.pod_affinity
+                                          or spec.pod_anti_affinity or spec.preferred_pod_affinity
+                                          or spec.preferred_pod_anti_affinity)
+                                         and (old.pod_affinity, old.pod_anti_affinity, old.preferred_pod_affinity,
+                                              old.preferred_pod_anti_affinity)
+                                         != (spec.pod_affinity, spec.pod_anti_affinity,
+                                             spec.preferred_pod_affinity, spec.preferred_pod_anti_affinity)):
             _index_labels(state, pod, -1)
             pod.spec = spec
             _index_labels(state, pod, +1)
@@ -539,13 +558,11 @@ def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved
         _set_pending(state, pod, not spec.terminating)
 
 
-def _reseat_needed(pod: PodState, new: p.PodObserved) -> bool:
-    """Whether observing `new` must re-seat the pod from scratch: its resource shape changed or it
-    moved to another job. (`pod.job_key` is always the key of `pod.spec`'s namespace and podgroup,
-    so the new key is built only when one of those differs.)"""
+def _moved_job(pod: PodState, new: p.PodObserved) -> bool:
+    """Whether observing `new` moves the pod to another job (then it is re-seated from
+    scratch, as when its resource shape changed). `pod.job_key` is always the key of
+    `pod.spec`'s namespace and podgroup, so the new key is built only when one of those differs."""
     old = pod.spec
-    if old.requests != new.requests or old.gpu != new.gpu or old.scalar_requests != new.scalar_requests:
-        return True
     if old.podgroup == new.podgroup and old.namespace == new.namespace:
         return False
     return pod.job_key != pod_key(new.namespace, new.podgroup)
@@ -566,7 +583,10 @@ def _drop_pod(state: ClusterState, pod: PodState) -> None:
     _release(state, pod)
     if pod.pending_key is not None:
         _set_pending(state, pod, False)
-    _index_labels(state, pod, -1)
+    spec = pod.spec
+    if spec.labels or spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity \
+            or spec.preferred_pod_anti_affinity:
+        _index_labels(state, pod, -1)
     del state.pods[pod.key]
     job = state.jobs[pod.job_key]
     job.members.discard(pod.key)
