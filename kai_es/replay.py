@@ -3,7 +3,8 @@
 Contract:
 - For every CycleStarted at position P, the state folded exactly up to P and the configuration
   in force (the last ConfigApplied before P, or an override for "what if") are given to the pure
-  `run_cycle`; its output must equal, in canonical bytes and order, the recorded events whose
+  `run_cycle` (a config in force that does not validate, e.g. names an unknown policy version,
+  is a divergence at that cycle); its output must equal, in canonical bytes and order, the recorded events whose
   `basedon` is P (which include CycleCompleted and its state digest).
 - The first difference stops the replay and is reported: the cycle, its position, the index of
   the decision, the position of the record where it was found, and both versions. A cycle whose
@@ -44,7 +45,7 @@ from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
-from kai_es.state.snapshot import digest
+from kai_es.scheduling.policy import state_digest
 
 #: where a divergence found only when the log ended is said to be found
 AT_END = 2**62
@@ -88,7 +89,7 @@ class ReplayResult:
     last_position: int = -1
     #: CycleStarted positions of the abandoned cycles, in log order
     abandoned_at: list[int] = field(default_factory=list)
-    #: digest of the state after the last record read
+    #: digest of the state after the last record read, as the policy version in force computes it
     state_digest: str = ""
 
     @property
@@ -137,11 +138,12 @@ def _impossible_outcome(decided: dict[str, _Decided], record: Record) -> str | N
     return None
 
 
-def _config_of(state: ClusterState) -> SchedulerConfig:
+def _policy_version_of(state: ClusterState) -> str:
+    """The policy version of the config in force (the default one if it does not validate)."""
     try:
-        return parse_config(state.config)
+        return parse_config(state.config).policy_version
     except ConfigError:
-        return parse_config({})
+        return parse_config({}).policy_version
 
 
 class _Replayer:
@@ -254,17 +256,23 @@ class _Replayer:
         if not self.share.owns(position):
             self.foreign.add(position)
             return position < self.last_alone or bool(self.expected)
-        override = self.override
-        config = override or _config_of(self.state)
-        if override is None and data.config_digest != config_digest(config):
-            return self._diverge(Divergence(
-                cycle=data.cycle, position=position, index=0, found_at=position,
-                message=f"cycle ran with config {data.config_digest}, but the log's config "
-                        f"in force is {config_digest(config)}"))
+        config = self.override
+        if config is None:
+            try:
+                config = parse_config(self.state.config)
+            except ConfigError as exc:
+                return self._diverge(Divergence(
+                    cycle=data.cycle, position=position, index=0, found_at=position,
+                    message=f"the log's config in force does not validate: {exc}"))
+            if data.config_digest != config_digest(config):
+                return self._diverge(Divergence(
+                    cycle=data.cycle, position=position, index=0, found_at=position,
+                    message=f"cycle ran with config {data.config_digest}, but the log's config "
+                            f"in force is {config_digest(config)}"))
         decisions = run_cycle(self.state, record, config, self.packer, verify=verify_mode.enabled())
         self.result.cycles += 1
         self.cycle_of[position] = data.cycle
-        if override is not None:
+        if self.override is not None:
             self.result.rerun[position] = decisions
         else:
             self.expected[position] = deque((d, encode(d)) for d in decisions)
@@ -284,7 +292,7 @@ class _Replayer:
                         message=f"the log ends with {len(queue)} decision(s) of this cycle missing",
                         expected=queue[0][1])
                     break
-        result.state_digest = digest(self.state)
+        result.state_digest = state_digest(_policy_version_of(self.state), self.state)
         return result
 
 

@@ -1,7 +1,11 @@
-"""Properties of the fold: any split, any snapshot point, same digest; invariants always hold."""
+"""Properties of the fold: any split, any snapshot point, same digest; invariants always hold;
+the incremental digest always equals its recomputation from scratch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -9,6 +13,8 @@ from kai_es.events import Record, decode, encode
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from kai_es.state import ClusterState, digest, fold, restore, snapshot
+from kai_es.state import reducer
+from kai_es.state.incremental_digest import STALE_SETS, incremental_digest, recomputed_digest
 from kai_es.state.invariants import check
 from kai_es.state.snapshot import load_snapshot, snapshot_bytes
 
@@ -207,7 +213,234 @@ def test_digest_changes_with_content() -> None:
 def test_out_of_order_positions_are_refused() -> None:
     recs = records([p.NodeRemoved(name="a"), p.NodeRemoved(name="b")])
     state = fold(recs)
-    import pytest
-
     with pytest.raises(ValueError, match="not after"):
         fold(recs[:1], state)
+
+
+# --- the incremental digest (policy kai-es/v2) -------------------------------------------------
+
+
+def first_digest_mismatch(payloads: list[p.Payload]) -> int | None:
+    """Fold `payloads` one by one; the index of the first event after which the incremental
+    digest differs from its recomputation from scratch (None: never)."""
+    state = ClusterState()
+    for i, record in enumerate(records(payloads)):
+        fold([record], state)
+        if incremental_digest(state) != recomputed_digest(state):
+            return i
+    return None
+
+
+@given(events)
+def test_incremental_digest_equals_a_recomputation_after_every_event(payloads: list[p.Payload]) -> None:
+    assert first_digest_mismatch(payloads) is None
+
+
+@given(events, st.data())
+def test_incremental_digest_of_a_restored_state_equals_a_full_fold(payloads: list[p.Payload],
+                                                                     data: st.DataObject) -> None:
+    recs = records(payloads)
+    whole = fold(recs)
+    cut = data.draw(st.integers(0, len(recs)))
+    prefix = fold(recs[:cut])
+    restored = restore(load_snapshot(snapshot_bytes(prefix)))
+    assert incremental_digest(restored) == incremental_digest(prefix) == recomputed_digest(prefix)
+    fold(recs[cut:], restored)
+    assert incremental_digest(restored) == incremental_digest(whole) == recomputed_digest(whole)
+
+
+@given(events, events)
+def test_different_states_have_different_incremental_digests(a: list[p.Payload], b: list[p.Payload]) -> None:
+    sa, sb = fold(records(a)), fold(records(b))
+    same = snapshot_bytes(sa) == snapshot_bytes(sb)
+    assert (incremental_digest(sa) == incremental_digest(sb)) == same
+
+
+def test_different_states_have_different_incremental_digests_for_one_field() -> None:
+    def state(cpu: int, unschedulable: str) -> ClusterState:
+        pod = p.PodObserved(namespace="default", name="p0", uid="u", podgroup="g", queue="q0")
+        return fold(records([p.NodeObserved(name="n0", milli_cpu=cpu, memory_bytes=1, gpus=1), pod,
+                             p.PodUnschedulable(namespace="default", name="p0", uid="u", podgroup="g",
+                                                queue="q0", reasons=[p.Reason(code=unschedulable, message="")])]))
+
+    digests = {incremental_digest(state(cpu, code)) for cpu in (1000, 2000) for code in ("A", "B")}
+    assert len(digests) == 4 and all(d.startswith("mset-sha256:") for d in digests)
+
+
+def _pod(name: str, **kw: object) -> p.PodObserved:
+    values = {"namespace": "default", "name": name, "uid": f"{name}-u", "podgroup": "g", "queue": "q0", **kw}
+    return p.PodObserved(**values)  # type: ignore[arg-type]
+
+
+def _ref(name: str, uid: str = "") -> dict[str, str]:
+    return {"namespace": "default", "name": name, "uid": uid or f"{name}-u"}
+
+
+def _resync(kind: str, *observed: p.Payload) -> list[p.Payload]:
+    return [p.ResyncStarted(kind=kind), *observed, p.ResyncCompleted(kind=kind)]
+
+
+#: every handler, each on a path where it changes something (so every kind of entity changes)
+SCRIPT: list[p.Payload] = [
+    p.NodeObserved(name="n0", milli_cpu=16000, memory_bytes=2**36, gpus=2, gpu_memory_mib=40960),
+    p.QueueObserved(name="parent"),
+    p.QueueObserved(name="q0", parent="parent"),
+    p.PriorityClassObserved(name="custom", value=7),
+    p.TopologyObserved(name="t", levels=["zone"]),
+    p.ResyncStarted(kind="Pod"),
+    _pod("p0", priority_class="custom", gpu=p.GpuRequest(whole=1)),
+    _pod("p1", gpu=p.GpuRequest(fraction_milli=500), gpu_group="grp"),
+    p.BindingDecided(**_ref("p1"), node="n0", podgroup="g", queue="q0", gpu_devices=[1], gpu_groups=["grp"]),
+    p.PodUnschedulable(**_ref("p0"), podgroup="g", queue="q0", reasons=[p.Reason(code="X", message="m")]),
+    p.PodPipelined(**_ref("p0"), node="n0", podgroup="g", queue="q0"),
+    p.PodBound(**_ref("p1"), node="n0", decision_id="d", gpu_devices=[1]),
+    _pod("p2", phase="Running", node_name="n1", gpu=p.GpuRequest(whole=1)),
+    p.NodeObserved(name="n1", milli_cpu=16000, memory_bytes=2**36, gpus=1),
+    p.QueueObserved(name="q1", parent="parent"),
+    _pod("p3", phase="Running", node_name="n1", queue="q1", podgroup="pg-p3", implicit_podgroup=True),
+    p.QueueRemoved(name="q1"),
+    p.QueueObserved(name="q1", parent="parent"),
+    p.EvictionDecided(**_ref("p2"), node="n1", podgroup="g", queue="q0", action="reclaim", reason="r"),
+    p.PodEvicted(**_ref("p1"), node="n0", decision_id="d"),
+    _pod("p2", phase="Succeeded", node_name="n1", gpu=p.GpuRequest(whole=1)),
+    p.PodGroupObserved(namespace="default", name="g", queue="q0", min_member=2, priority_class="build"),
+    _pod("p0", priority_class="custom", gpu=p.GpuRequest(whole=1), task_priority=2),
+    _pod("p0", priority_class="custom", gpu=p.GpuRequest(whole=2)),
+    p.BindingDecided(**_ref("p0"), node="n0", podgroup="g", queue="q0", gpu_devices=[0]),
+    p.PodBindFailed(**_ref("p0"), node="n0", decision_id="d", message="no"),
+    p.PodGroupRemoved(namespace="default", name="g"),
+    p.PriorityClassObserved(name="custom", value=9),
+    p.PriorityClassRemoved(name="custom"),
+    p.NodeObserved(name="n0", milli_cpu=16000, memory_bytes=2**36, gpus=4, gpu_memory_mib=40960),
+    p.NodeObserved(name="n0", milli_cpu=16000, memory_bytes=2**36, gpus=4, gpu_memory_mib=40960,
+                   unschedulable=True),
+    p.NodeRemoved(name="n1"),
+    p.PodRemoved(**_ref("p3")),
+    p.TopologyRemoved(name="t"),
+    _pod("p1", phase="Running", node_name="n0", terminating=True, gpu=p.GpuRequest(fraction_milli=500),
+         gpu_group="grp"),
+    _pod("p0", uid="p0-v2"),
+    p.ResyncCompleted(kind="Pod"),
+    *_resync("Node", p.NodeObserved(name="n0", milli_cpu=8000, memory_bytes=2**36, gpus=1)),
+    p.PodGroupObserved(namespace="default", name="g2", queue="q0"),
+    *_resync("PodGroup"),
+    p.PriorityClassObserved(name="x", value=1),
+    *_resync("PriorityClass"),
+    p.TopologyObserved(name="t2", levels=["rack"]),
+    *_resync("Topology"),
+    *_resync("Queue", p.QueueObserved(name="q0")),
+    p.ObjectRejected(kind="Pod", reason="bad"),
+    p.ConfigApplied(config_digest="sha256:0", config={"a": 1}),
+    p.CycleStarted(cycle=1, config_digest="sha256:0"),
+    p.CycleCompleted(cycle=1, decisions=0),
+    _pod("p5", phase="Failed"),
+    p.PodRemoved(**_ref("nobody")),
+    # paths where one mark alone records the change
+    p.QueueObserved(name="q1"),
+    _pod("p6", podgroup="g3"),
+    _pod("p7", podgroup="g3"),
+    _pod("p7", podgroup="g3", task_priority=5),  # only the job's pending order changes
+    _pod("p8", podgroup="g3", scheduler_name="other"),  # a member that is never pending here
+    _pod("p8", podgroup="g3", scheduler_name="other", phase="Running", node_name="n0"),  # occupying
+    p.PodGroupObserved(namespace="default", name="g3", queue="q0", min_member=1),  # the spec only
+    p.PodGroupObserved(namespace="default", name="g3", queue="q0", min_member=3),
+    p.PodGroupRemoved(namespace="default", name="g3"),
+    p.PodGroupObserved(namespace="default", name="g3", queue="q0", min_member=1),
+    *_resync("PodGroup"),
+    _pod("p9", podgroup="pg-p9", implicit_podgroup=True),
+    _pod("p9", podgroup="pg-p9", implicit_podgroup=True, queue="q1"),  # the job's queue only
+    p.PodRemoved(**_ref("p9")),  # a pending pod
+    p.NodeObserved(name="n2", milli_cpu=16000, memory_bytes=2**36, gpus=2),
+    _pod("p10", podgroup="pg-p10", implicit_podgroup=True, phase="Running", node_name="n2",
+         gpu=p.GpuRequest(whole=1)),
+    p.NodeRemoved(name="n2"),  # p10 keeps its devices but no longer their milli-GPU
+    _pod("p11", podgroup="pg-p11", implicit_podgroup=True),
+    p.BindingDecided(**_ref("p11"), node="n0", podgroup="pg-p11", queue="q0"),
+    p.PodBindFailed(**_ref("p11"), node="n0", decision_id="d", message="no"),
+    _pod("p11", podgroup="pg-p11", implicit_podgroup=True, phase="Running", node_name="n0"),
+    p.PodBound(**_ref("p11"), node="n0", decision_id="d"),  # clears the bind failures only
+    _pod("p13", podgroup="g4"),
+    _pod("p90", podgroup="g4", scheduler_name="other"),
+    _pod("p90", podgroup="g3", scheduler_name="other"),  # moves job: both jobs' members only
+    p.PodRemoved(**_ref("p90")),  # leaves g3: its members only
+    p.NamespaceObserved(name="default", labels={"team": "a"}),
+    p.NamespaceObserved(name="other"),
+    p.NamespaceRemoved(name="other"),
+    p.ClaimObserved(namespace="default", name="c0"),
+    p.ClaimObserved(namespace="default", name="c0", phase="Bound", volume="v0"),
+    p.ClaimObserved(namespace="default", name="c1"),
+    p.ClaimRemoved(namespace="default", name="c1"),
+    p.VolumeObserved(name="v0"),
+    p.VolumeObserved(name="v1"),
+    p.VolumeRemoved(name="v1"),
+    p.ConfigMapObserved(namespace="default", name="cm0"),
+    p.ConfigMapObserved(namespace="default", name="cm1"),
+    p.ConfigMapRemoved(namespace="default", name="cm1"),
+    *_resync("Namespace"),
+    *_resync("PersistentVolumeClaim"),
+    *_resync("PersistentVolume"),
+    *_resync("ConfigMap"),
+]
+_EVICTION = len(SCRIPT)  # `records` gives the event at index i the id f"e{i}"
+SCRIPT += [
+    p.EvictionDecided(**_ref("p11"), node="n0", podgroup="pg-p11", queue="q0", action="reclaim", reason="r"),
+    p.PodEvictionFailed(**_ref("p11"), node="n0", decision_id=f"e{_EVICTION}", message="no"),  # Running again
+    _pod("p14", podgroup="pg-p14", implicit_podgroup=True),
+    p.BindingDecided(**_ref("p14"), node="n0", podgroup="pg-p14", queue="q0"),
+    p.PodBindFailed(**_ref("p14"), node="n0", decision_id="d", message="no", final=True),
+    _pod("p14", podgroup="pg-p14", implicit_podgroup=True, task_priority=1),  # clears the final verdict
+]
+
+
+def _dropping(kind: str) -> Callable[[], None]:
+    """A reducer that forgets to mark entities of `kind` (a planted bug); returns the undo."""
+    originals = dict(reducer.HANDLERS)
+
+    def wrap(handler: reducer.Handler) -> reducer.Handler:
+        def forgetful(state: ClusterState, env: object) -> None:
+            handler(state, env)  # type: ignore[arg-type]
+            getattr(state, kind).clear()
+        return forgetful
+
+    for t, handler in originals.items():
+        reducer.HANDLERS[t] = wrap(handler)  # type: ignore[index]
+    return lambda: reducer.HANDLERS.update(originals)
+
+
+def test_every_handler_keeps_the_incremental_digest_exact() -> None:
+    assert first_digest_mismatch(SCRIPT) is None
+
+
+@pytest.mark.parametrize("kind", STALE_SETS)
+def test_a_forgotten_mark_is_caught(kind: str) -> None:
+    undo = _dropping(kind)
+    try:
+        assert first_digest_mismatch(SCRIPT) is not None
+    finally:
+        undo()
+
+
+def test_a_forgotten_mark_in_one_handler_is_caught() -> None:
+    """The planted bug is narrow: only PodUnschedulable forgets its pod (event 9 of the script)."""
+    original = reducer.HANDLERS[p.PodUnschedulable]
+
+    def forgetful(state: ClusterState, env: object) -> None:
+        original(state, env)  # type: ignore[arg-type]
+        state.stale_pods.clear()
+
+    reducer.HANDLERS[p.PodUnschedulable] = forgetful
+    try:
+        assert first_digest_mismatch(SCRIPT) == 9
+    finally:
+        reducer.HANDLERS[p.PodUnschedulable] = original
+
+
+def test_marks_of_removed_pods_do_not_pile_up_without_a_digest() -> None:
+    """A fold that never asks for the incremental digest (a kai-es/v1 log) keeps the stale sets
+    bounded by the live state, and the digest is still right when finally asked."""
+    churn: list[p.Payload] = []
+    for i in range(6000):
+        churn += [_pod(f"c{i}", podgroup=f"pg-c{i}", implicit_podgroup=True), p.PodRemoved(**_ref(f"c{i}"))]
+    state = fold(records([p.QueueObserved(name="q0"), *churn, _pod("last")]))
+    assert len(state.stale_pods) + len(state.stale_jobs) <= 2 * 4096
+    assert incremental_digest(state) == recomputed_digest(state)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import zlib
 from array import array
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from kai_es.replay import replay
 from kai_es.scenario import load_scenario, load_scenario_text
 from kai_es.scheduling.packing import Placement, Strategy, TaskShape, load_packer
 from kai_es.scheduling.packing.model import PackTable
+from kai_es.scheduling.policy import CURRENT_POLICY
 from kai_es.scheduling.tables import build_tables, tables
 from kai_es.sim.runner import simulate
 from kai_es.state import ClusterState, fold
@@ -132,16 +134,46 @@ async def _all(log: MemoryEventLog) -> list:  # type: ignore[type-arg]
     return [r async for r in log.read()]
 
 
-def test_replay_reports_a_config_that_does_not_match(tmp_path: Path) -> None:
+def _reframe(bodies: list[bytes]) -> bytes:
+    return b"".join(b"%08x\t%s\n" % (zlib.crc32(body), body) for body in bodies)
+
+
+@pytest.mark.parametrize(("version", "message"), [
+    ("kai-es/v1", "cycle ran with config"),  # released, but not what the cycles ran with
+    ("kai-es/v0", "the log's config in force does not validate: scheduler config: unknown policy "
+                  "version 'kai-es/v0'"),
+])
+def test_replay_reports_a_config_that_does_not_match(tmp_path: Path, version: str, message: str) -> None:
     log_path = tmp_path / "q.log"
     assert _cli("simulate", "examples/quickstart.yaml", "--log", str(log_path), "--report", str(tmp_path / "r")).returncode == 0
-    text = log_path.read_bytes().replace(b'"policyVersion":"kai-es/v2"', b'"policyVersion":"kai-es/v1"')
-    import zlib
-    lines = [b"%08x\t%s\n" % (zlib.crc32(line[9:]), line[9:]) for line in text.splitlines()]
-    log_path.write_bytes(b"".join(lines))
+    text = log_path.read_bytes().replace(f'"policyVersion":"{CURRENT_POLICY}"'.encode(),
+                                         f'"policyVersion":"{version}"'.encode())
+    assert version.encode() in text
+    log_path.write_bytes(_reframe([line[9:] for line in text.splitlines()]))
     run = _cli("replay", str(log_path))
     assert run.returncode == 1
-    assert "ran with config" in run.stderr
+    assert "DIVERGED at cycle 1 (CycleStarted at position 32), decision #0: " + message in run.stderr
+
+
+def test_golden_log_records_the_incremental_state_digest() -> None:
+    text = (GOLDEN / "quickstart.events.jsonl").read_bytes()
+    assert f'"policyversion":"{CURRENT_POLICY}"'.encode() in text
+    assert text.count(b'"statedigest":"mset-sha256:') == text.count(b'"statedigest":') > 0
+
+
+def test_replay_catches_a_state_that_differs_only_in_the_incremental_digest(tmp_path: Path) -> None:
+    """An observation changed so that no decision changes but the state does (a node's uid):
+    only the recorded incremental state digest can notice, at the first cycle after it."""
+    bodies = [line[9:] for line in (GOLDEN / "quickstart.events.jsonl").read_bytes().splitlines()]
+    events = [json.loads(b) for b in bodies]
+    i = next(i for i, e in enumerate(events) if e["type"] == "kai.cluster.node.observed")
+    events[i]["data"]["uid"] = "someone-else"
+    bodies[i] = json.dumps(events[i], sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    (tmp_path / "q.log").write_bytes(_reframe(bodies))
+    run = _cli("replay", str(tmp_path / "q.log"))
+    assert run.returncode == 1, run.stdout
+    assert "DIVERGED at cycle 1 " in run.stderr and "statedigest: replay='mset-sha256:" in run.stderr
+    assert "Traceback" not in run.stderr
 
 
 def test_abandoned_cycle_is_counted_not_failed(tmp_path: Path) -> None:

@@ -2,7 +2,10 @@
 
     python tools/make_golden.py
 
-- quickstart.events.jsonl: `kai-es simulate examples/quickstart.yaml` with the native packer.
+- quickstart.events.jsonl: `kai-es simulate examples/quickstart.yaml` with the native packer
+  (under the current policy version). Before regenerating it after a new policy version, move
+  the old one into tests/golden/history/ (named by its policy and schema versions): logs written
+  by older versions are never regenerated and must keep replaying byte for byte.
 - quickstart.altered.events.jsonl: the same log with one decision changed on purpose (the second
   pod's node), re-framed with a valid CRC, so that only replay — not the file format — can
   notice. `kai-es replay` must reject it.

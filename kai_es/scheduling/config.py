@@ -46,6 +46,8 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     min_runtime: MinRuntime = MinRuntime()
     default_staleness_grace_period: str = "60s"
     fairshare: Fairshare = Fairshare()
+    #: a released version of `kai_es.scheduling.policy` (an unknown one is an error); a literal
+    #: here, as the registry imports the actions, which import this module
     policy_version: str = "kai-es/v2"
     state_digest_every: int = 1
 

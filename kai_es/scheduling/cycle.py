@@ -8,7 +8,8 @@ Contract (what makes replay exact):
   committed operations become events (`kai_es.scheduling.emit`).
 - Every decision envelope has `basedon` = the CycleStarted position, `causationid` = its id,
   id = uuid5(CycleStarted id, ordinal), `policyversion` from the config. The list always ends
-  with exactly one CycleCompleted.
+  with exactly one CycleCompleted, whose `statedigest` (every `stateDigestEvery` cycles) is
+  the state digest of the config's policy version (`kai_es.scheduling.policy`).
 - A pod left Pending gets a PodUnschedulable only when its reasons differ from the last ones
   announced for it, so an unchanged verdict is not repeated every cycle.
 """
@@ -34,7 +35,6 @@ from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.session import Session
 from kai_es.state.model import ClusterState
 from kai_es.state.reducer import job_key_of_index
-from kai_es.state.snapshot import digest
 
 __all__ = ["SOURCE", "run_cycle", "strategy_of"]
 
@@ -62,7 +62,8 @@ def strategy_of(config: SchedulerConfig, state: ClusterState | None = None) -> S
 def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
               packer: Packer, verify: bool = False) -> list[Envelope]:
     """The decisions of one cycle (see module docstring). `state` must be folded exactly up to
-    and including `started`; it is not modified. `verify=True` runs the Plan's verification
+    and including `started`; it is not modified (only its derived caches and the incremental
+    digest's kept hashes are brought up to date). `verify=True` runs the Plan's verification
     mode (memos and incremental tables re-checked; a disagreement raises VerificationError)."""
     cycle_payload = started.envelope.data
     if not isinstance(cycle_payload, p.CycleStarted):
@@ -90,5 +91,5 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     for key in sorted(unschedulable):
         emitter.unschedulable(state, key, unschedulable[key])
     every = config.state_digest_every
-    state_digest = digest(state) if every and cycle_payload.cycle % every == 0 else None
-    return emitter.completed(cycle_payload.cycle, state_digest)
+    digest = policy.state_digest(state) if every and cycle_payload.cycle % every == 0 else None
+    return emitter.completed(cycle_payload.cycle, digest)

@@ -1,4 +1,5 @@
-"""Policy versions: which actions a cycle runs, by the policy version it records.
+"""Policy versions: which actions a cycle runs and how its state digest is computed, by the
+policy version it records.
 
 A log records the policy version of every cycle (`policyversion` on its decisions, and in the
 config in force); `kai-es replay` re-runs each cycle under that version. A released version is
@@ -13,9 +14,15 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   has KAI's three further tie-breaks (a queue that would use a resource in which its fair share
   is zero goes later; dominant share without the candidate job; a queue whose fair share is
   smaller in some resource and larger in none goes first).
+  The `statedigest` on a v2 CycleCompleted is the incremental digest
+  (`kai_es.state.incremental_digest`: a multiset sha256 over the snapshot's entities, kept by
+  the reducer, O(changes) per cycle); v1 records the sha256 of the whole snapshot (O(state)
+  per cycle).
 
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
-function of the Session that returns its result (placements and reasons), pure.
+function of the Session that returns its result (placements and reasons), pure; a policy's
+`state_digest` is a pure function of the state's content and `snapshot_digest(snapshot(s)) ==
+state_digest(s)`.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from kai_es.scheduling.actions.allocate import AllocateResult, Allocator
 from kai_es.scheduling.actions.preempt import Preempt
 from kai_es.scheduling.actions.reclaim import Reclaim
 from kai_es.scheduling.session import Session
+from kai_es.state.incremental_digest import incremental_digest, snapshot_digest
+from kai_es.state.model import ClusterState
+from kai_es.state.snapshot import Snapshot, snapshot_sha256
+from kai_es.state.snapshot import digest as full_digest
 
 Action = Callable[[Session], AllocateResult]
 
@@ -59,6 +70,10 @@ class Policy:
     kai_queue_order: bool = False
     #: `placementStrategy.gpu: spread` also orders shared devices gpuspread
     spread_implies_gpuspread: bool = False
+    #: the `statedigest` a CycleCompleted carries under this version
+    state_digest: Callable[[ClusterState], str] = full_digest
+    #: the same digest computed from a snapshot of the state
+    snapshot_digest: Callable[[Snapshot], str] = snapshot_sha256
 
 
 class UnknownPolicy(ValueError):
@@ -69,7 +84,8 @@ POLICIES: Final[dict[str, Policy]] = {
     "kai-es/v1": Policy("kai-es/v1", {"allocate": allocate}, frozenset(ACTION_NAMES)),
     "kai-es/v2": Policy("kai-es/v2", {"allocate": allocate, "reclaim": reclaim, "preempt": preempt},
                         frozenset({"allocate", "reclaim", "preempt"}), gpu_share_unit=1000,
-                        kai_queue_order=True, spread_implies_gpuspread=True),
+                        kai_queue_order=True, spread_implies_gpuspread=True,
+                        state_digest=incremental_digest, snapshot_digest=snapshot_digest),
 }
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v2"
@@ -81,3 +97,8 @@ def policy_for(version: str) -> Policy:
         raise UnknownPolicy(f"unknown policy version {version!r} (this build knows "
                             f"{', '.join(sorted(POLICIES))})")
     return found
+
+
+def state_digest(version: str, state: ClusterState) -> str:
+    """The state digest of `state` as policy `version` computes it (raises `UnknownPolicy`)."""
+    return policy_for(version).state_digest(state)

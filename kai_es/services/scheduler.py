@@ -19,6 +19,7 @@ import logging
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
+from kai_es.events.codec import canonical
 from kai_es.events.factory import make_envelope
 from kai_es.feed import config_event
 from kai_es.ports import Clock, EventLog, IdFactory
@@ -26,10 +27,11 @@ from kai_es.scheduling.config import SchedulerConfig, config_digest
 from kai_es import verify_mode
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
-from kai_es.services.snapshotting import SnapshotStore, StoredSnapshot, restore_validated, sha256_of
+from kai_es.scheduling.policy import policy_for
+from kai_es.services.snapshotting import SnapshotStore, StoredSnapshot, restore_validated
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
-from kai_es.state.snapshot import snapshot_bytes
+from kai_es.state.snapshot import snapshot
 
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/scheduler"
@@ -138,12 +140,12 @@ class SchedulerService:
         self._cycles_since_snapshot += 1
         if self._cycles_since_snapshot < self.snapshot_every or not decisions[-1].statedigest:
             return None
-        data = snapshot_bytes(self.state)
-        if sha256_of(data) != decisions[-1].statedigest:
-            log.error("snapshot bytes at position %d do not match the cycle's statedigest; "
+        snap = snapshot(self.state)
+        if policy_for(self.config.policy_version).snapshot_digest(snap) != decisions[-1].statedigest:
+            log.error("the snapshot at position %d does not match the cycle's statedigest; "
                       "not saving it", self.state.position)
             return None
-        return data
+        return canonical(snap)
 
     async def _save_snapshot(self, cut: Record, completed_position: int, completed: Envelope,
                              data: bytes) -> None:

@@ -4,12 +4,14 @@ validation that decides whether a stored snapshot may replace folding from the b
 Contract:
 - A snapshot is taken at a cycle cut: `position` is the CycleStarted position, `data` the
   canonical snapshot bytes (`kai_es.state.snapshot.snapshot_bytes`) of the state folded exactly
-  up to it, `digest` = ``sha256:`` of `data`, `completed_position` the position of that cycle's
-  CycleCompleted, whose `statedigest` the full fold computed when the cycle ran.
+  up to it, `completed_position` the position of that cycle's CycleCompleted, and `digest` the
+  `statedigest` that CycleCompleted records: the state digest of its policy version
+  (`kai_es.scheduling.policy`; under `kai-es/v1` and `kai-es/v2` it is ``sha256:`` of `data`).
 - Snapshots are an optimisation, never the source of truth. `restore_validated` accepts one only
-  if (a) the state restored from it (every index recomputed) has the stored digest, and (b) the
-  log's CycleCompleted at `completed_position` is based on `position` and records that same
-  digest. Otherwise it logs a warning naming the position and returns None: fold from 0.
+  if the log's CycleCompleted at `completed_position` is based on `position`, and (a) the state
+  restored from the snapshot (every index recomputed) has, under that CycleCompleted's policy
+  version, the stored digest, and (b) that CycleCompleted records that same digest. Otherwise it
+  logs a warning naming the position and returns None: fold from 0.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import msgspec
 
 from kai_es.events import payloads as p
 from kai_es.ports import EventLog
+from kai_es.scheduling.policy import UnknownPolicy, state_digest
 from kai_es.state import ClusterState
-from kai_es.state.snapshot import digest as state_digest
 from kai_es.state.snapshot import load_snapshot, restore
 
 log = logging.getLogger(__name__)
@@ -115,19 +117,14 @@ async def restore_validated(store: SnapshotStore, events: EventLog) -> ClusterSt
         log.warning("%s rejected: it does not restore (%s); folding the log from the beginning",
                     where, exc)
         return None
-    got = state_digest(state)
-    if got != snap.digest or state.position != snap.position:
-        log.warning("%s rejected: restored state digest %s != stored %s; folding the log from the "
-                    "beginning", where, got, snap.digest)
-        return None
-    recorded = None
+    recorded, version = None, ""
     records = events.read(snap.completed_position)
     try:
         async for record in records:
             if record.position == snap.completed_position:
                 env = record.envelope
                 if isinstance(env.data, p.CycleCompleted) and env.basedon == snap.position:
-                    recorded = env.statedigest or ""
+                    recorded, version = env.statedigest or "", env.policyversion or ""
             break
     finally:
         aclose = getattr(records, "aclose", None)
@@ -136,6 +133,16 @@ async def restore_validated(store: SnapshotStore, events: EventLog) -> ClusterSt
     if recorded is None:
         log.warning("%s rejected: no CycleCompleted based on it at position %d in the log; "
                     "folding the log from the beginning", where, snap.completed_position)
+        return None
+    try:
+        got = state_digest(version, state)
+    except UnknownPolicy as exc:
+        log.warning("%s rejected: its CycleCompleted at position %d has %s; folding the log from "
+                    "the beginning", where, snap.completed_position, exc)
+        return None
+    if got != snap.digest or state.position != snap.position:
+        log.warning("%s rejected: restored state digest %s != stored %s; folding the log from the "
+                    "beginning", where, got, snap.digest)
         return None
     if recorded != snap.digest:
         log.warning("%s rejected: its digest %s != the statedigest %r the log recorded at "

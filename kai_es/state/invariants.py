@@ -1,13 +1,15 @@
 """Invariants of a folded state. `check(state)` returns violations as readable strings.
 
 Contract: an empty list means the state is internally consistent: indexes equal a recomputation
-from scratch, no node or device is over-committed, occupying pods are on known nodes, and every
+from scratch, the incremental digest equals its recomputation from scratch (no change went
+unmarked), no node or device is over-committed, occupying pods are on known nodes, and every
 pending pod is indexed exactly once under its job and queue.
 """
 
 from __future__ import annotations
 
 from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.state.incremental_digest import incremental_digest, snapshot_digest
 from kai_es.state.model import OCCUPYING, ClusterState
 from kai_es.state.snapshot import restore, snapshot
 
@@ -35,6 +37,9 @@ def check(state: ClusterState, *, strict: bool = True) -> list[str]:
             out.append("pending job index differs from recomputed")
         if not out:
             out.append("snapshot differs from its restored copy")
+    kept, recomputed = incremental_digest(state), snapshot_digest(snap)
+    if kept != recomputed:
+        out.append(f"incremental digest {kept} != recomputed {recomputed}: a change went unmarked")
     for name in state.node_names:
         n = state.nodes[name]
         if strict:

@@ -10,6 +10,12 @@ Contract:
 - Indexes (node usage, per-device milli-GPU, queue usage, pending jobs per queue, pending pods
   per job) are maintained incrementally; `kai_es.state.invariants` checks them against a
   recomputation from scratch.
+- Every entity whose canonical form (`kai_es.state.snapshot`) a handler changes — created,
+  changed or removed — is marked in `state.stale` (by the helper that changes it where there is
+  one: `_occupy`, `_release`, `_set_status`, `_queue_usage`, `_set_pending`, `_reindex_job`,
+  `_refresh_job`), so the incremental digest (`kai_es.state.incremental_digest`) re-hashes it;
+  the property tests compare that digest with a recomputation from scratch after every event
+  and catch a forgotten mark.
 """
 
 from __future__ import annotations
@@ -105,6 +111,7 @@ def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterabl
             groups: Iterable[str], status: str, *, trust_devices: bool = False) -> None:
     node = state.nodes.get(node_name)
     spec = pod.spec
+    state.stale_pods.add(pod.key)
     pod.node = node_name
     pod.status = status  # type: ignore[assignment]
     pod.nominated_node = ""
@@ -149,6 +156,7 @@ def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterabl
             device_used[d] += milli
     node.pods.add(pod.key)
     state.dirty_nodes.add(node_name)
+    state.stale_nodes.add(node_name)
     if status == "Releasing":
         _releasing(node, pod, +1)
     _queue_usage(state, pod, +1)
@@ -157,6 +165,7 @@ def _occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterabl
 def _release(state: ClusterState, pod: PodState) -> None:
     if pod.status not in OCCUPYING:
         return
+    state.stale_pods.add(pod.key)
     _queue_usage(state, pod, -1)
     node = state.nodes.get(pod.node)
     if node is not None and pod.key in node.pods:
@@ -188,6 +197,7 @@ def _release(state: ClusterState, pod: PodState) -> None:
                 device_used[d] -= milli
         node.pods.discard(pod.key)
         state.dirty_nodes.add(pod.node)
+        state.stale_nodes.add(pod.node)
     pod.status = "Pending"
     pod.node = ""
     pod.devices = ()
@@ -241,12 +251,15 @@ def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
     job = state.jobs.get(pod.job_key)
     spec = pod.spec
     if job is None:
-        q = state.queues.get(spec.queue)
+        name = spec.queue
     else:
         job.occupying += sign
-        q = state.queues.get(job.queue or spec.queue)
+        state.stale_jobs.add(job.key)
+        name = job.queue or spec.queue
+    q = state.queues.get(name)
     if q is None:
         return
+    state.stale_queues.add(name)
     requests = spec.requests
     cpu, memory = sign * requests.milli_cpu, sign * requests.memory_bytes
     gpu = sign * pod.device_milli * len(pod.devices)  # pod.milli_gpu
@@ -280,6 +293,7 @@ def _set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
     elif old is None:
         return  # the job's pending set is unchanged (job field changes reindex in _refresh_job)
     job = state.jobs[pod.job_key]
+    state.stale_jobs.add(job.key)
     if old is not None:
         job.pending.remove(old)
     pod.pending_key = new
@@ -301,12 +315,14 @@ def _reindex_job(state: ClusterState, job: Job) -> None:
     if old is not None:
         old_queue = old[3].split("\x00", 1)[0]
         bucket = state.pending_jobs.get(old_queue)
+        state.stale_pending.add(old_queue)
         if bucket is not None:
             bucket.remove(old)
             if not bucket:
                 del state.pending_jobs[old_queue]
     job.index_key = new
     if new is not None:
+        state.stale_pending.add(job.queue)
         bucket = state.pending_jobs.get(job.queue)
         if bucket is None:
             bucket = state.pending_jobs[job.queue] = SortedList()
@@ -318,11 +334,13 @@ def job_key_of_index(index_key: tuple[int, int, str, str]) -> str:
     return index_key[3].split("\x00", 1)[1]
 
 
-def _refresh_job(state: ClusterState, job: Job) -> None:
+def _refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
     """Recompute a job's queue, priority and age from its spec and members; move its usage.
 
     Each field is the PodGroup's when it sets one, else the first member's (by key), except the
-    age, which is then the oldest member's."""
+    age, which is then the oldest member's. Marks the job stale: callers that change a job's
+    members or spec call this (or `_refresh_or_drop_job`) after. `changed=False` (the caller
+    changed nothing of the job itself) marks it only if a recomputed field differs."""
     pods = state.pods
     members = sorted(job.members) if len(job.members) > 1 else list(job.members)
     created: int | None = 0
@@ -348,10 +366,13 @@ def _refresh_job(state: ClusterState, job: Job) -> None:
         occupying = [pods[m] for m in members if pods[m].status in OCCUPYING] if job.occupying else []
         for pod in occupying:
             _queue_usage(state, pod, -1)
+        changed = True
         job.queue = queue
         job.preemptible = preemptible
         for pod in occupying:
             _queue_usage(state, pod, +1)
+    if changed or priority != job.priority or created != job.created_ns or uid != job.uid:
+        state.stale_jobs.add(job.key)
     job.priority, job.created_ns, job.uid = priority, created, uid
     _reindex_job(state, job)
 
@@ -362,7 +383,7 @@ def _job_for(state: ClusterState, spec: p.PodObserved) -> Job:
     if job is None:
         # positional: keyword calls to these many-field dataclasses cost measurably more per pod
         job = Job(key, spec.namespace, spec.podgroup, None, spec.implicit_podgroup)
-        state.jobs[key] = job
+        state.jobs[key] = job  # marked by the _refresh_job that follows a member's arrival
     return job
 
 
@@ -404,6 +425,7 @@ def _node_observed(state: ClusterState, env: Envelope) -> None:
     node = state.nodes.get(spec.name)
     if node is None or node.spec != spec:
         state.node_set_version += 1
+        state.stale_nodes.add(spec.name)
     if node is None:
         state.nodes[spec.name] = NodeState(
             spec=spec, device_used=[0] * spec.gpus, device_releasing=[0] * spec.gpus,
@@ -445,8 +467,10 @@ def _remove_node(state: ClusterState, name: str) -> None:
         return
     state.node_names.remove(name)
     state.node_set_version += 1
+    state.stale_nodes.add(name)
     for key in sorted(node.pods):
         pod = state.pods[key]
+        state.stale_pods.add(key)
         status, devices, groups = pod.status, pod.devices, pod.gpu_groups
         _queue_usage(state, pod, -1)
         pod.status = "Pending"
@@ -473,6 +497,7 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
         return
     if state.resync_seen:
         _mark_seen(state, "Pod", key)
+    state.stale_pods.add(key)
     if spec.phase in ("Succeeded", "Failed"):
         if pod is not None:
             _drop_pod(state, pod)
@@ -570,8 +595,10 @@ def _moved_job(pod: PodState, new: p.PodObserved) -> bool:
 
 def _set_status(state: ClusterState, pod: PodState, status: str) -> None:
     node = state.nodes.get(pod.node)
+    state.stale_pods.add(pod.key)
     if node is not None:
         state.dirty_nodes.add(pod.node)
+        state.stale_nodes.add(pod.node)
         if pod.status == "Releasing":
             _releasing(node, pod, -1)
         if status == "Releasing":
@@ -588,9 +615,25 @@ def _drop_pod(state: ClusterState, pod: PodState) -> None:
             or spec.preferred_pod_anti_affinity:
         _index_labels(state, pod, -1)
     del state.pods[pod.key]
+    state.stale_pods.add(pod.key)
     job = state.jobs[pod.job_key]
     job.members.discard(pod.key)
     _refresh_or_drop_job(state, job)
+    if len(state.stale_pods) + len(state.stale_jobs) > 2 * (len(state.pods) + len(state.jobs)) + 4096:
+        _forget_hashes(state)
+
+
+def _forget_hashes(state: ClusterState) -> None:
+    """Drop the marks and have the next digest re-hash everything. Bounds the stale sets when
+    nothing asks for the incremental digest (a log of a policy with another digest, a long cold
+    fold): else they would keep the key of every pod that ever existed. Only removals make them
+    outgrow the live state, so `_drop_pod` checks."""
+    state.hashes.complete = False
+    for marks in (state.stale_nodes, state.stale_pods, state.stale_jobs, state.stale_queues,
+                  state.stale_pending, state.stale_priority_classes, state.stale_topologies,
+                  state.stale_resync, state.stale_namespaces, state.stale_claims, state.stale_volumes,
+                  state.stale_config_maps):
+        marks.clear()
 
 
 def _refresh_or_drop_job(state: ClusterState, job: Job) -> None:
@@ -598,6 +641,7 @@ def _refresh_or_drop_job(state: ClusterState, job: Job) -> None:
     if not job.members and job.spec is None:
         _reindex_job(state, job)
         del state.jobs[job.key]
+        state.stale_jobs.add(job.key)
     else:
         _refresh_job(state, job)
 
@@ -616,6 +660,7 @@ def _queue_observed(state: ClusterState, env: Envelope) -> None:
     if state.resync_seen:
         _mark_seen(state, "Queue", spec.name)
     q = state.queues.get(spec.name)
+    state.stale_queues.add(spec.name)
     if q is None:
         state.queues[spec.name] = q = QueueState(spec=spec)
         for key in sorted(state.pods):
@@ -632,6 +677,8 @@ def _queue_observed(state: ClusterState, env: Envelope) -> None:
 def _queue_removed(state: ClusterState, env: Envelope) -> None:
     if state.queues.pop(env.data.name, None) is None:
         state.ignored_events += 1
+        return
+    state.stale_queues.add(env.data.name)
 
 
 def _podgroup_observed(state: ClusterState, env: Envelope) -> None:
@@ -664,6 +711,7 @@ def _priorityclass_observed(state: ClusterState, env: Envelope) -> None:
         _mark_seen(state, "PriorityClass", data.name)
     if state.priority_classes.get(data.name) != data.value:
         state.priority_classes[data.name] = data.value
+        state.stale_priority_classes.add(data.name)
         _refresh_all_jobs(state)
 
 
@@ -671,12 +719,13 @@ def _priorityclass_removed(state: ClusterState, env: Envelope) -> None:
     if state.priority_classes.pop(env.data.name, None) is None:
         state.ignored_events += 1
         return
+    state.stale_priority_classes.add(env.data.name)
     _refresh_all_jobs(state)
 
 
 def _refresh_all_jobs(state: ClusterState) -> None:
     for key in sorted(state.jobs):
-        _refresh_job(state, state.jobs[key])
+        _refresh_job(state, state.jobs[key], changed=False)
 
 
 def _topology_observed(state: ClusterState, env: Envelope) -> None:
@@ -684,11 +733,14 @@ def _topology_observed(state: ClusterState, env: Envelope) -> None:
     if state.resync_seen:
         _mark_seen(state, "Topology", data.name)
     state.topologies[data.name] = list(data.levels)
+    state.stale_topologies.add(data.name)
 
 
 def _topology_removed(state: ClusterState, env: Envelope) -> None:
     if state.topologies.pop(env.data.name, None) is None:
         state.ignored_events += 1
+        return
+    state.stale_topologies.add(env.data.name)
 
 
 def _namespace_observed(state: ClusterState, env: Envelope) -> None:
@@ -696,11 +748,14 @@ def _namespace_observed(state: ClusterState, env: Envelope) -> None:
     if state.resync_seen:
         _mark_seen(state, "Namespace", data.name)
     state.namespaces[data.name] = dict(data.labels)
+    state.stale_namespaces.add(data.name)
 
 
 def _namespace_removed(state: ClusterState, env: Envelope) -> None:
     if state.namespaces.pop(env.data.name, None) is None:
         state.ignored_events += 1
+        return
+    state.stale_namespaces.add(env.data.name)
 
 
 def _claim_observed(state: ClusterState, env: Envelope) -> None:
@@ -709,11 +764,15 @@ def _claim_observed(state: ClusterState, env: Envelope) -> None:
     if state.resync_seen:
         _mark_seen(state, "PersistentVolumeClaim", key)
     state.claims[key] = data
+    state.stale_claims.add(key)
 
 
 def _claim_removed(state: ClusterState, env: Envelope) -> None:
-    if state.claims.pop(pod_key(env.data.namespace, env.data.name), None) is None:
+    key = pod_key(env.data.namespace, env.data.name)
+    if state.claims.pop(key, None) is None:
         state.ignored_events += 1
+        return
+    state.stale_claims.add(key)
 
 
 def _volume_observed(state: ClusterState, env: Envelope) -> None:
@@ -721,11 +780,14 @@ def _volume_observed(state: ClusterState, env: Envelope) -> None:
     if state.resync_seen:
         _mark_seen(state, "PersistentVolume", data.name)
     state.volumes[data.name] = data
+    state.stale_volumes.add(data.name)
 
 
 def _volume_removed(state: ClusterState, env: Envelope) -> None:
     if state.volumes.pop(env.data.name, None) is None:
         state.ignored_events += 1
+        return
+    state.stale_volumes.add(env.data.name)
 
 
 def _config_map_observed(state: ClusterState, env: Envelope) -> None:
@@ -733,6 +795,7 @@ def _config_map_observed(state: ClusterState, env: Envelope) -> None:
     if state.resync_seen:
         _mark_seen(state, "ConfigMap", key)
     state.config_maps.add(key)
+    state.stale_config_maps.add(key)
 
 
 def _config_map_removed(state: ClusterState, env: Envelope) -> None:
@@ -740,16 +803,19 @@ def _config_map_removed(state: ClusterState, env: Envelope) -> None:
     if key not in state.config_maps:
         state.ignored_events += 1
     state.config_maps.discard(key)
+    state.stale_config_maps.add(key)
 
 
 def _mark_seen(state: ClusterState, kind: str, key: str) -> None:
     seen = state.resync_seen.get(kind)
     if seen is not None:
         seen.add(key)
+        state.stale_resync.add(kind)
 
 
 def _resync_started(state: ClusterState, env: Envelope) -> None:
     state.resync_seen[env.data.kind] = set()
+    state.stale_resync.add(env.data.kind)
 
 
 def _resync_completed(state: ClusterState, env: Envelope) -> None:
@@ -758,6 +824,7 @@ def _resync_completed(state: ClusterState, env: Envelope) -> None:
     if seen is None:
         state.ignored_events += 1
         return
+    state.stale_resync.add(kind)
     if kind == "Node":
         for name in [n for n in state.node_names if n not in seen]:
             _remove_node(state, name)
@@ -767,6 +834,7 @@ def _resync_completed(state: ClusterState, env: Envelope) -> None:
     elif kind == "Queue":
         for name in [n for n in sorted(state.queues) if n not in seen]:
             del state.queues[name]
+            state.stale_queues.add(name)
     elif kind == "PodGroup":
         for key in [k for k in sorted(state.jobs) if state.jobs[k].spec is not None and k not in seen]:
             job = state.jobs[key]
@@ -776,22 +844,29 @@ def _resync_completed(state: ClusterState, env: Envelope) -> None:
         gone = [n for n in sorted(state.priority_classes) if n not in seen]
         for name in gone:
             del state.priority_classes[name]
+            state.stale_priority_classes.add(name)
         if gone:
             _refresh_all_jobs(state)
     elif kind == "Topology":
         for name in [n for n in sorted(state.topologies) if n not in seen]:
             del state.topologies[name]
+            state.stale_topologies.add(name)
     elif kind == "Namespace":
         for name in [n for n in sorted(state.namespaces) if n not in seen]:
             del state.namespaces[name]
+            state.stale_namespaces.add(name)
     elif kind == "PersistentVolumeClaim":
         for key in [k for k in sorted(state.claims) if k not in seen]:
             del state.claims[key]
+            state.stale_claims.add(key)
     elif kind == "PersistentVolume":
         for name in [n for n in sorted(state.volumes) if n not in seen]:
             del state.volumes[name]
+            state.stale_volumes.add(name)
     elif kind == "ConfigMap":
-        state.config_maps &= seen
+        gone = sorted(state.config_maps - seen)
+        state.config_maps -= set(gone)
+        state.stale_config_maps.update(gone)
 
 
 def _object_rejected(state: ClusterState, env: Envelope) -> None:
@@ -818,7 +893,7 @@ def _binding_decided(state: ClusterState, env: Envelope) -> None:
     if pod is None or pod.spec.uid != data.uid or pod.status != "Pending":
         state.ignored_events += 1
         return
-    pod.decision_id = env.id
+    pod.decision_id = env.id  # the pod is marked by _occupy
     pod.last_unschedulable = ""
     _occupy(state, pod, data.node, data.gpu_devices, data.gpu_groups, "Binding")
     _set_pending(state, pod, False)
@@ -835,6 +910,7 @@ def _pod_pipelined(state: ClusterState, env: Envelope) -> None:
     if pod is None or pod.spec.uid != data.uid:
         state.ignored_events += 1
         return
+    state.stale_pods.add(pod.key)
     pod.last_unschedulable = ""
     if env.policyversion not in _NO_NOMINATION_POLICIES and pod.status == "Pending":
         pod.nominated_node = data.node
@@ -846,7 +922,7 @@ def _eviction_decided(state: ClusterState, env: Envelope) -> None:
     if pod is None or pod.spec.uid != data.uid or pod.status not in ("Binding", "Running"):
         state.ignored_events += 1
         return
-    pod.decision_id = env.id
+    pod.decision_id = env.id  # the pod is marked by _set_status
     _set_status(state, pod, "Releasing")
 
 
@@ -856,6 +932,7 @@ def _pod_unschedulable(state: ClusterState, env: Envelope) -> None:
     if pod is None or pod.spec.uid != data.uid:
         state.ignored_events += 1
         return
+    state.stale_pods.add(pod.key)
     pod.last_unschedulable = reasons_fingerprint(data.reasons)
 
 
@@ -872,6 +949,7 @@ def _pod_bound(state: ClusterState, env: Envelope) -> None:
     if pod is None or pod.spec.uid != data.uid:
         state.ignored_events += 1
         return
+    state.stale_pods.add(pod.key)
     pod.bind_failures = 0
     pod.backoff_until_ns = 0
     if pod.status == "Binding" and pod.node == data.node:
@@ -892,7 +970,7 @@ def _pod_bind_failed(state: ClusterState, env: Envelope) -> None:
     if pod is None or pod.spec.uid != data.uid or pod.status != "Binding":
         state.ignored_events += 1
         return
-    _release(state, pod)
+    _release(state, pod)  # marks the pod (it was Binding)
     pod.bind_failures += 1
     if data.final:  # the binder gave up: no back-off to wait for, the pod is not picked again
         pod.bind_final_message = data.message or "bind failed"

@@ -5,7 +5,10 @@ Contract:
   that hold the same content give byte-identical snapshots whatever order they were built in.
 - It includes the derived indexes (usage per node, device and queue; pending order), so that
   `digest(restore(snapshot(s))) == digest(s)` holds only if incremental maintenance is right.
-- `restore` rebuilds every index from the base facts; it never trusts the derived numbers.
+- `restore` rebuilds every index from the base facts; it never trusts the derived numbers, and
+  leaves the incremental digest's kept hashes marked incomplete (all recomputed when next asked).
+- `digest` is the full digest (policy `kai-es/v1`): sha256 of the whole snapshot, O(state).
+  `kai_es.state.incremental_digest` keeps a digest of the same content at O(changes).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import hashlib
 
 import msgspec
+from sortedcontainers import SortedList
 
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
@@ -107,49 +111,61 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     config_maps: list[str] = []
 
 
+def node_snap(n: NodeState) -> NodeSnap:
+    """The canonical form of one node (its facts and its derived usage)."""
+    return NodeSnap(spec=n.spec, used_milli_cpu=n.used_milli_cpu, used_memory_bytes=n.used_memory_bytes,
+                    used_pods=n.used_pods, releasing_milli_cpu=n.releasing_milli_cpu,
+                    releasing_memory_bytes=n.releasing_memory_bytes, releasing_pods=n.releasing_pods,
+                    device_used=list(n.device_used), device_releasing=list(n.device_releasing),
+                    device_sharers=list(n.device_sharers),
+                    group_holders={g: {str(d): c for d, c in sorted(h.items())}
+                                   for g, h in sorted(n.group_holders.items())},
+                    pods=sorted(n.pods), used_scalar=dict(sorted(n.used_scalar.items())))
+
+
+def pod_snap(x: PodState) -> PodSnap:
+    """The canonical form of one pod."""
+    return PodSnap(spec=x.spec, job_key=x.job_key, status=x.status, node=x.node, devices=list(x.devices),
+                   gpu_groups=list(x.gpu_groups), device_milli=x.device_milli, decision_id=x.decision_id,
+                   bind_failures=x.bind_failures, backoff_until_ns=x.backoff_until_ns,
+                   started_ns=x.started_ns, last_unschedulable=x.last_unschedulable,
+                   nominated_node=x.nominated_node, bind_final_message=x.bind_final_message)
+
+
+def job_snap(j: Job) -> JobSnap:
+    """The canonical form of one job (members sorted, pending pods in their order)."""
+    return JobSnap(key=j.key, namespace=j.namespace, name=j.name, spec=j.spec, implicit=j.implicit,
+                   queue=j.queue, priority=j.priority, created_ns=j.created_ns, uid=j.uid,
+                   occupying=j.occupying, preemptible=j.preemptible, members=sorted(j.members),
+                   pending=[e[3] for e in j.pending])
+
+
+def queue_snap(q: QueueState) -> QueueSnap:
+    """The canonical form of one queue (its spec and derived allocation)."""
+    return QueueSnap(spec=q.spec, allocated_milli_cpu=q.allocated_milli_cpu,
+                     allocated_memory_bytes=q.allocated_memory_bytes,
+                     allocated_milli_gpu=q.allocated_milli_gpu,
+                     nonpreemptible_milli_cpu=q.nonpreemptible_milli_cpu,
+                     nonpreemptible_memory_bytes=q.nonpreemptible_memory_bytes,
+                     nonpreemptible_milli_gpu=q.nonpreemptible_milli_gpu)
+
+
+def pending_list(bucket: SortedList) -> list[str]:
+    """The canonical form of one queue's pending-jobs index: job keys in scheduling order."""
+    return [r.job_key_of_index(e) for e in bucket]
+
+
 def snapshot(state: ClusterState) -> Snapshot:
     """The canonical snapshot of `state`."""
-    nodes = [
-        NodeSnap(spec=n.spec, used_milli_cpu=n.used_milli_cpu, used_memory_bytes=n.used_memory_bytes,
-                 used_pods=n.used_pods, releasing_milli_cpu=n.releasing_milli_cpu,
-                 releasing_memory_bytes=n.releasing_memory_bytes, releasing_pods=n.releasing_pods,
-                 device_used=list(n.device_used), device_releasing=list(n.device_releasing),
-                 device_sharers=list(n.device_sharers),
-                 group_holders={g: {str(d): c for d, c in sorted(h.items())}
-                                for g, h in sorted(n.group_holders.items())},
-                 pods=sorted(n.pods), used_scalar=dict(sorted(n.used_scalar.items())))
-        for n in (state.nodes[name] for name in state.node_names)
-    ]
-    pods = [
-        PodSnap(spec=x.spec, job_key=x.job_key, status=x.status, node=x.node, devices=list(x.devices),
-                gpu_groups=list(x.gpu_groups), device_milli=x.device_milli, decision_id=x.decision_id,
-                bind_failures=x.bind_failures, backoff_until_ns=x.backoff_until_ns,
-                started_ns=x.started_ns, last_unschedulable=x.last_unschedulable,
-                nominated_node=x.nominated_node, bind_final_message=x.bind_final_message)
-        for x in (state.pods[k] for k in sorted(state.pods))
-    ]
-    jobs = [
-        JobSnap(key=j.key, namespace=j.namespace, name=j.name, spec=j.spec, implicit=j.implicit,
-                queue=j.queue, priority=j.priority, created_ns=j.created_ns, uid=j.uid,
-                occupying=j.occupying, preemptible=j.preemptible, members=sorted(j.members), pending=[e[3] for e in j.pending])
-        for j in (state.jobs[k] for k in sorted(state.jobs))
-    ]
-    queues = [
-        QueueSnap(spec=q.spec, allocated_milli_cpu=q.allocated_milli_cpu,
-                  allocated_memory_bytes=q.allocated_memory_bytes,
-                  allocated_milli_gpu=q.allocated_milli_gpu,
-                  nonpreemptible_milli_cpu=q.nonpreemptible_milli_cpu,
-                  nonpreemptible_memory_bytes=q.nonpreemptible_memory_bytes,
-                  nonpreemptible_milli_gpu=q.nonpreemptible_milli_gpu)
-        for q in (state.queues[k] for k in sorted(state.queues))
-    ]
     return Snapshot(
         format=SNAPSHOT_FORMAT, position=state.position, logicaltime=state.logicaltime,
         records=state.records, cycle=state.cycle, completed_cycle=state.completed_cycle,
-        config_digest=state.config_digest, config=state.config, nodes=nodes, pods=pods, jobs=jobs,
-        queues=queues,
-        pending_jobs={q: [r.job_key_of_index(e) for e in lst]
-                      for q, lst in sorted(state.pending_jobs.items())},
+        config_digest=state.config_digest, config=state.config,
+        nodes=[node_snap(state.nodes[name]) for name in state.node_names],
+        pods=[pod_snap(state.pods[k]) for k in sorted(state.pods)],
+        jobs=[job_snap(state.jobs[k]) for k in sorted(state.jobs)],
+        queues=[queue_snap(state.queues[k]) for k in sorted(state.queues)],
+        pending_jobs={q: pending_list(lst) for q, lst in sorted(state.pending_jobs.items())},
         priority_classes=dict(sorted(state.priority_classes.items())),
         topologies=dict(sorted(state.topologies.items())),
         resync_seen={k: sorted(v) for k, v in sorted(state.resync_seen.items())},
@@ -166,8 +182,13 @@ def snapshot_bytes(state: ClusterState) -> bytes:
     return canonical(snapshot(state))
 
 
+def snapshot_sha256(snap: Snapshot) -> str:
+    """sha256 of the canonical bytes of `snap`, as `sha256:<hex>`."""
+    return "sha256:" + hashlib.sha256(canonical(snap)).hexdigest()
+
+
 def digest(state: ClusterState) -> str:
-    """sha256 of the canonical snapshot, as `sha256:<hex>`."""
+    """The full digest: sha256 of the canonical snapshot, as `sha256:<hex>`."""
     return "sha256:" + hashlib.sha256(snapshot_bytes(state)).hexdigest()
 
 
@@ -220,4 +241,5 @@ def restore(snap: Snapshot) -> ClusterState:
                 pod.device_milli = ps.device_milli
         elif not ps.spec.terminating:
             r._set_pending(st, pod, True)
+    st.hashes.complete = False  # built here, not only by the reducer: the next digest re-hashes all
     return st

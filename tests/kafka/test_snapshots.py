@@ -1,7 +1,8 @@
 """Snapshots: the scheduler writes one at a cycle cut to `<topic>.snapshots` (compacted), a new
 scheduler restores it and folds only the tail, and a snapshot that fails either check — (a) its
 restored state's digest equals its stored digest, (b) that digest equals the statedigest the log
-recorded on the cycle's CycleCompleted — is rejected with a warning naming its position."""
+recorded on the cycle's CycleCompleted — is rejected with a warning naming its position. The
+digest is the one of the policy version the cycle ran under (the current one: incremental)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from kai_es.adapters.kafka_snapshots import KafkaSnapshotStore
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.packing import load_packer
 from kai_es.services.scheduler import SchedulerService
-from kai_es.services.snapshotting import StoredSnapshot, sha256_of
+from kai_es.scheduling.policy import CURRENT_POLICY, policy_for
+from kai_es.services.snapshotting import StoredSnapshot
 from kai_es.sim.runner import simulate
+from kai_es.state.incremental_digest import incremental_digest
 from kai_es.state.reducer import fold
 from kai_es.state.snapshot import digest, load_snapshot, restore, snapshot_bytes
 from tests.kafka.procs import workload_scenario
@@ -44,7 +47,13 @@ async def _scheduler(events: Any, store: Any, scenario: Any, every: int = 1) -> 
 
 
 async def _full_digest(events: Any) -> str:
-    return digest(fold([r async for r in events.read(0)]))
+    """The full digest and the incremental one of the state folded from the whole log."""
+    state = fold([r async for r in events.read(0)])
+    return f"{digest(state)} {incremental_digest(state)}"
+
+
+def _digests(state: Any) -> str:
+    return f"{digest(state)} {incremental_digest(state)}"
 
 
 async def _write_snapshot_then_restore(events: Any, store: Any, tmp: Path) -> dict[str, Any]:
@@ -75,8 +84,10 @@ def test_kafka_snapshot_restores_and_folds_tail(kafka_bootstrap: str, unique_nam
             second: SchedulerService = out["second"]
             assert second.snapshot_restored == saved.position
             assert second.state.position > saved.position  # the tail was folded
-            assert digest(second.state) == out["full"]
-            assert sha256_of(saved.data) == saved.digest
+            assert _digests(second.state) == out["full"]
+            assert out["scenario"].config.policy_version == CURRENT_POLICY
+            assert saved.digest.startswith("mset-sha256:")
+            assert policy_for(CURRENT_POLICY).snapshot_digest(load_snapshot(saved.data)) == saved.digest
         finally:
             await store.close()
             await events.close()
@@ -95,7 +106,7 @@ def _tamper(saved: StoredSnapshot, *, fix_digest: bool) -> StoredSnapshot:
     data = snapshot_bytes(state)
     return StoredSnapshot(position=saved.position, completed_position=saved.completed_position,
                           cycle=saved.cycle, logicaltime=saved.logicaltime,
-                          digest=digest(state) if fix_digest else saved.digest, data=data)
+                          digest=incremental_digest(state) if fix_digest else saved.digest, data=data)
 
 
 @pytest.mark.parametrize("fix_digest", [False, True], ids=["own-digest", "log-digest"])
@@ -117,7 +128,7 @@ def test_kafka_bad_snapshot_is_rejected(kafka_bootstrap: str, unique_name: str, 
             second = await _scheduler(events, store, scenario)
             await second.start()
             assert second.snapshot_restored is None
-            assert digest(second.state) == await _full_digest(events)
+            assert _digests(second.state) == await _full_digest(events)
             text = caplog.text
             assert f"snapshot at position {saved.position}" in text and "rejected" in text
             if fix_digest:
@@ -138,7 +149,7 @@ def test_file_snapshot_store(tmp_path: Path) -> None:
         try:
             out = await _write_snapshot_then_restore(events, store, tmp_path)
             assert out["second"].snapshot_restored == out["saved"].position
-            assert digest(out["second"].state) == out["full"]
+            assert _digests(out["second"].state) == out["full"]
         finally:
             await events.close()
 
