@@ -69,7 +69,7 @@ def build(nodes: int, running: int, pending_jobs: int, pods_per_job: int, gpus_p
 
 
 def run(label: str, state: ClusterState, pos: int) -> None:
-    cfg = SchedulerConfig(state_digest_every=0)
+    cfg = SchedulerConfig(state_digest_every=0, actions=["allocate", "reclaim", "preempt"])
     started = make_envelope(p.CycleStarted(cycle=1, config_digest=config_digest(cfg)), event_id="c1",
                             source="bench", subject="cycle/1", logicaltime=START + pos)
     apply(state, Record(pos, started))

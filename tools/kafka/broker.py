@@ -195,7 +195,12 @@ def _can_connect(port: int) -> bool:
 
 
 def _new_cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random KRaft cluster id (base64 of a UUID). One that starts with '-' would be read as
+    an option by the storage tool's argument parser (1 run in 64 failed to start the broker)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _java() -> str:
