@@ -257,39 +257,41 @@ class Session:
                 continue
             if _one_pod(job):
                 # a job of one pod: its minimum is that pod (the common case, kept cheap)
-                self.gang[key] = need = Minimum(tuple(pods))
+                self.gang[key] = Minimum(tuple(pods))
                 return job, pods, pod_request(pods[0].spec, self.gpu_memory_hint)
-            occupying = [self.state.pods[m] for m in sorted(job.members)
-                         if self.state.pods[m].status in OCCUPYING or m in self.placed_pods]
-            need = minimum(job, pods, occupying)
-            self.gang[key] = need
-            chosen = list(need.pods) if (need.pods or need.problem is not None) else pods[:1]
-            if not chosen:
-                chosen = pods[:1]
-            request = ZERO
-            for pod in chosen:
-                request = _add(request, pod_request(pod.spec, self.gpu_memory_hint))
-            return job, chosen, request
+            _, chosen = self._minimum_of(job, pods)
+            return job, chosen, self.request_of(chosen)
         return None
 
-    def job_candidate(self, job: Job) -> tuple[list[PodState], Vector] | None:
-        """The pods of `job` to place now (its gang minimum, else one elastic pod) and their
-        request, or None when it has nothing to place or its minimum cannot exist (recorded in
-        `gang`, as `candidate` does)."""
-        pods = [self.state.pods[e[3]] for e in job.pending if e[3] not in self.done]
+    def job_candidate(self, job: Job, exclude: set[str] | None = None
+                      ) -> tuple[list[PodState], Vector] | None:
+        """The pods of `job` to place now (its gang minimum, else one elastic pod) among its
+        pending pods not in `exclude` (default: those decided this cycle) and their request, or
+        None when it has nothing to place or its minimum cannot exist (recorded in `gang`)."""
+        skip = self.done if exclude is None else exclude
+        pods = [self.state.pods[e[3]] for e in job.pending if e[3] not in skip]
         if not pods:
             return None
-        occupying = [self.state.pods[m] for m in sorted(job.members)
-                     if self.state.pods[m].status in OCCUPYING or m in self.placed_pods]
-        need = minimum(job, pods, occupying)
-        self.gang[job.key] = need
+        need, chosen = self._minimum_of(job, pods)
         if need.problem is not None:
             return None
-        chosen = list(need.pods) or pods[:1]
+        return chosen, self.request_of(chosen)
+
+    def _minimum_of(self, job: Job, pending: list[PodState]) -> tuple[Minimum, list[PodState]]:
+        """The job's gang minimum among `pending` (recorded in `gang`) and the pods to try now:
+        the minimum, or one pod when the job is at its minimum."""
+        occupying = [self.state.pods[m] for m in sorted(job.members)
+                     if self.state.pods[m].status in OCCUPYING or m in self.placed_pods]
+        need = minimum(job, pending, occupying)
+        self.gang[job.key] = need
+        return need, list(need.pods) or pending[:1]
+
+    def request_of(self, pods: list[PodState]) -> Vector:
+        """What `pods` would add to their queue (gpu-memory counted against the largest GPU)."""
         request = ZERO
-        for pod in chosen:
+        for pod in pods:
             request = _add(request, pod_request(pod.spec, self.gpu_memory_hint))
-        return chosen, request
+        return request
 
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
         allocated, fair, quota = q.allocated, q.fair, q.quota

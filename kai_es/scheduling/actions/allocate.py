@@ -94,8 +94,7 @@ class Allocator:
             if picked is None:
                 continue
             pods, request = picked
-            if self._try(leaf, job, pods, request):
-                continue
+            self._try(leaf, job, pods, request)
 
     def _drop_hopeless(self, leaf: QueueNode) -> None:
         """Fail, from the head of `leaf`, the single-pod jobs whose outcome cannot depend on when

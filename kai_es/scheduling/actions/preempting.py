@@ -18,15 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.actions.allocate import AllocateResult
-from kai_es.scheduling.fairshare import pod_request
-from kai_es.scheduling.gang import minimum
 from kai_es.scheduling.plan import Entry
-from kai_es.scheduling.session import QueueNode, Session, Vector, _add
+from kai_es.scheduling.session import QueueNode, Session, Vector
 from kai_es.scheduling.victims import Unit, search, units_of
-from kai_es.state.model import OCCUPYING, Job, PodState
+from kai_es.state.model import Job
 
 CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED})
 
@@ -116,27 +113,13 @@ class PreemptingAction:
             self._try(leaf, job)
         return self.result
 
-    def _pods(self, job: Job) -> list[PodState] | None:
-        state, placed = self.state, self.session.placed_pods
-        pending = [state.pods[e[3]] for e in job.pending if e[3] not in placed]
-        if not pending:
-            return None
-        occupying = [state.pods[m] for m in sorted(job.members)
-                     if state.pods[m].status in OCCUPYING or m in placed]
-        need = minimum(job, pending, occupying)
-        if need.problem is not None:
-            return None
-        return list(need.pods) or pending[:1]
-
     def _try(self, leaf: QueueNode, job: Job) -> None:
-        pods = self._pods(job)
-        if pods is None or any(pod.backoff_until_ns > self.session.now_ns or pod.bind_final_message
-                               for pod in pods):
+        picked = self.session.job_candidate(job, exclude=self.session.placed_pods)
+        if picked is None:
             return
-        hint = self.session.gpu_memory_hint
-        request: Vector = (0, 0, 0)
-        for pod in pods:
-            request = _add(request, pod_request(pod.spec, hint))
+        pods, request = picked
+        if any(pod.backoff_until_ns > self.session.now_ns or pod.bind_final_message for pod in pods):
+            return
         if self.session.limits(leaf, job, request) or not self.may_start(leaf, job, request):
             return
         if any(self.session.eligibility.pod_problem(pod.spec) for pod in pods):
@@ -208,4 +191,4 @@ def reason_numbers(prefix: str, allocated: Vector, fair: Vector) -> dict[str, in
             f"{prefix}_allocated_milli_cpu": allocated[1], f"{prefix}_fair_milli_cpu": fair[1]}
 
 
-__all__ = ["PreemptingAction", "Reason", "at_most", "dominant_share", "reason_numbers"]
+__all__ = ["PreemptingAction", "at_most", "dominant_share", "reason_numbers"]
