@@ -18,105 +18,27 @@ import os
 import re
 import stat
 import sys
-import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import click
 import msgspec
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from kai_es.adapters.file_log import CorruptLogError, FileEventLog
-from kai_es.app import LogUrlError, bulk_fold, open_log, packer_from_env
-from kai_es.events import DecodeError, Record, encode
+from kai_es import cli_services
+from kai_es.adapters.file_log import FileEventLog
+from kai_es.app import bulk_fold, open_log
+from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
+                               packer_option, warn_unimplemented)
+from kai_es.events import Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
-from kai_es.scenario import ScenarioError, load_scenario
-from kai_es.scheduling.config import ConfigError, SchedulerConfig
-from kai_es.scheduling.policy import policy_for
-from kai_es.scheduling.packing import NativePackerUnavailable, Packer
-
-F = TypeVar("F", bound=Callable[..., Any])
-console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, soft_wrap=True)
-
-
-class UserError(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        text = " ".join(part.strip() for part in self.message.splitlines() if part.strip())
-        err.print(f"[bold red]error:[/] {escape(_one_line(text))}", highlight=False)
-
-
-def warn(message: str) -> None:
-    """One warning line on stderr (never markup)."""
-    err.print(f"[bold yellow]warning:[/] {escape(_one_line(message))}", highlight=False)
-
-
-def _one_line(text: str) -> str:
-    """`text` with control characters (newlines included) escaped: one line, nothing forged."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == " " else _escape_char(c) for c in text)
-
-
-def _escape_char(c: str) -> str:
-    code = ord(c)
-    if c in "\n\r\t":
-        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c]
-    if unicodedata.category(c).startswith("C") or unicodedata.category(c) in ("Zl", "Zp"):
-        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-    return c
-
-
-def _os_error(exc: OSError) -> str:
-    """One line for an OSError: the file it was about and why."""
-    what = exc.strerror or str(exc)
-    names = [n for n in (exc.filename, exc.filename2) if n is not None]
-    return f"{' -> '.join(str(n) for n in names)}: {what}" if names else what
-
-
-def friendly(fn: F) -> F:
-    """Turn expected failures into one-line messages (exit 2)."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (ScenarioError, ConfigError, CorruptLogError, DecodeError, LogUrlError, NativePackerUnavailable,
-                *_backend_errors()) as exc:
-            raise UserError(str(exc)) from None
-        except OSError as exc:  # no permission, a full disk, a directory for a file, ...
-            raise UserError(_os_error(exc)) from None
-
-    wrapper.__name__ = fn.__name__
-    wrapper.__doc__ = fn.__doc__
-    return wrapper  # type: ignore[return-value]
-
-
-def _backend_errors() -> tuple[type[Exception], ...]:
-    try:
-        from kai_es.adapters.kafka_log import FencedError, KafkaLogError
-    except ImportError:  # pragma: no cover - aiokafka is a dependency
-        return ()
-    return (FencedError, KafkaLogError)
-
-
-def _packer(kind: str | None) -> Packer:
-    try:
-        return packer_from_env(kind)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-
-packer_option = click.option("--packer", type=click.Choice(["native", "reference"]), default=None,
-                             help="GPU packer engine (default: native C; env KAI_ES_PACKER).")
+from kai_es.scenario import load_scenario
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -143,7 +65,7 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
              force: bool, packer: str | None) -> None:
     """Run a scenario through the whole pipeline on a simulated cluster."""
     from kai_es.report import plot, summarize
-    from kai_es.sim.runner import simulate as run_sim
+    from kai_es.app.simulation import simulate as run_sim
 
     scenario = _load(scenario_file)
     until_ns: int | None = scenario.simulation.until_ns
@@ -163,12 +85,12 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
         raise UserError(f"--log {log_url} already exists and holds {os.path.getsize(log_url)} bytes: "
                         "refusing to overwrite an event log (pass --force to replace it, or choose another file)")
     report_path = Path(report_dir or f"out/{scenario.name}-report")
-    engine = _packer(packer)
+    engine = choose_packer(packer)
     warn_unimplemented(scenario.config)
     try:
         events = open_log(log_url, fresh=not log_url.startswith("kafka://"))
     except OSError as exc:
-        raise UserError(f"--log {log_url}: cannot create the log: {_os_error(exc)}") from None
+        raise UserError(f"--log {log_url}: cannot create the log: {os_error_line(exc)}") from None
     console.print(f"[bold]kai-es simulate[/] {escape(scenario_file)}: {len(scenario.objects)} objects, "
                   f"packer={engine.kind}, log={escape(log_url)}{escape(replacing)}", highlight=False)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -189,7 +111,7 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
         try:
             result = anyio.run(run_and_close)
         except OSError as exc:
-            raise UserError(f"--log {log_url}: writing the log failed: {_os_error(exc)}") from None
+            raise UserError(f"--log {log_url}: writing the log failed: {os_error_line(exc)}") from None
     with bulk_fold():
         records = list(_records(events))
         summary = summarize(records, end_ns=result.end_ns)
@@ -200,7 +122,7 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
         plot(summary, str(plot_path))
         (report_path / "summary.json").write_text(json.dumps(_summary_json(summary), indent=2) + "\n")
     except OSError as exc:
-        raise UserError(f"--report {report_path}: cannot write the report: {_os_error(exc)} "
+        raise UserError(f"--report {report_path}: cannot write the report: {os_error_line(exc)} "
                         f"(the log {log_url} is complete)") from None
     console.print(f"log: {escape(log_url)} ({len(records)} events)   plot: {escape(str(plot_path))}   "
                   f"summary: {escape(str(report_path / 'summary.json'))}", highlight=False)
@@ -224,17 +146,6 @@ def _holds_data(path: str) -> bool:
     except OSError:
         return False  # missing, or opening it reports the problem
     return stat.S_ISREG(info.st_mode) and info.st_size > 0
-
-
-def warn_unimplemented(config: SchedulerConfig) -> None:
-    """One warning line when the config lists actions that its policy version accepts but does
-    not run (kai-es/v1 accepts the names of actions it never implemented; later versions refuse
-    them when the config is parsed). Also used by `kai-es scheduler`."""
-    runs = policy_for(config.policy_version).actions
-    idle = [a for a in config.actions if a not in runs]
-    if idle:
-        warn(f"the scheduler config lists actions that do not run: {', '.join(idle)} "
-             f"(policy {config.policy_version} runs only {', '.join(sorted(runs))})")
 
 
 def _load(scenario_file: str) -> Any:
@@ -323,7 +234,7 @@ def cycle(scenario_file: str, output: str, packer: str | None) -> None:
 
     scenario = _load(scenario_file)
     warn_unimplemented(scenario.config)
-    outcome = one_cycle(scenario, _packer(packer))
+    outcome = one_cycle(scenario, choose_packer(packer))
     if output == "json":
         sys.stdout.write(json.dumps(outcome, sort_keys=True, indent=1) + "\n")
         return
@@ -337,8 +248,8 @@ def cycle(scenario_file: str, output: str, packer: str | None) -> None:
     for d in outcome["decisions"]:
         if d["type"] == "kai.scheduler.pod.unschedulable":
             for reason in d["data"]["reasons"]:
-                console.print(f"[yellow]{escape(_one_line(d['subject']))}[/] "
-                              f"{escape(_one_line(reason['code'] + ': ' + reason['message']))}", highlight=False)
+                console.print(f"[yellow]{escape(one_line(d['subject']))}[/] "
+                              f"{escape(one_line(reason['code'] + ': ' + reason['message']))}", highlight=False)
 
 
 # --- fairshare ---------------------------------------------------------------------------------
@@ -402,9 +313,9 @@ def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
         else:
             task = bar.add_task("replay", total=None)
             with bulk_fold():
-                result = do_replay(_records(events), _packer(packer),
+                result = do_replay(_records(events), choose_packer(packer),
                                    progress=lambda n: bar.update(task, completed=n))
-    from kai_es.services.processes import describe_dead_letters
+    from kai_es.app.processes import describe_dead_letters
 
     for line in describe_dead_letters(list(getattr(events, "dead_letters", []))):
         console.print(line, highlight=False, markup=False)
@@ -467,7 +378,7 @@ def events(log_url: str, type_pattern: str | None, subject: str | None, from_pos
             out.write(json.dumps({"position": record.position, "event": body}, sort_keys=True,
                                  separators=(",", ":")) + "\n")
         else:
-            out.write(_one_line(f"{record.position:>8} {env.time} {env.type:<36} {env.subject}  "
+            out.write(one_line(f"{record.position:>8} {env.time} {env.type:<36} {env.subject}  "
                                 f"{_brief(env.data)}") + "\n")
         shown += 1
         if limit is not None and shown >= limit:
@@ -501,7 +412,8 @@ def _brief(data: p.Payload) -> str:
     return ""
 
 
-from kai_es import cli_services  # noqa: E402,F401  (registers scheduler/binder/... commands)
+for _command in cli_services.COMMANDS:
+    main.add_command(_command)
 
 if __name__ == "__main__":
     main()

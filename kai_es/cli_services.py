@@ -1,26 +1,27 @@
-"""`kai-es scheduler` and `kai-es binder`: the services as long-running processes over one log.
+"""`kai-es scheduler`, `kai-es informer`, `kai-es binder`: the long-running processes over one
+shared log. Parsing and messages only: every process is built by `kai_es.app.processes`.
 
-Until the Kubernetes adapters land, the binder process hosts the simulated cluster built from a
-scenario (plus the informer on it): process "binder" = simulated Kubernetes + informer + binder,
-process "scheduler" = the scheduler. See `kai_es.services.processes` for time, restarts and
-how the simulated cluster is rebuilt from the log.
+- `kai-es scheduler --log URL`: the scheduler.
+- `kai-es informer --log URL [--kubeconfig F]`: list + watch a Kubernetes cluster into the log.
+- `kai-es binder --log URL [--kubeconfig F]`: perform the log's decisions through the Kubernetes
+  API; with `--scenario F` instead, the simulated cluster (simulated Kubernetes + its informer +
+  the binder in one process), for running kai-es without a cluster.
+Without `--kubeconfig`, the Kubernetes processes use $KUBECONFIG, else the in-cluster config.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import anyio
 import click
 
-from kai_es.app import open_log
-from kai_es.cli import UserError, warn_unimplemented, err, friendly, main, packer_option
+from kai_es.cli_common import UserError, choose_packer, err, friendly, packer_option, warn_unimplemented
 from kai_es.events.timefmt import parse_duration
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.config import SchedulerConfig
-from kai_es.app import packer_from_env
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -36,21 +37,12 @@ def _seconds(option: str, text: str) -> float:
         raise UserError(f"{option}: {exc}") from None
 
 
-def _open_writer(log_url: str, default_txn: str) -> Any:
-    if log_url.startswith("kafka://"):
-        from kai_es.adapters.kafka_log import KafkaEventLog, parse_url  # noqa: PLC0415
-
-        cfg = parse_url(log_url)
-        return KafkaEventLog.from_url(log_url, transactional_id=cfg.transactional_id or default_txn)
-    return open_log(log_url)
-
-
 def _ready(line: str) -> None:
     err.print(line, highlight=False, markup=False)
 
 
-def _run(fn: Any) -> None:
-    from kai_es.services.processes import fenced_error_types  # noqa: PLC0415
+def _run(fn: Callable[[], Awaitable[None]]) -> None:
+    from kai_es.app.processes import fenced_error_types  # noqa: PLC0415
 
     try:
         anyio.run(fn)
@@ -63,13 +55,25 @@ def _run(fn: Any) -> None:
         raise
 
 
+def _time_scale(value: float) -> float:
+    if value <= 0:
+        raise UserError("--time-scale must be positive")
+    return value
+
+
 time_scale_option = click.option(
     "--time-scale", default=1.0, type=float, show_default=True,
     help="Simulated seconds per real second (60: one real second is a simulated minute).")
+log_option = click.option("--log", "log_url", required=True,
+                          help="Event log: a file path or kafka://host:port/topic.")
+verbose_option = click.option("--verbose", "-v", is_flag=True, help="Log progress (INFO) to stderr.")
+kubeconfig_option = click.option(
+    "--kubeconfig", default=None, type=click.Path(dir_okay=False, exists=True),
+    help="Kubeconfig of the cluster (default: $KUBECONFIG, else the in-cluster config).")
 
 
-@main.command()
-@click.option("--log", "log_url", required=True, help="Event log (kafka://host:port/topic).")
+@click.command()
+@log_option
 @click.option("--scenario", "scenario_file", default=None, type=click.Path(dir_okay=False),
               help="Take the scheduler configuration from this scenario's spec.scheduler.")
 @click.option("--period", default="1s", show_default=True, help="Real time between cycles.")
@@ -77,102 +81,89 @@ time_scale_option = click.option(
               help="Write a state snapshot every N cycles (0: no snapshots, always full fold).")
 @time_scale_option
 @click.option("--cycles", default=None, type=int, help="Stop after this many cycles (testing).")
-@click.option("--verbose", "-v", is_flag=True, help="Log progress (INFO) to stderr.")
+@verbose_option
 @packer_option
 @friendly
 def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_every: int,
               time_scale: float, cycles: int | None, verbose: bool, packer: str | None) -> None:
-    """Run the scheduler service: fold the log (from a snapshot), then a cycle every PERIOD
-    when there is work. transactional_id: kai-es-scheduler (override with ?transactional_id=)."""
-    from kai_es.adapters.file_snapshots import FileSnapshotStore  # noqa: PLC0415
-    from kai_es.services.processes import (  # noqa: PLC0415
-        SCHEDULER_TXN_ID,
-        FlowClock,
-        is_kafka,
-        scheduler_session,
-        supervise,
-    )
+    """Run the scheduler: fold the log (from a snapshot), then a cycle every PERIOD when there
+    is work. Kafka transactional_id: kai-es-scheduler (override with ?transactional_id=)."""
+    from kai_es.app.processes import run_scheduler  # noqa: PLC0415
 
     _setup_logging(verbose)
     config = load_scenario(scenario_file).config if scenario_file else SchedulerConfig()
     warn_unimplemented(config)
     period_s = _seconds("--period", period)
-    engine = packer_from_env(packer)
-    if time_scale <= 0:
-        raise UserError("--time-scale must be positive")
+    engine = choose_packer(packer)
+    scale = _time_scale(time_scale)
     if snapshot_every > 0 and config.state_digest_every != 1:
         err.print("warning: snapshots are taken only on cycles whose CycleCompleted carries a "
                   f"state digest (stateDigestEvery={config.state_digest_every})", highlight=False)
 
     async def body() -> None:
-        clock = FlowClock(time_scale)
-
-        async def session() -> None:
-            events = _open_writer(log_url, SCHEDULER_TXN_ID)
-            store: Any = None
-            if snapshot_every > 0:
-                if is_kafka(events):
-                    from kai_es.adapters.kafka_snapshots import KafkaSnapshotStore  # noqa: PLC0415
-
-                    store = KafkaSnapshotStore.for_log(events)
-                elif not log_url.startswith("memory:"):
-                    store = FileSnapshotStore.for_log(log_url)
-            try:
-                await scheduler_session(events, config, engine, clock, period_s=period_s,
-                                        snapshots=store, snapshot_every=snapshot_every,
-                                        on_ready=_ready, stop_after_cycles=cycles)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if store is not None:
-                        await store.close()
-                    await events.close()
-
-        await supervise("scheduler", session)
+        await run_scheduler(log_url, config, engine, time_scale=scale, period_s=period_s,
+                            snapshot_every=snapshot_every, cycles=cycles, on_ready=_ready)
 
     _run(body)
 
 
-@main.command()
-@click.option("--log", "log_url", required=True, help="Event log (kafka://host:port/topic).")
-@click.option("--scenario", "scenario_file", required=True, type=click.Path(dir_okay=False),
-              help="The simulated cluster: nodes, queues, workloads (submit-after, run-for).")
+@click.command()
+@log_option
+@kubeconfig_option
+@verbose_option
+@friendly
+def informer(log_url: str, kubeconfig: str | None, verbose: bool) -> None:
+    """Run the informer: list + watch Nodes, Pods, Queues, PodGroups, PriorityClasses (and
+    the other kinds scheduling reads) and append every change that matters to the log.
+    Kafka transactional_id: kai-es-informer."""
+    from kai_es.app.processes import run_informer  # noqa: PLC0415
+
+    _setup_logging(verbose)
+
+    async def body() -> None:
+        await run_informer(log_url, kubeconfig, on_ready=_ready)
+
+    _run(body)
+
+
+@click.command()
+@log_option
+@kubeconfig_option
+@click.option("--scenario", "scenario_file", default=None, type=click.Path(dir_okay=False),
+              help="No Kubernetes: run the simulated cluster of this scenario (with its informer).")
 @time_scale_option
 @click.option("--poll", default="50ms", show_default=True, help="Real time between log polls.")
 @click.option("--stats", "stats_file", default=None, type=click.Path(dir_okay=False),
-              help="Append bind counters (JSON lines) to this file.")
-@click.option("--verbose", "-v", is_flag=True, help="Log progress (INFO) to stderr.")
+              help="With --scenario: append bind counters (JSON lines) to this file.")
+@verbose_option
 @friendly
-def binder(log_url: str, scenario_file: str, time_scale: float, poll: str,
-           stats_file: str | None, verbose: bool) -> None:
-    """Run the binder with the simulated cluster and its informer (one process). On restart
-    the simulated cluster is rebuilt from the log. transactional_id: kai-es-binder."""
-    from kai_es.services.processes import (  # noqa: PLC0415
-        BINDER_TXN_ID,
-        FlowClock,
-        StatsFile,
-        binder_session,
-        supervise,
-    )
+def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time_scale: float,
+           poll: str, stats_file: str | None, verbose: bool) -> None:
+    """Run the binder: perform the log's bind and evict decisions through the Kubernetes API
+    and append their outcomes (progress kept beside the log, so a restart resumes). With
+    --scenario, the simulated cluster instead (rebuilt from the log on restart).
+    Kafka transactional_id: kai-es-binder."""
+    from kai_es.app.processes import run_binder, run_sim_cluster  # noqa: PLC0415
 
     _setup_logging(verbose)
-    scenario = load_scenario(scenario_file)
     poll_s = _seconds("--poll", poll)
-    if time_scale <= 0:
-        raise UserError("--time-scale must be positive")
-    stats = StatsFile(stats_file)
+    scale = _time_scale(time_scale)
+    if scenario_file is not None and kubeconfig is not None:
+        raise UserError("--scenario (a simulated cluster) and --kubeconfig (a real one) exclude each other")
+    if scenario_file is None and stats_file is not None:
+        raise UserError("--stats counts the simulated cluster's binds: it needs --scenario")
+    if scenario_file is None and time_scale != 1.0:
+        raise UserError("--time-scale applies to a simulated cluster: it needs --scenario")
 
     async def body() -> None:
-        clock = FlowClock(time_scale)
-
-        async def session() -> None:
-            events = _open_writer(log_url, BINDER_TXN_ID)
-            try:
-                await binder_session(events, scenario, clock, poll_s=poll_s, stats=stats,
-                                     on_ready=_ready)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await events.close()
-
-        await supervise("binder", session)
+        if scenario_file is not None:
+            scenario = load_scenario(scenario_file)
+            await run_sim_cluster(log_url, scenario, time_scale=scale, poll_s=poll_s,
+                                  stats_path=stats_file, on_ready=_ready)
+        else:
+            await run_binder(log_url, kubeconfig, poll_s=poll_s, on_ready=_ready)
 
     _run(body)
+
+
+COMMANDS = (scheduler, informer, binder)

@@ -7,21 +7,11 @@ the same file always gives the same bytes.
 from __future__ import annotations
 
 from kai_es.events import Envelope
-from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
 from kai_es.ingest.translate import subject_of
 from kai_es.scenario import Scenario, ScenarioObject
-from kai_es.scheduling.config import SchedulerConfig, config_digest, config_to_dict
 
 SOURCE = "kai-es/scenario"
-
-
-def config_event(config: SchedulerConfig, *, event_id: str, logicaltime: int,
-                 source: str = "kai-es/scheduler") -> Envelope:
-    return make_envelope(
-        p.ConfigApplied(config_digest=config_digest(config), config=config_to_dict(config)),
-        event_id=event_id, source=source, subject="config/scheduler", logicaltime=logicaltime,
-        policyversion=config.policy_version)
 
 
 def object_events(scenario: Scenario, objects: list[ScenarioObject], logicaltime: int,

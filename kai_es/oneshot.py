@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 import msgspec
 
-from kai_es.adapters.memory_log import MemoryEventLog
-from kai_es.events import encode
+from kai_es.events import Envelope, Record, decode, encode
 from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
-from kai_es.feed import config_event, object_events
+from kai_es.feed import object_events
+from kai_es.scheduling.config import config_event
 from kai_es.scenario import Scenario
 from kai_es.scheduling.config import config_digest
 from kai_es import verify_mode
@@ -25,16 +24,21 @@ from kai_es.scheduling.packing import Packer
 from kai_es.state import fold
 
 
+def as_records(envelopes: list[Envelope]) -> list[Record]:
+    """`envelopes` as a log starting at position 0 would hold them: each round-trips through
+    its canonical bytes (an envelope that cannot be encoded raises), positions dense from 0."""
+    return [Record(i, decode(encode(env))) for i, env in enumerate(envelopes)]
+
+
+def _initial_envelopes(scenario: Scenario) -> list[Envelope]:
+    return [config_event(scenario.config, event_id=derived_id(scenario.name, -1),
+                         logicaltime=scenario.start_ns),
+            *object_events(scenario, scenario.initial(), scenario.start_ns)]
+
+
 def initial_state(scenario: Scenario) -> Any:
     """The folded state of the scenario's initial objects (no cycle run)."""
-    async def build() -> list[Any]:
-        log = MemoryEventLog()
-        await log.append([config_event(scenario.config, event_id=derived_id(scenario.name, -1),
-                                       logicaltime=scenario.start_ns)])
-        await log.append(object_events(scenario, scenario.initial(), scenario.start_ns))
-        return [r async for r in log.read()]
-
-    return fold(anyio.run(build))
+    return fold(as_records(_initial_envelopes(scenario)))
 
 
 def fairshare_report(scenario: Scenario) -> dict[str, Any]:
@@ -63,19 +67,10 @@ def fairshare_report(scenario: Scenario) -> dict[str, Any]:
 
 
 def one_cycle(scenario: Scenario, packer: Packer) -> dict[str, Any]:
-    async def build() -> list[Any]:
-        log = MemoryEventLog()
-        start = scenario.start_ns
-        await log.append([config_event(scenario.config, event_id=derived_id(scenario.name, -1),
-                                       logicaltime=start)])
-        await log.append(object_events(scenario, scenario.initial(), start))
-        await log.append([make_envelope(
-            p.CycleStarted(cycle=1, config_digest=config_digest(scenario.config)),
-            event_id=derived_id(scenario.name, -2), source="kai-es/scheduler", subject="cycle/1",
-            logicaltime=start, policyversion=scenario.config.policy_version)])
-        return [r async for r in log.read()]
-
-    records = anyio.run(build)
+    records = as_records([*_initial_envelopes(scenario), make_envelope(
+        p.CycleStarted(cycle=1, config_digest=config_digest(scenario.config)),
+        event_id=derived_id(scenario.name, -2), source="kai-es/scheduler", subject="cycle/1",
+        logicaltime=scenario.start_ns, policyversion=scenario.config.policy_version)])
     state = fold(records)
     decisions = run_cycle(state, records[-1], scenario.config, packer, verify=verify_mode.enabled())
     pods: dict[str, dict[str, Any]] = {}

@@ -13,6 +13,11 @@ from typing import Literal, Protocol
 from kai_es.events import Envelope, Record
 
 
+class SetupError(ValueError):
+    """A process cannot start as configured (a log URL, a cluster config, ...): the message says
+    why. Supervisors never retry it; the command line reports it in one line (exit 2)."""
+
+
 class EventLog(Protocol):
     """A totally ordered, append-only log of envelopes.
 
@@ -31,13 +36,25 @@ class EventLog(Protocol):
 
     async def end_position(self) -> int: ...
 
+    async def claim_writer(self) -> None:
+        """Become this log's writer now, before reading: a log with writer identities (Kafka's
+        transactional id) fences any older instance holding the same identity and settles
+        whatever transaction of ours was in flight, so what we read next includes it. A no-op
+        where the log has no writer identity. Raises when the log cannot be reached."""
+        ...
+
     async def close(self) -> None: ...
 
 
 class Clock(Protocol):
-    """Wall time for the imperative shell. The core never sees it: it reads event logical time."""
+    """Wall time for the imperative shell. The core never sees it: it reads event logical time.
+
+    `observe(t)`: the process read logical time `t` in the log; from now on `now_ns() >= t`
+    (a clock never runs behind the log it writes to)."""
 
     def now_ns(self) -> int: ...
+
+    def observe(self, logicaltime: int) -> None: ...
 
     async def sleep_until(self, ns: int) -> None: ...
 
@@ -89,6 +106,40 @@ class ClusterActuator(Protocol):
     async def evict(self, namespace: str, name: str, uid: str) -> ActionOutcome: ...
 
 
+@dataclass(frozen=True, slots=True)
+class StoredSnapshot:
+    """A state snapshot taken at a cycle cut (see `kai_es.services.snapshotting`)."""
+
+    position: int
+    completed_position: int
+    cycle: int
+    logicaltime: int
+    digest: str
+    data: bytes  # canonical snapshot bytes (uncompressed)
+
+
+class SnapshotStore(Protocol):
+    """Keeps the newest snapshot. `load_latest` raises `ValueError` for stored bytes it cannot
+    decode (never returns a half-read snapshot)."""
+
+    async def save(self, snap: StoredSnapshot) -> None: ...
+
+    async def load_latest(self) -> StoredSnapshot | None: ...
+
+    async def close(self) -> None: ...
+
+
+class BlobStore(Protocol):
+    """Keeps the newest blob of one role (the binder's progress): `load_blob` returns what the
+    last completed `save_blob` stored, or None when nothing was ever saved."""
+
+    async def save_blob(self, blob: bytes) -> None: ...
+
+    async def load_blob(self) -> bytes | None: ...
+
+    async def close(self) -> None: ...
+
+
 class ClusterSource(Protocol):
     """Object changes of the cluster, in the order the cluster made them (per object).
 
@@ -105,6 +156,7 @@ class ClusterSource(Protocol):
 
 __all__ = [
     "ActionOutcome",
+    "BlobStore",
     "Clock",
     "ClusterActuator",
     "ClusterSource",
@@ -114,4 +166,7 @@ __all__ = [
     "ObjectChange",
     "Record",
     "Relist",
+    "SetupError",
+    "SnapshotStore",
+    "StoredSnapshot",
 ]

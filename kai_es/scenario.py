@@ -34,6 +34,7 @@ from kai_es.events.factory import NAMESPACE
 from kai_es.events.timefmt import parse_duration, parse_rfc3339, rfc3339
 from kai_es.ingest import bounds
 from kai_es.ingest import translate as tr
+from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.scheduling.config import ConfigError, SchedulerConfig, parse_config
 from kai_es.scheduling.fairshare import parent_loops
 
@@ -364,7 +365,7 @@ class _Loader:
             pl = o.payload
             if isinstance(pl, p.PodGroupObserved) and pl.queue and pl.queue not in queues:
                 raise self.fail(o.doc_index, o.obj, "spec.queue", f"queue {pl.queue!r} is not defined in this scenario")
-            if not isinstance(pl, p.PodObserved) or pl.scheduler_name != tr.SCHEDULER_NAME:
+            if not isinstance(pl, p.PodObserved) or pl.scheduler_name != SCHEDULER_NAME:
                 continue
             group = groups.get((pl.namespace, pl.podgroup))
             if not pl.implicit_podgroup and group is None:

@@ -12,7 +12,7 @@ from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.actions.allocate import Allocator
 from kai_es.scheduling.packing import load_packer
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
 
 

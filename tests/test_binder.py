@@ -18,7 +18,7 @@ from kai_es.scenario import load_scenario, load_scenario_text
 from kai_es.scheduling.packing import load_packer
 from kai_es.services.binder import MAX_BIND_FAILURES, BinderService
 from kai_es.sim.cluster import SimCluster
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 from kai_es.state import fold
 from tests.builders import MakeNode, MakePod, queue, scenario_text
 

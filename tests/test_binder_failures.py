@@ -27,7 +27,7 @@ from kai_es.replay import replay
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.packing import load_packer
 from kai_es.services.binder import MAX_BIND_FAILURES
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 from kai_es.state import digest, fold, restore, snapshot
 from kai_es.state.invariants import check
 from tests.builders import MakeNode, MakePod, queue, scenario_text

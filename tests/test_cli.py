@@ -68,14 +68,15 @@ def test_help_lists_the_commands() -> None:
 
 def test_every_command_is_registered_with_its_options() -> None:
     """The commands a user and the process tests rely on exist, through `kai-es` itself (the
-    service commands are registered by importing kai_es.cli_services from kai_es.cli)."""
+    service commands are defined in kai_es.cli_services and added to the group by kai_es.cli)."""
     run = _cli("--help")
     assert run.returncode == 0, run.stderr
     listed = {line.split()[0] for line in run.stdout.split("Commands:", 1)[1].splitlines() if line.strip()}
-    assert {"simulate", "cycle", "replay", "events", "fairshare", "scheduler", "binder"} <= listed
+    assert {"simulate", "cycle", "replay", "events", "fairshare", "scheduler", "informer", "binder"} <= listed
     expected = {
         "scheduler": ["--log", "--scenario", "--period", "--snapshot-every", "--time-scale", "--cycles"],
-        "binder": ["--log", "--scenario", "--time-scale", "--poll", "--stats"],
+        "binder": ["--log", "--kubeconfig", "--scenario", "--time-scale", "--poll", "--stats"],
+        "informer": ["--log", "--kubeconfig"],
         "fairshare": ["--output"],
     }
     for command, options in expected.items():
@@ -92,6 +93,21 @@ def test_fairshare_runs_from_the_command_line() -> None:
 
 
 def test_service_commands_refuse_a_missing_log_option() -> None:
-    for command in ("scheduler", "binder"):
+    for command in ("scheduler", "informer", "binder"):
         run = _cli(command)
         assert run.returncode == 2 and "--log" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_binder_refuses_contradictory_options(tmp_path: Path) -> None:
+    scenario = "examples/quickstart.yaml"
+    for args, why in ((["--scenario", scenario, "--kubeconfig", scenario], "exclude each other"),
+                      (["--stats", str(tmp_path / "s")], "needs --scenario"),
+                      (["--time-scale", "60"], "needs --scenario")):
+        run = _cli("binder", "--log", str(tmp_path / "log"), *args)
+        assert run.returncode == 2 and why in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_a_kubernetes_process_without_a_cluster_config_says_so(tmp_path: Path) -> None:
+    for command in ("informer", "binder"):
+        run = _cli(command, "--log", str(tmp_path / "log"), "--kubeconfig", str(tmp_path / "missing"))
+        assert run.returncode == 2 and "missing" in run.stderr and "Traceback" not in run.stderr, run.stderr

@@ -16,7 +16,7 @@ from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import payloads as p
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.packing import load_packer
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 from tests.builders import MakeNode, MakePod, queue, scenario_text
 
 SETTINGS = {"scheduler": {"actions": ["allocate", "reclaim", "preempt"]},

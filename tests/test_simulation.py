@@ -24,7 +24,7 @@ from kai_es.scheduling.packing import Placement, Strategy, TaskShape, load_packe
 from kai_es.scheduling.packing.model import PackTable
 from kai_es.scheduling.policy import CURRENT_POLICY
 from kai_es.scheduling.tables import build_tables, tables
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 from kai_es.state import ClusterState, fold
 from kai_es.state.invariants import check
 from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text

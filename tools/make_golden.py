@@ -31,7 +31,7 @@ from kai_es.adapters.file_log import FileEventLog
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.packing import Placement, Strategy, TaskShape, load_packer
 from kai_es.scheduling.packing.model import PackTable
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"

@@ -296,5 +296,8 @@ class FileEventLog:
         self._refresh()
         return len(self._offsets)
 
+    async def claim_writer(self) -> None:
+        """No writer identities here: nothing to claim."""
+
     async def close(self) -> None:
         self._map = None  # unmapped once no view handed out refers to it

@@ -1,27 +1,32 @@
-"""Snapshots of scheduler state for the file log: one file beside the log, replaced atomically.
+"""Snapshots of scheduler state (and the binder's progress) for the file log: one file per role
+beside the log, replaced atomically.
 
-``<log>.snapshot`` holds the newest snapshot (`kai_es.services.snapshotting.encode_stored`);
-a save writes a temp file, fsyncs it and renames it over the old one, so a crash leaves either
-the old or the new snapshot, never a torn one.
+``<log>.snapshot`` holds the newest snapshot (`kai_es.adapters.snapshot_codec.encode_stored`),
+``<log>.binder-progress`` the binder's progress; a save writes a temp file, fsyncs it and
+renames it over the old one, so a crash leaves either the old or the new blob, never a torn one.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Self
 
 import anyio
 
-from kai_es.services.snapshotting import StoredSnapshot, decode_stored, encode_stored
+from kai_es.adapters.snapshot_codec import decode_stored, encode_stored
+from kai_es.ports import StoredSnapshot
 
 
-class FileSnapshotStore:
+class FileBlobStore:
+    """The newest blob of one role, in one file."""
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
     @classmethod
-    def for_log(cls, log_path: str | Path) -> FileSnapshotStore:
-        return cls(Path(f"{log_path}.snapshot"))
+    def for_log(cls, log_path: str | Path, *, suffix: str = "snapshot") -> Self:
+        return cls(Path(f"{log_path}.{suffix}"))
 
     def _save_sync(self, blob: bytes) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -31,13 +36,24 @@ class FileSnapshotStore:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    async def save(self, snap: StoredSnapshot) -> None:
-        await anyio.to_thread.run_sync(self._save_sync, encode_stored(snap))
+    async def save_blob(self, blob: bytes) -> None:
+        await anyio.to_thread.run_sync(self._save_sync, blob)
 
-    async def load_latest(self) -> StoredSnapshot | None:
+    async def load_blob(self) -> bytes | None:
         if not self.path.exists():
             return None
-        return decode_stored(self.path.read_bytes())
+        return self.path.read_bytes()
 
     async def close(self) -> None:
         return None
+
+
+class FileSnapshotStore(FileBlobStore):
+    """`kai_es.ports.SnapshotStore` in ``<log>.snapshot``."""
+
+    async def save(self, snap: StoredSnapshot) -> None:
+        await self.save_blob(encode_stored(snap))
+
+    async def load_latest(self) -> StoredSnapshot | None:
+        blob = await self.load_blob()
+        return decode_stored(blob) if blob is not None else None

@@ -306,6 +306,13 @@ class KafkaEventLog:
 
     # -- EventLog ---------------------------------------------------------------------------------
 
+    async def claim_writer(self) -> None:
+        """InitProducerId now: fences an older producer with our transactional_id and settles
+        any transaction of ours still in flight, so a read that follows sees its outcome."""
+        self._check_open()
+        await self._ensure_topic()
+        await self._ensure_producer()
+
     async def append(self, events: Sequence[Envelope]) -> list[int]:
         self._check_open()
         if self._fenced:

@@ -1,8 +1,10 @@
-"""Scheduler state snapshots in a compacted Kafka side topic ``<events topic>.snapshots``.
+"""Scheduler state snapshots (and the binder's progress) in a compacted Kafka side topic
+``<events topic>.snapshots``.
 
 Contract:
-- One partition, ``cleanup.policy=compact``, record key = the writer role (``scheduler``), value
-  = `kai_es.services.snapshotting.encode_stored` (a JSON header line + zlib'd canonical
+- One partition, ``cleanup.policy=compact``, record key = the writer role (``scheduler``, or
+  ``binder`` for the binder's progress), value = the newest blob of that role; for a snapshot,
+  `kai_es.adapters.snapshot_codec.encode_stored` (a JSON header line + zlib'd canonical
   snapshot bytes). Compaction keeps the newest snapshot per key; older ones may linger until
   the cleaner runs, so `load_latest` reads the whole partition and keeps the last one.
 - `max.message.bytes` of the topic is raised (64 MiB) so a large state fits in one record.
@@ -14,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import anyio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 from aiokafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
 
-from kai_es.services.snapshotting import StoredSnapshot, decode_stored, encode_stored
+from kai_es.adapters.snapshot_codec import decode_stored, encode_stored
+from kai_es.ports import StoredSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,9 @@ TOPIC_CONFIG: Final = {"cleanup.policy": "compact", "max.message.bytes": str(MAX
 _UNKNOWN_TOPIC: Final = 3
 
 
-class KafkaSnapshotStore:
+class KafkaBlobStore:
+    """The newest blob of one role (`key`) in the side topic."""
+
     def __init__(self, bootstrap: str, events_topic: str, *, key: str = "scheduler",
                  request_timeout_ms: int = 30_000) -> None:
         self.bootstrap = bootstrap
@@ -43,7 +48,7 @@ class KafkaSnapshotStore:
         self._ready = False
 
     @classmethod
-    def for_log(cls, events: Any, *, key: str = "scheduler") -> KafkaSnapshotStore:
+    def for_log(cls, events: Any, *, key: str = "scheduler") -> Self:
         """The store beside a `KafkaEventLog`."""
         return cls(events.bootstrap, events.topic, key=key)
 
@@ -76,7 +81,7 @@ class KafkaSnapshotStore:
             await admin.close()
         self._ready = True
 
-    async def save(self, snap: StoredSnapshot) -> None:
+    async def save_blob(self, blob: bytes) -> None:
         await self._ensure_topic()
         if self._producer is None:
             producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap,
@@ -85,12 +90,9 @@ class KafkaSnapshotStore:
                                         request_timeout_ms=self.request_timeout_ms)
             await producer.start()
             self._producer = producer
-        blob = encode_stored(snap)
         await self._producer.send_and_wait(self.topic, value=blob, key=self.key, partition=0)
-        log.info("snapshot of position %d (cycle %d, %d bytes stored) written to %s",
-                 snap.position, snap.cycle, len(blob), self.topic)
 
-    async def load_latest(self) -> StoredSnapshot | None:
+    async def load_blob(self) -> bytes | None:
         await self._ensure_topic()
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id="kai-es-snapshots",
                                     group_id=None, enable_auto_commit=False,
@@ -116,7 +118,7 @@ class KafkaSnapshotStore:
                         last = msg.value
         finally:
             await consumer.stop()
-        return decode_stored(last) if last is not None else None
+        return last
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
@@ -126,3 +128,17 @@ class KafkaSnapshotStore:
                     await producer.stop()
                 except Exception:
                     log.debug("stopping the snapshot producer failed", exc_info=True)
+
+
+class KafkaSnapshotStore(KafkaBlobStore):
+    """`kai_es.ports.SnapshotStore` in the side topic (key ``scheduler``)."""
+
+    async def save(self, snap: StoredSnapshot) -> None:
+        blob = encode_stored(snap)
+        await self.save_blob(blob)
+        log.info("snapshot of position %d (cycle %d, %d bytes stored) written to %s",
+                 snap.position, snap.cycle, len(blob), self.topic)
+
+    async def load_latest(self) -> StoredSnapshot | None:
+        blob = await self.load_blob()
+        return decode_stored(blob) if blob is not None else None

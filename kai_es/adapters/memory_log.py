@@ -43,6 +43,9 @@ class MemoryEventLog:
     async def end_position(self) -> int:
         return len(self._records)
 
+    async def claim_writer(self) -> None:
+        """No writer identities here: nothing to claim."""
+
     async def close(self) -> None:
         return None
 

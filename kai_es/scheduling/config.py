@@ -13,7 +13,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from kai_es.events import Envelope
+from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
+from kai_es.events.factory import make_envelope
 from kai_es.events.timefmt import parse_duration
 
 ActionName = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
@@ -102,3 +105,12 @@ def config_to_dict(cfg: SchedulerConfig) -> dict[str, object]:
 
 def config_digest(cfg: SchedulerConfig) -> str:
     return "sha256:" + hashlib.sha256(canonical(config_to_dict(cfg))).hexdigest()
+
+
+def config_event(config: SchedulerConfig, *, event_id: str, logicaltime: int,
+                 source: str = "kai-es/scheduler") -> Envelope:
+    """The ConfigApplied event announcing `config` (its digest, its canonical form)."""
+    return make_envelope(
+        p.ConfigApplied(config_digest=config_digest(config), config=config_to_dict(config)),
+        event_id=event_id, source=source, subject="config/scheduler", logicaltime=logicaltime,
+        policyversion=config.policy_version)

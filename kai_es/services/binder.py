@@ -1,27 +1,42 @@
 """The binder service: performs bind and evict decisions on the cluster and appends outcomes.
 
 Contract:
-- Idempotent by decision id: a decision that already has an outcome in the log (PodBound,
-  PodBindFailed, PodEvicted or PodEvictionFailed naming it) is never performed again, so
-  restarting the binder or replaying decisions never binds twice.
+- Idempotent by decision id: a decision whose outcome (PodBound, PodBindFailed, PodEvicted or
+  PodEvictionFailed naming it) is in the log after it is not performed; a decision id read again
+  within the last `DONE_WINDOW` outcomes is ignored. Beyond that window a duplicate would be
+  performed again, which the cluster answers "already done" (bind with the pod's uid as
+  precondition; "already bound to that node" counts as success) - never a second binding.
+- One perform path, `perform_batch`: every pending decision is performed (up to `concurrency` at
+  a time, outcomes in decision order), then all their outcomes are appended in ONE atomic append.
+  A crash in between loses only outcomes; the decisions are performed again after a restart, and
+  the cluster answers "already done".
 - A failed eviction is not an eviction: a refusal is recorded as PodEvictionFailed (the pod keeps
   running), never as PodEvicted. A retryable refusal (e.g. a PodDisruptionBudget's 429) is tried
   again after each delay of `evict_retry_delays_ns` before it is recorded.
 - A bind that fails `MAX_BIND_FAILURES` times in a row for the same pod (uid), counted from the
   outcomes in the log, is recorded with `final=True`: the scheduler stops picking that pod.
 - The outcome's id is uuid5(decision id), so even a crash between performing and appending
-  yields one outcome id; "already bound to that node" counts as success.
+  yields one outcome id.
+- Durable progress (`progress=` a `BlobStore`): after each batch, and after reading
+  `PROGRESS_EVERY` records without one, the binder saves where it is (the next position to read,
+  the earliest position a decision without outcome sits at, the consecutive bind failures per
+  pod). A restart reads from that earliest position, not from 0; memory holds only decisions
+  without outcomes, the failure counts of pods still failing and the bounded done window.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
+
+import anyio
+import msgspec
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
-from kai_es.ports import Clock, ClusterActuator, EventLog
+from kai_es.ports import BlobStore, Clock, ClusterActuator, EventLog
 
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/binder"
@@ -30,27 +45,62 @@ SOURCE = "kai-es/binder"
 MAX_BIND_FAILURES = 5
 #: waits before each retry of an eviction refused as retryable (then PodEvictionFailed)
 EVICT_RETRY_DELAYS_NS: tuple[int, ...] = (500_000_000, 1_000_000_000, 2_000_000_000)
+#: how many recent decision ids with outcomes the binder remembers (duplicates inside are ignored)
+DONE_WINDOW = 65_536
+#: records read without a batch after which the progress is saved anyway
+PROGRESS_EVERY = 10_000
+PROGRESS_FORMAT = 1
+
+
+class Progress(msgspec.Struct, frozen=True, kw_only=True):
+    """The binder's saved progress (JSON in its BlobStore)."""
+
+    format: int
+    #: the next position to read
+    position: int
+    #: where a restart reads from: the earliest decision without an outcome (else `position`)
+    resumefrom: int
+    #: pod uid -> consecutive failed binds recorded at positions before `position`
+    bindfailures: dict[str, int]
 
 
 class BinderService:
     def __init__(self, events: EventLog, actuator: ClusterActuator, clock: Clock, *,
-                 evict_retry_delays_ns: Sequence[int] = EVICT_RETRY_DELAYS_NS) -> None:
+                 evict_retry_delays_ns: Sequence[int] = EVICT_RETRY_DELAYS_NS,
+                 concurrency: int = 1, progress: BlobStore | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
         self.events = events
         self.actuator = actuator
         self.clock = clock
         self.evict_retry_delays_ns = tuple(evict_retry_delays_ns)
+        self.concurrency = concurrency
+        self.progress = progress
         #: pod uid -> consecutive failed binds recorded in the log (dropped once bound or final)
         self.bind_failures: dict[str, int] = {}
         self.position = 0
-        self.done: set[str] = set()
+        #: recent decision ids with outcomes (oldest first), at most DONE_WINDOW
+        self.done: OrderedDict[str, None] = OrderedDict()
+        #: decisions read without an outcome yet, in log order
         self.pending: dict[str, Record] = {}
         self.performed = 0
+        self.resumed_from: int | None = None  # the position a saved progress let us start at
+        self._count_failures_from = 0
+        self._read_since_save = 0
+
+    def _mark_done(self, decision_id: str) -> None:
+        self.pending.pop(decision_id, None)
+        self.done[decision_id] = None
+        self.done.move_to_end(decision_id)
+        if len(self.done) > DONE_WINDOW:
+            self.done.popitem(last=False)
 
     def _observe(self, record: Record) -> None:
         data = record.envelope.data
         if isinstance(data, (p.PodBound, p.PodBindFailed, p.PodEvicted, p.PodEvictionFailed)):
-            self.done.add(data.decision_id)
-            self.pending.pop(data.decision_id, None)
+            self._mark_done(data.decision_id)
+            if record.position < self._count_failures_from:
+                return  # counted in the saved progress already
             if isinstance(data, p.PodBindFailed) and not data.final:
                 self.bind_failures[data.uid] = self.bind_failures.get(data.uid, 0) + 1
             elif isinstance(data, (p.PodBound, p.PodBindFailed)):
@@ -59,51 +109,86 @@ class BinderService:
             if record.envelope.id not in self.done:
                 self.pending[record.envelope.id] = record
 
+    async def restore(self) -> None:
+        """Start from the saved progress, if there is one that fits this log (else from 0)."""
+        if self.progress is None or self.position > 0:
+            return
+        blob = await self.progress.load_blob()
+        if blob is None:
+            return
+        try:
+            saved = msgspec.json.decode(blob, type=Progress)
+        except msgspec.DecodeError as exc:
+            log.warning("the binder's saved progress is unreadable (%s); reading the log from 0", exc)
+            return
+        end = await self.events.end_position()
+        if saved.format != PROGRESS_FORMAT or not 0 <= saved.resumefrom <= saved.position <= end:
+            log.warning("the binder's saved progress (position %d, log end %d) does not fit this "
+                        "log; reading it from 0", saved.position, end)
+            return
+        self.position = saved.resumefrom
+        self._count_failures_from = saved.position
+        self.bind_failures = dict(saved.bindfailures)
+        self.resumed_from = saved.resumefrom
+
+    async def save_progress(self) -> None:
+        """Save where the binder is (a no-op without a progress store)."""
+        if self.progress is None:
+            return
+        resume = min((r.position for r in self.pending.values()), default=self.position)
+        blob = msgspec.json.encode(Progress(format=PROGRESS_FORMAT, position=self.position,
+                                            resumefrom=min(resume, self.position),
+                                            bindfailures=dict(sorted(self.bind_failures.items()))))
+        await self.progress.save_blob(blob)
+        self._read_since_save = 0
+
     async def step(self) -> int:
         """Read new records, perform decisions without outcomes; returns how many it performed."""
         await self.poll()
-        return await self.perform_pending()
+        return await self.perform_batch()
 
     async def poll(self) -> None:
         """Read new records (decisions to perform, outcomes already in the log)."""
         async for record in self.events.read(self.position):
-            self._observe(record)
-            self.position = record.position + 1
+            self.observe(record)
 
     def observe(self, record: Record) -> None:
         """Take a record read elsewhere (e.g. while rebuilding a cluster) as read by `poll`."""
         if record.position >= self.position:
             self._observe(record)
             self.position = record.position + 1
+            self._read_since_save += 1
 
     async def perform_batch(self) -> int:
-        """Perform every pending decision, then append all their outcomes in ONE atomic append.
+        """Perform every pending decision, then append all their outcomes in ONE atomic append
+        (see the module contract); returns how many it performed."""
+        todo = list(self.pending.values())
+        if not todo:
+            if self._read_since_save >= PROGRESS_EVERY:
+                await self.save_progress()
+            return 0
+        outcomes: list[Envelope | None] = [None] * len(todo)
+        if self.concurrency == 1:
+            for i, record in enumerate(todo):
+                outcomes[i] = await self._perform(record)
+        else:
+            limiter = anyio.CapacityLimiter(self.concurrency)
 
-        For an actuator whose effects are rebuilt from the log after a crash (the simulated
-        cluster of the `kai-es binder` process), a crash before the append loses the effects
-        and the outcomes together, so the decisions are simply performed again."""
-        todo = list(self.pending)
-        outcomes = [await self._perform(self.pending[d]) for d in todo]
-        if outcomes:
-            await self.events.append(outcomes)
-        for decision_id in todo:
-            self.done.add(decision_id)
-            self.pending.pop(decision_id, None)
+            async def one(i: int, record: Record) -> None:
+                async with limiter:
+                    outcomes[i] = await self._perform(record)
+
+            async with anyio.create_task_group() as tg:
+                for i, record in enumerate(todo):
+                    tg.start_soon(one, i, record)
+        done = [o for o in outcomes if o is not None]
+        assert len(done) == len(todo)
+        await self.events.append(done)
+        for record in todo:
+            self._mark_done(record.envelope.id)
         self.performed += len(todo)
+        await self.save_progress()
         return len(todo)
-
-    async def perform_pending(self) -> int:
-        """Perform decisions without outcomes, one append per outcome."""
-        count = 0
-        for decision_id in list(self.pending):
-            record = self.pending[decision_id]
-            outcome = await self._perform(record)
-            await self.events.append([outcome])
-            self.done.add(decision_id)
-            self.pending.pop(decision_id, None)
-            count += 1
-        self.performed += count
-        return count
 
     async def _perform(self, record: Record) -> Envelope:
         env = record.envelope
@@ -143,6 +228,8 @@ class BinderService:
                                           node=data.node, decision_id=env.id), **common)  # type: ignore[arg-type]
 
     async def run(self, poll_ns: int = 50_000_000) -> None:
+        """The binder loop: restore the saved progress, then read, perform, wait `poll_ns`."""
+        await self.restore()
         while True:
             await self.step()
             await self.clock.sleep_until(self.clock.now_ns() + poll_ns)

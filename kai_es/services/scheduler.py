@@ -21,14 +21,13 @@ from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
 from kai_es.events.factory import make_envelope
-from kai_es.feed import config_event
-from kai_es.ports import Clock, EventLog, IdFactory
-from kai_es.scheduling.config import SchedulerConfig, config_digest
+from kai_es.ports import Clock, EventLog, IdFactory, SnapshotStore, StoredSnapshot
+from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event
 from kai_es import verify_mode
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.scheduling.policy import policy_for
-from kai_es.services.snapshotting import SnapshotStore, StoredSnapshot, restore_validated
+from kai_es.services.snapshotting import restore_validated
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
 from kai_es.state.snapshot import snapshot
@@ -161,11 +160,14 @@ class SchedulerService:
         self._cycles_since_snapshot = 0
         self.snapshots_written += 1
 
-    async def run(self, period_ns: int) -> None:
-        """Production loop: a cycle every `period_ns` when there is work."""
-        await self.start()
-        while True:
+    async def run(self, period_ns: int, *, cycles: int | None = None) -> None:
+        """The scheduler loop (the only one): after `start()`, fold what is new, run a cycle
+        when there is work, wait `period_ns` of clock time; return after `cycles` cycles
+        (None: never). The clock observes every logical time folded, so cycles never carry a
+        time behind the log's."""
+        while cycles is None or self.cycles_run < cycles:
             await self.catch_up()
+            self.clock.observe(self.state.logicaltime)
             if self.has_work():
                 await self.run_cycle_once()
             await self.clock.sleep_until(self.clock.now_ns() + period_ns)

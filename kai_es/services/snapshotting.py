@@ -1,5 +1,5 @@
-"""State snapshots for a fast scheduler start: the store protocol, the stored form, and the
-validation that decides whether a stored snapshot may replace folding from the beginning.
+"""State snapshots for a fast scheduler start: the validation that decides whether a stored
+snapshot (`kai_es.ports.SnapshotStore`) may replace folding from the beginning.
 
 Contract:
 - A snapshot is taken at a cycle cut: `position` is the CycleStarted position, `data` the
@@ -18,83 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import zlib
-from dataclasses import dataclass
-from typing import Protocol
 
 import msgspec
 
 from kai_es.events import payloads as p
-from kai_es.ports import EventLog
+from kai_es.ports import EventLog, SnapshotStore
 from kai_es.scheduling.policy import UnknownPolicy, state_digest
 from kai_es.state import ClusterState
 from kai_es.state.snapshot import load_snapshot, restore
 
 log = logging.getLogger(__name__)
-STORED_FORMAT = 1
-
-
-@dataclass(frozen=True, slots=True)
-class StoredSnapshot:
-    position: int
-    completed_position: int
-    cycle: int
-    logicaltime: int
-    digest: str
-    data: bytes  # canonical snapshot bytes (uncompressed)
-
-
-class SnapshotStore(Protocol):
-    async def save(self, snap: StoredSnapshot) -> None: ...
-
-    async def load_latest(self) -> StoredSnapshot | None: ...
-
-    async def close(self) -> None: ...
-
-
-class _Header(msgspec.Struct, frozen=True, kw_only=True):
-    format: int
-    position: int
-    completedposition: int
-    cycle: int
-    logicaltime: int
-    digest: str
-    compression: str
-    size: int
-
-
-class SnapshotFormatError(ValueError):
-    """Stored snapshot bytes that cannot be decoded."""
-
-
-def encode_stored(snap: StoredSnapshot) -> bytes:
-    """One header line (JSON) + zlib-compressed snapshot bytes."""
-    header = _Header(format=STORED_FORMAT, position=snap.position,
-                     completedposition=snap.completed_position, cycle=snap.cycle,
-                     logicaltime=snap.logicaltime, digest=snap.digest, compression="zlib",
-                     size=len(snap.data))
-    return msgspec.json.encode(header) + b"\n" + zlib.compress(snap.data, 1)
-
-
-def decode_stored(blob: bytes) -> StoredSnapshot:
-    head, sep, body = blob.partition(b"\n")
-    if not sep:
-        raise SnapshotFormatError("no header line")
-    try:
-        header = msgspec.json.decode(head, type=_Header)
-    except msgspec.DecodeError as exc:
-        raise SnapshotFormatError(f"bad header: {exc}") from None
-    if header.format != STORED_FORMAT or header.compression != "zlib":
-        raise SnapshotFormatError(f"unsupported format {header.format}/{header.compression}")
-    try:
-        data = zlib.decompress(body)
-    except zlib.error as exc:
-        raise SnapshotFormatError(f"body does not decompress: {exc}") from None
-    if len(data) != header.size:
-        raise SnapshotFormatError(f"body is {len(data)} bytes, header says {header.size}")
-    return StoredSnapshot(position=header.position, completed_position=header.completedposition,
-                          cycle=header.cycle, logicaltime=header.logicaltime,
-                          digest=header.digest, data=data)
 
 
 def sha256_of(data: bytes) -> str:
@@ -105,7 +38,7 @@ async def restore_validated(store: SnapshotStore, events: EventLog) -> ClusterSt
     """The newest stored snapshot restored, if it passes checks (a) and (b); else None."""
     try:
         snap = await store.load_latest()
-    except SnapshotFormatError as exc:
+    except ValueError as exc:  # the store could not decode what it holds
         log.warning("snapshot rejected: %s; folding the log from the beginning", exc)
         return None
     if snap is None:
@@ -154,5 +87,4 @@ async def restore_validated(store: SnapshotStore, events: EventLog) -> ClusterSt
     return state
 
 
-__all__ = ["SnapshotFormatError", "SnapshotStore", "StoredSnapshot", "decode_stored",
-           "encode_stored", "restore_validated", "sha256_of"]
+__all__ = ["restore_validated", "sha256_of"]

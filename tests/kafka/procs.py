@@ -5,12 +5,7 @@ the end-of-run checks (fold the topic; invariants; replay)."""
 from __future__ import annotations
 
 import collections
-import os
-import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +20,9 @@ from kai_es.state import ClusterState
 from kai_es.state.invariants import check
 from kai_es.state.reducer import fold
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.processes import ROOT, Proc
+
+__all__ = ["ROOT", "Proc"]
 
 
 def workload_scenario(path: Path, *, pods: int, nodes: int = 8, gpus: int = 8,
@@ -65,59 +62,6 @@ spec:
 """)
     path.write_text("---\n".join(docs))
     return path
-
-
-@dataclass
-class Proc:
-    """A `kai-es` sub-command as a process; output goes to files in `dir`."""
-
-    name: str
-    args: list[str]
-    dir: Path
-    popen: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-    kills: int = 0
-    history: list[int] = field(default_factory=list)
-
-    @property
-    def stderr_path(self) -> Path:
-        return self.dir / f"{self.name}.stderr"
-
-    def start(self) -> None:
-        assert self.popen is None or self.popen.poll() is not None
-        self.starts += 1
-        with open(self.stderr_path, "ab") as errf, open(self.dir / f"{self.name}.stdout", "ab") as outf:
-            errf.write(f"--- start #{self.starts} at {time.time():.3f}\n".encode())
-            errf.flush()
-            self.popen = subprocess.Popen([sys.executable, "-m", "kai_es", *self.args],
-                                          stdout=outf, stderr=errf, cwd=ROOT,
-                                          start_new_session=True)
-        self.history.append(self.popen.pid)
-
-    def kill9(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(10)
-            self.kills += 1
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-
-    def wait_ready(self, word: str, timeout: float = 60.0) -> None:
-        """Wait for the `word ready` line of the CURRENT start."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.stderr().rsplit(f"--- start #{self.starts} ", 1)[-1]
-            if f"{word} ready" in text:
-                return
-            if not self.alive():
-                raise AssertionError(f"{self.name} exited {self.popen and self.popen.returncode}:"
-                                     f"\n{self.stderr()[-3000:]}")
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name} not ready after {timeout} s:\n{self.stderr()[-3000:]}")
 
 
 def live_binds(stats_path: Path) -> int:

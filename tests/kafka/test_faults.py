@@ -175,7 +175,7 @@ async def _dead_letter_keys(bootstrap: str, topic: str) -> list[bytes]:
 
 
 def test_malformed_record_mid_run(run: Run) -> None:
-    from kai_es.services.processes import dead_letter_report  # noqa: PLC0415
+    from kai_es.app.processes import dead_letter_report  # noqa: PLC0415
 
     run.start()
     time.sleep(5)

@@ -24,8 +24,8 @@ from kai_es.scenario import load_scenario
 from kai_es.scheduling.packing import load_packer
 from kai_es.services.scheduler import SchedulerService
 from kai_es.scheduling.policy import CURRENT_POLICY, policy_for
-from kai_es.services.snapshotting import StoredSnapshot
-from kai_es.sim.runner import simulate
+from kai_es.ports import StoredSnapshot
+from kai_es.app.simulation import simulate
 from kai_es.state.incremental_digest import incremental_digest
 from kai_es.state.reducer import fold
 from kai_es.state.snapshot import digest, load_snapshot, restore, snapshot_bytes

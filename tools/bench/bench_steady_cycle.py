@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from kai_es.events import Envelope, Record  # noqa: E402
 from kai_es.events import payloads as p  # noqa: E402
 from kai_es.events.factory import derived_id, make_envelope  # noqa: E402
-from kai_es.feed import config_event  # noqa: E402
+from kai_es.scheduling.config import config_event  # noqa: E402
 from kai_es.scheduling.config import SchedulerConfig, config_digest  # noqa: E402
 from kai_es.scheduling.cycle import run_cycle  # noqa: E402
 from kai_es.scheduling.packing import load_packer  # noqa: E402

@@ -1,4 +1,10 @@
-"""The only place that chooses adapters: log URLs to EventLog implementations, and the packer."""
+"""The composition root: the only package that chooses adapters and wires them to services.
+
+`kai_es.app` (this module): log URLs to EventLog implementations, the packer, GC settings for
+long folds. `kai_es.app.processes`: every long-running process (scheduler, informer, binder,
+simulated cluster). `kai_es.app.simulation`: the discrete-event simulation driver. Services and
+adapters import only `kai_es.ports` and the core, never each other (import-linter contracts in
+pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -10,27 +16,31 @@ from pathlib import Path
 
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.memory_log import MemoryEventLog
-from kai_es.ports import EventLog
+from kai_es.ports import EventLog, SetupError
 from kai_es.scheduling.packing import Packer, load_packer
 
 PACKER_ENV_VAR = "KAI_ES_PACKER"
 
 
-class LogUrlError(ValueError):
+class LogUrlError(SetupError):
     """A log location that cannot be opened; the message says why."""
 
 
-def open_log(url: str, *, readonly: bool = False, fresh: bool = False) -> EventLog:
+def open_log(url: str, *, readonly: bool = False, fresh: bool = False,
+             writer: str | None = None) -> EventLog:
     """An EventLog for `url`: `kafka://host:port/topic`, `memory:`, or a file path.
 
-    `fresh=True` starts an empty log (a file is truncated); `readonly=True` never writes.
+    `fresh=True` starts an empty log (a file is truncated); `readonly=True` never writes;
+    `writer` names the writing role (on Kafka its transactional id, unless the URL gives
+    ``?transactional_id=``).
     """
     if url.startswith("kafka://"):
         try:
-            from kai_es.adapters.kafka_log import KafkaEventLog  # noqa: PLC0415 - optional backend
+            from kai_es.adapters.kafka_log import KafkaEventLog, parse_url  # noqa: PLC0415 - optional backend
         except ImportError as exc:
             raise LogUrlError(f"{url}: the Kafka log is not available in this build ({exc})") from None
-        return KafkaEventLog.from_url(url, create=False if readonly else None)
+        txn = None if readonly else (parse_url(url).transactional_id or writer)
+        return KafkaEventLog.from_url(url, transactional_id=txn, create=False if readonly else None)
     if url == "memory:":
         return MemoryEventLog()
     path = Path(url)

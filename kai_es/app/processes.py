@@ -1,0 +1,458 @@
+"""The long-running processes, each built here and nowhere else: the scheduler, the Kubernetes
+informer and binder, and the simulated cluster (simulated Kubernetes + informer + binder in one
+process). Every process writes to one shared log (file or Kafka).
+
+Time. Every process uses `FlowClock`: wall time, optionally scaled (``--time-scale 60``: one
+real second is one simulated minute), anchored at start to max(wall clock, the log's last
+logical time), and moved forward (never back) whenever the process reads a later logical time
+from the log — a Lamport clock. So logical time never goes below the log's, survives restarts,
+and the processes' clocks converge to the fastest one. The informer does not otherwise read
+the log: it follows it only to observe its times.
+
+Writers. Before reading, every writing process claims its writer role on the log
+(`EventLog.claim_writer`: on Kafka, InitProducerId with the role's transactional id, which fences
+an older instance and settles a transaction of ours in flight).
+
+The simulated cluster after a restart. It lives in its process, so a restart loses it; it is
+REBUILT from the log (`rebuild_cluster`): the scenario is re-anchored at t0 = the logical time
+of the informer's first ResyncStarted (the cluster's birth), then every outcome the binder
+recorded is re-applied at its own logical time (advance the cluster to it, bind/evict). The
+simulated cluster is deterministic given the times of its binds and evictions, and the live
+loop performs every bind at exactly the logical time its outcome records, so the rebuilt
+cluster equals the lost one except for binds whose outcomes never reached the log — those are
+performed again. Then the informer relists (resync), which removes pods that finished while
+nobody was watching.
+
+Errors. Any error other than fencing ends the "session": the process claims its writer role
+again, re-reads the log and continues (the simulated cluster is rebuilt). A FencedError stops
+the process (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from kai_es.adapters.clock import FlowClock, FrozenClock
+from kai_es.adapters.file_snapshots import FileBlobStore, FileSnapshotStore
+from kai_es.adapters.ids import RandomIds
+from kai_es.app import bulk_fold, freeze_long_lived, open_log
+from kai_es.events import Record
+from kai_es.events import payloads as p
+from kai_es.ports import ActionOutcome, BlobStore, EventLog, SetupError, SnapshotStore
+from kai_es.scenario import Scenario
+from kai_es.scheduling.config import SchedulerConfig
+from kai_es.scheduling.packing import Packer
+from kai_es.services.binder import SOURCE as BINDER_SOURCE
+from kai_es.services.binder import BinderService
+from kai_es.services.informer import SOURCE as INFORMER_SOURCE
+from kai_es.services.informer import InformerService
+from kai_es.services.scheduler import SchedulerService
+from kai_es.sim.cluster import SimCluster
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_TXN_ID = "kai-es-scheduler"
+BINDER_TXN_ID = "kai-es-binder"
+INFORMER_TXN_ID = "kai-es-informer"
+#: binds and evictions the Kubernetes binder has in flight at once
+KUBE_BINDER_CONCURRENCY = 32
+Ready = Callable[[str], None]
+
+
+# -- shared ---------------------------------------------------------------------------------------
+
+
+def is_kafka_url(url: str) -> bool:
+    return url.startswith("kafka://")
+
+
+def snapshot_store(url: str, events: EventLog) -> SnapshotStore | None:
+    """Where the scheduler keeps snapshots for the log at `url` (None: a memory log)."""
+    if is_kafka_url(url):
+        from kai_es.adapters.kafka_snapshots import KafkaSnapshotStore  # noqa: PLC0415
+
+        return KafkaSnapshotStore.for_log(events)
+    if url == "memory:":
+        return None
+    return FileSnapshotStore.for_log(url)
+
+
+def progress_store(url: str, events: EventLog) -> BlobStore | None:
+    """Where the binder keeps its progress for the log at `url` (None: a memory log)."""
+    if is_kafka_url(url):
+        from kai_es.adapters.kafka_snapshots import KafkaBlobStore  # noqa: PLC0415
+
+        return KafkaBlobStore.for_log(events, key="binder")
+    if url == "memory:":
+        return None
+    return FileBlobStore.for_log(url, suffix="binder-progress")
+
+
+async def read_all(events: EventLog, from_position: int = 0) -> list[Record]:
+    return [r async for r in events.read(from_position)]
+
+
+async def last_logicaltime(events: EventLog, *, tail: int = 4096) -> int:
+    """The largest logical time among the log's last records (0 for an empty log): positions
+    are not dense, so this reads from `tail` positions before the end."""
+    end = await events.end_position()
+    latest = 0
+    async for record in events.read(max(0, end - tail)):
+        latest = max(latest, record.envelope.logicaltime)
+    return latest
+
+
+def fenced_error_types() -> tuple[type[BaseException], ...]:
+    try:
+        from kai_es.adapters.kafka_log import FencedError  # noqa: PLC0415
+    except ImportError:  # pragma: no cover
+        return ()
+    return (FencedError,)
+
+
+async def supervise(name: str, session: Callable[[], Awaitable[None]], *,
+                    max_failures: int = 60, backoff_s: float = 0.5) -> None:
+    """Run `session` again after any error but fencing and `SetupError` (which propagate)."""
+    fenced = fenced_error_types()
+    failures = 0
+    while True:
+        started = time.monotonic()
+        try:
+            await session()
+            return
+        except fenced:
+            raise
+        except SetupError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the supervisor's whole point
+            if time.monotonic() - started > 30:
+                failures = 0
+            failures += 1
+            if failures > max_failures:
+                raise
+            log.warning("%s: %s: %s; starting again in %.1f s (attempt %d)", name,
+                        type(exc).__name__, exc, backoff_s, failures)
+            await anyio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 1.5, 3.0)
+
+
+async def _with_log(url: str, writer: str, body: Callable[[EventLog], Awaitable[None]]) -> None:
+    """Open the log at `url` as `writer`, claim the role, run `body`, always close."""
+    events = open_log(url, writer=writer)
+    try:
+        await events.claim_writer()
+        await body(events)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await events.close()
+
+
+# -- the scheduler --------------------------------------------------------------------------------
+
+
+async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, time_scale: float = 1.0,
+                        period_s: float = 1.0, snapshot_every: int = 0, cycles: int | None = None,
+                        writer: str = SCHEDULER_TXN_ID, on_ready: Ready | None = None) -> None:
+    """`kai-es scheduler`: fold the log (from a valid snapshot), then `SchedulerService.run`."""
+    clock = FlowClock(time_scale)
+
+    async def session() -> None:
+        async def body(events: EventLog) -> None:
+            store = snapshot_store(url, events) if snapshot_every > 0 else None
+            try:
+                t = time.monotonic()
+                sched = SchedulerService(events, config, packer, clock, RandomIds(), snapshots=store,
+                                         snapshot_every=snapshot_every)
+                with bulk_fold():
+                    await sched.restore_snapshot()
+                    restored = sched.snapshot_restored
+                    await sched.catch_up()
+                clock.observe(sched.state.logicaltime)
+                await sched.start()
+                freeze_long_lived()
+                if on_ready is not None:
+                    src = f"snapshot at {restored} + tail" if restored is not None else "full fold"
+                    on_ready(f"scheduler ready in {time.monotonic() - t:.2f} s ({src}): position "
+                             f"{sched.state.position}, {sched.state.records} records, cycle "
+                             f"{sched.state.cycle}")
+                await sched.run(int(period_s * time_scale * 1e9),
+                                cycles=None if cycles is None else sched.cycles_run + cycles)
+            finally:
+                if store is not None:
+                    with anyio.CancelScope(shield=True):
+                        await store.close()
+
+        await _with_log(url, writer, body)
+
+    await supervise("scheduler", session)
+
+
+# -- the Kubernetes informer and binder ------------------------------------------------------------
+
+
+async def _follow_times(events: EventLog, clock: FlowClock) -> None:
+    """Observe every logical time appended to the log from now on."""
+    async for record in events.read(await events.end_position(), follow=True):
+        clock.observe(record.envelope.logicaltime)
+
+
+async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORMER_TXN_ID,
+                       on_ready: Ready | None = None) -> None:
+    """`kai-es informer`: list + watch the cluster (`KubernetesSource`), append what changed."""
+    from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
+    from kai_es.adapters.kubernetes.source import KubernetesSource  # noqa: PLC0415
+
+    clock = FlowClock(1.0)
+
+    async def session() -> None:
+        async def body(events: EventLog) -> None:
+            clock.observe(await last_logicaltime(events))
+            async with await api_client(kubeconfig) as api:
+                informer = InformerService(events, KubernetesSource(api), clock, RandomIds())
+                t = time.monotonic()
+                appended = await informer.resync()
+                if on_ready is not None:
+                    on_ready(f"informer ready in {time.monotonic() - t:.2f} s: relisted "
+                             f"{appended} events")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_follow_times, open_log(url, readonly=True), clock)
+                    await informer.follow()
+                    tg.cancel_scope.cancel()
+
+        await _with_log(url, writer, body)
+
+    await supervise("informer", session)
+
+
+async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_TXN_ID,
+                     poll_s: float = 0.05, concurrency: int = KUBE_BINDER_CONCURRENCY,
+                     on_ready: Ready | None = None) -> None:
+    """`kai-es binder --kubeconfig`: perform the log's decisions through the Kubernetes API
+    (`KubernetesActuator`), append their outcomes, keep its progress durably."""
+    from kai_es.adapters.kubernetes.actuator import KubernetesActuator  # noqa: PLC0415
+    from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
+
+    clock = FlowClock(1.0)
+
+    async def session() -> None:
+        async def body(events: EventLog) -> None:
+            store = progress_store(url, events)
+            try:
+                clock.observe(await last_logicaltime(events))
+                async with await api_client(kubeconfig) as api:
+                    binder = BinderService(events, KubernetesActuator(api), clock,
+                                           concurrency=concurrency, progress=store)
+                    t = time.monotonic()
+                    await binder.restore()
+                    await binder.poll()
+                    if on_ready is not None:
+                        start = (f"saved progress, from position {binder.resumed_from}"
+                                 if binder.resumed_from is not None else "the log's start")
+                        on_ready(f"binder ready in {time.monotonic() - t:.2f} s ({start}): "
+                                 f"{len(binder.pending)} decisions to perform")
+                    while True:
+                        await binder.step()
+                        if binder.pending:
+                            continue
+                        await anyio.sleep(poll_s)
+            finally:
+                if store is not None:
+                    with anyio.CancelScope(shield=True):
+                        await store.close()
+
+        await _with_log(url, writer, body)
+
+    await supervise("binder", session)
+
+
+# -- the simulated cluster (simulated Kubernetes + informer + binder) --------------------------------
+
+
+class CountingActuator:
+    """The SimCluster as the binder's actuator, counting what a double bind would look like."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+        self.binds = 0
+        self.already = 0
+        self.refused_other_node = 0
+        self.failed = 0
+        self.evictions = 0
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   gpu_devices: Any, gpu_groups: Any) -> ActionOutcome:
+        out = await self.cluster.bind(namespace, name, uid, node, gpu_devices, gpu_groups)
+        if out.ok and out.already:
+            self.already += 1
+        elif out.ok:
+            self.binds += 1
+        else:
+            self.failed += 1
+            if "already bound" in out.message:
+                self.refused_other_node += 1
+        return out
+
+    async def evict(self, namespace: str, name: str, uid: str) -> ActionOutcome:
+        self.evictions += 1
+        return await self.cluster.evict(namespace, name, uid)
+
+    def stats(self) -> dict[str, int]:
+        return {"binds": self.binds, "already": self.already, "failed": self.failed,
+                "refusedOtherNode": self.refused_other_node, "evictions": self.evictions}
+
+
+def cluster_birth(records: list[Record]) -> int | None:
+    """Logical time of the simulated cluster's first relist (None: it never started)."""
+    for record in records:
+        env = record.envelope
+        if env.source == INFORMER_SOURCE and isinstance(env.data, p.ResyncStarted):
+            return env.logicaltime
+    return None
+
+
+async def rebuild_cluster(scenario: Scenario, records: list[Record], t0: int) -> tuple[SimCluster, int]:
+    """The simulated cluster as the binder's recorded outcomes left it (see module docstring).
+    Returns it and how many recorded binds were re-applied."""
+    cluster = SimCluster(replace(scenario, start_ns=t0), t0)
+    groups: dict[str, list[str]] = {}  # PodBound does not repeat the decision's GPU groups
+    applied = 0
+    for record in records:
+        env = record.envelope
+        data = env.data
+        if isinstance(data, p.BindingDecided):
+            if data.gpu_groups:
+                groups[env.id] = list(data.gpu_groups)
+            continue
+        if env.source != BINDER_SOURCE:
+            continue
+        if isinstance(data, p.PodBound):
+            cluster.advance(max(env.logicaltime, cluster.now_ns))
+            out = await cluster.bind(data.namespace, data.name, data.uid, data.node,
+                                     data.gpu_devices, groups.get(data.decision_id, []))
+            if not out.ok or out.already:
+                log.warning("rebuilding the cluster: recorded bind of %s/%s to %s at position %d "
+                            "does not re-apply: %s", data.namespace, data.name, data.node,
+                            record.position, out.message or "already bound")
+            applied += 1
+        elif isinstance(data, p.PodEvicted):
+            cluster.advance(max(env.logicaltime, cluster.now_ns))
+            await cluster.evict(data.namespace, data.name, data.uid)
+    cluster.drain_changes()
+    return cluster, applied
+
+
+class StatsFile:
+    def __init__(self, path: str | None) -> None:
+        self.path = Path(path) if path else None
+        self._last: dict[str, Any] | None = None
+
+    def write(self, stats: dict[str, Any]) -> None:
+        if self.path is None or stats == self._last:
+            return
+        self._last = dict(stats)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(stats, sort_keys=True) + "\n")
+
+
+async def sim_cluster_session(events: EventLog, scenario: Scenario, clock: FlowClock, *,
+                              poll_s: float = 0.05, stats: StatsFile | None = None,
+                              on_ready: Ready | None = None) -> None:
+    """One session of the simulated cluster over a claimed log (see the module docstring)."""
+    t_start = time.monotonic()
+    records = await read_all(events)
+    if records:
+        clock.observe(max(r.envelope.logicaltime for r in records))
+    t0 = cluster_birth(records)
+    fresh = t0 is None
+    if t0 is None:
+        t0 = clock.now_ns()
+    cluster, reapplied = await rebuild_cluster(scenario, records, t0)
+    actuator = CountingActuator(cluster)
+    frozen = FrozenClock(clock.now_ns())
+    binder = BinderService(events, actuator, frozen)
+    for record in records:
+        binder.observe(record)
+    del records
+    now = clock.now_ns()
+    frozen.ns = now
+    cluster.advance(now)
+    cluster.drain_changes()
+    informer = InformerService(events, cluster, frozen, RandomIds())
+    await informer.resync()
+    if on_ready is not None:
+        on_ready(f"binder ready in {time.monotonic() - t_start:.2f} s: "
+                 f"{'new simulated cluster' if fresh else f'cluster rebuilt ({reapplied} binds re-applied)'}"
+                 f", {len(cluster.pods)} pods, {len(binder.pending)} decisions to perform")
+    pid = os.getpid()
+
+    def record_stats() -> None:
+        if stats is not None:
+            stats.write({"pid": pid, **actuator.stats(), "performed": binder.performed})
+
+    while True:
+        now = clock.now_ns()
+        frozen.ns = now
+        cluster.advance(now)
+        await informer.pump(cluster.drain_changes())
+        await binder.poll()
+        if binder.pending:
+            clock.observe(max(r.envelope.logicaltime for r in binder.pending.values()))
+            now = clock.now_ns()
+            frozen.ns = now
+            cluster.advance(now)
+            await informer.pump(cluster.drain_changes())
+            await binder.perform_batch()
+            await informer.pump(cluster.drain_changes())
+            record_stats()
+        nxt = cluster.next_event_ns()
+        delay = poll_s
+        if nxt is not None:
+            delay = min(delay, clock.wall_seconds(nxt - clock.now_ns()))
+        await anyio.sleep(max(delay, 0.005))
+
+
+async def run_sim_cluster(url: str, scenario: Scenario, *, time_scale: float = 1.0,
+                          poll_s: float = 0.05, stats_path: str | None = None,
+                          writer: str = BINDER_TXN_ID, on_ready: Ready | None = None) -> None:
+    """`kai-es binder --scenario`: the simulated cluster, its informer and the binder."""
+    clock = FlowClock(time_scale)
+    stats = StatsFile(stats_path)
+
+    async def session() -> None:
+        async def body(events: EventLog) -> None:
+            await sim_cluster_session(events, scenario, clock, poll_s=poll_s, stats=stats,
+                                      on_ready=on_ready)
+
+        await _with_log(url, writer, body)
+
+    await supervise("binder", session)
+
+
+def describe_dead_letters(dead_letters: list[Any]) -> list[str]:
+    """One line per record a reader skipped (`KafkaEventLog.dead_letters`)."""
+    return [f"dead-lettered: offset {d.offset} ({d.reason})" for d in dead_letters]
+
+
+def dead_letter_report(url: str) -> str:
+    """Read the whole log at `url` and name every record that was skipped as undecodable."""
+    events = open_log(url, readonly=True)
+
+    async def go() -> None:
+        try:
+            async for _ in events.read(0):
+                pass
+        finally:
+            await events.close()
+
+    anyio.run(go)
+    lines = describe_dead_letters(list(getattr(events, "dead_letters", [])))
+    return "\n".join(lines) if lines else "no dead letters"

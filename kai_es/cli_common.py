@@ -1,0 +1,112 @@
+"""What every `kai-es` command shares: one-line user errors (exit 2), warnings, the consoles,
+the packer option. Text from the user's files is never read as rich markup, and control
+characters are escaped, so a name cannot forge lines or styles."""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from kai_es.adapters.file_log import CorruptLogError
+from kai_es.app import packer_from_env
+from kai_es.events import DecodeError
+from kai_es.ports import SetupError
+from kai_es.scenario import ScenarioError
+from kai_es.scheduling.config import ConfigError, SchedulerConfig
+from kai_es.scheduling.packing import NativePackerUnavailable, Packer
+from kai_es.scheduling.policy import policy_for
+
+F = TypeVar("F", bound=Callable[..., Any])
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        text = " ".join(part.strip() for part in self.message.splitlines() if part.strip())
+        err.print(f"[bold red]error:[/] {escape(one_line(text))}", highlight=False)
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (never markup)."""
+    err.print(f"[bold yellow]warning:[/] {escape(one_line(message))}", highlight=False)
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters (newlines included) escaped: one line, nothing forged."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escape_char(c) for c in text)
+
+
+def _escape_char(c: str) -> str:
+    code = ord(c)
+    if c in "\n\r\t":
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c]
+    if unicodedata.category(c).startswith("C") or unicodedata.category(c) in ("Zl", "Zp"):
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return c
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for an OSError: the file it was about and why."""
+    what = exc.strerror or str(exc)
+    names = [n for n in (exc.filename, exc.filename2) if n is not None]
+    return f"{' -> '.join(str(n) for n in names)}: {what}" if names else what
+
+
+def friendly(fn: F) -> F:
+    """Turn expected failures into one-line messages (exit 2)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        expected: tuple[type[Exception], ...] = (
+            ScenarioError, ConfigError, CorruptLogError, DecodeError, SetupError,
+            NativePackerUnavailable, *_backend_errors())
+        try:
+            return fn(*args, **kwargs)
+        except expected as exc:
+            raise UserError(str(exc)) from None
+        except OSError as exc:  # no permission, a full disk, a directory for a file, ...
+            raise UserError(os_error_line(exc)) from None
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper  # type: ignore[return-value]
+
+
+def _backend_errors() -> tuple[type[Exception], ...]:
+    try:
+        from kai_es.adapters.kafka_log import FencedError, KafkaLogError
+    except ImportError:  # pragma: no cover - aiokafka is a dependency
+        return ()
+    return (FencedError, KafkaLogError)
+
+
+def choose_packer(kind: str | None) -> Packer:
+    try:
+        return packer_from_env(kind)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+packer_option = click.option("--packer", type=click.Choice(["native", "reference"]), default=None,
+                             help="GPU packer engine (default: native C; env KAI_ES_PACKER).")
+
+
+def warn_unimplemented(config: SchedulerConfig) -> None:
+    """One warning line when the config lists actions that its policy version accepts but does
+    not run (kai-es/v1 accepts the names of actions it never implemented; later versions refuse
+    them when the config is parsed). Also used by `kai-es scheduler`."""
+    runs = policy_for(config.policy_version).actions
+    idle = [a for a in config.actions if a not in runs]
+    if idle:
+        warn(f"the scheduler config lists actions that do not run: {', '.join(idle)} "
+             f"(policy {config.policy_version} runs only {', '.join(sorted(runs))})")
