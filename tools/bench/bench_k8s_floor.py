@@ -60,8 +60,9 @@ def _control_plane_cpu(cp: Any) -> dict[str, float]:
             "kwok": _cpu_seconds(cp.kwok.pid)}
 
 
-def _pod(name: str, ns: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+def _pod(name: str, ns: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": dict(labels or {})},
             "spec": {"schedulerName": "kai-scheduler", "containers": [{
                 "name": "main", "image": "example.invalid/x:1",
                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": "1"},
@@ -99,8 +100,11 @@ async def _watch_running(api: client.ApiClient, ns: str, total: int, rv: str,
             resp.close()
 
 
-async def _run(cp: Any, nodes: list[str], n_pods: int, concurrency: int) -> dict[str, float]:
-    ns = f"bench-{os.getpid()}"
+async def _run(cp: Any, nodes: list[str], n_pods: int, concurrency: int, *, bind: bool = True,
+               labels: dict[str, str] | None = None, ns: str | None = None) -> dict[str, float]:
+    """Create `n_pods` pods (`labels`), bound round-robin to `nodes` right after creation when
+    `bind` (the floor), else left to a scheduler; time until all are Running."""
+    ns = ns or f"bench-{os.getpid()}"
     cp.create_namespace(ns)
     api = await api_client(cp.kubeconfig)
     watch_api = await api_client(cp.kubeconfig)
@@ -122,10 +126,12 @@ async def _run(cp: Any, nodes: list[str], n_pods: int, concurrency: int) -> dict
                 except asyncio.QueueEmpty:
                     return
                 name = f"p-{i}"
-                r = await core.create_namespaced_pod(ns, _pod(name, ns), _preload_content=False)
+                r = await core.create_namespaced_pod(ns, _pod(name, ns, labels), _preload_content=False)
                 pod = json.loads(await r.read())
                 if r.status != 201:
                     errors.append(f"create {name}: {r.status}")
+                    continue
+                if not bind:
                     continue
                 body = {"apiVersion": "v1", "kind": "Binding",
                         "metadata": {"name": name, "namespace": ns, "uid": pod["metadata"]["uid"]},
