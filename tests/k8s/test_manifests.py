@@ -1,0 +1,114 @@
+"""KAI-style manifests applied to a real apiserver end up bound exactly as `kai-es cycle`
+predicts for the same file: `kai-es informer`, `kai-es scheduler` and `kai-es binder` run as
+processes over a file log, on a control plane of the test's own (no other test's nodes, queues
+or pods can change a fair share or a placement).
+
+The manifests are applied before the processes start, so the scheduler's first cycle sees what
+`kai-es cycle` sees: the informer's first relist is one atomic append.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kai_es.ingest.quantity import parse_quantity
+from tests.k8s.conftest import cp_mod, load_crds
+from tests.processes import ROOT, Proc
+
+MANIFESTS = Path(__file__).resolve().parent / "manifests" / "kai-style.yaml"
+
+
+@pytest.fixture(scope="module")
+def own_cp() -> Iterator[Any]:
+    cp = cp_mod.ControlPlane()
+    try:
+        cp.start(timeout_s=120)
+        cp.install_crds(load_crds())
+    except cp_mod.ControlPlaneError as e:
+        tails = cp.log_tails()
+        cp.close()
+        pytest.fail(f"could not start a Kubernetes test control plane: {e}\n{tails}", pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.close()
+
+
+def apply(cp: Any, doc: dict[str, Any]) -> None:
+    """What `kubectl apply` would create for `doc` (a Node becomes a KWOK node with its
+    allocatable as capacity)."""
+    kind, meta = doc["kind"], doc["metadata"]
+    if kind == "Node":
+        alloc = doc["status"]["allocatable"]
+        labels = dict(meta.get("labels") or {})
+        cp.create_gpu_node(meta["name"], gpus=int(alloc.get("nvidia.com/gpu", 0)),
+                           gpu_product=labels.pop("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+                           gpu_memory_mib=int(labels.pop("nvidia.com/gpu.memory", "81920")),
+                           cpu=str(alloc["cpu"]), memory=str(alloc["memory"]),
+                           pods=int(alloc.get("pods", 110)), labels=labels)
+    elif kind == "Queue":
+        cp.call("POST", "/apis/scheduling.run.ai/v2/queues", doc, ok=(201,))
+    elif kind == "PodGroup":
+        ns = meta.get("namespace", "default")
+        cp.call("POST", f"/apis/scheduling.run.ai/v2alpha2/namespaces/{ns}/podgroups", doc, ok=(201,))
+    elif kind == "Pod":
+        ns = meta.get("namespace", "default")
+        cp.call("POST", f"/api/v1/namespaces/{ns}/pods", doc, ok=(201,))
+    else:
+        raise AssertionError(f"the test does not apply {kind}")
+
+
+def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(MANIFESTS.read_text()) if d and d["kind"] != "Scenario"]
+    predicted = json.loads(subprocess.run(
+        [sys.executable, "-m", "kai_es", "cycle", str(MANIFESTS), "-o", "json"], cwd=ROOT,
+        capture_output=True, text=True, check=True, timeout=120).stdout)["pods"]
+    assert {s["status"] for s in predicted.values()} == {"Binding", "Pending"}  # both kinds tested
+
+    for doc in docs:
+        apply(own_cp, doc)
+    log = tmp_path / "events.jsonl"
+    kube = ["--kubeconfig", str(own_cp.kubeconfig)]
+    procs = [Proc("informer", ["informer", "--log", str(log), *kube], tmp_path),
+             Proc("scheduler", ["scheduler", "--log", str(log), "--period", "100ms"], tmp_path),
+             Proc("binder", ["binder", "--log", str(log), *kube], tmp_path)]
+    try:
+        for proc in procs:
+            proc.start()
+            proc.wait_ready(proc.name)
+        to_bind = {key for key, s in predicted.items() if s["status"] == "Binding"}
+        deadline = time.monotonic() + 60
+        while True:
+            pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p
+                    for p in own_cp.call("GET", "/api/v1/pods")["items"]}
+            if all(pods[k].get("status", {}).get("phase") == "Running" for k in to_bind):
+                break
+            assert time.monotonic() < deadline, {k: pods[k].get("status", {}).get("phase") for k in to_bind}
+            time.sleep(0.2)
+        time.sleep(1.0)  # a few more cycles: nothing else may be bound
+        pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p
+                for p in own_cp.call("GET", "/api/v1/pods")["items"]}
+    finally:
+        for proc in procs:
+            proc.kill9()
+    got = {key: pod["spec"].get("nodeName") for key, pod in pods.items()}
+    assert got == {key: s["node"] for key, s in predicted.items()}
+    # the whole GPU each node's bound pods ask for never exceeds its capacity
+    for node in {n for n in got.values() if n}:
+        asked = sum(parse_quantity(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", "0"))
+                    for p in pods.values() if p["spec"].get("nodeName") == node
+                    for c in p["spec"]["containers"])
+        capacity = own_cp.call("GET", f"/api/v1/nodes/{node}")["status"]["capacity"]["nvidia.com/gpu"]
+        assert asked <= parse_quantity(capacity)
+    run = subprocess.run([sys.executable, "-m", "kai_es", "replay", str(log)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
