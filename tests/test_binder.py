@@ -238,3 +238,101 @@ async def test_evicting_a_pod_that_is_already_gone_changes_nothing() -> None:
     assert await binder.step() == 1
     assert cluster.drain_changes() == [] and cluster.evictions == 0
     assert cluster.node_use["n"].devices[0] != 0  # the running pod keeps its GPU
+
+
+class _MemoryBlobs:
+    """A BlobStore in memory (the file and Kafka ones are tested with their logs)."""
+
+    def __init__(self, blob: bytes | None = None) -> None:
+        self.blob = blob
+        self.saves = 0
+
+    async def save_blob(self, blob: bytes) -> None:
+        self.blob = blob
+        self.saves += 1
+
+    async def load_blob(self) -> bytes | None:
+        return self.blob
+
+    async def close(self) -> None:
+        return None
+
+
+class _CountingLog(MemoryEventLog):
+    """Counts the records read, to show where a restarted binder starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records_read = 0
+
+    async def read(self, from_position: int = 0, *, follow: bool = False):  # type: ignore[no-untyped-def,override]
+        async for record in super().read(from_position, follow=follow):
+            self.records_read += 1
+            yield record
+
+
+async def test_a_restarted_binder_resumes_from_its_saved_progress_not_from_zero() -> None:
+    log = _CountingLog()
+    noise = [make_envelope(p.ResyncStarted(kind="Pod"), event_id=f"n-{i}", source="t", subject="resync/pod",
+                           logicaltime=1) for i in range(200)]
+    await log.append(noise)  # type: ignore[arg-type]
+    actuator, store = _RefusingActuator(), _MemoryBlobs()
+    for i in range(2):
+        await log.append([_bind_decision(f"d-{i}")])
+    first = BinderService(log, actuator, SimClock(0), progress=store)  # type: ignore[arg-type]
+    assert await first.step() == 2 and store.saves == 1
+    await log.append([_bind_decision("d-2")])
+    log.records_read = 0
+    second = BinderService(log, actuator, SimClock(0), progress=store)  # type: ignore[arg-type]
+    await second.restore()
+    # past the noise and the decisions; the first binder saved before reading its own outcomes back
+    assert second.resumed_from == 202
+    assert await second.step() == 1
+    assert log.records_read == 3  # those two outcomes and the new decision, not 205 records
+    await second.poll()
+    failed = [r.envelope.data for r in await _records(log) if isinstance(r.envelope.data, p.PodBindFailed)]
+    assert [f.decision_id for f in failed] == ["d-0", "d-1", "d-2"] and second.bind_failures == {"uid-a": 3}
+
+
+async def test_progress_counts_failures_once_when_resuming_before_a_pending_decision() -> None:
+    """A saved progress whose resume point is before a decision still in flight re-reads the
+    outcomes after it without counting their failures twice."""
+    log = MemoryEventLog()
+    actuator, store = _RefusingActuator(), _MemoryBlobs()
+    await log.append([_bind_decision("d-0")])
+    binder = BinderService(log, actuator, SimClock(0), progress=store)  # type: ignore[arg-type]
+    await binder.step()
+    await log.append([_bind_decision("d-1")])
+    await binder.poll()
+    await binder.save_progress()  # d-1 is read but not performed: the resume point is d-1
+    restarted = BinderService(log, actuator, SimClock(0), progress=store)  # type: ignore[arg-type]
+    await restarted.restore()
+    assert restarted.resumed_from == 2 and restarted.bind_failures == {"uid-a": 1}
+    assert await restarted.step() == 1
+    await restarted.poll()
+    assert restarted.bind_failures == {"uid-a": 2}
+
+
+async def test_a_saved_progress_that_does_not_fit_the_log_is_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    for blob, why in ((b'{"format":1,"position":99,"resumefrom":90,"bindfailures":{}}', "does not fit"),
+                      (b"not json", "unreadable")):
+        log = MemoryEventLog()
+        await log.append([_bind_decision("d-0")])
+        binder = BinderService(log, _RefusingActuator(), SimClock(0), progress=_MemoryBlobs(blob))  # type: ignore[arg-type]
+        with caplog.at_level(logging.WARNING, logger="kai_es.services.binder"):
+            await binder.restore()
+        assert binder.resumed_from is None and why in caplog.text
+        assert await binder.step() == 1  # read from 0: the decision is performed
+
+
+async def test_the_binder_remembers_a_bounded_window_of_done_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kai_es.services.binder as binder_module
+
+    monkeypatch.setattr(binder_module, "DONE_WINDOW", 3)
+    log = MemoryEventLog()
+    for i in range(10):
+        await log.append([_bind_decision(f"d-{i}")])
+    binder = BinderService(log, _RefusingActuator(), SimClock(0))  # type: ignore[arg-type]
+    assert await binder.step() == 10
+    await binder.poll()  # reads its own outcomes back
+    assert list(binder.done) == ["d-7", "d-8", "d-9"] and not binder.pending
