@@ -13,6 +13,10 @@ control plane's components and each kai-es process. Asserts nothing.
 
     python3 tools/bench/bench_k8s_e2e.py                          # 50 nodes, 400 pods
     python3 tools/bench/bench_k8s_e2e.py --nodes 500 --pods 4000    # the issue's size
+    python3 tools/bench/bench_k8s_e2e.py --gang 512                  # one 512-pod gang, a node each
+
+With `--gang N`: N nodes and N pods, each asking a whole node's GPUs, all of one PodGroup with
+minMember N (the floor binds them one per node).
 """
 
 from __future__ import annotations
@@ -82,7 +86,12 @@ def main() -> int:
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=50)
     ap.add_argument("--period", default="100ms", help="kai-es scheduler --period")
+    ap.add_argument("--gang", type=int, default=0, help="one gang of this many pods, a node each")
     args = ap.parse_args()
+    gpus, annotations = 1, None
+    if args.gang:
+        args.nodes = args.pods = args.gang
+        gpus, annotations = args.gpus_per_node, {"pod-group-name": "gang"}
     cpm = floor._load_controlplane()
     crds = [yaml.safe_load(p.read_text()) for p in sorted((REPO / "deploy" / "crds").glob("*.yaml"))]
     with cpm.ControlPlane() as cp, tempfile.TemporaryDirectory() as tmp:
@@ -92,7 +101,8 @@ def main() -> int:
         _nodes(cp, "kai", args.nodes, args.gpus_per_node, "kai-es")
         print(f"2 x {args.nodes} KWOK nodes Ready")
 
-        base = asyncio.run(floor._run(cp, floor_nodes, args.pods, args.concurrency, ns="floor"))
+        base = asyncio.run(floor._run(cp, floor_nodes, args.pods, args.concurrency, ns="floor",
+                                      gpus=gpus))
         print(f"floor:  all {args.pods} Running {base['all_running_s']:.1f}s after the first create")
 
         log = Path(tmp) / "events.jsonl"
@@ -108,10 +118,17 @@ def main() -> int:
                 procs[word] = _start(argv, err)
                 _wait_ready(procs[word], err, word)
             _queue(cp, "bench")
+            cp.create_namespace("kai-es")
+            if args.gang:
+                cp.call("POST", "/apis/scheduling.run.ai/v2alpha2/namespaces/kai-es/podgroups",
+                        {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+                         "metadata": {"name": "gang", "namespace": "kai-es"},
+                         "spec": {"queue": "bench", "minMember": args.gang}})
             time.sleep(1.0)
             cpu0 = {w: floor._cpu_seconds(pr.pid) for w, pr in procs.items()}
             ours = asyncio.run(floor._run(cp, [], args.pods, args.concurrency, bind=False, ns="kai-es",
-                                          labels={POOL: "kai-es", "kai.scheduler/queue": "bench"}))
+                                          labels={POOL: "kai-es", "kai.scheduler/queue": "bench"},
+                                          annotations=annotations, gpus=gpus))
             cpu1 = {w: floor._cpu_seconds(pr.pid) for w, pr in procs.items()}
         finally:
             for pr in procs.values():

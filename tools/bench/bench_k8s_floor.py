@@ -60,13 +60,15 @@ def _control_plane_cpu(cp: Any) -> dict[str, float]:
             "kwok": _cpu_seconds(cp.kwok.pid)}
 
 
-def _pod(name: str, ns: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+def _pod(name: str, ns: str, labels: dict[str, str] | None = None,
+         annotations: dict[str, str] | None = None, gpus: int = 1) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": dict(labels or {})},
+            "metadata": {"name": name, "namespace": ns, "labels": dict(labels or {}),
+                         "annotations": dict(annotations or {})},
             "spec": {"schedulerName": "kai-scheduler", "containers": [{
                 "name": "main", "image": "example.invalid/x:1",
-                "resources": {"requests": {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": "1"},
-                              "limits": {"nvidia.com/gpu": "1"}}}]}}  # fmt: skip
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi", "nvidia.com/gpu": str(gpus)},
+                              "limits": {"nvidia.com/gpu": str(gpus)}}}]}}  # fmt: skip
 
 
 async def _watch_running(api: client.ApiClient, ns: str, total: int, rv: str,
@@ -101,7 +103,8 @@ async def _watch_running(api: client.ApiClient, ns: str, total: int, rv: str,
 
 
 async def _run(cp: Any, nodes: list[str], n_pods: int, concurrency: int, *, bind: bool = True,
-               labels: dict[str, str] | None = None, ns: str | None = None) -> dict[str, float]:
+               labels: dict[str, str] | None = None, ns: str | None = None,
+               annotations: dict[str, str] | None = None, gpus: int = 1) -> dict[str, float]:
     """Create `n_pods` pods (`labels`), bound round-robin to `nodes` right after creation when
     `bind` (the floor), else left to a scheduler; time until all are Running."""
     ns = ns or f"bench-{os.getpid()}"
@@ -126,7 +129,8 @@ async def _run(cp: Any, nodes: list[str], n_pods: int, concurrency: int, *, bind
                 except asyncio.QueueEmpty:
                     return
                 name = f"p-{i}"
-                r = await core.create_namespaced_pod(ns, _pod(name, ns, labels), _preload_content=False)
+                r = await core.create_namespaced_pod(ns, _pod(name, ns, labels, annotations, gpus),
+                                                     _preload_content=False)
                 pod = json.loads(await r.read())
                 if r.status != 201:
                     errors.append(f"create {name}: {r.status}")
