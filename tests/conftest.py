@@ -1,12 +1,28 @@
-"""Hypothesis profiles. `dev` (local default) is quick; `ci` is the thorough one `.ci/run` uses
-(selected by HYPOTHESIS_PROFILE=ci, or by CI=true/1 when HYPOTHESIS_PROFILE is unset); `soak`
-is for a long hunt. Tests that set their own `max_examples` keep it under every profile."""
+"""Hypothesis profiles, and the real Kafka broker.
+
+Profiles: `dev` (local default) is quick; `ci` is the thorough one `.ci/run` uses (selected by
+HYPOTHESIS_PROFILE=ci, or by CI=true/1 when HYPOTHESIS_PROFILE is unset); `soak` is for a long
+hunt. Tests that set their own `max_examples` keep it under every profile.
+
+Broker: one KRaft broker (tools/kafka/broker.py) is started for the whole session when a test
+first asks for it, on a free port and a temp data dir, and stopped at the end. If it cannot
+start, every test that asks for it FAILS with the broker's log tail: these tests never skip.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+_BROKER_PY = Path(__file__).resolve().parents[1] / "tools" / "kafka" / "broker.py"
 
 settings.register_profile("ci", max_examples=400, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -25,3 +41,45 @@ def hypothesis_profile(environ: os._Environ[str] | dict[str, str]) -> str:
 
 
 settings.load_profile(hypothesis_profile(os.environ))
+
+
+def _load_broker_module() -> ModuleType:
+    name = "kai_es_tools_kafka_broker"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, _BROKER_PY)
+    assert spec is not None and spec.loader is not None, _BROKER_PY
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+broker_mod = _load_broker_module()
+#: tools/kafka/broker.py's KafkaBroker (loaded by path: tools/ is not a package).
+KafkaBroker: Any = broker_mod.KafkaBroker
+
+
+broker_mod = _load_broker_module()
+#: tools/kafka/broker.py's KafkaBroker (loaded by path: tools/ is not a package).
+KafkaBroker: Any = broker_mod.KafkaBroker
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[Any]:
+    """The session's broker (a started tools/kafka/broker.py KafkaBroker)."""
+    broker = KafkaBroker()
+    try:
+        broker.start(timeout_s=180)
+    except broker_mod.BrokerError as e:  # BrokerStartError (includes fetch failures)
+        broker.close()
+        pytest.fail(f"could not start the Kafka test broker: {e}", pytrace=False)
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker: Any) -> str:
+    return str(kafka_broker.bootstrap)

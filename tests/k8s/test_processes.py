@@ -1,5 +1,6 @@
 """The three processes as a user runs them (`kai-es informer`, `kai-es scheduler`,
-`kai-es binder --kubeconfig`) over one file log, against the real apiserver with KWOK nodes.
+`kai-es binder --kubeconfig`) over one log (a file, and a topic on the real Kafka broker),
+against the real apiserver with KWOK nodes.
 
 Each process is killed with SIGKILL mid-run and started again while pods keep arriving: every
 pod still ends up Running on a node with room for it, no pod is bound twice, the binder resumes
@@ -30,8 +31,8 @@ POOL_LABEL = "kai.scheduler/node-pool"
 NODES, GPUS_PER_NODE = 4, 8
 
 
-async def _records(log_path: Path) -> list[Record]:
-    events = open_log(str(log_path), readonly=True)
+async def _records(url: str) -> list[Record]:
+    events = open_log(url, readonly=True)
     try:
         return [r async for r in events.read()]
     finally:
@@ -56,19 +57,24 @@ def procs() -> Any:
         proc.kill9()
 
 
-async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfig: Path,
-                                                   tmp_path: Path, procs: list[Proc]) -> None:
+@pytest.mark.parametrize("backend", ["file", "kafka"])
+async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfig: Path, backend: str,
+                                                   tmp_path: Path, procs: list[Proc],
+                                                   request: pytest.FixtureRequest) -> None:
     tag = uuid.uuid4().hex[:8]
     ns = k8s.namespace()
     pool = {POOL_LABEL: f"pool-{tag}"}
     nodes = {k8s.gpu_node(f"p-{tag}-{i}", gpus=GPUS_PER_NODE, labels=pool)["metadata"]["name"]
              for i in range(NODES)}
-    log = tmp_path / "events.jsonl"
+    if backend == "kafka":
+        log = f"kafka://{request.getfixturevalue('kafka_bootstrap')}/kai-es-{tag}"
+    else:
+        log = str(tmp_path / "events.jsonl")
     kube = ["--kubeconfig", str(scheduler_kubeconfig)]
-    informer = _proc("informer", ["informer", "--log", str(log), *kube], tmp_path)
-    scheduler = _proc("scheduler", ["scheduler", "--log", str(log), "--period", "100ms",
+    informer = _proc("informer", ["informer", "--log", log, *kube], tmp_path)
+    scheduler = _proc("scheduler", ["scheduler", "--log", log, "--period", "100ms",
                                     "--snapshot-every", "5"], tmp_path)
-    binder = _proc("binder", ["binder", "--log", str(log), *kube], tmp_path)
+    binder = _proc("binder", ["binder", "--log", log, *kube], tmp_path)
     procs += [informer, scheduler, binder]
 
     async with k8s.client() as api:
@@ -150,9 +156,10 @@ async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfi
     assert set(outcomes.values()) == {1}, "a decision has more than one outcome"
     assert informer.starts == binder.starts == scheduler.starts == 2  # each killed once mid-run
     assert "saved progress, from position" in binder.stderr().rsplit("--- start #2 ", 1)[-1], binder.stderr()
-    assert (tmp_path / "events.jsonl.binder-progress").exists()
+    if backend == "file":
+        assert (tmp_path / "events.jsonl.binder-progress").exists()
 
     # and the log replays byte for byte
-    run = subprocess.run([sys.executable, "-m", "kai_es", "replay", str(log)], cwd=ROOT,
+    run = subprocess.run([sys.executable, "-m", "kai_es", "replay", log], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr

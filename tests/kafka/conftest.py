@@ -1,8 +1,7 @@
 """Fixtures for tests that need a real Apache Kafka broker.
 
-One KRaft broker (tools/kafka/broker.py) is started for the whole session, on a free port and
-a temp data dir, and stopped at the end. If it cannot start, every test that asks for it FAILS
-with the broker's log tail: these tests are never skipped.
+The broker itself (`kafka_broker`, `kafka_bootstrap`) is a session fixture of tests/conftest.py,
+shared with the Kubernetes tests that run kai-es over Kafka.
 
 Every test collected under tests/kafka/ gets the ``kafka`` marker.
 """
@@ -10,61 +9,22 @@ Every test collected under tests/kafka/ gets the ``kafka`` marker.
 from __future__ import annotations
 
 import gc
-import importlib.util
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
 
-_BROKER_PY = Path(__file__).resolve().parents[2] / "tools" / "kafka" / "broker.py"
+from tests.conftest import KafkaBroker, broker_mod
+
+__all__ = ["KafkaBroker", "broker_mod"]  # tests import them from here
 _KAFKA_DIR = Path(__file__).resolve().parent
-
-
-def _load_broker_module() -> ModuleType:
-    name = "kai_es_tools_kafka_broker"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _BROKER_PY)
-    assert spec is not None and spec.loader is not None, _BROKER_PY
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-broker_mod = _load_broker_module()
-#: tools/kafka/broker.py's KafkaBroker (loaded by path: tools/ is not a package).
-KafkaBroker: Any = broker_mod.KafkaBroker
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _KAFKA_DIR in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.kafka)
-
-
-@pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[Any]:
-    """The session's broker (a started tools/kafka/broker.py KafkaBroker)."""
-    broker = KafkaBroker()
-    try:
-        broker.start(timeout_s=180)
-    except broker_mod.BrokerError as e:  # BrokerStartError (includes fetch failures)
-        broker.close()
-        pytest.fail(f"could not start the Kafka test broker: {e}", pytrace=False)
-    try:
-        yield broker
-    finally:
-        broker.close()
-
-
-@pytest.fixture(scope="session")
-def kafka_bootstrap(kafka_broker: Any) -> str:
-    return str(kafka_broker.bootstrap)
 
 
 @pytest.fixture
