@@ -4,8 +4,9 @@ appends their decisions.
 Contract:
 - A cycle appends CycleStarted (its position is the cut), folds exactly up to it, runs the pure
   `run_cycle`, and appends the decisions plus CycleCompleted in one atomic append.
-- `has_work()` is true when something other than the scheduler's own events arrived since the
-  last cycle, or a bind back-off has expired; the shell never runs a cycle that has nothing new
+- `has_work()` is true when something other than the scheduler's own events arrived after the
+  last cycle's cut (including what another writer appended while that cycle ran), or a bind
+  back-off has expired; the shell never runs a cycle that has nothing new
   to look at (so an idle cluster writes nothing).
 - Optional snapshots (`snapshots=` a `kai_es.services.snapshotting.SnapshotStore`): every
   `snapshot_every` cycles, on a cycle whose CycleCompleted carries a `statedigest`, the state at
@@ -126,9 +127,10 @@ class SchedulerService:
         positions = await self.events.append(decisions)
         if snap_data is not None:
             await self._save_snapshot(cut_record, positions[-1], decisions[-1], snap_data)
+        # what arrived after the cut (another writer appended it while the cycle ran) is input
+        # the next cycle must see: fold it with the flag down, so it raises the flag again
         self._inputs_since_cycle = False
         await self.catch_up()
-        self._inputs_since_cycle = False
         self.cycles_run += 1
         return decisions
 
