@@ -18,7 +18,8 @@ in bytes, times in ns since the epoch):
   cycle count); any other event of the subject in between ends the run.
 - Events of the subject (observed, phase changes, binding and pipelining decisions, binder
   outcomes, eviction decisions with their preemptor and numbers, completion, removal) are
-  entries of their own, in log order.
+  entries of their own, in log order; a pod that has not finished when the log ends gets a
+  last `atEnd` entry with its status then (so a pod that never ran says so).
 """
 
 from __future__ import annotations
@@ -255,6 +256,11 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
                            "or by the owner of its pods, e.g. default/my-pytorchjob)")
     pods = sorted(k for k in set(queue_of) | subject.job_pods | ({subject.key} if subject.pod_seen else set())
                   if subject.follows(k))
+    for key in pods:  # where each pod stands when the log ends (a pod that never ran says so)
+        pod = state.pods.get(key)
+        if pod is not None and phase.get(key) not in ("Succeeded", "Failed"):
+            entries.append({"kind": "atEnd", "pod": key, **_at(state.position, last_ns), "status": pod.status,
+                            "node": pod.node or None})
     return {
         "subject": {"kind": subject.mode, "namespace": subject.namespace, "name": subject.name,
                     "pods": pods, "queues": sorted(set(queue_of[k] for k in pods if k in queue_of))},
@@ -479,6 +485,8 @@ def render_text(report: dict[str, Any]) -> list[str]:
             lines.append(f"{when(e)} {who}eviction from {e['node']} failed: {e['message']}")
         elif kind == "removed":
             lines.append(f"{when(e)} {who}removed")
+        elif kind == "atEnd":
+            lines.append(f"{when(e)} {who}at the log's end: {e['status']}" + (f" on {e['node']}" if e["node"] else ""))
     return lines
 
 
