@@ -1,15 +1,18 @@
-"""`kai-es explain` and `kai-es usage`: answers for engineers debugging a decision and for audit
-consumers, read from a log (file or `kafka://`). The computations are `kai_es.explain` and
-`kai_es.usage` (pure over records); this module reads the log and renders.
+"""`kai-es explain`, `kai-es usage` and `kai-es events --follow`: answers for engineers debugging
+a decision and for audit consumers, read from a log (file or `kafka://`). The computations are
+`kai_es.explain` and `kai_es.usage` (pure over records); this module reads the log and renders.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import anyio
 import click
 from rich.markup import escape
 from rich.table import Table
@@ -110,6 +113,30 @@ def usage_cmd(log_url: str, by: str, from_text: str | None, until_text: str | No
     if report.still_running:
         console.print(f"{report.still_running} pod(s) still held capacity at the log's last event "
                       f"({escape(rfc3339(report.log_end_ns))}): charged up to it", highlight=False)
+
+
+def follow_log(log: Any, from_position: int, show: Callable[[Record], bool], limit: int | None) -> None:
+    """Read `log` from `from_position` and keep reading as records are appended, calling `show`
+    on each (True: it was printed) until `limit` printed records, an interrupt (exit 0) or a
+    closed stdout (exit 0: `| head` is not an error)."""
+    async def run() -> None:
+        shown = 0
+        try:
+            async for record in log.read(from_position, follow=True):
+                if show(record):
+                    shown += 1
+                    if limit is not None and shown >= limit:
+                        return
+        finally:
+            await log.close()
+
+    try:
+        anyio.run(run)
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 #: the commands this module adds to `kai-es` (registered by kai_es.cli)
