@@ -51,11 +51,21 @@ def explain_cmd(log_url: str, target: str | None, queue: str | None, output: str
                 lines = render_text(report)
     except ExplainError as exc:
         raise UserError(f"{log_url}: {exc}") from None
-    if output == "json":
-        sys.stdout.write(json.dumps(report, sort_keys=True, indent=1) + "\n")
-        return
-    for line in lines:
-        sys.stdout.write(one_line(line) + "\n")
+    try:
+        if output == "json":
+            sys.stdout.write(json.dumps(report, sort_keys=True, indent=1) + "\n")
+            return
+        for line in lines:
+            sys.stdout.write(one_line(line) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        _quiet_stdout()
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the interpreter's final flush is quiet."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _when(option: str, text: str | None, start_ns: int) -> int | None:
@@ -105,8 +115,7 @@ def usage_cmd(log_url: str, by: str, from_text: str | None, until_text: str | No
     for col in (by, "pods", "GPU-hours", "over quota", "CPU-hours", "memory GiB-hours"):
         table.add_column(col, justify="left" if col == by else "right")
     for r in report.sorted_rows():
-        label = r.name if r.parent is None else f"{r.parent}/{r.name}"
-        table.add_row(Text(label), str(r.pods), hours(r.gpu_milli_ns, 1000),
+        table.add_row(Text(r.path or r.name), str(r.pods), hours(r.gpu_milli_ns, 1000),
                       "-" if r.gpu_over_quota_milli_ns is None else hours(r.gpu_over_quota_milli_ns, 1000),
                       hours(r.cpu_milli_ns, 1000), hours(r.memory_byte_ns, 2**30))
     console.print(table)
@@ -135,8 +144,7 @@ def follow_log(log: Any, from_position: int, show: Callable[[Record], bool], lim
     except KeyboardInterrupt:
         pass
     except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _quiet_stdout()
 
 
 #: the commands this module adds to `kai-es` (registered by kai_es.cli)

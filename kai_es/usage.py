@@ -40,6 +40,8 @@ class Row:
 
     name: str
     parent: str | None = None
+    #: where the row sorts: the queue's path from its root (`root/child`), else its name
+    path: str = ""
     pods: int = 0
     gpu_milli_ns: int = 0
     cpu_milli_ns: int = 0
@@ -72,7 +74,7 @@ class Usage:
                 "podsStillRunningAtEnd": self.still_running,
                 "units": {"gpuMilliNs": "milli-GPU x ns", "cpuMilliNs": "milli-CPU x ns",
                           "memoryByteNs": "bytes x ns", "time": "ns since the Unix epoch"},
-                "rows": [{"name": r.name, "parent": r.parent, "pods": r.pods, "gpuMilliNs": r.gpu_milli_ns,
+                "rows": [{"name": r.name, "parent": r.parent, "path": r.path or r.name, "pods": r.pods, "gpuMilliNs": r.gpu_milli_ns,
                           "gpuHours": hours(r.gpu_milli_ns, 1000),
                           "gpuOverQuotaMilliNs": r.gpu_over_quota_milli_ns,
                           "gpuHoursOverQuota": None if r.gpu_over_quota_milli_ns is None
@@ -82,7 +84,8 @@ class Usage:
                          for r in self.sorted_rows()]}
 
     def sorted_rows(self) -> list[Row]:
-        return [self.rows[k] for k in sorted(self.rows)]
+        """Rows by path (a parent queue right before its children), then name."""
+        return sorted(self.rows.values(), key=lambda r: (r.path or r.name, r.name))
 
 
 def hours(amount_ns: int, unit: int) -> str:
@@ -194,13 +197,15 @@ def _queue_rollup(out: Usage, state: ClusterState, spans: list[tuple[int, int, d
     parents = {name: q.spec.parent for name, q in state.queues.items()}
     for name in sorted(out.rows):
         row = out.rows[name]
-        row.parent = parents.get(name) or None
         for up in _chain(parents, name)[1:]:
-            agg = out.rows.setdefault(up, Row(up, parent=parents.get(up) or None))
+            agg = out.rows.setdefault(up, Row(up))
             agg.pods += row.pods
             agg.gpu_milli_ns += row.gpu_milli_ns
             agg.cpu_milli_ns += row.cpu_milli_ns
             agg.memory_byte_ns += row.memory_byte_ns
+    for name, row in out.rows.items():
+        row.parent = parents.get(name) or None
+        row.path = "/".join(reversed(_chain(parents, name)))
     for a, b, held, quotas in spans:
         dt = _overlap(a, b, lo, hi)
         if dt == 0:

@@ -51,6 +51,7 @@ def _intervals(path: Path) -> tuple[list[dict[str, Any]], int, int, dict[str, in
     gpu_mem: dict[str, int] = {}
     group_queue: dict[str, str] = {}
     quota: dict[str, int] = {}
+    parents: dict[str, str] = {}
     open_: dict[str, dict[str, Any]] = {}
     done: list[dict[str, Any]] = []
     first = last = None
@@ -64,6 +65,7 @@ def _intervals(path: Path) -> tuple[list[dict[str, Any]], int, int, dict[str, in
             gpu_mem[d.name] = d.gpu_memory_mib
         elif isinstance(d, p.QueueObserved):
             quota[d.name] = d.gpu.quota
+            parents[d.name] = d.parent
         elif isinstance(d, p.PodGroupObserved):
             group_queue[f"{d.namespace}/{d.name}"] = d.queue
         elif isinstance(d, p.PodObserved):
@@ -91,6 +93,12 @@ def _intervals(path: Path) -> tuple[list[dict[str, Any]], int, int, dict[str, in
                             "queue": group_queue.get(job) or s.queue}
     assert first is not None and last is not None
     done.extend({**iv, "end": last} for iv in open_.values())
+    for iv in done:  # the queue and its ancestors, each charged for the pod
+        chain, at = [], iv["queue"]
+        while at and at not in chain:
+            chain.append(at)
+            at = parents.get(at, "")
+        iv["queues"] = chain
     return done, first, last, quota
 
 
@@ -147,21 +155,26 @@ def test_chargeback_numbers_by_hand(chargeback: Path) -> None:
 
 
 def test_over_quota_matches_a_sweep_over_interval_endpoints(day: Path) -> None:
-    intervals, _, _, quota = _intervals(day)
-    points = sorted({iv["start"] for iv in intervals} | {iv["end"] for iv in intervals})
-    expected: dict[str, int] = defaultdict(int)
-    for a, b in zip(points, points[1:]):
-        held: dict[str, int] = defaultdict(int)
-        for iv in intervals:
-            if iv["start"] <= a and iv["end"] >= b:
-                held[iv["queue"]] += iv["gpu"]
-        for q, milli in held.items():
-            if quota.get(q, -1) >= 0 and milli > quota[q]:
-                expected[q] += (milli - quota[q]) * (b - a)
-    report = usage(FileEventLog(day, readonly=True).scan(), "queue")
-    leaves = {iv["queue"] for iv in intervals}
-    assert {q: report.rows[q].gpu_over_quota_milli_ns for q in leaves} == {q: expected[q] for q in leaves}
-    assert any(expected.values())
+    for path in (GOLDEN, day):
+        intervals, _, _, quota = _intervals(path)
+        points = sorted({iv["start"] for iv in intervals} | {iv["end"] for iv in intervals})
+        expected: dict[str, int] = defaultdict(int)
+        for a, b in zip(points, points[1:]):
+            held: dict[str, int] = defaultdict(int)
+            for iv in intervals:
+                if iv["start"] <= a and iv["end"] >= b:
+                    for q in iv["queues"]:
+                        held[q] += iv["gpu"]
+            for q, milli in held.items():
+                if quota.get(q, -1) >= 0 and milli > quota[q]:
+                    expected[q] += (milli - quota[q]) * (b - a)
+        report = usage(FileEventLog(path, readonly=True).scan(), "queue")
+        charged = {q for iv in intervals for q in iv["queues"]}
+        assert {q: report.rows[q].gpu_over_quota_milli_ns for q in charged} == {q: expected[q] for q in charged}
+        assert any(expected.values())
+    # by hand on the golden log: team-a's 12 GPUs for 2 h against its quota of 4
+    golden = usage(FileEventLog(GOLDEN, readonly=True).scan(), "queue").rows
+    assert golden["team-a"].gpu_over_quota_milli_ns == 8000 * 2 * HOUR
 
 
 def test_cli_outputs(chargeback: Path) -> None:
