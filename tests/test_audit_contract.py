@@ -8,6 +8,8 @@ import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +32,31 @@ def test_follow_prints_what_is_appended_and_resumes(tmp_path: Path) -> None:
     lines = GOLDEN.read_bytes().splitlines(keepends=True)
     log = tmp_path / "live.log"
     log.write_bytes(b"".join(lines[:40]))
+    errors = tempfile.TemporaryFile()
     follower = subprocess.Popen([sys.executable, "-m", "kai_es", "events", str(log), "--follow", "-o", "json",
                                  "--from", "38", "--limit", "6", "--type", "kai.*"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=errors)
+    watchdog = threading.Timer(30, follower.kill)  # a follower that never stops fails, never hangs
+    watchdog.start()
     try:
         assert follower.stdout is not None
         first = json.loads(follower.stdout.readline())  # it has read what was there ...
         assert first["position"] == 38
         with log.open("ab") as f:  # ... and now more is appended, as a writer would
             f.write(b"".join(lines[40:44]))
-        out, err = follower.communicate(timeout=30)
+        out = follower.stdout.read()  # the rest, from the same buffer as the first line
+        follower.wait(timeout=30)
     finally:
+        watchdog.cancel()
         if follower.poll() is None:
             follower.kill()
             follower.wait()
-    assert follower.returncode == 0, err.decode()
+        if follower.stdout is not None:
+            follower.stdout.close()
+        errors.seek(0)
+        stderr = errors.read().decode()
+        errors.close()
+    assert follower.returncode == 0, stderr
     rows = [first] + [json.loads(line) for line in out.decode().splitlines()]
     assert [r["position"] for r in rows] == [38, 39, 40, 41, 42, 43]
     golden = [json.loads(line.split(b"\t", 1)[1]) for line in lines]

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import anyio
@@ -53,9 +55,12 @@ async def test_events_follow_streams_new_events_and_resumes(kafka_bootstrap: str
     count = await _golden_topic(kafka_bootstrap, unique_name)
     url = f"kafka://{kafka_bootstrap}/{unique_name}"
     records = list(FileEventLog(GOLDEN, readonly=True).scan())
+    errors = tempfile.TemporaryFile()
     follower = subprocess.Popen([sys.executable, "-m", "kai_es", "events", url, "--follow", "-o", "json",
                                  "--from", str(count - 2), "--limit", "5"],
-                                cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=errors)
+    watchdog = threading.Timer(60, follower.kill)  # a follower that never stops fails, never hangs
+    watchdog.start()
     try:
         first = json.loads(follower.stdout.readline() if follower.stdout else b"")  # it is reading
         assert first["position"] == count - 2
@@ -64,12 +69,19 @@ async def test_events_follow_streams_new_events_and_resumes(kafka_bootstrap: str
             later = await log.append([r.envelope for r in records[:3]])
         finally:
             await log.close()
-        out, err = follower.communicate(timeout=60)
+        out = follower.stdout.read() if follower.stdout else b""  # the rest, from the same buffer
+        follower.wait(timeout=60)
     finally:
+        watchdog.cancel()
         if follower.poll() is None:
             follower.kill()
             follower.wait()
-    assert follower.returncode == 0, err.decode()
+        if follower.stdout is not None:
+            follower.stdout.close()
+        errors.seek(0)
+        stderr = errors.read().decode()
+        errors.close()
+    assert follower.returncode == 0, stderr
     rows = [first] + [json.loads(line) for line in out.decode().splitlines()]
     assert [r["position"] for r in rows] == [count - 2, count - 1, *later]
     assert [r["event"]["id"] for r in rows[2:]] == [r.envelope.id for r in records[:3]]
