@@ -450,13 +450,14 @@ def render_text(report: dict[str, Any]) -> list[str]:
             for v in e["verdicts"]:
                 pods = f"{len(v['pods'])} pod(s) " if many else ""
                 if v["status"] == "Pipelined":
-                    what = f"pipelined onto {v['node']} waiting for {', '.join(v['waitingFor']) or 'capacity'}"
+                    what = f"onto {v['node']}, waiting for {', '.join(v['waitingFor']) or 'capacity'} to be released"
                 elif v["rule"]:
                     what = f"{RULES.get(v['rule'], v['rule'])}: " + " | ".join(
                         f"{r['code']}: {r['message']}" for r in v["reasons"])
                 else:
                     what = v.get("note", "pending")
-                lines.append(f"{when(e['from'])} {pods}pending for {e['cycles']} cycle(s) ({span}): {what}")
+                state = "pipelined" if v["status"] == "Pipelined" else "pending"
+                lines.append(f"{when(e['from'])} {pods}{state} for {e['cycles']} cycle(s) ({span}): {what}")
             q = _queue_phrase(e["queueAtLast"])
             if q:
                 first = _queue_phrase(e["queueAtFirst"])

@@ -174,3 +174,25 @@ def test_cli_json_is_the_same_data_and_errors_are_one_line(logs: dict[str, Path]
     assert "Traceback" not in missing.stderr and missing.stderr.strip().count("\n") == 0
     neither = _cli("explain", str(logs["gang"]))
     assert neither.returncode == 2 and "--queue" in neither.stderr
+
+
+def test_evicted_by_whom_and_why_and_the_preemptor_pipelined(tmp_path: Path) -> None:
+    path = tmp_path / "reclaim.log"
+    scenario = load_scenario(ROOT / "tests" / "scenarios" / "reclaim-basic.yaml")
+    anyio.run(lambda: simulate(scenario, FileEventLog(path), load_packer("native")))
+    victim = _explain(path, "default/b-7")
+    assert [e["kind"] for e in victim["timeline"]] == ["observed", "evictionDecided", "evicted", "removed"]
+    evicted = victim["timeline"][1]
+    assert (evicted["action"], evicted["preemptor"]) == ("reclaim", "default/a")
+    # team-b holds all 8 GPUs against a fair share of 6; team-a, owed 2, holds none
+    assert {k: evicted["numbers"][k] for k in ("victim_queue_allocated_milli_gpu", "victim_queue_fair_milli_gpu",
+                                               "reclaimer_queue_allocated_milli_gpu", "requested_milli_gpu")} == {
+        "victim_queue_allocated_milli_gpu": 8000, "victim_queue_fair_milli_gpu": 6000,
+        "reclaimer_queue_allocated_milli_gpu": 0, "requested_milli_gpu": 2000}
+    assert "evicted by reclaim to make room for default/a" in "\n".join(render_text(victim))
+    job = _explain(path, "default/a")
+    [wait] = _waits(job)
+    [verdict] = wait["verdicts"]
+    assert verdict["status"] == "Pipelined" and verdict["waitingFor"] == ["default/b-6", "default/b-7"]
+    assert len(verdict["pods"]) == 2
+    assert sum(e["kind"] == "bound" for e in job["timeline"]) == 2
