@@ -18,7 +18,7 @@ from kai_es.events import payloads as p
 from kai_es.explain import ExplainError, explain, explain_queue, render_text
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.packing import load_packer
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "explain"

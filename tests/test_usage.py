@@ -21,7 +21,7 @@ from kai_es.adapters.file_log import FileEventLog
 from kai_es.events import payloads as p
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.packing import load_packer
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 from kai_es.usage import hours, usage
 
 ROOT = Path(__file__).resolve().parents[1]
