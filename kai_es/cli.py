@@ -30,11 +30,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from kai_es import cli_services
+from kai_es import cli_audit, cli_services
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
                                packer_option, warn_unimplemented)
+from kai_es.cli_common import records as _records, records_from as _records_from
 from kai_es.events import Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
@@ -158,20 +159,6 @@ def _load(scenario_file: str) -> Any:
         size = ""
     with err.status(f"loading {escape(scenario_file)}{size}"):
         return load_scenario(scenario_file)
-
-
-def _records(events: Any) -> Iterator[Record]:
-    if isinstance(events, FileEventLog):
-        yield from events.scan()
-        return
-
-    async def collect() -> list[Record]:
-        try:
-            return [r async for r in events.read()]
-        finally:
-            await events.close()
-
-    yield from anyio.run(collect)
 
 
 def _fmt_ns(ns: int | None) -> str:
@@ -354,25 +341,28 @@ def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
 @click.option("--type", "type_pattern", default=None,
               help="Event type or glob (e.g. 'kai.scheduler.*').")
 @click.option("--subject", default=None, help="Subject or glob (e.g. 'pod/default/train-*').")
-@click.option("--from", "from_position", default=0, type=int, help="First position to read.")
+@click.option("--from", "from_position", default=0, type=click.IntRange(min=0),
+              help="First position to read (to resume: the last position seen + 1).")
 @click.option("--limit", default=None, type=click.IntRange(min=0),
               help="Stop after this many matching events (0: none).")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep reading: print events as they are appended, until interrupted.")
 @click.option("--output", "-o", type=click.Choice(["json", "text"]), default="text")
 @friendly
 def events(log_url: str, type_pattern: str | None, subject: str | None, from_position: int,
-           limit: int | None, output: str) -> None:
-    """Read the log like an audit consumer (one event per line)."""
+           limit: int | None, follow: bool, output: str) -> None:
+    """Read the log like an audit consumer (one event per line; NDJSON with --output json)."""
     log = open_log(log_url, readonly=True)
-    shown = 0
     out = sys.stdout
     if limit == 0:
         return
-    for record in _records_from(log, from_position):
+
+    def show(record: Record) -> bool:
         env = record.envelope
         if type_pattern and not fnmatch.fnmatchcase(env.type, type_pattern):
-            continue
+            return False
         if subject and not fnmatch.fnmatchcase(env.subject, subject):
-            continue
+            return False
         if output == "json":
             body = msgspec.json.decode(encode(env))
             out.write(json.dumps({"position": record.position, "event": body}, sort_keys=True,
@@ -380,18 +370,19 @@ def events(log_url: str, type_pattern: str | None, subject: str | None, from_pos
         else:
             out.write(one_line(f"{record.position:>8} {env.time} {env.type:<36} {env.subject}  "
                                 f"{_brief(env.data)}") + "\n")
-        shown += 1
-        if limit is not None and shown >= limit:
-            break
+        if follow:
+            out.flush()
+        return True
 
-
-def _records_from(log: Any, position: int) -> Iterator[Record]:
-    if isinstance(log, FileEventLog):
-        yield from log.scan(position)
+    if follow:
+        cli_audit.follow_log(log, from_position, show, limit)
         return
-    for record in _records(log):
-        if record.position >= position:
-            yield record
+    shown = 0
+    for record in _records_from(log, from_position):
+        if show(record):
+            shown += 1
+            if limit is not None and shown >= limit:
+                break
 
 
 def _brief(data: p.Payload) -> str:
@@ -412,7 +403,7 @@ def _brief(data: p.Payload) -> str:
     return ""
 
 
-for _command in cli_services.COMMANDS:
+for _command in (*cli_services.COMMANDS, *cli_audit.COMMANDS):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import anyio
 import click
 from rich.console import Console
 from rich.markup import escape
 
-from kai_es.adapters.file_log import CorruptLogError
+from kai_es.adapters.file_log import CorruptLogError, FileEventLog
 from kai_es.app import packer_from_env
-from kai_es.events import DecodeError
+from kai_es.events import DecodeError, Record
 from kai_es.ports import SetupError
 from kai_es.scenario import ScenarioError
 from kai_es.scheduling.config import ConfigError, SchedulerConfig
@@ -110,3 +111,29 @@ def warn_unimplemented(config: SchedulerConfig) -> None:
     if idle:
         warn(f"the scheduler config lists actions that do not run: {', '.join(idle)} "
              f"(policy {config.policy_version} runs only {', '.join(sorted(runs))})")
+
+
+def records(events: Any) -> Iterator[Record]:
+    """Every record of a log opened by `kai_es.app.open_log`, in order (a file log is scanned
+    in place; another log is read to its end as of the call, then closed)."""
+    if isinstance(events, FileEventLog):
+        yield from events.scan()
+        return
+
+    async def collect() -> list[Record]:
+        try:
+            return [r async for r in events.read()]
+        finally:
+            await events.close()
+
+    yield from anyio.run(collect)
+
+
+def records_from(log: Any, position: int) -> Iterator[Record]:
+    """The records of `log` at `position` and after."""
+    if isinstance(log, FileEventLog):
+        yield from log.scan(position)
+        return
+    for record in records(log):
+        if record.position >= position:
+            yield record

@@ -1,0 +1,511 @@
+"""`kai-es explain`: the life of a pod, a job or a queue, read from the log alone.
+
+Contract (pure over records; integers throughout — GPU in milli-GPU, CPU in milli-CPU, memory
+in bytes, times in ns since the epoch):
+- The log is folded with the reducer (`kai_es.state.reducer.apply`). At every CycleStarted (the
+  cycle's cut) the state is exactly what that cycle saw, so the queue numbers reported for a
+  cycle — fair share, allocation, quota, limit, demand — are recomputed there by the same
+  division the scheduler runs (`kai_es.scheduling.fairshare.shares_for_state`, in the GPU unit
+  of the policy version in force). Nothing is added to the log for explain: replay at the cut is
+  exact, so the numbers are derived, not stored.
+- A cycle "considered" a pod when the pod was Pending (and scheduled by kai-scheduler) at its
+  cut and the cycle completed (its CycleCompleted is in the log). Every such pod gets a verdict
+  in that cycle; the scheduler records it only when it differs (code and numbers) from the last
+  one announced for the pod (`kai_es.scheduling.emit`). So a cycle without a recorded verdict
+  for a considered pod repeated the last announced one; that is checked against the pod's
+  folded `last_unschedulable` fingerprint, and reported as "unknown" if they disagree.
+- Consecutive cycles with the same verdict are one entry of the timeline (a `wait` entry with a
+  cycle count); any other event of the subject in between ends the run.
+- Events of the subject (observed, phase changes, binding and pipelining decisions, binder
+  outcomes, eviction decisions with their preemptor and numbers, completion, removal) are
+  entries of their own, in log order; a pod that has not finished when the log ends gets a
+  last `atEnd` entry with its status then (so a pod that never ran says so).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kai_es.events import Record
+from kai_es.events import payloads as p
+from kai_es.events.timefmt import format_duration, rfc3339
+from kai_es.scheduling.config import ConfigError, parse_config
+from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request, shares_for_state
+from kai_es.scheduling.policy import policy_for
+from kai_es.state import ClusterState
+from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
+
+#: reason code -> the rule it names, as a person says it
+RULES: dict[str, str] = {
+    "QueueLimit": "held by its queue's limit",
+    "NonPreemptibleOverQuota": "held by quota (a non-preemptible job may not exceed it)",
+    "GangUnsatisfied": "held by its gang (the minimum must be placed at once)",
+    "GangIncomplete": "held by its gang (not enough members exist)",
+    "NoNodeFits": "no node fits",
+    "BindBackoff": "backing off after failed binds",
+    "BindFailedPermanently": "the binder gave up binding it",
+    "NoNodes": "the cluster has no nodes",
+    "NoQueue": "it names no queue",
+    "QueueNotFound": "its queue does not exist",
+    "QueueNotLeaf": "its queue is a parent queue",
+    "QueueLoop": "its queue's parent chain loops",
+    "PodGroupNotFound": "its PodGroup does not exist",
+    "InvalidRequest": "its request cannot be placed",
+}
+
+UNITS = {"gpu": "milli-GPU", "cpu": "milli-CPU", "memory": "bytes", "time": "ns since the Unix epoch"}
+
+
+class ExplainError(ValueError):
+    """The subject is not in the log (the message says what was looked for)."""
+
+
+@dataclass(slots=True)
+class _Cut:
+    """What one cycle saw of the subject: its pending pods and its queue's numbers."""
+
+    cycle: int
+    position: int
+    time_ns: int
+    #: pod key -> (fingerprint folded at the cut, the last announced reasons we saw)
+    pending: dict[str, tuple[str, list[p.Reason] | None]]
+    queue: dict[str, Any] | None
+    decided: dict[str, p.Payload] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Run:
+    """Consecutive cycles with one verdict (the `wait` entry of a timeline)."""
+
+    key: tuple[Any, ...]
+    verdicts: list[dict[str, Any]]
+    first: _Cut
+    last: _Cut
+    cycles: int = 1
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": "wait", "cycles": self.cycles,
+                "firstCycle": self.first.cycle, "lastCycle": self.last.cycle,
+                "from": _at(self.first.position, self.first.time_ns),
+                "until": _at(self.last.position, self.last.time_ns),
+                "verdicts": self.verdicts,
+                "queueAtFirst": self.first.queue, "queueAtLast": self.last.queue}
+
+
+def _at(position: int, ns: int) -> dict[str, Any]:
+    return {"position": position, "logicaltime": ns, "time": rfc3339(ns)}
+
+
+def queue_numbers(state: ClusterState, shares: dict[str, dict[str, QueueShare]], hint: int,
+                  name: str) -> dict[str, Any] | None:
+    """Queue `name`'s numbers per resource at this state: quota, limit (-1: none), allocated,
+    fair share, request (allocated + pending, capped by the limit, as the division counts it)
+    and pending (what its pending pods ask for, its leaves' summed for a parent). None when the
+    queue does not exist."""
+    if name not in state.queues or name not in shares["gpu"]:
+        return None
+    pending = pending_request(state, hint)
+    below = _leaves_under(state, name)
+    out: dict[str, Any] = {"name": name, "parent": state.queues[name].spec.parent or None}
+    for r, resource in enumerate(RESOURCES):
+        share = shares[resource][name]
+        out[resource] = {"quota": share.quota, "limit": share.limit, "allocated": share.allocated,
+                         "fairShare": share.fair_share, "request": share.request,
+                         "pending": sum(pending.get(leaf, (0, 0, 0))[r] for leaf in below)}
+    return out
+
+
+def _leaves_under(state: ClusterState, name: str) -> list[str]:
+    """`name` and every queue whose parent chain reaches it (sorted)."""
+    parents = {q: state.queues[q].spec.parent for q in state.queues}
+    out = []
+    for q in sorted(parents):
+        seen: set[str] = set()
+        at = q
+        while at and at not in seen:
+            if at == name:
+                out.append(q)
+                break
+            seen.add(at)
+            at = parents.get(at, "")
+    return out
+
+
+def _shares(state: ClusterState) -> tuple[dict[str, dict[str, QueueShare]], int]:
+    try:
+        version = parse_config(state.config).policy_version
+    except ConfigError:
+        version = parse_config({}).policy_version
+    hint = max((state.nodes[n].spec.gpu_memory_mib for n in state.node_names), default=0)
+    return shares_for_state(state, policy_for(version).gpu_share_unit), hint
+
+
+def _reasons_json(reasons: list[p.Reason]) -> list[dict[str, Any]]:
+    return [{"code": r.code, "message": r.message, "numbers": dict(r.numbers)} for r in reasons]
+
+
+def _rule(reasons: list[p.Reason]) -> str:
+    """The rule that held the pod back: the first reason's (a gang's reason comes before the
+    member's no-fit detail)."""
+    if not reasons:
+        return ""
+    return reasons[0].code
+
+
+class _Subject:
+    """Which pods the explanation follows: one pod (`ns/name`) or every member of a job (its
+    PodGroup `ns/name`, or the owner `ns/name` of its pods, e.g. a PyTorchJob)."""
+
+    def __init__(self, target: str) -> None:
+        kind, _, rest = target.partition("/")
+        self.forced = ""
+        if kind in ("pod", "job", "podgroup") and rest.count("/") == 1:
+            self.forced = "job" if kind != "pod" else "pod"
+            target = rest
+        if target.count("/") == 0:
+            target = f"default/{target}"
+        if target.count("/") != 1:
+            raise ExplainError(f"{target!r}: name a pod or job as NAMESPACE/NAME (or pod/NS/NAME, job/NS/NAME)")
+        self.key = target
+        self.namespace, self.name = target.split("/")
+        self.pod_seen = False
+        self.job_pods: set[str] = set()
+
+    def track(self, state: ClusterState, key: str) -> None:
+        """Note pod `key` (just observed) if it is the subject or a member of the subject job."""
+        pod = state.pods.get(key)
+        if pod is None:
+            return
+        if key == self.key:
+            self.pod_seen = True
+        owner = pod.spec.owner
+        if pod.job_key == self.key or (pod.spec.namespace == self.namespace and owner is not None
+                                       and owner.name == self.name):
+            self.job_pods.add(key)
+
+    def follows(self, key: str) -> bool:
+        if self.forced == "pod" or (not self.forced and self.pod_seen):
+            return key == self.key
+        return key in self.job_pods or (self.forced != "job" and key == self.key)
+
+    @property
+    def mode(self) -> str:
+        if self.forced:
+            return self.forced
+        return "pod" if self.pod_seen else "job"
+
+
+def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
+    """The timeline of pod or job `target` (see module docstring); raises ExplainError when the
+    log has no such pod or job. The shape is documented in docs/explain.md."""
+    subject = _Subject(target)
+    state = ClusterState()
+    entries: list[dict[str, Any] | _Run] = []
+    announced: dict[str, list[p.Reason]] = {}
+    open_cuts: dict[int, _Cut] = {}
+    queue_of: dict[str, str] = {}
+    phase: dict[str, str] = {}
+    first_ns: int | None = None
+    last_ns = 0
+    for record in records:
+        env = record.envelope
+        data = env.data
+        if first_ns is None:
+            first_ns = env.logicaltime
+        last_ns = env.logicaltime
+        apply(state, record)
+        key = pod_key(data.namespace, data.name) if hasattr(data, "namespace") and hasattr(data, "name") else ""
+        if isinstance(data, p.PodObserved):
+            subject.track(state, key)
+        if isinstance(data, p.CycleStarted):
+            cut = _cut(state, subject, record, announced)
+            if cut is not None:
+                open_cuts[record.position] = cut
+            continue
+        if isinstance(data, p.CycleCompleted):
+            cut = open_cuts.pop(env.basedon if env.basedon is not None else -1, None)
+            if cut is not None:
+                _verdict(cut, entries, announced)
+            continue
+        if not key or not subject.follows(key):
+            continue
+        pod = state.pods.get(key)
+        if pod is not None and pod.job_key in state.jobs:
+            queue_of[key] = state.jobs[pod.job_key].queue
+        cut = open_cuts.get(env.basedon) if env.basedon is not None else None
+        if isinstance(data, p.PodUnschedulable):
+            announced[key] = list(data.reasons)
+            if cut is not None:
+                cut.decided[key] = data
+            continue
+        if isinstance(data, p.PodPipelined) and cut is not None:
+            cut.decided[key] = data
+            continue
+        entry = _event(record, key, data, phase)
+        if entry is not None:
+            if isinstance(data, (p.BindingDecided, p.PodPipelined)):
+                announced.pop(key, None)
+                if cut is not None:
+                    cut.decided[key] = data
+            entries.append(entry)
+    if not subject.pod_seen and not subject.job_pods:
+        raise ExplainError(f"the log has no pod or job {subject.key!r} (a job is named by its PodGroup "
+                           "or by the owner of its pods, e.g. default/my-pytorchjob)")
+    pods = sorted(k for k in set(queue_of) | subject.job_pods | ({subject.key} if subject.pod_seen else set())
+                  if subject.follows(k))
+    for key in pods:  # where each pod stands when the log ends (a pod that never ran says so)
+        pod = state.pods.get(key)
+        if pod is not None and phase.get(key) not in ("Succeeded", "Failed"):
+            entries.append({"kind": "atEnd", "pod": key, **_at(state.position, last_ns), "status": pod.status,
+                            "node": pod.node or None})
+    return {
+        "subject": {"kind": subject.mode, "namespace": subject.namespace, "name": subject.name,
+                    "pods": pods, "queues": sorted(set(queue_of[k] for k in pods if k in queue_of))},
+        "units": UNITS,
+        "log": {"from": first_ns or 0, "until": last_ns},
+        "timeline": [e.as_json() if isinstance(e, _Run) else e for e in entries],
+    }
+
+
+def _cut(state: ClusterState, subject: _Subject, record: Record,
+         announced: dict[str, list[p.Reason]]) -> _Cut | None:
+    """What cycle `record` (a CycleStarted, folded) sees of the subject, or None if nothing."""
+    pending: dict[str, tuple[str, list[p.Reason] | None]] = {}
+    queue = ""
+    for key in sorted(subject.job_pods | ({subject.key} if subject.pod_seen else set())):
+        if not subject.follows(key):
+            continue
+        pod = state.pods.get(key)
+        if pod is None or pod.status != "Pending" or pod.spec.scheduler_name != "kai-scheduler":
+            continue
+        pending[key] = (pod.last_unschedulable, announced.get(key))
+        if pod.job_key in state.jobs and not queue:
+            queue = state.jobs[pod.job_key].queue
+    if not pending:
+        return None
+    numbers = None
+    if queue:
+        shares, hint = _shares(state)
+        numbers = queue_numbers(state, shares, hint, queue)
+    env = record.envelope
+    assert isinstance(env.data, p.CycleStarted)
+    return _Cut(env.data.cycle, record.position, env.logicaltime, pending, numbers)
+
+
+def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run], announced: dict[str, list[p.Reason]]) -> None:
+    """Fold a completed cycle's verdict on the subject into the timeline (collapsing)."""
+    kinds: Counter[tuple[Any, ...]] = Counter()
+    detail: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for key, (fingerprint, last) in sorted(cut.pending.items()):
+        decided = cut.decided.get(key)
+        if isinstance(decided, p.BindingDecided):
+            continue  # an entry of its own
+        if isinstance(decided, p.PodPipelined):
+            k: tuple[Any, ...] = ("pipelined", decided.node, tuple(decided.waiting_for))
+            detail.setdefault(k, {"status": "Pipelined", "node": decided.node,
+                                  "waitingFor": list(decided.waiting_for), "pods": []})
+        elif isinstance(decided, p.PodUnschedulable):
+            reasons = list(decided.reasons)
+            k = ("pending", reasons_fingerprint(reasons))
+            detail.setdefault(k, {"status": "Pending", "recorded": True, "rule": _rule(reasons),
+                                  "reasons": _reasons_json(reasons), "pods": []})
+        elif last is not None and reasons_fingerprint(last) == fingerprint:
+            k = ("pending", fingerprint)
+            detail.setdefault(k, {"status": "Pending", "recorded": False, "rule": _rule(last),
+                                  "reasons": _reasons_json(last), "pods": []})
+        else:
+            k = ("unknown",)
+            detail.setdefault(k, {"status": "Pending", "recorded": False, "rule": "", "reasons": [],
+                                  "pods": [], "note": "considered; no verdict recorded for it"})
+        kinds[k] += 1
+        detail[k]["pods"].append(key)
+    if not kinds:
+        return
+    run_key = tuple(sorted(kinds.items()))
+    verdicts = [detail[k] for k in sorted(detail)]
+    last_entry = entries[-1] if entries else None
+    if isinstance(last_entry, _Run) and last_entry.key == run_key:
+        last_entry.cycles += 1
+        last_entry.last = cut
+        for old, new in zip(last_entry.verdicts, verdicts):
+            old["recorded"] = old.get("recorded", False) or new.get("recorded", False)
+        return
+    entries.append(_Run(run_key, verdicts, cut, cut))
+
+
+def _event(record: Record, key: str, data: p.Payload, phase: dict[str, str]) -> dict[str, Any] | None:
+    """The timeline entry of one event of a followed pod, or None if it changes nothing a
+    reader of the timeline needs (a re-observation in the same phase)."""
+    env = record.envelope
+    base: dict[str, Any] = {"pod": key, **_at(record.position, env.logicaltime)}
+    if isinstance(data, p.PodObserved):
+        was = phase.get(key)
+        phase[key] = data.phase
+        if was == data.phase:
+            return None
+        kind = "observed" if was is None else "phase"
+        return {"kind": kind, **base, "phase": data.phase, "node": data.node_name or None,
+                "queue": data.queue or None, "podgroup": data.podgroup}
+    if isinstance(data, p.BindingDecided):
+        return {"kind": "bindingDecided", **base, "node": data.node, "gpuDevices": list(data.gpu_devices),
+                "cycleCut": env.basedon}
+    if isinstance(data, p.PodPipelined):
+        return {"kind": "pipelined", **base, "node": data.node, "waitingFor": list(data.waiting_for),
+                "cycleCut": env.basedon}
+    if isinstance(data, p.PodBound):
+        return {"kind": "bound", **base, "node": data.node}
+    if isinstance(data, p.PodBindFailed):
+        return {"kind": "bindFailed", **base, "node": data.node, "message": data.message, "final": data.final}
+    if isinstance(data, p.EvictionDecided):
+        return {"kind": "evictionDecided", **base, "node": data.node, "action": data.action,
+                "preemptor": data.preemptor or None, "reason": data.reason, "numbers": dict(data.numbers),
+                "cycleCut": env.basedon}
+    if isinstance(data, p.PodEvicted):
+        return {"kind": "evicted", **base, "node": data.node}
+    if isinstance(data, p.PodEvictionFailed):
+        return {"kind": "evictionFailed", **base, "node": data.node, "message": data.message}
+    if isinstance(data, p.PodRemoved):
+        phase.pop(key, None)
+        return {"kind": "removed", **base}
+    return None
+
+
+# --- queues ----------------------------------------------------------------------------------
+
+
+def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
+    """Queue `name`'s numbers at every completed cycle's cut (fair share, allocation, quota,
+    limit, request and pending demand per resource), consecutive equal cuts collapsed into one
+    run. Raises ExplainError when the log never observed the queue."""
+    state = ClusterState()
+    runs: list[dict[str, Any]] = []
+    open_cuts: dict[int, tuple[int, int, dict[str, Any] | None]] = {}
+    seen = False
+    first_ns: int | None = None
+    last_ns = 0
+    for record in records:
+        env = record.envelope
+        data = env.data
+        if first_ns is None:
+            first_ns = env.logicaltime
+        last_ns = env.logicaltime
+        apply(state, record)
+        if isinstance(data, p.QueueObserved) and data.name == name:
+            seen = True
+        if isinstance(data, p.CycleStarted) and name in state.queues:
+            shares, hint = _shares(state)
+            open_cuts[record.position] = (data.cycle, env.logicaltime, queue_numbers(state, shares, hint, name))
+        elif isinstance(data, p.CycleCompleted) and env.basedon in open_cuts:
+            cycle, ns, numbers = open_cuts.pop(env.basedon)
+            at = _at(env.basedon, ns)
+            if runs and runs[-1]["numbers"] == numbers:
+                runs[-1].update(cycles=runs[-1]["cycles"] + 1, lastCycle=cycle, until=at)
+            else:
+                runs.append({"cycles": 1, "firstCycle": cycle, "lastCycle": cycle, "from": at, "until": at,
+                             "numbers": numbers})
+    if not seen:
+        raise ExplainError(f"the log never observed a queue named {name!r}")
+    return {"queue": name, "units": UNITS, "log": {"from": first_ns or 0, "until": last_ns}, "runs": runs}
+
+
+# --- text ------------------------------------------------------------------------------------
+
+
+def _gpu(milli: int) -> str:
+    return f"{milli / 1000:.1f}" if milli % 100 == 0 else f"{milli / 1000:.3f}"
+
+
+def _queue_phrase(q: dict[str, Any] | None) -> str:
+    if q is None:
+        return ""
+    g = q["gpu"]
+    over = " (over fair share)" if g["allocated"] > g["fairShare"] else ""
+    quota = "no quota" if g["quota"] < 0 else f"quota {_gpu(g['quota'])}"
+    limit = "" if g["limit"] < 0 else f", limit {_gpu(g['limit'])}"
+    return (f"queue {q['name']}: {_gpu(g['allocated'])} of {_gpu(g['fairShare'])} GPU fair share allocated"
+            f"{over}; {quota}{limit}; pending {_gpu(g['pending'])} GPU")
+
+
+def render_text(report: dict[str, Any]) -> list[str]:
+    """One line per timeline entry: time since the log's first event, then what happened."""
+    start = report["log"]["from"]
+    subject = report["subject"]
+    lines = [f"{subject['kind']} {subject['namespace']}/{subject['name']}"
+             f" ({len(subject['pods'])} pod(s); queue {', '.join(subject['queues']) or '-'})"]
+
+    def when(at: dict[str, Any]) -> str:
+        return f"t+{format_duration(at['logicaltime'] - start):<10} @{at['position']:<7}"
+
+    many = len(subject["pods"]) > 1
+    for e in report["timeline"]:
+        who = f"{e['pod']}: " if many and "pod" in e else ""
+        kind = e["kind"]
+        if kind == "wait":
+            span = (f"cycle {e['firstCycle']}" if e["cycles"] == 1 else
+                    f"cycles {e['firstCycle']}-{e['lastCycle']}, until t+"
+                    f"{format_duration(e['until']['logicaltime'] - start)}")
+            for v in e["verdicts"]:
+                pods = f"{len(v['pods'])} pod(s) " if many else ""
+                if v["status"] == "Pipelined":
+                    what = f"onto {v['node']}, waiting for {', '.join(v['waitingFor']) or 'capacity'} to be released"
+                elif v["rule"]:
+                    what = f"{RULES.get(v['rule'], v['rule'])}: " + " | ".join(
+                        f"{r['code']}: {r['message']}" for r in v["reasons"])
+                else:
+                    what = v.get("note", "pending")
+                state = "pipelined" if v["status"] == "Pipelined" else "pending"
+                lines.append(f"{when(e['from'])} {pods}{state} for {e['cycles']} cycle(s) ({span}): {what}")
+            q = _queue_phrase(e["queueAtLast"])
+            if q:
+                first = _queue_phrase(e["queueAtFirst"])
+                lines.append(f"{'':30} {q}" + (f" (at the first of these cycles: {first.split(': ', 1)[1]})"
+                                                 if first != q else ""))
+        elif kind == "observed":
+            lines.append(f"{when(e)} {who}observed {e['phase']}" + (f" on {e['node']}" if e["node"] else ""))
+        elif kind == "phase":
+            lines.append(f"{when(e)} {who}now {e['phase']}" + (f" on {e['node']}" if e["node"] else ""))
+        elif kind == "bindingDecided":
+            lines.append(f"{when(e)} {who}scheduler decided to bind it to {e['node']}"
+                         + (f" (GPUs {e['gpuDevices']})" if e["gpuDevices"] else ""))
+        elif kind == "pipelined":
+            lines.append(f"{when(e)} {who}pipelined onto {e['node']}")
+        elif kind == "bound":
+            lines.append(f"{when(e)} {who}bound to {e['node']}")
+        elif kind == "bindFailed":
+            lines.append(f"{when(e)} {who}bind to {e['node']} failed: {e['message']}")
+        elif kind == "evictionDecided":
+            by = f" to make room for {e['preemptor']}" if e["preemptor"] else ""
+            nums = ", ".join(f"{k}={v}" for k, v in sorted(e["numbers"].items()))
+            lines.append(f"{when(e)} {who}evicted by {e['action']}{by}: {e['reason']}" + (f" [{nums}]" if nums else ""))
+        elif kind == "evicted":
+            lines.append(f"{when(e)} {who}evicted from {e['node']}")
+        elif kind == "evictionFailed":
+            lines.append(f"{when(e)} {who}eviction from {e['node']} failed: {e['message']}")
+        elif kind == "removed":
+            lines.append(f"{when(e)} {who}removed")
+        elif kind == "atEnd":
+            lines.append(f"{when(e)} {who}at the log's end: {e['status']}" + (f" on {e['node']}" if e["node"] else ""))
+    return lines
+
+
+def render_queue_text(report: dict[str, Any]) -> list[str]:
+    start = report["log"]["from"]
+    lines = [f"queue {report['queue']}: per cycle cut (GPU; CPU in cores; memory in GiB)",
+             f"{'from':>12} {'until':>12} {'cycles':>6}  {'GPU alloc':>9} {'fair':>7} {'quota':>7} "
+             f"{'pending':>7}  {'CPU alloc':>9} {'fair':>7}  {'mem alloc':>9} {'fair':>7}"]
+    for r in report["runs"]:
+        n = r["numbers"]
+        if n is None:
+            continue
+        g, c, m = n["gpu"], n["cpu"], n["memory"]
+        lines.append(
+            f"{'t+' + format_duration(r['from']['logicaltime'] - start):>12} "
+            f"{'t+' + format_duration(r['until']['logicaltime'] - start):>12} {r['cycles']:>6}  "
+            f"{_gpu(g['allocated']):>9} {_gpu(g['fairShare']):>7} "
+            f"{('-' if g['quota'] < 0 else _gpu(g['quota'])):>7} {_gpu(g['pending']):>7}  "
+            f"{c['allocated'] / 1000:>9.1f} {c['fairShare'] / 1000:>7.1f}  "
+            f"{m['allocated'] / 2**30:>9.1f} {m['fairShare'] / 2**30:>7.1f}")
+    return lines
