@@ -43,24 +43,19 @@ def hypothesis_profile(environ: os._Environ[str] | dict[str, str]) -> str:
 settings.load_profile(hypothesis_profile(os.environ))
 
 
-def _load_broker_module() -> ModuleType:
-    name = "kai_es_tools_kafka_broker"
+def load_tool_module(name: str, path: Path) -> ModuleType:
+    """A script under tools/ as a module (loaded by path: tools/ is not a package), once."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _BROKER_PY)
-    assert spec is not None and spec.loader is not None, _BROKER_PY
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-broker_mod = _load_broker_module()
-#: tools/kafka/broker.py's KafkaBroker (loaded by path: tools/ is not a package).
-KafkaBroker: Any = broker_mod.KafkaBroker
-
-
-broker_mod = _load_broker_module()
+broker_mod = load_tool_module("kai_es_tools_kafka_broker", _BROKER_PY)
 #: tools/kafka/broker.py's KafkaBroker (loaded by path: tools/ is not a package).
 KafkaBroker: Any = broker_mod.KafkaBroker
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
@@ -145,15 +145,33 @@ async def supervise(name: str, session: Callable[[], Awaitable[None]], *,
             backoff_s = min(backoff_s * 1.5, 3.0)
 
 
-async def _with_log(url: str, writer: str, body: Callable[[EventLog], Awaitable[None]]) -> None:
-    """Open the log at `url` as `writer`, claim the role, run `body`, always close."""
-    events = open_log(url, writer=writer)
-    try:
-        await events.claim_writer()
-        await body(events)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await events.close()
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Closable)
+
+
+async def _serve(name: str, url: str, writer: str, body: Callable[[EventLog, S | None], Awaitable[None]],
+                 side_store: Callable[[str, EventLog], S | None] | None = None) -> None:
+    """Supervised sessions of `body` (see `supervise`): each opens the log at `url` as `writer`,
+    claims the role, opens the side store (snapshots, progress) if any, runs `body`, and always
+    closes both."""
+
+    async def session() -> None:
+        events = open_log(url, writer=writer)
+        store: S | None = None
+        try:
+            await events.claim_writer()
+            store = side_store(url, events) if side_store is not None else None
+            await body(events, store)
+        finally:
+            with anyio.CancelScope(shield=True):
+                if store is not None:
+                    await store.close()
+                await events.close()
+
+    await supervise(name, session)
 
 
 # -- the scheduler --------------------------------------------------------------------------------
@@ -165,44 +183,39 @@ async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, ti
     """`kai-es scheduler`: fold the log (from a valid snapshot), then `SchedulerService.run`."""
     clock = FlowClock(time_scale)
 
-    async def session() -> None:
-        async def body(events: EventLog) -> None:
-            store = snapshot_store(url, events) if snapshot_every > 0 else None
-            try:
-                t = time.monotonic()
-                sched = SchedulerService(events, config, packer, clock, RandomIds(), snapshots=store,
-                                         snapshot_every=snapshot_every)
-                with bulk_fold():
-                    await sched.restore_snapshot()
-                    restored = sched.snapshot_restored
-                    await sched.catch_up()
-                clock.observe(sched.state.logicaltime)
-                await sched.start()
-                freeze_long_lived()
-                if on_ready is not None:
-                    src = f"snapshot at {restored} + tail" if restored is not None else "full fold"
-                    on_ready(f"scheduler ready in {time.monotonic() - t:.2f} s ({src}): position "
-                             f"{sched.state.position}, {sched.state.records} records, cycle "
-                             f"{sched.state.cycle}")
-                await sched.run(int(period_s * time_scale * 1e9),
-                                cycles=None if cycles is None else sched.cycles_run + cycles)
-            finally:
-                if store is not None:
-                    with anyio.CancelScope(shield=True):
-                        await store.close()
+    async def body(events: EventLog, store: SnapshotStore | None) -> None:
+        t = time.monotonic()
+        sched = SchedulerService(events, config, packer, clock, RandomIds(), snapshots=store,
+                                 snapshot_every=snapshot_every)
+        with bulk_fold():
+            await sched.restore_snapshot()
+            restored = sched.snapshot_restored
+            await sched.catch_up()
+        clock.observe(sched.state.logicaltime)
+        await sched.start()
+        freeze_long_lived()
+        if on_ready is not None:
+            src = f"snapshot at {restored} + tail" if restored is not None else "full fold"
+            on_ready(f"scheduler ready in {time.monotonic() - t:.2f} s ({src}): position "
+                     f"{sched.state.position}, {sched.state.records} records, cycle {sched.state.cycle}")
+        await sched.run(int(period_s * time_scale * 1e9),
+                        cycles=None if cycles is None else sched.cycles_run + cycles)
 
-        await _with_log(url, writer, body)
-
-    await supervise("scheduler", session)
+    await _serve("scheduler", url, writer, body, snapshot_store if snapshot_every > 0 else None)
 
 
 # -- the Kubernetes informer and binder ------------------------------------------------------------
 
 
-async def _follow_times(events: EventLog, clock: FlowClock) -> None:
-    """Observe every logical time appended to the log from now on."""
-    async for record in events.read(await events.end_position(), follow=True):
-        clock.observe(record.envelope.logicaltime)
+async def _follow_times(url: str, clock: FlowClock) -> None:
+    """Observe every logical time appended to the log at `url` from now on."""
+    events = open_log(url, readonly=True)
+    try:
+        async for record in events.read(await events.end_position(), follow=True):
+            clock.observe(record.envelope.logicaltime)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await events.close()
 
 
 async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORMER_TXN_ID,
@@ -213,24 +226,20 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
 
     clock = FlowClock(1.0)
 
-    async def session() -> None:
-        async def body(events: EventLog) -> None:
-            clock.observe(await last_logicaltime(events))
-            async with await api_client(kubeconfig) as api:
-                informer = InformerService(events, KubernetesSource(api), clock, RandomIds())
-                t = time.monotonic()
-                appended = await informer.resync()
-                if on_ready is not None:
-                    on_ready(f"informer ready in {time.monotonic() - t:.2f} s: relisted "
-                             f"{appended} events")
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_follow_times, open_log(url, readonly=True), clock)
-                    await informer.follow()
-                    tg.cancel_scope.cancel()
+    async def body(events: EventLog, _: _Closable | None) -> None:
+        clock.observe(await last_logicaltime(events))
+        async with await api_client(kubeconfig) as api:
+            informer = InformerService(events, KubernetesSource(api), clock, RandomIds())
+            t = time.monotonic()
+            appended = await informer.resync()
+            if on_ready is not None:
+                on_ready(f"informer ready in {time.monotonic() - t:.2f} s: relisted {appended} events")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_follow_times, url, clock)
+                await informer.follow()
+                tg.cancel_scope.cancel()
 
-        await _with_log(url, writer, body)
-
-    await supervise("informer", session)
+    await _serve("informer", url, writer, body)
 
 
 async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_TXN_ID,
@@ -243,35 +252,22 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
 
     clock = FlowClock(1.0)
 
-    async def session() -> None:
-        async def body(events: EventLog) -> None:
-            store = progress_store(url, events)
-            try:
-                clock.observe(await last_logicaltime(events))
-                async with await api_client(kubeconfig) as api:
-                    binder = BinderService(events, KubernetesActuator(api), clock,
-                                           concurrency=concurrency, progress=store)
-                    t = time.monotonic()
-                    await binder.restore()
-                    await binder.poll()
-                    if on_ready is not None:
-                        start = (f"saved progress, from position {binder.resumed_from}"
-                                 if binder.resumed_from is not None else "the log's start")
-                        on_ready(f"binder ready in {time.monotonic() - t:.2f} s ({start}): "
-                                 f"{len(binder.pending)} decisions to perform")
-                    while True:
-                        await binder.step()
-                        if binder.pending:
-                            continue
-                        await anyio.sleep(poll_s)
-            finally:
-                if store is not None:
-                    with anyio.CancelScope(shield=True):
-                        await store.close()
+    async def body(events: EventLog, store: BlobStore | None) -> None:
+        clock.observe(await last_logicaltime(events))
+        async with await api_client(kubeconfig) as api:
+            binder = BinderService(events, KubernetesActuator(api), clock, concurrency=concurrency,
+                                   progress=store)
+            t = time.monotonic()
+            await binder.restore()
+            await binder.poll()
+            if on_ready is not None:
+                start = (f"saved progress, from position {binder.resumed_from}"
+                         if binder.resumed_from is not None else "the log's start")
+                on_ready(f"binder ready in {time.monotonic() - t:.2f} s ({start}): "
+                         f"{len(binder.pending)} decisions to perform")
+            await binder.run(int(poll_s * 1e9))
 
-        await _with_log(url, writer, body)
-
-    await supervise("binder", session)
+    await _serve("binder", url, writer, body, progress_store)
 
 
 # -- the simulated cluster (simulated Kubernetes + informer + binder) --------------------------------
@@ -427,14 +423,11 @@ async def run_sim_cluster(url: str, scenario: Scenario, *, time_scale: float = 1
     clock = FlowClock(time_scale)
     stats = StatsFile(stats_path)
 
-    async def session() -> None:
-        async def body(events: EventLog) -> None:
-            await sim_cluster_session(events, scenario, clock, poll_s=poll_s, stats=stats,
-                                      on_ready=on_ready)
+    async def body(events: EventLog, _: _Closable | None) -> None:
+        await sim_cluster_session(events, scenario, clock, poll_s=poll_s, stats=stats,
+                                  on_ready=on_ready)
 
-        await _with_log(url, writer, body)
-
-    await supervise("binder", session)
+    await _serve("binder", url, writer, body)
 
 
 def describe_dead_letters(dead_letters: list[Any]) -> list[str]:

@@ -163,10 +163,11 @@ class SchedulerService:
         self.snapshots_written += 1
 
     async def run(self, period_ns: int, *, cycles: int | None = None) -> None:
-        """The scheduler loop (the only one): after `start()`, fold what is new, run a cycle
-        when there is work, wait `period_ns` of clock time; return after `cycles` cycles
-        (None: never). The clock observes every logical time folded, so cycles never carry a
-        time behind the log's."""
+        """The scheduler loop (the only one): `start()` (a no-op when already started), then
+        fold what is new, run a cycle when there is work, wait `period_ns` of clock time; return
+        after `cycles` cycles (None: never). The clock observes every logical time folded, so
+        cycles never carry a time behind the log's."""
+        await self.start()
         while cycles is None or self.cycles_run < cycles:
             await self.catch_up()
             self.clock.observe(self.state.logicaltime)

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.conftest import load_tool_module
 
 ROOT = Path(__file__).resolve().parents[2]
 _CONTROLPLANE_PY = ROOT / "tools" / "k8s" / "controlplane.py"
@@ -32,19 +31,7 @@ CLUSTER_ROLE = ROOT / "deploy" / "rbac" / "clusterrole.yaml"
 _K8S_DIR = Path(__file__).resolve().parent
 
 
-def _load_controlplane_module() -> ModuleType:
-    name = "kai_es_tools_k8s_controlplane"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _CONTROLPLANE_PY)
-    assert spec is not None and spec.loader is not None, _CONTROLPLANE_PY
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cp_mod = _load_controlplane_module()
+cp_mod = load_tool_module("kai_es_tools_k8s_controlplane", _CONTROLPLANE_PY)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -94,9 +81,10 @@ class K8s:
             await c.close()
 
 
-@pytest.fixture(scope="session")
-def k8s() -> Iterator[K8s]:
-    """The session's control plane with KAI's CRDs installed."""
+@contextlib.contextmanager
+def started_control_plane() -> Iterator[Any]:
+    """A started control plane with KAI's CRDs installed, closed after; if it cannot start,
+    the test FAILS with the components' log tails."""
     cp = cp_mod.ControlPlane()
     try:
         cp.start(timeout_s=120)
@@ -107,11 +95,18 @@ def k8s() -> Iterator[K8s]:
         pytest.fail(f"could not start the Kubernetes test control plane: {e}\n{tails}",
                     pytrace=False)
     try:
+        yield cp
+    finally:
+        cp.close()
+
+
+@pytest.fixture(scope="session")
+def k8s() -> Iterator[K8s]:
+    """The session's control plane with KAI's CRDs installed."""
+    with started_control_plane() as cp:
         yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
                   admin_token=cp.admin_token, scheduler_token=cp.scheduler_token,
                   base_url=cp.base_url)
-    finally:
-        cp.close()
 
 
 @pytest.fixture(scope="session")

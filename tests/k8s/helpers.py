@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
 from kubernetes_asyncio import client
+
+from kai_es.adapters.clock import SystemClock
+from kai_es.adapters.ids import RandomIds
+from kai_es.adapters.kubernetes.actuator import KubernetesActuator
+from kai_es.adapters.kubernetes.source import KubernetesSource
+from kai_es.ports import EventLog
+from kai_es.scheduling.config import SchedulerConfig
+from kai_es.scheduling.packing import load_packer
+from kai_es.services.binder import BinderService
+from kai_es.services.informer import InformerService
+from kai_es.services.scheduler import SchedulerService
 
 T = TypeVar("T")
 
@@ -97,3 +109,19 @@ async def wait_pod_phase(api: client.ApiClient, namespace: str, name: str, phase
         return None
 
     return await wait_for(check, f"pod {namespace}/{name} {phase}", timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def services_running(log: EventLog, api: client.ApiClient) -> AsyncIterator[EventLog]:
+    """The informer, scheduler and binder services in this process, over `log` and the cluster
+    of `api` (default config, native packer), running until the block ends."""
+    clock, ids = SystemClock(), RandomIds()
+    informer = InformerService(log, KubernetesSource(api), clock, ids)
+    scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
+    binder = BinderService(log, KubernetesActuator(api), clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(informer.run)
+        tg.start_soon(scheduler.run, 50_000_000)
+        tg.start_soon(binder.run, 20_000_000)
+        yield log
+        tg.cancel_scope.cancel()

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from kai_es.ingest.quantity import parse_quantity
-from tests.k8s.conftest import cp_mod, load_crds
+from tests.k8s.conftest import started_control_plane
 from tests.processes import ROOT, Proc
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests" / "kai-style.yaml"
@@ -29,18 +29,8 @@ MANIFESTS = Path(__file__).resolve().parent / "manifests" / "kai-style.yaml"
 
 @pytest.fixture(scope="module")
 def own_cp() -> Iterator[Any]:
-    cp = cp_mod.ControlPlane()
-    try:
-        cp.start(timeout_s=120)
-        cp.install_crds(load_crds())
-    except cp_mod.ControlPlaneError as e:
-        tails = cp.log_tails()
-        cp.close()
-        pytest.fail(f"could not start a Kubernetes test control plane: {e}\n{tails}", pytrace=False)
-    try:
+    with started_control_plane() as cp:
         yield cp
-    finally:
-        cp.close()
 
 
 def apply(cp: Any, doc: dict[str, Any]) -> None:

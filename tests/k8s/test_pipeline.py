@@ -7,23 +7,14 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import anyio
 from kubernetes_asyncio import client
 
-from kai_es.adapters.clock import SystemClock
-from kai_es.adapters.ids import RandomIds
-from kai_es.adapters.kubernetes.actuator import KubernetesActuator
-from kai_es.adapters.kubernetes.source import KubernetesSource
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import payloads as p
 from kai_es.replay import replay
-from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.packing import load_packer
-from kai_es.services.binder import BinderService
-from kai_es.services.informer import InformerService
-from kai_es.services.scheduler import SchedulerService
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import create_pod, get_pod, gpu_pod, queue, raw, wait_for
+from tests.k8s.helpers import services_running, create_pod, get_pod, gpu_pod, queue, raw, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -54,11 +45,6 @@ async def test_a_gang_is_bound_through_the_api_and_the_log_replays(
                                           annotations={"pod-group-name": pg}))
         await create_pod(api, gpu_pod("too-big", ns, gpus=16, queue=qname, labels=pool_label))
 
-        clock, ids = SystemClock(), RandomIds()
-        informer = InformerService(log, KubernetesSource(kai_api), clock, ids)
-        scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
-        binder = BinderService(log, KubernetesActuator(kai_api), clock)
-
         async def running_on_node() -> bool:
             for i in range(2):
                 status, pod = await get_pod(api, ns, f"worker-{i}")
@@ -72,13 +58,9 @@ async def test_a_gang_is_bound_through_the_api_and_the_log_replays(
                         and r.envelope.data.name == "too-big" and r.envelope.data.namespace == ns
                         async for r in log.read()])
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(informer.run)
-            tg.start_soon(scheduler.run, 50_000_000)
-            tg.start_soon(binder.run, 20_000_000)
+        async with services_running(log, kai_api):
             await wait_for(running_on_node, "the gang Running on the pool's node", timeout_s=30)
             await wait_for(unschedulable_reported, "too-big reported unschedulable", timeout_s=30)
-            tg.cancel_scope.cancel()
 
         status, big = await get_pod(api, ns, "too-big")
         assert status == 200 and not big["spec"].get("nodeName")
@@ -118,11 +100,6 @@ async def test_configmap_volumes_are_checked_against_what_the_informer_observed(
             pod["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": config_map}}]
             await create_pod(api, pod)
 
-        clock, ids = SystemClock(), RandomIds()
-        informer = InformerService(log, KubernetesSource(kai_api), clock, ids)
-        scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
-        binder = BinderService(log, KubernetesActuator(kai_api), clock)
-
         async def bound() -> bool:
             status, pod = await get_pod(api, ns, "has-config")
             return status == 200 and pod["spec"].get("nodeName") == node
@@ -133,12 +110,8 @@ async def test_configmap_volumes_are_checked_against_what_the_informer_observed(
                         and r.envelope.data.reasons[0].code == "ConfigMapNotFound"
                         async for r in log.read()])
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(informer.run)
-            tg.start_soon(scheduler.run, 50_000_000)
-            tg.start_soon(binder.run, 20_000_000)
+        async with services_running(log, kai_api):
             await wait_for(bound, "the pod with its ConfigMap bound", timeout_s=30)
             await wait_for(reported, "the pod without its ConfigMap reported", timeout_s=30)
-            tg.cancel_scope.cancel()
         status, pod = await get_pod(api, ns, "lacks-config")
         assert status == 200 and not pod["spec"].get("nodeName")

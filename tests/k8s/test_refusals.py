@@ -10,20 +10,13 @@ from pathlib import Path
 import anyio
 from kubernetes_asyncio import client
 
-from kai_es.adapters.clock import SystemClock
-from kai_es.adapters.ids import RandomIds
-from kai_es.adapters.kubernetes.actuator import KubernetesActuator
-from kai_es.adapters.kubernetes.source import KubernetesSource
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import payloads as p
 from kai_es.replay import replay
-from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.packing import load_packer
-from kai_es.services.binder import MAX_BIND_FAILURES, BinderService
-from kai_es.services.informer import InformerService
-from kai_es.services.scheduler import SchedulerService
+from kai_es.services.binder import MAX_BIND_FAILURES
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import binding, create_pod, get_pod, gpu_pod, queue, raw, wait_for
+from tests.k8s.helpers import services_running, binding, create_pod, get_pod, gpu_pod, queue, raw, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -82,11 +75,6 @@ async def test_a_pod_whose_bind_is_always_denied_ends_final_and_starves_nobody(
         for i in range(3):
             await create_pod(api, gpu_pod(f"ok-{i}", ns, gpus=2, queue=qname, labels=pool))
 
-        clock, ids = SystemClock(), RandomIds()
-        informer = InformerService(log, KubernetesSource(kai_api), clock, ids)
-        scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
-        binder = BinderService(log, KubernetesActuator(kai_api), clock)
-
         async def others_running() -> bool:
             for i in range(3):
                 status, pod = await get_pod(api, ns, f"ok-{i}")
@@ -98,14 +86,10 @@ async def test_a_pod_whose_bind_is_always_denied_ends_final_and_starves_nobody(
             return any([isinstance(r.envelope.data, p.PodBindFailed) and r.envelope.data.name == "stuck"
                         and r.envelope.data.final async for r in log.read()])
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(informer.run)
-            tg.start_soon(scheduler.run, 50_000_000)
-            tg.start_soon(binder.run, 20_000_000)
+        async with services_running(log, kai_api):
             await wait_for(others_running, "the other pods Running", timeout_s=30)
             await wait_for(final_failure, "the stuck pod's final bind failure", timeout_s=60)
             await anyio.sleep(2.0)  # cycles after the final failure
-            tg.cancel_scope.cancel()
         status, stuck = await get_pod(api, ns, "stuck")
         assert status == 200 and not stuck["spec"].get("nodeName")
     records = [r async for r in log.read()]

@@ -57,15 +57,6 @@ def _queue(cp: Any, name: str) -> None:
             ok=(201, 409))
 
 
-def _nodes(cp: Any, prefix: str, count: int, gpus: int, pool: str) -> list[str]:
-    names = [f"{prefix}-{i}" for i in range(count)]
-    for name in names:
-        cp.create_gpu_node(name, gpus=gpus, labels={POOL: pool}, wait_ready=False)
-    for name in names:
-        cp.wait_node_ready(name)
-    return names
-
-
 def _start(args: list[str], stderr: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "kai_es", *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=open(stderr, "wb"))
@@ -97,8 +88,8 @@ def main() -> int:
     with cpm.ControlPlane() as cp, tempfile.TemporaryDirectory() as tmp:
         cp.install_crds(crds)
         print(f"control plane up in {cp.last_start_seconds:.1f}s ({cp.base_url})")
-        floor_nodes = _nodes(cp, "floor", args.nodes, args.gpus_per_node, "floor")
-        _nodes(cp, "kai", args.nodes, args.gpus_per_node, "kai-es")
+        floor_nodes = floor.make_nodes(cp, "floor", args.nodes, args.gpus_per_node, {POOL: "floor"})
+        floor.make_nodes(cp, "kai", args.nodes, args.gpus_per_node, {POOL: "kai-es"})
         print(f"2 x {args.nodes} KWOK nodes Ready")
 
         base = asyncio.run(floor._run(cp, floor_nodes, args.pods, args.concurrency, ns="floor",

@@ -177,6 +177,17 @@ async def _run(cp: Any, nodes: list[str], n_pods: int, concurrency: int, *, bind
         await watch_api.close()
 
 
+def make_nodes(cp: Any, prefix: str, count: int, gpus: int,
+               labels: dict[str, str] | None = None) -> list[str]:
+    """`count` KWOK GPU nodes named `prefix-i`, created at once, then waited for Ready."""
+    names = [f"{prefix}-{i}" for i in range(count)]
+    for name in names:
+        cp.create_gpu_node(name, gpus=gpus, labels=labels, wait_ready=False)
+    for name in names:
+        cp.wait_node_ready(name)
+    return names
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     ap.add_argument("--nodes", type=int, default=50)
@@ -188,11 +199,7 @@ def main() -> int:
     with cpm.ControlPlane() as cp:
         print(f"control plane up in {cp.last_start_seconds:.1f}s ({cp.base_url})")
         t = time.monotonic()
-        names = [f"node-{i}" for i in range(args.nodes)]
-        for name in names:
-            cp.create_gpu_node(name, gpus=args.gpus_per_node, wait_ready=False)
-        for name in names:
-            cp.wait_node_ready(name)
+        names = make_nodes(cp, "node", args.nodes, args.gpus_per_node)
         print(f"{args.nodes} KWOK nodes Ready in {time.monotonic() - t:.1f}s")
         r = asyncio.run(_run(cp, names, args.pods, args.concurrency))
     cpu = r["cpu_etcd_s"] + r["cpu_kube-apiserver_s"] + r["cpu_kwok_s"]
