@@ -112,12 +112,14 @@ async def wait_pod_phase(api: client.ApiClient, namespace: str, name: str, phase
 
 
 @contextlib.asynccontextmanager
-async def services_running(log: EventLog, api: client.ApiClient) -> AsyncIterator[EventLog]:
+async def services_running(log: EventLog, api: client.ApiClient,
+                           config: SchedulerConfig | None = None) -> AsyncIterator[EventLog]:
     """The informer, scheduler and binder services in this process, over `log` and the cluster
-    of `api` (default config, native packer), running until the block ends."""
+    of `api` (`config`, default: the default config; native packer), running until the block
+    ends."""
     clock, ids = SystemClock(), RandomIds()
     informer = InformerService(log, KubernetesSource(api), clock, ids)
-    scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
+    scheduler = SchedulerService(log, config or SchedulerConfig(), load_packer("native"), clock, ids)
     binder = BinderService(log, KubernetesActuator(api), clock)
     async with anyio.create_task_group() as tg:
         tg.start_soon(informer.run)

@@ -1,6 +1,11 @@
-"""The cluster says no, for real: a ValidatingAdmissionPolicy denies every binding of one pod.
-kai-es's binder reports each refusal, the scheduler backs off, the fifth failure is final and
-the pod is never picked again — while the other pods of the same queue are bound and run."""
+"""The cluster says no, for real.
+
+- A ValidatingAdmissionPolicy denies every binding of one pod: kai-es's binder reports each
+  refusal, the scheduler backs off, the fifth failure is final and the pod is never picked
+  again — while the other pods of the same queue are bound and run.
+- A PodDisruptionBudget refuses the eviction of a victim kai-es chose: the binder retries, then
+  records PodEvictionFailed — never PodEvicted — and the victim keeps running.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from kubernetes_asyncio import client
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import payloads as p
 from kai_es.replay import replay
+from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.packing import load_packer
 from kai_es.services.binder import MAX_BIND_FAILURES
 from tests.k8s.conftest import K8s
@@ -103,3 +109,61 @@ async def test_a_pod_whose_bind_is_always_denied_ends_final_and_starves_nobody(
     assert len(decided) == MAX_BIND_FAILURES and max(decided) < final_at  # never re-picked
     result = replay(records, load_packer("native"))
     assert result.ok, result.divergence
+
+
+def _priority_class(name: str, value: int) -> dict:  # type: ignore[type-arg]
+    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value}
+
+
+async def test_an_eviction_a_disruption_budget_refuses_is_reported_not_recorded_as_done(
+        k8s: K8s, scheduler_kubeconfig: Path) -> None:
+    tag = uuid.uuid4().hex[:8]
+    ns = k8s.namespace()
+    pool = {POOL_LABEL: f"pool-{tag}"}
+    node = k8s.gpu_node(f"n-{tag}", gpus=8, labels=pool)["metadata"]["name"]
+    qname, low, high = f"q-{tag}", f"low-{tag}", f"high-{tag}"
+    for name, value in ((low, 40), (high, 150)):
+        k8s.cp.call("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", _priority_class(name, value))
+    log = MemoryEventLog()
+    config = SchedulerConfig(actions=["allocate", "preempt"])
+    async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
+        status, _ = await raw(await client.CustomObjectsApi(api).create_cluster_custom_object(
+            "scheduling.run.ai", "v2", "queues", queue(qname), _preload_content=False))
+        assert status == 201
+        victim = gpu_pod("victim", ns, gpus=8, queue=qname, labels={**pool, "app": "guarded"})
+        victim["spec"]["priorityClassName"] = low
+        await create_pod(api, victim)
+        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+               "metadata": {"name": "guard", "namespace": ns},
+               "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}
+        status, out = await raw(await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
+            ns, pdb, _preload_content=False))
+        assert status == 201, out
+
+        async def victim_running() -> bool:
+            status, pod = await get_pod(api, ns, "victim")
+            return status == 200 and pod["status"].get("phase") == "Running"
+
+        async def eviction_failed() -> bool:
+            return any([isinstance(r.envelope.data, p.PodEvictionFailed) and r.envelope.data.name == "victim"
+                        async for r in log.read()])
+
+        async with services_running(log, kai_api, config):
+            await wait_for(victim_running, "the victim Running", timeout_s=30)
+            urgent = gpu_pod("urgent", ns, gpus=8, queue=qname, labels=pool)
+            urgent["spec"]["priorityClassName"] = high
+            await create_pod(api, urgent)
+            await wait_for(eviction_failed, "the refused eviction reported", timeout_s=60)
+        status, still = await get_pod(api, ns, "victim")
+        assert status == 200 and not still["metadata"].get("deletionTimestamp")
+        assert still["spec"]["nodeName"] == node and still["status"]["phase"] == "Running"
+    records = [r async for r in log.read()]
+    decided = [r.envelope for r in records if isinstance(r.envelope.data, p.EvictionDecided)]
+    assert decided and all(e.data.name == "victim" and e.data.action == "preempt" for e in decided)
+    failed = [r.envelope.data for r in records if isinstance(r.envelope.data, p.PodEvictionFailed)]
+    assert failed[0].retryable and "disruption budget" in failed[0].message.lower()
+    assert not any(isinstance(r.envelope.data, p.PodEvicted) for r in records)
+    result = replay(records, load_packer("native"))
+    assert result.ok, result.divergence
+
