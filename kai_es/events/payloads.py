@@ -211,6 +211,12 @@ class PodObserved(Payload, kw_only=True, frozen=True):
     #: PersistentVolumeClaims the pod mounts, and ConfigMaps it needs (non-optional volumes)
     claims: list[str] = []
     config_maps: list[str] = []
+    # --- schema version 3 (optional): `status.startTime` (0: unknown), and KAI's annotations
+    # `kai.scheduler/preemption-delay` and `kai.scheduler/staleness-grace-period` (None: unset),
+    # which a job without a PodGroup object takes from its pods
+    started_ns: int = 0
+    preemption_delay_ns: int | None = None
+    staleness_grace_ns: int | None = None
 
 
 class PodRemoved(Payload, kw_only=True, frozen=True):
@@ -227,8 +233,10 @@ class QueueObserved(Payload, kw_only=True, frozen=True):
     gpu: QueueResource = QueueResource()
     cpu: QueueResource = QueueResource()
     memory: QueueResource = QueueResource()
-    preempt_min_runtime_ns: int = 0
-    reclaim_min_runtime_ns: int = 0
+    #: None: unset, inherited from the parent queue (then the scheduler's default); schema
+    #: version 2 allows None (version 1 wrote 0 for unset, which decodes unchanged)
+    preempt_min_runtime_ns: int | None = None
+    reclaim_min_runtime_ns: int | None = None
     created_ns: int = 0
 
 
@@ -252,6 +260,8 @@ class PodGroupObserved(Payload, kw_only=True, frozen=True):
     created_ns: int = 0
     # --- schema version 2: top-level minSubGroup (direct child sub-groups required; None: all)
     min_subgroup: int | None = None
+    # --- schema version 3: `spec.preemptionDelay` (or annotation `kai.scheduler/preemption-delay`)
+    preemption_delay_ns: int | None = None
 
 
 class PodGroupRemoved(Payload, kw_only=True, frozen=True):

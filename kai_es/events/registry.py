@@ -59,11 +59,12 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
     name: 1 for name in EVENT_TYPES} | {
     # v2 adds optional fields only (pod labels, affinities, ports, scalar resources, volumes;
     # node scalar resources; resync of the new kinds): a v1 payload decodes as v2 unchanged.
-    "kai.cluster.pod.observed": 2,
+    "kai.cluster.pod.observed": 3,  # v3 adds started_ns, preemption_delay_ns, staleness_grace_ns
     "kai.cluster.node.observed": 2,
     "kai.cluster.resync.started": 2,
     "kai.cluster.resync.completed": 2,
-    "kai.cluster.podgroup.observed": 2,  # v2 adds the top-level min_subgroup
+    "kai.cluster.podgroup.observed": 3,  # v2 adds the top-level min_subgroup, v3 preemption_delay_ns
+    "kai.cluster.queue.observed": 2,  # v2: the min-runtimes may be None (unset, inherited)
     "kai.scheduler.pod.evictiondecided": 2,  # v2 adds preemptor and numbers
     "kai.binder.pod.bindfailed": 2,  # v2 adds final
 }
@@ -71,11 +72,12 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
 #: type name -> the older versions whose payloads decode directly as the current version (the
 #: newer version only added optional fields); other older versions go through an upcaster
 ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
-    "kai.cluster.pod.observed": frozenset({1}),
+    "kai.cluster.pod.observed": frozenset({1, 2}),
     "kai.cluster.node.observed": frozenset({1}),
     "kai.cluster.resync.started": frozenset({1}),
     "kai.cluster.resync.completed": frozenset({1}),
-    "kai.cluster.podgroup.observed": frozenset({1}),
+    "kai.cluster.podgroup.observed": frozenset({1, 2}),
+    "kai.cluster.queue.observed": frozenset({1}),
     "kai.scheduler.pod.evictiondecided": frozenset({1}),
     "kai.binder.pod.bindfailed": frozenset({1}),
 }

@@ -61,10 +61,21 @@ def parse_duration(text: str) -> int:
     return total
 
 
+def parse_signed_duration(text: str) -> int:
+    """`parse_duration` that also accepts a leading `-` (KAI's "negative: never", e.g. a staleness
+    grace period of `-1s`). Raises ValueError."""
+    s = str(text).strip()
+    if s.startswith("-"):
+        return -parse_duration(s[1:])
+    return parse_duration(s)
+
+
 def format_duration(ns: int) -> str:
     """int ns to a short human duration (`1h2m3s`, `250ms`)."""
     if ns == 0:
         return "0s"
+    if ns < 0:
+        return "-" + format_duration(-ns)
     if ns < 1_000_000_000:
         return f"{ns // 1_000_000}ms" if ns % 1_000_000 == 0 else f"{ns}ns"
     seconds = ns // 1_000_000_000

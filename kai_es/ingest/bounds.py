@@ -21,6 +21,8 @@ MAX_GPU_MEMORY_MIB: Final = 2**40
 MAX_NODE_PODS: Final = 1_000_000
 #: devices one pod may ask for (whole, or shared across `gpu-fraction-num-devices`)
 MAX_POD_GPUS: Final = MAX_NODE_GPUS
+#: a duration (min-runtime, preemption delay, staleness grace period), either sign: 100 years in ns
+MAX_DURATION_NS: Final = 100 * 365 * 86_400 * 10**9
 #: pods one owner (Job, Deployment, PyTorchJob replica type) may expand into in a scenario
 MAX_REPLICAS: Final = 100_000
 
@@ -31,4 +33,15 @@ def quantity_problem(name: str, value: int, bound: int = MAX_QUANTITY) -> str | 
         return f"{name} must not be negative, got {value}"
     if value > bound:
         return f"{name} is {value}, above the largest accepted ({bound})"
+    return None
+
+
+def duration_problem(name: str, value: int | None, *, signed: bool = False) -> str | None:
+    """Why the duration `value` (ns; None: unset) is not acceptable for `name`, or None."""
+    if value is None:
+        return None
+    if value < 0 and not signed:
+        return f"{name} must not be negative, got {value}ns"
+    if abs(value) > MAX_DURATION_NS:
+        return f"{name} is {value}ns, beyond the longest accepted ({MAX_DURATION_NS}ns, 100 years)"
     return None

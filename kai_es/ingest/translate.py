@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from kai_es.events import payloads as p
-from kai_es.events.timefmt import parse_duration, parse_rfc3339
+from kai_es.events.timefmt import parse_duration, parse_rfc3339, parse_signed_duration
 from kai_es.ingest.quantity import QuantityError, parse_quantity, to_milli, to_units
 
 from kai_es.ingest import bounds
@@ -33,6 +33,8 @@ GPU_GROUP_LABEL = "runai-gpu-group"
 NODE_POOL_LABEL = "kai.scheduler/node-pool"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_MODEL_LABEL = "nvidia.com/gpu.product"
+PREEMPTION_DELAY_ANNOTATION = "kai.scheduler/preemption-delay"
+STALENESS_GRACE_ANNOTATION = "kai.scheduler/staleness-grace-period"
 
 
 class IngestError(ValueError):
@@ -135,11 +137,41 @@ def created_ns(obj: Obj) -> int:
         raise IngestError("metadata.creationTimestamp", str(exc)) from None
 
 
-def _duration(value: Any, path: str) -> int:
+def _duration(value: Any, path: str, *, signed: bool = False) -> int:
+    """A Go/Kubernetes duration (`90s`, `5m`) in ns, within `bounds.MAX_DURATION_NS`; negative only
+    when `signed` (KAI's "negative: never"). A unit-less number is refused, as KAI ignores it."""
     try:
-        return parse_duration(str(value))
+        ns = parse_signed_duration(str(value)) if signed else parse_duration(str(value))
     except ValueError as exc:
         raise IngestError(path, str(exc)) from None
+    problem = bounds.duration_problem(path, ns, signed=signed)
+    if problem is not None:
+        raise IngestError(path, problem)
+    return ns
+
+
+def _optional_duration(value: Any, path: str, *, signed: bool = False) -> int | None:
+    return None if value is None else _duration(value, path, signed=signed)
+
+
+def _time_annotations(annotations: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """KAI's `kai.scheduler/preemption-delay` (non-negative) and
+    `kai.scheduler/staleness-grace-period` (negative: never evicted stale) annotations, ns."""
+    return (_optional_duration(annotations.get(PREEMPTION_DELAY_ANNOTATION),
+                               f"metadata.annotations[{PREEMPTION_DELAY_ANNOTATION}]"),
+            _optional_duration(annotations.get(STALENESS_GRACE_ANNOTATION),
+                               f"metadata.annotations[{STALENESS_GRACE_ANNOTATION}]", signed=True))
+
+
+def _start_time(obj: Obj) -> int:
+    """`status.startTime` as int ns (0 when absent)."""
+    ts = _get(obj, "status.startTime")
+    if ts is None:
+        return 0
+    try:
+        return parse_rfc3339(str(ts))
+    except ValueError as exc:
+        raise IngestError("status.startTime", str(exc)) from None
 
 
 # --- Node ---------------------------------------------------------------------------------
@@ -536,6 +568,7 @@ def pod(obj: Obj) -> p.PodObserved:
     affinity, preferred = _pod_affinities(obj, "podAffinity")
     anti, preferred_anti = _pod_affinities(obj, "podAntiAffinity")
     claims, config_maps = _volumes(obj)
+    delay, grace = _time_annotations(annotations)
     return p.PodObserved(
         namespace=namespace, name=name, uid=_uid(obj, f"{namespace}/{name}"),
         scheduler_name=str(_get(obj, "spec.schedulerName", "default-scheduler")),
@@ -556,6 +589,7 @@ def pod(obj: Obj) -> p.PodObserved:
         pod_affinity=affinity, pod_anti_affinity=anti, preferred_pod_affinity=preferred,
         preferred_pod_anti_affinity=preferred_anti, host_ports=_host_ports(obj),
         scalar_requests=scalar, claims=claims, config_maps=config_maps,
+        started_ns=_start_time(obj), preemption_delay_ns=delay, staleness_grace_ns=grace,
     )
 
 
@@ -610,8 +644,8 @@ def queue(obj: Obj) -> p.QueueObserved:
     return p.QueueObserved(
         name=name, uid=_uid(obj, name), parent=str(_get(obj, "spec.parentQueue", "") or ""),
         priority=_int(priority, "spec.priority"), gpu=res["gpu"], cpu=res["cpu"], memory=res["memory"],
-        preempt_min_runtime_ns=_duration(_get(obj, "spec.preemptMinRuntime", "0s"), "spec.preemptMinRuntime"),
-        reclaim_min_runtime_ns=_duration(_get(obj, "spec.reclaimMinRuntime", "0s"), "spec.reclaimMinRuntime"),
+        preempt_min_runtime_ns=_optional_duration(_get(obj, "spec.preemptMinRuntime"), "spec.preemptMinRuntime"),
+        reclaim_min_runtime_ns=_optional_duration(_get(obj, "spec.reclaimMinRuntime"), "spec.reclaimMinRuntime"),
         created_ns=created_ns(obj),
     )
 
@@ -652,6 +686,8 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
     if preempt not in ("", "preemptible", "non-preemptible"):
         raise IngestError("spec.preemptibility", f"must be preemptible or non-preemptible, got {preempt!r}")
     grace = _get(obj, "spec.stalenessGracePeriod")
+    delay = _get(obj, "spec.preemptionDelay")
+    annotated_delay, annotated_grace = _time_annotations(_map(obj, "metadata.annotations"))
     topo = _get(obj, "spec.topologyConstraint", {}) or {}
     if not isinstance(topo, Mapping):
         raise IngestError("spec.topologyConstraint", "must be a map")
@@ -666,7 +702,10 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
         topology=str(topo.get("topology", "") or ""),
         required_topology_level=str(topo.get("requiredTopologyLevel", "") or ""),
         preferred_topology_level=str(topo.get("preferredTopologyLevel", "") or ""),
-        staleness_grace_ns=_duration(grace, "spec.stalenessGracePeriod") if grace is not None else None,
+        staleness_grace_ns=(_duration(grace, "spec.stalenessGracePeriod", signed=True) if grace is not None
+                            else annotated_grace),
+        preemption_delay_ns=(_duration(delay, "spec.preemptionDelay") if delay is not None
+                             else annotated_delay),
         created_ns=created_ns(obj),
     )
 

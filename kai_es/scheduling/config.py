@@ -17,7 +17,8 @@ from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
 from kai_es.events.factory import make_envelope
-from kai_es.events.timefmt import parse_duration
+from kai_es.events.timefmt import parse_duration, parse_signed_duration
+from kai_es.ingest.bounds import MAX_DURATION_NS
 
 ActionName = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
 
@@ -37,9 +38,21 @@ class MinRuntime(_Cfg, kw_only=True, frozen=True):
 
 
 class Fairshare(_Cfg, kw_only=True, frozen=True):
+    """Time-based fair share (policy kai-es/v3 on; off unless `timeBased`): the over-quota split
+    weighs each queue by max(W + k(W - U), 0), U its decayed usage over the last `windowSize`
+    as a share of the cluster's capacity, counted in buckets of `usageResolution`; usage that
+    is `halfLifePeriod` old counts half (0s: no decay)."""
+
     k_value: int = 1
     window_size: str = "168h"
     half_life_period: str = "0s"
+    time_based: bool = False
+    usage_resolution: str = "1m"
+
+
+def duration_ns(text: str) -> int:
+    """A duration of a validated config, in ns (negative allowed: a staleness grace period)."""
+    return parse_signed_duration(text)
 
 
 class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
@@ -53,7 +66,7 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     fairshare: Fairshare = Fairshare()
     #: a released version of `kai_es.scheduling.policy` (an unknown one is an error); a literal
     #: here, as the registry imports the actions, which import this module
-    policy_version: str = "kai-es/v2"
+    policy_version: str = "kai-es/v3"
     state_digest_every: int = 1
 
     def __post_init__(self) -> None:
@@ -63,11 +76,21 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
             ("defaultStalenessGracePeriod", self.default_staleness_grace_period),
             ("fairshare.windowSize", self.fairshare.window_size),
             ("fairshare.halfLifePeriod", self.fairshare.half_life_period),
+            ("fairshare.usageResolution", self.fairshare.usage_resolution),
         ):
             try:
-                parse_duration(value)
+                # a negative staleness grace period means "never evict stale" (as KAI)
+                ns = (parse_signed_duration if name == "defaultStalenessGracePeriod" else parse_duration)(value)
             except ValueError as exc:
                 raise msgspec.ValidationError(f"{exc} - at `$.{name}`") from None
+            if abs(ns) > MAX_DURATION_NS:
+                raise msgspec.ValidationError(f"longer than 100 years - at `$.{name}`")
+        if parse_duration(self.fairshare.usage_resolution) <= 0:
+            raise msgspec.ValidationError("must be positive - at `$.fairshare.usageResolution`")
+        if self.fairshare.time_based and parse_duration(self.fairshare.window_size) <= 0:
+            raise msgspec.ValidationError("must be positive with timeBased - at `$.fairshare.windowSize`")
+        if self.fairshare.k_value < 0:
+            raise msgspec.ValidationError("must be >= 0 - at `$.fairshare.kValue`")
         if self.state_digest_every < 0:
             raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
         if len(set(self.actions)) != len(self.actions):
@@ -97,9 +120,22 @@ def parse_config(raw: Any) -> SchedulerConfig:
         raise ConfigError(f"scheduler config: {exc}") from None
 
 
+#: keys added after configs were first logged, left out of the config's JSON while at their
+#: default, so that a logged config parses back to the same JSON (and digest)
+_OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
+    ("fairshare", "timeBased"): False,
+    ("fairshare", "usageResolution"): "1m",
+}
+
+
 def config_to_dict(cfg: SchedulerConfig) -> dict[str, object]:
-    """The fully defaulted config as a plain JSON object (camelCase keys)."""
+    """The fully defaulted config as a plain JSON object (camelCase keys), but for the keys
+    added later (`_OMITTED_AT_DEFAULT`), which appear only when set otherwise."""
     out: dict[str, object] = msgspec.to_builtins(cfg)
+    for (section, key), default in _OMITTED_AT_DEFAULT.items():
+        part = out.get(section)
+        if isinstance(part, dict) and part.get(key) == default:
+            del part[key]
     return out
 
 

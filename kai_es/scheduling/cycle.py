@@ -33,6 +33,7 @@ from kai_es.scheduling.packing import (
 from kai_es.scheduling.plan import Entry, Plan, task_shape
 from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.session import Session
+from kai_es.scheduling.usage import queue_usage
 from kai_es.state.model import ClusterState
 from kai_es.state.reducer import job_key_of_index
 
@@ -73,7 +74,9 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     policy = policy_for(config.policy_version)
     emitter = Emitter(started, config.policy_version)
     plan = Plan(state, packer, strategy_of(config, state), verify=verify)
-    session = Session(state, plan, started.envelope.logicaltime, policy)
+    now = started.envelope.logicaltime
+    usage = queue_usage(state, config, now) if policy.time_rules and config.fairshare.time_based else None
+    session = Session(state, plan, now, policy, config, usage)
     unschedulable = session.unschedulable
     for name in config.actions:
         action = policy.actions.get(name)

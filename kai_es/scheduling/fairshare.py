@@ -25,18 +25,55 @@ child, never beyond its need — to the children with the largest fraction of a 
 in their last round, then the oldest, then uid, then name; an amount smaller than one unit is
 handed out as it is. (`unit` 1 is the exact integer division above, kai-es/v1's.)
 
-Contract: pure; integers only (milli-GPU, milli-CPU, bytes); deterministic order everywhere.
+Time-based fair share (policy kai-es/v3 with `fairshare.timeBased`; KAI's formula): in every
+over-quota round a child's weight is not its over-quota weight W but P = max(W' + k(W' - U), 0),
+W' = W / (sum of the weights of the children still open in the round), U the queue's decayed
+historical usage as a share of the cluster's capacity (`kai_es.scheduling.usage`), k the
+config's `kValue`. P is an exact rational; the round divides by P scaled to integers (times the
+least common multiple of the denominators), so nothing is rounded beyond the division itself.
+When every open child's P is 0 the bucket's rounds end (the rest stays undivided there).
+
+Contract: pure; integers only (milli-GPU, milli-CPU, bytes; weights exact rationals scaled to
+integers); deterministic order everywhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
+from math import lcm
 from typing import TYPE_CHECKING
 
 from kai_es.state.reducer import gpu_memory_milli, job_key_of_index
 
 RESOURCES: tuple[str, ...] = ("gpu", "cpu", "memory")
+#: a queue's historical usage share per resource, in RESOURCES order
+Usage = tuple[Fraction, Fraction, Fraction]
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBased:
+    """Time-based fair share's inputs: each queue's usage share, and k."""
+
+    usage: Mapping[str, Usage]
+    k: int
+
+
+def round_weights(open_: Sequence[QueueInput], usage: Mapping[str, Fraction] | None, k: int) -> dict[str, int]:
+    """The integer weights of one over-quota round: the over-quota weights, or (time-based) each
+    child's P = max(W' + k(W' - U), 0) scaled by the common denominator (see module docstring)."""
+    if usage is None:
+        return {q.name: q.over_quota_weight for q in open_}
+    total = sum(q.over_quota_weight for q in open_)
+    if total <= 0:
+        return {q.name: 0 for q in open_}
+    portions = {}
+    for q in open_:
+        w = Fraction(q.over_quota_weight, total)
+        portions[q.name] = max(w + k * (w - usage.get(q.name, Fraction(0))), Fraction(0))
+    scale = lcm(*(p.denominator for p in portions.values()))
+    return {name: int(p * scale) for name, p in portions.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +132,11 @@ def parent_loops(parents: Mapping[str, str]) -> dict[str, list[str]]:
     return out
 
 
-def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1) -> dict[str, QueueShare]:
+def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1,
+           usage: Mapping[str, Fraction] | None = None, k: int = 0) -> dict[str, QueueShare]:
     """Fair share of every queue (see module docstring). Unknown parents count as the root;
     queues whose parent chain loops (`parent_loops`) are left out of the division: fair share
-    0."""
+    0. `usage` (queue -> usage share of this resource) turns time-based fair share on."""
     by_name = {q.name: q for q in queues}
     loops = parent_loops({q.name: q.parent for q in queues})
     children: dict[str, list[QueueInput]] = {}
@@ -125,12 +163,13 @@ def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1) -> dict[s
         request_of(top)
 
     def assign(parent_share: int, kids: list[QueueInput]) -> None:
-        claims = [(k, out[k.name].request) for k in kids]
-        shares = split(parent_share, claims) if unit <= 1 else split_whole(parent_share, claims, unit)
-        for k in kids:
-            out[k.name].fair_share = shares[k.name]
-            if children.get(k.name):
-                assign(shares[k.name], children[k.name])
+        claims = [(kid, out[kid.name].request) for kid in kids]
+        shares = split(parent_share, claims, usage, k) if unit <= 1 else \
+            split_whole(parent_share, claims, unit, usage, k)
+        for kid in kids:
+            out[kid.name].fair_share = shares[kid.name]
+            if children.get(kid.name):
+                assign(shares[kid.name], children[kid.name])
 
     assign(capacity, children.get("", []))
     for name in sorted(loops):
@@ -139,7 +178,8 @@ def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1) -> dict[s
     return out
 
 
-def split(amount: int, claims: Sequence[tuple[QueueInput, int]]) -> dict[str, int]:
+def split(amount: int, claims: Sequence[tuple[QueueInput, int]],
+          usage: Mapping[str, Fraction] | None = None, k: int = 0) -> dict[str, int]:
     """Divide `amount` among siblings, each (queue, request), by steps 1-3 of the rules."""
     need = {q.name: r for q, r in claims}
     given = _within_quota(amount, claims)
@@ -151,7 +191,10 @@ def split(amount: int, claims: Sequence[tuple[QueueInput, int]]) -> dict[str, in
         open_ = [q for q in bucket if q.over_quota_weight > 0 and given[q.name] < need[q.name]]
         while open_ and remaining > 0:
             wanted = {q.name: need[q.name] - given[q.name] for q in open_}
-            portions = _proportional(remaining, [(q, q.over_quota_weight) for q in open_], wanted)
+            weights = round_weights(open_, usage, k)
+            if not any(weights.values()):
+                break
+            portions = _proportional(remaining, [(q, weights[q.name]) for q in open_], wanted)
             for q in open_:
                 given[q.name] += portions[q.name]
                 remaining -= portions[q.name]
@@ -162,7 +205,8 @@ def split(amount: int, claims: Sequence[tuple[QueueInput, int]]) -> dict[str, in
     return given
 
 
-def split_whole(amount: int, claims: Sequence[tuple[QueueInput, int]], unit: int) -> dict[str, int]:
+def split_whole(amount: int, claims: Sequence[tuple[QueueInput, int]], unit: int,
+                usage: Mapping[str, Fraction] | None = None, k: int = 0) -> dict[str, int]:
     """`split` with the over-quota steps in whole units of `unit` (see module docstring)."""
     need = {q.name: r for q, r in claims}
     given = _within_quota(amount, claims)
@@ -174,11 +218,14 @@ def split_whole(amount: int, claims: Sequence[tuple[QueueInput, int]], unit: int
         left: dict[str, tuple[int, int]] = {}
         open_ = [q for q in bucket if q.over_quota_weight > 0 and given[q.name] < need[q.name]]
         while open_ and remaining > 0:
-            total = sum(q.over_quota_weight for q in open_)
+            weights = round_weights(open_, usage, k)
+            total = sum(weights.values())
+            if total <= 0:
+                break
             round_amount = remaining
             satisfied_early = False
             for q in open_:
-                share_num = round_amount * q.over_quota_weight  # the exact share is share_num / total
+                share_num = round_amount * weights[q.name]  # the exact share is share_num / total
                 wanted = need[q.name] - given[q.name]
                 if wanted * total <= share_num:
                     give = wanted
@@ -319,10 +366,12 @@ def pending_request(state: "ClusterState", gpu_memory_mib_hint: int) -> dict[str
     return out
 
 
-def shares_for_state(state: "ClusterState", gpu_unit: int = 1) -> dict[str, dict[str, QueueShare]]:
+def shares_for_state(state: "ClusterState", gpu_unit: int = 1,
+                     time_based: TimeBased | None = None) -> dict[str, dict[str, QueueShare]]:
     """resource -> queue -> its share, for the cluster and queues in `state` (capacity = every
     node's allocatable; allocated = Binding, Running and Releasing pods; pending = Pending pods).
-    GPUs are divided in units of `gpu_unit` milli-GPU over quota (1: exactly; 1000: whole GPUs)."""
+    GPUs are divided in units of `gpu_unit` milli-GPU over quota (1: exactly; 1000: whole GPUs);
+    `time_based` weighs the over-quota rounds by historical usage."""
     nodes = [state.nodes[n] for n in state.node_names]
     hint = max((n.spec.gpu_memory_mib for n in nodes), default=0)
     capacity = (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
@@ -340,7 +389,9 @@ def shares_for_state(state: "ClusterState", gpu_unit: int = 1) -> dict[str, dict
                 quota=res.quota, over_quota_weight=res.over_quota_weight, limit=res.limit,
                 allocated=(q.allocated_milli_gpu, q.allocated_milli_cpu, q.allocated_memory_bytes)[r],
                 pending=pending.get(name, (0, 0, 0))[r]))
-        out[resource] = divide(capacity[r], inputs, gpu_unit if resource == "gpu" else 1)
+        usage = None if time_based is None else {name: u[r] for name, u in time_based.usage.items()}
+        out[resource] = divide(capacity[r], inputs, gpu_unit if resource == "gpu" else 1, usage,
+                               time_based.k if time_based is not None else 0)
     return out
 
 

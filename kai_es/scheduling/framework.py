@@ -26,6 +26,7 @@ QUEUE_LOOP = "QueueLoop"
 INVALID_REQUEST = "InvalidRequest"
 QUEUE_LIMIT = "QueueLimit"
 NON_PREEMPTIBLE_OVER_QUOTA = "NonPreemptibleOverQuota"
+PREEMPTION_DELAY = "PreemptionDelay"
 
 #: packer rejection slot -> (numbers key, human phrase)
 REJECTION_NAMES: tuple[tuple[str, str], ...] = (

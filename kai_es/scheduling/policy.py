@@ -18,6 +18,11 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   (`kai_es.state.incremental_digest`: a multiset sha256 over the snapshot's entities, kept by
   the reducer, O(changes) per cycle); v1 records the sha256 of the whole snapshot (O(state)
   per cycle).
+- `kai-es/v3`: v2's actions and stalegangeviction; the time rules (`kai_es.scheduling.times`):
+  a job within its queue's preempt/reclaim min-runtime is no victim (an elastic one may still
+  lose surplus pods), a job within its preemption delay triggers no eviction, and a running gang
+  below its minimum past its staleness grace period is evicted whole; time-based fair share
+  when the config turns it on. Its states keep job times and usage (`kai_es.state.usage`).
 
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
 function of the Session that returns its result (placements and reasons), pure; a policy's
@@ -34,6 +39,7 @@ from typing import Final
 from kai_es.scheduling.actions.allocate import AllocateResult, Allocator
 from kai_es.scheduling.actions.preempt import Preempt
 from kai_es.scheduling.actions.reclaim import Reclaim
+from kai_es.scheduling.actions.stalegangeviction import StaleGangEviction
 from kai_es.scheduling.session import Session
 from kai_es.state.incremental_digest import incremental_digest, snapshot_digest
 from kai_es.state.model import ClusterState
@@ -57,6 +63,10 @@ def preempt(session: Session) -> AllocateResult:
     return Preempt(session).run()
 
 
+def stalegangeviction(session: Session) -> AllocateResult:
+    return StaleGangEviction(session).run()
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     version: str
@@ -74,6 +84,9 @@ class Policy:
     state_digest: Callable[[ClusterState], str] = full_digest
     #: the same digest computed from a snapshot of the state
     snapshot_digest: Callable[[Snapshot], str] = snapshot_sha256
+    #: the time rules: min-runtime protection, preemption delay (`kai_es.scheduling.times`),
+    #: and time-based fair share when the config turns it on
+    time_rules: bool = False
 
 
 class UnknownPolicy(ValueError):
@@ -86,9 +99,14 @@ POLICIES: Final[dict[str, Policy]] = {
                         frozenset({"allocate", "reclaim", "preempt"}), gpu_share_unit=1000,
                         kai_queue_order=True, spread_implies_gpuspread=True,
                         state_digest=incremental_digest, snapshot_digest=snapshot_digest),
+    "kai-es/v3": Policy("kai-es/v3", {"allocate": allocate, "reclaim": reclaim, "preempt": preempt,
+                                      "stalegangeviction": stalegangeviction},
+                        frozenset({"allocate", "reclaim", "preempt", "stalegangeviction"}), gpu_share_unit=1000,
+                        kai_queue_order=True, spread_implies_gpuspread=True,
+                        state_digest=incremental_digest, snapshot_digest=snapshot_digest, time_rules=True),
 }
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v2"
+CURRENT_POLICY: Final = "kai-es/v3"
 
 
 def policy_for(version: str) -> Policy:

@@ -29,6 +29,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,7 @@ from sortedcontainers import SortedList
 
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
-from kai_es.scheduling.fairshare import RESOURCES, parent_loops, pod_request, shares_for_state
+from kai_es.scheduling.fairshare import RESOURCES, TimeBased, Usage, parent_loops, pod_request, shares_for_state
 from kai_es.scheduling.gang import Minimum, minimum
 from kai_es.scheduling.plan import Entry, Operation, Plan
 from kai_es.scheduling.predicates.eligibility import Eligibility
@@ -44,6 +45,7 @@ from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 from kai_es.state.reducer import device_milli_on, job_key_of_index
 
 if TYPE_CHECKING:
+    from kai_es.scheduling.config import SchedulerConfig
     from kai_es.scheduling.policy import Policy
 
 Vector = tuple[int, int, int]  # (milli-GPU, milli-CPU, bytes), in RESOURCES order
@@ -146,13 +148,18 @@ class FairShareOrder:
 class Session:
     """One cycle's shared view (see module docstring)."""
 
-    def __init__(self, state: ClusterState, plan: Plan, now_ns: int, policy: Policy | None = None) -> None:
+    def __init__(self, state: ClusterState, plan: Plan, now_ns: int, policy: Policy | None = None,
+                 config: SchedulerConfig | None = None, usage: Mapping[str, Usage] | None = None) -> None:
         self.state = state
         self.plan = plan
         self.now_ns = now_ns
         #: the policy version's semantic switches (None: kai-es/v1's)
         self.gpu_share_unit = policy.gpu_share_unit if policy is not None else 1
         self.kai_queue_order = policy.kai_queue_order if policy is not None else False
+        #: the config in force, when the policy's time rules apply (`kai_es.scheduling.times`)
+        self.config = config if policy is not None and policy.time_rules else None
+        #: time-based fair share: each queue's usage share (None: off)
+        self.usage = usage
         self.eligibility = Eligibility(state, plan.names, plan.nodes)
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)
@@ -214,7 +221,10 @@ class Session:
             for anc in node.chain:
                 anc.allocated = _add(anc.allocated, own)
                 anc.nonpreemptible = _add(anc.nonpreemptible, np)
-        shares = shares_for_state(st, self.gpu_share_unit)
+        time_based = None
+        if self.usage is not None and self.config is not None:
+            time_based = TimeBased(self.usage, self.config.fairshare.k_value)
+        shares = shares_for_state(st, self.gpu_share_unit, time_based)
         for name, node in self.queues.items():
             node.fair = (shares["gpu"][name].fair_share, shares["cpu"][name].fair_share,
                          shares["memory"][name].fair_share)

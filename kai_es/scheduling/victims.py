@@ -36,6 +36,8 @@ class Unit:
 
     job: Job
     pods: tuple[PodState, ...]
+    #: pods above the job's minimum (an elastic job's extra), not the gang itself
+    surplus: bool = False
 
     @property
     def request(self) -> Vector:
@@ -64,7 +66,7 @@ def units_of(session: Session, jobs: Sequence[Job]) -> list[Unit]:
         base = (job.priority, -job.created_ns, job.uid)
         if surplus > 0:
             for i, pod in enumerate(newest_first[:surplus]):
-                out.append(((*base, 0, i, pod.key), Unit(job, (pod,))))
+                out.append(((*base, 0, i, pod.key), Unit(job, (pod,), surplus=True)))
             rest = newest_first[surplus:]
             if rest:
                 out.append(((*base, 1, 0, rest[0].key), Unit(job, tuple(rest))))

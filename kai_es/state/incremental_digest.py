@@ -48,12 +48,15 @@ from kai_es.state.reducer import pod_key
 from kai_es.state.snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,
+    job_form,
     job_snap,
     node_snap,
     pending_list,
     pod_snap,
+    queue_form,
     queue_snap,
     snapshot,
+    usage_form,
 )
 
 PREFIX: Final = "mset-sha256:"
@@ -145,12 +148,18 @@ def entity_hash(kind: str, key: str, form: object) -> int:
 
 def _header_hash(src: ClusterState | Snapshot) -> int:
     """H of what is not an entity; `src` is a state or its snapshot (same field names)."""
-    return entity_hash("state", "", {
+    header: dict[str, object] = {
         "format": SNAPSHOT_FORMAT, "position": src.position, "logicaltime": src.logicaltime,
         "records": src.records, "cycle": src.cycle, "completed_cycle": src.completed_cycle,
         "config_digest": src.config_digest, "config": src.config,
         "rejected_objects": src.rejected_objects, "ignored_events": src.ignored_events,
-    })
+    }
+    # the capacity's usage (time-based fair share) only when kept, so other states digest as before
+    if src.capacity_since_ns:
+        header["capacity_since_ns"] = src.capacity_since_ns
+        header["capacity_usage"] = (src.capacity_usage if isinstance(src, Snapshot)
+                                    else usage_form(src.capacity_usage))
+    return entity_hash("state", "", header)
 
 
 def _render(total: int) -> str:
@@ -175,8 +184,8 @@ def snapshot_digest(snap: Snapshot) -> str:
     total = _header_hash(snap)
     total += sum(h("node", n.spec.name, n) for n in snap.nodes)
     total += sum(h("pod", pod_key(x.spec.namespace, x.spec.name), x) for x in snap.pods)
-    total += sum(h("job", j.key, j) for j in snap.jobs)
-    total += sum(h("queue", q.spec.name, q) for q in snap.queues)
+    total += sum(h("job", j.key, job_form(j)) for j in snap.jobs)
+    total += sum(h("queue", q.spec.name, queue_form(q)) for q in snap.queues)
     total += sum(h("pending", q, keys) for q, keys in snap.pending_jobs.items())
     total += sum(h("priorityclass", name, v) for name, v in snap.priority_classes.items())
     total += sum(h("topology", name, levels) for name, levels in snap.topologies.items())

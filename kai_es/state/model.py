@@ -133,6 +133,13 @@ class Job:
     occupying: int = 0
     preemptible: bool = True
     index_key: tuple[int, int, str, str] | None = None
+    #: kept only under a config whose policy version times jobs (`ClusterState.timed`, kai-es/v3
+    #: on): when a pod of the job was last decided evicted (preemption delay's anchor); since
+    #: when it has been a running gang below its minimum (0: it is not; stale gang eviction);
+    #: how many of its pods succeeded (a gang with a succeeded pod is finishing, never stale)
+    last_evicted_ns: int = 0
+    stale_since_ns: int = 0
+    succeeded: int = 0
 
     @property
     def min_member(self) -> int:
@@ -149,6 +156,11 @@ class QueueState:
     nonpreemptible_milli_cpu: int = 0
     nonpreemptible_memory_bytes: int = 0
     nonpreemptible_milli_gpu: int = 0
+    #: time-based fair share (kept only while `ClusterState.usage_resolution_ns` > 0): bucket
+    #: index (time // resolution) -> [milli-GPU·ns, milli-CPU·ns, byte·ns] this queue's own
+    #: pods held during that bucket, accrued up to `usage_since_ns`
+    usage: dict[int, list[int]] = field(default_factory=dict)
+    usage_since_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -224,3 +236,14 @@ class ClusterState:
     stale_volumes: set[str] = field(default_factory=set)
     stale_config_maps: set[str] = field(default_factory=set)
     hashes: EntityHashes = field(default_factory=EntityHashes)
+    #: derived from `config` (not snapshotted: `restore` derives them again): whether jobs are
+    #: timed (their policy version is kai-es/v3 or later), and the time-based fair share's usage
+    #: bucket size and window (0: usage not kept)
+    timed: bool = False
+    usage_resolution_ns: int = 0
+    usage_window_ns: int = 0
+    #: the logical time of the record being folded (set by `apply` before its handler)
+    event_ns: int = 0
+    #: the cluster's capacity over time, as queues' `usage` (snapshotted)
+    capacity_usage: dict[int, list[int]] = field(default_factory=dict)
+    capacity_since_ns: int = 0

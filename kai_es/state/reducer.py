@@ -28,8 +28,10 @@ from sortedcontainers import SortedList
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
+from kai_es.events.timefmt import parse_duration
 from kai_es.ingest import bounds
 from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.state import usage
 from kai_es.state.model import (
     BIND_BACKOFF_BASE_NS,
     BIND_BACKOFF_CAP_NS,
@@ -256,10 +258,14 @@ def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
         job.occupying += sign
         state.stale_jobs.add(job.key)
         name = job.queue or spec.queue
+        if state.timed:
+            track_stale(state, job)
     q = state.queues.get(name)
     if q is None:
         return
     state.stale_queues.add(name)
+    if state.usage_resolution_ns:
+        usage.accrue_queue(state, name, q, state.event_ns)
     requests = spec.requests
     cpu, memory = sign * requests.milli_cpu, sign * requests.memory_bytes
     gpu = sign * pod.device_milli * len(pod.devices)  # pod.milli_gpu
@@ -270,6 +276,43 @@ def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
         q.nonpreemptible_milli_cpu += cpu
         q.nonpreemptible_memory_bytes += memory
         q.nonpreemptible_milli_gpu += gpu
+
+
+def track_stale(state: ClusterState, job: Job) -> None:
+    """Keep `job.stale_since_ns` (timed states only): the time since which the job has been a
+    running gang below its minimum — some pods occupying, fewer than `min_member`, none
+    succeeded — or 0 when it is not one (KAI's stale gang)."""
+    stale = job.succeeded == 0 and 0 < job.occupying < job.min_member
+    if stale and not job.stale_since_ns:
+        job.stale_since_ns = state.event_ns
+        state.stale_jobs.add(job.key)
+    elif not stale and job.stale_since_ns:
+        job.stale_since_ns = 0
+        state.stale_jobs.add(job.key)
+
+
+#: policy versions (in the config in force) whose states keep no job times or usage: logs
+#: written under them fold to exactly the state (and digest) they recorded
+UNTIMED_POLICIES: Final = frozenset({None, "", "kai-es/v1", "kai-es/v2"})
+
+
+def derive_config_flags(state: ClusterState) -> None:
+    """Set the state's flags derived from its config (`timed`, the usage resolution and window).
+    A config whose durations do not parse keeps usage off (the scheduler rejects such a config
+    before it is ever applied)."""
+    config = state.config
+    state.timed = config.get("policyVersion") not in UNTIMED_POLICIES
+    fairshare = config.get("fairshare")
+    resolution = window = 0
+    if state.timed and isinstance(fairshare, dict) and fairshare.get("timeBased") is True:
+        try:
+            resolution = parse_duration(str(fairshare.get("usageResolution", "1m")))
+            window = parse_duration(str(fairshare.get("windowSize", "168h")))
+        except ValueError:
+            resolution = window = 0
+    if resolution <= 0 or window <= 0:
+        resolution = window = 0
+    state.usage_resolution_ns, state.usage_window_ns = resolution, window
 
 
 def _pod_queue(state: ClusterState, pod: PodState) -> str:
@@ -409,7 +452,11 @@ def _out_of_bounds_pod(spec: p.PodObserved) -> bool:
                 and 0 <= g.gpu_memory_mib <= bounds.MAX_GPU_MEMORY_MIB
                 and 1 <= g.fraction_devices <= bounds.MAX_POD_GPUS):
             return True
-    return bool(spec.scalar_requests) and not all(0 <= v <= _MAX_QUANTITY for v in spec.scalar_requests.values())
+    if spec.scalar_requests and not all(0 <= v <= _MAX_QUANTITY for v in spec.scalar_requests.values()):
+        return True
+    return (spec.preemption_delay_ns is not None or spec.staleness_grace_ns is not None) and bool(
+        bounds.duration_problem("preemption delay", spec.preemption_delay_ns)
+        or bounds.duration_problem("staleness grace period", spec.staleness_grace_ns, signed=True))
 
 
 _MAX_QUANTITY: Final = bounds.MAX_QUANTITY
@@ -426,6 +473,8 @@ def _node_observed(state: ClusterState, env: Envelope) -> None:
     if node is None or node.spec != spec:
         state.node_set_version += 1
         state.stale_nodes.add(spec.name)
+        if state.usage_resolution_ns:
+            usage.accrue_capacity(state, state.event_ns)
     if node is None:
         state.nodes[spec.name] = NodeState(
             spec=spec, device_used=[0] * spec.gpus, device_releasing=[0] * spec.gpus,
@@ -461,6 +510,8 @@ def _node_removed(state: ClusterState, env: Envelope) -> None:
 
 
 def _remove_node(state: ClusterState, name: str) -> None:
+    if state.usage_resolution_ns and name in state.nodes:
+        usage.accrue_capacity(state, state.event_ns)
     node = state.nodes.pop(name, None)
     if node is None:
         state.ignored_events += 1
@@ -500,6 +551,10 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
     state.stale_pods.add(key)
     if spec.phase in ("Succeeded", "Failed"):
         if pod is not None:
+            if state.timed and spec.phase == "Succeeded":
+                job = state.jobs[pod.job_key]
+                job.succeeded += 1
+                track_stale(state, job)
             _drop_pod(state, pod)
         return
     if pod is not None and pod.spec.uid != spec.uid:
@@ -571,7 +626,9 @@ def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved
             _occupy(state, pod, spec.node_name, spec.gpu_devices,
                     (spec.gpu_group,) if spec.gpu_group else (), status)
         if not pod.started_ns:
-            pod.started_ns = now
+            # the pod's own start time when the cluster reports one (a pod running before it was
+            # first observed), else the time it was observed running
+            pod.started_ns = spec.started_ns if 0 < spec.started_ns <= now else now
         if pod.pending_key is not None:
             _set_pending(state, pod, False)
     elif pod.status in ("Binding", "Releasing"):
@@ -657,12 +714,18 @@ def _pod_removed(state: ClusterState, env: Envelope) -> None:
 
 def _queue_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.QueueObserved = env.data
+    if bounds.duration_problem("preemptMinRuntime", spec.preempt_min_runtime_ns) or \
+            bounds.duration_problem("reclaimMinRuntime", spec.reclaim_min_runtime_ns):
+        state.rejected_objects += 1  # a crafted or corrupt record: never applied
+        return
     if state.resync_seen:
         _mark_seen(state, "Queue", spec.name)
     q = state.queues.get(spec.name)
     state.stale_queues.add(spec.name)
     if q is None:
         state.queues[spec.name] = q = QueueState(spec=spec)
+        if state.usage_resolution_ns:
+            q.usage_since_ns = state.event_ns
         for key in sorted(state.pods):
             pod = state.pods[key]
             if pod.status in OCCUPYING and _pod_queue(state, pod) == spec.name:
@@ -683,6 +746,10 @@ def _queue_removed(state: ClusterState, env: Envelope) -> None:
 
 def _podgroup_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.PodGroupObserved = env.data
+    if bounds.duration_problem("preemptionDelay", spec.preemption_delay_ns) or \
+            bounds.duration_problem("stalenessGracePeriod", spec.staleness_grace_ns, signed=True):
+        state.rejected_objects += 1  # a crafted or corrupt record: never applied
+        return
     key = pod_key(spec.namespace, spec.name)
     if state.resync_seen:
         _mark_seen(state, "PodGroup", key)
@@ -693,6 +760,8 @@ def _podgroup_observed(state: ClusterState, env: Envelope) -> None:
     job.spec = spec
     job.implicit = False
     _refresh_job(state, job)
+    if state.timed:
+        track_stale(state, job)
 
 
 def _podgroup_removed(state: ClusterState, env: Envelope) -> None:
@@ -877,6 +946,12 @@ def _config_applied(state: ClusterState, env: Envelope) -> None:
     data: p.ConfigApplied = env.data
     state.config = dict(data.config)
     state.config_digest = data.config_digest
+    was_kept = state.usage_resolution_ns
+    derive_config_flags(state)
+    if state.usage_resolution_ns and not was_kept:
+        usage.start_all(state, env.logicaltime)
+    elif was_kept and not state.usage_resolution_ns:
+        usage.stop_all(state)
 
 
 def _cycle_started(state: ClusterState, env: Envelope) -> None:
@@ -924,6 +999,10 @@ def _eviction_decided(state: ClusterState, env: Envelope) -> None:
         return
     pod.decision_id = env.id  # the pod is marked by _set_status
     _set_status(state, pod, "Releasing")
+    if state.timed:
+        job = state.jobs[pod.job_key]
+        job.last_evicted_ns = env.logicaltime
+        state.stale_jobs.add(job.key)
 
 
 def _pod_unschedulable(state: ClusterState, env: Envelope) -> None:
@@ -1049,6 +1128,7 @@ def apply(state: ClusterState, record: Record) -> ClusterState:
         raise ValueError(
             f"record at position {record.position} is not after the state's position {state.position}"
         )
+    state.event_ns = env.logicaltime
     HANDLERS[type(env.data)](state, env)
     state.position = record.position
     state.records += 1

@@ -75,6 +75,16 @@ class JobSnap(msgspec.Struct, frozen=True, kw_only=True):
     pending: list[str]
 
 
+class TimedJobSnap(JobSnap, frozen=True, kw_only=True, omit_defaults=True):
+    """A job with times (timed states only). `job_snap` gives a plain JobSnap when every time is
+    0, so that states without them encode (JSON and msgpack, hence digest) as before they
+    existed; `job_form` brings a decoded one back to that form."""
+
+    last_evicted_ns: int = 0
+    stale_since_ns: int = 0
+    succeeded: int = 0
+
+
 class QueueSnap(msgspec.Struct, frozen=True, kw_only=True):
     spec: p.QueueObserved
     allocated_milli_cpu: int
@@ -83,6 +93,15 @@ class QueueSnap(msgspec.Struct, frozen=True, kw_only=True):
     nonpreemptible_milli_cpu: int
     nonpreemptible_memory_bytes: int
     nonpreemptible_milli_gpu: int
+
+
+class UsageQueueSnap(QueueSnap, frozen=True, kw_only=True, omit_defaults=True):
+    """A queue with time-based fair share's usage (kept only when configured; as TimedJobSnap,
+    a plain QueueSnap when there is none): bucket -> integrals as decimal strings (they outgrow
+    64-bit integers, which msgpack, hence the digest, cannot carry)."""
+
+    usage: dict[str, list[str]] = {}
+    usage_since_ns: int = 0
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -96,8 +115,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     config: dict[str, object]
     nodes: list[NodeSnap]
     pods: list[PodSnap]
-    jobs: list[JobSnap]
-    queues: list[QueueSnap]
+    jobs: list[TimedJobSnap]
+    queues: list[UsageQueueSnap]
     pending_jobs: dict[str, list[str]]
     priority_classes: dict[str, int]
     topologies: dict[str, list[str]]
@@ -109,6 +128,31 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     claims: list[p.ClaimObserved] = []
     volumes: list[p.VolumeObserved] = []
     config_maps: list[str] = []
+    capacity_usage: dict[str, list[str]] = {}
+    capacity_since_ns: int = 0
+
+
+def usage_form(buckets: dict[int, list[int]]) -> dict[str, list[str]]:
+    """The canonical form of usage buckets (sorted by bucket; integers as decimal strings)."""
+    return {str(b): [str(v) for v in buckets[b]] for b in sorted(buckets)}
+
+
+def usage_of(form: dict[str, list[str]]) -> dict[int, list[int]]:
+    return {int(b): [int(v) for v in values] for b, values in form.items()}
+
+
+def job_form(j: JobSnap) -> JobSnap:
+    """The canonical form of a decoded job snapshot (a plain JobSnap when it has no times)."""
+    if isinstance(j, TimedJobSnap) and not (j.last_evicted_ns or j.stale_since_ns or j.succeeded):
+        return JobSnap(**{f: getattr(j, f) for f in JobSnap.__struct_fields__})
+    return j
+
+
+def queue_form(q: QueueSnap) -> QueueSnap:
+    """The canonical form of a decoded queue snapshot (a plain QueueSnap without usage)."""
+    if isinstance(q, UsageQueueSnap) and not (q.usage or q.usage_since_ns):
+        return QueueSnap(**{f: getattr(q, f) for f in QueueSnap.__struct_fields__})
+    return q
 
 
 def node_snap(n: NodeState) -> NodeSnap:
@@ -134,6 +178,12 @@ def pod_snap(x: PodState) -> PodSnap:
 
 def job_snap(j: Job) -> JobSnap:
     """The canonical form of one job (members sorted, pending pods in their order)."""
+    if j.last_evicted_ns or j.stale_since_ns or j.succeeded:
+        return TimedJobSnap(key=j.key, namespace=j.namespace, name=j.name, spec=j.spec, implicit=j.implicit,
+                            queue=j.queue, priority=j.priority, created_ns=j.created_ns, uid=j.uid,
+                            occupying=j.occupying, preemptible=j.preemptible, members=sorted(j.members),
+                            pending=[e[3] for e in j.pending], last_evicted_ns=j.last_evicted_ns,
+                            stale_since_ns=j.stale_since_ns, succeeded=j.succeeded)
     return JobSnap(key=j.key, namespace=j.namespace, name=j.name, spec=j.spec, implicit=j.implicit,
                    queue=j.queue, priority=j.priority, created_ns=j.created_ns, uid=j.uid,
                    occupying=j.occupying, preemptible=j.preemptible, members=sorted(j.members),
@@ -142,6 +192,14 @@ def job_snap(j: Job) -> JobSnap:
 
 def queue_snap(q: QueueState) -> QueueSnap:
     """The canonical form of one queue (its spec and derived allocation)."""
+    if q.usage or q.usage_since_ns:
+        return UsageQueueSnap(spec=q.spec, allocated_milli_cpu=q.allocated_milli_cpu,
+                              allocated_memory_bytes=q.allocated_memory_bytes,
+                              allocated_milli_gpu=q.allocated_milli_gpu,
+                              nonpreemptible_milli_cpu=q.nonpreemptible_milli_cpu,
+                              nonpreemptible_memory_bytes=q.nonpreemptible_memory_bytes,
+                              nonpreemptible_milli_gpu=q.nonpreemptible_milli_gpu,
+                              usage=usage_form(q.usage), usage_since_ns=q.usage_since_ns)
     return QueueSnap(spec=q.spec, allocated_milli_cpu=q.allocated_milli_cpu,
                      allocated_memory_bytes=q.allocated_memory_bytes,
                      allocated_milli_gpu=q.allocated_milli_gpu,
@@ -163,8 +221,8 @@ def snapshot(state: ClusterState) -> Snapshot:
         config_digest=state.config_digest, config=state.config,
         nodes=[node_snap(state.nodes[name]) for name in state.node_names],
         pods=[pod_snap(state.pods[k]) for k in sorted(state.pods)],
-        jobs=[job_snap(state.jobs[k]) for k in sorted(state.jobs)],
-        queues=[queue_snap(state.queues[k]) for k in sorted(state.queues)],
+        jobs=[job_snap(state.jobs[k]) for k in sorted(state.jobs)],  # type: ignore[misc]
+        queues=[queue_snap(state.queues[k]) for k in sorted(state.queues)],  # type: ignore[misc]
         pending_jobs={q: pending_list(lst) for q, lst in sorted(state.pending_jobs.items())},
         priority_classes=dict(sorted(state.priority_classes.items())),
         topologies=dict(sorted(state.topologies.items())),
@@ -174,6 +232,7 @@ def snapshot(state: ClusterState) -> Snapshot:
         claims=[state.claims[k] for k in sorted(state.claims)],
         volumes=[state.volumes[k] for k in sorted(state.volumes)],
         config_maps=sorted(state.config_maps),
+        capacity_usage=usage_form(state.capacity_usage), capacity_since_ns=state.capacity_since_ns,
     )
 
 
@@ -211,9 +270,14 @@ def restore(snap: Snapshot) -> ClusterState:
         namespaces={k: dict(v) for k, v in snap.namespaces.items()},
         claims={r.pod_key(c.namespace, c.name): c for c in snap.claims},
         volumes={v.name: v for v in snap.volumes}, config_maps=set(snap.config_maps),
+        capacity_usage=usage_of(snap.capacity_usage), capacity_since_ns=snap.capacity_since_ns,
     )
+    r.derive_config_flags(st)
     for q in snap.queues:
         st.queues[q.spec.name] = QueueState(spec=q.spec)
+        if isinstance(q, UsageQueueSnap):
+            st.queues[q.spec.name].usage = usage_of(q.usage)
+            st.queues[q.spec.name].usage_since_ns = q.usage_since_ns
     for n in snap.nodes:
         g = n.spec.gpus
         st.nodes[n.spec.name] = NodeState(spec=n.spec, device_used=[0] * g,
@@ -222,6 +286,9 @@ def restore(snap: Snapshot) -> ClusterState:
     for j in snap.jobs:
         st.jobs[j.key] = Job(key=j.key, namespace=j.namespace, name=j.name, spec=j.spec,
                              implicit=j.implicit)
+        if isinstance(j, TimedJobSnap):
+            job = st.jobs[j.key]
+            job.last_evicted_ns, job.stale_since_ns, job.succeeded = j.last_evicted_ns, j.stale_since_ns, j.succeeded
     for ps in snap.pods:
         pod = PodState(key=r.pod_key(ps.spec.namespace, ps.spec.name), spec=ps.spec,
                        job_key=ps.job_key, decision_id=ps.decision_id,

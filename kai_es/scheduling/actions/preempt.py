@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kai_es.scheduling import times
 from kai_es.scheduling.actions.preempting import PreemptingAction
 from kai_es.scheduling.session import QueueNode, Vector
 from kai_es.scheduling.victims import Unit
@@ -17,6 +18,10 @@ class Preempt(PreemptingAction):
 
     def victim_jobs(self, leaf: QueueNode, job: Job) -> list[Job]:
         return [v for v in self.occupying_jobs if v.queue == leaf.name and v.priority < job.priority]
+
+    def min_runtime_ns(self, leaf: QueueNode, victim_leaf: QueueNode) -> int:
+        assert self.session.config is not None
+        return times.preempt_min_runtime_ns(self.state, self.session.config, victim_leaf)
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         return lambda unit: unit.job.queue == leaf.name and unit.job.preemptible and unit.job.priority < job.priority

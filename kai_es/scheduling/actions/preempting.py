@@ -11,6 +11,9 @@ Contract:
   minimum is pipelined is pipelined whole.
 - The queue's limits (and, for a non-preemptible job, quota) hold for a preemptor as for
   allocate.
+- Time rules (policy kai-es/v3, `kai_es.scheduling.times`): a job within its preemption delay
+  is no preemptor (its waiting pods get a PreemptionDelay reason); a victim job within its
+  min-runtime offers only its surplus pods (an elastic job's extras), never its gang.
 - Pure: reads the state; writes only the Session's Plan and the returned result.
 """
 
@@ -18,7 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from kai_es.events.payloads import Reason
+from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling import framework as fw
+from kai_es.scheduling import times
 from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.plan import Entry
 from kai_es.scheduling.session import QueueNode, Session, Vector
@@ -47,6 +53,7 @@ class PreemptingAction:
         self._units: list[Unit] | None = None
         self._allowed: dict[tuple[str, int], set[int]] = {}
         self._cursor: dict[tuple[str, int], int] = {}
+        self._protection: dict[tuple[str, str], bool] = {}
 
     # -- what each action says ---------------------------------------------------------------
 
@@ -76,10 +83,37 @@ class PreemptingAction:
         for i in range(start, len(units)):
             unit = units[i]
             if id(unit.job) in allowed and not any(pod.key in evicted for pod in unit.pods):
+                # min-runtime: a protected job keeps its gang; only an elastic job's surplus goes
+                if not unit.surplus and self._protected(leaf, unit.job):
+                    continue
                 yield unit
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         raise NotImplementedError
+
+    def min_runtime_ns(self, leaf: QueueNode, victim_leaf: QueueNode) -> int:
+        """The min-runtime protecting victims of `victim_leaf` from a preemptor of `leaf`."""
+        return 0
+
+    def _protected(self, leaf: QueueNode, victim: Job) -> bool:
+        """Whether `victim` is within its min-runtime (policy time rules only), memoised."""
+        if self.session.config is None:
+            return False
+        key = (leaf.name, victim.key)
+        found = self._protection.get(key)
+        if found is None:
+            victim_leaf = self.session.queues.get(victim.queue)
+            runtime = self.min_runtime_ns(leaf, victim_leaf) if victim_leaf is not None else 0
+            until = times.protected_until_ns(self.state, victim, runtime, self.session.now_ns)
+            found = self._protection[key] = self.session.now_ns < until
+        return found
+
+    def _delayed(self, job: Job) -> int:
+        """The time from which `job` may trigger evictions, when that is still to come (else 0)."""
+        if self.session.config is None:
+            return 0
+        start = times.may_trigger_evictions_from_ns(self.state, job)
+        return start if start > self.session.now_ns else 0
 
     def why(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], tuple[str, dict[str, int]]]:
         raise NotImplementedError
@@ -103,10 +137,27 @@ class PreemptingAction:
             if job.key in seen or leaf is None or leaf.children:
                 continue
             seen.add(job.key)
+            delayed = self._delayed(job)
+            if delayed:
+                self._explain_delay(job, delayed)
+                continue
             key = self.session.key(leaf, (0, 0, 0))
             out.append(((key, -job.priority, job.created_ns, job.uid, job.key), leaf, job))
         out.sort(key=lambda item: item[0])
         return [(leaf, job) for _, leaf, job in out]
+
+    def _explain_delay(self, job: Job, until_ns: int) -> None:
+        """Add the preemption-delay reason to the job's waiting pods (once per cycle)."""
+        delay = times.preemption_delay_ns(self.state, job)
+        reason = Reason(code=fw.PREEMPTION_DELAY, message=(
+            f"job {job.key} is within its preemption delay ({format_duration(delay)}) and may not "
+            f"trigger evictions before {rfc3339(until_ns)}"),
+            numbers={"preemption_delay_ns": delay, "until_ns": until_ns})
+        waiting = self.session.unschedulable
+        for _, _, _, pod_key in job.pending:
+            reasons = waiting.get(pod_key)
+            if reasons is not None and all(r.code != fw.PREEMPTION_DELAY for r in reasons):
+                waiting[pod_key] = [*reasons, reason]  # a new list: reason lists may be shared
 
     def run(self) -> AllocateResult:
         for leaf, job in self.preemptors():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kai_es.scheduling import times
 from kai_es.scheduling.actions.preempting import PreemptingAction, at_most, dominant_share, reason_numbers
 from kai_es.scheduling.session import QueueNode, Vector
 from kai_es.scheduling.victims import Unit
@@ -54,6 +55,10 @@ class Reclaim(PreemptingAction):
     def victim_jobs(self, leaf: QueueNode, job: Job) -> list[Job]:
         queues = self.session.queues
         return [v for v in self.occupying_jobs if v.queue != leaf.name and v.queue in queues]
+
+    def min_runtime_ns(self, leaf: QueueNode, victim_leaf: QueueNode) -> int:
+        assert self.session.config is not None
+        return times.reclaim_min_runtime_ns(self.state, self.session.config, leaf, victim_leaf)
 
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
         # within fair share at the leaf at least (the full chain is checked per victim)

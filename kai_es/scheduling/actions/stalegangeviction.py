@@ -1,0 +1,51 @@
+"""The stalegangeviction action (policy kai-es/v3; KAI's): a running gang below its minimum —
+some pods occupying, fewer than its `minMember`, none succeeded — for at least its staleness
+grace period (`kai_es.scheduling.times`; negative: never) is evicted whole: every pod of it
+that is Binding or Running gets an EvictionDecided naming this action and why.
+
+Contract: jobs in key order; the time the gang went stale comes from the log (the reducer's
+`stale_since_ns`), "now" is the cycle's; pods this cycle's Plan already evicts, or that occupy
+a node the cluster does not report, are left alone. Pure: writes only the Session's Plan.
+"""
+
+from __future__ import annotations
+
+from kai_es.events.timefmt import format_duration, rfc3339
+from kai_es.scheduling import times
+from kai_es.scheduling.actions.allocate import AllocateResult
+from kai_es.scheduling.session import Session
+
+NAME = "stalegangeviction"
+
+
+class StaleGangEviction:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def run(self) -> AllocateResult:
+        session, state = self.session, self.session.state
+        config = session.config
+        if config is None:
+            return AllocateResult()
+        plan, now = session.plan, session.now_ns
+        jobs = state.jobs
+        for key in sorted(jobs):
+            job = jobs[key]
+            if not job.stale_since_ns:
+                continue
+            deadline = times.stale_deadline_ns(state, config, job)
+            if deadline is None or now < deadline:
+                continue
+            grace = times.staleness_grace_ns(state, config, job)
+            pods = [state.pods[k] for k in sorted(job.members)]
+            running = [pod for pod in pods if pod.status in ("Binding", "Running") and pod.node in plan.node_index
+                       and pod.key not in plan.evicted_pods]
+            occupying = sum(1 for pod in pods if pod.status in ("Binding", "Running", "Releasing"))
+            why = (f"stale gang: job {job.key} has had {occupying} of the {job.min_member} pods it needs "
+                   f"running since {rfc3339(job.stale_since_ns)}, beyond its staleness grace period "
+                   f"({format_duration(grace)}); all its running pods are evicted")
+            numbers = {"occupying": occupying, "min_member": job.min_member,
+                       "stale_since_ns": job.stale_since_ns, "grace_period_ns": grace}
+            for pod in running:
+                plan.evict(pod.key, NAME, "", why, numbers)
+        return AllocateResult()
