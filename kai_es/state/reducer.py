@@ -550,11 +550,15 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
         _mark_seen(state, "Pod", key)
     state.stale_pods.add(key)
     if spec.phase in ("Succeeded", "Failed"):
-        if pod is not None:
-            if state.timed and spec.phase == "Succeeded":
-                job = state.jobs[pod.job_key]
+        if state.timed and spec.phase == "Succeeded":
+            # a gang with a succeeded pod is finishing, not stale (the pod need not have been seen
+            # before: a relist reports finished pods too)
+            job = state.jobs.get(pod.job_key if pod is not None else pod_key(spec.namespace, spec.podgroup))
+            if job is not None:
                 job.succeeded += 1
+                state.stale_jobs.add(job.key)
                 track_stale(state, job)
+        if pod is not None:
             _drop_pod(state, pod)
         return
     if pod is not None and pod.spec.uid != spec.uid:

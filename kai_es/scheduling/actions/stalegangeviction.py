@@ -42,7 +42,7 @@ class StaleGangEviction:
                        and pod.key not in plan.evicted_pods]
             occupying = sum(1 for pod in pods if pod.status in ("Binding", "Running", "Releasing"))
             why = (f"stale gang: job {job.key} has had {occupying} of the {job.min_member} pods it needs "
-                   f"running since {rfc3339(job.stale_since_ns)}, beyond its staleness grace period "
+                   f"running since {rfc3339(job.stale_since_ns)}, at least its staleness grace period "
                    f"({format_duration(grace)}); all its running pods are evicted")
             numbers = {"occupying": occupying, "min_member": job.min_member,
                        "stale_since_ns": job.stale_since_ns, "grace_period_ns": grace}
