@@ -107,3 +107,44 @@ def stale_deadline_ns(state: ClusterState, config: SchedulerConfig, job: Job) ->
     if grace < 0:
         return None
     return job.stale_since_ns + grace
+
+
+def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
+    """Sorted times at which a time rule may change a cycle's decisions though nothing new was
+    logged (a reason for the scheduler to wake up and run a cycle): stale gangs' eviction
+    deadlines; and, while pods wait, the ends of pending jobs' preemption delays and of running
+    jobs' min-runtimes (by the victim's own queue chain, for preempt and reclaim)."""
+    out: set[int] = set()
+    actions = set(config.actions)
+    if "stalegangeviction" in actions:
+        for key in sorted(state.jobs):
+            deadline = stale_deadline_ns(state, config, state.jobs[key])
+            if deadline is not None:
+                out.add(deadline)
+    if state.pending_jobs and actions & {"reclaim", "preempt", "consolidation"}:
+        defaults = (duration_ns(config.min_runtime.preempt_min_runtime),
+                    duration_ns(config.min_runtime.reclaim_min_runtime))
+        for key in sorted(state.jobs):
+            job = state.jobs[key]
+            if job.pending:
+                start = may_trigger_evictions_from_ns(state, job)
+                if start:
+                    out.add(start)
+            if job.occupying and job.preemptible:
+                started = job_started_ns(state, job, 0)
+                for runtime in (*defaults, *_chain_values(state, job.queue)):
+                    if runtime > 0 and started > 0:
+                        out.add(started + runtime)
+    return sorted(out)
+
+
+def _chain_values(state: ClusterState, queue: str) -> list[int]:
+    """Every min-runtime set on `queue` and its ancestors."""
+    values: list[int] = []
+    seen: set[str] = set()
+    while queue in state.queues and queue not in seen:
+        seen.add(queue)
+        spec = state.queues[queue].spec
+        values += [v for v in (spec.preempt_min_runtime_ns, spec.reclaim_min_runtime_ns) if v is not None]
+        queue = spec.parent
+    return values

@@ -5,9 +5,10 @@ Contract:
 - A cycle appends CycleStarted (its position is the cut), folds exactly up to it, runs the pure
   `run_cycle`, and appends the decisions plus CycleCompleted in one atomic append.
 - `has_work()` is true when something other than the scheduler's own events arrived after the
-  last cycle's cut (including what another writer appended while that cycle ran), or a bind
-  back-off has expired; the shell never runs a cycle that has nothing new
-  to look at (so an idle cluster writes nothing).
+  last cycle's cut (including what another writer appended while that cycle ran), a bind
+  back-off has expired, or (policy kai-es/v3) a time rule came due since the last cycle (a stale
+  gang's grace period, a preemption delay or a min-runtime ended); the shell never runs a cycle
+  that has nothing new to look at (so an idle cluster writes nothing).
 - Optional snapshots (`snapshots=` a `kai_es.services.snapshotting.SnapshotStore`): every
   `snapshot_every` cycles, on a cycle whose CycleCompleted carries a `statedigest`, the state at
   the cut is saved after the decisions are in the log; `start()` restores the newest snapshot
@@ -28,6 +29,7 @@ from kai_es import verify_mode
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.scheduling.policy import policy_for
+from kai_es.scheduling.times import due_times_ns
 from kai_es.services.snapshotting import restore_validated
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
@@ -55,6 +57,8 @@ class SchedulerService:
         self.snapshot_restored: int | None = None  # position of the snapshot start() used
         self.snapshots_written = 0
         self._cycles_since_snapshot = 0
+        #: logical time of the last cycle run here (time rules due after it wake the scheduler)
+        self._last_cycle_ns = -1
 
     def _fold(self, record: Record) -> None:
         apply(self.state, record)
@@ -91,18 +95,29 @@ class SchedulerService:
                                                    logicaltime=self.clock.now_ns())])
             await self.catch_up()
 
+    def _due_times(self) -> list[int]:
+        """When a time rule of the policy (stale gangs, preemption delay, min-runtime) may change
+        a decision with nothing new logged (`kai_es.scheduling.times.due_times_ns`)."""
+        if not policy_for(self.config.policy_version).time_rules:
+            return []
+        return due_times_ns(self.state, self.config)
+
     def has_work(self) -> bool:
         if self._inputs_since_cycle:
             return True
         now = self.clock.now_ns()
+        if any(self._last_cycle_ns < t <= now for t in self._due_times()):
+            return True
         return any(0 < pod.backoff_until_ns <= now and pod.status == "Pending"
                    for pod in self.state.pods.values())
 
     def next_backoff_ns(self) -> int | None:
-        """The earliest future back-off expiry of a pending pod (a reason to wake up)."""
+        """The earliest future back-off expiry of a pending pod, or due time of a time rule (a
+        reason to wake up)."""
         now = self.clock.now_ns()
         times = [pod.backoff_until_ns for pod in self.state.pods.values()
                  if pod.status == "Pending" and pod.backoff_until_ns > now]
+        times += [t for t in self._due_times() if t > now][:1]
         return min(times) if times else None
 
     async def run_cycle_once(self) -> list[Envelope]:
@@ -113,6 +128,7 @@ class SchedulerService:
                                 event_id=self.ids.new_id(), source=SOURCE, subject=f"cycle/{cycle}",
                                 logicaltime=max(self.clock.now_ns(), self.state.logicaltime),
                                 policyversion=self.config.policy_version)
+        self._last_cycle_ns = started.logicaltime
         [cut] = await self.events.append([started])
         cut_record: Record | None = None
         async for record in self.events.read(self.state.position + 1):
