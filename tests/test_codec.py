@@ -132,7 +132,7 @@ def test_version_1_pod_observed_decodes_as_version_2_and_keeps_its_bytes() -> No
     assert isinstance(env.data, p.PodObserved) and env.data.labels == {} and env.data.host_ports == []
     assert encode(env) == v1
     new = _env(p.PodObserved(namespace="default", name="a", uid="u1", podgroup="pg", labels={"app": "x"}))
-    assert new.schemaversion == 2
+    assert new.schemaversion == 3  # the current version (v3 adds start time and time annotations)
     assert decode(encode(new)).data == new.data
 
 

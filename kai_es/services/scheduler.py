@@ -59,6 +59,7 @@ class SchedulerService:
         self._cycles_since_snapshot = 0
         #: logical time of the last cycle run here (time rules due after it wake the scheduler)
         self._last_cycle_ns = -1
+        self._due_cache: tuple[int, list[int]] = (-2, [])
 
     def _fold(self, record: Record) -> None:
         apply(self.state, record)
@@ -100,7 +101,10 @@ class SchedulerService:
         a decision with nothing new logged (`kai_es.scheduling.times.due_times_ns`)."""
         if not policy_for(self.config.policy_version).time_rules:
             return []
-        return due_times_ns(self.state, self.config)
+        position = self.state.position
+        if self._due_cache[0] != position:  # a function of the state: computed once per position
+            self._due_cache = (position, due_times_ns(self.state, self.config))
+        return self._due_cache[1]
 
     def has_work(self) -> bool:
         if self._inputs_since_cycle:
