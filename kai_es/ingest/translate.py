@@ -126,15 +126,20 @@ def _units(value: Any, path: str) -> int:
         raise IngestError(path, str(exc)) from None
 
 
-def created_ns(obj: Obj) -> int:
-    """metadata.creationTimestamp as int ns, or 0 when absent."""
-    ts = _get(obj, "metadata.creationTimestamp")
+def _timestamp(obj: Obj, path: str) -> int:
+    """The RFC 3339 timestamp at `path` as int ns, or 0 when absent."""
+    ts = _get(obj, path)
     if ts is None:
         return 0
     try:
         return parse_rfc3339(str(ts))
     except ValueError as exc:
-        raise IngestError("metadata.creationTimestamp", str(exc)) from None
+        raise IngestError(path, str(exc)) from None
+
+
+def created_ns(obj: Obj) -> int:
+    """metadata.creationTimestamp as int ns, or 0 when absent."""
+    return _timestamp(obj, "metadata.creationTimestamp")
 
 
 def _duration(value: Any, path: str, *, signed: bool = False) -> int:
@@ -161,17 +166,6 @@ def _time_annotations(annotations: Mapping[str, str]) -> tuple[int | None, int |
                                f"metadata.annotations[{PREEMPTION_DELAY_ANNOTATION}]"),
             _optional_duration(annotations.get(STALENESS_GRACE_ANNOTATION),
                                f"metadata.annotations[{STALENESS_GRACE_ANNOTATION}]", signed=True))
-
-
-def _start_time(obj: Obj) -> int:
-    """`status.startTime` as int ns (0 when absent)."""
-    ts = _get(obj, "status.startTime")
-    if ts is None:
-        return 0
-    try:
-        return parse_rfc3339(str(ts))
-    except ValueError as exc:
-        raise IngestError("status.startTime", str(exc)) from None
 
 
 # --- Node ---------------------------------------------------------------------------------
@@ -589,7 +583,7 @@ def pod(obj: Obj) -> p.PodObserved:
         pod_affinity=affinity, pod_anti_affinity=anti, preferred_pod_affinity=preferred,
         preferred_pod_anti_affinity=preferred_anti, host_ports=_host_ports(obj),
         scalar_requests=scalar, claims=claims, config_maps=config_maps,
-        started_ns=_start_time(obj), preemption_delay_ns=delay, staleness_grace_ns=grace,
+        started_ns=_timestamp(obj, "status.startTime"), preemption_delay_ns=delay, staleness_grace_ns=grace,
     )
 
 

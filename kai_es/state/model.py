@@ -242,8 +242,10 @@ class ClusterState:
     timed: bool = False
     usage_resolution_ns: int = 0
     usage_window_ns: int = 0
-    #: the logical time of the record being folded (set by `apply` before its handler)
+    #: the logical time of the record being folded (set by `apply` before its handler), and the
+    #: jobs whose occupying count it changed (timed states; emptied by `apply` after the handler)
     event_ns: int = 0
+    occupancy_changed: set[str] = field(default_factory=set)
     #: the cluster's capacity over time, as queues' `usage` (snapshotted)
     capacity_usage: dict[int, list[int]] = field(default_factory=dict)
     capacity_since_ns: int = 0

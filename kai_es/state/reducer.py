@@ -259,7 +259,7 @@ def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
         state.stale_jobs.add(job.key)
         name = job.queue or spec.queue
         if state.timed:
-            track_stale(state, job)
+            state.occupancy_changed.add(job.key)  # judged once the event is folded (`apply`)
     q = state.queues.get(name)
     if q is None:
         return
@@ -1134,6 +1134,15 @@ def apply(state: ClusterState, record: Record) -> ClusterState:
         )
     state.event_ns = env.logicaltime
     HANDLERS[type(env.data)](state, env)
+    if state.occupancy_changed:
+        # whether a gang runs short is judged on the event's outcome, not on the passing counts
+        # of a pod re-seated within it (released and occupied again)
+        jobs = state.jobs
+        for key in sorted(state.occupancy_changed):
+            job = jobs.get(key)
+            if job is not None:
+                track_stale(state, job)
+        state.occupancy_changed.clear()
     state.position = record.position
     state.records += 1
     if env.logicaltime > state.logicaltime:

@@ -14,6 +14,7 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgspec
 from sortedcontainers import SortedList
@@ -179,33 +180,29 @@ def pod_snap(x: PodState) -> PodSnap:
 def job_snap(j: Job) -> JobSnap:
     """The canonical form of one job (members sorted, pending pods in their order)."""
     if j.last_evicted_ns or j.stale_since_ns or j.succeeded:
-        return TimedJobSnap(key=j.key, namespace=j.namespace, name=j.name, spec=j.spec, implicit=j.implicit,
-                            queue=j.queue, priority=j.priority, created_ns=j.created_ns, uid=j.uid,
-                            occupying=j.occupying, preemptible=j.preemptible, members=sorted(j.members),
-                            pending=[e[3] for e in j.pending], last_evicted_ns=j.last_evicted_ns,
+        return TimedJobSnap(**_job_fields(j), last_evicted_ns=j.last_evicted_ns,
                             stale_since_ns=j.stale_since_ns, succeeded=j.succeeded)
-    return JobSnap(key=j.key, namespace=j.namespace, name=j.name, spec=j.spec, implicit=j.implicit,
-                   queue=j.queue, priority=j.priority, created_ns=j.created_ns, uid=j.uid,
-                   occupying=j.occupying, preemptible=j.preemptible, members=sorted(j.members),
-                   pending=[e[3] for e in j.pending])
+    return JobSnap(**_job_fields(j))
+
+
+def _job_fields(j: Job) -> dict[str, Any]:
+    return {"key": j.key, "namespace": j.namespace, "name": j.name, "spec": j.spec, "implicit": j.implicit,
+            "queue": j.queue, "priority": j.priority, "created_ns": j.created_ns, "uid": j.uid,
+            "occupying": j.occupying, "preemptible": j.preemptible, "members": sorted(j.members),
+            "pending": [e[3] for e in j.pending]}
 
 
 def queue_snap(q: QueueState) -> QueueSnap:
     """The canonical form of one queue (its spec and derived allocation)."""
+    fields: dict[str, Any] = {
+        "spec": q.spec, "allocated_milli_cpu": q.allocated_milli_cpu,
+        "allocated_memory_bytes": q.allocated_memory_bytes, "allocated_milli_gpu": q.allocated_milli_gpu,
+        "nonpreemptible_milli_cpu": q.nonpreemptible_milli_cpu,
+        "nonpreemptible_memory_bytes": q.nonpreemptible_memory_bytes,
+        "nonpreemptible_milli_gpu": q.nonpreemptible_milli_gpu}
     if q.usage or q.usage_since_ns:
-        return UsageQueueSnap(spec=q.spec, allocated_milli_cpu=q.allocated_milli_cpu,
-                              allocated_memory_bytes=q.allocated_memory_bytes,
-                              allocated_milli_gpu=q.allocated_milli_gpu,
-                              nonpreemptible_milli_cpu=q.nonpreemptible_milli_cpu,
-                              nonpreemptible_memory_bytes=q.nonpreemptible_memory_bytes,
-                              nonpreemptible_milli_gpu=q.nonpreemptible_milli_gpu,
-                              usage=usage_form(q.usage), usage_since_ns=q.usage_since_ns)
-    return QueueSnap(spec=q.spec, allocated_milli_cpu=q.allocated_milli_cpu,
-                     allocated_memory_bytes=q.allocated_memory_bytes,
-                     allocated_milli_gpu=q.allocated_milli_gpu,
-                     nonpreemptible_milli_cpu=q.nonpreemptible_milli_cpu,
-                     nonpreemptible_memory_bytes=q.nonpreemptible_memory_bytes,
-                     nonpreemptible_milli_gpu=q.nonpreemptible_milli_gpu)
+        return UsageQueueSnap(**fields, usage=usage_form(q.usage), usage_since_ns=q.usage_since_ns)
+    return QueueSnap(**fields)
 
 
 def pending_list(bucket: SortedList) -> list[str]:
