@@ -26,6 +26,10 @@ from tests.builders import MakeNode, MakePod, queue, scenario_text
 def test_config_rejects_an_action_its_policy_does_not_implement() -> None:
     with pytest.raises(ConfigError, match=r"consolidation, stalegangeviction are not implemented by policy "
                                           r"kai-es/v2 \(it runs: allocate, preempt, reclaim\) - at `\$.actions`"):
+        parse_config({"policyVersion": "kai-es/v2",
+                      "actions": ["allocate", "consolidation", "reclaim", "stalegangeviction"]})
+    with pytest.raises(ConfigError, match=r"consolidation is not implemented by policy kai-es/v3 \(it runs: "
+                                          r"allocate, preempt, reclaim, stalegangeviction\) - at `\$.actions`"):
         parse_config({"actions": ["allocate", "consolidation", "reclaim", "stalegangeviction"]})
 
 
@@ -37,7 +41,7 @@ def test_version_1_configs_keep_their_legacy_action_list() -> None:
 
 
 def test_unknown_policy_version_is_rejected_naming_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"unknown policy version 'kai-es/v9'.*kai-es/v1, kai-es/v2"):
+    with pytest.raises(ConfigError, match=r"unknown policy version 'kai-es/v9'.*kai-es/v1, kai-es/v2, kai-es/v3"):
         parse_config({"policyVersion": "kai-es/v9"})
 
 

@@ -329,7 +329,7 @@ def test_actions_that_do_not_run_are_warned_about_in_one_line(tmp_path: Path) ->
     current.write_text(QUICKSTART.read_text().replace(
         "placementStrategy: {gpu: binpack, cpu: binpack}",
         "placementStrategy: {gpu: binpack, cpu: binpack}\n    actions: [allocate, consolidation]"))
-    _one_line_error(_cli("cycle", str(current)), "consolidation is not implemented by policy kai-es/v2")
+    _one_line_error(_cli("cycle", str(current)), "consolidation is not implemented by policy kai-es/v3")
 
 
 def test_the_readme_documents_the_scenario_format_inside_the_repository() -> None:
