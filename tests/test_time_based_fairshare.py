@@ -22,7 +22,7 @@ from kai_es.scheduling.config import config_to_dict, parse_config
 from kai_es.scheduling.fairshare import QueueInput, divide, round_weights
 from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.usage import ONE, decay_weight, queue_usage
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 from kai_es.state import ClusterState, fold
 from kai_es.state.incremental_digest import incremental_digest, snapshot_digest
 from kai_es.state.reducer import apply

@@ -19,7 +19,7 @@ from kai_es.ingest import translate as tr
 from kai_es.oneshot import one_cycle
 from kai_es.scenario import ScenarioError, load_scenario_text
 from kai_es.scheduling.packing import load_packer
-from kai_es.sim.runner import simulate
+from kai_es.app.simulation import simulate
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 ENGINES = ["native", "reference"]
