@@ -227,3 +227,35 @@ def test_scenario_loading_names_the_bad_field() -> None:
     text = _text("min-runtime-preempt.yaml").replace("preemptMinRuntime: 10m", "preemptMinRuntime: 10 minutes")
     with pytest.raises(ScenarioError, match=r"spec\.preemptMinRuntime"):
         load_scenario_text(text, "bad.yaml")
+
+
+def test_out_of_bounds_time_fields_in_the_log_are_rejected_by_the_fold() -> None:
+    """A crafted record the ingest bounds would have refused is counted and never applied."""
+    from kai_es.events import Record
+    from kai_es.events.factory import make_envelope
+    from kai_es.state import fold
+
+    crafted = [p.QueueObserved(name="q", preempt_min_runtime_ns=2**62),
+               p.PodGroupObserved(namespace="d", name="g", preemption_delay_ns=-1),
+               p.PodGroupObserved(namespace="d", name="h", staleness_grace_ns=-(2**62)),
+               p.PodObserved(namespace="d", name="x", uid="x", podgroup="g", preemption_delay_ns=2**62)]
+    records = [Record(position=i, envelope=make_envelope(data, event_id=f"e{i}", source="t", subject="s",
+                                                         logicaltime=1))
+               for i, data in enumerate(crafted)]
+    state = fold(records)
+    assert state.rejected_objects == 4 and not state.queues and not state.jobs and not state.pods
+
+
+def test_job_times_survive_a_snapshot() -> None:
+    from kai_es.oneshot import initial_state
+    from kai_es.state.incremental_digest import incremental_digest, snapshot_digest
+    from kai_es.state.snapshot import load_snapshot, restore, snapshot_bytes
+
+    state = initial_state(load_scenario_text(_text("stale-gang-eviction.yaml"), "s.yaml"))
+    assert state.jobs["default/g"].stale_since_ns and state.jobs["default/done"].succeeded == 1
+    snap = load_snapshot(snapshot_bytes(state))
+    again = restore(snap)
+    assert (again.jobs["default/g"].stale_since_ns, again.jobs["default/done"].succeeded) == \
+        (state.jobs["default/g"].stale_since_ns, 1)
+    assert snapshot_bytes(again) == snapshot_bytes(state)
+    assert snapshot_digest(snap) == incremental_digest(state) == incremental_digest(again)
