@@ -33,8 +33,9 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling.config import ConfigError, parse_config
-from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request, shares_for_state
+from kai_es.scheduling.fairshare import RESOURCES, QueueShare, TimeBased, pending_request, shares_for_state
 from kai_es.scheduling.policy import policy_for
+from kai_es.scheduling.usage import queue_usage
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
 
@@ -54,6 +55,7 @@ RULES: dict[str, str] = {
     "QueueLoop": "its queue's parent chain loops",
     "PodGroupNotFound": "its PodGroup does not exist",
     "InvalidRequest": "its request cannot be placed",
+    "PreemptionDelay": "within its preemption delay (it may not evict anyone yet)",
 }
 
 UNITS = {"gpu": "milli-GPU", "cpu": "milli-CPU", "memory": "bytes", "time": "ns since the Unix epoch"}
@@ -134,13 +136,18 @@ def _leaves_under(state: ClusterState, name: str) -> list[str]:
     return out
 
 
-def _shares(state: ClusterState) -> tuple[dict[str, dict[str, QueueShare]], int]:
+def _shares(state: ClusterState, now_ns: int) -> tuple[dict[str, dict[str, QueueShare]], int]:
+    """The division the cycle at `now_ns` ran (time-based fair share included, when on)."""
     try:
-        version = parse_config(state.config).policy_version
+        config = parse_config(state.config)
     except ConfigError:
-        version = parse_config({}).policy_version
+        config = parse_config({})
+    policy = policy_for(config.policy_version)
     hint = max((state.nodes[n].spec.gpu_memory_mib for n in state.node_names), default=0)
-    return shares_for_state(state, policy_for(version).gpu_share_unit), hint
+    time_based = None
+    if policy.time_rules and config.fairshare.time_based:
+        time_based = TimeBased(queue_usage(state, config, now_ns), config.fairshare.k_value)
+    return shares_for_state(state, policy.gpu_share_unit, time_based), hint
 
 
 def _reasons_json(reasons: list[p.Reason]) -> list[dict[str, Any]]:
@@ -288,7 +295,7 @@ def _cut(state: ClusterState, subject: _Subject, record: Record,
         return None
     numbers = None
     if queue:
-        shares, hint = _shares(state)
+        shares, hint = _shares(state, record.envelope.logicaltime)
         numbers = queue_numbers(state, shares, hint, queue)
     env = record.envelope
     assert isinstance(env.data, p.CycleStarted)
@@ -396,7 +403,7 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
         if isinstance(data, p.QueueObserved) and data.name == name:
             seen = True
         if isinstance(data, p.CycleStarted) and name in state.queues:
-            shares, hint = _shares(state)
+            shares, hint = _shares(state, env.logicaltime)
             open_cuts[record.position] = (data.cycle, env.logicaltime, queue_numbers(state, shares, hint, name))
         elif isinstance(data, p.CycleCompleted) and env.basedon in open_cuts:
             cycle, ns, numbers = open_cuts.pop(env.basedon)

@@ -17,6 +17,7 @@ from kai_es.adapters.file_log import FileEventLog
 from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
+from kai_es.explain import explain_queue
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.config import config_to_dict, parse_config
 from kai_es.scheduling.fairshare import QueueInput, divide, round_weights
@@ -176,6 +177,16 @@ def test_the_queue_that_used_less_in_the_past_gets_more(tmp_path: Path) -> None:
     assert with_history["idle"] > with_history["light"] > with_history["heavy"]
     assert with_history["idle"] > without["idle"] and with_history["heavy"] < without["heavy"]
     assert sum(with_history.values()) == sum(without.values()) == 12 * 24  # the cluster stays full
+    # `kai-es explain --queue` shows the division the cycles ran: at the start of day 2 the queue
+    # that used nothing has the largest fair share, the one that used 8 GPUs none over its quota
+    async def read() -> list[Record]:
+        return [r async for r in FileEventLog(tmp_path / "on.jsonl").read()]
+
+    records = anyio.run(read)
+    day2 = {name: next(run["numbers"]["gpu"]["fairShare"] for run in explain_queue(records, name)["runs"]
+                       if run["from"]["logicaltime"] >= load_scenario(EXAMPLE).start_ns + 24 * HOUR)
+            for name in ("heavy", "light", "idle")}
+    assert day2 == {"heavy": 0, "light": 4000, "idle": 8000}
     # and the run replays byte for byte: U is recomputed from the log alone
     replay = subprocess.run([sys.executable, "-m", "kai_es", "replay", str(tmp_path / "on.jsonl")],
                             capture_output=True, text=True)
