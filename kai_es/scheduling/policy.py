@@ -23,6 +23,8 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   lose surplus pods), a job within its preemption delay triggers no eviction, and a running gang
   below its minimum past its staleness grace period is evicted whole; time-based fair share
   when the config turns it on. Its states keep job times and usage (`kai_es.state.usage`).
+  Allocate no longer fails a queue's hopeless head jobs in one batch (v1/v2 do, which can let
+  another queue go first out of KAI's order): each is tried through the queue order.
 
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
 function of the Session that returns its result (placements and reasons), pure; a policy's
@@ -87,6 +89,11 @@ class Policy:
     #: the time rules: min-runtime protection, preemption delay (`kai_es.scheduling.times`),
     #: and time-based fair share when the config turns it on
     time_rules: bool = False
+    #: allocate fails the hopeless single-pod jobs at a queue's head in one batch, without
+    #: re-ordering the queues between them (v1, v2). Under KAI's queue order a queue's place
+    #: depends on its head job, so the batch can let a queue go before one it would have
+    #: followed with a hopeless job at its head: v3 tries them one by one, as KAI does.
+    batch_hopeless: bool = True
 
 
 class UnknownPolicy(ValueError):
@@ -103,7 +110,8 @@ POLICIES: Final[dict[str, Policy]] = {
                                       "stalegangeviction": stalegangeviction},
                         frozenset({"allocate", "reclaim", "preempt", "stalegangeviction"}), gpu_share_unit=1000,
                         kai_queue_order=True, spread_implies_gpuspread=True,
-                        state_digest=incremental_digest, snapshot_digest=snapshot_digest, time_rules=True),
+                        state_digest=incremental_digest, snapshot_digest=snapshot_digest, time_rules=True,
+                        batch_hopeless=False),
 }
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v3"

@@ -156,6 +156,7 @@ class Session:
         #: the policy version's semantic switches (None: kai-es/v1's)
         self.gpu_share_unit = policy.gpu_share_unit if policy is not None else 1
         self.kai_queue_order = policy.kai_queue_order if policy is not None else False
+        self.batch_hopeless = policy.batch_hopeless if policy is not None else True
         #: the config in force, when the policy's time rules apply (`kai_es.scheduling.times`)
         self.config = config if policy is not None and policy.time_rules else None
         #: time-based fair share: each queue's usage share (None: off)

@@ -69,7 +69,7 @@ class Allocator:
             if pick is None:
                 break
             leaf, job, pods, request = pick
-            if not self._try(leaf, job, pods, request):
+            if not self._try(leaf, job, pods, request) and self.session.batch_hopeless:
                 self._drop_hopeless(leaf)
             for q in leaf.chain:
                 cache.pop(q.name, None)
@@ -100,9 +100,13 @@ class Allocator:
         """Fail, from the head of `leaf`, the single-pod jobs whose outcome cannot depend on when
         they are tried: their shape already failed on their nodes this cycle (`known_failure`;
         free capacity only shrinks within a cycle), no limit or quota of the leaf's chain can
-        stop them first, they are not backing off and their PodGroup exists. Tried one by one
-        through the queue order, each would get exactly these reasons and change nothing; in a
-        backlogged cycle this saves re-ordering the queues once per pending job."""
+        stop them first, they are not backing off and their PodGroup exists. Each gets exactly
+        the reasons a try would give; in a backlogged cycle this saves re-ordering the queues
+        once per pending job. It is NOT the same as trying them one by one through the queue
+        order: under KAI's order a queue's place depends on its head job, so with a hopeless
+        job at its head a queue may have gone after another queue that this batch lets it
+        precede. Policies v1 and v2 decide with the batch (their logs record it); later ones
+        do not (`Policy.batch_hopeless`)."""
         jobs = leaf.jobs
         state, done, plan = self.state, self._done, self.plan
         while jobs:
