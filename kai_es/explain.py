@@ -25,7 +25,7 @@ in bytes, times in ns since the epoch):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,6 +162,25 @@ def _rule(reasons: list[p.Reason]) -> str:
     return reasons[0].code
 
 
+
+class _Span:
+    """The first and last logical time of the records folded so far (0 before any)."""
+
+    def __init__(self) -> None:
+        self.first_ns = 0
+        self.last_ns = 0
+        self._any = False
+
+    def folded(self, records: Iterable[Record], state: ClusterState) -> Iterator[Record]:
+        """Each record, after folding it into `state` and noting its time."""
+        for record in records:
+            t = record.envelope.logicaltime
+            if not self._any:
+                self.first_ns, self._any = t, True
+            self.last_ns = t
+            apply(state, record)
+            yield record
+
 class _Subject:
     """Which pods the explanation follows: one pod (`ns/name`) or every member of a job (its
     PodGroup `ns/name`, or the owner `ns/name` of its pods, e.g. a PyTorchJob)."""
@@ -215,15 +234,10 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
     open_cuts: dict[int, _Cut] = {}
     queue_of: dict[str, str] = {}
     phase: dict[str, str] = {}
-    first_ns: int | None = None
-    last_ns = 0
-    for record in records:
+    span = _Span()
+    for record in span.folded(records, state):
         env = record.envelope
         data = env.data
-        if first_ns is None:
-            first_ns = env.logicaltime
-        last_ns = env.logicaltime
-        apply(state, record)
         key = pod_key(data.namespace, data.name) if hasattr(data, "namespace") and hasattr(data, "name") else ""
         if isinstance(data, p.PodObserved):
             subject.track(state, key)
@@ -266,13 +280,13 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
     for key in pods:  # where each pod stands when the log ends (a pod that never ran says so)
         pod = state.pods.get(key)
         if pod is not None and phase.get(key) not in ("Succeeded", "Failed"):
-            entries.append({"kind": "atEnd", "pod": key, **_at(state.position, last_ns), "status": pod.status,
+            entries.append({"kind": "atEnd", "pod": key, **_at(state.position, span.last_ns), "status": pod.status,
                             "node": pod.node or None})
     return {
         "subject": {"kind": subject.mode, "namespace": subject.namespace, "name": subject.name,
                     "pods": pods, "queues": sorted(set(queue_of[k] for k in pods if k in queue_of))},
         "units": UNITS,
-        "log": {"from": first_ns or 0, "until": last_ns},
+        "log": {"from": span.first_ns, "until": span.last_ns},
         "timeline": [e.as_json() if isinstance(e, _Run) else e for e in entries],
     }
 
@@ -391,15 +405,10 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     open_cuts: dict[int, tuple[int, int, dict[str, Any] | None]] = {}
     seen = False
-    first_ns: int | None = None
-    last_ns = 0
-    for record in records:
+    span = _Span()
+    for record in span.folded(records, state):
         env = record.envelope
         data = env.data
-        if first_ns is None:
-            first_ns = env.logicaltime
-        last_ns = env.logicaltime
-        apply(state, record)
         if isinstance(data, p.QueueObserved) and data.name == name:
             seen = True
         if isinstance(data, p.CycleStarted) and name in state.queues:
@@ -415,7 +424,7 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
                              "numbers": numbers})
     if not seen:
         raise ExplainError(f"the log never observed a queue named {name!r}")
-    return {"queue": name, "units": UNITS, "log": {"from": first_ns or 0, "until": last_ns}, "runs": runs}
+    return {"queue": name, "units": UNITS, "log": {"from": span.first_ns, "until": span.last_ns}, "runs": runs}
 
 
 # --- text ------------------------------------------------------------------------------------

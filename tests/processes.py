@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,3 +67,33 @@ class Proc:
                                      f"\n{self.stderr()[-3000:]}")
             time.sleep(0.1)
         raise AssertionError(f"{self.name} not ready after {timeout} s:\n{self.stderr()[-3000:]}")
+
+
+class Follower:
+    """`python -m kai_es ARGS` with its stdout piped, for commands that follow a log: killed
+    after `timeout_s` (a follower that never stops fails its test, never hangs it), always
+    reaped; after the block, `returncode` and `stderr` say how it ended."""
+
+    def __init__(self, args: list[str], *, timeout_s: float, env: dict[str, str] | None = None) -> None:
+        self._errors = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-m", "kai_es", *args], cwd=ROOT, env=env,
+                                     stdout=subprocess.PIPE, stderr=self._errors)
+        self._watchdog = threading.Timer(timeout_s, self.proc.kill)
+        self.returncode: int | None = None
+        self.stderr = ""
+
+    def __enter__(self) -> subprocess.Popen[bytes]:
+        self._watchdog.start()
+        return self.proc
+
+    def __exit__(self, *exc: object) -> None:
+        self._watchdog.cancel()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._errors.seek(0)
+        self.stderr = self._errors.read().decode()
+        self._errors.close()
+        self.returncode = self.proc.returncode

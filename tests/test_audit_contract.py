@@ -8,12 +8,11 @@ import importlib.util
 import json
 import subprocess
 import sys
-import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from kai_es.events.registry import EVENT_TYPES, SCHEMA_VERSIONS
+from tests.processes import Follower
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "quickstart.events.jsonl"
@@ -32,13 +31,9 @@ def test_follow_prints_what_is_appended_and_resumes(tmp_path: Path) -> None:
     lines = GOLDEN.read_bytes().splitlines(keepends=True)
     log = tmp_path / "live.log"
     log.write_bytes(b"".join(lines[:40]))
-    errors = tempfile.TemporaryFile()
-    follower = subprocess.Popen([sys.executable, "-m", "kai_es", "events", str(log), "--follow", "-o", "json",
-                                 "--from", "38", "--limit", "6", "--type", "kai.*"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=errors)
-    watchdog = threading.Timer(30, follower.kill)  # a follower that never stops fails, never hangs
-    watchdog.start()
-    try:
+    following = Follower(["events", str(log), "--follow", "-o", "json", "--from", "38", "--limit", "6",
+                          "--type", "kai.*"], timeout_s=30)
+    with following as follower:
         assert follower.stdout is not None
         first = json.loads(follower.stdout.readline())  # it has read what was there ...
         assert first["position"] == 38
@@ -46,17 +41,7 @@ def test_follow_prints_what_is_appended_and_resumes(tmp_path: Path) -> None:
             f.write(b"".join(lines[40:44]))
         out = follower.stdout.read()  # the rest, from the same buffer as the first line
         follower.wait(timeout=30)
-    finally:
-        watchdog.cancel()
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
-        if follower.stdout is not None:
-            follower.stdout.close()
-        errors.seek(0)
-        stderr = errors.read().decode()
-        errors.close()
-    assert follower.returncode == 0, stderr
+    assert following.returncode == 0, following.stderr
     rows = [first] + [json.loads(line) for line in out.decode().splitlines()]
     assert [r["position"] for r in rows] == [38, 39, 40, 41, 42, 43]
     golden = [json.loads(line.split(b"\t", 1)[1]) for line in lines]

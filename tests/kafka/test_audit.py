@@ -8,8 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import threading
 from pathlib import Path
 
 import anyio
@@ -18,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.kafka_log import KafkaEventLog
 from kai_es.explain import explain
+from tests.processes import Follower
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "quickstart.events.jsonl"
@@ -55,13 +54,9 @@ async def test_events_follow_streams_new_events_and_resumes(kafka_bootstrap: str
     count = await _golden_topic(kafka_bootstrap, unique_name)
     url = f"kafka://{kafka_bootstrap}/{unique_name}"
     records = list(FileEventLog(GOLDEN, readonly=True).scan())
-    errors = tempfile.TemporaryFile()
-    follower = subprocess.Popen([sys.executable, "-m", "kai_es", "events", url, "--follow", "-o", "json",
-                                 "--from", str(count - 2), "--limit", "5"],
-                                cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=errors)
-    watchdog = threading.Timer(60, follower.kill)  # a follower that never stops fails, never hangs
-    watchdog.start()
-    try:
+    following = Follower(["events", url, "--follow", "-o", "json", "--from", str(count - 2), "--limit", "5"],
+                         timeout_s=60, env=ENV)
+    with following as follower:
         first = json.loads(follower.stdout.readline() if follower.stdout else b"")  # it is reading
         assert first["position"] == count - 2
         log = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=f"{unique_name}-w2")
@@ -71,17 +66,7 @@ async def test_events_follow_streams_new_events_and_resumes(kafka_bootstrap: str
             await log.close()
         out = follower.stdout.read() if follower.stdout else b""  # the rest, from the same buffer
         follower.wait(timeout=60)
-    finally:
-        watchdog.cancel()
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
-        if follower.stdout is not None:
-            follower.stdout.close()
-        errors.seek(0)
-        stderr = errors.read().decode()
-        errors.close()
-    assert follower.returncode == 0, stderr
+    assert following.returncode == 0, following.stderr
     rows = [first] + [json.loads(line) for line in out.decode().splitlines()]
     assert [r["position"] for r in rows] == [count - 2, count - 1, *later]
     assert [r["event"]["id"] for r in rows[2:]] == [r.envelope.id for r in records[:3]]
