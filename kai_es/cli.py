@@ -15,8 +15,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import re
-import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,12 +28,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from kai_es import cli_audit, cli_services
+from kai_es import cli_audit, cli_services, cli_whatif
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
                                packer_option, warn_unimplemented)
 from kai_es.cli_common import records as _records, records_from as _records_from
+from kai_es.cli_common import check_out_name as _check_out_name, holds_data as _holds_data
 from kai_es.events import Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
@@ -65,7 +64,7 @@ def main() -> None:
 def simulate(scenario_file: str, log_url: str | None, until: str | None, report_dir: str | None,
              force: bool, packer: str | None) -> None:
     """Run a scenario through the whole pipeline on a simulated cluster."""
-    from kai_es.report import plot, summarize
+    from kai_es.report import plot, plot_fair_share, summarize
     from kai_es.app.simulation import simulate as run_sim
 
     scenario = _load(scenario_file)
@@ -121,32 +120,14 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
     try:
         report_path.mkdir(parents=True, exist_ok=True)
         plot(summary, str(plot_path))
+        plot_fair_share(summary, str(report_path / "fair-share.png"))
         (report_path / "summary.json").write_text(json.dumps(_summary_json(summary), indent=2) + "\n")
     except OSError as exc:
         raise UserError(f"--report {report_path}: cannot write the report: {os_error_line(exc)} "
                         f"(the log {log_url} is complete)") from None
-    console.print(f"log: {escape(log_url)} ({len(records)} events)   plot: {escape(str(plot_path))}   "
+    console.print(f"log: {escape(log_url)} ({len(records)} events)   plots: {escape(str(plot_path))}, "
+                  f"{escape(str(report_path / 'fair-share.png'))}   "
                   f"summary: {escape(str(report_path / 'summary.json'))}", highlight=False)
-
-
-#: what a Scenario name may be when it names files under out/
-_OUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-
-
-def _check_out_name(name: str) -> None:
-    """Refuse a Scenario name that would put the default log or report outside out/."""
-    if not _OUT_NAME.fullmatch(name) or ".." in name:
-        raise UserError(f"the Scenario name {name!r} cannot name files under out/ (it would write "
-                        "elsewhere): use letters, digits, '.', '-' and '_', or give --log and --report")
-
-
-def _holds_data(path: str) -> bool:
-    """Whether `path` is an existing regular file with something in it."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return False  # missing, or opening it reports the problem
-    return stat.S_ISREG(info.st_mode) and info.st_size > 0
 
 
 def _load(scenario_file: str) -> Any:
@@ -170,18 +151,23 @@ def _print_summary(s: Any, why: str, duration: int, cycles: int) -> None:
                   f"{s.pods_scheduled}/{s.pods_seen} pods scheduled; {s.pending_at_end} pending at end; "
                   f"GPU utilization {s.utilization_permille / 10:.1f}%")
     table = Table(title="per queue")
-    for col in ("queue", "scheduled", "wait p50", "wait p95", "GPU-hours", "pending"):
+    for col in ("queue", "scheduled", "wait p50", "wait p95", "wait max", "GPU-hours", "pending"):
         table.add_column(col, justify="right" if col != "queue" else "left")
     for name in sorted(s.queues, key=lambda n: _queue_path(s, n)):
         q = s.queues[name]
         depth = _queue_path(s, name).count("/")
         table.add_row(Text("  " * depth + (name or "(none)")), str(q.scheduled), _fmt_ns(q.percentile_ns(50)),
-                      _fmt_ns(q.percentile_ns(95)), f"{q.gpu_milli_ns / 3.6e15:.2f}", str(q.pending_at_end))
+                      _fmt_ns(q.percentile_ns(95)), _fmt_ns(q.max_wait_ns), f"{q.gpu_milli_ns / 3.6e15:.2f}",
+                      str(q.pending_at_end))
     console.print(table)
     censored = sum(q.censored for q in s.queues.values() if not q.parent)
     if censored:
-        console.print(f"wait percentiles include {censored} pod(s) still pending at the end, "
-                      "their wait counted up to the end", highlight=False)
+        console.print(f"waits include {censored} pod(s) that never ran: each counts its wait from arrival to "
+                      "the end of the run (a lower bound of its real wait)", highlight=False)
+    from kai_es.report import fragmentation_lines
+
+    for line in fragmentation_lines(s):
+        console.print(Text(line))
 
 
 def _queue_path(s: Any, name: str) -> str:
@@ -196,15 +182,9 @@ def _queue_path(s: Any, name: str) -> str:
 
 
 def _summary_json(s: Any) -> dict[str, Any]:
-    return {
-        "start": rfc3339(s.start_ns), "end": rfc3339(s.end_ns), "podsSeen": s.pods_seen,
-        "podsScheduled": s.pods_scheduled, "pendingAtEnd": s.pending_at_end, "cycles": s.cycles,
-        "gpuUtilizationPermille": s.utilization_permille,
-        "queues": {name: {"parent": q.parent or None, "scheduled": q.scheduled, "waitP50Ns": q.percentile_ns(50),
-                          "waitP95Ns": q.percentile_ns(95), "waitsCensored": q.censored,
-                          "gpuMilliNs": q.gpu_milli_ns, "pendingAtEnd": q.pending_at_end}
-                   for name, q in sorted(s.queues.items())},
-    }
+    from kai_es.report import summary_json
+
+    return summary_json(s)
 
 
 # --- cycle -------------------------------------------------------------------------------------
@@ -403,7 +383,7 @@ def _brief(data: p.Payload) -> str:
     return ""
 
 
-for _command in (*cli_services.COMMANDS, *cli_audit.COMMANDS):
+for _command in (*cli_services.COMMANDS, *cli_audit.COMMANDS, *cli_whatif.COMMANDS):
     main.add_command(_command)
 
 if __name__ == "__main__":

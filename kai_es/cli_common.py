@@ -4,6 +4,9 @@ characters are escaped, so a name cannot forge lines or styles."""
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 import sys
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -137,3 +140,23 @@ def records_from(log: Any, position: int) -> Iterator[Record]:
     for record in records(log):
         if record.position >= position:
             yield record
+
+
+#: what a Scenario name may be when it names files under out/
+_OUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def check_out_name(name: str) -> None:
+    """Refuse a Scenario name that would put the default log or report outside out/."""
+    if not _OUT_NAME.fullmatch(name) or ".." in name:
+        raise UserError(f"the Scenario name {name!r} cannot name files under out/ (it would write "
+                        "elsewhere): use letters, digits, '.', '-' and '_', or give --log and --report")
+
+
+def holds_data(path: str) -> bool:
+    """Whether `path` is an existing regular file with something in it."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False  # missing, or opening it reports the problem
+    return stat.S_ISREG(info.st_mode) and info.st_size > 0

@@ -8,15 +8,29 @@ ran to its time limit with nothing more to log): allocations and capacity then h
 `end_ns`. A pod still pending at the end waited from when it was first seen to the end: that
 wait is counted (censored: a lower bound of its real wait) with the waits of its queue.
 A parent queue shows the totals of its leaves.
+
+At every cycle's cut (its CycleStarted) the summary also samples what the scheduler saw: each
+queue's GPU fair share and quota (computed as the recorded policy divides them,
+`shares_for_state`), and the GPUs stranded by fragmentation (`kai_es.fragmentation`). The fair
+share error is the sum over leaf queues of |allocated - fair share| GPU, integrated over time
+with the fair share of the latest cut; stranded GPU time likewise. At the end the summary holds
+the fragmentation of the final state and the last `PodUnschedulable` reason codes of the pods
+still pending. Jobs (pod groups) get an outcome each: when their first pod arrived and was
+first bound (None: never), for comparing runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kai_es.events import Record
 from kai_es.events import payloads as p
+from kai_es.events.timefmt import rfc3339
+from kai_es.fragmentation import Fragmentation, analyse
+from kai_es.scheduling.fairshare import shares_for_state
+from kai_es.scheduling.policy import UnknownPolicy, policy_for
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key
 
@@ -34,6 +48,11 @@ class QueueSummary:
     pending_at_end: int = 0
     #: how many of `waits_ns` are censored (pods still pending at the end, waited up to the end)
     censored: int = 0
+    evictions: int = 0
+
+    @property
+    def max_wait_ns(self) -> int | None:
+        return max(self.waits_ns) if self.waits_ns else None
 
     def percentile_ns(self, pct: int) -> int | None:
         """Nearest-rank percentile of the wait times, censored ones included (None when no pod
@@ -60,6 +79,18 @@ class Summary:
     timeline: list[tuple[int, str, int]] = field(default_factory=list)
     #: (time ns, cluster capacity milli-GPU) whenever it changed
     capacity: list[tuple[int, int]] = field(default_factory=list)
+    #: (cut time ns, queue, GPU fair share milli, GPU quota milli or -1) whenever one changed
+    fair: list[tuple[int, str, int, int]] = field(default_factory=list)
+    #: (cut time ns, stranded milli-GPU) whenever it changed
+    stranded: list[tuple[int, int]] = field(default_factory=list)
+    fair_error_milli_ns: int = 0
+    stranded_milli_ns: int = 0
+    evictions: int = 0
+    fragmentation: Fragmentation = field(default_factory=Fragmentation)
+    #: reason code -> pending pods whose last PodUnschedulable named it (at the end)
+    pending_reasons: dict[str, int] = field(default_factory=dict)
+    #: job key (namespace/podgroup) -> its outcome
+    jobs: dict[str, JobOutcome] = field(default_factory=dict)
 
     @property
     def utilization_permille(self) -> int:
@@ -68,17 +99,64 @@ class Summary:
         return self.gpu_allocated_milli_ns * 1000 // self.gpu_capacity_milli_ns
 
 
+@dataclass(slots=True)
+class JobOutcome:
+    queue: str
+    arrived_ns: int
+    started_ns: int | None = None
+    pods: int = 0
+    evictions: int = 0
+
+
 def summarize(records: Iterable[Record], *, end_ns: int | None = None) -> Summary:
     """Fold `records` and measure up to the last record's time or `end_ns` if that is later
     (see module docstring)."""
     state = ClusterState()
+    observer = SummaryObserver(state)
+    for record in records:
+        apply(state, record)
+        observer.observe(record)
+    return observer.finish(end_ns)
+
+
+class SummaryObserver:
+    """`summarize` for a fold someone else runs: call `observe(record)` right after each record
+    is applied to `state` (every record of the log, in order), then `finish`. Lets a run be
+    summarised from the fold its scheduler does anyway."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._end: list[int | None] = [None]
+        self._gen = _observe(state, self._end)
+        next(self._gen)
+
+    def observe(self, record: Record) -> None:
+        self._gen.send(record)
+
+    def finish(self, end_ns: int | None = None) -> Summary:
+        self._end[0] = end_ns
+        try:
+            self._gen.send(None)
+        except StopIteration as stop:
+            result: Summary = stop.value
+            return result
+        raise AssertionError("the summary observer did not finish")
+
+
+def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Record | None, Summary]:
     s = Summary()
     first_seen: dict[str, int] = {}
     scheduled: set[str] = set()
     alloc: dict[str, int] = {}
     capacity = 0
     last_t: int | None = None
-    for record in records:
+    fair: dict[str, tuple[int, int]] = {}
+    leaves: set[str] = set()
+    stranded = 0
+    last_reasons: dict[str, tuple[str, ...]] = {}
+    while True:
+        record = yield
+        if record is None:
+            break
         env = record.envelope
         t = env.logicaltime
         if last_t is None:
@@ -89,16 +167,38 @@ def summarize(records: Iterable[Record], *, end_ns: int | None = None) -> Summar
             for q, milli in alloc.items():
                 s.gpu_allocated_milli_ns += milli * dt
                 s.queues[q].gpu_milli_ns += milli * dt
+            s.fair_error_milli_ns += _fair_error(alloc, fair, leaves) * dt
+            s.stranded_milli_ns += stranded * dt
             last_t = t
         data = env.data
-        apply(state, record)
         if isinstance(data, p.CycleStarted):
             s.cycles += 1
+            leaves = _leaves(state)
+            _sample_fair(s, state, t, env.policyversion, fair)
+            now_stranded = analyse(state, shapes=False).stranded_milli
+            if now_stranded != stranded or not s.stranded:
+                s.stranded.append((t, now_stranded))
+                stranded = now_stranded
+        elif isinstance(data, p.PodUnschedulable):
+            last_reasons[data.uid] = tuple(sorted({r.code for r in data.reasons}))
+        elif isinstance(data, p.PodEvicted):
+            s.evictions += 1
+            pod = state.pods.get(pod_key(data.namespace, data.name))
+            if pod is not None and pod.job_key in state.jobs:
+                s.queues.setdefault(state.jobs[pod.job_key].queue, QueueSummary(state.jobs[pod.job_key].queue)).evictions += 1
+                if pod.job_key in s.jobs:
+                    s.jobs[pod.job_key].evictions += 1
         if isinstance(data, p.PodObserved):
             uid = data.uid
             if uid not in first_seen and data.scheduler_name == "kai-scheduler":
                 first_seen[uid] = t
                 s.pods_seen += 1
+                pod = state.pods.get(pod_key(data.namespace, data.name))
+                if pod is not None and pod.job_key in state.jobs:
+                    job = s.jobs.get(pod.job_key)
+                    if job is None:
+                        job = s.jobs[pod.job_key] = JobOutcome(queue=state.jobs[pod.job_key].queue, arrived_ns=t)
+                    job.pods += 1
         if isinstance(data, p.PodBound) and data.uid not in scheduled and data.uid in first_seen:
             scheduled.add(data.uid)
             pod = state.pods.get(pod_key(data.namespace, data.name))
@@ -107,8 +207,12 @@ def summarize(records: Iterable[Record], *, end_ns: int | None = None) -> Summar
             qs.scheduled += 1
             qs.waits_ns.append(t - first_seen[data.uid])
             s.pods_scheduled += 1
+            if pod is not None and pod.job_key in s.jobs and s.jobs[pod.job_key].started_ns is None:
+                s.jobs[pod.job_key].started_ns = t
         if isinstance(data, _ALLOCATION_TYPES):
-            new_capacity = sum(state.nodes[n].spec.gpus for n in state.node_names) * 1000
+            # capacity changes only with nodes (summing every node per pod event cost O(nodes))
+            new_capacity = (sum(state.nodes[n].spec.gpus for n in state.node_names) * 1000
+                            if isinstance(data, (p.NodeObserved, p.NodeRemoved)) else capacity)
             if new_capacity != capacity:
                 capacity = new_capacity
                 if s.capacity and s.capacity[-1][0] == t:
@@ -121,12 +225,15 @@ def summarize(records: Iterable[Record], *, end_ns: int | None = None) -> Summar
                     if alloc.get(name) != milli:
                         s.timeline.append((t, name, milli))
                     alloc[name] = milli
+    end_ns = end[0]
     if last_t is not None and end_ns is not None and end_ns > last_t:
         dt = end_ns - last_t
         s.gpu_capacity_milli_ns += capacity * dt
         for q, milli in alloc.items():
             s.gpu_allocated_milli_ns += milli * dt
             s.queues[q].gpu_milli_ns += milli * dt
+        s.fair_error_milli_ns += _fair_error(alloc, fair, leaves) * dt
+        s.stranded_milli_ns += stranded * dt
         last_t = end_ns
     s.end_ns = last_t or 0
     for key in sorted(state.pods):
@@ -140,8 +247,37 @@ def summarize(records: Iterable[Record], *, end_ns: int | None = None) -> Summar
             if seen is not None and pod.spec.uid not in scheduled:
                 qs.waits_ns.append(s.end_ns - seen)
                 qs.censored += 1
+            for code in last_reasons.get(pod.spec.uid, ("(no verdict yet)",)):
+                s.pending_reasons[code] = s.pending_reasons.get(code, 0) + 1
+    s.fragmentation = analyse(state)
     _roll_up(s, state)
     return s
+
+
+def _leaves(state: ClusterState) -> set[str]:
+    parents = {q.spec.parent for q in state.queues.values()}
+    return {name for name in state.queues if name not in parents}
+
+
+def _fair_error(alloc: dict[str, int], fair: dict[str, tuple[int, int]], leaves: set[str]) -> int:
+    """Sum over leaf queues of |allocated - fair share| milli-GPU."""
+    return sum(abs(alloc.get(q, 0) - fair[q][0]) for q in sorted(leaves) if q in fair)
+
+
+def _sample_fair(s: Summary, state: ClusterState, t: int, policy_version: str | None,
+                 fair: dict[str, tuple[int, int]]) -> None:
+    """Record each queue's GPU fair share and quota at this cut when they changed."""
+    try:
+        unit = policy_for(policy_version or "kai-es/v1").gpu_share_unit
+    except UnknownPolicy:
+        unit = 1
+    shares = shares_for_state(state, unit)["gpu"]
+    for name in sorted(shares):
+        share = shares[name]
+        now = (share.fair_share, share.quota)
+        if fair.get(name) != now:
+            fair[name] = now
+            s.fair.append((t, name, share.fair_share, share.quota))
 
 
 def _roll_up(s: Summary, state: ClusterState) -> None:
@@ -161,6 +297,7 @@ def _roll_up(s: Summary, state: ClusterState) -> None:
             up.gpu_milli_ns += leaf.gpu_milli_ns
             up.pending_at_end += leaf.pending_at_end
             up.censored += leaf.censored
+            up.evictions += leaf.evictions
             parent = parents.get(parent, "")
 
 
@@ -196,6 +333,150 @@ def plot(summary: Summary, path: str) -> None:
     ax.set_title("GPU allocation per queue")
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def step_values(events: list[tuple[int, int]], times: list[int]) -> list[int]:
+    """The value of a step function (`events`: (time, value) sorted) at each of `times`."""
+    out, i, cur = [], 0, 0
+    for t in times:
+        while i < len(events) and events[i][0] <= t:
+            cur = events[i][1]
+            i += 1
+        out.append(cur)
+    return out
+
+
+def queue_series(summary: Summary, queue: str) -> dict[str, list[tuple[int, int]]]:
+    """(time, milli-GPU) steps of one queue: `allocated` (a parent: the sum of its leaves),
+    `fairShare` and `quota` (-1: none)."""
+    below = {queue} | _descendants(summary, queue)
+    own = [(t, q, v) for t, q, v in summary.timeline if q in below]
+    if len(below) == 1:
+        allocated = [(t, v) for t, _, v in own]
+    else:
+        current: dict[str, int] = {}
+        allocated = []
+        for t, q, v in own:
+            current[q] = v
+            total = sum(current.values())
+            if allocated and allocated[-1][0] == t:
+                allocated[-1] = (t, total)
+            else:
+                allocated.append((t, total))
+    return {"allocated": allocated,
+            "fairShare": [(t, v) for t, q, v, _ in summary.fair if q == queue],
+            "quota": [(t, v) for t, q, _, v in summary.fair if q == queue]}
+
+
+def _descendants(summary: Summary, queue: str) -> set[str]:
+    out: set[str] = set()
+    for name in summary.queues:
+        seen, parent = {name}, summary.queues[name].parent
+        while parent and parent not in seen:
+            if parent == queue:
+                out.add(name)
+                break
+            seen.add(parent)
+            parent = summary.queues[parent].parent if parent in summary.queues else ""
+    return out
+
+
+def fragmentation_lines(summary: Summary) -> list[str]:
+    """The terminal lines of the end-of-run fragmentation section."""
+    f = summary.fragmentation
+    if not f.capacity_milli:
+        return []
+    lines = [f"at the end: {f.idle_milli / 1000:g} of {f.capacity_milli / 1000:g} GPUs idle, "
+             f"{f.pending_pods} pods pending ({f.pending_gpu_pods} need GPUs)"]
+    if f.pending_gpu_pods:
+        for s in f.shapes:
+            gang = f", gangs of {s.min_gang}" + (f"-{s.max_gang}" if s.max_gang != s.min_gang else "") \
+                if s.max_gang > 1 else ""
+            lines.append(f"  waiting: {s.pods} pods of {s.jobs} jobs needing {s.need()} per pod{gang}; "
+                         f"the free GPUs fit {s.slots} such pods")
+    cause = f.cause()
+    if cause:
+        lines.append(cause)
+    if summary.pending_reasons:
+        lines.append("pending pods' last reasons: " + ", ".join(
+            f"{code} {n}" for code, n in sorted(summary.pending_reasons.items(), key=lambda kv: (-kv[1], kv[0]))))
+    span = summary.end_ns - summary.start_ns
+    if span > 0:
+        lines.append(f"over the run: {summary.stranded_milli_ns / 3.6e15:.1f} GPU-hours stranded (idle while "
+                     f"no waiting GPU pod could use them, sampled each cycle); fair-share error "
+                     f"{summary.fair_error_milli_ns / span / 1000:.1f} GPU on average (sum over leaf queues of "
+                     "|allocated - fair share|)")
+    return lines
+
+
+def summary_json(s: Summary) -> dict[str, Any]:
+    """`summary.json`: integers only (ns, milli-GPU, milli-GPU·ns); null for an undefined wait."""
+    f = s.fragmentation
+    return {
+        "start": rfc3339(s.start_ns), "end": rfc3339(s.end_ns), "podsSeen": s.pods_seen,
+        "podsScheduled": s.pods_scheduled, "pendingAtEnd": s.pending_at_end, "cycles": s.cycles,
+        "gpuUtilizationPermille": s.utilization_permille, "evictions": s.evictions,
+        "waits": {"counting": "per pod, first observed to first bound; a pod never bound counts its wait "
+                              "to the end of the run (censored: a lower bound), included in the percentiles"},
+        "fairShareErrorMilliNs": s.fair_error_milli_ns, "strandedGpuMilliNs": s.stranded_milli_ns,
+        "fragmentation": {
+            "capacityMilliGpu": f.capacity_milli, "idleMilliGpu": f.idle_milli,
+            "strandedMilliGpu": f.stranded_milli, "cordonedIdleMilliGpu": f.cordoned_idle_milli,
+            "nodesByWholeFreeGpus": {str(k): v for k, v in sorted(f.nodes_by_free.items())},
+            "largestWholeFree": f.largest_free_whole, "pendingPods": f.pending_pods,
+            "pendingGpuPods": f.pending_gpu_pods, "fittingGpuPods": f.fitting_gpu_pods,
+            "shapes": [{"wholeGpus": sh.whole, "milliGpu": sh.milli, "pods": sh.pods, "jobs": sh.jobs,
+                        "minGang": sh.min_gang, "maxGang": sh.max_gang, "fitting": sh.fitting,
+                        "slots": sh.slots} for sh in f.shapes],
+            "cause": f.cause() or None,
+            "pendingReasons": dict(sorted(s.pending_reasons.items())),
+        },
+        "queues": {name: {"parent": q.parent or None, "scheduled": q.scheduled, "waitP50Ns": q.percentile_ns(50),
+                          "waitP95Ns": q.percentile_ns(95), "waitMaxNs": q.max_wait_ns,
+                          "waitsCensored": q.censored, "gpuMilliNs": q.gpu_milli_ns,
+                          "pendingAtEnd": q.pending_at_end, "evictions": q.evictions,
+                          "gpu": {k: [list(step) for step in v] for k, v in queue_series(s, name).items()}}
+                   for name, q in sorted(s.queues.items())},
+    }
+
+
+def plot_fair_share(summary: Summary, path: str) -> None:
+    """A PNG with one panel per queue: GPUs allocated, fair share (at each cycle) and quota
+    over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    queues = sorted(q for q in summary.queues if q)
+    if not queues:
+        queues = [""]
+    cols = 2 if len(queues) > 1 else 1
+    rows = -(-len(queues) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 2.6 * rows), dpi=100, squeeze=False)
+    times = sorted({summary.start_ns, summary.end_ns, *(e[0] for e in summary.timeline), *(e[0] for e in summary.fair)})
+    hours = [(t - summary.start_ns) / 3.6e12 for t in times]
+    for i, q in enumerate(queues):
+        ax = axes[i // cols][i % cols]
+        series = queue_series(summary, q)
+        ax.step(hours, [v / 1000 for v in step_values(series["allocated"], times)], where="post", label="allocated")
+        ax.step(hours, [v / 1000 for v in step_values(series["fairShare"], times)], where="post", label="fair share")
+        quota = step_values(series["quota"], times)
+        if any(v >= 0 for v in quota):
+            ax.step(hours, [v / 1000 if v >= 0 else float("nan") for v in quota], where="post",
+                    linestyle="--", color="gray", label="quota")
+        ax.set_title(q or "(no queue)", fontsize=9)
+        ax.set_ylabel("GPUs", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+        if i == 0:
+            ax.legend(fontsize=7, loc="upper right")
+    for j in range(len(queues), rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    fig.suptitle("GPU allocation against fair share and quota, per queue (hours from start)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

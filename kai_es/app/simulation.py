@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from kai_es.adapters.clock import SimClock
 from kai_es.adapters.ids import SeededIds
-from kai_es.ports import EventLog
+from kai_es.events import Record
+from kai_es.ports import ClusterActuator, EventLog, IdFactory
 from kai_es.scenario import Scenario
 from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.packing import Packer
@@ -25,6 +27,7 @@ from kai_es.services.binder import BinderService
 from kai_es.services.informer import InformerService
 from kai_es.services.scheduler import SchedulerService
 from kai_es.sim.cluster import SimCluster
+from kai_es.state import ClusterState
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,41 @@ class SimResult:
 Progress = Callable[[int, int | None], None]
 
 
+class Cluster(Protocol):
+    """What the driver needs of a simulated cluster besides the actuator (SimCluster, or the
+    what-if's recorded-workload cluster)."""
+
+    binds: int
+    bind_failures: int
+    evictions: int
+    completions: int
+
+    def advance(self, now_ns: int) -> None: ...
+
+    def next_event_ns(self) -> int | None: ...
+
+
+class Informer(Protocol):
+    """The informer side the driver pumps: the cluster's pending changes into the log."""
+
+    async def resync(self) -> int: ...
+
+    async def pump_pending(self) -> int: ...
+
+
+class _ObjectInformer:
+    """The production informer over a SimCluster's raw-object changes."""
+
+    def __init__(self, informer: InformerService, cluster: SimCluster) -> None:
+        self.informer, self.cluster = informer, cluster
+
+    async def resync(self) -> int:
+        return await self.informer.resync()
+
+    async def pump_pending(self) -> int:
+        return await self.informer.pump(self.cluster.drain_changes())
+
+
 async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
                    config: SchedulerConfig | None = None, until_ns: int | None = None,
                    progress: Progress | None = None, max_steps: int = 50_000_000) -> SimResult:
@@ -53,15 +91,29 @@ async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
     cfg = config or scenario.config
     start = scenario.start_ns
     limit = until_ns if until_ns is not None else scenario.simulation.until_ns
-    stop_at = start + limit if limit is not None else None
-    period = scenario.simulation.cycle_period_ns
     clock = SimClock(start)
     cluster = SimCluster(scenario, start)
     ids = SeededIds(f"sim/{scenario.name}")
-    informer = InformerService(events, cluster, clock, ids)
-    scheduler = SchedulerService(events, cfg, packer, clock, ids)
+    informer = _ObjectInformer(InformerService(events, cluster, clock, ids), cluster)
+    return await drive(events, cluster, cluster, informer, cfg, packer, clock, ids,
+                       period_ns=scenario.simulation.cycle_period_ns, until_ns=limit,
+                       progress=progress, max_steps=max_steps)
+
+
+async def drive(events: EventLog, cluster: Cluster, actuator: ClusterActuator, informer: Informer,
+                cfg: SchedulerConfig, packer: Packer, clock: SimClock, ids: IdFactory, *,
+                period_ns: int, until_ns: int | None, progress: Progress | None = None,
+                max_steps: int = 50_000_000, state: ClusterState | None = None,
+                on_fold: Callable[[Record], None] | None = None) -> SimResult:
+    """The discrete-event loop of the module docstring over any cluster and informer, from the
+    clock's current time, for `until_ns` of simulated time (None: until idle). The scheduler
+    folds into `state` (default: a fresh one) and calls `on_fold` after each record."""
+    start = clock.now_ns()
+    stop_at = start + until_ns if until_ns is not None else None
+    period = period_ns
+    scheduler = SchedulerService(events, cfg, packer, clock, ids, state, on_fold=on_fold)
     # retryable eviction refusals are retried at once: simulated time moves only in this loop
-    binder = BinderService(events, cluster, clock, evict_retry_delays_ns=(0, 0))
+    binder = BinderService(events, actuator, clock, evict_retry_delays_ns=(0, 0))
     await scheduler.start()
     await informer.resync()
     next_cycle = start
@@ -69,13 +121,13 @@ async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
     for _ in range(max_steps):
         now = clock.now_ns()
         cluster.advance(now)
-        await informer.pump(cluster.drain_changes())
+        await informer.pump_pending()
         await scheduler.catch_up()
         if now >= next_cycle and scheduler.has_work():
             await scheduler.run_cycle_once()
             next_cycle = now + period
             if await binder.step():
-                await informer.pump(cluster.drain_changes())
+                await informer.pump_pending()
         if progress is not None:
             progress(now - start, (stop_at - start) if stop_at is not None else None)
         # what the binder's actions caused (an evicted pod's replacement, ...) is new input: the

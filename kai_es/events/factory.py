@@ -25,7 +25,12 @@ def derived_id(cause_id: str, ordinal: int) -> str:
     """Deterministic id of the `ordinal`-th event derived from the event `cause_id`: exactly
     `str(uuid.uuid5(NAMESPACE, f"{cause_id}/{ordinal}"))` (RFC 4122 name-based, SHA-1), built
     without the UUID object, which costs three times as much (a cycle derives one per decision)."""
-    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + f"{cause_id}/{ordinal}".encode()).digest()[:16])
+    return name_id(f"{cause_id}/{ordinal}")
+
+
+def name_id(name: str) -> str:
+    """Exactly `str(uuid.uuid5(NAMESPACE, name))`, without the UUID object (see `derived_id`)."""
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + name.encode()).digest()[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
     digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
     h = digest.hex()

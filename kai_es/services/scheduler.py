@@ -18,6 +18,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
@@ -42,7 +43,8 @@ SOURCE = "kai-es/scheduler"
 class SchedulerService:
     def __init__(self, events: EventLog, config: SchedulerConfig, packer: Packer, clock: Clock,
                  ids: IdFactory, state: ClusterState | None = None, *,
-                 snapshots: SnapshotStore | None = None, snapshot_every: int = 0) -> None:
+                 snapshots: SnapshotStore | None = None, snapshot_every: int = 0,
+                 on_fold: Callable[[Record], None] | None = None) -> None:
         self.events = events
         self.config = config
         self.digest = config_digest(config)
@@ -60,9 +62,13 @@ class SchedulerService:
         #: logical time of the last cycle run here (time rules due after it wake the scheduler)
         self._last_cycle_ns = -1
         self._due_cache: tuple[int, list[int]] = (-2, [])
+        #: called with every record right after it is folded into `state` (a run's summary)
+        self.on_fold = on_fold
 
     def _fold(self, record: Record) -> None:
         apply(self.state, record)
+        if self.on_fold is not None:
+            self.on_fold(record)
         if not record.envelope.type.startswith("kai.scheduler."):
             self._inputs_since_cycle = True
 

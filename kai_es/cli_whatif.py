@@ -1,0 +1,245 @@
+"""`kai-es whatif LOG`: the workload recorded in LOG re-run under other settings, compared with
+the recorded run (see `kai_es.whatif`). `kai_es.cli` registers `COMMANDS`.
+
+Output: a side-by-side table (or `--output json`: the comparison document of
+`kai_es.whatif.compare`), the counterfactual's own log (it replays with `kai-es replay`), and a
+report folder with `whatif.json`, `allocation.png` and `waits.png`. Same log and same changes
+give byte-identical output, log and JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import click
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from kai_es.app import bulk_fold, open_log
+from kai_es.cli_common import UserError, check_out_name, choose_packer, console, friendly, holds_data, \
+    os_error_line, packer_option, records
+from kai_es.events import Record
+from kai_es.events.timefmt import format_duration, parse_duration
+from kai_es.scheduling.config import config_digest
+
+
+@click.command()
+@click.argument("log_url")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="A change: scheduler.<path>=V, queue.<name>.<gpu|cpu|memory>.<quota|limit|overQuotaWeight>=V, "
+                   "queue.<name>.priority=N, nodes.remove=A,B, cyclePeriod=5s (repeatable).")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+              help="A scheduler config (YAML) replacing the recorded one.")
+@click.option("--scenario-patch", "patch_file", default=None, type=click.Path(dir_okay=False),
+              help="A scenario file whose Nodes and Queues are added or replace the recorded ones "
+                   "(a Node annotated kai-es.io/whatif: remove is removed).")
+@click.option("--log", "out_log", default=None, help="Where to write the counterfactual's log "
+              "(default: out/<log name>.whatif.events.jsonl).")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Directory for whatif.json and the plots (default: out/<log name>-whatif).")
+@click.option("--until", default=None, help="Compare only this long from the start (default: the whole recorded run).")
+@click.option("--top", default=10, type=click.IntRange(min=0), help="How many most-changed jobs to list.")
+@click.option("--force", is_flag=True, help="Replace the file given by --log if it already holds events.")
+@click.option("--output", "-o", type=click.Choice(["json", "text"]), default="text")
+@packer_option
+@friendly
+def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_file: str | None,
+           out_log: str | None, report_dir: str | None, until: str | None, top: int, force: bool,
+           output: str, packer: str | None) -> None:
+    """Re-run the workload recorded in LOG under changed settings; compare with the record."""
+    from kai_es.report import SummaryObserver
+    from kai_es.state import ClusterState
+    from kai_es.whatif.changes import ChangeError, Changes, apply_changes, parse_set, read_config, read_patch
+    from kai_es.whatif.compare import DecisionDigest, compare
+    from kai_es.whatif.plots import plot_allocation, plot_waits
+    from kai_es.whatif.recording_log import RecordingFileLog
+    from kai_es.whatif.run import run_workload
+    from kai_es.whatif.workload import extract
+
+    changes = Changes()
+    try:
+        if config_file is not None:
+            read_config(changes, config_file)
+        if patch_file is not None:
+            read_patch(changes, patch_file)
+        for item in sets:
+            parse_set(changes, item)
+    except ChangeError as exc:
+        raise UserError(str(exc)) from None
+    until_ns = None
+    if until is not None:
+        try:
+            until_ns = parse_duration(until)
+        except ValueError as exc:
+            raise UserError(f"--until: {exc}") from None
+    stem = Path(log_url.rstrip("/")).name.removesuffix(".jsonl").removesuffix(".events") or "log"
+    if out_log is None or report_dir is None:
+        check_out_name(stem)
+    out_log = out_log or f"out/{stem}.whatif.events.jsonl"
+    if out_log.startswith("kafka://"):
+        raise UserError("--log: the counterfactual's log is a file (kafka:// is not supported here)")
+    if Path(out_log).resolve() == Path(log_url).resolve():
+        raise UserError(f"--log {out_log} is the recorded log itself")
+    if out_log and holds_data(out_log) and not force and report_dir is not None and out_log != \
+            f"out/{stem}.whatif.events.jsonl":
+        raise UserError(f"--log {out_log} already holds events: refusing to overwrite it (pass --force)")
+    report_path = Path(report_dir or f"out/{stem}-whatif")
+    engine = choose_packer(packer)
+
+    # the recorded run's summary is folded in a second process while this one extracts the
+    # workload and runs the counterfactual (two passes over the log, on two cores)
+    end_limit = None
+    if until_ns is not None:
+        first = next(iter(records(open_log(log_url, readonly=True))), None)
+        end_limit = first.envelope.logicaltime + until_ns if first is not None else None
+    pool = multiprocessing.get_context("fork").Pool(1)
+    try:
+        recorded_future = pool.apply_async(_summarize_log, (log_url, end_limit))
+        with bulk_fold():
+            workload = extract(records(open_log(log_url, readonly=True)))
+        if workload.records == 0:
+            raise UserError(f"{log_url}: the log is empty: there is no recorded run to re-run")
+        try:
+            changed = apply_changes(workload, changes)
+        except ChangeError as exc:
+            raise UserError(str(exc)) from None
+        configs = (config_digest(workload.config), config_digest(changed.config))
+        seed = hashlib.sha256(json.dumps([log_url.rsplit("/", 1)[-1], workload.start_ns, changes.described,
+                                          configs[1], until_ns]).encode()).hexdigest()[:16]
+        try:
+            events = RecordingFileLog(out_log)
+        except OSError as exc:
+            raise UserError(f"--log {out_log}: cannot create the log: {os_error_line(exc)}") from None
+
+        # the counterfactual is summarised from the fold its scheduler does anyway
+        state = ClusterState()
+        observer = SummaryObserver(state)
+        cf_digest = DecisionDigest()
+
+        def on_fold(record: Record) -> None:
+            cf_digest.add(record)
+            observer.observe(record)
+
+        async def run_and_close() -> Any:
+            try:
+                return await run_workload(changed, events, engine, seed=seed, until_ns=until_ns,
+                                          state=state, on_fold=on_fold)
+            finally:
+                await events.close()
+
+        try:
+            with bulk_fold():
+                anyio.run(run_and_close)
+        except OSError as exc:
+            raise UserError(f"--log {out_log}: writing the log failed: {os_error_line(exc)}") from None
+        end_ns = workload.start_ns + until_ns if until_ns is not None else workload.end_ns
+        counterfactual = observer.finish(end_ns)
+        recorded, rec_facts = recorded_future.get()
+    finally:
+        pool.terminate()  # finished by now, or abandoned after an error
+        pool.join()
+    doc = compare(recorded, rec_facts, counterfactual, cf_digest.facts(),
+                  changes=changes.described, configs=configs, top=top)
+    try:
+        report_path.mkdir(parents=True, exist_ok=True)
+        (report_path / "whatif.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        plot_allocation(recorded, counterfactual, str(report_path / "allocation.png"))
+        plot_waits(recorded, counterfactual, str(report_path / "waits.png"))
+    except OSError as exc:
+        raise UserError(f"--report {report_path}: cannot write the report: {os_error_line(exc)}") from None
+    if output == "json":
+        sys.stdout.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        return
+    _print(doc)
+    console.print(f"counterfactual log: {escape(out_log)} ({len(events.records)} events; `kai-es replay` verifies it)   "
+                  f"report: {escape(str(report_path))}/{{whatif.json,allocation.png,waits.png}}", highlight=False)
+
+
+def _until(stream: Any, end_ns: int | None) -> Any:
+    """The records up to logical time `end_ns` (all when None)."""
+    for record in stream:
+        if end_ns is not None and record.envelope.logicaltime > end_ns:
+            return
+        yield record
+
+
+def _summarize_log(log_url: str, end_ns: int | None) -> tuple[Any, Any]:
+    """(summary, decision facts) of a log up to `end_ns` (in a worker process)."""
+    from kai_es.report import summarize
+    from kai_es.whatif.compare import DecisionDigest
+
+    digest = DecisionDigest()
+    with bulk_fold():
+        summary = summarize(digest.tee(_until(records(open_log(log_url, readonly=True)), end_ns)), end_ns=end_ns)
+    return summary, digest.facts()
+
+
+def _d(ns: int | None) -> str:
+    return "-" if ns is None else format_duration(ns)
+
+
+def _print(doc: dict[str, Any]) -> None:
+    rec, cf = doc["runs"]["recorded"], doc["runs"]["counterfactual"]
+    what = "; ".join(doc["changes"]) or "no changes"
+    verdict = "identical decisions" if doc["identicalDecisions"] else "decisions differ"
+    console.print(Text(f"what-if: {what} ({verdict})"))
+    console.print(Text("per queue: recorded -> counterfactual"))
+    table = Table()
+    for col in ("queue", "wait p50", "wait p95", "wait max", "pending at end", "GPU-hours"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    def path(name: str) -> str:
+        parts, seen = [name], {name}
+        parent = doc["queues"][name]["parent"]
+        while parent and parent in doc["queues"] and parent not in seen:
+            parts.append(parent)
+            seen.add(parent)
+            parent = doc["queues"][parent]["parent"]
+        return "/".join(reversed(parts))
+
+    for name in sorted(doc["queues"], key=path):
+        q = doc["queues"][name]
+        a, b = q["recorded"], q["counterfactual"]
+        label = "  " * path(name).count("/") + (name or "(none)")
+        table.add_row(Text(label), *(f"{_d(a[k])} -> {_d(b[k])}" for k in ("waitP50Ns", "waitP95Ns", "waitMaxNs")),
+                      f"{a['pendingAtEnd']} -> {b['pendingAtEnd']}",
+                      f"{a['gpuMilliNs'] / 3.6e15:.1f} -> {b['gpuMilliNs'] / 3.6e15:.1f}")
+    console.print(table)
+    runs = Table(title="cluster")
+    for col in ("", "recorded", "counterfactual"):
+        runs.add_column(col, justify="left" if not col else "right")
+    rows = [("GPU utilisation", lambda r: f"{r['gpuUtilizationPermille'] / 10:.1f}%"),
+            ("pods scheduled", lambda r: str(r["podsScheduled"])),
+            ("pending at end", lambda r: str(r["pendingAtEnd"])),
+            ("evictions", lambda r: str(r["evictions"])),
+            ("stranded GPU-hours", lambda r: f"{r['strandedGpuMilliNs'] / 3.6e15:.1f}"),
+            ("idle / stranded GPUs at end", lambda r: f"{r['fragmentationAtEnd']['idleMilliGpu'] / 1000:g} / "
+                                                      f"{r['fragmentationAtEnd']['strandedMilliGpu'] / 1000:g}"),
+            ("fair-share error (mean GPU)", lambda r: f"{r['fairShareErrorMeanMilliGpu'] / 1000:.1f}"),
+            ("cycles", lambda r: str(r["cycles"])),
+            ("decisions", lambda r: str(r["decisions"]))]
+    for label, fn in rows:
+        runs.add_row(label, fn(rec), fn(cf))
+    console.print(runs)
+    if doc["jobsChangedMost"]:
+        console.print(Text("jobs whose wait changed most:"))
+        jobs = Table()
+        for col in ("job", "queue", "recorded wait", "counterfactual wait", "change"):
+            jobs.add_column(col, justify="left" if col in ("job", "queue") else "right")
+        for j in doc["jobsChangedMost"]:
+            mark = lambda censored: " (never ran)" if censored else ""  # noqa: E731
+            delta = j["deltaNs"]
+            jobs.add_row(Text(j["job"]), Text(j["queue"]), _d(j["recordedWaitNs"]) + mark(j["recordedCensored"]),
+                         _d(j["counterfactualWaitNs"]) + mark(j["counterfactualCensored"]),
+                         ("+" if delta >= 0 else "-") + format_duration(abs(delta)))
+        console.print(jobs)
+    console.print(Text(doc["waitCounting"].capitalize() + "."))
+
+
+COMMANDS: tuple[click.Command, ...] = (whatif,)

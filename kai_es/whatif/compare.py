@@ -1,0 +1,129 @@
+"""The recorded run and the counterfactual side by side (pure over two summaries).
+
+Contract:
+- Every number is an integer (ns, milli-GPU, permille); a wait that does not exist is None.
+- A job's wait is from its first pod's arrival to its first pod's bind; a job that never started
+  waited until the end of the run (`censored: true`, a lower bound). Jobs are compared by key
+  (namespace/pod group), so a pod recreated after an eviction is the same job.
+- "Changed most" orders jobs by |counterfactual wait - recorded wait|, largest first, then key.
+- The decision digest is the sha256 of every scheduler and binder event in log order, as canonical
+  JSON of its type, subject, logical time, cut (`basedon`), policy version and payload, without
+  event ids, decision ids and state digests (those derive from event ids, which a re-run draws
+  afresh): two runs with equal digests made the same decisions at the same cuts and times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from kai_es.events import Record
+from kai_es.events import payloads as p
+from kai_es.events.codec import canonical
+from kai_es.report import JobOutcome, Summary
+
+_DECISION_PREFIXES = ("kai.scheduler.", "kai.binder.")
+#: binder outcomes name the decision they perform by its event id
+_WITH_DECISION_ID = (p.PodBound, p.PodBindFailed, p.PodEvicted, p.PodEvictionFailed)
+
+
+class DecisionDigest:
+    """Accumulates `decision_digest` over records passed through `tee`, and counts them."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self.decisions = 0
+        self.records = 0
+
+    def add(self, record: Record) -> None:
+        self.records += 1
+        env = record.envelope
+        kind = env.type
+        if kind.startswith(_DECISION_PREFIXES) and not isinstance(env.data, p.ConfigApplied):
+            data = env.data
+            if isinstance(data, _WITH_DECISION_ID):
+                data = msgspec.structs.replace(data, decision_id="")
+            self._h.update(canonical([kind, env.subject, env.logicaltime, env.basedon, env.policyversion]))
+            self._h.update(canonical(data))
+            self._h.update(b"\n")
+            self.decisions += 1
+
+    def tee(self, records: Iterable[Record]) -> Iterator[Record]:
+        for record in records:
+            self.add(record)
+            yield record
+
+    def facts(self) -> RunFacts:
+        return RunFacts(digest="sha256:" + self._h.hexdigest(), decisions=self.decisions, records=self.records)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What `DecisionDigest` found in one run's log."""
+
+    digest: str
+    decisions: int
+    records: int
+
+
+def _job_wait(job: JobOutcome, end_ns: int) -> tuple[int, bool]:
+    if job.started_ns is not None:
+        return job.started_ns - job.arrived_ns, False
+    return end_ns - job.arrived_ns, True
+
+
+def _queue(s: Summary, name: str) -> dict[str, Any]:
+    q = s.queues.get(name)
+    if q is None:
+        return {"scheduled": 0, "waitP50Ns": None, "waitP95Ns": None, "waitMaxNs": None,
+                "waitsCensored": 0, "pendingAtEnd": 0, "gpuMilliNs": 0, "evictions": 0}
+    return {"scheduled": q.scheduled, "waitP50Ns": q.percentile_ns(50), "waitP95Ns": q.percentile_ns(95),
+            "waitMaxNs": q.max_wait_ns, "waitsCensored": q.censored, "pendingAtEnd": q.pending_at_end,
+            "gpuMilliNs": q.gpu_milli_ns, "evictions": q.evictions}
+
+
+def _run(s: Summary, facts: RunFacts) -> dict[str, Any]:
+    span = max(1, s.end_ns - s.start_ns)
+    f = s.fragmentation
+    return {"records": facts.records, "decisions": facts.decisions, "decisionDigest": facts.digest,
+            "cycles": s.cycles, "podsSeen": s.pods_seen, "podsScheduled": s.pods_scheduled,
+            "pendingAtEnd": s.pending_at_end, "gpuUtilizationPermille": s.utilization_permille,
+            "evictions": s.evictions, "strandedGpuMilliNs": s.stranded_milli_ns,
+            "fairShareErrorMeanMilliGpu": s.fair_error_milli_ns // span,
+            "fragmentationAtEnd": {"idleMilliGpu": f.idle_milli, "strandedMilliGpu": f.stranded_milli,
+                                   "cause": f.cause() or None}}
+
+
+def compare(recorded: Summary, rec: RunFacts, counterfactual: Summary, cf: RunFacts, *, changes: list[str], configs: tuple[str, str], top: int = 10) -> dict[str, Any]:
+    """The comparison document (`kai-es whatif --output json`)."""
+    queues = sorted(set(recorded.queues) | set(counterfactual.queues))
+    jobs = []
+    for key in sorted(set(recorded.jobs) | set(counterfactual.jobs)):
+        a, b = recorded.jobs.get(key), counterfactual.jobs.get(key)
+        if a is None or b is None:
+            continue
+        wa, ca = _job_wait(a, recorded.end_ns)
+        wb, cb = _job_wait(b, counterfactual.end_ns)
+        jobs.append((-abs(wb - wa), key, a.queue, wa, ca, wb, cb, a.evictions, b.evictions))
+    jobs.sort()
+    changed = [{"job": key, "queue": queue, "recordedWaitNs": wa, "recordedCensored": ca,
+                "counterfactualWaitNs": wb, "counterfactualCensored": cb, "deltaNs": wb - wa,
+                "recordedEvictions": ea, "counterfactualEvictions": eb}
+               for _, key, queue, wa, ca, wb, cb, ea, eb in jobs[:top] if wb != wa or ea != eb]
+    return {
+        "changes": changes,
+        "config": {"recorded": configs[0], "counterfactual": configs[1]},
+        "identicalDecisions": rec.digest == cf.digest,
+        "span": {"startNs": recorded.start_ns, "endNs": recorded.end_ns},
+        "runs": {"recorded": _run(recorded, rec), "counterfactual": _run(counterfactual, cf)},
+        "queues": {q: {"parent": (recorded.queues.get(q) or counterfactual.queues[q]).parent or None,
+                       "recorded": _queue(recorded, q), "counterfactual": _queue(counterfactual, q)}
+                   for q in queues},
+        "jobsChangedMost": changed,
+        "waitCounting": "per pod from first observed to first bound; a pod never bound counts its wait to "
+                        "the end of the run (censored), included in the percentiles",
+    }
