@@ -13,6 +13,7 @@ import hashlib
 import json
 import multiprocessing
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,10 @@ def _summarize_log(log_url: str, end_ns: int | None) -> tuple[Any, Any]:
     return summary, digest.facts()
 
 
+def _never(censored: bool) -> str:
+    return " (never ran)" if censored else ""
+
+
 def _d(ns: int | None) -> str:
     return "-" if ns is None else format_duration(ns)
 
@@ -214,7 +219,7 @@ def _print(doc: dict[str, Any]) -> None:
     runs = Table(title="cluster")
     for col in ("", "recorded", "counterfactual"):
         runs.add_column(col, justify="left" if not col else "right")
-    rows = [("GPU utilisation", lambda r: f"{r['gpuUtilizationPermille'] / 10:.1f}%"),
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [("GPU utilisation", lambda r: f"{r['gpuUtilizationPermille'] / 10:.1f}%"),
             ("pods scheduled", lambda r: str(r["podsScheduled"])),
             ("pending at end", lambda r: str(r["pendingAtEnd"])),
             ("evictions", lambda r: str(r["evictions"])),
@@ -233,10 +238,9 @@ def _print(doc: dict[str, Any]) -> None:
         for col in ("job", "queue", "recorded wait", "counterfactual wait", "change"):
             jobs.add_column(col, justify="left" if col in ("job", "queue") else "right")
         for j in doc["jobsChangedMost"]:
-            mark = lambda censored: " (never ran)" if censored else ""  # noqa: E731
             delta = j["deltaNs"]
-            jobs.add_row(Text(j["job"]), Text(j["queue"]), _d(j["recordedWaitNs"]) + mark(j["recordedCensored"]),
-                         _d(j["counterfactualWaitNs"]) + mark(j["counterfactualCensored"]),
+            jobs.add_row(Text(j["job"]), Text(j["queue"]), _d(j["recordedWaitNs"]) + _never(j["recordedCensored"]),
+                         _d(j["counterfactualWaitNs"]) + _never(j["counterfactualCensored"]),
                          ("+" if delta >= 0 else "-") + format_duration(abs(delta)))
         console.print(jobs)
     console.print(Text(doc["waitCounting"].capitalize() + "."))

@@ -56,6 +56,9 @@ class RecordingFileLog:
     async def end_position(self) -> int:
         return len(self.records)
 
+    async def claim_writer(self) -> None:
+        """No writer identities here: nothing to claim."""
+
     async def close(self) -> None:
         if not self._file.closed:
             self._file.close()
