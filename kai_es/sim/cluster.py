@@ -22,14 +22,13 @@ from __future__ import annotations
 import copy
 import heapq
 import re
-import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from kai_es.events.factory import NAMESPACE
+from kai_es.events.factory import name_id
 from kai_es.events.timefmt import rfc3339
 from kai_es.ingest import translate as tr
 from kai_es.ports import ActionOutcome, ObjectChange
@@ -63,6 +62,22 @@ REFUSE_BIND = "kai-es.io/refuse-bind"
 def _annotation(obj: dict[str, Any], name: str) -> str:
     value = (obj.get("metadata") or {}).get("annotations", {}).get(name, "")
     return value if isinstance(value, str) else ""
+
+
+def recreated_identity(namespace: str, name: str, uid: str, live: Container[str]) -> tuple[str, str]:
+    """(name, uid) of the pod a controller recreates after `name` is evicted: `<base>-r<k>` with
+    the lowest k whose `namespace/name` is not in `live` (base: the name without a previous
+    `-r<k>`), and a uid derived from the evicted pod's."""
+    base = re.sub(r"-r\d+$", "", name)
+    k = 1
+    while f"{namespace}/{base}-r{k}" in live:
+        k += 1
+    return f"{base}-r{k}", recreated_uid(uid)
+
+
+def recreated_uid(uid: str) -> str:
+    """The uid of the pod recreated after the pod `uid` is evicted: uuid5(NAMESPACE, uid + "/recreated")."""
+    return name_id(f"{uid}/recreated")
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -278,12 +293,8 @@ class SimCluster:
     def _recreate(self, info: _PodInfo) -> None:
         obj = copy.deepcopy(info.obj)
         meta = obj["metadata"]
-        base = re.sub(r"-r\d+$", "", meta["name"])
-        k = 1
-        while f"{meta.get('namespace', 'default')}/{base}-r{k}" in self.pods:
-            k += 1
-        meta["name"] = f"{base}-r{k}"
-        meta["uid"] = str(uuid.uuid5(NAMESPACE, f"{meta['uid']}/recreated"))
+        meta["name"], meta["uid"] = recreated_identity(meta.get("namespace", "default"), meta["name"],
+                                                       meta["uid"], self.pods)
         meta["creationTimestamp"] = rfc3339(self.now_ns)
         meta.get("annotations", {}).pop("kai-es.io/gpu-devices", None)
         meta.get("labels", {}).pop(tr.GPU_GROUP_LABEL, None)

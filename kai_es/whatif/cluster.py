@@ -18,7 +18,6 @@ exactly what this cluster holds.
 from __future__ import annotations
 
 import heapq
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,7 +30,8 @@ from kai_es.events.factory import make_envelope
 from kai_es.events.timefmt import parse_rfc3339, rfc3339
 from kai_es.ingest.translate import GPU_GROUP_LABEL, implicit_podgroup_name, subject_of
 from kai_es.ports import ActionOutcome, Clock, EventLog
-from kai_es.whatif.workload import Input, PodRun, Workload, recreated_uid
+from kai_es.sim.cluster import recreated_identity
+from kai_es.whatif.workload import Input, PodRun, Workload
 
 SOURCE = "kai-es/informer"
 
@@ -175,13 +175,9 @@ class RecordedCluster:
         del self.live[key]
         self.evictions += 1
         self._report(p.PodRemoved(namespace=namespace, name=name, uid=uid))
-        base = re.sub(r"-r\d+$", "", name)
-        k = 1
-        while f"{namespace}/{base}-r{k}" in self.live:
-            k += 1
         first = live.run.spec
-        labels = {k2: v for k2, v in first.labels.items() if k2 != GPU_GROUP_LABEL}
-        new_name, new_uid = f"{base}-r{k}", recreated_uid(uid)
+        labels = {k: v for k, v in first.labels.items() if k != GPU_GROUP_LABEL}
+        new_name, new_uid = recreated_identity(namespace, name, uid, self.live)
         podgroup = first.podgroup
         if first.implicit_podgroup and first.owner is None:  # one group per pod: named after it
             podgroup = implicit_podgroup_name({"metadata": {"name": new_name, "uid": new_uid}})

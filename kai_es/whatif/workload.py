@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 
 from kai_es.events import Record
 from kai_es.events import payloads as p
-from kai_es.events.factory import name_id
 from kai_es.scheduling.config import SchedulerConfig, parse_config
+from kai_es.sim.cluster import recreated_uid
 
 DEFAULT_CYCLE_PERIOD_NS = 1_000_000_000
 
@@ -68,11 +68,6 @@ class Workload:
     pods: list[PodRun] = field(default_factory=list)
     #: the recorded log's length (records), for the report
     records: int = 0
-
-
-def recreated_uid(uid: str) -> str:
-    """The uid the simulated cluster gives the pod it recreates after evicting `uid`."""
-    return name_id(f"{uid}/recreated")  # = str(uuid.uuid5(NAMESPACE, ...))
 
 
 def _is_input(env_type: str) -> bool:
