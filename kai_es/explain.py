@@ -136,7 +136,7 @@ def _leaves_under(state: ClusterState, name: str) -> list[str]:
     return out
 
 
-def _shares(state: ClusterState, now_ns: int) -> tuple[dict[str, dict[str, QueueShare]], int]:
+def cycle_shares(state: ClusterState, now_ns: int) -> tuple[dict[str, dict[str, QueueShare]], int]:
     """The division the cycle at `now_ns` ran (time-based fair share included, when on)."""
     try:
         config = parse_config(state.config)
@@ -309,7 +309,7 @@ def _cut(state: ClusterState, subject: _Subject, record: Record,
         return None
     numbers = None
     if queue:
-        shares, hint = _shares(state, record.envelope.logicaltime)
+        shares, hint = cycle_shares(state, record.envelope.logicaltime)
         numbers = queue_numbers(state, shares, hint, queue)
     env = record.envelope
     assert isinstance(env.data, p.CycleStarted)
@@ -412,7 +412,7 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
         if isinstance(data, p.QueueObserved) and data.name == name:
             seen = True
         if isinstance(data, p.CycleStarted) and name in state.queues:
-            shares, hint = _shares(state, env.logicaltime)
+            shares, hint = cycle_shares(state, env.logicaltime)
             open_cuts[record.position] = (data.cycle, env.logicaltime, queue_numbers(state, shares, hint, name))
         elif isinstance(data, p.CycleCompleted) and env.basedon in open_cuts:
             cycle, ns, numbers = open_cuts.pop(env.basedon)

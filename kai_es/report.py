@@ -10,8 +10,8 @@ wait is counted (censored: a lower bound of its real wait) with the waits of its
 A parent queue shows the totals of its leaves.
 
 At every cycle's cut (its CycleStarted) the summary also samples what the scheduler saw: each
-queue's GPU fair share and quota (computed as the recorded policy divides them,
-`shares_for_state`), and the GPUs stranded by fragmentation (`kai_es.fragmentation`). The fair
+queue's GPU fair share and quota (the division the cycle ran, `kai_es.explain.cycle_shares`),
+and the GPUs stranded by fragmentation (`kai_es.fragmentation`). The fair
 share error is the sum over leaf queues of |allocated - fair share| GPU, integrated over time
 with the fair share of the latest cut; stranded GPU time likewise. At the end the summary holds
 the fragmentation of the final state and the last `PodUnschedulable` reason codes of the pods
@@ -29,8 +29,7 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import rfc3339
 from kai_es.fragmentation import Fragmentation, analyse
-from kai_es.scheduling.fairshare import shares_for_state
-from kai_es.scheduling.policy import UnknownPolicy, policy_for
+from kai_es.explain import cycle_shares
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key
 
@@ -174,7 +173,7 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
         if isinstance(data, p.CycleStarted):
             s.cycles += 1
             leaves = _leaves(state)
-            _sample_fair(s, state, t, env.policyversion, fair)
+            _sample_fair(s, state, t, fair)
             now_stranded = analyse(state, shapes=False).stranded_milli
             if now_stranded != stranded or not s.stranded:
                 s.stranded.append((t, now_stranded))
@@ -264,14 +263,11 @@ def _fair_error(alloc: dict[str, int], fair: dict[str, tuple[int, int]], leaves:
     return sum(abs(alloc.get(q, 0) - fair[q][0]) for q in sorted(leaves) if q in fair)
 
 
-def _sample_fair(s: Summary, state: ClusterState, t: int, policy_version: str | None,
-                 fair: dict[str, tuple[int, int]]) -> None:
-    """Record each queue's GPU fair share and quota at this cut when they changed."""
-    try:
-        unit = policy_for(policy_version or "kai-es/v1").gpu_share_unit
-    except UnknownPolicy:
-        unit = 1
-    shares = shares_for_state(state, unit)["gpu"]
+def _sample_fair(s: Summary, state: ClusterState, t: int, fair: dict[str, tuple[int, int]]) -> None:
+    """Record each queue's GPU fair share and quota at this cut when they changed: the division
+    the cycle ran (`kai_es.explain.cycle_shares`: the policy's GPU unit, time-based fair share
+    when the config turns it on)."""
+    shares = cycle_shares(state, t)[0]["gpu"]
     for name in sorted(shares):
         share = shares[name]
         now = (share.fair_share, share.quota)
