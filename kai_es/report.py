@@ -439,6 +439,16 @@ def summary_json(s: Summary) -> dict[str, Any]:
     }
 
 
+def style_panel(ax: Any, queue: str, ylabel: str, *, legend: bool, legend_at: str = "upper right") -> None:
+    """The look of one queue's panel in the report's and the what-if's per-queue figures."""
+    ax.set_title(queue or "(no queue)", fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7, loc=legend_at)
+
+
 def plot_fair_share(summary: Summary, path: str) -> None:
     """A PNG with one panel per queue: GPUs allocated, fair share (at each cycle) and quota
     over time."""
@@ -464,12 +474,7 @@ def plot_fair_share(summary: Summary, path: str) -> None:
         if any(v >= 0 for v in quota):
             ax.step(hours, [v / 1000 if v >= 0 else float("nan") for v in quota], where="post",
                     linestyle="--", color="gray", label="quota")
-        ax.set_title(q or "(no queue)", fontsize=9)
-        ax.set_ylabel("GPUs", fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=7)
-        if i == 0:
-            ax.legend(fontsize=7, loc="upper right")
+        style_panel(ax, q, "GPUs", legend=i == 0)
     for j in range(len(queues), rows * cols):
         axes[j // cols][j % cols].axis("off")
     fig.suptitle("GPU allocation against fair share and quota, per queue (hours from start)", fontsize=10)

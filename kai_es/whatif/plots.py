@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kai_es.report import Summary, step_values, queue_series
+from kai_es.report import Summary, queue_series, step_values, style_panel
 
 RUNS = (("recorded", "tab:blue", "-"), ("counterfactual", "tab:orange", "--"))
 
@@ -43,12 +43,7 @@ def plot_allocation(recorded: Summary, counterfactual: Summary, path: str) -> No
         for (label, color, style), s in zip(RUNS, runs):
             values = step_values(queue_series(s, q)["allocated"], times)
             ax.step(hours, [v / 1000 for v in values], where="post", color=color, linestyle=style, label=label)
-        ax.set_title(q or "(no queue)", fontsize=9)
-        ax.set_ylabel("GPUs", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-        if i == 0:
-            ax.legend(fontsize=7, loc="upper right")
+        style_panel(ax, q, "GPUs", legend=i == 0)
     fig.suptitle("GPU allocation per queue: recorded vs counterfactual (hours from start)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
@@ -74,12 +69,8 @@ def plot_waits(recorded: Summary, counterfactual: Summary, path: str) -> None:
             share = [(k + 1) / len(waits) for k in range(len(waits))]
             ax.step(minutes, share, where="post", color=color, linestyle=style, label=f"{label} ({len(waits)})")
         ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_title(q or "(no queue)", fontsize=9)
         ax.set_xlabel("wait (minutes)", fontsize=8)
-        ax.set_ylabel("share of pods", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        style_panel(ax, q, "share of pods", legend=True, legend_at="lower right")
     fig.suptitle("Wait distribution per queue: recorded vs counterfactual", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
