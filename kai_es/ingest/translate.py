@@ -35,6 +35,11 @@ GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_MODEL_LABEL = "nvidia.com/gpu.product"
 PREEMPTION_DELAY_ANNOTATION = "kai.scheduler/preemption-delay"
 STALENESS_GRACE_ANNOTATION = "kai.scheduler/staleness-grace-period"
+#: set by the informer's pod grouping on a pod whose PodGroup it could not work out (the owner
+#: is malformed or cannot be read): the pod is rejected with this message, not scheduled alone
+GROUPING_ERROR_ANNOTATION = "kai-es.io/grouping-error"
+#: kai-es's GPU device facts on a pod it bound (see kai_es/adapters/kubernetes/gpushare.py)
+GPU_DEVICES_ANNOTATION = "kai-es.io/gpu-devices"
 
 
 class IngestError(ValueError):
@@ -535,6 +540,8 @@ def pod(obj: Obj) -> p.PodObserved:
     namespace = _namespace(obj)
     labels = _map(obj, "metadata.labels")
     annotations = _map(obj, "metadata.annotations")
+    if annotations.get(GROUPING_ERROR_ANNOTATION):
+        raise IngestError("metadata.ownerReferences", f"no PodGroup for this pod: {annotations[GROUPING_ERROR_ANNOTATION]}")
     cpu, memory, whole, scalar = _pod_requests(obj)
     gpu = gpu_request(annotations, whole)
     group = annotations.get(PODGROUP_ANNOTATION, "")
@@ -554,11 +561,14 @@ def pod(obj: Obj) -> p.PodObserved:
     if owners and isinstance(owners[0], Mapping) and owners[0].get("name"):
         o = owners[0]
         owner = p.OwnerRef(kind=str(o.get("kind", "")), name=str(o["name"]), uid=str(o.get("uid", "")))
-    devices_text = annotations.get("kai-es.io/gpu-devices", "")
+    devices_text = annotations.get(GPU_DEVICES_ANNOTATION, "")
     devices = []
     if devices_text:
-        devices = [_int(d, "metadata.annotations[kai-es.io/gpu-devices]", minimum=0)
+        devices = [_int(d.strip(), f"metadata.annotations[{GPU_DEVICES_ANNOTATION}]", minimum=0)
                    for d in devices_text.split(",")]
+        if len(devices) > bounds.MAX_POD_GPUS or len(set(devices)) != len(devices):
+            raise IngestError(f"metadata.annotations[{GPU_DEVICES_ANNOTATION}]",
+                              f"must list distinct device indices (at most {bounds.MAX_POD_GPUS}), got {devices_text[:100]!r}")
     affinity, preferred = _pod_affinities(obj, "podAffinity")
     anti, preferred_anti = _pod_affinities(obj, "podAntiAffinity")
     claims, config_maps = _volumes(obj)
