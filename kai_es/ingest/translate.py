@@ -535,6 +535,31 @@ def implicit_podgroup_name(obj: Obj) -> str:
     return f"pg-{_name(obj)}-{_uid(obj, _name(obj))}"
 
 
+def unknown_devices(scheduler: str, node_name: str, gpu: p.GpuRequest, group: str,
+                    devices: list[int]) -> str:
+    """Why a bound GPU pod's devices are not facts ("" when they are, or it holds no GPU).
+
+    kai-es writes the GPU group and device indices on every shared-GPU pod it binds; KAI writes
+    the group. A bound pod of another scheduler states neither: its whole GPUs are counted by
+    number (which devices is unknown, and does not change accounting), and a share of a GPU is
+    counted as whole device(s) — it may sit on any device, so none of them can be trusted to
+    have room left (conservative). A kai-scheduler pod without either fact (bound by an older
+    binder) gets devices the reducer infers."""
+    if not node_name or devices:
+        return ""
+    shared = bool(gpu.fraction_milli or gpu.gpu_memory_mib)
+    if shared and group:
+        return ""
+    if shared and scheduler != SCHEDULER_NAME:
+        return (f"bound by {scheduler} with a GPU share and no GPU group: counted as "
+                f"{gpu.fraction_devices} whole GPU(s)")
+    if shared:
+        return "bound without GPU facts (no runai-gpu-group, no kai-es.io/gpu-devices): devices inferred"
+    if gpu.whole:
+        return f"bound by {scheduler}: which {gpu.whole} GPU(s) is unknown; counted by number"
+    return ""
+
+
 def pod(obj: Obj) -> p.PodObserved:
     name = _name(obj)
     namespace = _namespace(obj)
@@ -573,10 +598,15 @@ def pod(obj: Obj) -> p.PodObserved:
     anti, preferred_anti = _pod_affinities(obj, "podAntiAffinity")
     claims, config_maps = _volumes(obj)
     delay, grace = _time_annotations(annotations)
+    scheduler = str(_get(obj, "spec.schedulerName", "default-scheduler"))
+    node_name = str(_get(obj, "spec.nodeName", "") or "")
+    if (gpu.fraction_milli or gpu.gpu_memory_mib) and scheduler != SCHEDULER_NAME and \
+            unknown_devices(scheduler, node_name, gpu, labels.get(GPU_GROUP_LABEL, ""), devices):
+        gpu = p.GpuRequest(whole=gpu.fraction_devices)  # conservative: see unknown_devices
     return p.PodObserved(
         namespace=namespace, name=name, uid=_uid(obj, f"{namespace}/{name}"),
-        scheduler_name=str(_get(obj, "spec.schedulerName", "default-scheduler")),
-        phase=phase, node_name=str(_get(obj, "spec.nodeName", "") or ""),
+        scheduler_name=scheduler,
+        phase=phase, node_name=node_name,
         terminating=_get(obj, "metadata.deletionTimestamp") is not None,
         queue=labels.get(QUEUE_LABEL, ""), podgroup=group, implicit_podgroup=implicit,
         priority_class=str(_get(obj, "spec.priorityClassName", "") or ""),

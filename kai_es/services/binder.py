@@ -22,6 +22,11 @@ Contract:
   the earliest position a decision without outcome sits at, the consecutive bind failures per
   pod). A restart reads from that earliest position, not from 0; memory holds only decisions
   without outcomes, the failure counts of pods still failing and the bounded done window.
+- Followers (e.g. status back to Kubernetes, GPU reservation clean-up) see every record the
+  binder reads, in log order (`observe`), and act after each `step` (`flush`). A follower's
+  failure is logged and never stops the binder. Followers must be replay-safe: a restarted
+  binder shows them records again from its resume point — and only from there, so what they
+  need from earlier records they get from the cluster (or a state they are given).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
 
 import anyio
 import msgspec
@@ -64,10 +70,19 @@ class Progress(msgspec.Struct, frozen=True, kw_only=True):
     bindfailures: dict[str, int]
 
 
+class Follower(Protocol):
+    """Something the binder process does with the records it reads, besides binding."""
+
+    def observe(self, record: Record) -> None: ...
+
+    async def flush(self) -> None: ...
+
+
 class BinderService:
     def __init__(self, events: EventLog, actuator: ClusterActuator, clock: Clock, *,
                  evict_retry_delays_ns: Sequence[int] = EVICT_RETRY_DELAYS_NS,
-                 concurrency: int = 1, progress: BlobStore | None = None) -> None:
+                 concurrency: int = 1, progress: BlobStore | None = None,
+                 followers: Sequence[Follower] = ()) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.events = events
@@ -87,6 +102,7 @@ class BinderService:
         self.resumed_from: int | None = None  # the position a saved progress let us start at
         self._count_failures_from = 0
         self._read_since_save = 0
+        self.followers = tuple(followers)
 
     def _mark_done(self, decision_id: str) -> None:
         self.pending.pop(decision_id, None)
@@ -96,6 +112,8 @@ class BinderService:
             self.done.popitem(last=False)
 
     def _observe(self, record: Record) -> None:
+        for follower in self.followers:
+            follower.observe(record)
         data = record.envelope.data
         if isinstance(data, (p.PodBound, p.PodBindFailed, p.PodEvicted, p.PodEvictionFailed)):
             self._mark_done(data.decision_id)
@@ -145,7 +163,13 @@ class BinderService:
     async def step(self) -> int:
         """Read new records, perform decisions without outcomes; returns how many it performed."""
         await self.poll()
-        return await self.perform_batch()
+        performed = await self.perform_batch()
+        for follower in self.followers:
+            try:
+                await follower.flush()
+            except Exception:  # noqa: BLE001 - a follower never stops binding
+                log.exception("binder follower %s failed; retried after the next step", type(follower).__name__)
+        return performed
 
     async def poll(self) -> None:
         """Read new records (decisions to perform, outcomes already in the log)."""

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CONTROLPLANE_PY = ROOT / "tools" / "k8s" / "controlplane.py"
 CRD_DIR = ROOT / "deploy" / "crds"
 CLUSTER_ROLE = ROOT / "deploy" / "rbac" / "clusterrole.yaml"
+RESERVATION_ROLE = ROOT / "deploy" / "rbac" / "reservation-role.yaml"
 _K8S_DIR = Path(__file__).resolve().parent
 
 
@@ -127,8 +128,18 @@ def scheduler_kubeconfig(k8s: K8s) -> Path:
     }  # fmt: skip
     cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding,
             ok=(201, 409))
+    ns_role = yaml.safe_load(RESERVATION_ROLE.read_text())
+    ns = ns_role["metadata"]["namespace"]
+    cp.create_namespace(ns)
+    cp.call("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", ns_role, ok=(201, 409))
+    cp.call("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "kai-es-test-scheduler", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ns_role["metadata"]["name"]},
+        "subjects": binding["subjects"]}, ok=(201, 409))
     deadline = time.monotonic() + 15
-    while cp.request("GET", "/api/v1/pods?limit=1", token=cp.scheduler_token)[0] != 200:
+    while cp.request("GET", "/api/v1/pods?limit=1", token=cp.scheduler_token)[0] != 200 or cp.request(
+            "GET", f"/api/v1/namespaces/{ns}/pods?limit=1", token=cp.scheduler_token)[0] != 200:
         if time.monotonic() > deadline:
             pytest.fail("the scheduler's ClusterRoleBinding never took effect", pytrace=False)
         time.sleep(0.05)

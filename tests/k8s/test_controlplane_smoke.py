@@ -68,9 +68,11 @@ async def test_least_privilege_scheduler_can_bind_but_not_delete(
         denied: list[tuple[str, Any]] = [
             ("delete pod", core.delete_namespaced_pod("other", ns, _preload_content=False)),
             ("create pod", core.create_namespaced_pod(ns, gpu_pod("new", ns), _preload_content=False)),
-            ("patch pod", core.patch_namespaced_pod(
-                "other", ns, {"metadata": {"labels": {"x": "y"}}}, _preload_content=False,
-                _content_type="application/merge-patch+json")),
+            # pods are patched (a shared-GPU pod's GPU facts) but never deleted outside the
+            # reservation namespace, and ConfigMaps are written, never deleted
+            ("delete configmap", core.delete_namespaced_config_map("kube-root-ca.crt", ns, _preload_content=False)),
+            ("create pod in another namespace than the reservations'", core.create_namespaced_pod(
+                "default", gpu_pod("new", "default"), _preload_content=False)),
             ("list secrets", core.list_namespaced_secret(ns, _preload_content=False)),
         ]  # fmt: skip
         for what, call in denied:

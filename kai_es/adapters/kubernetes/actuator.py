@@ -15,13 +15,15 @@ Contract:
   are retried with bounded exponential backoff (with jitter) up to `max_attempts` tries; then a
   failure naming the last error. Nothing raises for an API answer: every outcome is an
   ActionOutcome.
-- GPU devices and groups are not written to the pod yet (the shared-GPU contract is a later
-  step); the arguments are accepted for the port.
+- A decision with GPU groups (a shared-GPU pod) is prepared before the Binding by `GpuSharing`
+  (kai_es/adapters/kubernetes/gpushare.py: reservation pod, published device id, the GPU group
+  and device indices written on the pod): the pod is read first (uid checked, "already bound to
+  that node" is done), and a failed preparation is a failed bind naming why. Devices of a
+  whole-GPU decision are not written (see gpushare.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,6 +33,8 @@ import aiohttp
 import anyio
 from kubernetes_asyncio import client
 
+from kai_es.adapters.kubernetes.gpushare import GpuShareError, GpuSharing
+from kai_es.adapters.kubernetes.http import read_response
 from kai_es.ports import ActionOutcome
 
 log = logging.getLogger(__name__)
@@ -40,17 +44,7 @@ class _Transient(Exception):
     """A try that may succeed if repeated."""
 
 
-async def _read(resp: Any) -> tuple[int, dict[str, Any]]:
-    """(status, JSON body or {}) of a `_preload_content=False` response; releases it."""
-    try:
-        raw = await resp.read()
-    finally:
-        resp.release()
-    try:
-        doc = json.loads(raw) if raw else {}
-    except ValueError:
-        doc = {"message": raw[:300].decode("utf-8", "replace")}
-    return int(resp.status), doc if isinstance(doc, dict) else {"message": str(doc)[:300]}
+_read = read_response
 
 
 def _message(status: int, doc: dict[str, Any]) -> str:
@@ -74,6 +68,7 @@ class KubernetesActuator:
         base_delay_s: float = 0.1,
         max_delay_s: float = 5.0,
         request_timeout_s: float = 30.0,
+        gpu_sharing: GpuSharing | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
@@ -83,6 +78,7 @@ class KubernetesActuator:
         self.max_delay_s = max_delay_s
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
         self.retries = 0
+        self.gpu_sharing = gpu_sharing if gpu_sharing is not None else GpuSharing(api)
 
     async def _with_retries(self, what: str, attempt: Callable[[], Awaitable[ActionOutcome]]) -> ActionOutcome:
         last = ""
@@ -110,6 +106,10 @@ class KubernetesActuator:
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
 
         async def attempt() -> ActionOutcome:
+            if gpu_groups:
+                prepared = await self._prepare_shared(namespace, name, uid, node, gpu_devices, gpu_groups)
+                if prepared is not None:
+                    return prepared
             status, doc = await _read(await self.core.create_namespaced_pod_binding(
                 name, namespace, body,  # type: ignore[arg-type]  # a dict is serialized as is
                 _preload_content=False, _request_timeout=self.timeout))
@@ -124,6 +124,31 @@ class KubernetesActuator:
             return ActionOutcome(ok=False, message=_message(status, doc))
 
         return await self._with_retries(f"bind {namespace}/{name} -> {node}", attempt)
+
+    async def _prepare_shared(self, namespace: str, name: str, uid: str, node: str,
+                              gpu_devices: Sequence[int], gpu_groups: Sequence[str]) -> ActionOutcome | None:
+        """None when the pod is ready to bind, else the bind's outcome (done or failed)."""
+        status, pod = await self._get_pod(namespace, name)
+        if status == 404:
+            return ActionOutcome(ok=False, message=f"pod {namespace}/{name} not found")
+        if status != 200:
+            if status >= 500 or status == 429:
+                raise _Transient(_message(status, pod))
+            return ActionOutcome(ok=False, message=_message(status, pod))
+        meta = pod.get("metadata") or {}
+        if uid and meta.get("uid") != uid:
+            return ActionOutcome(ok=False, message=(
+                f"pod {namespace}/{name} was re-created (uid {meta.get('uid')}, decided for {uid})"))
+        bound_to = (pod.get("spec") or {}).get("nodeName") or ""
+        if bound_to == node:
+            return ActionOutcome(ok=True, already=True, message=f"already bound to {node}")
+        if bound_to:
+            return ActionOutcome(ok=False, message=f"pod {namespace}/{name} is bound to {bound_to}")
+        try:
+            await self.gpu_sharing.prepare(pod, node, gpu_devices, gpu_groups)
+        except GpuShareError as exc:
+            return ActionOutcome(ok=False, message=f"shared GPU for {namespace}/{name}: {exc}")
+        return None
 
     async def _get_pod(self, namespace: str, name: str) -> tuple[int, dict[str, Any]]:
         return await _read(await self.core.read_namespaced_pod(

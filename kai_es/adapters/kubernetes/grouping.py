@@ -28,8 +28,9 @@ from typing import Any
 import anyio
 from kubernetes_asyncio import client
 
-from kai_es.adapters.kubernetes.actuator import _read
+from kai_es.adapters.kubernetes.http import read_response as _read
 from kai_es.ingest import podgrouper as pg
+from kai_es.ingest import translate as tr
 from kai_es.ingest.translate import GROUPING_ERROR_ANNOTATION, IngestError
 from kai_es.ports import ObjectChange, Relist
 
@@ -84,6 +85,7 @@ class PodGroupingSource:
         self._members: dict[tuple[str, str], set[str]] = {}  # group -> pod names
         self._pod_group: dict[tuple[str, str], tuple[str, str]] = {}  # pod -> group
         self._real_groups: set[tuple[str, str]] = set()
+        self._noted: set[str] = set()  # uids of bound pods whose device facts were checked
         self.hidden_reservation_pods = 0
         self.owner_fetches = 0
 
@@ -190,10 +192,30 @@ class PodGroupingSource:
         if change.action == "DELETED":
             out.append(change)
             self._leave(key, out)
+            self._noted.discard(str((obj.get("metadata") or {}).get("uid", "")))
             return
+        self._note_devices(obj)
         group_obj, pod = await self._group(obj, fresh=change.action == "ADDED")
         self._join(key, group_obj, out)
         out.append(ObjectChange("Pod", change.action, pod))
+
+    def _note_devices(self, obj: Mapping[str, Any]) -> None:
+        """Say (once per pod) when a bound pod's GPU devices are not facts (see
+        kai_es.ingest.translate.unknown_devices for how it is then accounted)."""
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+        assert isinstance(meta, Mapping)
+        uid = str(meta.get("uid", ""))
+        if not (obj.get("spec") or {}).get("nodeName") or uid in self._noted:
+            return
+        self._noted.add(uid)
+        try:
+            spec = tr.pod(obj)
+            raw = tr.pod({**obj, "spec": {**(obj.get("spec") or {}), "nodeName": ""}})
+        except IngestError:
+            return  # the informer rejects it, with the reason
+        note = tr.unknown_devices(spec.scheduler_name, spec.node_name, raw.gpu, spec.gpu_group, spec.gpu_devices)
+        if note:
+            log.info("pod %s/%s on %s: %s", spec.namespace, spec.name, spec.node_name, note)
 
     async def _shape(self, batch: Sequence[Change]) -> list[Change]:
         out: list[Change] = []
