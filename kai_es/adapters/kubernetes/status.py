@@ -1,0 +1,239 @@
+"""Status back to Kubernetes: a binder Follower that turns the decisions and outcomes it reads
+from the log into what kubectl, cluster autoscalers and KAI's tools read.
+
+Contract:
+- core/v1 Events on the pod: `Scheduled` (Normal) for each PodBound, `Preempted` (Normal) for
+  each PodEvicted whose EvictionDecided was read (its action, reason and preemptor in words),
+  `FailedScheduling` (Warning) for a PodUnschedulable whose message (its structured reasons in
+  words, `"; "`-joined) differs from the last one written for that pod — a pod pending for
+  1,000 cycles with the same verdict gets one Event, not 1,000.
+- The pod's `PodScheduled` condition is set `False`/`Unschedulable` with that message through
+  pods/status (a strategic merge on the condition type), so cluster autoscalers see it. A bound
+  pod's condition is set True by the API server's Binding itself.
+- The PodGroup (when it exists in the API) gets KAI's `status.schedulingConditions`: one
+  `UnschedulableOnNodePool` condition (reason `Unschedulable`, the message, and `reasons` as
+  {reason: code, message}) while its pods are unschedulable and none of its pods was bound since;
+  a bind clears it. A group kai-es made up (see grouping.py) is not in the API: skipped.
+- Queues get `status.allocated`, `status.requested` (allocated + pending, capped at the
+  queue's limit) and `status.fairShare`
+  (kai-es's; KAI publishes fair share as metrics) as quantities keyed `gpu`, `cpu`, `memory`
+  (`gpu` and `cpu` in milli units, e.g. "1500m"; memory in bytes), computed from the state this
+  follower folds from the records it reads (so it needs every record since the log's start, or
+  an `initial` state), written at most every `queue_interval_s` and only when changed.
+- Replay-safe: an Event's name is derived from the record that caused it, so a replayed record
+  finds it already there (409: done); condition and status writes are idempotent. Writes that
+  collapse (several verdicts for one pod before a flush) write only the last. Timestamps are the
+  records' logical times. A pod that was removed gets no further writes.
+- API failures are logged; a write that failed with a retryable error (5xx, 429, a connection
+  error) is tried again at the next flush, up to `attempts` times; nothing here raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from kai_es.adapters.kubernetes.http import read_response
+from kai_es.events import Record
+from kai_es.events import payloads as p
+from kai_es.events.timefmt import rfc3339
+from kai_es.scheduling.fairshare import shares_for_state
+from kai_es.state import ClusterState
+from kai_es.state.reducer import apply
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "kai-scheduler"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+
+
+def reasons_in_words(reasons: list[p.Reason]) -> str:
+    return "; ".join(r.message or r.code for r in reasons) or "unschedulable"
+
+
+def _event_name(pod: str, record_id: str, reason: str) -> str:
+    digest = hashlib.sha256(f"{record_id}/{reason}".encode()).hexdigest()[:16]
+    return f"{pod[:200]}.{digest}"
+
+
+@dataclass
+class _Write:
+    what: str  # for logs
+    kind: str  # "event" | "pod-condition" | "podgroup"
+    namespace: str
+    name: str
+    body: dict[str, Any]
+    pod: tuple[str, str] | None = None
+    tries: int = 0
+
+
+class StatusWriter:
+    """A binder Follower (kai_es/services/binder.py); contract: module docstring."""
+
+    def __init__(self, api: client.ApiClient, *, queue_status: bool = True, queue_interval_s: float = 5.0,
+                 initial: ClusterState | None = None, attempts: int = 3) -> None:
+        # Any: plain dict bodies and `_content_type` are passed as is
+        self.core: Any = client.CoreV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
+        self.queue_status = queue_status
+        self.queue_interval_s = queue_interval_s
+        self.state = initial if initial is not None else ClusterState()
+        self.attempts = attempts
+        self._pending: dict[tuple[str, ...], _Write] = {}
+        self._last_message: dict[tuple[str, str], str] = {}  # pod -> last FailedScheduling message
+        self._evictions: dict[str, p.EvictionDecided] = {}  # decision id -> decision
+        self._group_condition: dict[tuple[str, str], str] = {}  # podgroup -> message written ("" none)
+        self._queues_written: dict[str, dict[str, Any]] = {}
+        self._queues_at = 0.0
+        self.writes = 0
+        self.skipped_duplicates = 0
+
+    # -- reading the log -------------------------------------------------------------------------
+
+    def observe(self, record: Record) -> None:
+        env = record.envelope
+        data = env.data
+        if self.queue_status:
+            apply(self.state, record)
+        when = rfc3339(env.logicaltime)
+        if isinstance(data, p.PodUnschedulable):
+            self._unschedulable(env.id, data, when)
+        elif isinstance(data, p.PodBound):
+            pod = (data.namespace, data.name)
+            self._last_message.pop(pod, None)
+            self._event(env.id, data.namespace, data.name, data.uid, "Normal", "Scheduled",
+                        f"Successfully assigned {data.namespace}/{data.name} to {data.node}", when)
+            self._pending.pop(("pod-condition", data.namespace, data.name), None)
+        elif isinstance(data, p.BindingDecided):
+            group = (data.namespace, data.podgroup)
+            if self._group_condition.get(group):
+                self._group_condition[group] = ""
+                self._pending[("podgroup", *group)] = _Write(
+                    f"clear conditions of podgroup {group[0]}/{group[1]}", "podgroup", group[0], group[1],
+                    {"status": {"schedulingConditions": []}})
+        elif isinstance(data, p.EvictionDecided):
+            self._evictions[env.id] = data
+        elif isinstance(data, p.PodEvicted):
+            decision = self._evictions.pop(data.decision_id, None)
+            if decision is not None:
+                why = f" ({decision.reason})" if decision.reason else ""
+                by = f" for {decision.preemptor}" if decision.preemptor else ""
+                self._event(env.id, data.namespace, data.name, data.uid, "Normal", "Preempted",
+                            f"Evicted by kai-es ({decision.action}){by}{why}", when)
+        elif isinstance(data, p.PodEvictionFailed):
+            self._evictions.pop(data.decision_id, None)
+        elif isinstance(data, p.PodRemoved):
+            pod = (data.namespace, data.name)
+            self._last_message.pop(pod, None)
+            for key in [k for k, w in self._pending.items() if w.pod == pod]:
+                del self._pending[key]
+
+    def _event(self, record_id: str, ns: str, pod: str, uid: str, type_: str, reason: str, message: str,
+               when: str) -> None:
+        name = _event_name(pod, record_id, reason)
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": name, "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": pod, "uid": uid},
+                "type": type_, "reason": reason, "message": message[:1024], "count": 1,
+                "firstTimestamp": when, "lastTimestamp": when,
+                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+                "reportingInstance": "kai-es-binder"}  # fmt: skip
+        self._pending[("event", ns, name)] = _Write(f"{reason} event for pod {ns}/{pod}", "event", ns, name, body,
+                                                   pod=(ns, pod))
+
+    def _unschedulable(self, record_id: str, data: p.PodUnschedulable, when: str) -> None:
+        pod = (data.namespace, data.name)
+        message = reasons_in_words(data.reasons)
+        if self._last_message.get(pod) == message:
+            self.skipped_duplicates += 1
+            return
+        self._last_message[pod] = message
+        for key in [k for k, w in self._pending.items()
+                    if w.pod == pod and w.kind == "event" and w.body.get("reason") == "FailedScheduling"]:
+            del self._pending[key]  # an older verdict not written yet: only the last one is
+        self._event(record_id, data.namespace, data.name, data.uid, "Warning", "FailedScheduling", message, when)
+        self._pending[("pod-condition", *pod)] = _Write(
+            f"PodScheduled=False on pod {pod[0]}/{pod[1]}", "pod-condition", pod[0], pod[1],
+            {"metadata": {"uid": data.uid}, "status": {"conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": message[:1024], "lastTransitionTime": when}]}}, pod=pod)
+        group = (data.namespace, data.podgroup)
+        if data.podgroup and self._group_condition.get(group) != message:
+            self._group_condition[group] = message
+            transition = hashlib.sha256(f"{record_id}".encode()).hexdigest()[:8]
+            self._pending[("podgroup", *group)] = _Write(
+                f"conditions of podgroup {group[0]}/{group[1]}", "podgroup", group[0], group[1],
+                {"status": {"schedulingConditions": [{
+                    "type": "UnschedulableOnNodePool", "nodePool": "default", "reason": "Unschedulable",
+                    "message": message[:1024], "status": "True", "transitionID": transition,
+                    "lastTransitionTime": when,
+                    "reasons": [{"reason": r.code, "message": r.message} for r in data.reasons]}]}})
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    async def _send(self, w: _Write) -> int:
+        if w.kind == "event":
+            resp = await self.core.create_namespaced_event(w.namespace, w.body, _preload_content=False)
+        elif w.kind == "pod-condition":
+            resp = await self.core.patch_namespaced_pod_status(
+                w.name, w.namespace, w.body, _content_type=STRATEGIC_PATCH, _preload_content=False)
+        elif w.kind == "podgroup":
+            resp = await self.custom.patch_namespaced_custom_object_status(
+                "scheduling.run.ai", "v2alpha2", w.namespace, "podgroups", w.name, w.body,
+                _content_type=MERGE_PATCH, _preload_content=False)
+        else:
+            resp = await self.custom.patch_cluster_custom_object_status(
+                "scheduling.run.ai", "v2", "queues", w.name, w.body, _content_type=MERGE_PATCH,
+                _preload_content=False)
+        status, doc = await read_response(resp)
+        if status in (200, 201):
+            self.writes += 1
+        elif status == 409 and w.kind == "event":
+            pass  # written before (a replayed record)
+        elif status == 404 and w.kind in ("podgroup", "pod-condition"):
+            log.debug("%s: gone or not in the API", w.what)
+        elif status >= 500 or status == 429:
+            return status
+        else:
+            log.warning("%s: HTTP %s: %s", w.what, status, doc.get("message", ""))
+        return 0
+
+    async def flush(self) -> None:
+        if self.queue_status and time.monotonic() - self._queues_at >= self.queue_interval_s:
+            self._queues_at = time.monotonic()
+            self._queue_writes()
+        todo, self._pending = self._pending, {}
+        for key, w in todo.items():
+            try:
+                retry = await self._send(w)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                retry = -1
+                log.info("%s: %s: %s", w.what, type(exc).__name__, exc)
+            if retry:
+                w.tries += 1
+                if w.tries < self.attempts:
+                    self._pending.setdefault(key, w)
+                else:
+                    log.warning("%s: gave up after %d tries", w.what, w.tries)
+
+    def _queue_writes(self) -> None:
+        shares = shares_for_state(self.state)
+        for name in sorted(self.state.queues):
+            def quantities(field: str) -> dict[str, str]:
+                gpu, cpu, mem = (getattr(shares[r][name], field) for r in ("gpu", "cpu", "memory"))
+                return {"gpu": f"{gpu}m", "cpu": f"{cpu}m", "memory": str(mem)}
+
+            status = {"allocated": quantities("allocated"), "requested": quantities("request"),
+                      "fairShare": quantities("fair_share")}
+            if self._queues_written.get(name) == status:
+                continue
+            self._queues_written[name] = status
+            self._pending[("queue", name)] = _Write(f"status of queue {name}", "queue", "", name,
+                                                     {"status": status})

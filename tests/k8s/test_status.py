@@ -1,0 +1,151 @@
+"""Status back to Kubernetes against the real apiserver, written by the binder-side StatusWriter
+as kai-es's least-privilege identity: Events (Scheduled, FailedScheduling, Preempted), the
+PodScheduled=False condition, PodGroup scheduling conditions, Queue status; deduplicated and
+replay-safe."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+from kubernetes_asyncio import client
+
+from kai_es.adapters.clock import SystemClock
+from kai_es.adapters.ids import RandomIds
+from kai_es.adapters.kubernetes.actuator import KubernetesActuator
+from kai_es.adapters.kubernetes.grouping import PodGroupingSource
+from kai_es.adapters.kubernetes.source import KubernetesSource
+from kai_es.adapters.kubernetes.status import StatusWriter
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.events import Record
+from kai_es.events import payloads as p
+from kai_es.events.factory import make_envelope
+from kai_es.scheduling.config import SchedulerConfig
+from kai_es.scheduling.packing import load_packer
+from kai_es.services.binder import BinderService
+from kai_es.services.informer import InformerService
+from kai_es.services.scheduler import SchedulerService
+from tests.k8s.conftest import K8s
+from tests.k8s.helpers import create_pod, get_pod, gpu_pod, queue, raw, wait_for
+
+POOL_LABEL = "kai.scheduler/node-pool"
+
+
+async def pod_events(api: client.ApiClient, ns: str, pod: str) -> list[dict[str, Any]]:
+    status, out = await raw(await client.CoreV1Api(api).list_namespaced_event(
+        ns, field_selector=f"involvedObject.name={pod}", _preload_content=False))
+    assert status == 200, out
+    return list(out["items"])
+
+
+def record(position: int, payload: p.Payload, logicaltime: int = 1_700_000_000_000_000_000) -> Record:
+    env = make_envelope(payload, event_id=str(uuid.uuid4()), source="test", subject="pod/x",
+                        logicaltime=logicaltime)
+    return Record(position, env)
+
+
+async def test_scheduling_outcomes_reach_pods_podgroups_and_queues(k8s: K8s, scheduler_kubeconfig: Path) -> None:
+    tag = uuid.uuid4().hex[:8]
+    ns = k8s.namespace()
+    pool = f"pool-{tag}"
+    k8s.gpu_node(f"n-{tag}", gpus=8, labels={POOL_LABEL: pool})
+    qname = f"q-{tag}"
+    log = MemoryEventLog()
+    async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
+        custom = client.CustomObjectsApi(api)
+        status, _ = await raw(await custom.create_cluster_custom_object(
+            "scheduling.run.ai", "v2", "queues", queue(qname), _preload_content=False))
+        assert status == 201
+        status, _ = await raw(await custom.create_namespaced_custom_object(
+            "scheduling.run.ai", "v2alpha2", ns, "podgroups",
+            {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+             "metadata": {"name": "big", "namespace": ns}, "spec": {"queue": qname, "minMember": 2}},
+            _preload_content=False))
+        assert status == 201
+        labels = {POOL_LABEL: pool}
+        for i in range(2):
+            await create_pod(api, gpu_pod(f"big-{i}", ns, gpus=6, queue=qname, labels=labels,
+                                          annotations={"pod-group-name": "big"}))
+        await create_pod(api, gpu_pod("fits", ns, gpus=2, queue=qname, labels=labels))
+
+        clock, ids = SystemClock(), RandomIds()
+        writer = StatusWriter(kai_api, queue_interval_s=0.1)
+        informer = InformerService(log, PodGroupingSource(KubernetesSource(kai_api), kai_api), clock, ids)
+        scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
+        binder = BinderService(log, KubernetesActuator(kai_api), clock, followers=[writer])
+
+        async def scheduled_event() -> bool:
+            return any(e["reason"] == "Scheduled" for e in await pod_events(api, ns, "fits"))
+
+        async def failed_event() -> list[dict[str, Any]] | None:
+            events = [e for e in await pod_events(api, ns, "big-0") if e["reason"] == "FailedScheduling"]
+            return events or None
+
+        async def pod_condition() -> dict[str, Any] | None:
+            _, pod = await get_pod(api, ns, "big-0")
+            return next((c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"), None)
+
+        async def group_condition() -> list[dict[str, Any]] | None:
+            _, pg = await raw(await custom.get_namespaced_custom_object(
+                "scheduling.run.ai", "v2alpha2", ns, "podgroups", "big", _preload_content=False))
+            return (pg.get("status") or {}).get("schedulingConditions") or None
+
+        async def queue_status() -> dict[str, Any] | None:
+            _, q = await raw(await custom.get_cluster_custom_object(
+                "scheduling.run.ai", "v2", "queues", qname, _preload_content=False))
+            st = q.get("status") or {}
+            return st if (st.get("allocated") or {}).get("gpu") == "2000m" else None
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(informer.run)
+            tg.start_soon(scheduler.run, 50_000_000)
+            tg.start_soon(binder.run, 20_000_000)
+            await wait_for(scheduled_event, "a Scheduled event on the bound pod", timeout_s=30)
+            events = await wait_for(failed_event, "a FailedScheduling event on the gang's pod", timeout_s=30)
+            condition = await wait_for(pod_condition, "PodScheduled on the pending pod")
+            conditions = await wait_for(group_condition, "the PodGroup's scheduling condition")
+            qstatus = await wait_for(queue_status, "the queue's status", timeout_s=30)
+            await anyio.sleep(2.0)  # dozens of cycles with the gang still pending
+            again = [e for e in await pod_events(api, ns, "big-0") if e["reason"] == "FailedScheduling"]
+            tg.cancel_scope.cancel()
+
+    message = events[0]["message"]
+    assert events[0]["type"] == "Warning" and message, events
+    assert len(again) == 1 and again[0].get("count", 1) == 1, again  # one Event, not one per cycle
+    assert (condition["status"], condition["reason"], condition["message"]) == ("False", "Unschedulable", message)
+    assert conditions[0]["type"] == "UnschedulableOnNodePool" and conditions[0]["status"] == "True"
+    assert conditions[0]["message"] == message and conditions[0]["reasons"][0]["reason"]
+    assert qstatus["requested"]["gpu"] == "14000m"  # 2 running + 12 pending
+    assert qstatus["fairShare"]["gpu"].endswith("m")
+    unschedulable = [r.envelope.data for r in [r async for r in log.read()]
+                     if isinstance(r.envelope.data, p.PodUnschedulable) and r.envelope.data.name == "big-0"]
+    assert unschedulable and unschedulable[-1].reasons  # the words come from the structured reasons
+
+
+async def test_repeated_verdicts_write_once_and_a_replay_writes_nothing_new(k8s: K8s, scheduler_kubeconfig: Path) -> None:
+    ns = k8s.namespace()
+    async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
+        pod = await create_pod(api, gpu_pod("waits", ns))
+        victim = await create_pod(api, gpu_pod("victim", ns))
+        uid, vuid = pod["metadata"]["uid"], victim["metadata"]["uid"]
+        verdict = [p.Reason(code="NotEnoughGPUs", message="0/3 nodes have 8 free GPUs", numbers={"requested": 8})]
+        records = [record(i, p.PodUnschedulable(namespace=ns, name="waits", uid=uid, podgroup="", queue="q",
+                                                reasons=verdict)) for i in range(1000)]
+        decision = record(1000, p.EvictionDecided(namespace=ns, name="victim", uid=vuid, node="n", podgroup="g",
+                                                  queue="q", action="preempt", reason="priority",
+                                                  preemptor=f"{ns}/waits"))
+        records += [decision, record(1001, p.PodEvicted(namespace=ns, name="victim", uid=vuid, node="n",
+                                                        decision_id=decision.envelope.id))]
+        for run in range(2):  # the second writer replays the same log
+            writer = StatusWriter(kai_api, queue_status=False)
+            for r in records:
+                writer.observe(r)
+            await writer.flush()
+            assert writer.skipped_duplicates == 999
+            failed = [e for e in await pod_events(api, ns, "waits") if e["reason"] == "FailedScheduling"]
+            assert len(failed) == 1 and failed[0]["message"] == "0/3 nodes have 8 free GPUs", failed
+            preempted = [e for e in await pod_events(api, ns, "victim") if e["reason"] == "Preempted"]
+            assert len(preempted) == 1 and f"{ns}/waits" in preempted[0]["message"], preempted
+            assert writer.writes == (3 if run == 0 else 1)  # the replay re-patches only the condition
