@@ -8,8 +8,11 @@ ordinary PodGroup translation reads it) and the pod with `pod-group-name` set to
 podgrouper annotates pods. The same pod and owners always give the same result.
 
 Contract (KAI's defaults, read from its podgrouper's behaviour; kai-es's own code):
-- A pod with `pod-group-name`, or `kai.scheduler/skip-podgrouper: "true"` on it or an owner,
-  is not grouped (`group_pod` returns None).
+- Only pods for kai-es's scheduler (`schedulerName: kai-scheduler`) are grouped, as KAI's
+  podgrouper only groups its scheduler's pods. A pod with `pod-group-name`, or
+  `kai.scheduler/skip-podgrouper: "true"` on it or an owner, is not grouped (`group_pod` returns
+  None). (KAI re-groups a pod that has owners even when it names a group; kai-es keeps the name
+  the user gave.)
 - Name: `pg-<top owner name>-<top owner uid>`; a bare pod is its own top owner. For a
   Deployment (apps/v1, reached through its ReplicaSet) every pod is its own group,
   `pg-<pod name>-<pod uid>`, as KAI does for inference replicas.
@@ -36,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.ingest.translate import NODE_POOL_LABEL, PODGROUP_ANNOTATION, PREEMPTIBILITY_LABEL, QUEUE_LABEL, \
     IngestError
 
@@ -149,11 +153,19 @@ def _pytorch_min_member(job: Obj) -> int:
     return minimum
 
 
+def needs_group(pod: Obj) -> bool:
+    """Whether `pod` is one the podgrouper groups (before its owners are looked at)."""
+    spec = pod.get("spec")
+    scheduler = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    return scheduler == SCHEDULER_NAME and PODGROUP_ANNOTATION not in _strmap(pod, "annotations") \
+        and not _skipped(pod)
+
+
 def group_pod(pod: Obj, owners: Sequence[Obj]) -> Grouping | None:
     """The PodGroup of `pod` given its owner chain (nearest first; empty for a bare pod), or
     None when the pod names its group or asks not to be grouped (contract: module docstring)."""
     pod_annotations = _strmap(pod, "annotations")
-    if PODGROUP_ANNOTATION in pod_annotations or _skipped(pod) or any(_skipped(o) for o in owners):
+    if not needs_group(pod) or any(_skipped(o) for o in owners):
         return None
     meta = _meta(pod)
     namespace = str(meta.get("namespace") or "default")

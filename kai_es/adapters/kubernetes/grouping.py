@@ -2,7 +2,8 @@
 GPU reservation pods. Wraps `KubernetesSource` (or any source of raw Kubernetes JSON).
 
 Contract:
-- A pod without `pod-group-name` (and not opted out, see kai_es/ingest/podgrouper.py) gets its
+- A kai-scheduler pod without `pod-group-name` (and not opted out, see
+  kai_es/ingest/podgrouper.py) gets its
   PodGroup from its owner chain: the wrapper GETs the owners KAI's groupers read (ReplicaSet,
   Deployment, StatefulSet, Job, CronJob, PyTorchJob; cached by uid, refreshed when a pod is
   ADDED) and emits the PodGroup (as a `PodGroup` ObjectChange) BEFORE the pod, which carries
@@ -138,6 +139,8 @@ class PodGroupingSource:
 
     async def _group(self, pod: dict[str, Any], fresh: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """(the pod's PodGroup or None, the pod to pass on)."""
+        if not pg.needs_group(pod):
+            return None, pod
         try:
             grouping = pg.group_pod(pod, await self._owner_chain(pod, fresh))
         except (IngestError, OwnerUnavailable) as exc:
