@@ -142,3 +142,28 @@ async def test_relists_keep_made_groups_and_drop_groups_whose_pods_vanished() ->
     assert ("ObjectChange", "PodGroup", "DELETED") in kinds  # a's group: its pod vanished
     deleted = [c for c in batches[1] if isinstance(c, ObjectChange) and c.action == "DELETED"]
     assert [c.obj["metadata"]["name"] for c in deleted] == ["pg-a-ua"]  # type: ignore[index]
+
+
+async def test_stated_devices_are_kept_and_another_schedulers_share_takes_whole_gpus() -> None:
+    """The reducer accounts a bound shared-GPU pod on the device its facts state (a guess would
+    take device 0, the first with room), and another scheduler's GPU share as a whole GPU."""
+    from kai_es.adapters.clock import SimClock
+    from kai_es.adapters.ids import SeededIds
+    from kai_es.adapters.memory_log import MemoryEventLog
+    from kai_es.services.informer import InformerService
+    from kai_es.state import fold
+    from tests.builders import MakeNode, queue
+
+    placed = MakePod("placed").fraction("0.5").running_on("n1", devices="3").label("runai-gpu-group", "g1").obj()
+    placed["metadata"]["uid"] = "u-placed"
+    foreign = MakePod("foreign", queue=None).fraction("0.25").running_on("n1").obj()
+    foreign["spec"]["schedulerName"] = "default-scheduler"
+    foreign["metadata"]["uid"] = "u-foreign"
+    initial = [ObjectChange("Queue", "ADDED", queue("team-a")), ObjectChange("Node", "ADDED", MakeNode("n1").gpus(4).obj()),
+               ObjectChange("Pod", "ADDED", placed), ObjectChange("Pod", "ADDED", foreign)]
+    log = MemoryEventLog()
+    await InformerService(log, Scripted(initial, []), SimClock(1_000), SeededIds("t")).resync()
+    state = fold([r async for r in log.read()])
+    assert state.pods["default/placed"].devices == (3,)
+    used = state.nodes["n1"].device_used
+    assert used[3] == 500 and sorted(used) == [0, 0, 500, 1000], used  # the share of another: whole

@@ -41,7 +41,7 @@ from typing import Any
 
 from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.ingest.translate import NODE_POOL_LABEL, PODGROUP_ANNOTATION, PREEMPTIBILITY_LABEL, QUEUE_LABEL, \
-    IngestError
+    IngestError, int_field
 
 SKIP_ANNOTATION = "kai.scheduler/skip-podgrouper"
 MIN_MEMBER_OVERRIDE = "kai.scheduler/batch-min-member"
@@ -110,18 +110,6 @@ def _skipped(obj: Obj) -> bool:
     return _strmap(obj, "annotations").get(SKIP_ANNOTATION) == "true"
 
 
-def _int_field(value: Any, path: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise IngestError(path, f"must be an integer, got {value!r}")
-    try:
-        out = int(value)
-    except ValueError:
-        raise IngestError(path, f"must be an integer, got {value!r}") from None
-    if out < minimum:
-        raise IngestError(path, f"must be >= {minimum}, got {out}")
-    return out
-
-
 def _dig(obj: Obj, *path: str) -> Any:
     cur: Any = obj
     for part in path:
@@ -138,7 +126,7 @@ def _pytorch_min_member(job: Obj) -> int:
     total = 0
     for name in sorted(specs):
         path = f"spec.pytorchReplicaSpecs.{name}.replicas"
-        replicas = _int_field(_dig(specs, name, "replicas"), path, minimum=0) \
+        replicas = int_field(_dig(specs, name, "replicas"), path, minimum=0) \
             if _dig(specs, name, "replicas") is not None else 0
         if replicas == 0:
             raise IngestError(path, f"a PyTorchJob needs at least one {name} replica")
@@ -146,10 +134,10 @@ def _pytorch_min_member(job: Obj) -> int:
     minimum = total
     elastic = _dig(job, "spec", "elasticPolicy", "minReplicas")
     if elastic is not None:
-        minimum = _int_field(elastic, "spec.elasticPolicy.minReplicas", minimum=0)
+        minimum = int_field(elastic, "spec.elasticPolicy.minReplicas", minimum=0)
     available = _dig(job, "spec", "runPolicy", "schedulingPolicy", "minAvailable")
     if available is not None:
-        minimum = _int_field(available, "spec.runPolicy.schedulingPolicy.minAvailable", minimum=0)
+        minimum = int_field(available, "spec.runPolicy.schedulingPolicy.minAvailable", minimum=0)
     return minimum
 
 
@@ -184,7 +172,7 @@ def group_pod(pod: Obj, owners: Sequence[Obj]) -> Grouping | None:
     name = f"pg-{pod_name}-{pod_uid}" if deployment else f"pg-{top_name}-{top_uid}"
     min_member = 1
     if top_kind == ("batch", "Job") and MIN_MEMBER_OVERRIDE in top_annotations:
-        min_member = _int_field(top_annotations[MIN_MEMBER_OVERRIDE],
+        min_member = int_field(top_annotations[MIN_MEMBER_OVERRIDE],
                                 f"metadata.annotations[{MIN_MEMBER_OVERRIDE}]", minimum=0)
     elif top_kind == ("kubeflow.org", "PyTorchJob"):
         min_member = _pytorch_min_member(top)

@@ -117,6 +117,10 @@ def _int(value: Any, path: str, *, minimum: int | None = None) -> int:
     return out
 
 
+#: the integer field parser, for the other ingest modules
+int_field = _int
+
+
 def _milli(value: Any, path: str) -> int:
     try:
         return to_milli(value)

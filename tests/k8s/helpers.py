@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -14,11 +14,13 @@ from kubernetes_asyncio import client
 from kai_es.adapters.clock import SystemClock
 from kai_es.adapters.ids import RandomIds
 from kai_es.adapters.kubernetes.actuator import KubernetesActuator
+from kai_es.adapters.kubernetes.gpushare import GpuSharing
+from kai_es.adapters.kubernetes.grouping import PodGroupingSource
 from kai_es.adapters.kubernetes.source import KubernetesSource
 from kai_es.ports import EventLog
 from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.packing import load_packer
-from kai_es.services.binder import BinderService
+from kai_es.services.binder import BinderService, Follower
 from kai_es.services.informer import InformerService
 from kai_es.services.scheduler import SchedulerService
 
@@ -113,17 +115,27 @@ async def wait_pod_phase(api: client.ApiClient, namespace: str, name: str, phase
 
 @contextlib.asynccontextmanager
 async def services_running(log: EventLog, api: client.ApiClient,
-                           config: SchedulerConfig | None = None) -> AsyncIterator[EventLog]:
+                           config: SchedulerConfig | None = None, *, grouping: bool = False,
+                           gpu_sharing: GpuSharing | None = None,
+                           followers: Sequence[Follower] = ()) -> AsyncIterator[EventLog]:
     """The informer, scheduler and binder services in this process, over `log` and the cluster
     of `api` (`config`, default: the default config; native packer), running until the block
-    ends."""
+    ends. `grouping`: the informer's source groups pods (PodGroupingSource); the binder prepares
+    shared GPUs with `gpu_sharing` and runs `followers`."""
     clock, ids = SystemClock(), RandomIds()
-    informer = InformerService(log, KubernetesSource(api), clock, ids)
+    source: Any = KubernetesSource(api)
+    informer = InformerService(log, PodGroupingSource(source, api) if grouping else source, clock, ids)
     scheduler = SchedulerService(log, config or SchedulerConfig(), load_packer("native"), clock, ids)
-    binder = BinderService(log, KubernetesActuator(api), clock)
+    binder = BinderService(log, KubernetesActuator(api, gpu_sharing=gpu_sharing), clock, followers=followers)
     async with anyio.create_task_group() as tg:
         tg.start_soon(informer.run)
         tg.start_soon(scheduler.run, 50_000_000)
         tg.start_soon(binder.run, 20_000_000)
         yield log
         tg.cancel_scope.cancel()
+
+
+async def create_queue(api: client.ApiClient, name: str) -> None:
+    status, out = await raw(await client.CustomObjectsApi(api).create_cluster_custom_object(
+        "scheduling.run.ai", "v2", "queues", queue(name), _preload_content=False))
+    assert status == 201, out

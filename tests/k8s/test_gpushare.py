@@ -13,24 +13,16 @@ from typing import Any
 import anyio
 from kubernetes_asyncio import client
 
-from kai_es.adapters.clock import SystemClock
-from kai_es.adapters.ids import RandomIds
 from kai_es.adapters.kubernetes.actuator import KubernetesActuator
 from kai_es.adapters.kubernetes.gpushare import RESERVATION_NAMESPACE, GpuSharing
-from kai_es.adapters.kubernetes.grouping import PodGroupingSource
 from kai_es.adapters.kubernetes.reservations import ReservationKeeper
-from kai_es.adapters.kubernetes.source import KubernetesSource
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import payloads as p
 from kai_es.replay import replay
-from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.packing import load_packer
-from kai_es.services.binder import BinderService
-from kai_es.services.informer import InformerService
-from kai_es.services.scheduler import SchedulerService
 from kai_es.state import fold
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import create_pod, get_pod, gpu_pod, queue, raw, wait_for
+from tests.k8s.helpers import create_pod, create_queue, get_pod, gpu_pod, services_running, raw, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -51,19 +43,12 @@ async def test_fractional_pods_share_a_reserved_gpu_whose_id_is_published(
     qname = f"q-{tag}"
     log = MemoryEventLog()
     async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
-        status, _ = await raw(await client.CustomObjectsApi(api).create_cluster_custom_object(
-            "scheduling.run.ai", "v2", "queues", queue(qname), _preload_content=False))
-        assert status == 201
+        await create_queue(api, qname)
         for name in ("half-a", "half-b"):
             await create_pod(api, gpu_pod(name, ns, gpus=0, queue=qname, labels={POOL_LABEL: pool}, annotations={
                 "gpu-fraction": "0.5", "runai/shared-gpu-configmap": f"{name}-cfg"}))
 
-        clock, ids = SystemClock(), RandomIds()
         sharing = GpuSharing(kai_api)
-        keeper = ReservationKeeper(sharing)
-        informer = InformerService(log, PodGroupingSource(KubernetesSource(kai_api), kai_api), clock, ids)
-        scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
-        binder = BinderService(log, KubernetesActuator(kai_api, gpu_sharing=sharing), clock, followers=[keeper])
 
         async def both_running() -> bool:
             for name in ("half-a", "half-b"):
@@ -77,10 +62,8 @@ async def test_fractional_pods_share_a_reserved_gpu_whose_id_is_published(
                     if isinstance(d, p.PodObserved) and d.namespace == ns and d.node_name}
             return all(n in seen and seen[n].gpu_group and seen[n].gpu_devices for n in ("half-a", "half-b"))
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(informer.run)
-            tg.start_soon(scheduler.run, 50_000_000)
-            tg.start_soon(binder.run, 20_000_000)
+        async with services_running(log, kai_api, grouping=True, gpu_sharing=sharing,
+                                    followers=[ReservationKeeper(sharing)]):
             await wait_for(both_running, "both halves Running", timeout_s=30)
             await wait_for(facts_read_back, "the GPU facts observed back", timeout_s=30)
 
@@ -127,7 +110,6 @@ async def test_fractional_pods_share_a_reserved_gpu_whose_id_is_published(
                 return not await reservation_pods(api, group)
 
             await wait_for(released, "the reservation pod deleted with the last sharing pod", timeout_s=30)
-            tg.cancel_scope.cancel()
 
     result = replay([r async for r in log.read()], load_packer("native"))
     assert result.ok, result.divergence

@@ -113,7 +113,7 @@ async def test_pods_get_kai_podgrouper_groups_from_their_owners(k8s: K8s, schedu
                 return any([isinstance(r.envelope.data, p.PodObserved) and r.envelope.data.name == "etl-2"
                             async for r in log.read()])
 
-            await wait_for(late, "etl-2 observed")
+            await wait_for(late, "etl-2 observed", timeout_s=30)
             records = [r async for r in log.read()]
             tg.cancel_scope.cancel()
 
@@ -176,5 +176,5 @@ async def test_last_pod_deleted_deletes_its_made_group_and_reservation_pods_are_
                 return any(getattr(c, "kind", "") == "PodGroup" and getattr(c, "action", "") == "DELETED"
                            and c.obj["metadata"]["name"] == pg_name for c in seen)
 
-            await wait_for(group_deleted, "the made-up PodGroup deleted with its last pod")
+            await wait_for(group_deleted, "the made-up PodGroup deleted with its last pod", timeout_s=30)
             tg.cancel_scope.cancel()

@@ -12,23 +12,13 @@ from typing import Any
 import anyio
 from kubernetes_asyncio import client
 
-from kai_es.adapters.clock import SystemClock
-from kai_es.adapters.ids import RandomIds
-from kai_es.adapters.kubernetes.actuator import KubernetesActuator
-from kai_es.adapters.kubernetes.grouping import PodGroupingSource
-from kai_es.adapters.kubernetes.source import KubernetesSource
 from kai_es.adapters.kubernetes.status import StatusWriter
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
-from kai_es.scheduling.config import SchedulerConfig
-from kai_es.scheduling.packing import load_packer
-from kai_es.services.binder import BinderService
-from kai_es.services.informer import InformerService
-from kai_es.services.scheduler import SchedulerService
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import create_pod, get_pod, gpu_pod, queue, raw, wait_for
+from tests.k8s.helpers import create_pod, create_queue, get_pod, gpu_pod, services_running, raw, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -55,9 +45,7 @@ async def test_scheduling_outcomes_reach_pods_podgroups_and_queues(k8s: K8s, sch
     log = MemoryEventLog()
     async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
         custom = client.CustomObjectsApi(api)
-        status, _ = await raw(await custom.create_cluster_custom_object(
-            "scheduling.run.ai", "v2", "queues", queue(qname), _preload_content=False))
-        assert status == 201
+        await create_queue(api, qname)
         status, _ = await raw(await custom.create_namespaced_custom_object(
             "scheduling.run.ai", "v2alpha2", ns, "podgroups",
             {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
@@ -70,11 +58,6 @@ async def test_scheduling_outcomes_reach_pods_podgroups_and_queues(k8s: K8s, sch
                                           annotations={"pod-group-name": "big"}))
         await create_pod(api, gpu_pod("fits", ns, gpus=2, queue=qname, labels=labels))
 
-        clock, ids = SystemClock(), RandomIds()
-        writer = StatusWriter(kai_api, queue_interval_s=0.1)
-        informer = InformerService(log, PodGroupingSource(KubernetesSource(kai_api), kai_api), clock, ids)
-        scheduler = SchedulerService(log, SchedulerConfig(), load_packer("native"), clock, ids)
-        binder = BinderService(log, KubernetesActuator(kai_api), clock, followers=[writer])
 
         async def scheduled_event() -> bool:
             return any(e["reason"] == "Scheduled" for e in await pod_events(api, ns, "fits"))
@@ -98,10 +81,8 @@ async def test_scheduling_outcomes_reach_pods_podgroups_and_queues(k8s: K8s, sch
             st = q.get("status") or {}
             return st if (st.get("allocated") or {}).get("gpu") == "2000m" else None
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(informer.run)
-            tg.start_soon(scheduler.run, 50_000_000)
-            tg.start_soon(binder.run, 20_000_000)
+        async with services_running(log, kai_api, grouping=True,
+                                    followers=[StatusWriter(kai_api, queue_interval_s=0.1)]):
             await wait_for(scheduled_event, "a Scheduled event on the bound pod", timeout_s=30)
             events = await wait_for(failed_event, "a FailedScheduling event on the gang's pod", timeout_s=30)
             condition = await wait_for(pod_condition, "PodScheduled on the pending pod")
@@ -109,7 +90,6 @@ async def test_scheduling_outcomes_reach_pods_podgroups_and_queues(k8s: K8s, sch
             qstatus = await wait_for(queue_status, "the queue's status", timeout_s=30)
             await anyio.sleep(2.0)  # dozens of cycles with the gang still pending
             again = [e for e in await pod_events(api, ns, "big-0") if e["reason"] == "FailedScheduling"]
-            tg.cancel_scope.cancel()
 
     message = events[0]["message"]
     assert events[0]["type"] == "Warning" and message, events

@@ -128,22 +128,9 @@ class KubernetesActuator:
     async def _prepare_shared(self, namespace: str, name: str, uid: str, node: str,
                               gpu_devices: Sequence[int], gpu_groups: Sequence[str]) -> ActionOutcome | None:
         """None when the pod is ready to bind, else the bind's outcome (done or failed)."""
-        status, pod = await self._get_pod(namespace, name)
-        if status == 404:
-            return ActionOutcome(ok=False, message=f"pod {namespace}/{name} not found")
-        if status != 200:
-            if status >= 500 or status == 429:
-                raise _Transient(_message(status, pod))
-            return ActionOutcome(ok=False, message=_message(status, pod))
-        meta = pod.get("metadata") or {}
-        if uid and meta.get("uid") != uid:
-            return ActionOutcome(ok=False, message=(
-                f"pod {namespace}/{name} was re-created (uid {meta.get('uid')}, decided for {uid})"))
-        bound_to = (pod.get("spec") or {}).get("nodeName") or ""
-        if bound_to == node:
-            return ActionOutcome(ok=True, already=True, message=f"already bound to {node}")
-        if bound_to:
-            return ActionOutcome(ok=False, message=f"pod {namespace}/{name} is bound to {bound_to}")
+        outcome, pod = await self._unbound_pod(namespace, name, uid, node)
+        if outcome is not None:
+            return outcome
         try:
             await self.gpu_sharing.prepare(pod, node, gpu_devices, gpu_groups)
         except GpuShareError as exc:
@@ -154,25 +141,33 @@ class KubernetesActuator:
         return await _read(await self.core.read_namespaced_pod(
             name, namespace, _preload_content=False, _request_timeout=self.timeout))
 
-    async def _after_bind_conflict(self, namespace: str, name: str, uid: str, node: str,
-                                   conflict: dict[str, Any]) -> ActionOutcome:
+    async def _unbound_pod(self, namespace: str, name: str, uid: str,
+                           node: str) -> tuple[ActionOutcome | None, dict[str, Any]]:
+        """(None, the pod) when the decided pod exists unbound; else (the bind's outcome, {}):
+        not found, re-created, already bound to `node` (done) or elsewhere. Raises _Transient
+        for a retryable answer."""
         status, pod = await self._get_pod(namespace, name)
         if status == 404:
-            return ActionOutcome(ok=False, message=f"pod {namespace}/{name} not found")
+            return ActionOutcome(ok=False, message=f"pod {namespace}/{name} not found"), {}
         if status != 200:
             if status >= 500 or status == 429:
                 raise _Transient(_message(status, pod))
-            return ActionOutcome(ok=False, message=_message(status, pod))
+            return ActionOutcome(ok=False, message=_message(status, pod)), {}
         meta = pod.get("metadata") or {}
         bound_to = (pod.get("spec") or {}).get("nodeName") or ""
         if uid and meta.get("uid") != uid:
             return ActionOutcome(ok=False, message=(
-                f"pod {namespace}/{name} was re-created (uid {meta.get('uid')}, decided for {uid})"))
+                f"pod {namespace}/{name} was re-created (uid {meta.get('uid')}, decided for {uid})")), {}
         if bound_to == node:
-            return ActionOutcome(ok=True, already=True, message=f"already bound to {node}")
+            return ActionOutcome(ok=True, already=True, message=f"already bound to {node}"), {}
         if bound_to:
-            return ActionOutcome(ok=False, message=f"pod {namespace}/{name} is bound to {bound_to}")
-        return ActionOutcome(ok=False, message=_message(409, conflict))
+            return ActionOutcome(ok=False, message=f"pod {namespace}/{name} is bound to {bound_to}"), {}
+        return None, pod
+
+    async def _after_bind_conflict(self, namespace: str, name: str, uid: str, node: str,
+                                   conflict: dict[str, Any]) -> ActionOutcome:
+        outcome, _ = await self._unbound_pod(namespace, name, uid, node)
+        return outcome if outcome is not None else ActionOutcome(ok=False, message=_message(409, conflict))
 
     # -- evict -----------------------------------------------------------------------------------
 

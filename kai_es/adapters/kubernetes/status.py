@@ -195,9 +195,11 @@ class StatusWriter:
         status, doc = await read_response(resp)
         if status in (200, 201):
             self.writes += 1
+            if w.kind == "queue":
+                self._queues_written[w.name] = w.body["status"]
         elif status == 409 and w.kind == "event":
             pass  # written before (a replayed record)
-        elif status == 404 and w.kind in ("podgroup", "pod-condition"):
+        elif status == 404 and w.kind in ("podgroup", "pod-condition", "queue"):
             log.debug("%s: gone or not in the API", w.what)
         elif status >= 500 or status == 429:
             return status
@@ -234,6 +236,5 @@ class StatusWriter:
                       "fairShare": quantities("fair_share")}
             if self._queues_written.get(name) == status:
                 continue
-            self._queues_written[name] = status
             self._pending[("queue", name)] = _Write(f"status of queue {name}", "queue", "", name,
                                                      {"status": status})
