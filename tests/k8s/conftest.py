@@ -45,6 +45,13 @@ def load_crds() -> list[dict[str, Any]]:
     return [yaml.safe_load(p.read_text()) for p in sorted(CRD_DIR.glob("*.yaml"))]
 
 
+def install_kai(cp: Any) -> None:
+    """What a KAI install puts in a cluster before kai-es runs: the CRDs, and the namespace of
+    GPU reservation pods (deploy/rbac/reservation-role.yaml)."""
+    cp.install_crds(load_crds())
+    cp.create_namespace(yaml.safe_load(RESERVATION_ROLE.read_text())["metadata"]["namespace"])
+
+
 @dataclass
 class K8s:
     """The session's control plane, as tests use it."""
@@ -84,12 +91,12 @@ class K8s:
 
 @contextlib.contextmanager
 def started_control_plane() -> Iterator[Any]:
-    """A started control plane with KAI's CRDs installed, closed after; if it cannot start,
+    """A started control plane with what KAI installs (`install_kai`), closed after; if it cannot start,
     the test FAILS with the components' log tails."""
     cp = cp_mod.ControlPlane()
     try:
         cp.start(timeout_s=120)
-        cp.install_crds(load_crds())
+        install_kai(cp)
     except cp_mod.ControlPlaneError as e:
         tails = cp.log_tails()
         cp.close()

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from kai_es.ingest.quantity import parse_quantity
+from kai_es.adapters.kubernetes.source import RESERVATION_NAMESPACE
 from tests.k8s.conftest import started_control_plane
 from tests.processes import ROOT, Proc
 
@@ -90,7 +91,8 @@ def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) ->
     finally:
         for proc in procs:
             proc.kill9()
-    got = {key: pod["spec"].get("nodeName") for key, pod in pods.items()}
+    reserved = {k: p for k, p in pods.items() if k.startswith(f"{RESERVATION_NAMESPACE}/")}
+    got = {key: pod["spec"].get("nodeName") for key, pod in pods.items() if key not in reserved}
     want = {key: s["node"] for key, s in predicted.items()}
     assert got.keys() == want.keys()
     # identical members of one gang are interchangeable: which of them goes first is decided by
@@ -102,7 +104,12 @@ def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) ->
         members = [key for key, g in gangs.items() if g == gang]
         assert sorted(str(got.pop(k)) for k in members) == sorted(str(want.pop(k)) for k in members), gang
     assert got == want
-    # the whole GPU each node's bound pods ask for never exceeds its capacity
+    # each shared GPU is held by one reservation pod on the node of the pods sharing it
+    groups = {(p["metadata"]["labels"]["runai-gpu-group"], p["spec"]["nodeName"]) for k, p in pods.items()
+              if k not in reserved and "runai-gpu-group" in p["metadata"].get("labels", {})}
+    assert groups and sorted(groups) == sorted((p["metadata"]["labels"]["runai-gpu-group"], p["spec"]["nodeName"])
+                                               for p in reserved.values())
+    # the whole GPUs each node's bound pods (reservation pods included) ask for never exceed its capacity
     for node in {n for n in got.values() if n}:
         asked = sum(parse_quantity(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", "0"))
                     for p in pods.values() if p["spec"].get("nodeName") == node

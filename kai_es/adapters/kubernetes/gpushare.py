@@ -17,7 +17,7 @@ The contract (GPU devices are facts, not guesses):
   `kai-resource-reservation` (KAI's namespace, which must exist), labelled `runai-gpu-group` and
   `app: kai-resource-reservation`, with `spec.nodeName` set (no scheduler involved) and
   `nvidia.com/gpu: 1`, so the device plugin hands it, and so the shared pods, a whole GPU. The
-  informer does not pass these pods on (the sharing pods account for that GPU).
+  informer's source never lists these pods (the sharing pods account for that GPU).
 - Device id for the container: the reservation pod's `run.ai/reserve_for_gpu_index` annotation
   (set on a real GPU node by KAI's reservation image) when `wait_for_index_s` is given (waited
   for up to that long, else the bind fails and the reservation pod is deleted); without it
@@ -45,11 +45,11 @@ import anyio
 from kubernetes_asyncio import client
 
 from kai_es.adapters.kubernetes.http import read_response
+from kai_es.adapters.kubernetes.source import RESERVATION_NAMESPACE
 from kai_es.ingest.translate import GPU_DEVICES_ANNOTATION, GPU_GROUP_LABEL
 
 log = logging.getLogger(__name__)
 
-RESERVATION_NAMESPACE = "kai-resource-reservation"
 RESERVATION_APP = "kai-resource-reservation"
 RESERVATION_IMAGE = "ghcr.io/nvidia/kai-scheduler/resource-reservation:latest"
 GPU_GROUPS_ANNOTATION = "kai-es.io/gpu-groups"

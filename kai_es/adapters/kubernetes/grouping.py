@@ -1,5 +1,5 @@
-"""A ClusterSource wrapper that gives every pod a PodGroup, as KAI's podgrouper does, and hides
-GPU reservation pods. Wraps `KubernetesSource` (or any source of raw Kubernetes JSON).
+"""A ClusterSource wrapper that gives every pod a PodGroup, as KAI's podgrouper does. Wraps
+`KubernetesSource` (or any source of raw Kubernetes JSON).
 
 Contract:
 - A kai-scheduler pod without `pod-group-name` (and not opted out, see
@@ -16,8 +16,6 @@ Contract:
   pod with `kai-es.io/grouping-error`: the informer rejects it with that message (an
   ObjectRejected in the log), it is not scheduled in a wrong group. A later change of the pod
   (or a relist) tries again.
-- Pods in the GPU reservation namespace (`kai-resource-reservation`, KAI's) are not passed on:
-  the shared GPU they hold is accounted through the pods sharing it (see gpushare.py).
 """
 
 from __future__ import annotations
@@ -37,8 +35,6 @@ from kai_es.ports import ObjectChange, Relist
 
 log = logging.getLogger(__name__)
 
-#: KAI's default namespace for GPU reservation pods
-RESERVATION_NAMESPACE = "kai-resource-reservation"
 Change = ObjectChange | Relist
 
 #: kind -> GET of one owner by (api, namespace, name), raw response (`_preload_content=False`)
@@ -73,12 +69,10 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
 class PodGroupingSource:
     """ClusterSource over `inner` that groups pods (contract: module docstring)."""
 
-    def __init__(self, inner: Any, api: client.ApiClient, *,
-                 reservation_namespace: str = RESERVATION_NAMESPACE, owner_attempts: int = 3,
+    def __init__(self, inner: Any, api: client.ApiClient, *, owner_attempts: int = 3,
                  retry_delay_s: float = 0.2) -> None:
         self.inner = inner
         self.api = api
-        self.reservation_namespace = reservation_namespace
         self.owner_attempts = owner_attempts
         self.retry_delay_s = retry_delay_s
         self._owners: dict[str, dict[str, Any]] = {}  # uid -> owner object
@@ -87,7 +81,6 @@ class PodGroupingSource:
         self._pod_group: dict[tuple[str, str], tuple[str, str]] = {}  # pod -> group
         self._real_groups: set[tuple[str, str]] = set()
         self._noted: set[str] = set()  # uids of bound pods whose device facts were checked
-        self.hidden_reservation_pods = 0
         self.owner_fetches = 0
 
     # -- owners ----------------------------------------------------------------------------------
@@ -155,12 +148,6 @@ class PodGroupingSource:
             return None, pod
         return grouping.podgroup, grouping.pod
 
-    def _hidden(self, obj: Mapping[str, Any]) -> bool:
-        if _key(obj)[0] == self.reservation_namespace:
-            self.hidden_reservation_pods += 1
-            return True
-        return False
-
     def _leave(self, pod_key: tuple[str, str], out: list[Change]) -> None:
         group = self._pod_group.pop(pod_key, None)
         if group is None:
@@ -189,8 +176,6 @@ class PodGroupingSource:
 
     async def _shape_pod(self, change: ObjectChange, out: list[Change]) -> None:
         obj: dict[str, Any] = dict(change.obj)
-        if self._hidden(obj):
-            return
         key = _key(obj)
         if change.action == "DELETED":
             out.append(change)
@@ -228,8 +213,6 @@ class PodGroupingSource:
                     pods: list[dict[str, object]] = []
                     seen: set[tuple[str, str]] = set()
                     for obj in change.objects:
-                        if self._hidden(obj):
-                            continue
                         group_obj, pod = await self._group(dict(obj), fresh=True)
                         self._join(_key(obj), group_obj, out)
                         seen.add(_key(obj))

@@ -15,6 +15,10 @@ Contract:
 - Objects are the API's JSON as dicts, each with `kind` and `apiVersion` set (LIST items lack
   them). Nothing is decoded into kubernetes-asyncio's generated models (several times the CPU).
 - Within one kind, items come in the order the API server sent them; kinds interleave.
+- Pods in `hidden_pod_namespaces` (by default the GPU reservation namespace,
+  `kai-resource-reservation`) are filtered out by the apiserver (a field selector on LIST and
+  WATCH): a reservation pod holds a shared GPU that the pods sharing it already account for
+  (see gpushare.py), so it must not count a second time.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from kubernetes_asyncio import client
 from kai_es.ports import ObjectChange, Relist
 
 log = logging.getLogger(__name__)
+
+#: KAI's namespace for GPU reservation pods (kai_es/adapters/kubernetes/gpushare.py)
+RESERVATION_NAMESPACE = "kai-resource-reservation"
 
 #: The kinds kai-es schedules from. Topology is opt-in: its CRD may not be installed.
 #: the volume and namespace kinds feed the placement predicates (claims, local volumes'
@@ -147,6 +154,7 @@ class KubernetesSource:
         backoff_cap_s: float = 10.0,
         batch_max: int = 1000,
         resume_from: Mapping[str, str] | None = None,
+        hidden_pod_namespaces: Sequence[str] = (RESERVATION_NAMESPACE,),
     ) -> None:
         unknown = [k for k in kinds if k not in KIND_APIS]
         if unknown:
@@ -158,6 +166,8 @@ class KubernetesSource:
         self.backoff_cap_s = backoff_cap_s
         self.batch_max = batch_max
         self._rv: dict[str, str] = dict(resume_from or {})
+        #: a field selector the apiserver filters Pods with (LIST and WATCH alike)
+        self.pod_field_selector = ",".join(f"metadata.namespace!={ns}" for ns in hidden_pod_namespaces)
         self.relists: dict[str, int] = {k: 0 for k in self.kinds}
         self.watch_errors: dict[str, int] = {k: 0 for k in self.kinds}
 
@@ -170,6 +180,8 @@ class KubernetesSource:
     async def _call(self, kind: str, kw: dict[str, Any], timeout: aiohttp.ClientTimeout) -> Any:
         """The raw aiohttp response of a list/watch call (status not checked)."""
         kw = dict(kw, _preload_content=False, _request_timeout=timeout)
+        if kind == "Pod" and self.pod_field_selector:
+            kw["field_selector"] = self.pod_field_selector
         return await KIND_APIS[kind].call(self.api, kw)
 
     async def list_kind(self, kind: str) -> tuple[list[dict[str, Any]], str]:
