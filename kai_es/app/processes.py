@@ -246,17 +246,24 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
                      poll_s: float = 0.05, concurrency: int = KUBE_BINDER_CONCURRENCY,
                      on_ready: Ready | None = None) -> None:
     """`kai-es binder --kubeconfig`: perform the log's decisions through the Kubernetes API
-    (`KubernetesActuator`), append their outcomes, keep its progress durably."""
+    (`KubernetesActuator`, shared GPUs prepared by `GpuSharing`), append their outcomes, keep
+    its progress durably; its followers release GPU reservations (`ReservationKeeper`) and
+    write status back to Kubernetes (`StatusWriter`)."""
     from kai_es.adapters.kubernetes.actuator import KubernetesActuator  # noqa: PLC0415
     from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
+    from kai_es.adapters.kubernetes.gpushare import GpuSharing  # noqa: PLC0415
+    from kai_es.adapters.kubernetes.reservations import ReservationKeeper  # noqa: PLC0415
+    from kai_es.adapters.kubernetes.status import StatusWriter  # noqa: PLC0415
 
     clock = FlowClock(1.0)
 
     async def body(events: EventLog, store: BlobStore | None) -> None:
         clock.observe(await last_logicaltime(events))
         async with await api_client(kubeconfig) as api:
-            binder = BinderService(events, KubernetesActuator(api), clock, concurrency=concurrency,
-                                   progress=store)
+            sharing = GpuSharing(api)
+            binder = BinderService(events, KubernetesActuator(api, gpu_sharing=sharing), clock,
+                                   concurrency=concurrency, progress=store,
+                                   followers=[ReservationKeeper(sharing), StatusWriter(api)])
             t = time.monotonic()
             await binder.restore()
             await binder.poll()

@@ -26,6 +26,11 @@ Contract:
   records' logical times. A pod that was removed gets no further writes.
 - API failures are logged; a write that failed with a retryable error (5xx, 429, a connection
   error) is tried again at the next flush, up to `attempts` times; nothing here raises.
+- Binding comes first: one flush sends at most `max_writes` writes, `concurrency` at a time; the
+  rest wait for the next flush (after the binder's next batch).
+- Queue status needs the whole fold: it is written only when this writer saw the log from its
+  first record (position 0) or was given an `initial` state; a binder resumed from saved
+  progress logs once that queue status is off.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import anyio
 from kubernetes_asyncio import client
 
 from kai_es.adapters.kubernetes.http import read_response
@@ -78,7 +84,8 @@ class StatusWriter:
     """A binder Follower (kai_es/services/binder.py); contract: module docstring."""
 
     def __init__(self, api: client.ApiClient, *, queue_status: bool = True, queue_interval_s: float = 5.0,
-                 initial: ClusterState | None = None, attempts: int = 3) -> None:
+                 initial: ClusterState | None = None, attempts: int = 3, max_writes: int = 500,
+                 concurrency: int = 16) -> None:
         # Any: plain dict bodies and `_content_type` are passed as is
         self.core: Any = client.CoreV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
@@ -86,6 +93,10 @@ class StatusWriter:
         self.queue_interval_s = queue_interval_s
         self.state = initial if initial is not None else ClusterState()
         self.attempts = attempts
+        self.max_writes = max_writes
+        self.concurrency = concurrency
+        #: whether `state` holds the whole log (None: not known until the first record)
+        self._complete: bool | None = True if initial is not None else None
         self._pending: dict[tuple[str, ...], _Write] = {}
         self._last_message: dict[tuple[str, str], str] = {}  # pod -> last FailedScheduling message
         self._evictions: dict[str, p.EvictionDecided] = {}  # decision id -> decision
@@ -100,7 +111,12 @@ class StatusWriter:
     def observe(self, record: Record) -> None:
         env = record.envelope
         data = env.data
-        if self.queue_status:
+        if self._complete is None:
+            self._complete = record.position == 0
+            if not self._complete and self.queue_status:
+                log.info("status: the log is read from position %d, not its start: Queue status is not "
+                         "written by this process", record.position)
+        if self.queue_status and self._complete:
             apply(self.state, record)
         when = rfc3339(env.logicaltime)
         if isinstance(data, p.PodUnschedulable):
@@ -208,22 +224,33 @@ class StatusWriter:
         return 0
 
     async def flush(self) -> None:
-        if self.queue_status and time.monotonic() - self._queues_at >= self.queue_interval_s:
+        if self.queue_status and self._complete and time.monotonic() - self._queues_at >= self.queue_interval_s:
             self._queues_at = time.monotonic()
             self._queue_writes()
-        todo, self._pending = self._pending, {}
-        for key, w in todo.items():
-            try:
-                retry = await self._send(w)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                retry = -1
-                log.info("%s: %s: %s", w.what, type(exc).__name__, exc)
-            if retry:
-                w.tries += 1
-                if w.tries < self.attempts:
-                    self._pending.setdefault(key, w)
-                else:
-                    log.warning("%s: gave up after %d tries", w.what, w.tries)
+        keys = list(self._pending)[: self.max_writes]
+        todo = [(k, self._pending.pop(k)) for k in keys]
+        retry: list[tuple[tuple[str, ...], _Write]] = []
+        limiter = anyio.CapacityLimiter(self.concurrency)
+
+        async def one(key: tuple[str, ...], w: _Write) -> None:
+            async with limiter:
+                try:
+                    failed = await self._send(w)
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    failed = -1
+                    log.info("%s: %s: %s", w.what, type(exc).__name__, exc)
+            if failed:
+                retry.append((key, w))
+
+        async with anyio.create_task_group() as tg:
+            for key, w in todo:
+                tg.start_soon(one, key, w)
+        for key, w in retry:
+            w.tries += 1
+            if w.tries < self.attempts:
+                self._pending.setdefault(key, w)  # a newer write for the same key wins
+            else:
+                log.warning("%s: gave up after %d tries", w.what, w.tries)
 
     def _queue_writes(self) -> None:
         shares = shares_for_state(self.state)
