@@ -23,7 +23,8 @@ Contract:
   pod). A restart reads from that earliest position, not from 0; memory holds only decisions
   without outcomes, the failure counts of pods still failing and the bounded done window.
 - Followers (e.g. status back to Kubernetes, GPU reservation clean-up) see every record the
-  binder reads, in log order (`observe`), and act after each `step` (`flush`). A follower's
+  binder reads, in log order (`observe`), and act (`flush`) after a `step` that performed
+  nothing, or at least every `FOLLOWER_MAX_DELAY_NS` while decisions keep coming. A follower's
   failure is logged and never stops the binder. Followers must be replay-safe: a restarted
   binder shows them records again from its resume point — and only from there, so what they
   need from earlier records they get from the cluster (or a state they are given).
@@ -51,6 +52,8 @@ SOURCE = "kai-es/binder"
 MAX_BIND_FAILURES = 5
 #: waits before each retry of an eviction refused as retryable (then PodEvictionFailed)
 EVICT_RETRY_DELAYS_NS: tuple[int, ...] = (500_000_000, 1_000_000_000, 2_000_000_000)
+#: while decisions keep coming, followers act at least this often (else only when idle)
+FOLLOWER_MAX_DELAY_NS = 2_000_000_000
 #: how many recent decision ids with outcomes the binder remembers (duplicates inside are ignored)
 DONE_WINDOW = 65_536
 #: records read without a batch after which the progress is saved anyway
@@ -103,6 +106,7 @@ class BinderService:
         self._count_failures_from = 0
         self._read_since_save = 0
         self.followers = tuple(followers)
+        self._flushed_ns = 0
 
     def _mark_done(self, decision_id: str) -> None:
         self.pending.pop(decision_id, None)
@@ -164,6 +168,10 @@ class BinderService:
         """Read new records, perform decisions without outcomes; returns how many it performed."""
         await self.poll()
         performed = await self.perform_batch()
+        now = self.clock.now_ns()
+        if performed and now - self._flushed_ns < FOLLOWER_MAX_DELAY_NS:
+            return performed  # binding first: followers act when idle, or after the delay
+        self._flushed_ns = now
         for follower in self.followers:
             try:
                 await follower.flush()
