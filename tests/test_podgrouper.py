@@ -167,3 +167,19 @@ async def test_stated_devices_are_kept_and_another_schedulers_share_takes_whole_
     assert state.pods["default/placed"].devices == (3,)
     used = state.nodes["n1"].device_used
     assert used[3] == 500 and sorted(used) == [0, 0, 500, 1000], used  # the share of another: whole
+
+
+async def test_the_grouping_source_says_when_a_bound_pods_devices_are_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    foreign = MakePod("foreign", queue=None).fraction("0.25").running_on("n1").obj()
+    foreign["spec"]["schedulerName"] = "default-scheduler"
+    foreign["metadata"]["uid"] = "u-f"
+    mine = MakePod("mine").gpu(2).running_on("n1").obj()
+    mine["metadata"]["uid"] = "u-m"
+    mine["metadata"]["annotations"]["pod-group-name"] = "g"
+    source = PodGroupingSource(Scripted([ObjectChange("Pod", "ADDED", foreign), ObjectChange("Pod", "ADDED", mine)],
+                                        []), api=None)  # type: ignore[arg-type]
+    with caplog.at_level("INFO", logger="kai_es.adapters.kubernetes.grouping"):
+        await source.list_objects()
+        await source.list_objects()  # said once per pod
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 1 and "default/foreign" in notes[0] and "counted as 1 whole GPU" in notes[0], notes

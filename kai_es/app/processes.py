@@ -220,8 +220,10 @@ async def _follow_times(url: str, clock: FlowClock) -> None:
 
 async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORMER_TXN_ID,
                        on_ready: Ready | None = None) -> None:
-    """`kai-es informer`: list + watch the cluster (`KubernetesSource`), append what changed."""
+    """`kai-es informer`: list + watch the cluster (`KubernetesSource`; pods without a PodGroup
+    grouped as KAI's podgrouper does, `PodGroupingSource`), append what changed."""
     from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
+    from kai_es.adapters.kubernetes.grouping import PodGroupingSource  # noqa: PLC0415
     from kai_es.adapters.kubernetes.source import KubernetesSource  # noqa: PLC0415
 
     clock = FlowClock(1.0)
@@ -229,7 +231,8 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
     async def body(events: EventLog, _: _Closable | None) -> None:
         clock.observe(await last_logicaltime(events))
         async with await api_client(kubeconfig) as api:
-            informer = InformerService(events, KubernetesSource(api), clock, RandomIds())
+            informer = InformerService(events, PodGroupingSource(KubernetesSource(api), api), clock,
+                                       RandomIds())
             t = time.monotonic()
             appended = await informer.resync()
             if on_ready is not None:

@@ -541,14 +541,14 @@ def implicit_podgroup_name(obj: Obj) -> str:
 
 def unknown_devices(scheduler: str, node_name: str, gpu: p.GpuRequest, group: str,
                     devices: list[int]) -> str:
-    """Why a bound GPU pod's devices are not facts ("" when they are, or it holds no GPU).
+    """Why a bound GPU pod's devices are not facts ("" when they are, or when they need not be).
 
-    kai-es writes the GPU group and device indices on every shared-GPU pod it binds; KAI writes
-    the group. A bound pod of another scheduler states neither: its whole GPUs are counted by
-    number (which devices is unknown, and does not change accounting), and a share of a GPU is
-    counted as whole device(s) — it may sit on any device, so none of them can be trusted to
-    have room left (conservative). A kai-scheduler pod without either fact (bound by an older
-    binder) gets devices the reducer infers."""
+    kai-es writes the GPU group and device indices on every shared-GPU pod it binds (KAI writes
+    the group); for a whole-GPU pod the number of GPUs is the fact accounting needs. A bound pod
+    of another scheduler states neither: its whole GPUs are counted by number (which devices is
+    unknown), and a share of a GPU is counted as whole device(s) — it may sit on any device, so
+    none of them can be trusted to have room left (conservative). A kai-scheduler GPU share
+    without either fact (bound by an older binder) gets devices the reducer infers."""
     if not node_name or devices:
         return ""
     shared = bool(gpu.fraction_milli or gpu.gpu_memory_mib)
@@ -559,7 +559,7 @@ def unknown_devices(scheduler: str, node_name: str, gpu: p.GpuRequest, group: st
                 f"{gpu.fraction_devices} whole GPU(s)")
     if shared:
         return "bound without GPU facts (no runai-gpu-group, no kai-es.io/gpu-devices): devices inferred"
-    if gpu.whole:
+    if gpu.whole and scheduler != SCHEDULER_NAME:
         return f"bound by {scheduler}: which {gpu.whole} GPU(s) is unknown; counted by number"
     return ""
 

@@ -30,6 +30,7 @@ from kubernetes_asyncio import client
 from kai_es.adapters.kubernetes.http import read_response as _read
 from kai_es.ingest import podgrouper as pg
 from kai_es.ingest import translate as tr
+from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.ingest.translate import GROUPING_ERROR_ANNOTATION, IngestError
 from kai_es.ports import ObjectChange, Relist
 
@@ -191,19 +192,24 @@ class PodGroupingSource:
         """Say (once per pod) when a bound pod's GPU devices are not facts (see
         kai_es.ingest.translate.unknown_devices for how it is then accounted)."""
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-        assert isinstance(meta, Mapping)
+        spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+        assert isinstance(meta, Mapping) and isinstance(spec, Mapping)
         uid = str(meta.get("uid", ""))
-        if not (obj.get("spec") or {}).get("nodeName") or uid in self._noted:
+        annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+        assert isinstance(annotations, Mapping)
+        if not spec.get("nodeName") or uid in self._noted or tr.GPU_DEVICES_ANNOTATION in annotations:
             return
+        if spec.get("schedulerName") == SCHEDULER_NAME and not (
+                "gpu-fraction" in annotations or "gpu-memory" in annotations):
+            return  # kai-es's own whole-GPU pods: the count is the fact
         self._noted.add(uid)
-        try:
-            spec = tr.pod(obj)
-            raw = tr.pod({**obj, "spec": {**(obj.get("spec") or {}), "nodeName": ""}})
+        try:  # the request as the pod states it (translate would count another's share as whole)
+            raw = tr.pod({**obj, "spec": {**spec, "nodeName": ""}})
         except IngestError:
             return  # the informer rejects it, with the reason
-        note = tr.unknown_devices(spec.scheduler_name, spec.node_name, raw.gpu, spec.gpu_group, spec.gpu_devices)
+        note = tr.unknown_devices(raw.scheduler_name, str(spec["nodeName"]), raw.gpu, raw.gpu_group, raw.gpu_devices)
         if note:
-            log.info("pod %s/%s on %s: %s", spec.namespace, spec.name, spec.node_name, note)
+            log.info("pod %s/%s on %s: %s", raw.namespace, raw.name, spec["nodeName"], note)
 
     async def _shape(self, batch: Sequence[Change]) -> list[Change]:
         out: list[Change] = []

@@ -2,7 +2,8 @@
 from the log into what kubectl, cluster autoscalers and KAI's tools read.
 
 Contract:
-- core/v1 Events on the pod: `Scheduled` (Normal) for each PodBound, `Preempted` (Normal) for
+- core/v1 Events on the pod: `Scheduled` (Normal) for each PodBound (unless
+  `scheduled_events=False`: one API write per bound pod), `Preempted` (Normal) for
   each PodEvicted whose EvictionDecided was read (its action, reason and preemptor in words),
   `FailedScheduling` (Warning) for a PodUnschedulable whose message (its structured reasons in
   words, `"; "`-joined) differs from the last one written for that pod — a pod pending for
@@ -85,7 +86,7 @@ class StatusWriter:
 
     def __init__(self, api: client.ApiClient, *, queue_status: bool = True, queue_interval_s: float = 5.0,
                  initial: ClusterState | None = None, attempts: int = 3, max_writes: int = 500,
-                 concurrency: int = 16) -> None:
+                 concurrency: int = 16, scheduled_events: bool = True) -> None:
         # Any: plain dict bodies and `_content_type` are passed as is
         self.core: Any = client.CoreV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
@@ -95,6 +96,7 @@ class StatusWriter:
         self.attempts = attempts
         self.max_writes = max_writes
         self.concurrency = concurrency
+        self.scheduled_events = scheduled_events
         #: whether `state` holds the whole log (None: not known until the first record)
         self._complete: bool | None = True if initial is not None else None
         self._pending: dict[tuple[str, ...], _Write] = {}
@@ -124,8 +126,9 @@ class StatusWriter:
         elif isinstance(data, p.PodBound):
             pod = (data.namespace, data.name)
             self._last_message.pop(pod, None)
-            self._event(env.id, data.namespace, data.name, data.uid, "Normal", "Scheduled",
-                        f"Successfully assigned {data.namespace}/{data.name} to {data.node}", when)
+            if self.scheduled_events:
+                self._event(env.id, data.namespace, data.name, data.uid, "Normal", "Scheduled",
+                            f"Successfully assigned {data.namespace}/{data.name} to {data.node}", when)
             self._pending.pop(("pod-condition", data.namespace, data.name), None)
         elif isinstance(data, p.BindingDecided):
             group = (data.namespace, data.podgroup)
