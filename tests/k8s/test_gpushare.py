@@ -125,3 +125,32 @@ async def test_a_missing_reservation_namespace_fails_the_bind_with_the_reason(k8
         assert not out.ok and "does namespace" in out.message, out
         status, got = await get_pod(api, ns, "half")
         assert status == 200 and not got["spec"].get("nodeName")  # not bound without its GPU
+
+
+async def test_a_share_of_two_gpus_holds_both_until_the_pod_goes(k8s: K8s) -> None:
+    ns = k8s.namespace()
+    node = k8s.gpu_node(gpus=4)["metadata"]["name"]
+    g1, g2 = str(uuid.uuid4()), str(uuid.uuid4())
+    async with k8s.client() as api:
+        pod = await create_pod(api, gpu_pod("wide", ns, gpus=0, annotations={
+            "gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}))
+        sharing = GpuSharing(api)
+        out = await KubernetesActuator(api, gpu_sharing=sharing).bind(
+            ns, "wide", pod["metadata"]["uid"], node, [1, 2], [g1, g2])
+        assert out.ok, out
+        _, got = await get_pod(api, ns, "wide")
+        labels = got["metadata"]["labels"]
+        assert labels["runai-gpu-group"] == g1 and labels[f"runai-gpu-group/{g1}"] == g1
+        assert labels[f"runai-gpu-group/{g2}"] == g2
+        assert got["metadata"]["annotations"]["kai-es.io/gpu-devices"] == "1,2"
+        assert await sharing.release_unused([g1, g2]) == []  # the pod still shares both
+        assert len(await reservation_pods(api, g1)) == 1 and len(await reservation_pods(api, g2)) == 1
+        status, _ = await raw(await client.CoreV1Api(api).delete_namespaced_pod(
+            "wide", ns, grace_period_seconds=0, _preload_content=False))
+        assert status == 200
+
+        async def both_released() -> bool:
+            await sharing.release_unused([g1, g2])
+            return not await reservation_pods(api, g1) and not await reservation_pods(api, g2)
+
+        await wait_for(both_released, "both reservations released", timeout_s=30)

@@ -5,7 +5,8 @@ The contract (GPU devices are facts, not guesses):
 - Before binding a pod whose decision names GPU groups (a shared-GPU pod: gpu-fraction or
   gpu-memory), the binder makes sure a reservation pod holds each group's GPU, then writes on the
   pod, in one merge patch carrying the pod's uid: the label `runai-gpu-group: <first group>`
-  (KAI's label), the annotation `kai-es.io/gpu-groups: <groups, comma-separated>` and
+  (KAI's label; a share of several GPUs also gets KAI's `runai-gpu-group/<group>: <group>` per
+  group), the annotation `kai-es.io/gpu-groups: <groups, comma-separated>` and
   `kai-es.io/gpu-devices: <device indices, comma-separated>` (kai-es's accounting indices, from
   the decision). Only then does it POST the Binding. The informer reads the label and the
   devices annotation back into PodObserved (`gpu_group`, `gpu_devices`), so a pod kai-es placed
@@ -27,7 +28,7 @@ The contract (GPU devices are facts, not guesses):
   NVIDIA_VISIBLE_DEVICES from a ConfigMap), and GPU_PORTION in `<prefix>-0`; both ConfigMaps are
   owned by the pod, so they go with it. A pod without the annotation gets no ConfigMap (kai-es
   has no admission webhook to wire one in) and a log line says so.
-- Reservation pods are deleted when no pod of their group is Pending or Running any more
+- Reservation pods are deleted when no pod of their group (either label) is Pending or Running any more
   (`release_unused`, `sync_all`); the binder process calls these when sharing pods leave.
 - Every failure is a `GpuShareError` with a readable message; nothing here raises otherwise for
   an API answer.
@@ -120,7 +121,10 @@ class GpuSharing:
         else:
             log.info("pod %s/%s has no %s annotation: its GPU (%s) is published only on the pod",
                      ns, name, CONFIGMAP_ANNOTATION, ",".join(ids))
-        patch = {"metadata": {"uid": uid, "labels": {GPU_GROUP_LABEL: groups[0]}, "annotations": {
+        labels = {GPU_GROUP_LABEL: groups[0]}
+        if len(groups) > 1:  # a share of several GPUs: one label per group, as KAI marks them
+            labels.update({f"{GPU_GROUP_LABEL}/{g}": g for g in groups})
+        patch = {"metadata": {"uid": uid, "labels": labels, "annotations": {
             GPU_GROUPS_ANNOTATION: ",".join(groups), GPU_DEVICES_ANNOTATION: ",".join(str(d) for d in devices)}}}
         status, doc = await read_response(await self.core.patch_namespaced_pod(
             name, ns, patch, _content_type=MERGE_PATCH, _preload_content=False))
@@ -222,14 +226,21 @@ class GpuSharing:
         more; returns the names deleted. A group whose pods cannot be listed is kept."""
         deleted = []
         for group in sorted(set(groups)):
-            status, doc = await read_response(await self.core.list_pod_for_all_namespaces(
-                label_selector=f"{GPU_GROUP_LABEL}={group}", _preload_content=False))
-            if status != 200:
-                log.warning("listing pods of GPU group %s: HTTP %s; kept", group, status)
+            items: dict[str, Mapping[str, Any]] = {}
+            listed = True
+            for selector in (f"{GPU_GROUP_LABEL}={group}", f"{GPU_GROUP_LABEL}/{group}={group}"):
+                status, doc = await read_response(await self.core.list_pod_for_all_namespaces(
+                    label_selector=selector, _preload_content=False))
+                if status != 200:
+                    log.warning("listing pods of GPU group %s: HTTP %s; kept", group, status)
+                    listed = False
+                    break
+                items.update({str(_meta(i).get("uid", "")): i for i in doc.get("items") or []
+                              if isinstance(i, Mapping)})
+            if not listed:
                 continue
-            items = [i for i in doc.get("items") or [] if isinstance(i, Mapping)]
-            holders = [i for i in items if _meta(i).get("namespace") == self.namespace]
-            sharers = [i for i in items if _meta(i).get("namespace") != self.namespace
+            holders = [i for i in items.values() if _meta(i).get("namespace") == self.namespace]
+            sharers = [i for i in items.values() if _meta(i).get("namespace") != self.namespace
                        and (i.get("status") or {}).get("phase", "Pending") in ("Pending", "Running")]
             if sharers:
                 continue
