@@ -63,6 +63,14 @@ def test_job_deployment_and_pytorchjob_groups() -> None:
     assert pg.group_pod(pod(), [ptj]).podgroup["spec"]["minMember"] == 5  # type: ignore[union-attr]
 
 
+def test_malformed_batch_min_member_is_a_clear_rejection() -> None:
+    job = owner("Job", "batch/v1", "etl", "j1")
+    job["metadata"]["annotations"] = {"kai.scheduler/batch-min-member": "all"}
+    with pytest.raises(tr.IngestError) as err:
+        pg.group_pod(pod(), [job])
+    assert "batch-min-member" in err.value.path and "'all'" in err.value.message
+
+
 @pytest.mark.parametrize("replicas", [{"Worker": {"replicas": "many"}}, {"Worker": {}}, {}])
 def test_malformed_pytorchjob_is_a_clear_rejection(replicas: dict[str, Any]) -> None:
     with pytest.raises(tr.IngestError) as err:
