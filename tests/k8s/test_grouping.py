@@ -117,6 +117,7 @@ async def test_pods_get_kai_podgrouper_groups_from_their_owners(k8s: K8s, schedu
             records = [r async for r in log.read()]
             tg.cancel_scope.cancel()
 
+    assert source.owner_fetches <= 7  # one read per owner (5), plus at most a refresh or two: cached
     data = [r.envelope.data for r in records]
     pods = {d.name: d for d in data if isinstance(d, p.PodObserved) and d.namespace == ns}
     groups = {d.name: d for d in data if isinstance(d, p.PodGroupObserved) and d.namespace == ns}

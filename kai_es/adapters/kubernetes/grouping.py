@@ -3,10 +3,12 @@
 
 Contract:
 - A kai-scheduler pod without `pod-group-name` (and not opted out, see
-  kai_es/ingest/podgrouper.py) gets its
-  PodGroup from its owner chain: the wrapper GETs the owners KAI's groupers read (ReplicaSet,
-  Deployment, StatefulSet, Job, CronJob, PyTorchJob; cached by uid, refreshed when a pod is
-  ADDED) and emits the PodGroup (as a `PodGroup` ObjectChange) BEFORE the pod, which carries
+  kai_es/ingest/podgrouper.py) gets its PodGroup from its owner chain: the wrapper GETs the
+  owners KAI's groupers read (ReplicaSet, Deployment, StatefulSet, Job, CronJob, PyTorchJob;
+  cached by uid — at most `max_owners`, read again when a pod is ADDED and the copy is older than
+  `owner_ttl_s`, so a new pod sees its owner as it is now, yet a Job creating 4,000 pods at once
+  is read about once per `owner_ttl_s`) and emits the PodGroup (as a `PodGroup` ObjectChange)
+  BEFORE the pod, which carries
   `pod-group-name` — so the log never shows a gang member in a group of one. The PodGroup is
   emitted again only when it changes; when its last pod is deleted it is emitted as DELETED.
   Unlike KAI, the PodGroup is not written to the API: it lives in kai-es's log.
@@ -21,6 +23,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -71,12 +74,15 @@ class PodGroupingSource:
     """ClusterSource over `inner` that groups pods (contract: module docstring)."""
 
     def __init__(self, inner: Any, api: client.ApiClient, *, owner_attempts: int = 3,
+                 owner_ttl_s: float = 5.0, max_owners: int = 10_000,
                  retry_delay_s: float = 0.2) -> None:
         self.inner = inner
         self.api = api
         self.owner_attempts = owner_attempts
         self.retry_delay_s = retry_delay_s
-        self._owners: dict[str, dict[str, Any]] = {}  # uid -> owner object
+        self.owner_ttl_s = owner_ttl_s
+        self.max_owners = max_owners
+        self._owners: dict[str, tuple[float, dict[str, Any]]] = {}  # uid -> (read at, owner)
         self._groups: dict[tuple[str, str], dict[str, Any]] = {}  # made here, last emitted
         self._members: dict[tuple[str, str], set[str]] = {}  # group -> pod names
         self._pod_group: dict[tuple[str, str], tuple[str, str]] = {}  # pod -> group
@@ -88,8 +94,9 @@ class PodGroupingSource:
 
     async def _get_owner(self, ref: Mapping[str, str], namespace: str, fresh: bool) -> dict[str, Any]:
         uid = ref.get("uid", "")
-        if uid and uid in self._owners and not fresh:
-            return self._owners[uid]
+        cached = self._owners.get(uid) if uid else None
+        if cached is not None and (not fresh or time.monotonic() - cached[0] < self.owner_ttl_s):
+            return cached[1]
         version = ref.get("apiVersion", "")
         reader = _READERS[ref["kind"]]
         last = ""
@@ -106,7 +113,10 @@ class PodGroupingSource:
                 doc.setdefault("apiVersion", version)
                 doc.setdefault("kind", ref["kind"])
                 if uid:
-                    self._owners[uid] = doc
+                    self._owners.pop(uid, None)
+                    self._owners[uid] = (time.monotonic(), doc)
+                    if len(self._owners) > self.max_owners:  # the oldest read goes first
+                        del self._owners[next(iter(self._owners))]
                 return doc
             last = f"HTTP {status}: {doc.get('message', '')}" if status else str(doc.get("message"))
             if status in (403, 404) or attempt + 1 == self.owner_attempts:

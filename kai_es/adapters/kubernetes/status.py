@@ -148,6 +148,8 @@ class StatusWriter:
                             f"Evicted by kai-es ({decision.action}){by}{why}", when)
         elif isinstance(data, p.PodEvictionFailed):
             self._evictions.pop(data.decision_id, None)
+        elif isinstance(data, p.PodGroupRemoved):
+            self._group_condition.pop((data.namespace, data.name), None)
         elif isinstance(data, p.PodRemoved):
             pod = (data.namespace, data.name)
             self._last_message.pop(pod, None)
