@@ -22,7 +22,9 @@ The contract (GPU devices are facts, not guesses):
 - Device id for the container: the reservation pod's `run.ai/reserve_for_gpu_index` annotation
   (set on a real GPU node by KAI's reservation image) when `wait_for_index_s` is given (waited
   for up to that long, else the bind fails and the reservation pod is deleted); without it
-  (fake GPU nodes such as KWOK's) kai-es's own device index. It is published as
+  (fake GPU nodes such as KWOK's) kai-es's own device index. On a real GPU cluster set both
+  `image` and `wait_for_index_s`: kai-es's index is its accounting's, not the physical GPU the
+  device plugin gave the reservation pod. It is published as
   NVIDIA_VISIBLE_DEVICES where the pod's `runai/shared-gpu-configmap: <prefix>` annotation points:
   ConfigMap `<prefix>-0-evar` (or `<prefix>-0` when the first container reads
   NVIDIA_VISIBLE_DEVICES from a ConfigMap), and GPU_PORTION in `<prefix>-0`; both ConfigMaps are
@@ -52,7 +54,9 @@ from kai_es.ingest.translate import GPU_DEVICES_ANNOTATION, GPU_GROUP_LABEL
 log = logging.getLogger(__name__)
 
 RESERVATION_APP = "kai-resource-reservation"
-RESERVATION_IMAGE = "ghcr.io/nvidia/kai-scheduler/resource-reservation:latest"
+#: KAI's reservation image under its chart's placeholder registry: give `image=` your KAI
+#: release's registry and tag on a real GPU cluster
+RESERVATION_IMAGE = "registry/local/kai-scheduler/resourcereservation"
 GPU_GROUPS_ANNOTATION = "kai-es.io/gpu-groups"
 GPU_INDEX_ANNOTATION = "run.ai/reserve_for_gpu_index"
 CONFIGMAP_ANNOTATION = "runai/shared-gpu-configmap"
