@@ -55,6 +55,12 @@ def test_job_deployment_and_pytorchjob_groups() -> None:
     assert g is not None and g.podgroup["metadata"]["name"] == "pg-web-1-x-u9"  # one per replica
     assert g.podgroup["spec"]["priorityClassName"] == "inference"
 
+    job["metadata"]["annotations"]["kai.scheduler/preemption-delay"] = "30s"
+    g = pg.group_pod(pod(), [job])
+    assert g is not None and g.podgroup["spec"]["preemptionDelay"] == "30s"
+    observed = tr.translate(g.podgroup)
+    assert isinstance(observed, p.PodGroupObserved) and observed.preemption_delay_ns == 30_000_000_000
+
     ptj = owner("PyTorchJob", "kubeflow.org/v1", "train", "t1",
                 pytorchReplicaSpecs={"Master": {"replicas": 1}, "Worker": {"replicas": 7}})
     g = pg.group_pod(pod(), [ptj])

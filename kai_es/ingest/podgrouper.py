@@ -27,7 +27,9 @@ Contract (KAI's defaults, read from its podgrouper's behaviour; kai-es's own cod
   name is not checked against the cluster's PriorityClasses (that needs a lookup): an unknown
   name gets the reducer's default priority.
 - Preemptibility: an owner's `kai.scheduler/preemptibility` label, else the pod's.
-- Topology: the top owner's `kai.scheduler/topology*` annotations.
+- Topology: the top owner's `kai.scheduler/topology*` annotations. Staleness grace period and
+  preemption delay: an owner's (nearest first) or the pod's `kai.scheduler/staleness-grace-period`
+  / `kai.scheduler/preemption-delay` annotation.
 - creationTimestamp: the top owner's (the group is as old as its workload).
 Malformed input (a non-numeric override, a PyTorchJob without replicas) raises
 `IngestError` naming the field; nothing else is raised.
@@ -52,6 +54,7 @@ TOPOLOGY_ANNOTATIONS = {"topology": "kai.scheduler/topology",
                         "requiredTopologyLevel": "kai.scheduler/topology-required-placement",
                         "preferredTopologyLevel": "kai.scheduler/topology-preferred-placement"}
 STALENESS_ANNOTATION = "kai.scheduler/staleness-grace-period"
+PREEMPTION_DELAY_ANNOTATION = "kai.scheduler/preemption-delay"
 
 #: (apiVersion group, kind) of owners whose objects the caller fetches; any other owner ends the
 #: chain as its bare ownerReference (the default grouper needs only its name and uid)
@@ -197,11 +200,12 @@ def group_pod(pod: Obj, owners: Sequence[Obj]) -> Grouping | None:
                 if top_annotations.get(key)}
     if topology:
         spec["topologyConstraint"] = topology
-    grace = next((_strmap(o, "annotations")[STALENESS_ANNOTATION] for o in owners
-                  if STALENESS_ANNOTATION in _strmap(o, "annotations")),
-                 pod_annotations.get(STALENESS_ANNOTATION))
-    if grace is not None:
-        spec["stalenessGracePeriod"] = grace
+    for annotation, field in ((STALENESS_ANNOTATION, "stalenessGracePeriod"),
+                              (PREEMPTION_DELAY_ANNOTATION, "preemptionDelay")):
+        value = next((_strmap(o, "annotations")[annotation] for o in owners
+                      if annotation in _strmap(o, "annotations")), pod_annotations.get(annotation))
+        if value is not None:
+            spec[field] = value
     owner_ref = {"apiVersion": str(pod.get("apiVersion") or "v1") if deployment or not owners
                  else str(top.get("apiVersion", "")),
                  "kind": "Pod" if deployment or not owners else str(top.get("kind", "")),
