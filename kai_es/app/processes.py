@@ -266,7 +266,10 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
             sharing = GpuSharing(api)
             binder = BinderService(events, KubernetesActuator(api, gpu_sharing=sharing), clock,
                                    concurrency=concurrency, progress=store,
-                                   followers=[ReservationKeeper(sharing), StatusWriter(api)])
+                                   # no Scheduled Event per bound pod: one more API write per pod
+                                   # took the 4,000-pod e2e bench from 1.18x to 1.66x the floor
+                                   followers=[ReservationKeeper(sharing),
+                                              StatusWriter(api, scheduled_events=False)])
             t = time.monotonic()
             await binder.restore()
             await binder.poll()
