@@ -106,6 +106,10 @@ class PodState:
     #: the node a PodPipelined decision (policy kai-es/v2 on) reserved for this pending pod:
     #: its capacity is being released for it, and the next cycles place it there first
     nominated_node: str = ""
+    #: the queue whose allocation this pod's usage was added to while it occupies ("": none);
+    #: its release subtracts from exactly that queue, whatever the pod's or job's queue became
+    #: meanwhile (derived: not in snapshots, set again by restore)
+    accounted_queue: str = ""
 
     @property
     def milli_gpu(self) -> int:

@@ -250,16 +250,21 @@ def _releasing(node: NodeState, pod: PodState, sign: int) -> None:
 
 
 def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
+    """Add (`sign` +1) the pod's usage to its job's queue, or take it back (-1) from the queue
+    it was added to (`PodState.accounted_queue`): a queue label that changed in between (the
+    pod observed again with another queue) must not take from a queue that never got it."""
     job = state.jobs.get(pod.job_key)
     spec = pod.spec
-    if job is None:
-        name = spec.queue
-    else:
+    if job is not None:
         job.occupying += sign
         state.stale_jobs.add(job.key)
-        name = job.queue or spec.queue
         if state.timed:
             state.occupancy_changed.add(job.key)  # judged once the event is folded (`apply`)
+    if sign > 0:
+        name = spec.queue if job is None else (job.queue or spec.queue)
+        pod.accounted_queue = name
+    else:
+        name, pod.accounted_queue = pod.accounted_queue, ""
     q = state.queues.get(name)
     if q is None:
         return
