@@ -71,6 +71,8 @@ def check(state: ClusterState, *, strict: bool = True) -> list[str]:
     rebuilt = restore(snap)
     if rebuilt.pods_by_label != state.pods_by_label or rebuilt.affinity_pods != state.affinity_pods:
         out.append("pod label index differs from recomputed")
+    if rebuilt.victim_jobs != state.victim_jobs:
+        out.append("victim job index differs from recomputed")
     return out
 
 

@@ -100,6 +100,9 @@ class PodState:
     #: the message of the binder's final failed bind (PodBindFailed final=True): while set, the
     #: scheduler does not pick the pod; cleared when the pod is observed changed or recreated
     bind_final_message: str = ""
+    #: logical time of the last eviction of this pod the binder reported refused
+    #: (PodEvictionFailed); 0: none (recorded under policy kai-es/v3 and later)
+    eviction_refused_ns: int = 0
     started_ns: int = 0
     last_unschedulable: str = ""
     pending_key: tuple[int, int, str, str] | None = None
@@ -212,6 +215,11 @@ class ClusterState:
     #: pods that carry inter-pod affinity terms. Rebuilt by `restore`, never snapshotted.
     pods_by_label: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     affinity_pods: set[str] = field(default_factory=set)
+    #: the jobs that may be victims of reclaim, preempt or consolidation: preemptible jobs with
+    #: at least one occupying pod, by queue (`Job.queue`, non-empty) and job priority (a bucket
+    #: is deleted when it empties). Kept by the reducer wherever `Job.occupying`, `queue`,
+    #: `preemptible` or `priority` changes; rebuilt by `restore`, never snapshotted.
+    victim_jobs: dict[str, dict[int, set[str]]] = field(default_factory=dict)
     #: change tracking for caches derived from node usage (not part of the snapshot or digest):
     #: nodes whose usage changed since a cache last looked, and a counter bumped whenever the
     #: set of nodes or a node's spec changes.

@@ -249,6 +249,26 @@ def _releasing(node: NodeState, pod: PodState, sign: int) -> None:
         node.device_releasing[d] += sign * pod.device_milli
 
 
+def _index_victim(state: ClusterState, job: Job, priority: int, sign: int) -> None:
+    """Add (+1) or remove (-1) the job under its queue and `priority` in `state.victim_jobs`."""
+    buckets = state.victim_jobs.get(job.queue)
+    if sign > 0:
+        if buckets is None:
+            buckets = state.victim_jobs[job.queue] = {}
+        keys = buckets.get(priority)
+        if keys is None:
+            keys = buckets[priority] = set()
+        keys.add(job.key)
+    elif buckets is not None:
+        keys = buckets.get(priority)
+        if keys is not None:
+            keys.discard(job.key)
+            if not keys:
+                del buckets[priority]
+                if not buckets:
+                    del state.victim_jobs[job.queue]
+
+
 def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
     """Add (`sign` +1) the pod's usage to its job's queue, or take it back (-1) from the queue
     it was added to (`PodState.accounted_queue`): a queue label that changed in between (the
@@ -258,6 +278,8 @@ def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
     if job is not None:
         job.occupying += sign
         state.stale_jobs.add(job.key)
+        if job.preemptible and job.queue and job.occupying == (1 if sign > 0 else 0):
+            _index_victim(state, job, job.priority, sign)
         if state.timed:
             state.occupancy_changed.add(job.key)  # judged once the event is folded (`apply`)
     if sign > 0:
@@ -421,6 +443,9 @@ def _refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None
             _queue_usage(state, pod, +1)
     if changed or priority != job.priority or created != job.created_ns or uid != job.uid:
         state.stale_jobs.add(job.key)
+    if priority != job.priority and job.occupying and job.preemptible and job.queue:
+        _index_victim(state, job, job.priority, -1)
+        _index_victim(state, job, priority, +1)
     job.priority, job.created_ns, job.uid = priority, created, uid
     _reindex_job(state, job)
 
@@ -1089,6 +1114,14 @@ def _pod_eviction_failed(state: ClusterState, env: Envelope) -> None:
         state.ignored_events += 1
         return
     _set_status(state, pod, "Running")
+    if state.config.get("policyVersion") not in _NO_EVICTION_BACKOFF:
+        pod.eviction_refused_ns = env.logicaltime
+        state.stale_pods.add(pod.key)
+
+
+#: policy versions whose logs never recorded when an eviction was refused (their state digests
+#: must not change): the time is kept from kai-es/v3 on, for the victim search's back-off
+_NO_EVICTION_BACKOFF: Final = frozenset({"kai-es/v1", "kai-es/v2"})
 
 
 HANDLERS: Final[dict[type[p.Payload], Handler]] = {

@@ -58,6 +58,7 @@ class PodSnap(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     last_unschedulable: str
     nominated_node: str = ""  # omitted when empty, as in every log before reservations
     bind_final_message: str = ""  # omitted when empty, as in every log before final bind failures
+    eviction_refused_ns: int = 0  # omitted when 0, as in every log before policy kai-es/v3
 
 
 class JobSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -174,7 +175,8 @@ def pod_snap(x: PodState) -> PodSnap:
                    gpu_groups=list(x.gpu_groups), device_milli=x.device_milli, decision_id=x.decision_id,
                    bind_failures=x.bind_failures, backoff_until_ns=x.backoff_until_ns,
                    started_ns=x.started_ns, last_unschedulable=x.last_unschedulable,
-                   nominated_node=x.nominated_node, bind_final_message=x.bind_final_message)
+                   nominated_node=x.nominated_node, bind_final_message=x.bind_final_message,
+                   eviction_refused_ns=x.eviction_refused_ns)
 
 
 def job_snap(j: Job) -> JobSnap:
@@ -291,7 +293,8 @@ def restore(snap: Snapshot) -> ClusterState:
                        job_key=ps.job_key, decision_id=ps.decision_id,
                        bind_failures=ps.bind_failures, backoff_until_ns=ps.backoff_until_ns,
                        started_ns=ps.started_ns, last_unschedulable=ps.last_unschedulable,
-                       nominated_node=ps.nominated_node, bind_final_message=ps.bind_final_message)
+                       nominated_node=ps.nominated_node, bind_final_message=ps.bind_final_message,
+                       eviction_refused_ns=ps.eviction_refused_ns)
         st.pods[pod.key] = pod
         st.jobs[pod.job_key].members.add(pod.key)
         r._index_labels(st, pod, +1)
