@@ -110,7 +110,7 @@ def warn_unimplemented(config: SchedulerConfig) -> None:
     not run (kai-es/v1 accepts the names of actions it never implemented; later versions refuse
     them when the config is parsed). Also used by `kai-es scheduler`."""
     runs = policy_for(config.policy_version).actions
-    idle = [a for a in config.actions if a not in runs]
+    idle = [a for a in config.action_list if a not in runs]
     if idle:
         warn(f"the scheduler config lists actions that do not run: {', '.join(idle)} "
              f"(policy {config.policy_version} runs only {', '.join(sorted(runs))})")

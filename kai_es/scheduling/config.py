@@ -56,9 +56,9 @@ def duration_ns(text: str) -> int:
 
 
 class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
-    # reclaim and preempt are opt-in for now: at KAI's largest shape (140,000 running pods) their
-    # victim search for jobs that can never fit costs seconds per cycle (README, "Not yet")
-    actions: list[ActionName] = msgspec.field(default_factory=lambda: ["allocate"])
+    #: None (not given): the policy version's default actions (`Policy.default_actions`); the
+    #: validated config always holds the list
+    actions: list[ActionName] | None = None
     placement_strategy: PlacementStrategy = PlacementStrategy()
     gpu_sharing_order: Literal["gpupack", "gpuspread"] = "gpupack"
     min_runtime: MinRuntime = MinRuntime()
@@ -68,6 +68,12 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     #: here, as the registry imports the actions, which import this module
     policy_version: str = "kai-es/v3"
     state_digest_every: int = 1
+
+    @property
+    def action_list(self) -> list[ActionName]:
+        """The actions to run, in order (the policy's defaults when the config lists none)."""
+        assert self.actions is not None, "set by __post_init__"
+        return self.actions
 
     def __post_init__(self) -> None:
         for name, value in (
@@ -93,14 +99,17 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
             raise msgspec.ValidationError("must be >= 0 - at `$.fairshare.kValue`")
         if self.state_digest_every < 0:
             raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
-        if len(set(self.actions)) != len(self.actions):
-            raise msgspec.ValidationError("an action is listed twice - at `$.actions`")
         from kai_es.scheduling.policy import UnknownPolicy, policy_for  # the registry imports the actions
 
         try:
             policy = policy_for(self.policy_version)
         except UnknownPolicy as exc:
             raise msgspec.ValidationError(f"{exc} - at `$.policyVersion`") from None
+        if self.actions is None:
+            msgspec.structs.force_setattr(self, "actions", list(policy.default_actions))
+        assert self.actions is not None
+        if len(set(self.actions)) != len(self.actions):
+            raise msgspec.ValidationError("an action is listed twice - at `$.actions`")
         refused = [a for a in self.actions if a not in policy.accepted]
         if refused:
             raise msgspec.ValidationError(

@@ -78,7 +78,7 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     usage = queue_usage(state, config, now) if policy.time_rules and config.fairshare.time_based else None
     session = Session(state, plan, now, policy, config, usage)
     unschedulable = session.unschedulable
-    for name in config.actions:
+    for name in config.action_list:
         action = policy.actions.get(name)
         if action is None:
             continue  # kai-es/v1 accepted names it did not run; later versions reject them

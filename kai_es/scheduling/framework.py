@@ -27,6 +27,7 @@ INVALID_REQUEST = "InvalidRequest"
 QUEUE_LIMIT = "QueueLimit"
 NON_PREEMPTIBLE_OVER_QUOTA = "NonPreemptibleOverQuota"
 PREEMPTION_DELAY = "PreemptionDelay"
+VICTIMS_CANNOT_MAKE_ROOM = "VictimsCannotMakeRoom"
 
 #: packer rejection slot -> (numbers key, human phrase)
 REJECTION_NAMES: tuple[tuple[str, str], ...] = (

@@ -25,6 +25,14 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   when the config turns it on. Its states keep job times and usage (`kai_es.state.usage`).
   Allocate no longer fails a queue's hopeless head jobs in one batch (v1/v2 do, which can let
   another queue go first out of KAI's order): each is tried through the queue order.
+  A config that lists no actions runs allocate, reclaim, preempt and stalegangeviction (KAI's
+  order; consolidation, between allocate and reclaim, is not implemented yet). The victim search
+  is bounded per node (only nodes where evicting every eligible victim could make room for the
+  preemptor are searched; a preemptor with none is rejected at once, with the reason
+  VictimsCannotMakeRoom), victims are judged against the accounting at the start of each
+  preemptor's search, a failed search is not repeated for an identical preemptor (queue,
+  priority, preemptibility, request, shapes and eligible nodes) on an unchanged Plan, and a job
+  whose eviction the binder refused is no victim for a while (`kai_es.scheduling.victims`).
 
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
 function of the Session that returns its result (placements and reasons), pure; a policy's
@@ -94,6 +102,11 @@ class Policy:
     #: depends on its head job, so the batch can let a queue go before one it would have
     #: followed with a hopeless job at its head: v3 tries them one by one, as KAI does.
     batch_hopeless: bool = True
+    #: the actions a config that lists none runs, in order
+    default_actions: tuple[str, ...] = ("allocate",)
+    #: victim search bounded per node (`kai_es.scheduling.actions.preempting`): only nodes where
+    #: evicting every eligible victim could make room are searched; none: rejected at once
+    bounded_victims: bool = False
 
 
 class UnknownPolicy(ValueError):
@@ -106,13 +119,28 @@ POLICIES: Final[dict[str, Policy]] = {
                         frozenset({"allocate", "reclaim", "preempt"}), gpu_share_unit=1000,
                         kai_queue_order=True, spread_implies_gpuspread=True,
                         state_digest=incremental_digest, snapshot_digest=snapshot_digest),
-    "kai-es/v3": Policy("kai-es/v3", {"allocate": allocate, "reclaim": reclaim, "preempt": preempt,
-                                      "stalegangeviction": stalegangeviction},
-                        frozenset({"allocate", "reclaim", "preempt", "stalegangeviction"}), gpu_share_unit=1000,
-                        kai_queue_order=True, spread_implies_gpuspread=True,
-                        state_digest=incremental_digest, snapshot_digest=snapshot_digest, time_rules=True,
-                        batch_hopeless=False),
 }
+# kai-es/v3: v2's rules, one line per further feature (several were added side by side)
+POLICIES["kai-es/v3"] = Policy(
+    "kai-es/v3",
+    {
+        "allocate": allocate,
+        # "consolidation": not implemented yet; its slot in the order is here
+        "reclaim": reclaim,
+        "preempt": preempt,
+        "stalegangeviction": stalegangeviction,
+    },
+    frozenset({"allocate", "reclaim", "preempt", "stalegangeviction"}),
+    default_actions=("allocate", "reclaim", "preempt", "stalegangeviction"),
+    gpu_share_unit=1000,
+    kai_queue_order=True,
+    spread_implies_gpuspread=True,
+    state_digest=incremental_digest,
+    snapshot_digest=snapshot_digest,
+    time_rules=True,
+    batch_hopeless=False,
+    bounded_victims=True,
+)
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v3"
 

@@ -161,6 +161,7 @@ class Session:
         self.config = config if policy is not None and policy.time_rules else None
         #: time-based fair share: each queue's usage share (None: off)
         self.usage = usage
+        self.bounded_victims = policy.bounded_victims if policy is not None else False
         self.eligibility = Eligibility(state, plan.names, plan.nodes)
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)

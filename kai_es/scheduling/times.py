@@ -115,7 +115,7 @@ def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
     deadlines; and, while pods wait, the ends of pending jobs' preemption delays and of running
     jobs' min-runtimes (by the victim's own queue chain, for preempt and reclaim)."""
     out: set[int] = set()
-    actions = set(config.actions)
+    actions = set(config.action_list)
     if "stalegangeviction" in actions:
         for key in sorted(state.jobs):
             deadline = stale_deadline_ns(state, config, state.jobs[key])

@@ -14,20 +14,29 @@ Contract:
 - Effort is bounded by counts, never by time (replay stays exact): at most `MAX_VICTIM_PODS`
   pods evicted per attempt and `MAX_PLACEMENT_TRIES` placement tries; a try is made only once the
   evicted capacity adds up to at least what the preemptor requests.
+- kai-es/v3 bounds the search per node first (`RoomBound`): only units with a pod on a node
+  where evicting every eligible victim could make room for the preemptor are taken, and only
+  what they free there counts; and a job whose eviction the binder refused recently
+  (`EVICTION_REFUSED_BACKOFF_NS`, by the log's times) offers no unit.
 - Pure: reads the state, writes only the Plan.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kai_es.scheduling.plan import Entry, Eviction
+from kai_es.scheduling.packing import TaskShape
+from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
+from kai_es.scheduling.plan import Entry, Eviction, Operation
 from kai_es.scheduling.session import Session, Vector
 from kai_es.state.model import Job, PodState
 
 MAX_VICTIM_PODS = 20_000
 MAX_PLACEMENT_TRIES = 64
+#: how long after the binder refused to evict one of its pods a job is not a victim (kai-es/v3)
+EVICTION_REFUSED_BACKOFF_NS = 60 * 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +61,26 @@ class Unit:
 def units_of(session: Session, jobs: Sequence[Job]) -> list[Unit]:
     """The victim units of `jobs`, cheapest first (see module docstring). Only pods occupying a
     known node and not already releasing, and not placed by this plan, are offered."""
+    return [unit for _, unit in keyed_units(session, jobs)]
+
+
+def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
+                ) -> list[tuple[tuple[object, ...], Unit]]:
+    """`units_of` with each unit's order key (units of any jobs merge cheapest first by it).
+    With `backoff` (kai-es/v3), a job with a pod whose eviction the binder refused less than
+    `EVICTION_REFUSED_BACKOFF_NS` ago (by the log's times) offers no unit: it is not a victim
+    again every cycle while the cluster keeps refusing."""
     state, evicted = session.state, session.plan.evicted_pods
+    now = session.now_ns
     out: list[tuple[tuple[object, ...], Unit]] = []
     for job in jobs:
         pods = [state.pods[k] for k in sorted(job.members)]
         running = [pod for pod in pods if pod.status in ("Running", "Binding") and pod.node in state.nodes
                    and pod.key not in evicted]
         if not running:
+            continue
+        if backoff and any(pod.eviction_refused_ns and now < pod.eviction_refused_ns + EVICTION_REFUSED_BACKOFF_NS
+                           for pod in pods):
             continue
         occupying = sum(1 for pod in pods if pod.status in ("Running", "Binding", "Releasing"))
         surplus = occupying - job.min_member
@@ -73,7 +95,108 @@ def units_of(session: Session, jobs: Sequence[Job]) -> list[Unit]:
         else:
             out.append(((*base, 1, 0, newest_first[0].key), Unit(job, tuple(newest_first))))
     out.sort(key=lambda item: item[0])
-    return [unit for _, unit in out]
+    return out
+
+
+class RoomBound:
+    """The per-node bound on a victim search, kept for one action (a Plan listener: `close`
+    when the action ends).
+
+    For a set of victim buckets and a task (its shape and a superset of its eligible nodes), a
+    node *has room* when it is eligible and its capacity free once released (the Plan's
+    `future` table) plus what the buckets' victim pods on it hold (those this Plan has not
+    evicted already) covers the task's CPU, memory and a pod slot, and enough of its devices
+    would have the share the task needs on each. It is a necessary condition for the task to
+    land there whatever subset of those victims is evicted (devices and predicates beyond the
+    mask are the packer's to check), so a search restricted to these nodes loses no placement.
+
+    The answer per (buckets, shape, mask) is computed over every node once, then brought up to
+    date only on the nodes the Plan's operations (and their rollbacks) touched since: the cost
+    per preemptor is what changed, not the cluster."""
+
+    def __init__(self, session: Session) -> None:
+        self.plan = session.plan
+        self.touched: list[int] = []
+        self._victims: dict[tuple[tuple[str, int], ...], dict[int, list[PodState]]] = {}
+        self._rooms: dict[tuple[object, ...], tuple[set[int], int]] = {}
+        self._masks: list[array[int]] = []  # keeps the masks whose ids key `_rooms` alive
+        self.plan.listeners.append(self)
+
+    def on_operation(self, op: Operation, sign: int) -> None:
+        self.touched.append(op.node)
+
+    def close(self) -> None:
+        self.plan.listeners.remove(self)
+
+    def nodes(self, buckets: tuple[tuple[str, int], ...], units: Callable[[], Iterable[Unit]],
+              shapes: Sequence[tuple[TaskShape, array[int]]]) -> set[int] | None:
+        """The nodes with room for at least one task (`units()` gives the buckets' victim units;
+        called once per bucket set), or None when some task has room on no node. The set
+        returned is the bound's own: read it, do not change it."""
+        victims = self._victims.get(buckets)
+        if victims is None:
+            victims = self._victims[buckets] = {}
+            index = self.plan.node_index
+            for unit in units():
+                for pod in unit.pods:
+                    victims.setdefault(index[pod.node], []).append(pod)
+        out: set[int] = set()
+        for shape, mask in shapes:
+            key = (buckets, id(shape), id(mask))
+            known = self._rooms.get(key)
+            if known is None:
+                self._masks.append(mask)
+                room = {n for n in range(len(mask)) if mask[n] and self._has_room(n, shape, victims)}
+            else:
+                room, seen = known
+                for n in dict.fromkeys(self.touched[seen:]):  # each touched node once, in order
+                    if mask[n] and self._has_room(n, shape, victims):
+                        room.add(n)
+                    else:
+                        room.discard(n)
+            self._rooms[key] = (room, len(self.touched))
+            if not room:
+                return None
+            if len(shapes) == 1:
+                return room
+            out |= room
+        return out
+
+    def _has_room(self, node: int, shape: TaskShape, victims: dict[int, list[PodState]]) -> bool:
+        table = self.plan.future
+        evicted = self.plan.evicted_pods
+        cpu = mem = slots = 0
+        freed_dev: dict[int, int] = {}
+        base = table.gpu_start[node]
+        for pod in victims.get(node, ()):
+            if pod.key in evicted:
+                continue  # its capacity is in the table already
+            requests = pod.spec.requests
+            cpu += requests.milli_cpu
+            mem += requests.memory_bytes
+            slots += 1
+            for d in pod.devices:
+                freed_dev[base + d] = freed_dev.get(base + d, 0) + pod.device_milli
+        return _room(table, node, shape, cpu, mem, slots, freed_dev)
+
+
+def _room(table: ArrayPackTable, node: int, shape: TaskShape, cpu: int, mem: int, slots: int,
+          freed_dev: dict[int, int]) -> bool:
+    if table.free_milli_cpu[node] + cpu < shape.milli_cpu or \
+            table.free_memory_bytes[node] + mem < shape.memory_bytes or table.free_pods[node] + slots < 1:
+        return False
+    if shape.whole_gpus:
+        need, devices = MILLI_PER_GPU, shape.whole_gpus
+    elif shape.fraction_devices:
+        need, devices = max(1, shape.fraction_milli), shape.fraction_devices
+    else:
+        return True
+    free = table.dev_free_milli
+    have = 0
+    for d in range(table.gpu_start[node], table.gpu_start[node + 1]):
+        if free[d] + freed_dev.get(d, 0) >= need:
+            have += 1
+    return have >= devices
 
 
 Placer = Callable[[], list[Entry] | None]
@@ -81,25 +204,32 @@ Placer = Callable[[], list[Entry] | None]
 
 def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool],
            request: Vector, place: Placer, action: str, preemptor: str,
-           reason: Callable[[Unit], tuple[str, dict[str, int]]]) -> list[Eviction] | None:
+           reason: Callable[[Unit], tuple[str, dict[str, int]]],
+           on_nodes: set[int] | None = None) -> list[Eviction] | None:
     """Evict admitted units cheapest first until `place()` succeeds (it must place the whole
     preemptor on the Plan, or roll its own placements back and return None). Returns the
-    evictions kept, or None with the Plan unchanged."""
+    evictions kept, or None with the Plan unchanged. With `on_nodes` (the per-node bound,
+    `room_nodes`) only units with a pod on one of those nodes are taken, and only what they
+    free there counts towards the request."""
     plan = session.plan
     start = plan.checkpoint()
     freed: Vector = (0, 0, 0)
     evicted_pods = 0
     tries = 0
     chosen: list[Unit] = []
+    index = plan.node_index
     for unit in units:
         if evicted_pods + len(unit.pods) > MAX_VICTIM_PODS or tries >= MAX_PLACEMENT_TRIES:
             break
+        if on_nodes is not None and not any(index[pod.node] in on_nodes for pod in unit.pods):
+            continue
         if not admit(unit):
             continue
         _evict_all(session, [unit], action, preemptor, reason)
         chosen.append(unit)
         evicted_pods += len(unit.pods)
-        r = unit.request
+        r = unit.request if on_nodes is None else Unit(unit.job, tuple(
+            pod for pod in unit.pods if index[pod.node] in on_nodes)).request
         freed = (freed[0] + r[0], freed[1] + r[1], freed[2] + r[2])
         if any(need > got for need, got in zip(request, freed)):
             continue

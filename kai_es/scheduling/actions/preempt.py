@@ -23,6 +23,10 @@ class Preempt(PreemptingAction):
         assert self.session.config is not None
         return times.preempt_min_runtime_ns(self.state, self.session.config, victim_leaf)
 
+    def victim_buckets(self, leaf: QueueNode, job: Job, request: Vector) -> list[tuple[str, int]]:
+        buckets = self.state.victim_jobs.get(leaf.name, {})
+        return [(leaf.name, priority) for priority in sorted(buckets) if priority < job.priority]
+
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         return lambda unit: unit.job.queue == leaf.name and unit.job.preemptible and unit.job.priority < job.priority
 

@@ -14,22 +14,34 @@ Contract:
 - Time rules (policy kai-es/v3, `kai_es.scheduling.times`): a job within its preemption delay
   is no preemptor (its waiting pods get a PreemptionDelay reason); a victim job within its
   min-runtime offers only its surplus pods (an elastic job's extras), never its gang.
+- kai-es/v3 (`Session.bounded_victims`): victims come from the reducer's index
+  (`state.victim_jobs`, by queue and priority) through the buckets the action allows
+  (`victim_buckets`, judged on the Plan's accounting when the preemptor's search starts), so a
+  preemptor with nothing to take costs no scan of the running jobs; the search covers only the
+  nodes the per-node bound (`kai_es.scheduling.victims.RoomBound`) leaves, and a preemptor it
+  leaves none is rejected at once with VictimsCannotMakeRoom; a failed search is remembered by
+  its scenario (`_scenario`) and not repeated on an unchanged Plan.
 - Pure: reads the state; writes only the Session's Plan and the returned result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import heapq
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from operator import itemgetter
 
 from kai_es.events.payloads import Reason
 from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling import times
 from kai_es.scheduling.actions.allocate import AllocateResult
+from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.plan import Entry
 from kai_es.scheduling.session import QueueNode, Session, Vector
-from kai_es.scheduling.victims import Unit, search, units_of
-from kai_es.state.model import Job
+from kai_es.scheduling.victims import RoomBound, Unit, keyed_units, search, units_of
+from kai_es.state.model import Job, PodState
 
 CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED})
 
@@ -44,9 +56,15 @@ class PreemptingAction:
         self.state = session.state
         self.plan = session.plan
         self.result = AllocateResult()
-        #: jobs that may lose pods (preemptible, occupying), by key; computed once per action
-        jobs = self.state.jobs
-        self.occupying_jobs = [jobs[k] for k in sorted(jobs) if jobs[k].preemptible and jobs[k].occupying]
+        self._occupying_jobs: list[Job] | None = None
+        #: kai-es/v3: victim units by (queue, priority) bucket of `state.victim_jobs`, with their
+        #: order keys; built when a preemptor first needs the bucket
+        self._bucket_units: dict[tuple[str, int], list[tuple[tuple[object, ...], Unit]]] = {}
+        #: kai-es/v3: failed searches, by everything the search depends on but the Plan's other
+        #: operations (see `_scenario`)
+        self._failed_scenarios: set[tuple[object, ...]] = set()
+        self._room: RoomBound | None = None
+        self._bucket_cursor: dict[tuple[str, int], int] = {}
         #: (queue, request, plan length) of searches that found nothing: an equal preemptor on an
         #: unchanged plan would find nothing either
         self._failed: set[tuple[str, Vector, int]] = set()
@@ -55,12 +73,62 @@ class PreemptingAction:
         self._cursor: dict[tuple[str, int], int] = {}
         self._protection: dict[tuple[str, str], bool] = {}
 
+    @property
+    def occupying_jobs(self) -> list[Job]:
+        """Jobs that may lose pods (preemptible, occupying), by key; computed once per action."""
+        if self._occupying_jobs is None:
+            jobs = self.state.jobs
+            self._occupying_jobs = [jobs[k] for k in sorted(jobs) if jobs[k].preemptible and jobs[k].occupying]
+        return self._occupying_jobs
+
     # -- what each action says ---------------------------------------------------------------
 
     def victim_jobs(self, leaf: QueueNode, job: Job) -> list[Job]:
         """The jobs this action may take pods from for `job` (a filter of `occupying_jobs` that
         depends only on the job's queue and priority)."""
         raise NotImplementedError
+
+    def victim_buckets(self, leaf: QueueNode, job: Job, request: Vector) -> list[tuple[str, int]]:
+        """kai-es/v3: the (queue, priority) buckets of `state.victim_jobs` whose jobs this action
+        may take pods from for `job`, judged on the Plan's accounting now (a bucket left out can
+        hold no unit `admit` would take during this preemptor's search)."""
+        raise NotImplementedError
+
+    def _units_in(self, bucket: tuple[str, int]) -> list[tuple[tuple[object, ...], Unit]]:
+        found = self._bucket_units.get(bucket)
+        if found is None:
+            queue, priority = bucket
+            jobs = self.state.jobs
+            members = [jobs[k] for k in sorted(self.state.victim_jobs.get(queue, {}).get(priority, ()))]
+            found = self._bucket_units[bucket] = keyed_units(self.session, members, backoff=True)
+        return found
+
+    def _merged(self, buckets: tuple[tuple[str, int], ...], for_leaf: QueueNode | None = None
+                ) -> Iterator[Unit]:
+        """The units of `buckets`, cheapest first, lazily. With `for_leaf` (a search for a
+        preemptor of that queue): without the units this Plan already evicts, and without a
+        min-runtime-protected job's gang (its surplus pods stay offered). Without it: every unit
+        (for the per-node bound, which may count more victims than the search takes)."""
+        evicted = self.plan.evicted_pods
+        if for_leaf is None:
+            for _, unit in heapq.merge(*(self._units_in(b) for b in buckets), key=itemgetter(0)):
+                yield unit
+            return
+        lists = []
+        for bucket in buckets:
+            units = self._units_in(bucket)
+            # units evicted by an earlier preemptor stay evicted (its operations are committed):
+            # skip that prefix for good; a rollback only ever undoes units after it
+            start = self._bucket_cursor.get(bucket, 0)
+            while start < len(units) and all(pod.key in evicted for pod in units[start][1].pods):
+                start += 1
+            self._bucket_cursor[bucket] = start
+            lists.append(islice(units, start, None))
+        for _, unit in heapq.merge(*lists, key=itemgetter(0)):
+            if not any(pod.key in evicted for pod in unit.pods):
+                if not unit.surplus and self._protected(for_leaf, unit.job):
+                    continue  # min-runtime: a protected job keeps its gang
+                yield unit
 
     def _victim_units(self, leaf: QueueNode, job: Job) -> Iterator[Unit]:
         """The victim units for `job`, cheapest first, produced lazily: the units of every
@@ -160,8 +228,12 @@ class PreemptingAction:
                 waiting[pod_key] = [*reasons, reason]  # a new list: reason lists may be shared
 
     def run(self) -> AllocateResult:
-        for leaf, job in self.preemptors():
-            self._try(leaf, job)
+        try:
+            for leaf, job in self.preemptors():
+                self._try(leaf, job)
+        finally:
+            if self._room is not None:
+                self._room.close()
         return self.result
 
     def _try(self, leaf: QueueNode, job: Job) -> None:
@@ -175,12 +247,32 @@ class PreemptingAction:
             return
         if any(self.session.eligibility.pod_problem(pod.spec) for pod in pods):
             return
-        memo = (leaf.name, request, len(self.plan.operations))
-        if memo in self._failed and len(pods) == 1 and not pods[0].spec.pod_affinity \
-                and not pods[0].spec.pod_anti_affinity:
-            return
-        units = self._victim_units(leaf, job)
         gang = len(pods) > 1 or job.min_member > 1
+        on_nodes: set[int] | None = None
+        units: Iterable[Unit]
+        if self.session.bounded_victims:
+            buckets = tuple(self.victim_buckets(leaf, job, request))
+            if not buckets:  # no eligible victim at all: the reasons it has say enough
+                return
+            eligibility = self.session.eligibility
+            shapes = [(self.plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
+            scenario = (buckets, *self._scenario(leaf, job, pods, request, shapes)) if self._failed_scenarios else None
+            if scenario in self._failed_scenarios:
+                return
+            if self._room is None:
+                self._room = RoomBound(self.session)
+            on_nodes = self._room.nodes(buckets, lambda: self._merged(buckets), shapes)
+            if on_nodes is None:
+                self._failed_scenarios.add(scenario or (buckets, *self._scenario(leaf, job, pods, request, shapes)))
+                self._cannot_make_room(pods, buckets)
+                return
+            units = self._merged(buckets, for_leaf=leaf)
+        else:
+            memo = (leaf.name, request, len(self.plan.operations))
+            if memo in self._failed and len(pods) == 1 and not pods[0].spec.pod_affinity \
+                    and not pods[0].spec.pod_anti_affinity:
+                return
+            units = self._victim_units(leaf, job)
         placed: list[Entry] = []
 
         def place() -> list[Entry] | None:
@@ -200,9 +292,12 @@ class PreemptingAction:
 
         preemptor = f"{job.namespace}/{pods[0].spec.name}" if len(pods) == 1 else job.key
         evictions = search(self.session, units, self.admit(leaf, job, request), request, place,
-                           self.name, preemptor, self.why(leaf, job, request))
+                           self.name, preemptor, self.why(leaf, job, request), on_nodes)
         if evictions is None:
-            self._failed.add(memo)
+            if self.session.bounded_victims:
+                self._failed_scenarios.add(scenario or (buckets, *self._scenario(leaf, job, pods, request, shapes)))
+            else:
+                self._failed.add(memo)
             return
         entries = list(placed)  # what the last successful place() put on the Plan
         if gang and any(e.pipelined for e in entries):
@@ -212,6 +307,29 @@ class PreemptingAction:
             self.session.placed_pods.add(e.pod_key)
             self.session.unschedulable.pop(e.pod_key, None)
         self.result.placed.extend(entries)
+
+    def _scenario(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector,
+                  shapes: list[tuple[TaskShape, array[int]]]) -> tuple[object, ...]:
+        """What a victim search depends on besides the Plan: the preemptor's queue, priority,
+        preemptibility, request, and each task's shape and static eligible nodes (both interned
+        for the cycle: the shape by the Plan, the mask by the eligibility cache), with the
+        Plan's length (within an action the Plan only grows, but for failed attempts rolled
+        back to where they began, so equal lengths are equal Plans). Tasks with dynamic
+        predicates (affinity to other pods, host ports) are told apart by their pod, as their
+        eligibility depends on more than their spec."""
+        dynamic = tuple(pod.key for pod in pods if self.session.eligibility.is_dynamic(pod.spec))
+        return (leaf.name, job.priority, job.preemptible, request,
+                tuple((id(shape), id(mask)) for shape, mask in shapes), dynamic, len(self.plan.operations))
+
+    def _cannot_make_room(self, pods: list[PodState], buckets: tuple[tuple[str, int], ...]) -> None:
+        """The per-node bound failed: the pods keep their reasons, plus this action's."""
+        victim_jobs = sum(len(self.state.victim_jobs.get(q, {}).get(prio, ())) for q, prio in buckets)
+        reason = Reason(code=fw.VICTIMS_CANNOT_MAKE_ROOM, message=(
+            f"{self.name}: evicting every preemptible job of the queues and priorities it may take from "
+            f"({victim_jobs} jobs) would make room for it on no node"), numbers={"victim_jobs": victim_jobs})
+        waiting = self.session.unschedulable
+        for pod in pods:
+            waiting[pod.key] = [*waiting.get(pod.key, ()), reason]
 
 
 def dominant_share(allocated: Vector, fair: Vector) -> tuple[int, int]:

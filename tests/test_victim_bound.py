@@ -1,0 +1,197 @@
+"""The bounded victim search of policy kai-es/v3 (`kai_es.scheduling.victims.RoomBound`, the
+failed-scenario memo, the eviction back-off) and what stays as it was under kai-es/v2.
+The per-rule scenario tests are tests/scenarios/*-bounded-*.yaml (both packers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.events import Envelope, Record
+from kai_es.events import payloads as p
+from kai_es.events.factory import derived_id, make_envelope
+from kai_es.feed import config_event, object_events
+from kai_es.oneshot import one_cycle
+from kai_es.scenario import Scenario, load_scenario, load_scenario_text
+from kai_es.scheduling import victims
+from kai_es.scheduling.actions import preempting
+from kai_es.scheduling.config import SchedulerConfig, config_digest, parse_config
+from kai_es.scheduling.cycle import run_cycle
+from kai_es.scheduling.packing import load_packer
+from kai_es.state import ClusterState, fold
+from kai_es.state.invariants import check
+from kai_es.state.reducer import apply
+from tests.builders import MakeNode, MakePod, queue, scenario_text
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+SEC = 1_000_000_000
+
+
+def test_v3_runs_allocate_reclaim_preempt_by_default_and_v2_keeps_allocate() -> None:
+    assert parse_config({}).policy_version == "kai-es/v3"
+    assert parse_config({}).action_list == ["allocate", "reclaim", "preempt"]
+    assert parse_config({"policyVersion": "kai-es/v2"}).action_list == ["allocate"]
+    # a config listing no actions and one listing the defaults are the same configuration
+    assert config_digest(parse_config({})) == config_digest(parse_config(
+        {"actions": ["allocate", "reclaim", "preempt"]}))
+
+
+def test_under_v2_the_search_is_not_bounded() -> None:
+    """The same scenario under kai-es/v2: no VictimsCannotMakeRoom (v2 decisions unchanged)."""
+    text = (SCENARIOS / "preempt-bounded-no-room.yaml").read_text().replace(
+        "metadata: {name: preempt-bounded-no-room}",
+        "metadata: {name: v2}\nspec:\n  scheduler: {policyVersion: kai-es/v2, actions: [allocate, reclaim, preempt]}")
+    outcome = one_cycle(load_scenario_text(text, "v2.yaml"), load_packer("native"))
+    codes = [r["code"] for d in outcome["decisions"] if d["subject"] == "pod/default/urgent"
+             and d["type"] == "kai.scheduler.pod.unschedulable" for r in d["data"]["reasons"]]
+    assert codes == ["NoNodeFits"]
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_an_identical_failed_scenario_is_not_searched_twice(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three equal urgent pods that cannot make room: the per-node bound is computed for the
+    first only; the other two are the same scenario on the same Plan."""
+    docs: list[dict[str, Any]] = [MakeNode("n1").gpus(4).obj(), queue("q")]
+    docs.append(MakePod("keep", queue="q").gpu(2).priority_class("build").running_on("n1").obj())
+    for i in range(2):
+        docs.append(MakePod(f"t-{i}", queue="q").gpu(1).priority_class("train").running_on("n1").obj())
+    for i in range(3):
+        docs.append(MakePod(f"urgent-{i}", queue="q").gpu(4).priority_class("build").obj())
+    calls = []
+    real = victims.RoomBound.nodes
+
+    def counting(self: victims.RoomBound, *args: Any) -> Any:
+        calls.append(args[0])
+        return real(self, *args)
+
+    monkeypatch.setattr(victims.RoomBound, "nodes", counting)
+    outcome = one_cycle(load_scenario_text(scenario_text(*docs), "memo.yaml"), load_packer(engine))  # type: ignore[arg-type]
+    assert len(calls) == 1, calls
+    for i in range(3):
+        assert outcome["pods"][f"default/urgent-{i}"]["status"] == "Pending"
+    assert outcome["pods"]["default/t-0"]["status"] == "Running"
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_search_never_evicts_on_a_node_without_room(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The searched units all have a pod on a node with room (here: only n2's)."""
+    seen: list[set[int] | None] = []
+    real = victims.search
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(args[-1] if len(args) > 8 else kwargs.get("on_nodes"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(preempting, "search", spy)
+    outcome = one_cycle(load_scenario(SCENARIOS / "preempt-bounded-searches-room-nodes.yaml"),
+                        load_packer(engine))  # type: ignore[arg-type]
+    assert seen == [{1}]  # node index 1 is n2
+    assert outcome["pods"]["default/urgent"] == {**outcome["pods"]["default/urgent"], "status": "Pipelined"}
+
+
+# -- the back-off after a refused eviction -------------------------------------------------------
+
+
+class Log:
+    """Folds envelopes into a state as consecutive records."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        async def build() -> list[Record]:
+            log = MemoryEventLog()
+            await log.append([config_event(scenario.config, event_id="cfg", logicaltime=scenario.start_ns)])
+            await log.append(object_events(scenario, scenario.initial(), scenario.start_ns))
+            return [r async for r in log.read()]
+
+        self.config = scenario.config
+        self.state: ClusterState = fold(anyio.run(build))
+        self.pos = self.state.position + 1
+        self.t = scenario.start_ns
+
+    def fold(self, env: Envelope) -> Record:
+        record = Record(self.pos, env)
+        apply(self.state, record)
+        self.pos += 1
+        return record
+
+    def cycle(self, n: int, at_ns: int) -> list[Envelope]:
+        self.t = at_ns
+        started = self.fold(make_envelope(p.CycleStarted(cycle=n, config_digest=config_digest(self.config)),
+                                          event_id=derived_id("cycle", n), source="kai-es/scheduler",
+                                          subject=f"cycle/{n}", logicaltime=at_ns,
+                                          policyversion=self.config.policy_version))
+        decisions = run_cycle(self.state, started, self.config, load_packer("native"))
+        for d in decisions:
+            self.fold(d)
+        return decisions
+
+    def refuse(self, evictions: list[Envelope], at_ns: int) -> None:
+        for d in evictions:
+            data = d.data
+            assert isinstance(data, p.EvictionDecided)
+            self.fold(make_envelope(p.PodEvictionFailed(namespace=data.namespace, name=data.name, uid=data.uid,
+                                                        node=data.node, decision_id=d.id, message="PDB"),
+                                    event_id=derived_id(d.id, 1), source="kai-es/binder", subject=d.subject,
+                                    logicaltime=at_ns))
+
+
+def _evicted(decisions: list[Envelope]) -> list[Envelope]:
+    return [d for d in decisions if isinstance(d.data, p.EvictionDecided)]
+
+
+def _backoff_scenario(policy: str) -> Scenario:
+    text = (SCENARIOS / "preempt-basic.yaml").read_text().replace(
+        "spec:\n  scheduler: {actions: [allocate, reclaim, preempt]}",
+        f"spec:\n  scheduler: {{policyVersion: {policy}, actions: [allocate, reclaim, preempt]}}")
+    return load_scenario_text(text, "backoff.yaml")
+
+
+def test_a_victim_whose_eviction_was_refused_is_not_chosen_again_until_the_backoff_ends() -> None:
+    log = Log(_backoff_scenario("kai-es/v3"))
+    start = log.t
+    first = _evicted(log.cycle(1, start))
+    assert sorted(d.data.name for d in first) == ["t-2", "t-3"]
+    log.refuse(first, start + 2 * SEC)
+    assert log.state.pods["default/t-3"].eviction_refused_ns == start + 2 * SEC
+    assert check(log.state) == []  # the refusal time survives a snapshot and restore
+    # within the back-off: the other two train pods are the victims instead
+    second = _evicted(log.cycle(2, start + 5 * SEC))
+    assert sorted(d.data.name for d in second) == ["t-0", "t-1"]
+    log.refuse(second, start + 6 * SEC)
+    # still within the back-off for every train pod: nothing is evicted, and the urgent pod waits
+    assert _evicted(log.cycle(3, start + 10 * SEC)) == []
+    # after it (refused at +2 s, back-off 60 s): t-2 and t-3 are victims again
+    later = _evicted(log.cycle(4, start + 2 * SEC + victims.EVICTION_REFUSED_BACKOFF_NS))
+    assert sorted(d.data.name for d in later) == ["t-2", "t-3"]
+
+
+def test_under_v2_a_refused_eviction_is_retried_at_once_and_not_recorded() -> None:
+    log = Log(_backoff_scenario("kai-es/v2"))
+    start = log.t
+    first = _evicted(log.cycle(1, start))
+    log.refuse(first, start + 2 * SEC)
+    assert log.state.pods["default/t-3"].eviction_refused_ns == 0  # v2's state digest is unchanged
+    second = _evicted(log.cycle(2, start + 5 * SEC))
+    assert sorted(d.data.name for d in second) == sorted(d.data.name for d in first)
+
+
+# -- the victim index kept by the reducer --------------------------------------------------------
+
+
+def test_the_victim_index_follows_a_priority_change_of_a_running_job() -> None:
+    docs = [MakeNode("n1").gpus(2).obj(), queue("q"),
+            MakePod("a", queue="q").gpu(1).priority_class("train").running_on("n1").obj()]
+    log = Log(load_scenario_text(scenario_text(*docs), "index.yaml"))
+    job = log.state.jobs[log.state.pods["default/a"].job_key]
+    assert log.state.victim_jobs == {"q": {job.priority: {job.key}}}
+    log.fold(make_envelope(p.PriorityClassObserved(name="train", value=7), event_id="pc", source="kai-es/informer",
+                           subject="priorityclass/train", logicaltime=log.t))
+    assert log.state.victim_jobs == {"q": {7: {job.key}}}
+    assert check(log.state) == []
+
+
+def test_config_default_is_the_v3_default_config() -> None:
+    assert SchedulerConfig().action_list == ["allocate", "reclaim", "preempt"]
