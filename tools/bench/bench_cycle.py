@@ -93,7 +93,7 @@ def main() -> None:
     state, pos = build(args.nodes, args.pods)
     print(f"state: {args.nodes} nodes x 8 GPUs, 55 queues, {args.pods} pending pods "
           f"(folded {pos} events in {time.perf_counter() - t0:.1f}s)")
-    cfg = SchedulerConfig(state_digest_every=0)
+    cfg = SchedulerConfig(state_digest_every=0, actions=["allocate"])
     packer = load_packer(args.packer)  # type: ignore[arg-type]
 
     t0 = time.perf_counter()
@@ -134,7 +134,7 @@ def main() -> None:
 
 def timed_cycle(nodes: int, pods: int, engine: str, affinity: bool) -> tuple[int, float]:
     state, pos = build(nodes, pods, affinity)
-    cfg = SchedulerConfig(state_digest_every=0)
+    cfg = SchedulerConfig(state_digest_every=0, actions=["allocate"])
     packer = load_packer(engine)  # type: ignore[arg-type]
     started = make_envelope(p.CycleStarted(cycle=1, config_digest=config_digest(cfg)), event_id="c1",
                             source="bench", subject="cycle/1", logicaltime=START + pos)

@@ -2,6 +2,7 @@
 
     python tools/bench/bench_steady_cycle.py [--nodes 4000] [--running 140000] [--pending 200]
                                             [--cycles 5] [--policy VERSION] [--packer native|reference]
+                                            [--actions allocate,consolidation,reclaim,preempt]
 
 The state is built by folding generated events (no log file): `--nodes` nodes x 8 GPUs in
 50 leaf queues under 5 parents, `--running` pods running on them (per node: 7 single-GPU pods of
@@ -128,10 +129,17 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=5, help="steady cycles timed after the first")
     ap.add_argument("--policy", default=None, help="policyVersion (default: the config's default)")
     ap.add_argument("--packer", default="native")
+    ap.add_argument("--actions", default=None,
+                    help="comma-separated actions (default: the config's default), e.g. allocate,reclaim,preempt")
     ap.add_argument("--verify", action="store_true",
                     help="at the end, check the incremental digest against a recomputation from scratch")
     args = ap.parse_args()
-    config = SchedulerConfig() if args.policy is None else SchedulerConfig(policy_version=args.policy)
+    overrides: dict[str, object] = {}
+    if args.policy is not None:
+        overrides["policy_version"] = args.policy
+    if args.actions is not None:
+        overrides["actions"] = args.actions.split(",")
+    config = SchedulerConfig(**overrides)  # type: ignore[arg-type]
     packer = load_packer(args.packer)  # type: ignore[arg-type]
     state = ClusterState()
     feed = Feed(state)
@@ -144,7 +152,7 @@ def main() -> None:
     print(f"state: {len(state.nodes):,} nodes x {GPUS} GPUs, {len(state.pods) - pending:,} running pods, "
           f"{pending} pending, {len(state.jobs):,} jobs, 55 queues "
           f"(folded {feed.pos:,} events in {dt:.1f}s: {feed.pos / dt:,.0f} events/s)")
-    print(f"config: defaults, policyVersion {config.policy_version}, "
+    print(f"config: actions {','.join(config.action_list)}, policyVersion {config.policy_version}, "
           f"stateDigestEvery {config.state_digest_every}, packer {packer.kind}")
     digest_every = config_digest(config)
     times: list[float] = []
