@@ -14,12 +14,12 @@ from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
-from kai_es.feed import config_event, object_events
+from kai_es.feed import object_events
 from kai_es.oneshot import one_cycle
 from kai_es.scenario import Scenario, load_scenario, load_scenario_text
 from kai_es.scheduling import victims
 from kai_es.scheduling.actions import preempting
-from kai_es.scheduling.config import SchedulerConfig, config_digest, parse_config
+from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event, parse_config
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import load_packer
 from kai_es.state import ClusterState, fold
