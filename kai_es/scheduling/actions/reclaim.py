@@ -29,24 +29,26 @@ from kai_es.state.model import Job
 
 def _sides(a: QueueNode, b: QueueNode) -> tuple[tuple[QueueNode, ...], QueueNode, QueueNode] | None:
     """(a's chain below the lowest common ancestor, a's side, b's side), or None when b is in
-    a's own chain (the same queue or an ancestor: nothing to reclaim from)."""
-    b_chain = set(id(q) for q in b.chain)
-    below: list[QueueNode] = []
-    for q in a.chain:
-        if id(q) in b_chain:
-            break
-        below.append(q)
-    if not below:
-        return None
-    common = a.chain[len(below)] if len(below) < len(a.chain) else None
-    b_side = b
+    a's own chain (the same queue or an ancestor: nothing to reclaim from). Queues without a
+    common ancestor: their roots are the sides. (Called for every pair of a reclaimer's and a
+    victim's queue: written out, by identity.)"""
+    a_chain = a.chain
+    k = len(a_chain)  # where the lowest common ancestor is in a's chain (none: past its end)
+    b_side: QueueNode | None = b.chain[-1]
+    previous: QueueNode | None = None
     for q in b.chain:
-        if q.parent is common:
-            b_side = q
+        found = -1
+        for i, x in enumerate(a_chain):
+            if x is q:
+                found = i
+                break
+        if found >= 0:
+            k, b_side = found, previous
             break
-    if b_side is below[-1] or id(b_side) in {id(q) for q in a.chain}:
+        previous = q
+    if k == 0 or b_side is None or any(x is b_side for x in a_chain):
         return None
-    return tuple(below), below[-1], b_side
+    return a_chain[:k], a_chain[k - 1], b_side
 
 
 def _could_yield(victim: QueueNode) -> bool:
@@ -70,6 +72,28 @@ def _open_sides(leaf: QueueNode, job: Job, request: Vector, victim: QueueNode
         return None
     chain, mine, theirs = sides
     return (mine, theirs) if _chain_within(chain, job, request) else None
+
+
+def _side_may_yield(mine: QueueNode, theirs: QueueNode, request: Vector, held: list[int],
+                    mine_now: tuple[bool, tuple[int, int]] | None = None) -> bool:
+    """Whether `admit` could take any unit from side `theirs` for `mine`'s job now or later in
+    its search, for units that free only resources in `held` (resources the job requests and
+    the victim queue holds preemptibly): each victim-side rule for a unit freeing at least one
+    unit of one of them (evictions only lower the victim side's accounting, which makes each
+    rule stricter). `mine_now`: `_mine_now(mine, request)`, when the caller has it."""
+    if not any(theirs.quota[r] < 0 or theirs.allocated[r] > theirs.quota[r] for r in held):
+        return False
+    owed, gained_share = mine_now or _mine_now(mine, request)
+    keeps_fair = any(theirs.allocated[r] > theirs.fair[r] for r in held)
+    if not (keeps_fair or (owed and any(0 <= theirs.quota[r] < theirs.allocated[r] for r in held))):
+        return False
+    return at_most(gained_share, dominant_share(theirs.allocated, theirs.fair))
+
+
+def _mine_now(mine: QueueNode, request: Vector) -> tuple[bool, tuple[int, int]]:
+    """What the victim-side rules need of the reclaiming side: whether it stays within its
+    deserved quota with the job, and its dominant share with the job."""
+    return _owed(mine, request), dominant_share(_plus(mine.allocated, request), mine.fair)
 
 
 def _chain_within(chain: tuple[QueueNode, ...], job: Job, request: Vector) -> bool:
@@ -115,20 +139,46 @@ class Reclaim(PreemptingAction):
         super().__init__(session)
         self._yielding_at = -1
         self._yielding: list[QueueNode] = []
+        #: `_sides` by (reclaimer leaf, victim leaf): the tree does not change during a cycle
+        self._sides: dict[tuple[str, str], tuple[tuple[QueueNode, ...], QueueNode, QueueNode] | None] = {}
 
     def victim_buckets(self, leaf: QueueNode, job: Job, request: Vector) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
+        requested = [r for r in (0, 1, 2) if request[r] > 0]
+        by_side: dict[int, bool] = {}  # victim side -> whether any of its leaves may yield
+        by_mine: dict[int, tuple[bool, tuple[int, int]]] = {}
         for victim in self._queues_that_may_yield():
             name = victim.name
-            if name == leaf.name or not self._may_yield(leaf, job, request, victim):
+            if name == leaf.name:
+                continue
+            key = (leaf.name, name)
+            if key not in self._sides:
+                self._sides[key] = _sides(leaf, victim)
+            sides = self._sides[key]
+            if sides is None:
+                continue
+            chain, mine, theirs = sides
+            mine_now = by_mine.get(id(mine))
+            if mine_now is None:
+                mine_now = by_mine[id(mine)] = _mine_now(mine, request)
+            side_ok = by_side.get(id(theirs))
+            if side_ok is None:
+                # the victim-side rules for the whole side, counting every requested resource as
+                # held: a necessary condition for each of its leaves (checked exactly next)
+                side_ok = by_side[id(theirs)] = _chain_within(chain, job, request) and \
+                    _side_may_yield(mine, theirs, request, requested, mine_now)
+            if not side_ok:
+                continue
+            held = [r for r in requested if victim.allocated[r] - victim.nonpreemptible[r] > 0]
+            if not _side_may_yield(mine, theirs, request, held, mine_now):
                 continue
             out.extend((name, priority) for priority in sorted(self.state.victim_jobs[name]))
         return out
 
     def _queues_that_may_yield(self) -> list[QueueNode]:
         """The leaf queues holding victim jobs that some reclaimer could take from on the Plan as
-        it is: `_may_yield` for any preemptor and request (a necessary condition, recomputed when
-        the Plan has changed)."""
+        it is: `_side_may_yield` for any preemptor and request (a necessary condition, recomputed
+        when the Plan has changed)."""
         length = len(self.plan.operations)
         if self._yielding_at != length:
             queues = self.session.queues
@@ -136,28 +186,6 @@ class Reclaim(PreemptingAction):
             self._yielding = [queues[name] for name in sorted(self.state.victim_jobs)
                               if name in queues and _could_yield(queues[name])]
         return self._yielding
-
-    @staticmethod
-    def _may_yield(leaf: QueueNode, job: Job, request: Vector, victim: QueueNode) -> bool:
-        """Whether `admit` could take any unit of `victim`'s jobs now or later in this search:
-        each of its rules on the victim side, for a unit that frees at least one unit of some
-        resource the preemptor requests and the victim queue holds preemptibly (evictions only
-        lower the victim side's accounting, which makes each rule stricter)."""
-        sides = _open_sides(leaf, job, request, victim)
-        if sides is None:
-            return False
-        mine, theirs = sides
-        held = [r for r in (0, 1, 2) if request[r] > 0 and victim.allocated[r] - victim.nonpreemptible[r] > 0]
-        above_quota = [r for r in held if theirs.quota[r] < 0 or theirs.allocated[r] > theirs.quota[r]]
-        if not above_quota:
-            return False
-        keeps_fair = any(theirs.allocated[r] > theirs.fair[r] for r in held)
-        owed = _owed(mine, request) and any(theirs.quota[r] >= 0 and theirs.allocated[r] > theirs.quota[r]
-                                            for r in held)
-        if not (keeps_fair or owed):
-            return False
-        return at_most(dominant_share(_plus(mine.allocated, request), mine.fair),
-                       dominant_share(theirs.allocated, theirs.fair))
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         queues = self.session.queues
