@@ -5,10 +5,13 @@ The per-rule scenario tests are tests/scenarios/*-bounded-*.yaml (both packers).
 from __future__ import annotations
 
 from pathlib import Path
+from types import MethodType, SimpleNamespace
 from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import Envelope, Record
@@ -18,10 +21,12 @@ from kai_es.feed import object_events
 from kai_es.oneshot import one_cycle
 from kai_es.scenario import Scenario, load_scenario, load_scenario_text
 from kai_es.scheduling import victims
-from kai_es.scheduling.actions import preempting
+from kai_es.scheduling.actions import preempting, reclaim
+from kai_es.scheduling.actions.reclaim import Reclaim
 from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event, parse_config
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import load_packer
+from kai_es.scheduling.session import QueueNode
 from kai_es.state import ClusterState, fold
 from kai_es.state.invariants import check
 from kai_es.state.reducer import apply
@@ -195,3 +200,62 @@ def test_the_victim_index_follows_a_priority_change_of_a_running_job() -> None:
 
 def test_config_default_is_the_v3_default_config() -> None:
     assert SchedulerConfig().action_list == ["allocate", "reclaim", "preempt"]
+
+
+# -- reclaim's side walk agrees with the pairwise rules -------------------------------------------
+
+@st.composite
+def queue_trees(draw: st.DrawFn) -> tuple[list[QueueNode], list[QueueNode]]:
+    """A random forest of queues with random accounting: (roots, leaves)."""
+    amount = st.integers(0, 8)
+    roots: list[QueueNode] = []
+    leaves: list[QueueNode] = []
+
+    def node(name: str, parent: QueueNode | None, depth: int) -> QueueNode:
+        q = QueueNode(name=name, parent=parent, priority=0, created_ns=0,
+                      quota=tuple(draw(st.integers(-1, 6)) for _ in range(3)),  # type: ignore[arg-type]
+                      limit=(-1, -1, -1),
+                      allocated=tuple(draw(amount) for _ in range(3)),  # type: ignore[arg-type]
+                      fair=tuple(draw(amount) for _ in range(3)))  # type: ignore[arg-type]
+        q.nonpreemptible = tuple(min(a, draw(amount)) for a in q.allocated)  # type: ignore[assignment]
+        kids = draw(st.integers(0, 3)) if depth < 2 else 0
+        for i in range(kids):
+            q.children.append(node(f"{name}.{i}", q, depth + 1))
+        if not kids:
+            leaves.append(q)
+        return q
+
+    for r in range(draw(st.integers(1, 3))):
+        roots.append(node(f"r{r}", None, 0))
+    for q in leaves:
+        for n in q.ancestry():
+            n.chain = n.ancestry()
+    return roots, leaves
+
+
+@settings(max_examples=300, deadline=None)
+@given(queue_trees(), st.data())
+def test_reclaim_side_walk_equals_the_pairwise_rules(forest: tuple[list[QueueNode], list[QueueNode]],
+                                                      data: st.DataObject) -> None:
+    roots, leaves = forest
+    leaf = data.draw(st.sampled_from(leaves))
+    request = tuple(data.draw(st.integers(0, 3)) for _ in range(3))
+    preemptible = data.draw(st.booleans())
+    queues = {q.name: q for q in leaves}
+    stub = SimpleNamespace(
+        plan=SimpleNamespace(operations=[]), session=SimpleNamespace(queues=queues, roots=roots),
+        state=SimpleNamespace(victim_jobs={q.name: {0: {f"job-{q.name}"}} for q in leaves}),
+        _yielding_at=-1, _yielding_under={})
+    stub._under = MethodType(Reclaim._under, stub)
+    job = SimpleNamespace(preemptible=preemptible)
+    walked = Reclaim.victim_buckets(stub, leaf, job, request)  # type: ignore[arg-type]
+    pairwise = []
+    for victim in leaves:
+        sides = reclaim._sides(leaf, victim)
+        if victim is leaf or sides is None or not reclaim._could_yield(victim):
+            continue
+        chain, mine, theirs = sides
+        held = [r for r in (0, 1, 2) if request[r] > 0 and victim.allocated[r] - victim.nonpreemptible[r] > 0]
+        if reclaim._chain_within(chain, job, request) and reclaim._side_may_yield(mine, theirs, request, held):  # type: ignore[arg-type]
+            pairwise.append((victim.name, 0))
+    assert walked == sorted(pairwise)

@@ -138,54 +138,49 @@ class Reclaim(PreemptingAction):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         self._yielding_at = -1
-        self._yielding: list[QueueNode] = []
-        #: `_sides` by (reclaimer leaf, victim leaf): the tree does not change during a cycle
-        self._sides: dict[tuple[str, str], tuple[tuple[QueueNode, ...], QueueNode, QueueNode] | None] = {}
+        #: id of a queue -> the leaves below it (itself included) holding victims that some
+        #: reclaimer could take from (`_could_yield`), by name
+        self._yielding_under: dict[int, list[QueueNode]] = {}
 
     def victim_buckets(self, leaf: QueueNode, job: Job, request: Vector) -> list[tuple[str, int]]:
-        out: list[tuple[str, int]] = []
+        """Walks the reclaimer's chain: at each level, the other children of the level's parent
+        (at the top, the other roots) are the sides it may take from; a side's rules are checked
+        once for the side (every requested resource counted as held: a necessary condition for
+        each leaf below it), then exactly for each of its leaves holding victims."""
+        under = self._under()
         requested = [r for r in (0, 1, 2) if request[r] > 0]
-        by_side: dict[int, bool] = {}  # victim side -> whether any of its leaves may yield
-        by_mine: dict[int, tuple[bool, tuple[int, int]]] = {}
-        for victim in self._queues_that_may_yield():
-            name = victim.name
-            if name == leaf.name:
+        names: list[str] = []
+        chain = leaf.chain
+        for depth, mine in enumerate(chain):
+            siblings = mine.parent.children if mine.parent is not None else self.session.roots
+            sides = [(side, under[id(side)]) for side in siblings if side is not mine and id(side) in under]
+            if not sides or not _chain_within(chain[:depth + 1], job, request):
                 continue
-            key = (leaf.name, name)
-            if key not in self._sides:
-                self._sides[key] = _sides(leaf, victim)
-            sides = self._sides[key]
-            if sides is None:
-                continue
-            chain, mine, theirs = sides
-            mine_now = by_mine.get(id(mine))
-            if mine_now is None:
-                mine_now = by_mine[id(mine)] = _mine_now(mine, request)
-            side_ok = by_side.get(id(theirs))
-            if side_ok is None:
-                # the victim-side rules for the whole side, counting every requested resource as
-                # held: a necessary condition for each of its leaves (checked exactly next)
-                side_ok = by_side[id(theirs)] = _chain_within(chain, job, request) and \
-                    _side_may_yield(mine, theirs, request, requested, mine_now)
-            if not side_ok:
-                continue
-            held = [r for r in requested if victim.allocated[r] - victim.nonpreemptible[r] > 0]
-            if not _side_may_yield(mine, theirs, request, held, mine_now):
-                continue
-            out.extend((name, priority) for priority in sorted(self.state.victim_jobs[name]))
-        return out
+            mine_now = _mine_now(mine, request)
+            for side, leaves in sides:
+                if not _side_may_yield(mine, side, request, requested, mine_now):
+                    continue
+                for victim in leaves:
+                    held = [r for r in requested if victim.allocated[r] - victim.nonpreemptible[r] > 0]
+                    if _side_may_yield(mine, side, request, held, mine_now):
+                        names.append(victim.name)
+        found = self.state.victim_jobs
+        return [(name, priority) for name in sorted(names) for priority in sorted(found[name])]
 
-    def _queues_that_may_yield(self) -> list[QueueNode]:
-        """The leaf queues holding victim jobs that some reclaimer could take from on the Plan as
-        it is: `_side_may_yield` for any preemptor and request (a necessary condition, recomputed
-        when the Plan has changed)."""
+    def _under(self) -> dict[int, list[QueueNode]]:
+        """`_yielding_under`, recomputed when the Plan has changed."""
         length = len(self.plan.operations)
         if self._yielding_at != length:
             queues = self.session.queues
             self._yielding_at = length
-            self._yielding = [queues[name] for name in sorted(self.state.victim_jobs)
-                              if name in queues and _could_yield(queues[name])]
-        return self._yielding
+            under: dict[int, list[QueueNode]] = {}
+            for name in sorted(self.state.victim_jobs):
+                victim = queues.get(name)
+                if victim is not None and not victim.children and _could_yield(victim):
+                    for q in victim.chain:
+                        under.setdefault(id(q), []).append(victim)
+            self._yielding_under = under
+        return self._yielding_under
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         queues = self.session.queues
