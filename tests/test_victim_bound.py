@@ -104,7 +104,7 @@ def test_search_never_evicts_on_a_node_without_room(engine: str, monkeypatch: py
 class Log:
     """Folds envelopes into a state as consecutive records."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, engine: str = "native") -> None:
         async def build() -> list[Record]:
             log = MemoryEventLog()
             await log.append([config_event(scenario.config, event_id="cfg", logicaltime=scenario.start_ns)])
@@ -112,6 +112,7 @@ class Log:
             return [r async for r in log.read()]
 
         self.config = scenario.config
+        self.packer = load_packer(engine)  # type: ignore[arg-type]
         self.state: ClusterState = fold(anyio.run(build))
         self.pos = self.state.position + 1
         self.t = scenario.start_ns
@@ -128,7 +129,7 @@ class Log:
                                           event_id=derived_id("cycle", n), source="kai-es/scheduler",
                                           subject=f"cycle/{n}", logicaltime=at_ns,
                                           policyversion=self.config.policy_version))
-        decisions = run_cycle(self.state, started, self.config, load_packer("native"))
+        decisions = run_cycle(self.state, started, self.config, self.packer)
         for d in decisions:
             self.fold(d)
         return decisions
@@ -154,8 +155,9 @@ def _backoff_scenario(policy: str) -> Scenario:
     return load_scenario_text(text, "backoff.yaml")
 
 
-def test_a_victim_whose_eviction_was_refused_is_not_chosen_again_until_the_backoff_ends() -> None:
-    log = Log(_backoff_scenario("kai-es/v3"))
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_a_victim_whose_eviction_was_refused_is_not_chosen_again_until_the_backoff_ends(engine: str) -> None:
+    log = Log(_backoff_scenario("kai-es/v3"), engine)
     start = log.t
     first = _evicted(log.cycle(1, start))
     assert sorted(d.data.name for d in first) == ["t-2", "t-3"]
@@ -173,8 +175,9 @@ def test_a_victim_whose_eviction_was_refused_is_not_chosen_again_until_the_backo
     assert sorted(d.data.name for d in later) == ["t-2", "t-3"]
 
 
-def test_under_v2_a_refused_eviction_is_retried_at_once_and_not_recorded() -> None:
-    log = Log(_backoff_scenario("kai-es/v2"))
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_under_v2_a_refused_eviction_is_retried_at_once_and_not_recorded(engine: str) -> None:
+    log = Log(_backoff_scenario("kai-es/v2"), engine)
     start = log.t
     first = _evicted(log.cycle(1, start))
     log.refuse(first, start + 2 * SEC)
