@@ -36,13 +36,15 @@ SCENARIOS = Path(__file__).parent / "scenarios"
 SEC = 1_000_000_000
 
 
-def test_v3_runs_allocate_reclaim_preempt_by_default_and_v2_keeps_allocate() -> None:
+V3_DEFAULT = ["allocate", "reclaim", "preempt", "stalegangeviction"]  # KAI's order, consolidation aside
+
+
+def test_v3_runs_every_action_it_has_by_default_and_v2_keeps_allocate() -> None:
     assert parse_config({}).policy_version == "kai-es/v3"
-    assert parse_config({}).action_list == ["allocate", "reclaim", "preempt"]
+    assert parse_config({}).action_list == V3_DEFAULT
     assert parse_config({"policyVersion": "kai-es/v2"}).action_list == ["allocate"]
     # a config listing no actions and one listing the defaults are the same configuration
-    assert config_digest(parse_config({})) == config_digest(parse_config(
-        {"actions": ["allocate", "reclaim", "preempt"]}))
+    assert config_digest(parse_config({})) == config_digest(parse_config({"actions": V3_DEFAULT}))
 
 
 def test_under_v2_the_search_is_not_bounded() -> None:
@@ -202,7 +204,7 @@ def test_the_victim_index_follows_a_priority_change_of_a_running_job() -> None:
 
 
 def test_config_default_is_the_v3_default_config() -> None:
-    assert SchedulerConfig().action_list == ["allocate", "reclaim", "preempt"]
+    assert SchedulerConfig().action_list == V3_DEFAULT
 
 
 # -- reclaim's side walk agrees with the pairwise rules -------------------------------------------

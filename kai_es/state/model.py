@@ -101,7 +101,7 @@ class PodState:
     #: scheduler does not pick the pod; cleared when the pod is observed changed or recreated
     bind_final_message: str = ""
     #: logical time of the last eviction of this pod the binder reported refused
-    #: (PodEvictionFailed); 0: none (recorded under policy kai-es/v3 and later)
+    #: (PodEvictionFailed); 0: none (kept only when `ClusterState.timed`: kai-es/v3 and later)
     eviction_refused_ns: int = 0
     started_ns: int = 0
     last_unschedulable: str = ""

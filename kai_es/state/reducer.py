@@ -1114,14 +1114,9 @@ def _pod_eviction_failed(state: ClusterState, env: Envelope) -> None:
         state.ignored_events += 1
         return
     _set_status(state, pod, "Running")
-    if state.config.get("policyVersion") not in _NO_EVICTION_BACKOFF:
+    if state.timed:  # kai-es/v3 on: for the victim search's back-off (v1/v2 digests unchanged)
         pod.eviction_refused_ns = env.logicaltime
         state.stale_pods.add(pod.key)
-
-
-#: policy versions whose logs never recorded when an eviction was refused (their state digests
-#: must not change): the time is kept from kai-es/v3 on, for the victim search's back-off
-_NO_EVICTION_BACKOFF: Final = frozenset({"kai-es/v1", "kai-es/v2"})
 
 
 HANDLERS: Final[dict[type[p.Payload], Handler]] = {
