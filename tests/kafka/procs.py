@@ -28,12 +28,15 @@ __all__ = ["ROOT", "Proc"]
 def workload_scenario(path: Path, *, pods: int, nodes: int = 8, gpus: int = 8,
                       spread_s: int = 1200, run_for_s: int = 120) -> Path:
     """`pods` one-GPU pods in two queues, submitted over `spread_s` simulated seconds, each
-    running `run_for_s`; `nodes` x `gpus` GPUs. A few pods ask for 2 GPUs or half a GPU."""
+    running `run_for_s`; `nodes` x `gpus` GPUs. A few pods ask for 2 GPUs or half a GPU.
+    The scheduler runs allocate alone: the fault tests count exactly `pods` pods, and reclaim
+    (on by default from kai-es/v3) evicts some when the two queues contend, and the simulated
+    cluster recreates them as new pods."""
     docs = [f"""apiVersion: kai-es.io/v1alpha1
 kind: Scenario
 metadata: {{name: {path.stem}}}
 spec:
-  scheduler: {{stateDigestEvery: 1}}
+  scheduler: {{stateDigestEvery: 1, actions: [allocate]}}
 """]
     for n in range(nodes):
         docs.append(f"""apiVersion: v1
