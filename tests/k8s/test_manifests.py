@@ -1,4 +1,5 @@
-"""KAI-style manifests applied to a real apiserver end up bound exactly as `kai-es cycle`
+"""KAI-style manifests (queues, a gang, fractional-GPU pods, a batch/v1 Job owner) applied to a
+real apiserver end up bound exactly as `kai-es cycle`
 predicts for the same file: `kai-es informer`, `kai-es scheduler` and `kai-es binder` run as
 processes over a file log, on a control plane of the test's own (no other test's nodes, queues
 or pods can change a fair share or a placement).
@@ -20,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kai_es.adapters.file_log import FileEventLog
+from kai_es.events import payloads as p
 from kai_es.ingest.quantity import parse_quantity
 from kai_es.adapters.kubernetes.source import RESERVATION_NAMESPACE
 from tests.k8s.conftest import started_control_plane
@@ -54,6 +57,22 @@ def apply(cp: Any, doc: dict[str, Any]) -> None:
     elif kind == "Pod":
         ns = meta.get("namespace", "default")
         cp.call("POST", f"/api/v1/namespaces/{ns}/pods", doc, ok=(201,))
+    elif kind == "Job":
+        # no job controller runs here: create the Job, then its pods as the controller would
+        # (named <job>-<i> as the scenario expands them, owned by the Job, from its template)
+        ns = meta.get("namespace", "default")
+        job = cp.call("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", doc, ok=(201,))
+        template = doc["spec"]["template"]
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                 "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+        for i in range(int(doc["spec"].get("parallelism", 1))):
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": f"{meta['name']}-{i}", "namespace": ns,
+                                "labels": {**(template.get("metadata") or {}).get("labels", {}),
+                                           "job-name": meta["name"]},
+                                "ownerReferences": [owner]},
+                   "spec": template["spec"]}
+            cp.call("POST", f"/api/v1/namespaces/{ns}/pods", pod, ok=(201,))
     else:
         raise AssertionError(f"the test does not apply {kind}")
 
@@ -116,6 +135,13 @@ def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) ->
                     for c in p["spec"]["containers"])
         capacity = own_cp.call("GET", f"/api/v1/nodes/{node}")["status"]["capacity"]["nvidia.com/gpu"]
         assert asked <= parse_quantity(capacity)
+    # the Job's pods were grouped from their owner, as KAI's podgrouper groups them
+    job_uid = own_cp.call("GET", "/apis/batch/v1/namespaces/default/jobs/finetune")["metadata"]["uid"]
+    records = FileEventLog(log, readonly=True).scan()
+    groups = {(r.envelope.data.name, r.envelope.data.min_member, r.envelope.data.queue,
+               r.envelope.data.priority_class) for r in records
+              if isinstance(r.envelope.data, p.PodGroupObserved) and r.envelope.data.name.startswith("pg-finetune")}
+    assert groups == {(f"pg-finetune-{job_uid}", 2, "team-b", "train")}
     run = subprocess.run([sys.executable, "-m", "kai_es", "replay", str(log)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
