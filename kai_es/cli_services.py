@@ -135,10 +135,19 @@ def informer(log_url: str, kubeconfig: str | None, verbose: bool) -> None:
 @click.option("--poll", default="50ms", show_default=True, help="Real time between log polls.")
 @click.option("--stats", "stats_file", default=None, type=click.Path(dir_okay=False),
               help="With --scenario: append bind counters (JSON lines) to this file.")
+@click.option("--scheduled-events", is_flag=True,
+              help="Also write a Scheduled Event per bound pod (one more API write per pod).")
+@click.option("--reservation-image", default=None,
+              help="Image of the GPU reservation pods (on a real GPU cluster: one that reports "
+                   "its device index, as KAI's resource-reservation image does).")
+@click.option("--device-index-wait", default=None,
+              help="How long to wait for a reservation pod to report its device index (e.g. 30s; "
+                   "default: publish kai-es's own device index at once).")
 @verbose_option
 @friendly
 def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time_scale: float,
-           poll: str, stats_file: str | None, verbose: bool) -> None:
+           poll: str, stats_file: str | None, scheduled_events: bool, reservation_image: str | None,
+           device_index_wait: str | None, verbose: bool) -> None:
     """Run the binder: perform the log's bind and evict decisions through the Kubernetes API
     and append their outcomes (progress kept beside the log, so a restart resumes). With
     --scenario, the simulated cluster instead (rebuilt from the log on restart).
@@ -154,6 +163,10 @@ def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time
         raise UserError("--stats counts the simulated cluster's binds: it needs --scenario")
     if scenario_file is None and time_scale != 1.0:
         raise UserError("--time-scale applies to a simulated cluster: it needs --scenario")
+    if scenario_file is not None and (scheduled_events or reservation_image or device_index_wait):
+        raise UserError("--scheduled-events, --reservation-image and --device-index-wait apply to "
+                        "Kubernetes: they exclude --scenario")
+    wait_s = _seconds("--device-index-wait", device_index_wait) if device_index_wait else None
 
     async def body() -> None:
         if scenario_file is not None:
@@ -161,7 +174,9 @@ def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time
             await run_sim_cluster(log_url, scenario, time_scale=scale, poll_s=poll_s,
                                   stats_path=stats_file, on_ready=_ready)
         else:
-            await run_binder(log_url, kubeconfig, poll_s=poll_s, on_ready=_ready)
+            await run_binder(log_url, kubeconfig, poll_s=poll_s, scheduled_events=scheduled_events,
+                             reservation_image=reservation_image, wait_for_device_index_s=wait_s,
+                             on_ready=_ready)
 
     _run(body)
 

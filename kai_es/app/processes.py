@@ -247,6 +247,8 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
 
 async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_TXN_ID,
                      poll_s: float = 0.05, concurrency: int = KUBE_BINDER_CONCURRENCY,
+                     scheduled_events: bool = False, reservation_image: str | None = None,
+                     wait_for_device_index_s: float | None = None,
                      on_ready: Ready | None = None) -> None:
     """`kai-es binder --kubeconfig`: perform the log's decisions through the Kubernetes API
     (`KubernetesActuator`, shared GPUs prepared by `GpuSharing`), append their outcomes, keep
@@ -263,13 +265,14 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
     async def body(events: EventLog, store: BlobStore | None) -> None:
         clock.observe(await last_logicaltime(events))
         async with await api_client(kubeconfig) as api:
-            sharing = GpuSharing(api)
+            sharing = (GpuSharing(api, image=reservation_image, wait_for_index_s=wait_for_device_index_s)
+                       if reservation_image else GpuSharing(api, wait_for_index_s=wait_for_device_index_s))
+            # Scheduled Events are off by default: one more API write per bound pod took the
+            # 4,000-pod e2e bench from 1.18x to 1.66x the control plane's floor
             binder = BinderService(events, KubernetesActuator(api, gpu_sharing=sharing), clock,
                                    concurrency=concurrency, progress=store,
-                                   # no Scheduled Event per bound pod: one more API write per pod
-                                   # took the 4,000-pod e2e bench from 1.18x to 1.66x the floor
                                    followers=[ReservationKeeper(sharing),
-                                              StatusWriter(api, scheduled_events=False)])
+                                              StatusWriter(api, scheduled_events=scheduled_events)])
             t = time.monotonic()
             await binder.restore()
             await binder.poll()

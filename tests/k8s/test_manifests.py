@@ -90,7 +90,7 @@ def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) ->
     kube = ["--kubeconfig", str(own_cp.kubeconfig)]
     procs = [Proc("informer", ["informer", "--log", str(log), *kube], tmp_path),
              Proc("scheduler", ["scheduler", "--log", str(log), "--period", "100ms"], tmp_path),
-             Proc("binder", ["binder", "--log", str(log), *kube], tmp_path)]
+             Proc("binder", ["binder", "--log", str(log), *kube, "--scheduled-events"], tmp_path)]
     try:
         for proc in procs:
             proc.start()
@@ -113,6 +113,7 @@ def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) ->
     reserved = {k: p for k, p in pods.items() if k.startswith(f"{RESERVATION_NAMESPACE}/")}
     got = {key: pod["spec"].get("nodeName") for key, pod in pods.items() if key not in reserved}
     want = {key: s["node"] for key, s in predicted.items()}
+    want_nodes = dict(want)
     assert got.keys() == want.keys()
     # identical members of one gang are interchangeable: which of them goes first is decided by
     # uid, and the apiserver's uids are random; so a gang is compared as the nodes it got
@@ -135,6 +136,10 @@ def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) ->
                     for c in p["spec"]["containers"])
         capacity = own_cp.call("GET", f"/api/v1/nodes/{node}")["status"]["capacity"]["nvidia.com/gpu"]
         assert asked <= parse_quantity(capacity)
+    # --scheduled-events: a Scheduled Event for every bound pod
+    scheduled = {e["involvedObject"]["name"] for e in own_cp.call("GET", "/api/v1/namespaces/default/events")["items"]
+                 if e.get("reason") == "Scheduled"}
+    assert scheduled == {key.split("/", 1)[1] for key, node in want_nodes.items() if node}
     # the Job's pods were grouped from their owner, as KAI's podgrouper groups them
     job_uid = own_cp.call("GET", "/apis/batch/v1/namespaces/default/jobs/finetune")["metadata"]["uid"]
     records = FileEventLog(log, readonly=True).scan()
