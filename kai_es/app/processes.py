@@ -56,7 +56,10 @@ from kai_es.services.binder import BinderService
 from kai_es.services.informer import SOURCE as INFORMER_SOURCE
 from kai_es.services.informer import InformerService
 from kai_es.services.scheduler import SchedulerService
+from kai_es.services.snapshotting import restore_validated
 from kai_es.sim.cluster import SimCluster
+from kai_es.state import ClusterState
+from kai_es.state.reducer import apply
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +248,28 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
     await _serve("informer", url, writer, body)
 
 
+async def _state_before(url: str, events: EventLog, position: int) -> ClusterState | None:
+    """A whole state for a follower that will read the log from `position`: the scheduler's
+    newest valid snapshot, plus the records between it and `position` when it is older (a newer
+    one already holds the first records the follower reads: it skips them); None when there is
+    no valid snapshot."""
+    store = snapshot_store(url, events)
+    if store is None:
+        return None
+    try:
+        state = await restore_validated(store, events)
+    finally:
+        await store.close()
+    if state is None or state.position >= position - 1:
+        return state
+    with bulk_fold():
+        async for record in events.read(state.position + 1):
+            if record.position >= position:
+                break
+            apply(state, record)
+    return state
+
+
 async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_TXN_ID,
                      poll_s: float = 0.05, concurrency: int = KUBE_BINDER_CONCURRENCY,
                      scheduled_events: bool = False, reservation_image: str | None = None,
@@ -270,11 +295,16 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
             # Scheduled Events are off by default: one more API write per bound pod took the
             # 4,000-pod e2e bench from 1.18x to 1.66x the control plane's floor
             binder = BinderService(events, KubernetesActuator(api, gpu_sharing=sharing), clock,
-                                   concurrency=concurrency, progress=store,
-                                   followers=[ReservationKeeper(sharing),
-                                              StatusWriter(api, scheduled_events=scheduled_events)])
+                                   concurrency=concurrency, progress=store)
             t = time.monotonic()
             await binder.restore()
+            # Queue status needs the whole state: a binder resumed from its saved progress starts
+            # its status writer from the scheduler's newest valid snapshot and the records up to
+            # the resume point (without one, Queue status waits for a binder that reads from 0)
+            initial = (await _state_before(url, events, binder.resumed_from)
+                       if binder.resumed_from is not None else None)
+            binder.followers = (ReservationKeeper(sharing),
+                                StatusWriter(api, scheduled_events=scheduled_events, initial=initial))
             await binder.poll()
             if on_ready is not None:
                 start = (f"saved progress, from position {binder.resumed_from}"

@@ -73,7 +73,7 @@ async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfi
     kube = ["--kubeconfig", str(scheduler_kubeconfig)]
     informer = _proc("informer", ["informer", "--log", log, *kube], tmp_path)
     scheduler = _proc("scheduler", ["scheduler", "--log", log, "--period", "100ms",
-                                    "--snapshot-every", "5"], tmp_path)
+                                    "--snapshot-every", "1"], tmp_path)
     binder = _proc("binder", ["binder", "--log", log, *kube], tmp_path)
     procs += [informer, scheduler, binder]
 
@@ -129,6 +129,16 @@ async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfi
         await wait_for(all_running, "pods created while the scheduler was down Running", timeout_s=60)
 
         final = {pod["metadata"]["name"]: pod for pod in await _pods(api, ns)}
+
+        # the restarted binder resumed from its progress, yet keeps the Queue status current: its
+        # status writer starts from the scheduler's snapshot and the records up to the resume point
+        async def queue_status_current() -> bool:
+            got = await client.CustomObjectsApi(api).get_cluster_custom_object(
+                "scheduling.run.ai", "v2", "queues", qname)
+            return ((got.get("status") or {}).get("allocated") or {}).get("gpu") == f"{used_gpus}000m"
+
+        used_gpus = 6 + 8 + 4 + 6 + 4 + 4
+        await wait_for(queue_status_current, "the queue's status counting every bound GPU", timeout_s=30)
     for proc in procs:
         proc.kill9()
 
@@ -139,7 +149,7 @@ async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfi
         assert pod["spec"]["nodeName"] in nodes, (name, pod["spec"].get("nodeName"))
         used[pod["spec"]["nodeName"]] += int(pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"])
     assert all(n <= GPUS_PER_NODE for n in used.values()), used
-    assert sum(used.values()) == 6 + 8 + 4 + 6 + 4 + 4
+    assert sum(used.values()) == used_gpus
 
     # the log: one outcome per decision, no pod bound twice, the binder resumed from its progress
     records = await _records(log)

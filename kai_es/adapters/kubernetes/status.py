@@ -30,8 +30,10 @@ Contract:
 - Binding comes first: one flush sends at most `max_writes` writes, `concurrency` at a time; the
   rest wait for the next flush (after the binder's next batch).
 - Queue status needs the whole fold: it is written only when this writer saw the log from its
-  first record (position 0) or was given an `initial` state; a binder resumed from saved
-  progress logs once that queue status is off.
+  first record (position 0) or was given an `initial` state (records at or before the initial
+  state's position are not folded again). `kai-es binder` resumed from saved progress passes the
+  scheduler's newest valid snapshot (folded up to its resume point); without one it logs once
+  that queue status is off.
 """
 
 from __future__ import annotations
@@ -118,8 +120,8 @@ class StatusWriter:
             if not self._complete and self.queue_status:
                 log.info("status: the log is read from position %d, not its start: Queue status is not "
                          "written by this process", record.position)
-        if self.queue_status and self._complete:
-            apply(self.state, record)
+        if self.queue_status and self._complete and record.position > self.state.position:
+            apply(self.state, record)  # an `initial` state may already hold the first records read
         when = rfc3339(env.logicaltime)
         if isinstance(data, p.PodUnschedulable):
             self._unschedulable(env.id, data, when)
