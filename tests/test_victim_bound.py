@@ -36,7 +36,7 @@ SCENARIOS = Path(__file__).parent / "scenarios"
 SEC = 1_000_000_000
 
 
-V3_DEFAULT = ["allocate", "reclaim", "preempt"]  # KAI's order; consolidation and stalegangeviction aside
+V3_DEFAULT = ["allocate", "reclaim", "preempt", "stalegangeviction"]  # KAI's order; consolidation aside
 
 
 def test_v3_runs_every_action_it_has_by_default_and_v2_keeps_allocate() -> None:

@@ -25,9 +25,8 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   when the config turns it on. Its states keep job times and usage (`kai_es.state.usage`).
   Allocate no longer fails a queue's hopeless head jobs in one batch (v1/v2 do, which can let
   another queue go first out of KAI's order): each is tried through the queue order.
-  A config that lists no actions runs allocate, reclaim and preempt (KAI's order:
-  consolidation, between allocate and reclaim, is not implemented yet; stalegangeviction, after
-  preempt, is opt-in until its per-cycle scan of every job is bounded). The victim search
+  A config that lists no actions runs allocate, reclaim, preempt and stalegangeviction (KAI's
+  order: consolidation, between allocate and reclaim, is not implemented yet). The victim search
   is bounded per node (only nodes where evicting every eligible victim could make room for the
   preemptor are searched; a preemptor with none is rejected at once, with the reason
   VictimsCannotMakeRoom), victims are judged against the accounting at the start of each
@@ -132,9 +131,9 @@ POLICIES["kai-es/v3"] = Policy(
         "stalegangeviction": stalegangeviction,
     },
     frozenset({"allocate", "reclaim", "preempt", "stalegangeviction"}),
-    # stalegangeviction is KAI's last default action, opt-in here until its cost is bounded: it
-    # sorts and scans every job each cycle (~28 ms at KAI's largest shape, bench_steady_cycle)
-    default_actions=("allocate", "reclaim", "preempt"),
+    # KAI's default order (consolidation is not implemented yet); stalegangeviction looks only
+    # at the reducer's index of gangs below their minimum (`ClusterState.gangs_below_minimum`)
+    default_actions=("allocate", "reclaim", "preempt", "stalegangeviction"),
     gpu_share_unit=1000,
     kai_queue_order=True,
     spread_implies_gpuspread=True,

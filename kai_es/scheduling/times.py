@@ -117,7 +117,7 @@ def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
     out: set[int] = set()
     actions = set(config.action_list)
     if "stalegangeviction" in actions:
-        for key in sorted(state.jobs):
+        for key in sorted(state.gangs_below_minimum):
             deadline = stale_deadline_ns(state, config, state.jobs[key])
             if deadline is not None:
                 out.add(deadline)

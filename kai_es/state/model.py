@@ -220,6 +220,10 @@ class ClusterState:
     #: is deleted when it empties). Kept by the reducer wherever `Job.occupying`, `queue`,
     #: `preemptible` or `priority` changes; rebuilt by `restore`, never snapshotted.
     victim_jobs: dict[str, dict[int, set[str]]] = field(default_factory=dict)
+    #: the jobs with `stale_since_ns` set (KAI's stale gangs, timed states only), so the stale
+    #: gang rules look at those and not at every job. Kept by `track_stale` and job removal;
+    #: rebuilt by `restore`, never snapshotted.
+    gangs_below_minimum: set[str] = field(default_factory=set)
     #: change tracking for caches derived from node usage (not part of the snapshot or digest):
     #: nodes whose usage changed since a cache last looked, and a counter bumped whenever the
     #: set of nodes or a node's spec changes.

@@ -313,9 +313,11 @@ def track_stale(state: ClusterState, job: Job) -> None:
     if stale and not job.stale_since_ns:
         job.stale_since_ns = state.event_ns
         state.stale_jobs.add(job.key)
+        state.gangs_below_minimum.add(job.key)
     elif not stale and job.stale_since_ns:
         job.stale_since_ns = 0
         state.stale_jobs.add(job.key)
+        state.gangs_below_minimum.discard(job.key)
 
 
 #: policy versions (in the config in force) whose states keep no job times or usage: logs
@@ -733,6 +735,7 @@ def _refresh_or_drop_job(state: ClusterState, job: Job) -> None:
         _reindex_job(state, job)
         del state.jobs[job.key]
         state.stale_jobs.add(job.key)
+        state.gangs_below_minimum.discard(job.key)
     else:
         _refresh_job(state, job)
 

@@ -288,6 +288,8 @@ def restore(snap: Snapshot) -> ClusterState:
         if isinstance(j, TimedJobSnap):
             job = st.jobs[j.key]
             job.last_evicted_ns, job.stale_since_ns, job.succeeded = j.last_evicted_ns, j.stale_since_ns, j.succeeded
+            if job.stale_since_ns:
+                st.gangs_below_minimum.add(j.key)
     for ps in snap.pods:
         pod = PodState(key=r.pod_key(ps.spec.namespace, ps.spec.name), spec=ps.spec,
                        job_key=ps.job_key, decision_id=ps.decision_id,

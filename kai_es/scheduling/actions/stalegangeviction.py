@@ -29,10 +29,8 @@ class StaleGangEviction:
             return AllocateResult()
         plan, now = session.plan, session.now_ns
         jobs = state.jobs
-        for key in sorted(jobs):
+        for key in sorted(state.gangs_below_minimum):  # the jobs with stale_since_ns set
             job = jobs[key]
-            if not job.stale_since_ns:
-                continue
             deadline = times.stale_deadline_ns(state, config, job)
             if deadline is None or now < deadline:
                 continue
