@@ -139,3 +139,25 @@ async def create_queue(api: client.ApiClient, name: str) -> None:
     status, out = await raw(await client.CustomObjectsApi(api).create_cluster_custom_object(
         "scheduling.run.ai", "v2", "queues", queue(name), _preload_content=False))
     assert status == 201, out
+
+
+async def disruption_budget(api: client.ApiClient, namespace: str, labels: Mapping[str, str],
+                            name: str = "guard") -> None:
+    """A PodDisruptionBudget (minAvailable 1) over the pods with `labels`, waited for in the
+    apiserver's watch cache, where the eviction handler reads it. No controller-manager runs
+    here, so its status never allows a disruption: every eviction it covers is refused (429)."""
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+           "metadata": {"name": name, "namespace": namespace},
+           "spec": {"minAvailable": 1, "selector": {"matchLabels": dict(labels)}}}
+    policy = client.PolicyV1Api(api)
+    status, out = await raw(await policy.create_namespaced_pod_disruption_budget(
+        namespace, pdb, _preload_content=False))
+    assert status == 201, out
+
+    async def cached() -> bool:
+        status, got = await raw(await policy.list_namespaced_pod_disruption_budget(
+            namespace, resource_version="0", _preload_content=False))
+        return status == 200 and any(i["metadata"]["name"] == name for i in got["items"])
+
+    await wait_for(cached, "the PodDisruptionBudget in the watch cache")
+

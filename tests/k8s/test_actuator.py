@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import time
 
-from kubernetes_asyncio import client
 
 from kai_es.adapters.kubernetes.actuator import KubernetesActuator
 from tests.k8s.conftest import K8s, cp_mod
-from tests.k8s.helpers import create_pod, get_pod, gpu_pod, raw, wait_for, wait_pod_phase
+from tests.k8s.helpers import create_pod, disruption_budget, get_pod, gpu_pod, wait_for, wait_pod_phase
 
 
 async def test_bind_runs_the_pod_and_a_repeated_bind_is_already_done(k8s: K8s) -> None:
@@ -77,19 +76,7 @@ async def test_evict_refused_by_a_disruption_budget_is_a_failure(k8s: K8s) -> No
         pod = await create_pod(api, gpu_pod("guarded", ns, labels={"app": "guarded"}))
         act = KubernetesActuator(api)
         assert (await act.bind(ns, "guarded", pod["metadata"]["uid"], node, [], [])).ok
-        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-               "metadata": {"name": "guard", "namespace": ns},
-               "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}
-        status, out = await raw(await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
-            ns, pdb, _preload_content=False))
-        assert status == 201, out
-
-        async def cached() -> bool:  # the eviction handler reads PDBs from the watch cache
-            status, got = await raw(await client.PolicyV1Api(api).list_namespaced_pod_disruption_budget(
-                ns, resource_version="0", _preload_content=False))
-            return status == 200 and any(i["metadata"]["name"] == "guard" for i in got["items"])
-
-        await wait_for(cached, "the PodDisruptionBudget in the watch cache")
+        await disruption_budget(api, ns, {"app": "guarded"})
         refused = await act.evict(ns, "guarded", pod["metadata"]["uid"])
         assert not refused.ok and "disruption budget" in refused.message.lower(), refused
         assert refused.retryable  # a budget may allow it later: the binder retries, then reports

@@ -22,7 +22,7 @@ from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.packing import load_packer
 from kai_es.services.binder import MAX_BIND_FAILURES
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import services_running, binding, create_pod, get_pod, gpu_pod, queue, raw, wait_for
+from tests.k8s.helpers import binding, create_pod, disruption_budget, get_pod, gpu_pod, queue, raw, services_running, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -134,12 +134,7 @@ async def test_an_eviction_a_disruption_budget_refuses_is_reported_not_recorded_
         victim = gpu_pod("victim", ns, gpus=8, queue=qname, labels={**pool, "app": "guarded"})
         victim["spec"]["priorityClassName"] = low
         await create_pod(api, victim)
-        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-               "metadata": {"name": "guard", "namespace": ns},
-               "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}
-        status, out = await raw(await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
-            ns, pdb, _preload_content=False))
-        assert status == 201, out
+        await disruption_budget(api, ns, {"app": "guarded"})
 
         async def victim_running() -> bool:
             status, pod = await get_pod(api, ns, "victim")
