@@ -141,6 +141,17 @@ class SummaryObserver:
         raise AssertionError("the summary observer did not finish")
 
 
+def _accrue(s: Summary, dt: int, capacity: int, alloc: dict[str, int], fair_error: int,
+            stranded: int) -> None:
+    """Add `dt` ns of the current capacity, allocation, fair-share error and stranded GPUs."""
+    s.gpu_capacity_milli_ns += capacity * dt
+    for q, milli in alloc.items():
+        s.gpu_allocated_milli_ns += milli * dt
+        s.queues[q].gpu_milli_ns += milli * dt
+    s.fair_error_milli_ns += fair_error * dt
+    s.stranded_milli_ns += stranded * dt
+
+
 def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Record | None, Summary]:
     s = Summary()
     first_seen: dict[str, int] = {}
@@ -161,13 +172,7 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
         if last_t is None:
             s.start_ns = last_t = t
         if t > last_t:
-            dt = t - last_t
-            s.gpu_capacity_milli_ns += capacity * dt
-            for q, milli in alloc.items():
-                s.gpu_allocated_milli_ns += milli * dt
-                s.queues[q].gpu_milli_ns += milli * dt
-            s.fair_error_milli_ns += _fair_error(alloc, fair, leaves) * dt
-            s.stranded_milli_ns += stranded * dt
+            _accrue(s, t - last_t, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
             last_t = t
         data = env.data
         if isinstance(data, p.CycleStarted):
@@ -226,13 +231,7 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
                     alloc[name] = milli
     end_ns = end[0]
     if last_t is not None and end_ns is not None and end_ns > last_t:
-        dt = end_ns - last_t
-        s.gpu_capacity_milli_ns += capacity * dt
-        for q, milli in alloc.items():
-            s.gpu_allocated_milli_ns += milli * dt
-            s.queues[q].gpu_milli_ns += milli * dt
-        s.fair_error_milli_ns += _fair_error(alloc, fair, leaves) * dt
-        s.stranded_milli_ns += stranded * dt
+        _accrue(s, end_ns - last_t, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
         last_t = end_ns
     s.end_ns = last_t or 0
     for key in sorted(state.pods):

@@ -40,16 +40,24 @@ AFFINITY = [p.NodeSelectorTerm(match_expressions=[p.NodeSelectorRequirement(
     key="nvidia.com/gpu.product", operator="In", values=["H100"])])]
 
 
-def build(nodes: int, pods: int, affinity: bool = False) -> tuple[ClusterState, int]:
-    state = ClusterState()
-    pos = 0
+class Folder:
+    """A fresh state and the payloads folded into it, one synthetic envelope each (logical time
+    START + its position). Shared by the benchmarks that build a state by hand."""
 
-    def add(payload: p.Payload) -> None:
-        nonlocal pos
-        env = make_envelope(payload, event_id=derived_id("bench", pos), source="bench", subject="s",
-                            logicaltime=START + pos)
-        apply(state, Record(pos, env))
-        pos += 1
+    def __init__(self) -> None:
+        self.state = ClusterState()
+        self.pos = 0
+
+    def add(self, payload: p.Payload) -> None:
+        env = make_envelope(payload, event_id=derived_id("bench", self.pos), source="bench", subject="s",
+                            logicaltime=START + self.pos)
+        apply(self.state, Record(self.pos, env))
+        self.pos += 1
+
+
+def build(nodes: int, pods: int, affinity: bool = False) -> tuple[ClusterState, int]:
+    folder = Folder()
+    add = folder.add
 
     for i in range(nodes):
         name = f"node-{i:05d}"
@@ -76,7 +84,7 @@ def build(nodes: int, pods: int, affinity: bool = False) -> tuple[ClusterState, 
                           podgroup=f"pg-{i}", implicit_podgroup=True,
                           requests=p.PodResources(milli_cpu=4000, memory_bytes=2**34), gpu=p.GpuRequest(whole=1),
                           created_ns=START + i, **extra))  # type: ignore[arg-type]
-    return state, pos
+    return folder.state, folder.pos
 
 
 def main() -> None:

@@ -23,26 +23,18 @@ sys.path.insert(0, str(ROOT))
 
 from kai_es.events import Record  # noqa: E402
 from kai_es.events import payloads as p  # noqa: E402
-from kai_es.events.factory import derived_id, make_envelope  # noqa: E402
+from kai_es.events.factory import make_envelope  # noqa: E402
 from kai_es.scheduling.config import SchedulerConfig, config_digest  # noqa: E402
 from kai_es.scheduling.cycle import run_cycle  # noqa: E402
 from kai_es.scheduling.packing import load_packer  # noqa: E402
 from kai_es.state import ClusterState  # noqa: E402
 from kai_es.state.reducer import apply  # noqa: E402
-
-START = 1_767_225_600_000_000_000
+from bench_cycle import START, Folder  # noqa: E402  (this directory is on the path)
 
 
 def build(nodes: int, running: int, pending_jobs: int, pods_per_job: int, gpus_per_pod: int) -> tuple[ClusterState, int]:
-    state = ClusterState()
-    pos = 0
-
-    def add(payload: p.Payload) -> None:
-        nonlocal pos
-        env = make_envelope(payload, event_id=derived_id("bench", pos), source="bench", subject="s",
-                            logicaltime=START + pos)
-        apply(state, Record(pos, env))
-        pos += 1
+    folder = Folder()
+    add = folder.add
 
     for i in range(nodes):
         add(p.NodeObserved(name=f"node-{i:05d}", milli_cpu=256_000, memory_bytes=2**41, gpus=8))
@@ -65,7 +57,7 @@ def build(nodes: int, running: int, pending_jobs: int, pods_per_job: int, gpus_p
                               gpu=p.GpuRequest(whole=gpus_per_pod),
                               requests=p.PodResources(milli_cpu=1000, memory_bytes=2**30),
                               created_ns=START + running + j))
-    return state, pos
+    return folder.state, folder.pos
 
 
 def run(label: str, state: ClusterState, pos: int, policy: str | None = None) -> None:
