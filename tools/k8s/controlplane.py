@@ -40,7 +40,6 @@ Certificates use the ``cryptography`` package (a test dependency) when it is imp
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -51,18 +50,19 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the helpers both tools share
+from toolproc import free_port, pdeathsig_preexec, stop_signals_as_keyboard_interrupt, tail  # noqa: E402
 
 KUBE_VERSION = "v1.36.5"
 #: The published staging modules carry the same minor as kubernetes, with major 0.
@@ -192,7 +192,7 @@ class _Builder:
         if res.returncode != 0:
             raise FetchError(
                 f"`{' '.join(args)}` exited {res.returncode} in {cwd}; "
-                f"last lines of {self.log_path}:\n{_tail(self.log_path, 40)}"
+                f"last lines of {self.log_path}:\n{tail(self.log_path, 40)}"
             )
         return res.stdout
 
@@ -354,47 +354,6 @@ def is_fetched() -> bool:
 
 # --------------------------------------------------------------------------------------------
 # Helpers
-
-
-def _tail(path: Path, lines: int = 60, start: int = 0) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(start, size - 256 * 1024))
-            data = f.read()
-    except OSError as e:
-        return f"<no log: {e}>"
-    text = data.decode("utf-8", "replace").splitlines()
-    return "\n".join(text[-lines:]) if text else "<log is empty>"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child receive SIGKILL when the thread that started it dies
-    (Linux PR_SET_PDEATHSIG), so a crashed test run does not leak servers holding ports. SIGKILL,
-    not SIGTERM: a SIGTERMed apiserver whose etcd dies at the same moment was seen to hang for
-    minutes, and nothing here needs a graceful stop. Only armed from the main thread: the
-    signal fires when the forking *thread* exits."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    sig = int(signal.SIGKILL)
-
-    def preexec() -> None:
-        prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-
-    return preexec
 
 
 def _child_env() -> dict[str, str]:
@@ -592,7 +551,9 @@ class _Proc:
         self.proc = subprocess.Popen(
             list(cmd), stdin=subprocess.DEVNULL, stdout=self._log_fh, stderr=subprocess.STDOUT,
             cwd=cwd, env=_child_env(), start_new_session=True,
-            preexec_fn=_pdeathsig_preexec() if self.die_with_parent else None,
+            # SIGKILL, not SIGTERM: a SIGTERMed apiserver whose etcd dies at the same moment was
+            # seen to hang for minutes, and nothing here needs a graceful stop
+            preexec_fn=pdeathsig_preexec(signal.SIGKILL) if self.die_with_parent else None,
         )  # fmt: skip
 
     def running(self) -> bool:
@@ -612,7 +573,7 @@ class _Proc:
         if self.proc is not None and self.proc.poll() is not None:
             raise StartError(
                 f"{self.name} exited with code {self.proc.returncode}; log tail "
-                f"({self.log_path}):\n{_tail(self.log_path, start=self.log_start)}"
+                f"({self.log_path}):\n{tail(self.log_path, start=self.log_start)}"
             )
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
@@ -635,7 +596,7 @@ class _Proc:
         return rc
 
     def tail(self, lines: int = 60) -> str:
-        return _tail(self.log_path, lines, start=self.log_start)
+        return tail(self.log_path, lines, start=self.log_start)
 
 
 DATA_DIR_PREFIX = "kai-es-k8s-"
@@ -890,7 +851,7 @@ class ControlPlane:
 
     def log_tails(self, lines: int = 30) -> str:
         return "\n".join(
-            f"--- {p.name} ({p.log_path}):\n{_tail(p.log_path, lines)}"
+            f"--- {p.name} ({p.log_path}):\n{tail(p.log_path, lines)}"
             for p in (self.etcd, self.apiserver, self.kwok)
         )
 
@@ -1017,22 +978,9 @@ class ControlPlane:
 # CLI
 
 
-@contextlib.contextmanager
-def _stop_signals_as_keyboard_interrupt() -> Iterator[None]:
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port)
-    with _stop_signals_as_keyboard_interrupt():
+    with stop_signals_as_keyboard_interrupt():
         try:
             try:
                 cp.start(timeout_s=args.timeout)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import fcntl
 import hashlib
 import os
@@ -36,11 +35,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Callable, Iterator, Mapping
+from typing import IO, Mapping
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the helpers both tools share
+from toolproc import free_port, pdeathsig_preexec, stop_signals_as_keyboard_interrupt, tail  # noqa: E402
 
 TOOLS_DIR = Path(__file__).resolve().parent
 POM = TOOLS_DIR / "pom.xml"
@@ -148,7 +149,7 @@ def fetch(*, quiet: bool = True) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
             raise FetchError(
                 f"mvn exited {rc} while resolving Kafka jars ({' '.join(cmd)}); "
-                f"last lines of {log_path}:\n{_tail(log_path, 40)}"
+                f"last lines of {log_path}:\n{tail(log_path, 40)}"
             )
         jars = sorted(p.name for p in staging.glob("*.jar"))
         if not any(j.startswith("kafka_2.13-") for j in jars):
@@ -165,25 +166,6 @@ def fetch(*, quiet: bool = True) -> Path:
 
 # --------------------------------------------------------------------------------------------
 # Helpers
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tail(path: Path, lines: int = 60, start: int = 0) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(start, size - 256 * 1024))
-            data = f.read()
-    except OSError as e:
-        return f"<no log: {e}>"
-    text = data.decode("utf-8", "replace").splitlines()
-    return "\n".join(text[-lines:]) if text else "<log is empty>"
 
 
 def _can_connect(port: int) -> bool:
@@ -213,31 +195,6 @@ def _java() -> str:
             "`java` not found (need Java 17+); Debian: apt-get install -y openjdk-17-jre-headless"
         )
     return java
-
-
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A preexec_fn that makes the JVM receive SIGTERM when the thread that started it dies.
-
-    Linux PR_SET_PDEATHSIG, so a crashed or SIGKILLed test run does not leak a broker holding
-    ports. The signal fires when the *thread* that forked exits, so it is only armed when
-    starting from the main thread: a broker (re)started from a worker thread (e.g.
-    ``asyncio.to_thread(broker.restart)``) would otherwise die with that pool thread.
-    libc is looked up here, in the parent; the child only makes the call.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    sig = int(signal.SIGTERM)
-
-    def preexec() -> None:
-        prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-
-    return preexec
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,7 +343,7 @@ class KafkaBroker:
         if res.returncode != 0:
             raise BrokerStartError(
                 f"kafka StorageTool format failed (exit {res.returncode}) for {self.data_dir}; "
-                f"log tail:\n{_tail(self.log_path)}"
+                f"log tail:\n{tail(self.log_path)}"
             )
 
     def start(self, timeout_s: float = 120) -> "KafkaBroker":
@@ -419,7 +376,7 @@ class KafkaBroker:
             stderr=subprocess.STDOUT,
             cwd=self.data_dir,
             start_new_session=True,  # Ctrl-C in a terminal goes to us, we stop it cleanly
-            preexec_fn=_pdeathsig_preexec() if self.die_with_parent else None,
+            preexec_fn=pdeathsig_preexec(signal.SIGTERM) if self.die_with_parent else None,
         )
         try:
             self._wait_ready(deadline, timeout_s)
@@ -449,14 +406,14 @@ class KafkaBroker:
                 raise BrokerStartError(
                     f"Kafka broker exited with code {rc} during startup "
                     f"(port {self.port}, data dir {self.data_dir}); log tail:\n"
-                    f"{_tail(self.log_path, start=self._log_start)}"
+                    f"{tail(self.log_path, start=self._log_start)}"
                 )
             if time.monotonic() > deadline:
                 what = "no TCP connect" if saw_line else f"no {READY_LINE!r} line"
                 raise BrokerStartError(
                     f"Kafka broker not ready after {timeout_s:.0f}s ({what}; port {self.port}, "
                     f"data dir {self.data_dir}); log tail:\n"
-                    f"{_tail(self.log_path, start=self._log_start)}"
+                    f"{tail(self.log_path, start=self._log_start)}"
                 )
             time.sleep(0.05)
 
@@ -492,7 +449,7 @@ class KafkaBroker:
         return self.start(timeout_s=timeout_s)
 
     def log_tail(self, lines: int = 60) -> str:
-        return _tail(self.log_path, lines)
+        return tail(self.log_path, lines)
 
     def close(self) -> None:
         """Stop the broker and remove the data dir if this object created it."""
@@ -519,20 +476,6 @@ class KafkaBroker:
 # CLI
 
 
-@contextlib.contextmanager
-def _stop_signals_as_keyboard_interrupt() -> Iterator[None]:
-    # SIGINT too: a shell starting `broker.py run &` makes the job ignore SIGINT.
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
-
 def _cmd_fetch(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
@@ -553,7 +496,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         heap=args.heap,
         die_with_parent=True,
     )
-    with _stop_signals_as_keyboard_interrupt():
+    with stop_signals_as_keyboard_interrupt():
         try:
             try:
                 broker.start(timeout_s=args.timeout)
