@@ -43,7 +43,7 @@ state_digest(s)`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from kai_es.scheduling.actions.allocate import AllocateResult, Allocator
@@ -143,6 +143,9 @@ POLICIES["kai-es/v3"] = Policy(
     batch_hopeless=False,
     bounded_victims=True,
 )
+# kai-es/v4: v3's rules and consolidation (between allocate and reclaim), one line per further
+# feature. Not the default until consolidation has landed.
+POLICIES["kai-es/v4"] = replace(POLICIES["kai-es/v3"], version="kai-es/v4")
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v3"
 
