@@ -30,7 +30,11 @@ def test_config_rejects_an_action_its_policy_does_not_implement() -> None:
                       "actions": ["allocate", "consolidation", "reclaim", "stalegangeviction"]})
     with pytest.raises(ConfigError, match=r"consolidation is not implemented by policy kai-es/v3 \(it runs: "
                                           r"allocate, preempt, reclaim, stalegangeviction\) - at `\$.actions`"):
-        parse_config({"actions": ["allocate", "consolidation", "reclaim", "stalegangeviction"]})
+        parse_config({"policyVersion": "kai-es/v3",
+                      "actions": ["allocate", "consolidation", "reclaim", "stalegangeviction"]})
+    # v4 implements all five
+    assert parse_config({"actions": ["allocate", "consolidation", "reclaim", "stalegangeviction"]}).action_list[1] \
+        == "consolidation"
 
 
 def test_version_1_configs_keep_their_legacy_action_list() -> None:

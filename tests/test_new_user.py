@@ -328,7 +328,8 @@ def test_actions_that_do_not_run_are_warned_about_in_one_line(tmp_path: Path) ->
     current = tmp_path / "current.yaml"
     current.write_text(QUICKSTART.read_text().replace(
         "placementStrategy: {gpu: binpack, cpu: binpack}",
-        "placementStrategy: {gpu: binpack, cpu: binpack}\n    actions: [allocate, consolidation]"))
+        "placementStrategy: {gpu: binpack, cpu: binpack}\n    policyVersion: kai-es/v3\n"
+        "    actions: [allocate, consolidation]"))
     _one_line_error(_cli("cycle", str(current)), "consolidation is not implemented by policy kai-es/v3")
 
 

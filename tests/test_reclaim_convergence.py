@@ -1,5 +1,6 @@
-"""No ping-pong: with allocate, reclaim and preempt on, random stable workloads (pods that run
-until evicted, recreated when evicted, as a Job controller would) reach a fixed point in the
+"""No ping-pong: with allocate, reclaim and preempt on (and, under policy kai-es/v4's defaults,
+consolidation and stale gang eviction too), random stable workloads (pods that run until
+evicted, recreated when evicted, as a Job controller would) reach a fixed point in the
 simulator — after convergence further cycles evict nothing — and queues never reclaim back and
 forth from each other."""
 
@@ -21,10 +22,12 @@ from tests.builders import MakeNode, MakePod, queue, scenario_text
 
 SETTINGS = {"scheduler": {"actions": ["allocate", "reclaim", "preempt"]},
             "simulation": {"until": "90s", "cyclePeriod": "1s"}}
+#: policy kai-es/v4's default actions: allocate, consolidation, reclaim, preempt, stalegangeviction
+V4_DEFAULTS = {"scheduler": {}, "simulation": SETTINGS["simulation"]}
 
 
 @st.composite
-def workload(draw: Any) -> str:
+def workload(draw: Any, settings_: dict[str, Any] = SETTINGS) -> str:
     docs: list[dict[str, Any]] = []
     for i in range(draw(st.integers(1, 3))):
         docs.append(MakeNode(f"n{i}").gpus(draw(st.sampled_from([2, 4, 8]))).obj())
@@ -44,7 +47,35 @@ def workload(draw: Any) -> str:
         pod = pod.priority_class(draw(st.sampled_from(["train", "train", "build"])))
         pod = pod.annotate("kai-es.io/submit-after", f"{draw(st.integers(1, 20))}s")
         docs.append(pod.obj())
-    return scenario_text(*docs, settings=SETTINGS)
+    return scenario_text(*docs, settings=settings_)
+
+
+@st.composite
+def fragmented_workload(draw: Any) -> str:
+    """Nodes filled with single-GPU pods of which some finish early, leaving free GPUs scattered
+    over the nodes; then jobs bigger than any node's free GPUs arrive: what consolidation is for."""
+    docs: list[dict[str, Any]] = []
+    nodes = draw(st.integers(2, 4))
+    sizes = [draw(st.sampled_from([4, 8])) for _ in range(nodes)]
+    for i, gpus in enumerate(sizes):
+        docs.append(MakeNode(f"n{i}").gpus(gpus).obj())
+    queues = [f"q{i}" for i in range(draw(st.integers(1, 3)))]
+    for name in queues:
+        docs.append(queue(name, gpu_quota=draw(st.integers(0, 4))))
+    k = 0
+    for i, gpus in enumerate(sizes):
+        for _ in range(gpus):
+            pod = MakePod(f"r{k}", queue=draw(st.sampled_from(queues))).gpu(1).priority_class("train")
+            if draw(st.integers(0, 2)) == 0:  # about a third finish early, leaving holes
+                pod = pod.annotate("kai-es.io/run-for", f"{draw(st.integers(1, 5))}s")
+            docs.append(pod.obj())
+            k += 1
+    for i in range(draw(st.integers(1, 6))):
+        pod = MakePod(f"p{i}", queue=draw(st.sampled_from(queues))).gpu(draw(st.integers(2, 4)))
+        pod = pod.priority_class(draw(st.sampled_from(["train", "train", "build"])))
+        pod = pod.annotate("kai-es.io/submit-after", f"{draw(st.integers(6, 20))}s")
+        docs.append(pod.obj())
+    return scenario_text(*docs, settings=V4_DEFAULTS)
 
 
 def _run(text: str) -> list[Any]:
@@ -56,10 +87,21 @@ def _run(text: str) -> list[Any]:
 @settings(max_examples=150, deadline=None)
 @given(workload())
 def test_reclaim_and_preempt_converge_and_never_go_back_and_forth(text: str) -> None:
+    _converges_and_never_goes_back_and_forth(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(workload(V4_DEFAULTS), fragmented_workload()))
+def test_every_action_of_v4_converges_and_never_goes_back_and_forth(text: str) -> None:
+    _converges_and_never_goes_back_and_forth(text)
+
+
+def _converges_and_never_goes_back_and_forth(text: str) -> None:
     envelopes = _run(text)
     evictions = [(e.logicaltime, e.data) for e in envelopes if isinstance(e.data, p.EvictionDecided)]
     event(f"reclaims: {sum(1 for _, d in evictions if d.action == 'reclaim') > 0}, "
-          f"preemptions: {sum(1 for _, d in evictions if d.action == 'preempt') > 0}")
+          f"preemptions: {sum(1 for _, d in evictions if d.action == 'preempt') > 0}, "
+          f"moves: {sum(1 for _, d in evictions if d.action == 'consolidation') > 0}")
     start = min(e.logicaltime for e in envelopes)
     # the last arrival is at 20 s; after 30 s more of cycles, nothing is evicted any more
     late = [data for t, data in evictions if t > start + 50 * 10**9]

@@ -36,15 +36,17 @@ SCENARIOS = Path(__file__).parent / "scenarios"
 SEC = 1_000_000_000
 
 
-V3_DEFAULT = ["allocate", "reclaim", "preempt", "stalegangeviction"]  # KAI's order; consolidation aside
+V3_DEFAULT = ["allocate", "reclaim", "preempt", "stalegangeviction"]  # KAI's order without consolidation
+V4_DEFAULT = ["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]  # KAI's order
 
 
 def test_v3_runs_every_action_it_has_by_default_and_v2_keeps_allocate() -> None:
-    assert parse_config({}).policy_version == "kai-es/v3"
-    assert parse_config({}).action_list == V3_DEFAULT
+    assert parse_config({"policyVersion": "kai-es/v3"}).action_list == V3_DEFAULT
+    assert parse_config({}).policy_version == "kai-es/v4"
+    assert parse_config({}).action_list == V4_DEFAULT
     assert parse_config({"policyVersion": "kai-es/v2"}).action_list == ["allocate"]
     # a config listing no actions and one listing the defaults are the same configuration
-    assert config_digest(parse_config({})) == config_digest(parse_config({"actions": V3_DEFAULT}))
+    assert config_digest(parse_config({})) == config_digest(parse_config({"actions": V4_DEFAULT}))
 
 
 def test_under_v2_the_search_is_not_bounded() -> None:
@@ -90,7 +92,7 @@ def test_search_never_evicts_on_a_node_without_room(engine: str, monkeypatch: py
     real = victims.search
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(args[-1] if len(args) > 8 else kwargs.get("on_nodes"))
+        seen.append(args[8] if len(args) > 8 else kwargs.get("on_nodes"))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(preempting, "search", spy)
@@ -203,8 +205,8 @@ def test_the_victim_index_follows_a_priority_change_of_a_running_job() -> None:
     assert check(log.state) == []
 
 
-def test_config_default_is_the_v3_default_config() -> None:
-    assert SchedulerConfig().action_list == V3_DEFAULT
+def test_config_default_is_the_v4_default_config() -> None:
+    assert SchedulerConfig().action_list == V4_DEFAULT
 
 
 # -- reclaim's side walk agrees with the pairwise rules -------------------------------------------

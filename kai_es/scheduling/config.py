@@ -66,8 +66,11 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     fairshare: Fairshare = Fairshare()
     #: a released version of `kai_es.scheduling.policy` (an unknown one is an error); a literal
     #: here, as the registry imports the actions, which import this module
-    policy_version: str = "kai-es/v3"
+    policy_version: str = "kai-es/v4"
     state_digest_every: int = 1
+    #: consolidation moves at most this many jobs per cycle (-1: no limit; 0: off), KAI's
+    #: `--max-consolidation-preemptees`
+    max_consolidation_preemptees: int = 16
 
     @property
     def action_list(self) -> list[ActionName]:
@@ -97,6 +100,8 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
             raise msgspec.ValidationError("must be positive with timeBased - at `$.fairshare.windowSize`")
         if self.fairshare.k_value < 0:
             raise msgspec.ValidationError("must be >= 0 - at `$.fairshare.kValue`")
+        if self.max_consolidation_preemptees < -1:
+            raise msgspec.ValidationError("must be >= -1 (-1: no limit) - at `$.maxConsolidationPreemptees`")
         if self.state_digest_every < 0:
             raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
         from kai_es.scheduling.policy import UnknownPolicy, policy_for  # the registry imports the actions
@@ -134,6 +139,7 @@ def parse_config(raw: Any) -> SchedulerConfig:
 _OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
     ("fairshare", "timeBased"): False,
     ("fairshare", "usageResolution"): "1m",
+    ("", "maxConsolidationPreemptees"): 16,
 }
 
 
@@ -142,7 +148,7 @@ def config_to_dict(cfg: SchedulerConfig) -> dict[str, object]:
     added later (`_OMITTED_AT_DEFAULT`), which appear only when set otherwise."""
     out: dict[str, object] = msgspec.to_builtins(cfg)
     for (section, key), default in _OMITTED_AT_DEFAULT.items():
-        part = out.get(section)
+        part = out.get(section) if section else out  # "": a top-level key
         if isinstance(part, dict) and part.get(key) == default:
             del part[key]
     return out

@@ -88,7 +88,8 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
             unschedulable.pop(entry.pod_key, None)
     for op in plan.operations:
         if isinstance(op, Entry):
-            emitter.placement(state, plan, op)
+            if op.moved_from < 0:  # a move is announced by its eviction
+                emitter.placement(state, plan, op)
         else:
             emitter.eviction(state, plan, op)
     for key in sorted(unschedulable):

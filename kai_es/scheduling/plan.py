@@ -50,6 +50,10 @@ class Entry:
     #: a member of a gang whose minimum was pipelined: decided as pipelined too (its tables
     #: entry stays what `pipelined` says, so a rollback undoes exactly what was applied)
     gang_pipelined: bool = False
+    #: a running pod this plan evicts and re-places (consolidation): the node index it moves
+    #: off, else -1. A move holds capacity for the pod's replacement within the cycle; it is
+    #: announced in the pod's eviction, never as a placement of its own
+    moved_from: int = -1
 
     @property
     def announced_pipelined(self) -> bool:
@@ -179,9 +183,10 @@ class Plan:
         return op
 
     def place(self, pod_key: str, spec: PodObserved, mask: array[int], settled: bool = False,
-              remember: bool = True, levels: list[array[int]] | None = None
+              remember: bool = True, levels: list[array[int]] | None = None, pipeline: bool = True
               ) -> tuple[Entry | None, Placement]:
-        """Place one task: idle capacity first, else pipelined onto releasing capacity.
+        """Place one task: idle capacity first, else (`pipeline=True`) pipelined onto releasing
+        capacity.
         Returns the entry (None when nothing fits) and the idle-capacity placement answer on
         `mask`, whose rejection counts explain a failure.
 
@@ -219,6 +224,8 @@ class Plan:
             now = self._place_idle(shape, mask)
             if now.placed:
                 return None, now  # fits only capacity pipelined pods are waiting for
+        if not pipeline:
+            return None, now
         for level in (levels or (mask,)):
             later = self._place_future(shape, level)
             if later.placed:

@@ -26,13 +26,22 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   Allocate no longer fails a queue's hopeless head jobs in one batch (v1/v2 do, which can let
   another queue go first out of KAI's order): each is tried through the queue order.
   A config that lists no actions runs allocate, reclaim, preempt and stalegangeviction (KAI's
-  order: consolidation, between allocate and reclaim, is not implemented yet). The victim search
+  order without consolidation, which came with v4). The victim search
   is bounded per node (only nodes where evicting every eligible victim could make room for the
   preemptor are searched; a preemptor with none is rejected at once, with the reason
   VictimsCannotMakeRoom), victims are judged against the accounting at the start of each
   preemptor's search, a failed search is not repeated for an identical preemptor (queue,
   priority, preemptibility, request, shapes and eligible nodes) on an unchanged Plan, and a job
   whose eviction the binder refused is no victim for a while (`kai_es.scheduling.victims`).
+
+- `kai-es/v4`: v3's rules and consolidation (`kai_es.scheduling.actions.consolidation`): a
+  pending preemptible job that fits nowhere may have running preemptible pods moved out of its
+  way when each finds room elsewhere, at most `maxConsolidationPreemptees` jobs a cycle, off
+  under a spread placement strategy. A config that lists no actions runs allocate,
+  consolidation, reclaim, preempt and stalegangeviction (KAI's order). The victim search (of
+  every action) counts capacity free already towards the preemptor's request: v3 evicts
+  until the victims alone free all of it, and so misses a preemptor that needs a node's free
+  capacity and one victim there.
 
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
 function of the Session that returns its result (placements and reasons), pure; a policy's
@@ -47,6 +56,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from kai_es.scheduling.actions.allocate import AllocateResult, Allocator
+from kai_es.scheduling.actions.consolidation import Consolidation
 from kai_es.scheduling.actions.preempt import Preempt
 from kai_es.scheduling.actions.reclaim import Reclaim
 from kai_es.scheduling.actions.stalegangeviction import StaleGangEviction
@@ -63,6 +73,10 @@ ACTION_NAMES: Final = ("allocate", "consolidation", "reclaim", "preempt", "stale
 
 def allocate(session: Session) -> AllocateResult:
     return Allocator(session).run()
+
+
+def consolidation(session: Session) -> AllocateResult:
+    return Consolidation(session).run()
 
 
 def reclaim(session: Session) -> AllocateResult:
@@ -107,6 +121,10 @@ class Policy:
     #: victim search bounded per node (`kai_es.scheduling.actions.preempting`): only nodes where
     #: evicting every eligible victim could make room are searched; none: rejected at once
     bounded_victims: bool = False
+    #: the victim search counts capacity free already towards the preemptor's request (v4);
+    #: before, it tried a placement only once the victims alone freed the whole request, so a
+    #: preemptor needing free capacity plus victims on one node could find no victims at all
+    search_counts_free: bool = False
 
 
 class UnknownPolicy(ValueError):
@@ -125,13 +143,13 @@ POLICIES["kai-es/v3"] = Policy(
     "kai-es/v3",
     {
         "allocate": allocate,
-        # "consolidation": not implemented yet; its slot in the order is here
+        # no consolidation: it came with kai-es/v4
         "reclaim": reclaim,
         "preempt": preempt,
         "stalegangeviction": stalegangeviction,
     },
     frozenset({"allocate", "reclaim", "preempt", "stalegangeviction"}),
-    # KAI's default order (consolidation is not implemented yet); stalegangeviction looks only
+    # KAI's default order without consolidation (v4's); stalegangeviction looks only
     # at the reducer's index of gangs below their minimum (`ClusterState.gangs_below_minimum`)
     default_actions=("allocate", "reclaim", "preempt", "stalegangeviction"),
     gpu_share_unit=1000,
@@ -143,11 +161,17 @@ POLICIES["kai-es/v3"] = Policy(
     batch_hopeless=False,
     bounded_victims=True,
 )
-# kai-es/v4: v3's rules and consolidation (between allocate and reclaim), one line per further
-# feature. Not the default until consolidation has landed.
-POLICIES["kai-es/v4"] = replace(POLICIES["kai-es/v3"], version="kai-es/v4")
+# kai-es/v4: v3's rules and consolidation, in KAI's order between allocate and reclaim
+POLICIES["kai-es/v4"] = replace(
+    POLICIES["kai-es/v3"],
+    version="kai-es/v4",
+    actions={**POLICIES["kai-es/v3"].actions, "consolidation": consolidation},
+    accepted=frozenset(ACTION_NAMES),
+    default_actions=("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"),
+    search_counts_free=True,
+)
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v3"
+CURRENT_POLICY: Final = "kai-es/v4"
 
 
 def policy_for(version: str) -> Policy:

@@ -162,6 +162,7 @@ class Session:
         #: time-based fair share: each queue's usage share (None: off)
         self.usage = usage
         self.bounded_victims = policy.bounded_victims if policy is not None else False
+        self.search_counts_free = policy.search_counts_free if policy is not None else False
         self.eligibility = Eligibility(state, plan.names, plan.nodes)
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)

@@ -205,12 +205,14 @@ Placer = Callable[[], list[Entry] | None]
 def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool],
            request: Vector, place: Placer, action: str, preemptor: str,
            reason: Callable[[Unit], tuple[str, dict[str, int]]],
-           on_nodes: set[int] | None = None) -> list[Eviction] | None:
+           on_nodes: set[int] | None = None, free: Vector = (0, 0, 0)) -> list[Eviction] | None:
     """Evict admitted units cheapest first until `place()` succeeds (it must place the whole
     preemptor on the Plan, or roll its own placements back and return None). Returns the
     evictions kept, or None with the Plan unchanged. With `on_nodes` (the per-node bound,
     `room_nodes`) only units with a pod on one of those nodes are taken, and only what they
-    free there counts towards the request."""
+    free there counts towards the request. `free` (kai-es/v4: `free_capacity`) is capacity
+    free already that counts towards it too, so that a preemptor needing some of it and a few
+    victims is tried as soon as they are evicted."""
     plan = session.plan
     start = plan.checkpoint()
     freed: Vector = (0, 0, 0)
@@ -231,7 +233,7 @@ def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool
         r = unit.request if on_nodes is None else Unit(unit.job, tuple(
             pod for pod in unit.pods if index[pod.node] in on_nodes)).request
         freed = (freed[0] + r[0], freed[1] + r[1], freed[2] + r[2])
-        if any(need > got for need, got in zip(request, freed)):
+        if any(need > got + have for need, got, have in zip(request, freed, free)):
             continue
         tries += 1
         entries = place()
@@ -240,6 +242,21 @@ def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool
         return _keep_needed(session, start, chosen, entries, place, action, preemptor, reason)
     plan.rollback(start)
     return None
+
+
+def free_capacity(session: Session, nodes: Iterable[int] | None) -> Vector:
+    """The capacity free once released (the Plan's `future` table) on `nodes` (None: all):
+    GPU as the sum of every device's free share, so an upper bound of what a task can use."""
+    table = session.plan.future
+    start = table.gpu_start
+    dev = table.dev_free_milli
+    gpu = cpu = mem = 0
+    for n in (range(len(table.free_pods)) if nodes is None else nodes):
+        cpu += max(0, table.free_milli_cpu[n])
+        mem += max(0, table.free_memory_bytes[n])
+        for d in range(start[n], start[n + 1]):
+            gpu += max(0, dev[d])
+    return (gpu, cpu, mem)
 
 
 def _keep_needed(session: Session, start: int, chosen: list[Unit], entries: list[Entry], place: Placer,

@@ -40,7 +40,7 @@ from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.plan import Entry
 from kai_es.scheduling.session import QueueNode, Session, Vector
-from kai_es.scheduling.victims import RoomBound, Unit, keyed_units, search, units_of
+from kai_es.scheduling.victims import RoomBound, Unit, free_capacity, keyed_units, search, units_of
 from kai_es.state.model import Job, PodState
 
 CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED})
@@ -189,6 +189,11 @@ class PreemptingAction:
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
         return True
 
+    def settle(self, job: Job, start: int, request: Vector) -> bool:
+        """Called when the search placed `job` with the evictions after checkpoint `start`: the
+        action's last word on the attempt (False: it is rolled back, as a failed search)."""
+        return True
+
     # -- the loop ----------------------------------------------------------------------------
 
     def preemptors(self) -> list[tuple[QueueNode, Job]]:
@@ -291,8 +296,13 @@ class PreemptingAction:
             return entries
 
         preemptor = f"{job.namespace}/{pods[0].spec.name}" if len(pods) == 1 else job.key
+        start = self.plan.checkpoint()
+        free = free_capacity(self.session, on_nodes) if self.session.search_counts_free else (0, 0, 0)
         evictions = search(self.session, units, self.admit(leaf, job, request), request, place,
-                           self.name, preemptor, self.why(leaf, job, request), on_nodes)
+                           self.name, preemptor, self.why(leaf, job, request), on_nodes, free)
+        if evictions is not None and not self.settle(job, start, request):
+            self.plan.rollback(start)
+            evictions = None
         if evictions is None:
             if self.session.bounded_victims:
                 self._failed_scenarios.add(scenario or (buckets, *self._scenario(leaf, job, pods, request, shapes)))

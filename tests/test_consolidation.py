@@ -1,0 +1,139 @@
+"""Consolidation (policy kai-es/v4): each rule's scenario in tests/scenarios/consolidation-*.yaml
+states what a cycle does; here each rule that keeps pods where they are is shown to be the
+reason, by changing only that in the same cluster and seeing the move happen; the decision
+stream says where a moved pod goes; and in the simulator the move completes (the replacement
+lands where room was made, the waiting job runs) and is not undone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.app.simulation import simulate
+from kai_es.events import payloads as p
+from kai_es.oneshot import one_cycle
+from kai_es.scenario import load_scenario_text
+from kai_es.scheduling.config import ConfigError, config_to_dict, parse_config
+from kai_es.scheduling.packing import load_packer
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all((SCENARIOS / f"{name}.yaml").read_text()))
+
+
+def _cycle(docs: list[dict[str, Any]], engine: str = "native") -> dict[str, Any]:
+    text = yaml.safe_dump_all(docs, sort_keys=False)
+    return one_cycle(load_scenario_text(text, "consolidation.yaml"), load_packer(engine))
+
+
+def _status(outcome: dict[str, Any], pod: str) -> tuple[str, str | None]:
+    got = outcome["pods"][f"default/{pod}"]
+    return got["status"], got.get("node")
+
+
+def _scheduler(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = docs[0].setdefault("spec", {})
+    if not isinstance(spec.get("scheduler"), dict):
+        spec["scheduler"] = {}
+    scheduler: dict[str, Any] = spec["scheduler"]
+    return scheduler
+
+
+def _evictions(outcome: dict[str, Any]) -> list[dict[str, Any]]:
+    return [d["data"] for d in outcome["decisions"] if d["type"] == "kai.scheduler.pod.evictiondecided"]
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_the_eviction_says_where_the_pod_moves_and_the_move_is_no_placement(engine: str) -> None:
+    outcome = _cycle(_docs("consolidation-basic"), engine)
+    (moved,) = _evictions(outcome)
+    assert moved["action"] == "consolidation" and moved["name"] == "b" and moved["preemptor"] == "default/big"
+    assert moved["reason"] == "consolidation: moved from node n2 to node n1 to make room for default/big"
+    assert moved["numbers"] == {"moved_jobs": 1, "moved_pods": 1, "requested_milli_gpu": 4000}
+    placed = [(d["type"], d["data"]["name"]) for d in outcome["decisions"]
+              if d["type"] in ("kai.scheduler.pod.bindingdecided", "kai.scheduler.pod.pipelined")]
+    assert placed == [("kai.scheduler.pod.pipelined", "big")]  # b's re-placement is not announced
+    pipelined = next(d["data"] for d in outcome["decisions"] if d["type"] == "kai.scheduler.pod.pipelined")
+    assert pipelined["waiting_for"] == ["default/b"]
+
+
+def test_the_default_actions_of_v4_include_consolidation_and_v3_refuses_it() -> None:
+    assert parse_config({}).action_list == ["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
+    assert "consolidation" not in parse_config({"policyVersion": "kai-es/v3"}).action_list
+    with pytest.raises(ConfigError, match="consolidation is not implemented by policy kai-es/v3"):
+        parse_config({"policyVersion": "kai-es/v3", "actions": ["allocate", "consolidation"]})
+    docs = _docs("consolidation-basic")
+    _scheduler(docs)["policyVersion"] = "kai-es/v3"
+    assert _status(_cycle(docs), "big") == ("Pending", None)  # v3 decides as it always did
+
+
+def test_the_move_budget_is_what_keeps_the_pods_in_place() -> None:
+    docs = _docs("consolidation-budget")
+    assert _status(_cycle(docs), "big") == ("Pending", None)
+    _scheduler(docs)["maxConsolidationPreemptees"] = 2
+    outcome = _cycle(docs)
+    assert _status(outcome, "big")[0] == "Pipelined"
+    assert len({e["podgroup"] for e in _evictions(outcome)}) == 2
+    _scheduler(docs)["maxConsolidationPreemptees"] = -1  # no limit
+    assert _status(_cycle(docs), "big")[0] == "Pipelined"
+    _scheduler(docs)["maxConsolidationPreemptees"] = 0  # off
+    assert _status(_cycle(docs), "big") == ("Pending", None)
+
+
+def test_the_budget_is_validated_and_left_out_of_the_logged_config_at_its_default() -> None:
+    with pytest.raises(ConfigError, match=r"must be >= -1 .* at `\$.maxConsolidationPreemptees`"):
+        parse_config({"maxConsolidationPreemptees": -2})
+    assert "maxConsolidationPreemptees" not in config_to_dict(parse_config({}))
+    assert config_to_dict(parse_config({"maxConsolidationPreemptees": 3}))["maxConsolidationPreemptees"] == 3
+
+
+def test_spread_is_what_turns_consolidation_off() -> None:
+    docs = _docs("consolidation-off-with-spread")
+    assert _status(_cycle(docs), "big") == ("Pending", None)
+    _scheduler(docs)["placementStrategy"] = {"gpu": "binpack", "cpu": "spread"}
+    assert _status(_cycle(docs), "big") == ("Pending", None)  # CPU spread turns it off too
+    _scheduler(docs)["placementStrategy"] = {"gpu": "binpack"}
+    assert _status(_cycle(docs), "big") == ("Pipelined", "n2")
+
+
+def test_a_non_preemptible_job_does_not_consolidate_but_a_preemptible_one_does() -> None:
+    docs = _docs("consolidation-nonpreemptible-preemptor")
+    assert _status(_cycle(docs), "big") == ("Pending", None)
+    big = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == "big")
+    big["spec"]["priorityClassName"] = "train"
+    assert _status(_cycle(docs), "big")[0] == "Pipelined"
+
+
+def test_moved_pods_need_room_now_elsewhere() -> None:
+    docs = _docs("consolidation-moved-pods-need-room")
+    assert _status(_cycle(docs), "big") == ("Pending", None)
+    # one more free GPU on n1 (c gone): two pods of n2 can move there, making room on n2
+    docs = [d for d in docs if d["metadata"]["name"] != "c"]
+    outcome = _cycle(docs)
+    assert _status(outcome, "big") == ("Pipelined", "n2")
+    assert sorted(e["name"] for e in _evictions(outcome)) == ["e", "f"]
+
+
+def _simulated(docs: list[dict[str, Any]]) -> list[Any]:
+    docs[0]["spec"]["simulation"] = {"until": "60s", "cyclePeriod": "1s"}
+    text = yaml.safe_dump_all(docs, sort_keys=False)
+    log = MemoryEventLog()
+    anyio.run(lambda: simulate(load_scenario_text(text, "consolidation.yaml"), log, load_packer("native")))
+    return [r.envelope for r in log._records]  # noqa: SLF001 - the test reads the whole log
+
+
+def test_in_the_simulator_the_moved_pod_lands_where_room_was_made_and_nothing_moves_again() -> None:
+    envelopes = _simulated(_docs("consolidation-basic"))
+    evictions = [e.data for e in envelopes if isinstance(e.data, p.EvictionDecided)]
+    assert [(e.name, e.action) for e in evictions] == [("b", "consolidation")]
+    bound = {e.data.name: e.data.node for e in envelopes if isinstance(e.data, p.PodBound)}
+    assert bound["big"] == "n2"
+    replacement = [name for name in bound if name.startswith("b-r")]
+    assert replacement and bound[replacement[0]] == "n1"  # the controller's new pod, where room was
