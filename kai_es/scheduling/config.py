@@ -33,8 +33,14 @@ class PlacementStrategy(_Cfg, kw_only=True, frozen=True):
 
 
 class MinRuntime(_Cfg, kw_only=True, frozen=True):
+    """KAI's minruntime plugin arguments: the defaults for queues that set no min-runtime, and
+    how a reclaim victim's min-runtime is resolved (`kai_es.scheduling.times`): "lca" from the
+    victim's side just below the lowest common ancestor of the two queues, "queue" from the
+    victim's own leaf queue."""
+
     preempt_min_runtime: str = "0s"
     reclaim_min_runtime: str = "0s"
+    reclaim_resolve_method: Literal["lca", "queue"] = "lca"
 
 
 class Fairshare(_Cfg, kw_only=True, frozen=True):
@@ -134,6 +140,7 @@ def parse_config(raw: Any) -> SchedulerConfig:
 _OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
     ("fairshare", "timeBased"): False,
     ("fairshare", "usageResolution"): "1m",
+    ("minRuntime", "reclaimResolveMethod"): "lca",
 }
 
 
