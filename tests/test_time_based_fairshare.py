@@ -198,6 +198,9 @@ def test_the_queue_that_used_less_in_the_past_gets_more(tmp_path: Path) -> None:
 def test_config_keys_added_later_stay_out_of_logged_configs() -> None:
     plain: dict[str, Any] = config_to_dict(parse_config({}))
     assert "timeBased" not in plain["fairshare"] and "usageResolution" not in plain["fairshare"]
+    assert "reclaimResolveMethod" not in plain["minRuntime"]
+    queue: dict[str, Any] = config_to_dict(parse_config({"minRuntime": {"reclaimResolveMethod": "queue"}}))
+    assert queue["minRuntime"]["reclaimResolveMethod"] == "queue" and config_to_dict(parse_config(queue)) == queue
     on: dict[str, Any] = config_to_dict(parse_config({"fairshare": {"timeBased": True}}))
     assert on["fairshare"]["timeBased"] is True
     assert config_to_dict(parse_config(on)) == on
