@@ -146,7 +146,7 @@ def cycle_shares(state: ClusterState, now_ns: int) -> tuple[dict[str, dict[str, 
     hint = max((state.nodes[n].spec.gpu_memory_mib for n in state.node_names), default=0)
     time_based = None
     if policy.time_rules and config.fairshare.time_based:
-        time_based = TimeBased(queue_usage(state, config, now_ns), config.fairshare.k_value)
+        time_based = TimeBased(queue_usage(state, config, now_ns), config.fairshare.k)
     return shares_for_state(state, policy.gpu_share_unit, time_based), hint
 
 

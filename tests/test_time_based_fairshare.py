@@ -19,7 +19,7 @@ from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from kai_es.explain import explain_queue
 from kai_es.scenario import load_scenario
-from kai_es.scheduling.config import config_to_dict, parse_config
+from kai_es.scheduling.config import ConfigError, config_digest, config_to_dict, parse_config
 from kai_es.scheduling.fairshare import QueueInput, divide, round_weights
 from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.usage import ONE, decay_weight, queue_usage
@@ -156,10 +156,12 @@ def _day2_gpu_hours(path: Path, start_ns: int) -> dict[str, Fraction]:
     return {name: Fraction(v, 1000 * HOUR) for name, v in sorted(held.items())}
 
 
-def _run(path: Path, time_based: bool) -> dict[str, Fraction]:
+def _run(path: Path, time_based: bool, k: str = "1") -> dict[str, Fraction]:
     text = EXAMPLE.read_text()
     if not time_based:
         text = text.replace("timeBased: true", "timeBased: false")
+    assert "kValue: 1," in text
+    text = text.replace("kValue: 1,", f"kValue: {k},")
     scenario_path = path.with_suffix(".yaml")
     scenario_path.write_text(text)
     scenario = load_scenario(scenario_path)
@@ -196,6 +198,75 @@ def test_the_queue_that_used_less_in_the_past_gets_more(tmp_path: Path) -> None:
 def test_config_keys_added_later_stay_out_of_logged_configs() -> None:
     plain: dict[str, Any] = config_to_dict(parse_config({}))
     assert "timeBased" not in plain["fairshare"] and "usageResolution" not in plain["fairshare"]
+    assert "reclaimResolveMethod" not in plain["minRuntime"]
+    queue: dict[str, Any] = config_to_dict(parse_config({"minRuntime": {"reclaimResolveMethod": "queue"}}))
+    assert queue["minRuntime"]["reclaimResolveMethod"] == "queue" and config_to_dict(parse_config(queue)) == queue
     on: dict[str, Any] = config_to_dict(parse_config({"fairshare": {"timeBased": True}}))
     assert on["fairshare"]["timeBased"] is True
     assert config_to_dict(parse_config(on)) == on
+
+
+def test_a_fractional_k_splits_between_k0_and_k1(tmp_path: Path) -> None:
+    k0, half, k1 = (_run(tmp_path / name, True, k) for name, k in (("k0", "0"), ("half", "0.5"), ("k1", "1")))
+    assert k0["heavy"] == k0["light"] == k0["idle"] == 96  # k 0: usage weighs nothing
+    # k 1/2 moves day 2 towards the queue that used less, strictly less far than k 1
+    assert k1["heavy"] < half["heavy"] < k0["heavy"] and k0["idle"] < half["idle"] < k1["idle"]
+    assert sum(half.values()) == 12 * 24
+    # the logged config holds k as its decimal text (no float in the log), and the run replays
+    # byte for byte: the re-parsed config has the same digest and k, so the same decisions
+    async def read() -> list[Record]:
+        return [r async for r in FileEventLog(tmp_path / "half.jsonl").read()]
+
+    applied = [r.envelope.data for r in anyio.run(read) if isinstance(r.envelope.data, p.ConfigApplied)]
+    assert applied and applied[0].config["fairshare"]["kValue"] == "0.5"
+    assert parse_config(applied[0].config).fairshare.k == Fraction(1, 2)
+    assert config_digest(parse_config(applied[0].config)) == applied[0].config_digest
+    replay = subprocess.run([sys.executable, "-m", "kai_es", "replay", str(tmp_path / "half.jsonl")],
+                            capture_output=True, text=True)
+    assert replay.returncode == 0 and "byte for byte" in replay.stdout, replay.stdout + replay.stderr
+
+
+def test_round_weights_with_a_fractional_k_are_exact() -> None:
+    queues = [_q("a"), _q("b")]
+    usage = {"a": Fraction(3, 4), "b": Fraction(1, 4)}
+    # W' = 1/2 each; P = 1/2 + 1/2 (1/2 - U) = 3/8 and 5/8
+    weights = round_weights(queues, usage, Fraction(1, 2))
+    assert Fraction(weights["a"], weights["b"]) == Fraction(3, 5)
+    # 0.1 is one tenth, not the binary float nearest to it
+    k = parse_config({"fairshare": {"kValue": 0.1}}).fairshare.k
+    assert k == Fraction(1, 10)
+    weights = round_weights(queues, usage, k)  # P = 1/2 -+ 1/40: 19/40 and 21/40
+    assert Fraction(weights["a"], weights["b"]) == Fraction(19, 21)
+
+
+@pytest.mark.parametrize("spelling", [0.5, "0.5", "0.50", 0.50])
+def test_every_spelling_of_a_fractional_k_has_one_config(spelling: object) -> None:
+    cfg = parse_config({"fairshare": {"kValue": spelling}})
+    assert cfg.fairshare.k == Fraction(1, 2)
+    logged: dict[str, Any] = config_to_dict(cfg)
+    assert logged["fairshare"]["kValue"] == "0.5"
+    assert config_to_dict(parse_config(logged)) == logged
+
+
+def test_an_integer_k_is_logged_as_before() -> None:
+    # a whole k stays an int in the logged config, however written: 1, 1.0 and "1.0" are the
+    # default's own config and digest (existing configs and logs are unchanged)
+    default = parse_config({})
+    plain: dict[str, Any] = config_to_dict(default)
+    assert plain["fairshare"]["kValue"] == 1 and type(plain["fairshare"]["kValue"]) is int
+    for spelling in (1, 1.0, "1.0", "1"):
+        cfg = parse_config({"fairshare": {"kValue": spelling}})
+        assert config_to_dict(cfg) == plain and config_digest(cfg) == config_digest(default)
+    three: dict[str, Any] = config_to_dict(parse_config({"fairshare": {"kValue": 3}}))
+    assert three["fairshare"]["kValue"] == 3 and type(three["fairshare"]["kValue"]) is int
+
+
+@pytest.mark.parametrize("value, says", [
+    (float("nan"), "finite"), (float("inf"), "finite"), (-0.5, ">= 0"), (-1, ">= 0"),
+    (0.1234567, "at most 6 decimals"), ("0.1234567", "at most 6 decimals"), ("abc", "not a decimal number"),
+    ("1e3", "not a decimal number"), ("-0.5", "not a decimal number"), (True, "Expected"), (None, "Expected"),
+])
+def test_bad_k_values_are_refused_naming_the_field(value: object, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"fairshare": {"kValue": value}})
+    assert "$.fairshare.kValue" in str(err.value) and says in str(err.value), str(err.value)

@@ -16,9 +16,10 @@ import pytest
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import payloads as p
 from kai_es.ingest import translate as tr
-from kai_es.oneshot import one_cycle
+from kai_es.oneshot import initial_state, one_cycle
 from kai_es.scenario import ScenarioError, load_scenario_text
 from kai_es.scheduling.packing import load_packer
+from kai_es.scheduling.times import due_times_ns
 from kai_es.app.simulation import simulate
 
 SCENARIOS = Path(__file__).parent / "scenarios"
@@ -71,6 +72,47 @@ def test_reclaim_min_runtime_is_resolved_below_the_lowest_common_ancestor(engine
     # between siblings r1's own value decides; unset, it inherits research's 2h
     inherited = _statuses(_cycle(_edited(sibling, "reclaimMinRuntime: 0s, ", ""), engine))
     assert "Releasing" not in inherited.values() and inherited["default/s-1"] == "Pending"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_reclaim_min_runtime_resolved_from_the_victims_queue(engine: str) -> None:
+    name = "reclaim-min-runtime-queue.yaml"
+    method = "minRuntime: {reclaimResolveMethod: queue}"
+    assert "Releasing" not in _statuses(_cycle(_text(name), engine)).values()
+    # r1's own 2h protects it under "queue"; under "lca" (stated, or by default) research's 0s
+    # applies and prod reclaims one of r1's jobs
+    for lca in (_edited(name, method, "minRuntime: {reclaimResolveMethod: lca}"), _edited(name, method, "")):
+        got = _statuses(_cycle(lca, engine))
+        assert list(got.values()).count("Releasing") == 1 and got["default/p-1"] == "Pipelined"
+    # and the other way round: the "lca" scenario's research 2h does not protect r1 under
+    # "queue", where r1's own 0s applies
+    queue = _edited("reclaim-min-runtime-lca.yaml", "policyVersion: kai-es/v3}",
+                    "policyVersion: kai-es/v3, minRuntime: {reclaimResolveMethod: queue}}")
+    got = _statuses(_cycle(queue, engine))
+    assert list(got.values()).count("Releasing") == 1 and got["default/p-1"] == "Pipelined"
+    # r1 without a value of its own inherits research's 0s under "queue" as well
+    inherited = _statuses(_cycle(_edited(name, "reclaimMinRuntime: 2h, ", ""), engine))
+    assert inherited["default/p-1"] == "Pipelined"
+
+
+@pytest.mark.parametrize("method", ["queue", "lca"])
+def test_the_scheduler_wakes_when_a_resolved_reclaim_min_runtime_ends(method: str) -> None:
+    # r1's jobs started at 11:30; the 2h that protects them (r1's under "queue" in the queue
+    # scenario, research's under "lca" in the lca one) ends at 13:30: a due time with nothing
+    # new logged, whichever method the config names
+    texts = [_edited("reclaim-min-runtime-queue.yaml", "reclaimResolveMethod: queue", f"reclaimResolveMethod: {method}"),
+             _edited("reclaim-min-runtime-lca.yaml", "policyVersion: kai-es/v3}",
+                     f"policyVersion: kai-es/v3, minRuntime: {{reclaimResolveMethod: {method}}}}}")]
+    for text in texts:
+        scenario = load_scenario_text(text, "edited.yaml")
+        assert scenario.config.min_runtime.reclaim_resolve_method == method
+        assert scenario.start_ns + 90 * 60 * 10**9 in due_times_ns(initial_state(scenario), scenario.config)
+
+
+def test_reclaim_resolve_method_is_validated() -> None:
+    with pytest.raises(ScenarioError, match=r"reclaimResolveMethod"):
+        load_scenario_text(_edited("reclaim-min-runtime-queue.yaml", "reclaimResolveMethod: queue",
+                                   "reclaimResolveMethod: tree"), "bad.yaml")
 
 
 @pytest.mark.parametrize("engine", ENGINES)

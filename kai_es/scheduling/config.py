@@ -9,6 +9,9 @@ so two spellings of the same configuration have one digest.
 from __future__ import annotations
 
 import hashlib
+import math
+import re
+from fractions import Fraction
 from typing import Any, Literal
 
 import msgspec
@@ -33,21 +36,67 @@ class PlacementStrategy(_Cfg, kw_only=True, frozen=True):
 
 
 class MinRuntime(_Cfg, kw_only=True, frozen=True):
+    """KAI's minruntime plugin arguments: the defaults for queues that set no min-runtime, and
+    how a reclaim victim's min-runtime is resolved (`kai_es.scheduling.times`): "lca" from the
+    victim's side just below the lowest common ancestor of the two queues, "queue" from the
+    victim's own leaf queue."""
+
     preempt_min_runtime: str = "0s"
     reclaim_min_runtime: str = "0s"
+    reclaim_resolve_method: Literal["lca", "queue"] = "lca"
 
 
 class Fairshare(_Cfg, kw_only=True, frozen=True):
     """Time-based fair share (policy kai-es/v3 on; off unless `timeBased`): the over-quota split
     weighs each queue by max(W + k(W - U), 0), U its decayed usage over the last `windowSize`
     as a share of the cluster's capacity, counted in buckets of `usageResolution`; usage that
-    is `halfLifePeriod` old counts half (0s: no decay)."""
+    is `halfLifePeriod` old counts half (0s: no decay).
 
-    k_value: int = 1
+    `kValue` is a number >= 0 with at most `MAX_K_DECIMALS` decimals (YAML `0.5`, or the text
+    "0.5"); the validated config holds it exactly: an int when it is whole (`1.0` is `1`), else
+    its shortest decimal text ("0.5"), so the logged config carries no float and every spelling
+    of one value has one digest. `k` is that value as an exact Fraction."""
+
+    k_value: int | float | str = 1
     window_size: str = "168h"
     half_life_period: str = "0s"
     time_based: bool = False
     usage_resolution: str = "1m"
+
+    @property
+    def k(self) -> Fraction:
+        """`kValue` exactly (from its decimal text, never through a binary float)."""
+        return Fraction(canonical_k_value(self.k_value))
+
+
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
+#: the most decimals a `fairshare.kValue` may have
+MAX_K_DECIMALS = 6
+
+
+def canonical_k_value(value: int | float | str) -> int | str:
+    """`value` (a config's kValue) as the validated config holds it: an int when whole, else
+    its shortest decimal text. Raises ValueError saying what is wrong (not a decimal number,
+    NaN or infinite, negative, more than MAX_K_DECIMALS decimals)."""
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be a finite number, not {value!r}")
+    if isinstance(value, str) and not _DECIMAL.fullmatch(value):
+        raise ValueError(f"not a decimal number >= 0 (like 0.5): {value!r}")
+    # a float from YAML: its shortest repr is the decimal text the user wrote
+    exact = Fraction(repr(value) if isinstance(value, float) else value)
+    if exact < 0:
+        raise ValueError(f"must be >= 0, not {value!r}")
+    scale = 10 ** MAX_K_DECIMALS
+    if scale % exact.denominator:
+        raise ValueError(f"at most {MAX_K_DECIMALS} decimals, not {value!r}")
+    if exact.denominator == 1:
+        return int(exact)
+    whole, part = divmod(exact.numerator * (scale // exact.denominator), scale)
+    return f"{whole}.{part:0{MAX_K_DECIMALS}d}".rstrip("0")
 
 
 def duration_ns(text: str) -> int:
@@ -98,8 +147,12 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
             raise msgspec.ValidationError("must be positive - at `$.fairshare.usageResolution`")
         if self.fairshare.time_based and parse_duration(self.fairshare.window_size) <= 0:
             raise msgspec.ValidationError("must be positive with timeBased - at `$.fairshare.windowSize`")
-        if self.fairshare.k_value < 0:
-            raise msgspec.ValidationError("must be >= 0 - at `$.fairshare.kValue`")
+        try:
+            k_value = canonical_k_value(self.fairshare.k_value)
+        except ValueError as exc:
+            raise msgspec.ValidationError(f"{exc} - at `$.fairshare.kValue`") from None
+        if not isinstance(self.fairshare.k_value, int):  # (an int is kept as it is)
+            msgspec.structs.force_setattr(self.fairshare, "k_value", k_value)
         if self.max_consolidation_preemptees < -1:
             raise msgspec.ValidationError("must be >= -1 (-1: no limit) - at `$.maxConsolidationPreemptees`")
         if self.state_digest_every < 0:
@@ -139,6 +192,7 @@ def parse_config(raw: Any) -> SchedulerConfig:
 _OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
     ("fairshare", "timeBased"): False,
     ("fairshare", "usageResolution"): "1m",
+    ("minRuntime", "reclaimResolveMethod"): "lca",
     ("", "maxConsolidationPreemptees"): 16,
 }
 

@@ -29,7 +29,7 @@ Time-based fair share (policy kai-es/v3 with `fairshare.timeBased`; KAI's formul
 over-quota round a child's weight is not its over-quota weight W but P = max(W' + k(W' - U), 0),
 W' = W / (sum of the weights of the children still open in the round), U the queue's decayed
 historical usage as a share of the cluster's capacity (`kai_es.scheduling.usage`), k the
-config's `kValue`. P is an exact rational; the round divides by P scaled to integers (times the
+config's `kValue` (an exact rational: an integer or a decimal like 0.5). P is an exact rational; the round divides by P scaled to integers (times the
 least common multiple of the denominators), so nothing is rounded beyond the division itself.
 When every open child's P is 0 the bucket's rounds end (the rest stays undivided there).
 
@@ -57,10 +57,11 @@ class TimeBased:
     """Time-based fair share's inputs: each queue's usage share, and k."""
 
     usage: Mapping[str, Usage]
-    k: int
+    k: Fraction | int
 
 
-def round_weights(open_: Sequence[QueueInput], usage: Mapping[str, Fraction] | None, k: int) -> dict[str, int]:
+def round_weights(open_: Sequence[QueueInput], usage: Mapping[str, Fraction] | None,
+                  k: Fraction | int) -> dict[str, int]:
     """The integer weights of one over-quota round: the over-quota weights, or (time-based) each
     child's P = max(W' + k(W' - U), 0) scaled by the common denominator (see module docstring)."""
     if usage is None:
@@ -133,7 +134,7 @@ def parent_loops(parents: Mapping[str, str]) -> dict[str, list[str]]:
 
 
 def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1,
-           usage: Mapping[str, Fraction] | None = None, k: int = 0) -> dict[str, QueueShare]:
+           usage: Mapping[str, Fraction] | None = None, k: Fraction | int = 0) -> dict[str, QueueShare]:
     """Fair share of every queue (see module docstring). Unknown parents count as the root;
     queues whose parent chain loops (`parent_loops`) are left out of the division: fair share
     0. `usage` (queue -> usage share of this resource) turns time-based fair share on."""
@@ -179,7 +180,7 @@ def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1,
 
 
 def split(amount: int, claims: Sequence[tuple[QueueInput, int]],
-          usage: Mapping[str, Fraction] | None = None, k: int = 0) -> dict[str, int]:
+          usage: Mapping[str, Fraction] | None = None, k: Fraction | int = 0) -> dict[str, int]:
     """Divide `amount` among siblings, each (queue, request), by steps 1-3 of the rules."""
     need = {q.name: r for q, r in claims}
     given = _within_quota(amount, claims)
@@ -206,7 +207,7 @@ def split(amount: int, claims: Sequence[tuple[QueueInput, int]],
 
 
 def split_whole(amount: int, claims: Sequence[tuple[QueueInput, int]], unit: int,
-                usage: Mapping[str, Fraction] | None = None, k: int = 0) -> dict[str, int]:
+                usage: Mapping[str, Fraction] | None = None, k: Fraction | int = 0) -> dict[str, int]:
     """`split` with the over-quota steps in whole units of `unit` (see module docstring)."""
     need = {q.name: r for q, r in claims}
     given = _within_quota(amount, claims)

@@ -226,7 +226,7 @@ class Session:
                 anc.nonpreemptible = _add(anc.nonpreemptible, np)
         time_based = None
         if self.usage is not None and self.config is not None:
-            time_based = TimeBased(self.usage, self.config.fairshare.k_value)
+            time_based = TimeBased(self.usage, self.config.fairshare.k)
         shares = shares_for_state(st, self.gpu_share_unit, time_based)
         for name, node in self.queues.items():
             node.fair = (shares["gpu"][name].fair_share, shares["cpu"][name].fair_share,

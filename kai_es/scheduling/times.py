@@ -9,8 +9,10 @@ Contract:
 - Min-runtime (`preemptMinRuntime` / `reclaimMinRuntime`, ns; None on a queue: unset):
   - preempt: the first value set walking up from the victim's leaf queue, else the config's
     `minRuntime.preemptMinRuntime`;
-  - reclaim: the first value set walking up from the child of the lowest common ancestor of
-    the two leaf queues on the victim's side (KAI's "lca" resolution), else the config's
+  - reclaim, by the config's `minRuntime.reclaimResolveMethod` (KAI's): "lca" (the default),
+    the first value set walking up from the child of the lowest common ancestor of the two
+    leaf queues on the victim's side; "queue", the first value set walking up from the
+    victim's own leaf queue (as preempt); either way else the config's
     `minRuntime.reclaimMinRuntime`.
   A job is *protected* while now < started + min-runtime (0: never protected).
 - Preemption delay: the PodGroup's `preemptionDelay` (or annotation), else its first pod's (by
@@ -49,13 +51,15 @@ def preempt_min_runtime_ns(state: ClusterState, config: SchedulerConfig, victim_
 
 def reclaim_min_runtime_ns(state: ClusterState, config: SchedulerConfig, reclaimer_leaf: QueueNode,
                            victim_leaf: QueueNode) -> int:
-    """KAI's "lca" resolution: from the victim's side just below the lowest common ancestor up."""
-    mine = {id(q) for q in reclaimer_leaf.chain}
+    """By `minRuntime.reclaimResolveMethod`: "queue" from the victim's leaf up; "lca" from the
+    victim's side just below the lowest common ancestor up."""
     below = 0
-    for i, q in enumerate(victim_leaf.chain):
-        if id(q) in mine:
-            break
-        below = i
+    if config.min_runtime.reclaim_resolve_method == "lca":
+        mine = {id(q) for q in reclaimer_leaf.chain}
+        for i, q in enumerate(victim_leaf.chain):
+            if id(q) in mine:
+                break
+            below = i
     found = _first_set(victim_leaf.chain[below:], state, "reclaim_min_runtime_ns")
     return found if found is not None else duration_ns(config.min_runtime.reclaim_min_runtime)
 
@@ -113,7 +117,9 @@ def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
     """Sorted times at which a time rule may change a cycle's decisions though nothing new was
     logged (a reason for the scheduler to wake up and run a cycle): stale gangs' eviction
     deadlines; and, while pods wait, the ends of pending jobs' preemption delays and of running
-    jobs' min-runtimes (by the victim's own queue chain, for preempt and reclaim)."""
+    jobs' min-runtimes: every value set on the victim's own queue chain and the config's
+    defaults, a superset of what either reclaim resolution ("lca" or "queue") and preempt can
+    resolve, since each of them picks a value on that chain or a default."""
     out: set[int] = set()
     actions = set(config.action_list)
     if "stalegangeviction" in actions:
