@@ -137,3 +137,28 @@ def test_in_the_simulator_the_moved_pod_lands_where_room_was_made_and_nothing_mo
     assert bound["big"] == "n2"
     replacement = [name for name in bound if name.startswith("b-r")]
     assert replacement and bound[replacement[0]] == "n1"  # the controller's new pod, where room was
+
+
+def test_only_pods_that_can_move_are_taken() -> None:
+    """The twin of consolidation-only-movable-pods: with room for w elsewhere (a free GPU more on
+    n3: t3 gone), w — the cheapest victim — is what moves, and the pods of n2 stay."""
+    docs = [d for d in _docs("consolidation-only-movable-pods") if d["metadata"]["name"] != "t3"]
+    outcome = _cycle(docs)
+    assert [e["name"] for e in _evictions(outcome)] == ["w"]
+    assert _status(outcome, "big") == ("Pipelined", "n1")
+
+
+def test_restoring_gangs_first_is_v4s_and_v3_keeps_the_queue_order() -> None:
+    docs = _docs("restore-gangs-first")
+    _scheduler(docs)["policyVersion"] = "kai-es/v3"
+    outcome = _cycle(docs)
+    assert _status(outcome, "x") == ("Binding", "n1") and _status(outcome, "g-1") == ("Pending", None)
+
+
+def test_a_gang_moved_in_part_is_whole_again_in_the_simulator_and_never_stale() -> None:
+    docs = _docs("consolidation-gang-moves-only-pods-in-the-way")
+    envelopes = _simulated(docs)
+    evictions = [(e.data.name, e.data.action) for e in envelopes if isinstance(e.data, p.EvictionDecided)]
+    assert evictions == [("g-1", "consolidation")]  # no stale-gang eviction follows
+    bound = {e.data.name: e.data.node for e in envelopes if isinstance(e.data, p.PodBound)}
+    assert bound["big"] == "n2" and bound["g-1-r1"] == "n1"

@@ -18,7 +18,7 @@ from kai_es.events import payloads as p
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.packing import load_packer
 from kai_es.app.simulation import simulate
-from tests.builders import MakeNode, MakePod, queue, scenario_text
+from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
 
 SETTINGS = {"scheduler": {"actions": ["allocate", "reclaim", "preempt"]},
             "simulation": {"until": "90s", "cyclePeriod": "1s"}}
@@ -62,11 +62,22 @@ def fragmented_workload(draw: Any) -> str:
     queues = [f"q{i}" for i in range(draw(st.integers(1, 3)))]
     for name in queues:
         docs.append(queue(name, gpu_quota=draw(st.integers(0, 4))))
+    # up to two running gangs (minMember 2 or 3) whose pods may sit on different nodes: a
+    # consolidation may move some of them, and the gang must come back whole, never stale
+    gangs = [(f"g{g}", draw(st.sampled_from(queues)), draw(st.integers(2, 3))) for g in range(draw(st.integers(0, 2)))]
+    for name, queue_name, size in gangs:
+        docs.append(podgroup(name, size, queue_name))
+    members = [name for name, _, size in gangs for _ in range(size)]
     k = 0
     for i, gpus in enumerate(sizes):
         for _ in range(gpus):
-            pod = MakePod(f"r{k}", queue=draw(st.sampled_from(queues))).gpu(1).priority_class("train")
-            if draw(st.integers(0, 2)) == 0:  # about a third finish early, leaving holes
+            left = sum(sizes) - k  # slots left, this one included: every member gets one
+            gang = members.pop(0) if members and (len(members) >= left or draw(st.booleans())) else None
+            queue_name = next(q for n, q, _ in gangs if n == gang) if gang else draw(st.sampled_from(queues))
+            pod = MakePod(f"r{k}", queue=queue_name).gpu(1).priority_class("train")
+            if gang:
+                pod = pod.group(gang)
+            elif draw(st.integers(0, 2)) == 0:  # about a third finish early, leaving holes
                 pod = pod.annotate("kai-es.io/run-for", f"{draw(st.integers(1, 5))}s")
             docs.append(pod.obj())
             k += 1
@@ -99,6 +110,8 @@ def test_every_action_of_v4_converges_and_never_goes_back_and_forth(text: str) -
 def _converges_and_never_goes_back_and_forth(text: str) -> None:
     envelopes = _run(text)
     evictions = [(e.logicaltime, e.data) for e in envelopes if isinstance(e.data, p.EvictionDecided)]
+    stale = [d for _, d in evictions if d.action == "stalegangeviction"]
+    assert not stale, f"a gang went stale: {[(d.name, d.reason) for d in stale]}"
     event(f"reclaims: {sum(1 for _, d in evictions if d.action == 'reclaim') > 0}, "
           f"preemptions: {sum(1 for _, d in evictions if d.action == 'preempt') > 0}, "
           f"moves: {sum(1 for _, d in evictions if d.action == 'consolidation') > 0}")

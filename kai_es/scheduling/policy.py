@@ -125,6 +125,13 @@ class Policy:
     #: before, it tried a placement only once the victims alone freed the whole request, so a
     #: preemptor needing free capacity plus victims on one node could find no victims at all
     search_counts_free: bool = False
+    #: allocate places the pods that restore a running gang's minimum before other work (v4):
+    #: consolidation moves only the pods of a gang in the way, and their replacements must get
+    #: the room made for them before the stale-gang clock runs out
+    restore_gangs_first: bool = False
+    #: a job this cycle placed pods for is no victim in the same cycle (v4): before, reclaim
+    #: could evict the running half of a gang whose other half allocate had just restored
+    spare_growing_jobs: bool = False
 
 
 class UnknownPolicy(ValueError):
@@ -169,6 +176,8 @@ POLICIES["kai-es/v4"] = replace(
     accepted=frozenset(ACTION_NAMES),
     default_actions=("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"),
     search_counts_free=True,
+    restore_gangs_first=True,
+    spare_growing_jobs=True,
 )
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v4"

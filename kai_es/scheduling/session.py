@@ -163,6 +163,8 @@ class Session:
         self.usage = usage
         self.bounded_victims = policy.bounded_victims if policy is not None else False
         self.search_counts_free = policy.search_counts_free if policy is not None else False
+        self.restore_gangs_first = policy.restore_gangs_first if policy is not None else False
+        self.spare_growing_jobs = policy.spare_growing_jobs if policy is not None else False
         self.eligibility = Eligibility(state, plan.names, plan.nodes)
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)

@@ -205,14 +205,17 @@ Placer = Callable[[], list[Entry] | None]
 def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool],
            request: Vector, place: Placer, action: str, preemptor: str,
            reason: Callable[[Unit], tuple[str, dict[str, int]]],
-           on_nodes: set[int] | None = None, free: Vector = (0, 0, 0)) -> list[Eviction] | None:
+           on_nodes: set[int] | None = None, free: Vector = (0, 0, 0),
+           whole_units: bool = True) -> list[Eviction] | None:
     """Evict admitted units cheapest first until `place()` succeeds (it must place the whole
     preemptor on the Plan, or roll its own placements back and return None). Returns the
     evictions kept, or None with the Plan unchanged. With `on_nodes` (the per-node bound,
     `room_nodes`) only units with a pod on one of those nodes are taken, and only what they
     free there counts towards the request. `free` (kai-es/v4: `free_capacity`) is capacity
     free already that counts towards it too, so that a preemptor needing some of it and a few
-    victims is tried as soon as they are evicted."""
+    victims is tried as soon as they are evicted. `whole_units=False` (consolidation, whose
+    victims are re-placed, so a gang keeps its members) keeps, of the units chosen, only the
+    pods on nodes the preemptor uses: the others stay where they run."""
     plan = session.plan
     start = plan.checkpoint()
     freed: Vector = (0, 0, 0)
@@ -239,7 +242,7 @@ def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool
         entries = place()
         if entries is None:
             continue
-        return _keep_needed(session, start, chosen, entries, place, action, preemptor, reason)
+        return _keep_needed(session, start, chosen, entries, place, action, preemptor, reason, whole_units)
     plan.rollback(start)
     return None
 
@@ -260,15 +263,20 @@ def free_capacity(session: Session, nodes: Iterable[int] | None) -> Vector:
 
 
 def _keep_needed(session: Session, start: int, chosen: list[Unit], entries: list[Entry], place: Placer,
-                 action: str, preemptor: str, reason: Callable[[Unit], tuple[str, dict[str, int]]]
-                 ) -> list[Eviction]:
+                 action: str, preemptor: str, reason: Callable[[Unit], tuple[str, dict[str, int]]],
+                 whole_units: bool = True) -> list[Eviction]:
     """Victims on nodes the preemptor did not land on were not needed: try again without them
-    (same order); keep the smaller set if the preemptor still fits, else the first one."""
+    (same order) — without such units, or with `whole_units=False` without such pods; keep the
+    smaller set if the preemptor still fits, else the first one."""
     plan = session.plan
     used = {e.node for e in entries}
     index = plan.node_index
-    needed = [u for u in chosen if any(index[p.node] in used for p in u.pods)]
-    if len(needed) < len(chosen):
+    if whole_units:
+        needed = [u for u in chosen if any(index[p.node] in used for p in u.pods)]
+    else:
+        needed = [Unit(u.job, kept, u.surplus) for u in chosen
+                  if (kept := tuple(p for p in u.pods if index[p.node] in used))]
+    if sum(len(u.pods) for u in needed) < sum(len(u.pods) for u in chosen):
         plan.rollback(start)
         _evict_all(session, needed, action, preemptor, reason)
         if place() is None:

@@ -1,4 +1,6 @@
-"""Reclaim at scale (issue 11's shapes), one full cycle with allocate, reclaim and preempt on:
+"""Reclaim at scale (issue 11's shapes), one full cycle with every action of the policy on (the
+default config's actions: under kai-es/v4 allocate, consolidation, reclaim, preempt and
+stalegangeviction):
 
 - big: one pending job of 500 pods x 8 GPUs (queue deserves 0... here a quota-less queue whose
   fair share the division gives it) against 1,000 full nodes x 8 GPUs of single-GPU jobs of
@@ -62,7 +64,7 @@ def build(nodes: int, running: int, pending_jobs: int, pods_per_job: int, gpus_p
 
 def run(label: str, state: ClusterState, pos: int, policy: str | None = None) -> None:
     overrides = {} if policy is None else {"policy_version": policy}
-    cfg = SchedulerConfig(state_digest_every=0, actions=["allocate", "reclaim", "preempt"], **overrides)
+    cfg = SchedulerConfig(state_digest_every=0, **overrides)  # the policy's default actions: all
     started = make_envelope(p.CycleStarted(cycle=1, config_digest=config_digest(cfg)), event_id="c1",
                             source="bench", subject="cycle/1", logicaltime=START + pos)
     apply(state, Record(pos, started))
@@ -75,7 +77,7 @@ def run(label: str, state: ClusterState, pos: int, policy: str | None = None) ->
     kinds: dict[str, int] = {}
     for d in decisions:
         kinds[type(d.data).__name__] = kinds.get(type(d.data).__name__, 0) + 1
-    print(f"{label}: one cycle (allocate, reclaim, preempt) in {dt:.2f}s, peak {peak / 2**20:.0f} MiB "
+    print(f"{label}: one cycle ({', '.join(cfg.action_list)}) in {dt:.2f}s, peak {peak / 2**20:.0f} MiB "
           f"(target < 5 s, < 1 GiB); decisions {dict(sorted(kinds.items()))}")
 
 

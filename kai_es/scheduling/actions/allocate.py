@@ -63,6 +63,8 @@ class Allocator:
                                    [Reason(code=fw.NO_NODES, message="the cluster has no nodes")])
             return self.result
         self._nominated()
+        if session.restore_gangs_first:
+            self._restoring()
         cache = session.order_cache
         while True:
             pick = session.pick(session.roots)
@@ -87,6 +89,25 @@ class Allocator:
                     jobs[job.key] = job
         for key in sorted(jobs, key=lambda k: (-jobs[k].priority, jobs[k].created_ns, jobs[k].uid, k)):
             job = jobs[key]
+            leaf = session.queues.get(job.queue)
+            if leaf is None or leaf.children or leaf.jobs is None:
+                continue
+            picked = session.job_candidate(job)
+            if picked is None:
+                continue
+            pods, request = picked
+            self._try(leaf, job, pods, request)
+
+    def _restoring(self) -> None:
+        """kai-es/v4: running gangs below their minimum go next, longest below first, with the
+        pods that restore their minimum: their running pods are held for nothing meanwhile, and
+        the stale-gang clock runs. This is what brings a gang whose pods consolidation moved
+        back together on the room made for them, before new work can take it."""
+        state, session = self.state, self.session
+        jobs = [state.jobs[k] for k in state.gangs_below_minimum]
+        for job in sorted(jobs, key=lambda j: (j.stale_since_ns, j.key)):
+            if not job.pending:
+                continue
             leaf = session.queues.get(job.queue)
             if leaf is None or leaf.children or leaf.jobs is None:
                 continue

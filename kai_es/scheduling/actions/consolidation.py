@@ -11,8 +11,11 @@ Rules:
 - Victims are the running pods of any preemptible job but the preemptor's own, of any queue and
   any priority (they keep their resources, so neither fair share nor priority is at stake; nor
   is min-runtime, as in KAI). Units, order and effort are the shared search's
-  (`kai_es.scheduling.victims`): an elastic job moves surplus pods one at a time, a gang moves
-  whole.
+  (`kai_es.scheduling.victims`) but for one thing: since every moved pod is re-placed, a gang
+  keeps its members however many of them move, so of the units the search chose only the pods
+  on nodes the preemptor uses move; the others stay where they run.
+- A unit with a pod that fits on no other node's idle capacity now (static eligibility) is not
+  taken: it could not move.
 - Once the search has placed the preemptor, every victim pod it kept is re-placed, largest
   request first, on idle capacity (never pipelined, never on the node it leaves), within its
   own eligibility; if one cannot be, the whole attempt is rolled back. A re-placement is an
@@ -43,6 +46,7 @@ NAME = "consolidation"
 
 class Consolidation(PreemptingAction):
     name = NAME
+    whole_units = False  # moved pods are re-placed: of a gang, only those in the way move
 
     def __init__(self, session: Session) -> None:
         super().__init__(session)
@@ -80,7 +84,32 @@ class Consolidation(PreemptingAction):
         return [(name, priority) for name in sorted(found) if name in queues for priority in sorted(found[name])]
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
-        return lambda unit: unit.job.key != job.key and unit.job.preemptible
+        """Another job's preemptible unit whose every pod fits, now, on idle capacity of some
+        node other than its own (within its static eligibility): a pod that fits nowhere else
+        cannot move, so a unit with one is not taken. During a search idle capacity does not
+        change (evictions free capacity only once released), so the answers are kept per
+        (shape, eligible nodes) for the search: the first node that fits, and whether another
+        one does."""
+        plan, eligibility = self.plan, self.session.eligibility
+        fits: dict[tuple[int, int], tuple[int, bool]] = {}
+
+        def movable(pod: PodState) -> bool:
+            shape, mask = plan.shape(pod.spec), eligibility.static_mask(pod.spec)
+            key = (id(shape), id(mask))
+            found = fits.get(key)
+            if found is None:
+                first = plan.packer.place(plan.idle, shape, plan.strategy, mask)
+                if not first.placed:
+                    found = (-1, False)
+                else:
+                    others = mask[:]
+                    others[first.node] = 0
+                    found = (first.node, plan.packer.place(plan.idle, shape, plan.strategy, others).placed)
+                fits[key] = found
+            node, another = found
+            return node >= 0 and (another or node != plan.node_index[pod.node])
+
+        return lambda unit: unit.job.key != job.key and unit.job.preemptible and all(movable(p) for p in unit.pods)
 
     def _cannot_make_room(self, pods: list[PodState], buckets: tuple[tuple[str, int], ...]) -> None:
         """Silent: a move that cannot help is no news to a pod that fits nowhere (its NoNodeFits

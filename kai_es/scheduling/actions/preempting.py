@@ -21,6 +21,8 @@ Contract:
   nodes the per-node bound (`kai_es.scheduling.victims.RoomBound`) leaves, and a preemptor it
   leaves none is rejected at once with VictimsCannotMakeRoom; a failed search is remembered by
   its scenario (`_scenario`) and not repeated on an unchanged Plan.
+- kai-es/v4 (`Session.spare_growing_jobs`): a job this cycle has placed pods for (restoring
+  a gang, an elastic job growing, an earlier preemptor) is no victim in the same cycle.
 - Pure: reads the state; writes only the Session's Plan and the returned result.
 """
 
@@ -50,6 +52,8 @@ class PreemptingAction:
     """Base of reclaim and preempt: `victim_jobs`, `admit` and `why` make the difference."""
 
     name = ""
+    #: the search keeps victims by whole unit (a gang loses all its pods), else by pod
+    whole_units = True
 
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -298,8 +302,16 @@ class PreemptingAction:
         preemptor = f"{job.namespace}/{pods[0].spec.name}" if len(pods) == 1 else job.key
         start = self.plan.checkpoint()
         free = free_capacity(self.session, on_nodes) if self.session.search_counts_free else (0, 0, 0)
-        evictions = search(self.session, units, self.admit(leaf, job, request), request, place,
-                           self.name, preemptor, self.why(leaf, job, request), on_nodes, free)
+        admit = self.admit(leaf, job, request)
+        if self.session.spare_growing_jobs:
+            grown, rule = self.session.placed_pods, admit
+
+            def admit(unit: Unit) -> bool:  # a job this cycle placed pods for is no victim
+                return rule(unit) and not any(e[3] in grown for e in unit.job.pending)
+
+        evictions = search(self.session, units, admit, request, place,
+                           self.name, preemptor, self.why(leaf, job, request), on_nodes, free,
+                           self.whole_units)
         if evictions is not None and not self.settle(job, start, request):
             self.plan.rollback(start)
             evictions = None
