@@ -205,14 +205,15 @@ Placer = Callable[[], list[Entry] | None]
 def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool],
            request: Vector, place: Placer, action: str, preemptor: str,
            reason: Callable[[Unit], tuple[str, dict[str, int]]],
-           on_nodes: set[int] | None = None, free: Vector = (0, 0, 0),
+           on_nodes: set[int] | None = None, free: Callable[[], Vector] | None = None,
            whole_units: bool = True) -> list[Eviction] | None:
     """Evict admitted units cheapest first until `place()` succeeds (it must place the whole
     preemptor on the Plan, or roll its own placements back and return None). Returns the
     evictions kept, or None with the Plan unchanged. With `on_nodes` (the per-node bound,
     `room_nodes`) only units with a pod on one of those nodes are taken, and only what they
-    free there counts towards the request. `free` (kai-es/v4: `free_capacity`) is capacity
-    free already that counts towards it too, so that a preemptor needing some of it and a few
+    free there counts towards the request. `free` (kai-es/v4: `free_capacity` on those nodes;
+    asked at most once, and only when what the victims free falls short) is capacity free
+    already that counts towards it too, so that a preemptor needing some of it and a few
     victims is tried as soon as they are evicted. `whole_units=False` (consolidation, whose
     victims are re-placed, so a gang keeps its members) keeps, of the units chosen, only the
     pods on nodes the preemptor uses: the others stay where they run."""
@@ -223,6 +224,7 @@ def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool
     tries = 0
     chosen: list[Unit] = []
     index = plan.node_index
+    already: Vector | None = None
     for unit in units:
         if evicted_pods + len(unit.pods) > MAX_VICTIM_PODS or tries >= MAX_PLACEMENT_TRIES:
             break
@@ -236,8 +238,13 @@ def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool
         r = unit.request if on_nodes is None else Unit(unit.job, tuple(
             pod for pod in unit.pods if index[pod.node] in on_nodes)).request
         freed = (freed[0] + r[0], freed[1] + r[1], freed[2] + r[2])
-        if any(need > got + have for need, got, have in zip(request, freed, free)):
-            continue
+        if any(need > got for need, got in zip(request, freed)):
+            if free is None:
+                continue
+            if already is None:
+                already = free()
+            if any(need > got + have for need, got, have in zip(request, freed, already)):
+                continue
         tries += 1
         entries = place()
         if entries is None:
@@ -252,13 +259,14 @@ def free_capacity(session: Session, nodes: Iterable[int] | None) -> Vector:
     GPU as the sum of every device's free share, so an upper bound of what a task can use."""
     table = session.plan.future
     start = table.gpu_start
-    dev = table.dev_free_milli
+    dev, cpus, mems = table.dev_free_milli, table.free_milli_cpu, table.free_memory_bytes
     gpu = cpu = mem = 0
     for n in (range(len(table.free_pods)) if nodes is None else nodes):
-        cpu += max(0, table.free_milli_cpu[n])
-        mem += max(0, table.free_memory_bytes[n])
-        for d in range(start[n], start[n + 1]):
-            gpu += max(0, dev[d])
+        cpu += max(0, cpus[n])
+        mem += max(0, mems[n])
+        devices = dev[start[n]:start[n + 1]]
+        if devices:
+            gpu += sum(devices) if min(devices) >= 0 else sum(d for d in devices if d > 0)
     return (gpu, cpu, mem)
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.actions.preempting import PreemptingAction
+from kai_es.scheduling.fairshare import pod_request
 from kai_es.scheduling.plan import Eviction
 from kai_es.scheduling.session import QueueNode, Session, Vector
 from kai_es.scheduling.victims import Unit, free_capacity
@@ -64,6 +65,23 @@ class Consolidation(PreemptingAction):
                 config.placement_strategy.gpu, config.placement_strategy.cpu):
             return self.result
         return super().run()
+
+    def preemptors(self) -> list[tuple[QueueNode, Job]]:
+        """Reclaim's and preempt's, without the non-preemptible jobs and the jobs whose every
+        pending pod requests more of some resource than the cluster has free: what a job places
+        now is one pending pod or more, so it could not fit (`may_start` checks the request
+        itself)."""
+        free = free_capacity(self.session, None)
+        self._free_at, self._free = len(self.plan.operations), free
+        hint = self.session.gpu_memory_hint
+        out = []
+        for leaf, job in super().preemptors():
+            if not job.preemptible:
+                continue
+            smallest = [min(pod_request(self.state.pods[e[3]].spec, hint)[r] for e in job.pending) for r in (0, 1, 2)]
+            if all(need <= have for need, have in zip(smallest, free)):
+                out.append((leaf, job))
+        return out
 
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
         if not job.preemptible or (self.budget >= 0 and len(self.moved_jobs) >= self.budget):

@@ -301,7 +301,7 @@ class PreemptingAction:
 
         preemptor = f"{job.namespace}/{pods[0].spec.name}" if len(pods) == 1 else job.key
         start = self.plan.checkpoint()
-        free = free_capacity(self.session, on_nodes) if self.session.search_counts_free else (0, 0, 0)
+        free = (lambda: free_capacity(self.session, on_nodes)) if self.session.search_counts_free else None
         admit = self.admit(leaf, job, request)
         if self.session.spare_growing_jobs:
             grown, rule = self.session.placed_pods, admit
