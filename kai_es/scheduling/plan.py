@@ -183,10 +183,9 @@ class Plan:
         return op
 
     def place(self, pod_key: str, spec: PodObserved, mask: array[int], settled: bool = False,
-              remember: bool = True, levels: list[array[int]] | None = None, pipeline: bool = True
+              remember: bool = True, levels: list[array[int]] | None = None
               ) -> tuple[Entry | None, Placement]:
-        """Place one task: idle capacity first, else (`pipeline=True`) pipelined onto releasing
-        capacity.
+        """Place one task: idle capacity first, else pipelined onto releasing capacity.
         Returns the entry (None when nothing fits) and the idle-capacity placement answer on
         `mask`, whose rejection counts explain a failure.
 
@@ -224,8 +223,6 @@ class Plan:
             now = self._place_idle(shape, mask)
             if now.placed:
                 return None, now  # fits only capacity pipelined pods are waiting for
-        if not pipeline:
-            return None, now
         for level in (levels or (mask,)):
             later = self._place_future(shape, level)
             if later.placed:
@@ -235,6 +232,22 @@ class Plan:
         if settled and remember:
             self._failed[failed_key] = now
         return None, now
+
+    def place_idle(self, pod_key: str, spec: PodObserved, mask: array[int]) -> Entry | None:
+        """Place one task on idle capacity only (never pipelined), on a node of `mask` whose
+        capacity no pipelined pod is waiting for: a node the packer picks whose idle capacity
+        is so held is left out and the packer asked again. None when no node fits."""
+        shape = self.shape(spec)
+        allowed = array("q", mask)
+        while True:
+            now = self._place_idle(shape, allowed)
+            if not now.placed:
+                return None
+            if self.future.can_take(now.node, now.devices, shape):
+                self.future.apply_placed(now.node, now.devices, shape, 1)
+                self.idle.apply_placed(now.node, now.devices, shape, 1)
+                return self._record(pod_key, spec, shape, now, pipelined=False)
+            allowed[now.node] = 0
 
     def known_failure(self, spec: PodObserved, mask: array[int]) -> Placement | None:
         """The remembered answer if `spec`'s shape already failed on `mask` with no tentative

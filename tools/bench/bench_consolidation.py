@@ -8,8 +8,10 @@ allocate, consolidation, reclaim, preempt, stalegangeviction):
   `maxConsolidationPreemptees` jobs (default 16, so 8 jobs are placed; `--budget -1`: no limit).
 - full: the same cluster with 8 jobs on every node (nothing free): consolidation must give up
   at once (moves keep the free capacity as it is), so the cycle costs what it did without it.
+- hopeless: the fragmented cluster and 200 pending 16-GPU jobs (larger than any node): every
+  search must end at once, whatever the cluster runs.
 
-    python tools/bench/bench_consolidation.py [--shape fragmented|full|both] [--budget N]
+    python tools/bench/bench_consolidation.py [--shape fragmented|full|hopeless|all] [--budget N]
 
 Prints the cycle's wall time, its peak memory (tracemalloc) and what it decided.
 """
@@ -36,7 +38,7 @@ from kai_es.state.reducer import apply  # noqa: E402
 from bench_cycle import START, Folder  # noqa: E402  (this directory is on the path)
 
 
-def build(nodes: int, per_node: int, pending: int) -> tuple[ClusterState, int]:
+def build(nodes: int, per_node: int, pending: int, gpus: int = 4) -> tuple[ClusterState, int]:
     folder = Folder()
     add = folder.add
     for i in range(nodes):
@@ -52,7 +54,7 @@ def build(nodes: int, per_node: int, pending: int) -> tuple[ClusterState, int]:
             k += 1
     for j in range(pending):
         add(p.PodObserved(namespace="a", name=f"job-{j}", uid=f"a{j}", queue="team", podgroup=f"job-{j}",
-                          implicit_podgroup=True, priority_class="train", gpu=p.GpuRequest(whole=4),
+                          implicit_podgroup=True, priority_class="train", gpu=p.GpuRequest(whole=gpus),
                           requests=p.PodResources(milli_cpu=1000, memory_bytes=2**30), created_ns=START + k + j))
     return folder.state, folder.pos
 
@@ -77,15 +79,18 @@ def run(label: str, state: ClusterState, pos: int, budget: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", choices=["fragmented", "full", "both"], default="both")
+    ap.add_argument("--shape", choices=["fragmented", "full", "hopeless", "all"], default="all")
     ap.add_argument("--budget", type=int, default=16, help="maxConsolidationPreemptees (-1: no limit)")
     args = ap.parse_args()
-    if args.shape in ("fragmented", "both"):
+    if args.shape in ("fragmented", "all"):
         state, pos = build(nodes=1000, per_node=6, pending=200)
         run("fragmented: 200 pending 4-GPU jobs, 1,000 nodes with 2 free GPUs each", state, pos, args.budget)
-    if args.shape in ("full", "both"):
+    if args.shape in ("full", "all"):
         state, pos = build(nodes=1000, per_node=8, pending=200)
         run("full: 200 pending 4-GPU jobs, 1,000 full nodes", state, pos, args.budget)
+    if args.shape in ("hopeless", "all"):
+        state, pos = build(nodes=1000, per_node=6, pending=200, gpus=16)
+        run("hopeless: 200 pending 16-GPU jobs, 1,000 8-GPU nodes", state, pos, args.budget)
 
 
 if __name__ == "__main__":

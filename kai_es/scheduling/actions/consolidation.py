@@ -10,21 +10,26 @@ Rules:
   limits.
 - Victims are the running pods of any preemptible job but the preemptor's own, of any queue and
   any priority (they keep their resources, so neither fair share nor priority is at stake; nor
-  is min-runtime, as in KAI). Units, order and effort are the shared search's
+  is min-runtime, as in KAI). They are tried node by node (`bounded_search`: at most
+  `MAX_NODES` nodes that could fit the job with their movable pods gone, the most free GPU
+  capacity first; on each, the cheapest units that free a resource the node lacks). Units
+  and effort are the shared search's
   (`kai_es.scheduling.victims`) but for one thing: since every moved pod is re-placed, a gang
   keeps its members however many of them move, so of the units the search chose only the pods
   on nodes the preemptor uses move; the others stay where they run.
 - A unit with a pod that fits on no other node's idle capacity now (static eligibility) is not
   taken: it could not move.
 - Once the search has placed the preemptor, every victim pod it kept is re-placed, largest
-  request first, on idle capacity (never pipelined, never on the node it leaves), within its
-  own eligibility; if one cannot be, the whole attempt is rolled back. A re-placement is an
+  request first, on idle capacity no pipelined pod waits for (`Plan.place_idle`: never
+  pipelined, never on the node it leaves), within its own eligibility (its preferences are not
+  weighed); if one cannot be, the whole attempt is rolled back. A re-placement is an
   `Entry` with `moved_from` set: it holds the capacity for the rest of the cycle and is
   announced in the pod's eviction (its reason names both nodes), not as a placement.
 - At most `maxConsolidationPreemptees` jobs (default 16; -1: no limit; 0: the action is off)
   are moved per cycle; an attempt that would move more is rolled back.
 - A preemptor for whom moving every movable pod would make room on no node is passed over
-  silently (no VictimsCannotMakeRoom: its NoNodeFits says enough).
+  silently (no VictimsCannotMakeRoom: its NoNodeFits says enough), as is one whose identical
+  scenario failed already in this cycle.
 - Off when a placement strategy is `spread` (GPU or CPU), as in KAI: packing pods tighter would
   work against it.
 - Pure: reads the state; writes only the Session's Plan and the returned result.
@@ -32,17 +37,21 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.actions.preempting import PreemptingAction
 from kai_es.scheduling.fairshare import pod_request
+from kai_es.scheduling.packing import TaskShape
+from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Eviction
 from kai_es.scheduling.session import QueueNode, Session, Vector
-from kai_es.scheduling.victims import Unit, free_capacity
+from kai_es.scheduling.victims import Unit, free_capacity, keyed_units
 from kai_es.state.model import Job, PodState
 
 NAME = "consolidation"
+#: nodes a search for one preemptor looks at (a count, so that replay is exact)
+MAX_NODES = 32
 
 
 class Consolidation(PreemptingAction):
@@ -93,13 +102,81 @@ class Consolidation(PreemptingAction):
             self._free_at, self._free = length, free_capacity(self.session, None)
         return all(need <= have for need, have in zip(request, self._free))
 
+    def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector
+                       ) -> tuple[set[int], Iterable[Unit], tuple[object, ...]] | None:
+        """Node by node, at most `MAX_NODES` of them: the nodes its tasks may use, most free GPU
+        capacity (once released) first, that could fit its largest task with their movable pods
+        gone (`_could_fit`); on each, the units with a pod there that frees a resource the node
+        lacks (`_short_of`), cheapest first. Room for a task is made on one node, so taking the
+        cheapest units of the whole cluster (reclaim's and preempt's order) would spread the
+        moves over many nodes and make room on none; and only these nodes' pods are looked at,
+        so a search costs what its nodes hold, not what the cluster runs."""
+        eligibility, plan = self.session.eligibility, self.plan
+        shapes = [(plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
+        # what this search depends on: not the preemptor's queue or priority (any preemptible
+        # pod may move for any preemptor), but its own running pods, which never move for it
+        _, _, _, *rest = self._scenario(leaf, job, pods, request, shapes)
+        scenario = (NAME, job.key if job.occupying else "", *rest)
+        if scenario in self._failed_scenarios:
+            return None
+        tasks = [shape for shape, _ in shapes]
+        masks = [mask for _, mask in shapes]
+        table = plan.future
+        start, free = table.gpu_start, table.dev_free_milli
+        eligible = [n for n in range(len(plan.names)) if any(mask[n] for mask in masks)]
+        ranked = sorted(eligible, key=lambda n: (-sum(free[start[n]:start[n + 1]]), n))
+        nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]] = []
+        specs = plan.nodes
+        for n in ranked:
+            size, spec = start[n + 1] - start[n], specs[n].spec
+            if not any(t.whole_gpus <= size and t.milli_cpu <= spec.milli_cpu and t.memory_bytes <= spec.memory_bytes
+                       for t in tasks):
+                continue  # too small for any task, whatever moves
+            movable = self._movable_on(n, job)
+            short = _short_of(table, n, tasks)
+            if movable and _could_fit(table, n, tasks, movable):
+                nodes.append((n, short, movable))
+                if len(nodes) >= MAX_NODES:
+                    break
+        if not nodes:
+            self._failed_scenarios.add(scenario)
+            return None
+        return {n for n, _, _ in nodes}, self._units_by_node(nodes), scenario
+
+    def _movable_on(self, node: int, job: Job) -> list[PodState]:
+        """The pods on `node` a search may move: Running or Binding, of another preemptible job,
+        not evicted by this Plan."""
+        state, evicted = self.state, self.plan.evicted_pods
+        out = []
+        for key in sorted(self.plan.nodes[node].pods):
+            pod = state.pods.get(key)
+            if pod is None or pod.status not in ("Running", "Binding") or key in evicted:
+                continue
+            owner = state.jobs.get(pod.job_key)
+            if owner is not None and owner.preemptible and owner.key != job.key:
+                out.append(pod)
+        return out
+
+    def _units_by_node(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]]) -> Iterator[Unit]:
+        state, evicted = self.state, self.plan.evicted_pods
+        names = self.plan.names
+        jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
+        units = keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)
+        seen: set[int] = set()
+        for n, short, _ in nodes:
+            name = names[n]
+            for _, unit in units:
+                here = [pod for pod in unit.pods if pod.node == name]
+                if not here or id(unit) in seen or any(pod.key in evicted for pod in unit.pods):
+                    continue
+                if any(short) and not any(_frees(pod, short) for pod in here):
+                    continue  # moving it would free nothing the node lacks
+                seen.add(id(unit))
+                yield unit
+
     def victim_jobs(self, leaf: QueueNode, job: Job) -> list[Job]:
         queues = self.session.queues
         return [v for v in self.occupying_jobs if v.key != job.key and v.queue in queues]
-
-    def victim_buckets(self, leaf: QueueNode, job: Job, request: Vector) -> list[tuple[str, int]]:
-        found, queues = self.state.victim_jobs, self.session.queues
-        return [(name, priority) for name in sorted(found) if name in queues for priority in sorted(found[name])]
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         """Another job's preemptible unit whose every pod fits, now, on idle capacity of some
@@ -129,10 +206,6 @@ class Consolidation(PreemptingAction):
 
         return lambda unit: unit.job.key != job.key and unit.job.preemptible and all(movable(p) for p in unit.pods)
 
-    def _cannot_make_room(self, pods: list[PodState], buckets: tuple[tuple[str, int], ...]) -> None:
-        """Silent: a move that cannot help is no news to a pod that fits nowhere (its NoNodeFits
-        says why); the actions that take resources explain their own refusals."""
-
     def why(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], tuple[str, dict[str, int]]]:
         def why(unit: Unit) -> tuple[str, dict[str, int]]:
             # provisional: `settle` states where the pod goes once that is known
@@ -158,8 +231,7 @@ class Consolidation(PreemptingAction):
             mask, _ = eligibility.mask(pod.spec)
             elsewhere = mask[:]
             elsewhere[op.node] = 0
-            entry, _ = plan.place(pod.key, pod.spec, elsewhere, remember=False, pipeline=False,
-                                  levels=eligibility.levels(pod.spec, elsewhere))
+            entry = plan.place_idle(pod.key, pod.spec, elsewhere)
             if entry is None:
                 return False
             entry.moved_from = op.node
@@ -171,3 +243,38 @@ class Consolidation(PreemptingAction):
             op.numbers = {"moved_jobs": len(jobs), "moved_pods": len(evictions), "requested_milli_gpu": request[0]}
         self.moved_jobs |= jobs
         return True
+
+
+def _short_of(table: ArrayPackTable, node: int, shapes: list[TaskShape]) -> tuple[bool, bool, bool]:
+    """Which resources (GPU, CPU, memory) `node` lacks, once released, for the largest of the
+    tasks: fewer devices with the share a task needs than it needs, or less CPU or memory."""
+    cpu = max(shape.milli_cpu for shape in shapes)
+    mem = max(shape.memory_bytes for shape in shapes)
+    devices = table.dev_free_milli[table.gpu_start[node]:table.gpu_start[node + 1]]
+    gpu = False
+    for shape in shapes:
+        if shape.whole_gpus:
+            gpu = gpu or sum(1 for d in devices if d >= MILLI_PER_GPU) < shape.whole_gpus
+        elif shape.fraction_devices:
+            need = max(1, shape.fraction_milli)
+            gpu = gpu or sum(1 for d in devices if d >= need) < shape.fraction_devices
+        elif shape.gpu_memory_mib:
+            gpu = True  # device memory: any GPU freed may be what it needs
+    return (gpu, table.free_milli_cpu[node] < cpu, table.free_memory_bytes[node] < mem)
+
+
+def _frees(pod: PodState, short: tuple[bool, bool, bool]) -> bool:
+    requests = pod.spec.requests
+    return (short[0] and pod.milli_gpu > 0) or (short[1] and requests.milli_cpu > 0) or \
+        (short[2] and requests.memory_bytes > 0)
+
+
+def _could_fit(table: ArrayPackTable, node: int, tasks: list[TaskShape], movable: list[PodState]) -> bool:
+    """Whether one of `tasks` could fit `node` with all of `movable` gone, by its CPU, memory
+    and whole GPUs (device shares are the packer's to check)."""
+    cpu = table.free_milli_cpu[node] + sum(pod.spec.requests.milli_cpu for pod in movable)
+    mem = table.free_memory_bytes[node] + sum(pod.spec.requests.memory_bytes for pod in movable)
+    gpu = sum(table.dev_free_milli[table.gpu_start[node]:table.gpu_start[node + 1]]) + \
+        sum(pod.milli_gpu for pod in movable)
+    return any(cpu >= t.milli_cpu and mem >= t.memory_bytes and gpu >= t.whole_gpus * MILLI_PER_GPU
+               for t in tasks)

@@ -134,6 +134,30 @@ class PreemptingAction:
                     continue  # min-runtime: a protected job keeps its gang
                 yield unit
 
+    def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector
+                       ) -> tuple[set[int], Iterable[Unit], tuple[object, ...]] | None:
+        """kai-es/v3 on: what a search for `job` (its `pods` to place now) covers — the nodes
+        it may take from, the units it tries in order, and its scenario (remembered when it
+        fails, see `_scenario`) — or None when it need not run: no eligible victim, a scenario
+        that failed already, or no node with room (`RoomBound`; the pods get
+        VictimsCannotMakeRoom)."""
+        buckets = tuple(self.victim_buckets(leaf, job, request))
+        if not buckets:  # no eligible victim at all: the reasons it has say enough
+            return None
+        eligibility = self.session.eligibility
+        shapes = [(self.plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
+        scenario = (buckets, *self._scenario(leaf, job, pods, request, shapes))
+        if scenario in self._failed_scenarios:
+            return None
+        if self._room is None:
+            self._room = RoomBound(self.session)
+        on_nodes = self._room.nodes(buckets, lambda: self._merged(buckets), shapes)
+        if on_nodes is None:
+            self._failed_scenarios.add(scenario)
+            self._cannot_make_room(pods, buckets)
+            return None
+        return on_nodes, self._merged(buckets, for_leaf=leaf), scenario
+
     def _victim_units(self, leaf: QueueNode, job: Job) -> Iterator[Unit]:
         """The victim units for `job`, cheapest first, produced lazily: the units of every
         occupying job are ordered once per action; a unit whose pods this plan already evicts
@@ -260,22 +284,10 @@ class PreemptingAction:
         on_nodes: set[int] | None = None
         units: Iterable[Unit]
         if self.session.bounded_victims:
-            buckets = tuple(self.victim_buckets(leaf, job, request))
-            if not buckets:  # no eligible victim at all: the reasons it has say enough
+            bounded = self.bounded_search(leaf, job, pods, request)
+            if bounded is None:
                 return
-            eligibility = self.session.eligibility
-            shapes = [(self.plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
-            scenario = (buckets, *self._scenario(leaf, job, pods, request, shapes)) if self._failed_scenarios else None
-            if scenario in self._failed_scenarios:
-                return
-            if self._room is None:
-                self._room = RoomBound(self.session)
-            on_nodes = self._room.nodes(buckets, lambda: self._merged(buckets), shapes)
-            if on_nodes is None:
-                self._failed_scenarios.add(scenario or (buckets, *self._scenario(leaf, job, pods, request, shapes)))
-                self._cannot_make_room(pods, buckets)
-                return
-            units = self._merged(buckets, for_leaf=leaf)
+            on_nodes, units, scenario = bounded
         else:
             memo = (leaf.name, request, len(self.plan.operations))
             if memo in self._failed and len(pods) == 1 and not pods[0].spec.pod_affinity \
@@ -317,7 +329,7 @@ class PreemptingAction:
             evictions = None
         if evictions is None:
             if self.session.bounded_victims:
-                self._failed_scenarios.add(scenario or (buckets, *self._scenario(leaf, job, pods, request, shapes)))
+                self._failed_scenarios.add(scenario)
             else:
                 self._failed.add(memo)
             return
