@@ -55,7 +55,7 @@ def test_the_eviction_says_where_the_pod_moves_and_the_move_is_no_placement(engi
     outcome = _cycle(_docs("consolidation-basic"), engine)
     (moved,) = _evictions(outcome)
     assert moved["action"] == "consolidation" and moved["name"] == "b" and moved["preemptor"] == "default/big"
-    assert moved["reason"] == "consolidation: moved from node n2 to node n1 to make room for default/big"
+    assert moved["reason"] == "moved from node n2 to node n1 to make room for default/big"
     assert moved["numbers"] == {"moved_jobs": 1, "moved_pods": 1, "requested_milli_gpu": 4000}
     placed = [(d["type"], d["data"]["name"]) for d in outcome["decisions"]
               if d["type"] in ("kai.scheduler.pod.bindingdecided", "kai.scheduler.pod.pipelined")]

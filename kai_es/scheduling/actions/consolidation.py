@@ -209,7 +209,7 @@ class Consolidation(PreemptingAction):
     def why(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], tuple[str, dict[str, int]]]:
         def why(unit: Unit) -> tuple[str, dict[str, int]]:
             # provisional: `settle` states where the pod goes once that is known
-            return f"consolidation: moved to make room for job {job.key}", {"requested_milli_gpu": request[0]}
+            return f"moved to make room for job {job.key}", {"requested_milli_gpu": request[0]}
 
         return why
 
@@ -238,7 +238,7 @@ class Consolidation(PreemptingAction):
             destinations.append((op, entry.node))
         names = plan.names
         for op, node in destinations:
-            op.reason = (f"consolidation: moved from node {names[op.node]} to node {names[node]} "
+            op.reason = (f"moved from node {names[op.node]} to node {names[node]} "
                          f"to make room for {op.preemptor}")
             op.numbers = {"moved_jobs": len(jobs), "moved_pods": len(evictions), "requested_milli_gpu": request[0]}
         self.moved_jobs |= jobs
