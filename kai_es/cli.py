@@ -376,8 +376,13 @@ def _brief(data: p.Payload) -> str:
         return f"bind to {data.node} failed: {data.message}"
     if isinstance(data, p.PodObserved):
         return f"{data.phase}{' on ' + data.node_name if data.node_name else ''}"
+    if isinstance(data, p.EvictionDecided):
+        return f"{data.action}: {data.reason}"
+    if isinstance(data, p.PodEvicted):
+        return f"evicted from {data.node}"
     if isinstance(data, p.CycleCompleted):
-        return f"cycle {data.cycle}: {data.bound} bound, {data.pipelined} pipelined, {data.unschedulable} pending"
+        return (f"cycle {data.cycle}: {data.bound} bound, {data.pipelined} pipelined, {data.evicted} evicted, "
+                f"{data.unschedulable} pending")
     if isinstance(data, p.ObjectRejected):
         return f"{data.kind} {data.namespace}/{data.name} at {data.path}: {data.reason}"
     return ""

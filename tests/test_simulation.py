@@ -88,6 +88,21 @@ def test_history_is_not_empty() -> None:
     assert HISTORY, "tests/golden/history/ must keep at least one log written by an older version"
 
 
+def test_the_consolidation_golden_log_replays_and_is_still_written(tmp_path: Path) -> None:
+    """examples/consolidation.yaml under the current policy: five moves and a pipelined 8-GPU
+    job, replayed byte for byte and written again identically."""
+    golden = GOLDEN / "consolidation.events.jsonl"
+    run = _cli("replay", str(golden))
+    assert run.returncode == 0 and run.stdout.startswith("OK: "), run.stderr
+    moves = [json.loads(line[9:]) for line in golden.read_bytes().splitlines()]
+    assert sum(1 for e in moves if e["type"] == "kai.scheduler.pod.evictiondecided"
+               and e["data"]["action"] == "consolidation") == 5
+    run = _cli("simulate", "examples/consolidation.yaml", "--log", str(tmp_path / "c.log"), "--report", str(tmp_path / "r"))
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "c.log").read_bytes() == golden.read_bytes(), \
+        "decisions changed: if intended, run tools/make_golden.py and review the diff"
+
+
 def test_current_code_still_writes_the_golden_log(tmp_path: Path) -> None:
     run = _cli("simulate", "examples/quickstart.yaml", "--log", str(tmp_path / "q.log"), "--report", str(tmp_path / "r"))
     assert run.returncode == 0, run.stderr

@@ -6,6 +6,8 @@
   (under the current policy version). Before regenerating it after a new policy version, move
   the old one into tests/golden/history/ (named by its policy and schema versions): logs written
   by older versions are never regenerated and must keep replaying byte for byte.
+- consolidation.events.jsonl: `kai-es simulate examples/consolidation.yaml` (the current policy's
+  moves, evictions and pipelined placements; kept like quickstart's, per policy version).
 - quickstart.altered.events.jsonl: the same log with one decision changed on purpose (the second
   pod's node), re-framed with a valid CRC, so that only replay — not the file format — can
   notice. `kai-es replay` must reject it.
@@ -102,6 +104,11 @@ def main() -> None:
     seed = write_nondeterministic(log, GOLDEN / "quickstart.nondeterministic.events.jsonl")
     print(f"wrote {log.relative_to(ROOT)} ({len(lines)} records), the altered copy and the "
           f"non-deterministic history (coin-flip seed {seed})")
+    moves = GOLDEN / "consolidation.events.jsonl"
+    subprocess.run([sys.executable, "-m", "kai_es", "simulate", "examples/consolidation.yaml", "--log", str(moves),
+                    "--report", str(ROOT / "out" / "golden-report"), "--packer", "native", "--force"],
+                   cwd=ROOT, check=True, capture_output=True)
+    print(f"wrote {moves.relative_to(ROOT)} ({len(moves.read_bytes().splitlines())} records)")
 
 
 if __name__ == "__main__":
