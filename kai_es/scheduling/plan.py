@@ -7,6 +7,8 @@ Contract:
 - Two tables are kept in node-name order: `idle` (free now) and `future` (free once every
   Releasing pod, and every pod this plan evicts, is gone). An allocation takes capacity in both;
   a pipelined placement in `future` only; an eviction gives its pod's capacity back in `future`.
+  A move (consolidation) is an eviction and an allocation of the same pod elsewhere (`Entry`
+  with `moved_from` set), announced only as the eviction.
 - Every operation is also announced to the plan's listeners (`PlanListener`), and its undoing
   too: `rollback(cp)` undoes every operation after checkpoint `cp`, newest first, in the tables
   *and* in everything the listeners derive (queue accounting, predicate trackers), so that after

@@ -1,12 +1,13 @@
-"""The victim search shared by reclaim and preempt (and, later, consolidation): on the Plan, evict
-the cheapest victims first until the preemptor's pods fit, then keep only the victims whose
-nodes the preemptor uses.
+"""The victim search shared by consolidation, reclaim and preempt: on the Plan, evict victims in
+the order the action gives (reclaim and preempt: cheapest first; consolidation: node by node)
+until the preemptor's pods fit, then keep only the victims whose nodes the preemptor uses.
 
 Contract:
 - Victims come in *units*: an elastic job above its minimum offers its surplus pods one at a
   time (newest first); a job at its minimum offers all its occupying pods as one unit (a gang
-  loses all its pods or none). Units are ordered cheapest first: lower job priority, newer job,
-  then uid, then pod key.
+  loses all its pods or none — but with `whole_units=False`, consolidation's, whose victims are
+  re-placed, only the pods of a unit that are in the way are kept). Units are ordered cheapest
+  first (`keyed_units`): lower job priority, newer job, then uid, then pod key.
 - `admit(unit)` (the action's rule, evaluated on the Plan's current accounting) decides whether
   a unit may be taken; the search never takes a unit it refuses.
 - The preemptor is placed whole or nothing happens: on failure every eviction and placement of

@@ -1,6 +1,8 @@
-"""What reclaim and preempt share: which pending jobs may make room for themselves, how their pods
-are placed on room being made, and the loop over the shared victim search
-(`kai_es.scheduling.victims`).
+"""What consolidation, reclaim and preempt share: which pending jobs may make room for
+themselves, how their pods are placed on room being made, and the loop over the shared victim
+search (`kai_es.scheduling.victims`). Each action says which units it may take (`admit`), in
+which order and over which nodes (`bounded_search`), whether gangs are kept whole
+(`whole_units`) and has the last word on a found placement (`settle`).
 
 Contract:
 - Preemptors are the jobs an earlier action of this cycle left waiting for capacity (their
