@@ -8,14 +8,12 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from kubernetes_asyncio import client
-
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import payloads as p
 from kai_es.replay import replay
 from kai_es.scheduling.packing import load_packer
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import create_pod, get_pod, gpu_pod, queue, raw, services_running, wait_for
+from tests.k8s.helpers import create_pod, create_queue, get_pod, gpu_pod, services_running, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -30,9 +28,7 @@ async def test_a_move_is_an_eviction_and_the_job_binds_where_room_was_made(
     qname = f"q-{tag}"
     log = MemoryEventLog()
     async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
-        status, _ = await raw(await client.CustomObjectsApi(api).create_cluster_custom_object(
-            "scheduling.run.ai", "v2", "queues", queue(qname), _preload_content=False))
-        assert status == 201
+        await create_queue(api, qname)
         # node a runs 3 one-GPU pods (5 GPUs free), node b 5 (3 free): a 6-GPU pod fits neither
         # until one pod of node a moves to node b
         running = {**{f"a{i}": node_a for i in range(3)}, **{f"b{i}": node_b for i in range(5)}}

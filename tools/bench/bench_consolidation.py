@@ -20,22 +20,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kai_es.events import Record  # noqa: E402
 from kai_es.events import payloads as p  # noqa: E402
-from kai_es.events.factory import make_envelope  # noqa: E402
-from kai_es.scheduling.config import SchedulerConfig, config_digest  # noqa: E402
-from kai_es.scheduling.cycle import run_cycle  # noqa: E402
-from kai_es.scheduling.packing import load_packer  # noqa: E402
+from kai_es.scheduling.config import SchedulerConfig  # noqa: E402
 from kai_es.state import ClusterState  # noqa: E402
-from kai_es.state.reducer import apply  # noqa: E402
-from bench_cycle import START, Folder  # noqa: E402  (this directory is on the path)
+from bench_cycle import START, Folder, timed_run  # noqa: E402  (this directory is on the path)
 
 
 def build(nodes: int, per_node: int, pending: int, gpus: int = 4) -> tuple[ClusterState, int]:
@@ -61,20 +54,9 @@ def build(nodes: int, per_node: int, pending: int, gpus: int = 4) -> tuple[Clust
 
 def run(label: str, state: ClusterState, pos: int, budget: int) -> None:
     cfg = SchedulerConfig(state_digest_every=0, max_consolidation_preemptees=budget)
-    started = make_envelope(p.CycleStarted(cycle=1, config_digest=config_digest(cfg)), event_id="c1",
-                            source="bench", subject="cycle/1", logicaltime=START + pos)
-    apply(state, Record(pos, started))
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    decisions = run_cycle(state, Record(pos, started), cfg, load_packer("native"))
-    dt = time.perf_counter() - t0
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    kinds: dict[str, int] = {}
-    for d in decisions:
-        kinds[type(d.data).__name__] = kinds.get(type(d.data).__name__, 0) + 1
+    dt, peak, kinds = timed_run(state, pos, cfg)
     print(f"{label}: one cycle ({', '.join(cfg.action_list)}; budget {budget}) in {dt:.2f}s, "
-          f"peak {peak / 2**20:.0f} MiB; decisions {dict(sorted(kinds.items()))}")
+          f"peak {peak / 2**20:.0f} MiB; decisions {kinds}")
 
 
 def main() -> None:

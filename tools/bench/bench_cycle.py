@@ -164,3 +164,23 @@ def compare_affinity(nodes: int, pods: int, engine: str) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def timed_run(state: ClusterState, pos: int, cfg: SchedulerConfig) -> tuple[float, int, dict[str, int]]:
+    """Fold a CycleStarted at `pos` and run that cycle under `cfg` (native packer): its wall
+    time (s), its peak traced memory (bytes) and its decisions counted by payload type."""
+    import tracemalloc
+
+    started = make_envelope(p.CycleStarted(cycle=1, config_digest=config_digest(cfg)), event_id="c1",
+                            source="bench", subject="cycle/1", logicaltime=START + pos)
+    apply(state, Record(pos, started))
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    decisions = run_cycle(state, Record(pos, started), cfg, load_packer("native"))
+    dt = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    kinds: dict[str, int] = {}
+    for d in decisions:
+        kinds[type(d.data).__name__] = kinds.get(type(d.data).__name__, 0) + 1
+    return dt, peak, dict(sorted(kinds.items()))
