@@ -203,6 +203,8 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
                     if job is None:
                         job = s.jobs[pod.job_key] = JobOutcome(queue=state.jobs[pod.job_key].queue, arrived_ns=t)
                     job.pods += 1
+                    if data.node_name and job.started_ns is None:
+                        job.started_ns = t  # first seen running (bound before the log began): no wait
         if isinstance(data, p.PodBound) and data.uid not in scheduled and data.uid in first_seen:
             scheduled.add(data.uid)
             pod = state.pods.get(pod_key(data.namespace, data.name))

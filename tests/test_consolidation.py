@@ -163,3 +163,17 @@ def test_a_gang_moved_in_part_is_whole_again_in_the_simulator_and_never_stale() 
     assert evictions == [("g-1", "consolidation")]  # no stale-gang eviction follows
     bound = {e.data.name: e.data.node for e in envelopes if isinstance(e.data, p.PodBound)}
     assert bound["big"] == "n2" and bound["g-1-r1"] == "n1"
+
+
+def test_jobs_running_before_the_log_began_did_not_wait(tmp_path: Path) -> None:
+    """The report (and what-if's per-job waits) counts a job first seen running as started then:
+    in the consolidation example the notebooks ran all along, only the training job waited."""
+    from kai_es.adapters.file_log import FileEventLog
+    from kai_es.report import summarize
+
+    golden = Path(__file__).parent / "golden" / "consolidation.events.jsonl"
+    summary = summarize(FileEventLog(golden, readonly=True).scan())
+    train = next(job for key, job in summary.jobs.items() if "train-8gpu" in key)
+    assert train.started_ns is not None and train.started_ns - train.arrived_ns == 5 * 10**9
+    notebooks = [job for key, job in summary.jobs.items() if "notebook" in key and "-r1" not in key]
+    assert len(notebooks) == 15 and all(job.started_ns == job.arrived_ns for job in notebooks)
