@@ -83,6 +83,9 @@ class Consolidation(PreemptingAction):
         free = free_capacity(self.session, None)
         self._free_at, self._free = len(self.plan.operations), free
         hint = self.session.gpu_memory_hint
+        waiting = [pod_request(self.state.pods[key].spec, hint) for key in sorted(self.session.unschedulable)]
+        if not waiting or any(min(r[i] for r in waiting) > free[i] for i in (0, 1, 2)):
+            return []  # no waiting pod is that small: no job can fit (a full cluster ends here)
         out = []
         for leaf, job in super().preemptors():
             if not job.preemptible:
