@@ -76,10 +76,10 @@ class Consolidation(PreemptingAction):
         return super().run()
 
     def preemptors(self) -> list[tuple[QueueNode, Job]]:
-        """Reclaim's and preempt's, without the non-preemptible jobs and the jobs whose every
-        pending pod requests more of some resource than the cluster has free: what a job places
+        """Reclaim's and preempt's, without the non-preemptible jobs and the jobs of which every
+        pending pod requests more of one resource than the cluster has free: what a job places
         now is one pending pod or more, so it could not fit (`may_start` checks the request
-        itself)."""
+        itself). None at all when that holds for every waiting pod."""
         free = free_capacity(self.session, None)
         self._free_at, self._free = len(self.plan.operations), free
         hint = self.session.gpu_memory_hint
@@ -108,7 +108,7 @@ class Consolidation(PreemptingAction):
     def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector
                        ) -> tuple[set[int], Iterable[Unit], tuple[object, ...]] | None:
         """Node by node, at most `MAX_NODES` of them: the nodes its tasks may use, most free GPU
-        capacity (once released) first, that could fit its largest task with their movable pods
+        capacity (once released) first, that could fit one of its tasks with their movable pods
         gone (`_could_fit`); on each, the units with a pod there that frees a resource the node
         lacks (`_short_of`), cheapest first. Room for a task is made on one node, so taking the
         cheapest units of the whole cluster (reclaim's and preempt's order) would spread the
@@ -249,8 +249,9 @@ class Consolidation(PreemptingAction):
 
 
 def _short_of(table: ArrayPackTable, node: int, shapes: list[TaskShape]) -> tuple[bool, bool, bool]:
-    """Which resources (GPU, CPU, memory) `node` lacks, once released, for the largest of the
-    tasks: fewer devices with the share a task needs than it needs, or less CPU or memory."""
+    """Which resources (GPU, CPU, memory) `node` lacks, once released, for some of the tasks:
+    fewer devices with the share a task needs than it needs, or less CPU or memory than the
+    largest request."""
     cpu = max(shape.milli_cpu for shape in shapes)
     mem = max(shape.memory_bytes for shape in shapes)
     devices = table.dev_free_milli[table.gpu_start[node]:table.gpu_start[node + 1]]
