@@ -188,8 +188,10 @@ def test_an_occupying_pod_relabelled_into_another_sub_group_is_counted_there() -
         for i, data in enumerate(events)]
     state = fold(records)
     job = state.jobs["d/g"]
-    assert job.subgroup_occupying == {"a": 1, "b": 1} and not job.stale_since_ns
+    assert job.subgroup_occupying == {"a": 1, "b": 1} and job.leaves_below_minimum() == []
+    assert "d/g" not in state.gangs_below_minimum
     apply(state, Record(9, make_envelope(_pod("y", "a"), event_id="moved", source="t", subject="s",
                                          logicaltime=100)))
-    assert job.subgroup_occupying == {"a": 2} and job.stale_since_ns == 100  # b has 0 of 1
+    assert job.subgroup_occupying == {"a": 2} and job.leaves_below_minimum() == [("b", 0, 1)]
+    assert job.stale_since_ns == 100 and "d/g" in state.gangs_below_minimum
     assert invariants.check(state) == []
