@@ -279,7 +279,9 @@ class ClusterState:
     usage_resolution_ns: int = 0
     usage_window_ns: int = 0
     #: the logical time of the record being folded (set by `apply` before its handler), and the
-    #: jobs whose occupying count it changed (timed states; emptied by `apply` after the handler)
+    #: jobs whose occupying count it changed, or (kai-es/v4 on) whose sub-group counts or
+    #: minimums it changed, to be judged stale or not on its outcome (timed states; emptied by
+    #: `apply` after the handler)
     event_ns: int = 0
     occupancy_changed: set[str] = field(default_factory=set)
     #: the cluster's capacity over time, as queues' `usage` (snapshotted)
