@@ -1,9 +1,9 @@
 """Stale gangs judged per leaf sub-group (policy kai-es/v4; KAI's `IsStale` over pod-sets):
 the scenario tests/scenarios/stale-subgroup-eviction.yaml under v4 and v3, the wake-up
 deadline, the rule over simulated time, and what must not move: a v3 log with a gang short in
-a sub-group (tests/golden/history/stale-subgroups.policy-v3.*, written before the rule existed)
-is still written, folded and digested byte for byte, while v4 states carry the rule through a
-snapshot and through a change of config."""
+a sub-group (tests/golden/history/stale-subgroups.policy-v3-schema-v3.*, written before the
+rule existed) is still written, folded and digested byte for byte, while v4 states carry the
+rule through a snapshot and through a change of config."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from kai_es.state.snapshot import load_snapshot, restore, snapshot_bytes
 TESTS = Path(__file__).parent
 SCENARIO = (TESTS / "scenarios" / "stale-subgroup-eviction.yaml").read_text()
 HISTORY = TESTS / "golden" / "history"
-SIM = (HISTORY / "stale-subgroups.policy-v3.yaml").read_text()
-SIM_LOG = HISTORY / "stale-subgroups.policy-v3.events.jsonl"
+SIM = (HISTORY / "stale-subgroups.policy-v3-schema-v3.yaml").read_text()
+SIM_LOG = HISTORY / "stale-subgroups.policy-v3-schema-v3.events.jsonl"
 SEC = 10**9
 
 
