@@ -170,6 +170,19 @@ def test_a_change_of_policy_version_judges_sub_group_gangs_again_from_that_event
     assert invariants.check(state, strict=False) == []
 
 
+def test_a_gang_whose_podgroup_goes_is_judged_again_without_its_sub_groups() -> None:
+    """sg is stale (by sub-group workers) 20s in, before its 30s grace period ends; its PodGroup
+    removed, its pods form a job of minMember 1 without sub-groups: not stale any more."""
+    state = fold(_simulate(_as(SIM.replace("until: 4m", "until: 20s"), "kai-es/v4")))
+    sg = state.jobs["default/sg"]
+    assert sg.stale_since_ns and sg.leaves_below_minimum() == [("workers", 1, 2)]
+    gone = make_envelope(p.PodGroupRemoved(namespace="default", name="sg"), event_id="gone", source="t",
+                         subject="podgroup/default/sg", logicaltime=state.logicaltime + SEC)
+    apply(state, Record(state.position + 1, gone))
+    assert sg.spec is None and sg.stale_since_ns == 0 and "default/sg" not in state.gangs_below_minimum
+    assert invariants.check(state, strict=False) == []
+
+
 def _pod(name: str, subgroup: str, *, node: str = "n1") -> p.PodObserved:
     return p.PodObserved(namespace="d", name=name, uid=f"uid-{name}", podgroup="g", subgroup=subgroup,
                          node_name=node, phase="Running", scheduler_name="kai-scheduler")

@@ -666,7 +666,7 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
                 _count_subgroup(job, old.subgroup, -1)
             if spec.subgroup:
                 _count_subgroup(job, spec.subgroup, +1)
-            if state.subgroup_stale:
+            if state.subgroup_stale and job.spec is not None and job.spec.subgroups:
                 state.occupancy_changed.add(job.key)  # an occupying pod moved between sub-groups
         if old.queue != spec.queue or old.priority_class != spec.priority_class or \
                 old.priority != spec.priority or old.created_ns != spec.created_ns:
@@ -838,10 +838,11 @@ def _podgroup_removed(state: ClusterState, env: Envelope) -> None:
     if job is None or job.spec is None:
         state.ignored_events += 1
         return
+    had_subgroups = bool(job.spec.subgroups)
     job.spec = None
     _refresh_or_drop_job(state, job)
-    if state.subgroup_stale:
-        state.occupancy_changed.add(key)  # its minimum is gone: judged again (kai-es/v4 on)
+    if state.subgroup_stale and had_subgroups:
+        state.occupancy_changed.add(key)  # its sub-groups are gone: judged again (kai-es/v4 on)
 
 
 def _priorityclass_observed(state: ClusterState, env: Envelope) -> None:
@@ -977,9 +978,10 @@ def _resync_completed(state: ClusterState, env: Envelope) -> None:
     elif kind == "PodGroup":
         for key in [k for k in sorted(state.jobs) if state.jobs[k].spec is not None and k not in seen]:
             job = state.jobs[key]
+            had_subgroups = bool(job.spec is not None and job.spec.subgroups)
             job.spec = None
             _refresh_or_drop_job(state, job)
-            if state.subgroup_stale:
+            if state.subgroup_stale and had_subgroups:
                 state.occupancy_changed.add(key)  # as in _podgroup_removed
     elif kind == "PriorityClass":
         gone = [n for n in sorted(state.priority_classes) if n not in seen]
