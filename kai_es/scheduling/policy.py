@@ -43,7 +43,7 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   until the victims alone free all of it, and so misses a preemptor that needs a node's free
   capacity and one victim there.
   A running gang is also stale while any leaf sub-group has fewer occupying pods than its own
-  minMember (KAI's stale pod-sets).
+  minMember (KAI's stale pod-sets), and so also one that allocate restores first.
 
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
 function of the Session that returns its result (placements and reasons), pure; a policy's
