@@ -42,6 +42,8 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   every action) counts capacity free already towards the preemptor's request: v3 evicts
   until the victims alone free all of it, and so misses a preemptor that needs a node's free
   capacity and one victim there.
+  A running gang is also stale while any leaf sub-group has fewer occupying pods than its own
+  minMember (KAI's stale pod-sets), and so also one that allocate restores first.
 
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
 function of the Session that returns its result (placements and reasons), pure; a policy's
@@ -132,6 +134,11 @@ class Policy:
     #: a job this cycle placed pods for is no victim in the same cycle (v4): before, reclaim
     #: could evict the running half of a gang whose other half allocate had just restored
     spare_growing_jobs: bool = False
+    #: stale gangs judged per leaf sub-group too, as KAI's `IsStale`: a running job with a leaf
+    #: sub-group below its own minMember is stale as well. The reducer keeps `stale_since_ns` by
+    #: that rule under a config of such a version (`kai_es.state.reducer.TOP_LEVEL_STALE_POLICIES`
+    #: lists the others; a test holds the two to agree), and the eviction names the sub-group
+    subgroup_stale_gangs: bool = False
 
 
 class UnknownPolicy(ValueError):
@@ -178,6 +185,7 @@ POLICIES["kai-es/v4"] = replace(
     search_counts_free=True,
     restore_gangs_first=True,
     spare_growing_jobs=True,
+    subgroup_stale_gangs=True,
 )
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v4"

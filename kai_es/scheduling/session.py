@@ -165,6 +165,7 @@ class Session:
         self.search_counts_free = policy.search_counts_free if policy is not None else False
         self.restore_gangs_first = policy.restore_gangs_first if policy is not None else False
         self.spare_growing_jobs = policy.spare_growing_jobs if policy is not None else False
+        self.subgroup_stale_gangs = policy.subgroup_stale_gangs if policy is not None else False
         self.eligibility = Eligibility(state, plan.names, plan.nodes)
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)

@@ -18,7 +18,8 @@ Contract:
 - Preemption delay: the PodGroup's `preemptionDelay` (or annotation), else its first pod's (by
   key) annotation, else 0. A job may trigger evictions from max(created, last evicted) + delay.
 - Staleness grace period: the PodGroup's, else its first pod's annotation, else the config's
-  `defaultStalenessGracePeriod`; negative: never evicted as stale.
+  `defaultStalenessGracePeriod`; negative: never evicted as stale. A gang is stale from the
+  reducer's `stale_since_ns` (kai-es/v4 on: also while a leaf sub-group is below its minimum).
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ def stale_deadline_ns(state: ClusterState, config: SchedulerConfig, job: Job) ->
 def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
     """Sorted times at which a time rule may change a cycle's decisions though nothing new was
     logged (a reason for the scheduler to wake up and run a cycle): stale gangs' eviction
-    deadlines; and, while pods wait, the ends of pending jobs' preemption delays and of running
-    jobs' min-runtimes: every value set on the victim's own queue chain and the config's
+    deadlines (every gang in `state.gangs_below_minimum`: under kai-es/v4, gangs short in a
+    leaf sub-group too); and, while pods wait, the ends of pending jobs' preemption delays and of
+    running jobs' min-runtimes: every value set on the victim's own queue chain and the config's
     defaults, a superset of what either reclaim resolution ("lca" or "queue") and preempt can
     resolve, since each of them picks a value on that chain or a default."""
     out: set[int] = set()

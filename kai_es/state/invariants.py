@@ -73,6 +73,9 @@ def check(state: ClusterState, *, strict: bool = True) -> list[str]:
         out.append("pod label index differs from recomputed")
     if rebuilt.victim_jobs != state.victim_jobs:
         out.append("victim job index differs from recomputed")
+    for key in sorted(state.jobs):
+        if state.jobs[key].subgroup_occupying != rebuilt.jobs[key].subgroup_occupying:
+            out.append(f"job {key}: occupying pods per sub-group differ from recomputed")
     if state.gangs_below_minimum != {k for k, j in state.jobs.items() if j.stale_since_ns} \
             or rebuilt.gangs_below_minimum != state.gangs_below_minimum:
         out.append("stale gang index differs from recomputed")

@@ -147,10 +147,27 @@ class Job:
     last_evicted_ns: int = 0
     stale_since_ns: int = 0
     succeeded: int = 0
+    #: sub-group label (`PodObserved.subgroup`, non-empty) -> how many of the job's pods with it
+    #: occupy (a name is deleted when its count drops to 0). Kept by the reducer wherever
+    #: `occupying` changes or an occupying pod's label does; derived: rebuilt by `restore`,
+    #: never snapshotted
+    subgroup_occupying: dict[str, int] = field(default_factory=dict)
 
     @property
     def min_member(self) -> int:
         return self.spec.min_member if self.spec is not None else 1
+
+    def leaves_below_minimum(self) -> list[tuple[str, int, int]]:
+        """(name, occupying pods, min_member) of each leaf sub-group of the PodGroup (one that is
+        no other's parent) with fewer occupying pods than its `min_member`, in spec order
+        (empty without sub-groups). KAI's unsatisfied pod-sets."""
+        groups = self.spec.subgroups if self.spec is not None else []
+        if not groups:
+            return []
+        parents = {sg.parent for sg in groups}
+        counts = self.subgroup_occupying
+        return [(sg.name, counts.get(sg.name, 0), sg.min_member) for sg in groups
+                if sg.name not in parents and counts.get(sg.name, 0) < sg.min_member]
 
 
 @dataclass(slots=True)
@@ -256,10 +273,15 @@ class ClusterState:
     #: timed (their policy version is kai-es/v3 or later), and the time-based fair share's usage
     #: bucket size and window (0: usage not kept)
     timed: bool = False
+    #: whether `Job.stale_since_ns` also counts a leaf sub-group below its minimum (timed states
+    #: whose policy version is kai-es/v4 or later; `kai_es.state.reducer.track_stale`)
+    subgroup_stale: bool = False
     usage_resolution_ns: int = 0
     usage_window_ns: int = 0
     #: the logical time of the record being folded (set by `apply` before its handler), and the
-    #: jobs whose occupying count it changed (timed states; emptied by `apply` after the handler)
+    #: jobs whose occupying count it changed, or (kai-es/v4 on) whose sub-group counts or
+    #: minimums it changed, to be judged stale or not on its outcome (timed states; emptied by
+    #: `apply` after the handler)
     event_ns: int = 0
     occupancy_changed: set[str] = field(default_factory=set)
     #: the cluster's capacity over time, as queues' `usage` (snapshotted)

@@ -269,6 +269,16 @@ def _index_victim(state: ClusterState, job: Job, priority: int, sign: int) -> No
                     del state.victim_jobs[job.queue]
 
 
+def _count_subgroup(job: Job, name: str, sign: int) -> None:
+    """Add `sign` to `job.subgroup_occupying[name]` (deleting the name when it drops to 0)."""
+    counts = job.subgroup_occupying
+    n = counts.get(name, 0) + sign
+    if n:
+        counts[name] = n
+    else:
+        del counts[name]
+
+
 def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
     """Add (`sign` +1) the pod's usage to its job's queue, or take it back (-1) from the queue
     it was added to (`PodState.accounted_queue`): a queue label that changed in between (the
@@ -277,6 +287,8 @@ def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
     spec = pod.spec
     if job is not None:
         job.occupying += sign
+        if spec.subgroup:
+            _count_subgroup(job, spec.subgroup, sign)
         state.stale_jobs.add(job.key)
         if job.preemptible and job.queue and job.occupying == (1 if sign > 0 else 0):
             _index_victim(state, job, job.priority, sign)
@@ -307,9 +319,12 @@ def _queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
 
 def track_stale(state: ClusterState, job: Job) -> None:
     """Keep `job.stale_since_ns` (timed states only): the time since which the job has been a
-    running gang below its minimum — some pods occupying, fewer than `min_member`, none
-    succeeded — or 0 when it is not one (KAI's stale gang)."""
-    stale = job.succeeded == 0 and 0 < job.occupying < job.min_member
+    running gang below its minimum — some pods occupying, none succeeded, and fewer than
+    `min_member` occupying or (`state.subgroup_stale`: kai-es/v4 on) a leaf sub-group with
+    fewer occupying than its own `min_member` (`Job.leaves_below_minimum`) — or 0 when it is
+    not one (KAI's stale gang: `IsStale`)."""
+    stale = job.succeeded == 0 and 0 < job.occupying and (
+        job.occupying < job.min_member or (state.subgroup_stale and bool(job.leaves_below_minimum())))
     if stale and not job.stale_since_ns:
         job.stale_since_ns = state.event_ns
         state.stale_jobs.add(job.key)
@@ -323,14 +338,20 @@ def track_stale(state: ClusterState, job: Job) -> None:
 #: policy versions (in the config in force) whose states keep no job times or usage: logs
 #: written under them fold to exactly the state (and digest) they recorded
 UNTIMED_POLICIES: Final = frozenset({None, "", "kai-es/v1", "kai-es/v2"})
+#: policy versions whose stale gangs are judged by the job's own `minMember` only (their states
+#: fold, and digest, as they did before sub-groups were judged); every other timed version also
+#: judges each leaf sub-group (its Policy's `subgroup_stale_gangs`, which a test holds to agree)
+TOP_LEVEL_STALE_POLICIES: Final = UNTIMED_POLICIES | {"kai-es/v3"}
 
 
 def derive_config_flags(state: ClusterState) -> None:
-    """Set the state's flags derived from its config (`timed`, the usage resolution and window).
+    """Set the state's flags derived from its config (`timed`, `subgroup_stale`, the usage
+    resolution and window).
     A config whose durations do not parse keeps usage off (the scheduler rejects such a config
     before it is ever applied)."""
     config = state.config
     state.timed = config.get("policyVersion") not in UNTIMED_POLICIES
+    state.subgroup_stale = config.get("policyVersion") not in TOP_LEVEL_STALE_POLICIES
     fairshare = config.get("fairshare")
     resolution = window = 0
     if state.timed and isinstance(fairshare, dict) and fairshare.get("timeBased") is True:
@@ -639,6 +660,14 @@ def _pod_observed(state: ClusterState, env: Envelope) -> None:
             pod.spec = spec
             _index_labels(state, pod, +1)
         pod.spec = spec
+        if old.subgroup != spec.subgroup and pod.status in OCCUPYING:
+            job = state.jobs[pod.job_key]
+            if old.subgroup:
+                _count_subgroup(job, old.subgroup, -1)
+            if spec.subgroup:
+                _count_subgroup(job, spec.subgroup, +1)
+            if state.subgroup_stale and job.spec is not None and job.spec.subgroups:
+                state.occupancy_changed.add(job.key)  # an occupying pod moved between sub-groups
         if old.queue != spec.queue or old.priority_class != spec.priority_class or \
                 old.priority != spec.priority or old.created_ns != spec.created_ns:
             _refresh_job(state, state.jobs[pod.job_key])  # a field the job takes from its pods
@@ -769,6 +798,8 @@ def _queue_observed(state: ClusterState, env: Envelope) -> None:
                 job = state.jobs.get(pod.job_key)
                 if job is not None:
                     job.occupying -= 1  # _queue_usage counts it again
+                    if pod.spec.subgroup:
+                        _count_subgroup(job, pod.spec.subgroup, -1)
                 _queue_usage(state, pod, +1)
     else:
         q.spec = spec
@@ -807,8 +838,11 @@ def _podgroup_removed(state: ClusterState, env: Envelope) -> None:
     if job is None or job.spec is None:
         state.ignored_events += 1
         return
+    had_subgroups = bool(job.spec.subgroups)
     job.spec = None
     _refresh_or_drop_job(state, job)
+    if state.subgroup_stale and had_subgroups:
+        state.occupancy_changed.add(key)  # its sub-groups are gone: judged again (kai-es/v4 on)
 
 
 def _priorityclass_observed(state: ClusterState, env: Envelope) -> None:
@@ -944,8 +978,11 @@ def _resync_completed(state: ClusterState, env: Envelope) -> None:
     elif kind == "PodGroup":
         for key in [k for k in sorted(state.jobs) if state.jobs[k].spec is not None and k not in seen]:
             job = state.jobs[key]
+            had_subgroups = bool(job.spec is not None and job.spec.subgroups)
             job.spec = None
             _refresh_or_drop_job(state, job)
+            if state.subgroup_stale and had_subgroups:
+                state.occupancy_changed.add(key)  # as in _podgroup_removed
     elif kind == "PriorityClass":
         gone = [n for n in sorted(state.priority_classes) if n not in seen]
         for name in gone:
@@ -983,8 +1020,12 @@ def _config_applied(state: ClusterState, env: Envelope) -> None:
     data: p.ConfigApplied = env.data
     state.config = dict(data.config)
     state.config_digest = data.config_digest
-    was_kept = state.usage_resolution_ns
+    was_kept, judged_subgroups = state.usage_resolution_ns, state.subgroup_stale
     derive_config_flags(state)
+    if state.subgroup_stale != judged_subgroups and state.timed:
+        # the rule changed (only a config of kai-es/v4 or later turns it on): jobs with
+        # sub-groups are judged again by the new one, as of this event
+        state.occupancy_changed.update(k for k, j in state.jobs.items() if j.spec is not None and j.spec.subgroups)
     if state.usage_resolution_ns and not was_kept:
         usage.start_all(state, env.logicaltime)
     elif was_kept and not state.usage_resolution_ns:
