@@ -80,7 +80,7 @@ class Allocator:
     def _nominated(self) -> None:
         """Jobs with a pod pipelined by an earlier cycle go first, onto the node reserved for it
         (KAI's nominated node): the capacity its victims released is not given to anyone else."""
-        state, session = self.state, self.session
+        state = self.state
         jobs: dict[str, Job] = {}
         for name in sorted(state.pending_jobs):
             for index_key in state.pending_jobs[name]:
@@ -88,34 +88,27 @@ class Allocator:
                 if any(state.pods[e[3]].nominated_node for e in job.pending):
                     jobs[job.key] = job
         for key in sorted(jobs, key=lambda k: (-jobs[k].priority, jobs[k].created_ns, jobs[k].uid, k)):
-            job = jobs[key]
-            leaf = session.queues.get(job.queue)
-            if leaf is None or leaf.children or leaf.jobs is None:
-                continue
-            picked = session.job_candidate(job)
-            if picked is None:
-                continue
-            pods, request = picked
-            self._try(leaf, job, pods, request)
+            self._try_ahead(jobs[key])
+
+    def _try_ahead(self, job: Job) -> None:
+        """Try `job` ahead of the queue order (its leaf queue's limits and quota still hold)."""
+        session = self.session
+        leaf = session.queues.get(job.queue)
+        if leaf is None or leaf.children or leaf.jobs is None:
+            return
+        picked = session.job_candidate(job)
+        if picked is not None:
+            self._try(leaf, job, *picked)
 
     def _restoring(self) -> None:
         """kai-es/v4: running gangs below their minimum go next, longest below first, with the
         pods that restore their minimum: their running pods are held for nothing meanwhile, and
         the stale-gang clock runs. This is what brings a gang whose pods consolidation moved
         back together on the room made for them, before new work can take it."""
-        state, session = self.state, self.session
-        jobs = [state.jobs[k] for k in state.gangs_below_minimum]
+        jobs = [self.state.jobs[k] for k in self.state.gangs_below_minimum]
         for job in sorted(jobs, key=lambda j: (j.stale_since_ns, j.key)):
-            if not job.pending:
-                continue
-            leaf = session.queues.get(job.queue)
-            if leaf is None or leaf.children or leaf.jobs is None:
-                continue
-            picked = session.job_candidate(job)
-            if picked is None:
-                continue
-            pods, request = picked
-            self._try(leaf, job, pods, request)
+            if job.pending:
+                self._try_ahead(job)
 
     def _drop_hopeless(self, leaf: QueueNode) -> None:
         """Fail, from the head of `leaf`, the single-pod jobs whose outcome cannot depend on when
