@@ -177,3 +177,15 @@ def test_jobs_running_before_the_log_began_did_not_wait(tmp_path: Path) -> None:
     assert train.started_ns is not None and train.started_ns - train.arrived_ns == 5 * 10**9
     notebooks = [job for key, job in summary.jobs.items() if "notebook" in key and "-r1" not in key]
     assert len(notebooks) == 15 and all(job.started_ns == job.arrived_ns for job in notebooks)
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_preempt_moves_the_victims_that_fit_elsewhere_and_v3_evicts_them_all(engine: str) -> None:
+    docs = _docs("preempt-moves-victims-that-fit-elsewhere")
+    moved = {e["name"]: e for e in _evictions(_cycle(docs, engine))}
+    assert sorted(moved) == ["t-0", "t-1", "t-2", "t-3"] and all(e["action"] == "preempt" for e in moved.values())
+    assert [name for name, e in sorted(moved.items()) if e["reason"].startswith("moved from node n1 to node n2 instead "
+                                                                                  "of evicted: preempted in queue q")] \
+        == ["t-2", "t-3"]  # the newest two (cheapest) fit n2's two free GPUs; the others are evicted
+    _scheduler(docs)["policyVersion"] = "kai-es/v3"
+    assert not any(e["reason"].startswith("moved") for e in _evictions(_cycle(docs, engine)))

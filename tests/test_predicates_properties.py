@@ -222,8 +222,11 @@ def check_placement(docs: list[dict[str, Any]], outcome: dict[str, Any]) -> None
         have = int(nodes[node]["status"]["allocatable"].get("example.com/rdma", 0))
         assert amount <= have, f"{node}: {amount} example.com/rdma placed, {have} allocatable"
     for key, node in where.items():
-        if outcome["pods"][key]["status"] == "Running":
-            continue  # placed before the cycle: the oracle judges the cycle's placements
+        if outcome["pods"][key]["status"] in ("Running", "Releasing"):
+            # placed before the cycle (Releasing: evicted or moved by it, still on its node until
+            # gone, so still present for anti-affinity and ports, but no reason to come for
+            # affinity: `_present_before`): the oracle judges the cycle's placements
+            continue
         spec, labels, ns = pods[key]["spec"], node_labels(node), pods[key]["metadata"]["namespace"]
         for k, v in (spec.get("nodeSelector") or {}).items():
             assert labels.get(k) == v, f"{key} on {node} violates nodeSelector"
@@ -273,8 +276,9 @@ def check_placement(docs: list[dict[str, Any]], outcome: dict[str, Any]) -> None
 
 
 def _present_before(key: str, outcome: dict[str, Any]) -> list[str]:
-    """Pods on nodes when `key` was placed: those running at the start, then the cycle's
-    placements in decision order up to it."""
+    """Pods on nodes when `key` was placed, that may satisfy its affinity: those running at the
+    start and not evicted (or moved away) by the cycle, then the cycle's placements in decision
+    order up to it."""
     running = [k for k, v in outcome["pods"].items() if v["status"] == "Running" and v["node"]]
     order = [d["subject"].split("/", 1)[1] for d in outcome["decisions"]
              if d["type"] in ("kai.scheduler.pod.bindingdecided", "kai.scheduler.pod.pipelined")]

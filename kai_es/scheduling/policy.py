@@ -38,12 +38,20 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   pending preemptible job that fits nowhere may have running preemptible pods moved out of its
   way when each finds room elsewhere, at most `maxConsolidationPreemptees` jobs a cycle, off
   under a spread placement strategy. A config that lists no actions runs allocate,
-  consolidation, reclaim, preempt and stalegangeviction (KAI's order). The victim search (of
-  every action) counts capacity free already towards the preemptor's request: v3 evicts
-  until the victims alone free all of it, and so misses a preemptor that needs a node's free
-  capacity and one victim there.
-  A running gang is also stale while any leaf sub-group has fewer occupying pods than its own
-  minMember (KAI's stale pod-sets), and so also one that allocate restores first.
+  consolidation, reclaim, preempt and stalegangeviction (KAI's order). Further:
+  - the victim search (of every action) counts capacity free already towards the preemptor's
+    request: v3 evicts until the victims alone free all of it, and so misses a preemptor that
+    needs a node's free capacity and one victim there;
+  - a victim of reclaim or preempt that fits elsewhere on idle capacity is moved there instead
+    of evicted (`preempting.move_victims`);
+  - allocate places the pods that restore a running gang's minimum
+    (`ClusterState.gangs_below_minimum`) before anything but nominated pods, so a gang whose
+    pods were moved gets the room made for them; a job this cycle placed pods for is no victim
+    in the same cycle;
+  - a running gang is also stale while any leaf sub-group has fewer occupying pods than its own
+    minMember (KAI's stale pod-sets), and so also one that allocate restores first;
+  - a pod the Plan evicts or moves satisfies no required pod affinity of a pod placed after it,
+    and a pod a placement of the cycle needs for its required affinity is no victim.
 
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
 function of the Session that returns its result (placements and reasons), pure; a policy's
@@ -131,9 +139,18 @@ class Policy:
     #: consolidation moves only the pods of a gang in the way, and their replacements must get
     #: the room made for them before the stale-gang clock runs out
     restore_gangs_first: bool = False
-    #: a job this cycle placed pods for is no victim in the same cycle (v4): before, reclaim
-    #: could evict the running half of a gang whose other half allocate had just restored
+    #: a job this cycle placed pods for is no victim in the same cycle, nor a pod a placement
+    #: of this cycle needs for its required pod affinity (v4): before, reclaim could evict the
+    #: running half of a gang whose other half allocate had just restored
     spare_growing_jobs: bool = False
+    #: reclaim's and preempt's victims that fit elsewhere on idle capacity are moved there
+    #: instead of evicted (v4): the issue's shared victim search ("one that fits elsewhere is
+    #: moved; only the rest are evicted")
+    victims_move: bool = False
+    #: a pod the Plan evicts (or moves away) satisfies no required pod affinity of a pod placed
+    #: after it in the cycle (v4); before, a preemptor could be placed next to a pod that was
+    #: leaving for it
+    evicted_pods_leave: bool = False
     #: stale gangs judged per leaf sub-group too, as KAI's `IsStale`: a running job with a leaf
     #: sub-group below its own minMember is stale as well. The reducer keeps `stale_since_ns` by
     #: that rule under a config of such a version (`kai_es.state.reducer.TOP_LEVEL_STALE_POLICIES`
@@ -186,6 +203,8 @@ POLICIES["kai-es/v4"] = replace(
     restore_gangs_first=True,
     spare_growing_jobs=True,
     subgroup_stale_gangs=True,
+    victims_move=True,
+    evicted_pods_leave=True,
 )
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v4"

@@ -165,8 +165,10 @@ class Session:
         self.search_counts_free = policy.search_counts_free if policy is not None else False
         self.restore_gangs_first = policy.restore_gangs_first if policy is not None else False
         self.spare_growing_jobs = policy.spare_growing_jobs if policy is not None else False
+        self.victims_move = policy.victims_move if policy is not None else False
         self.subgroup_stale_gangs = policy.subgroup_stale_gangs if policy is not None else False
-        self.eligibility = Eligibility(state, plan.names, plan.nodes)
+        self.eligibility = Eligibility(state, plan.names, plan.nodes,
+                                       leaving=policy is not None and policy.evicted_pods_leave)
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)
         self.gpu_memory_hint = max((n.spec.gpu_memory_mib for n in plan.nodes), default=0)

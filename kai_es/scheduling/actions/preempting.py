@@ -24,7 +24,10 @@ Contract:
   leaves none is rejected at once with VictimsCannotMakeRoom; a failed search is remembered by
   its scenario (`_scenario`) and not repeated on an unchanged Plan.
 - kai-es/v4 (`Session.spare_growing_jobs`): a job this cycle has placed pods for (restoring
-  a gang, an elastic job growing, an earlier preemptor) is no victim in the same cycle.
+  a gang, an elastic job growing, an earlier preemptor) is no victim in the same cycle, nor is a
+  pod a placement of this cycle needs for its required pod affinity
+  (`PodAffinityIndex.needed`); and
+  (`Session.victims_move`) a victim that fits elsewhere is moved, not evicted (`move_victims`).
 - Pure: reads the state; writes only the Session's Plan and the returned result.
 """
 
@@ -42,7 +45,7 @@ from kai_es.scheduling import framework as fw
 from kai_es.scheduling import times
 from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.packing import TaskShape
-from kai_es.scheduling.plan import Entry
+from kai_es.scheduling.plan import Entry, Eviction
 from kai_es.scheduling.session import QueueNode, Session, Vector
 from kai_es.scheduling.victims import RoomBound, Unit, free_capacity, keyed_units, search, units_of
 from kai_es.state.model import Job, PodState
@@ -221,7 +224,11 @@ class PreemptingAction:
 
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         """Called when the search placed `job` with the evictions after checkpoint `start`: the
-        action's last word on the attempt (False: it is rolled back, as a failed search)."""
+        action's last word on the attempt (False: it is rolled back, as a failed search). Here
+        (kai-es/v4, `Session.victims_move`): a victim job whose evicted pods all fit elsewhere
+        on idle capacity is moved there instead of losing them (`move_victims`)."""
+        if self.session.victims_move:
+            move_victims(self.session, start)
         return True
 
     # -- the loop ----------------------------------------------------------------------------
@@ -318,10 +325,13 @@ class PreemptingAction:
         free = (lambda: free_capacity(self.session, on_nodes)) if self.session.search_counts_free else None
         admit = self.admit(leaf, job, request)
         if self.session.spare_growing_jobs:
-            grown, rule = self.session.placed_pods, admit
+            grown, rule, affinity = self.session.placed_pods, admit, self.session.eligibility.affinity
 
-            def admit(unit: Unit) -> bool:  # a job this cycle placed pods for is no victim
-                return rule(unit) and not any(e[3] in grown for e in unit.job.pending)
+            def admit(unit: Unit) -> bool:
+                # a job this cycle placed pods for is no victim, nor a pod a placement of this
+                # cycle needs for its required pod affinity
+                return rule(unit) and not any(e[3] in grown for e in unit.job.pending) and \
+                    not any(affinity.needed(pod.key) for pod in unit.pods)
 
         evictions = search(self.session, units, admit, request, place,
                            self.name, preemptor, self.why(leaf, job, request), on_nodes, free,
@@ -397,3 +407,36 @@ def reason_numbers(prefix: str, allocated: Vector, fair: Vector) -> dict[str, in
 
 
 __all__ = ["PreemptingAction", "at_most", "dominant_share", "reason_numbers"]
+
+
+def move_victims(session: Session, start: int) -> None:
+    """kai-es/v4: of the victims the Plan evicts after checkpoint `start`, each job whose evicted
+    pods all fit, largest first, on idle capacity of other nodes (`Plan.place_idle`: never the
+    node a pod leaves, never capacity a pipelined pod waits for, within its eligibility) is moved
+    there: its pods keep their place in the cluster and its queue keeps its allocation; the
+    eviction's reason says where each goes. A job whose pods do not all fit is evicted as
+    decided. Jobs in the order of their first eviction."""
+    plan, state = session.plan, session.state
+    by_job: dict[str, list[Eviction]] = {}
+    for op in plan.operations[start:]:
+        if isinstance(op, Eviction):
+            by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
+    names = plan.names
+    for ops in by_job.values():
+        checkpoint = plan.checkpoint()
+        moves: list[tuple[Eviction, Entry]] = []
+        for op in sorted(ops, key=lambda o: (-state.pods[o.pod_key].milli_gpu, o.pod_key)):
+            pod = state.pods[op.pod_key]
+            mask, _ = session.eligibility.mask(pod.spec)
+            elsewhere = mask[:]
+            elsewhere[op.node] = 0
+            entry = plan.place_idle(pod.key, pod.spec, elsewhere)
+            if entry is None:
+                break
+            moves.append((op, entry))
+        if len(moves) < len(ops):
+            plan.rollback(checkpoint)
+            continue
+        for op, entry in moves:
+            entry.moved_from = op.node
+            op.reason = f"moved from node {names[op.node]} to node {names[entry.node]} instead of evicted: {op.reason}"

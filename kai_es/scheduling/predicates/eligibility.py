@@ -50,7 +50,10 @@ def legacy_allows(node: p.NodeObserved, spec: p.PodObserved) -> bool:
 
 
 class Eligibility:
-    def __init__(self, state: ClusterState, names: Sequence[str], nodes: Sequence[NodeState]) -> None:
+    def __init__(self, state: ClusterState, names: Sequence[str], nodes: Sequence[NodeState],
+                 leaving: bool = False) -> None:
+        #: a pod the Plan evicts satisfies no pod affinity (kai-es/v4, `Policy.evicted_pods_leave`)
+        self.leaving = leaving
         self.state = state
         self.names = names
         self.nodes = nodes
@@ -85,12 +88,16 @@ class Eligibility:
 
     def on_operation(self, op: Operation, sign: int) -> None:
         """Plan listener. A pod the plan evicts still holds its node until it is gone, so only
-        placements move the trackers (conservative for pipelining)."""
+        placements move the trackers (conservative for pipelining); with `leaving` (kai-es/v4)
+        an eviction marks the pod leaving for pod affinity (it is no reason to come,
+        `PodAffinityIndex.evicted`)."""
         if isinstance(op, Entry):
             if sign > 0:
                 self.placed(op.pod_key, op.node)
             else:
                 self.unplaced(op.pod_key, op.node)
+        elif self.leaving:
+            self.affinity.evicted(op.pod_key, self.state.pods[op.pod_key].spec, op.node, sign)
 
     def placed(self, pod_key: str, node: int) -> None:
         spec = self.state.pods[pod_key].spec

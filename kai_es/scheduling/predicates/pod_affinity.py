@@ -6,9 +6,11 @@ Contract (Kubernetes' semantics, integers only, deterministic):
   `namespaces` ∪ the namespaces matching its `namespace_selector`; both unset: P's namespace;
   an empty namespace selector: every namespace). Domains are the values of the node label
   `topology_key`; a node without that label is in no domain.
-- Required affinity: every term needs a present matching pod in the node's domain, except that
-  when no term has a matching pod anywhere and P matches all its own terms, any node passes (the
-  first pod of a group that wants to be together).
+- Required affinity: every term needs a present matching pod in the node's domain that the Plan
+  does not evict (a pod the Plan evicts or moves away is *leaving*: still present for
+  anti-affinity until it is gone, but no reason to come), except that when no term has such a
+  pod anywhere and P matches all its own terms, any node passes (the first pod of a group that
+  wants to be together). A pod the Plan moves is present at both nodes, leaving the first.
 - Required anti-affinity: no present pod matching the term in the node's domain; and
   symmetrically, no present pod whose own required anti-affinity term matches P in the node's
   domain.
@@ -46,6 +48,17 @@ class TermClass:
     counts: dict[str, int] = field(default_factory=dict)
     #: domain value -> pod keys of the present matching pods (for reasons)
     members: dict[str, set[str]] = field(default_factory=dict)
+    #: domain value -> how many of the present matching pods the Plan evicts (leaving: they
+    #: still count against anti-affinity, but satisfy no affinity)
+    leaving: dict[str, int] = field(default_factory=dict)
+    leaving_members: dict[str, set[str]] = field(default_factory=dict)
+
+    def staying(self) -> dict[str, int]:
+        """Per domain, the present matching pods that are not leaving (zero counts left out)."""
+        if not self.leaving:
+            return self.counts
+        out = {d: c - self.leaving.get(d, 0) for d, c in self.counts.items()}
+        return {d: c for d, c in out.items() if c > 0}
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
         return (self.all_namespaces or namespace in self.namespaces) and \
@@ -104,8 +117,12 @@ class PodAffinityIndex:
         self._by_label: dict[tuple[str, str], list[TermClass]] = {}
         self._unindexed: list[TermClass] = []
         self._domains: dict[str, dict[str, list[int]]] = {}
-        #: present pods: key -> (namespace, labels, node index)
+        #: pods the Plan placed (or moved): key -> (spec, node index)
         self._planned: dict[str, tuple[p.PodObserved, int]] = {}
+        #: occupying pods the Plan evicts (or moves away): key -> (spec, node index)
+        self._leaving: dict[str, tuple[p.PodObserved, int]] = {}
+        #: the planned pods with required affinity terms (see `needed`)
+        self._planned_affinity: dict[str, tuple[p.PodObserved, int]] = {}
         self._holders: dict[tuple[bytes, int, int], HolderClass] = {}
         self.holders_version = 0
         self._holders_built = False
@@ -178,11 +195,13 @@ class PodAffinityIndex:
         keys = candidates if candidates is not None else sorted(pods)
         for pod_key in keys:
             pod = pods.get(pod_key)
-            if pod is None or pod.status not in OCCUPYING or pod.node not in index or pod_key in self._planned:
+            if pod is None or pod.status not in OCCUPYING or pod.node not in index:
                 continue
             self._count(cls, pod_key, pod.spec, index[pod.node], +1)
         for pod_key, (spec, node) in sorted(self._planned.items()):
             self._count(cls, pod_key, spec, node, +1)
+        for pod_key, (spec, node) in sorted(self._leaving.items()):
+            self._count_leaving(cls, pod_key, spec, node, +1)
         self._classes[key] = cls
         sel = term.selector
         if sel is not None and sel.match_labels:
@@ -202,6 +221,13 @@ class PodAffinityIndex:
         if domain is not None:
             _bump(cls.counts, cls.members, domain, pod_key, sign)
 
+    def _count_leaving(self, cls: TermClass, pod_key: str, spec: p.PodObserved, node: int, sign: int) -> None:
+        if not cls.selects(spec.namespace, spec.labels):
+            return
+        domain = self.domain_of(node, cls.term.topology_key)
+        if domain is not None:
+            _bump(cls.leaving, cls.leaving_members, domain, pod_key, sign)
+
     # -- holders (the symmetric rules) -------------------------------------------------------
 
     def _build_holders(self) -> None:
@@ -209,7 +235,7 @@ class PodAffinityIndex:
         pods, index = self.state.pods, self.node_index
         for key in sorted(self.state.affinity_pods):
             pod = pods[key]
-            if pod.status in OCCUPYING and pod.node in index and key not in self._planned:
+            if pod.status in OCCUPYING and pod.node in index:
                 self._hold(key, pod.spec, index[pod.node], +1)
         for key, (spec, node) in sorted(self._planned.items()):
             self._hold(key, spec, node, +1)
@@ -244,11 +270,42 @@ class PodAffinityIndex:
 
     def placed(self, pod_key: str, spec: p.PodObserved, node: int) -> None:
         self._planned[pod_key] = (spec, node)
+        if spec.pod_affinity:
+            self._planned_affinity[pod_key] = (spec, node)
         self._update(pod_key, spec, node, +1)
 
     def unplaced(self, pod_key: str, spec: p.PodObserved, node: int) -> None:
         self._update(pod_key, spec, node, -1)
         del self._planned[pod_key]
+        self._planned_affinity.pop(pod_key, None)
+
+    def needed(self, pod_key: str) -> bool:
+        """Whether a pod the Plan placed (or moved) may need `pod_key` where it is for one of its
+        required affinity terms: it matches the term in the placed pod's domain. Such a pod
+        must not leave in the same cycle (its leaving would break a placement just made)."""
+        for key in sorted(self._planned_affinity):
+            spec, node = self._planned_affinity[key]
+            for term in spec.pod_affinity:
+                domain = self.domain_of(node, term.topology_key)
+                if domain is not None and pod_key in self.term_class(term, spec.namespace).members.get(domain, ()):
+                    return True
+        return False
+
+    def evicted(self, pod_key: str, spec: p.PodObserved, node: int, sign: int) -> None:
+        """An occupying pod the Plan evicts (`sign=+1`), or the eviction's undoing (-1): it
+        stays present (anti-affinity keeps counting it until it is gone) but is leaving."""
+        if sign > 0:
+            self._leaving[pod_key] = (spec, node)
+        else:
+            del self._leaving[pod_key]
+        seen: set[int] = set()
+        for pair in spec.labels.items():
+            for cls in self._by_label.get(pair, ()):
+                if id(cls) not in seen:
+                    seen.add(id(cls))
+                    self._count_leaving(cls, pod_key, spec, node, sign)
+        for cls in self._unindexed:
+            self._count_leaving(cls, pod_key, spec, node, sign)
 
     def _update(self, pod_key: str, spec: p.PodObserved, node: int, sign: int) -> None:
         labels = spec.labels
@@ -269,11 +326,12 @@ class PodAffinityIndex:
         the present pods from scratch (empty: consistent)."""
         fresh = PodAffinityIndex(self.state, self.node_labels, self.node_names)
         fresh._planned = dict(self._planned)
+        fresh._leaving = dict(self._leaving)
         out = []
         for key in sorted(self._classes):
             cls = self._classes[key]
             again = fresh.term_class(cls.term, cls.own_namespace)
-            if (again.counts, again.members) != (cls.counts, cls.members):
+            if (again.counts, again.members, again.leaving) != (cls.counts, cls.members, cls.leaving):
                 out.append(f"term {describe(cls.term.selector)}@{cls.term.topology_key}: "
                            f"{cls.counts} != recount {again.counts}")
         if self._holders_built:
@@ -314,15 +372,16 @@ class PodAffinityIndex:
         allowed: list[set[int]] = []
         if spec.pod_affinity:
             classes = [self.term_class(t, spec.namespace) for t in spec.pod_affinity]
-            if all(c.total == 0 for c in classes) and all(c.selects(spec.namespace, spec.labels) for c in classes):
+            staying = [c.staying() for c in classes]  # a pod the Plan evicts satisfies no affinity
+            if not any(staying) and all(c.selects(spec.namespace, spec.labels) for c in classes):
                 return forbidden, allowed, why
-            for term, cls in zip(spec.pod_affinity, classes):
+            for term, counts in zip(spec.pod_affinity, staying):
                 domains = self.domain_nodes(term.topology_key)
                 nodes: set[int] = set()
-                for domain in cls.counts:
+                for domain in counts:
                     nodes.update(domains.get(domain, ()))
                 allowed.append(nodes)
-                if not cls.counts:
+                if not counts:
                     why.append(f"affinity:no pod matching {describe(term.selector)} runs in any "
                                f"{term.topology_key} domain")
         return forbidden, allowed, why
