@@ -266,3 +266,27 @@ def test_reclaim_side_walk_equals_the_pairwise_rules(forest: tuple[list[QueueNod
         if reclaim._chain_within(chain, job, request) and reclaim._side_may_yield(mine, theirs, request, held):  # type: ignore[arg-type]
             pairwise.append((victim.name, 0))
     assert walked == sorted(pairwise)
+
+
+# -- v4: a placement is tried only where an eviction made room -----------------------------------
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_victims_spread_over_many_nodes_do_not_use_up_the_tries(engine: str) -> None:
+    """100 nodes of 8 GPUs, each running 8 low-priority single-GPU pods created round-robin over
+    the nodes (the newest, cheapest victims are each on another node), and one urgent 8-GPU pod
+    of the same queue: under kai-es/v4 preempt evicts one node's eight pods — the node whose
+    pods are cheapest together — and pipelines the pod there. kai-es/v3 tries a placement after
+    every victim once 8 GPUs are evicted anywhere and gives up after 64 tries."""
+    docs: list[dict[str, Any]] = [MakeNode(f"n{i:03d}").gpus(8).obj() for i in range(100)]
+    docs.append(queue("q"))
+    for k in range(800):
+        docs.append(MakePod(f"t{k:04d}", queue="q").gpu(1).priority_class("train").running_on(f"n{k % 100:03d}").obj())
+    docs.append(MakePod("urgent", queue="q").gpu(8).priority_class("build").obj())
+    outcome = one_cycle(load_scenario_text(scenario_text(*docs), "spread.yaml"), load_packer(engine))  # type: ignore[arg-type]
+    evicted = sorted(d["data"]["name"] for d in outcome["decisions"] if d["type"] == "kai.scheduler.pod.evictiondecided")
+    assert outcome["pods"]["default/urgent"]["status"] == "Pipelined"
+    node = outcome["pods"]["default/urgent"]["node"]
+    assert evicted == [f"t{k:04d}" for k in range(800) if f"n{k % 100:03d}" == node] and node == "n099"
+    v3 = scenario_text(*docs, settings={"scheduler": {"policyVersion": "kai-es/v3"}})
+    assert one_cycle(load_scenario_text(v3, "spread.yaml"), load_packer(engine))["pods"]["default/urgent"]["status"] == "Pending"  # type: ignore[arg-type]

@@ -41,7 +41,9 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   consolidation, reclaim, preempt and stalegangeviction (KAI's order). Further:
   - the victim search (of every action) counts capacity free already towards the preemptor's
     request: v3 evicts until the victims alone free all of it, and so misses a preemptor that
-    needs a node's free capacity and one victim there;
+    needs a node's free capacity and one victim there; and it tries a placement only after an
+    eviction that leaves a node able to take one of the preemptor's tasks (v3 could spend its
+    64 tries on victims spread over many nodes);
   - a victim of reclaim or preempt that fits elsewhere on idle capacity is moved there instead
     of evicted (`preempting.move_victims`);
   - allocate places the pods that restore a running gang's minimum
@@ -151,6 +153,11 @@ class Policy:
     #: after it in the cycle (v4); before, a preemptor could be placed next to a pod that was
     #: leaving for it
     evicted_pods_leave: bool = False
+    #: the victim search tries a placement only after an eviction that leaves a node able to
+    #: take one of the preemptor's tasks (v4); before, victims spread over many nodes could use
+    #: up its 64 tries before any node was free enough (an 8-GPU pod against 100 nodes of
+    #: single-GPU pods created round-robin was never placed)
+    node_gated_tries: bool = False
     #: stale gangs judged per leaf sub-group too, as KAI's `IsStale`: a running job with a leaf
     #: sub-group below its own minMember is stale as well. The reducer keeps `stale_since_ns` by
     #: that rule under a config of such a version (`kai_es.state.reducer.TOP_LEVEL_STALE_POLICIES`
@@ -205,6 +212,7 @@ POLICIES["kai-es/v4"] = replace(
     subgroup_stale_gangs=True,
     victims_move=True,
     evicted_pods_leave=True,
+    node_gated_tries=True,
 )
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v4"

@@ -166,6 +166,10 @@ class Session:
         self.restore_gangs_first = policy.restore_gangs_first if policy is not None else False
         self.spare_growing_jobs = policy.spare_growing_jobs if policy is not None else False
         self.victims_move = policy.victims_move if policy is not None else False
+        self.node_gated_tries = policy.node_gated_tries if policy is not None else False
+        #: (shape id, static mask id) -> whether it fit idle capacity when first asked; a False
+        #: stays true for the cycle (see `preempting.move_victims`); True is asked again there
+        self.idle_fits: dict[tuple[int, int], bool] = {}
         self.subgroup_stale_gangs = policy.subgroup_stale_gangs if policy is not None else False
         self.eligibility = Eligibility(state, plan.names, plan.nodes,
                                        leaving=policy is not None and policy.evicted_pods_leave)

@@ -14,7 +14,8 @@ Contract:
   the attempt is rolled back (`Plan.rollback`), so the Plan is exactly as before.
 - Effort is bounded by counts, never by time (replay stays exact): at most `MAX_VICTIM_PODS`
   pods evicted per attempt and `MAX_PLACEMENT_TRIES` placement tries; a try is made only once the
-  evicted capacity adds up to at least what the preemptor requests.
+  evicted capacity (kai-es/v4: with the free capacity) adds up to at least what the preemptor
+  requests, and (kai-es/v4) the last eviction left a node able to take one of its tasks.
 - kai-es/v3 bounds the search per node first (`RoomBound`): only units with a pod on a node
   where evicting every eligible victim could make room for the preemptor are taken, and only
   what they free there counts; and a job whose eviction the binder refused recently
@@ -178,11 +179,14 @@ class RoomBound:
             slots += 1
             for d in pod.devices:
                 freed_dev[base + d] = freed_dev.get(base + d, 0) + pod.device_milli
-        return _room(table, node, shape, cpu, mem, slots, freed_dev)
+        return room(table, node, shape, cpu, mem, slots, freed_dev)
 
 
-def _room(table: ArrayPackTable, node: int, shape: TaskShape, cpu: int, mem: int, slots: int,
-          freed_dev: dict[int, int]) -> bool:
+def room(table: ArrayPackTable, node: int, shape: TaskShape, cpu: int = 0, mem: int = 0, slots: int = 0,
+         freed_dev: dict[int, int] | None = None) -> bool:
+    """Whether `node` of `table`, with `cpu`, `mem`, `slots` and device shares `freed_dev` more
+    free, has the CPU, memory, a pod slot and enough devices with the share `shape` needs."""
+    freed_dev = freed_dev or {}
     if table.free_milli_cpu[node] + cpu < shape.milli_cpu or \
             table.free_memory_bytes[node] + mem < shape.memory_bytes or table.free_pods[node] + slots < 1:
         return False
@@ -207,7 +211,7 @@ def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool
            request: Vector, place: Placer, action: str, preemptor: str,
            reason: Callable[[Unit], tuple[str, dict[str, int]]],
            on_nodes: set[int] | None = None, free: Callable[[], Vector] | None = None,
-           whole_units: bool = True) -> list[Eviction] | None:
+           whole_units: bool = True, fits_on: Callable[[int], bool] | None = None) -> list[Eviction] | None:
     """Evict admitted units cheapest first until `place()` succeeds (it must place the whole
     preemptor on the Plan, or roll its own placements back and return None). Returns the
     evictions kept, or None with the Plan unchanged. With `on_nodes` (the per-node bound,
@@ -217,7 +221,11 @@ def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool
     already that counts towards it too, so that a preemptor needing some of it and a few
     victims is tried as soon as they are evicted. `whole_units=False` (consolidation, whose
     victims are re-placed, so a gang keeps its members) keeps, of the units chosen, only the
-    pods on nodes the preemptor uses: the others stay where they run."""
+    pods on nodes the preemptor uses: the others stay where they run. `fits_on(node)` (kai-es/v4)
+    says whether one of the preemptor's tasks could now fit `node`: a placement is tried only
+    after an eviction that leaves a node it touched able to take one (the only nodes whose
+    capacity it changed), so victims spread over many nodes do not use up the tries before one
+    node is free enough."""
     plan = session.plan
     start = plan.checkpoint()
     freed: Vector = (0, 0, 0)
@@ -246,6 +254,8 @@ def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool
                 already = free()
             if any(need > got + have for need, got, have in zip(request, freed, already)):
                 continue
+        if fits_on is not None and not any(fits_on(index[pod.node]) for pod in unit.pods):
+            continue
         tries += 1
         entries = place()
         if entries is None:

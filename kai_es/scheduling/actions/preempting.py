@@ -47,7 +47,7 @@ from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.plan import Entry, Eviction
 from kai_es.scheduling.session import QueueNode, Session, Vector
-from kai_es.scheduling.victims import RoomBound, Unit, free_capacity, keyed_units, search, units_of
+from kai_es.scheduling.victims import RoomBound, Unit, free_capacity, keyed_units, room, search, units_of
 from kai_es.state.model import Job, PodState
 
 CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED})
@@ -333,9 +333,17 @@ class PreemptingAction:
                 return rule(unit) and not any(e[3] in grown for e in unit.job.pending) and \
                     not any(affinity.needed(pod.key) for pod in unit.pods)
 
+        fits_on = None
+        if self.session.node_gated_tries:
+            eligibility, future = self.session.eligibility, self.plan.future
+            tasks = [(self.plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
+
+            def fits_on(node: int) -> bool:
+                return any(mask[node] and room(future, node, shape) for shape, mask in tasks)
+
         evictions = search(self.session, units, admit, request, place,
                            self.name, preemptor, self.why(leaf, job, request), on_nodes, free,
-                           self.whole_units)
+                           self.whole_units, fits_on)
         if evictions is not None and not self.settle(job, start, request):
             self.plan.rollback(start)
             evictions = None
@@ -422,7 +430,22 @@ def move_victims(session: Session, start: int) -> None:
         if isinstance(op, Eviction):
             by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
     names = plan.names
+    eligibility = session.eligibility
     for ops in by_job.values():
+        # a shape that fits no idle capacity now never will this cycle: idle capacity only
+        # shrinks as operations are committed (a rollback only undoes later, tentative ones)
+        hopeless = False
+        for op in ops:
+            spec = state.pods[op.pod_key].spec
+            shape, mask = plan.shape(spec), eligibility.static_mask(spec)
+            key = (id(shape), id(mask))
+            if key not in session.idle_fits:
+                session.idle_fits[key] = plan.packer.place(plan.idle, shape, plan.strategy, mask).placed
+            if not session.idle_fits[key]:
+                hopeless = True
+                break
+        if hopeless:
+            continue
         checkpoint = plan.checkpoint()
         moves: list[tuple[Eviction, Entry]] = []
         for op in sorted(ops, key=lambda o: (-state.pods[o.pod_key].milli_gpu, o.pod_key)):

@@ -283,6 +283,8 @@ class PodAffinityIndex:
         """Whether a pod the Plan placed (or moved) may need `pod_key` where it is for one of its
         required affinity terms: it matches the term in the placed pod's domain. Such a pod
         must not leave in the same cycle (its leaving would break a placement just made)."""
+        if not self._planned_affinity:
+            return False
         for key in sorted(self._planned_affinity):
             spec, node = self._planned_affinity[key]
             for term in spec.pod_affinity:
