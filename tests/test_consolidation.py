@@ -189,3 +189,18 @@ def test_preempt_moves_the_victims_that_fit_elsewhere_and_v3_evicts_them_all(eng
         == ["t-2", "t-3"]  # the newest two (cheapest) fit n2's two free GPUs; the others are evicted
     _scheduler(docs)["policyVersion"] = "kai-es/v3"
     assert not any(e["reason"].startswith("moved") for e in _evictions(_cycle(docs, engine)))
+
+
+def test_kai_es_events_shows_where_a_moved_pod_goes() -> None:
+    import subprocess
+    import sys
+
+    golden = Path(__file__).parent / "golden" / "consolidation.events.jsonl"
+    run = subprocess.run([sys.executable, "-m", "kai_es", "events", str(golden), "--type",
+                          "kai.scheduler.pod.evictiondecided"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 5 and all("consolidation: moved from node node-a to node node-" in line for line in lines)
+    run = subprocess.run([sys.executable, "-m", "kai_es", "events", str(golden), "--type",
+                          "kai.scheduler.cycle.completed"], capture_output=True, text=True)
+    assert "5 evicted" in run.stdout
