@@ -240,7 +240,7 @@ class Plan:
         capacity no pipelined pod is waiting for: a node the packer picks whose idle capacity
         is so held is left out and the packer asked again. None when no node fits."""
         shape = self.shape(spec)
-        allowed = array("q", mask)
+        allowed = mask  # copied before the first node is left out: `mask` is the caller's
         while True:
             now = self._place_idle(shape, allowed)
             if not now.placed:
@@ -249,6 +249,8 @@ class Plan:
                 self.future.apply_placed(now.node, now.devices, shape, 1)
                 self.idle.apply_placed(now.node, now.devices, shape, 1)
                 return self._record(pod_key, spec, shape, now, pipelined=False)
+            if allowed is mask:
+                allowed = array("q", mask)
             allowed[now.node] = 0
 
     def known_failure(self, spec: PodObserved, mask: array[int]) -> Placement | None:

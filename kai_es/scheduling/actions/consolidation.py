@@ -19,10 +19,10 @@ Rules:
   on nodes the preemptor uses move; the others stay where they run.
 - A unit with a pod that fits on no other node's idle capacity now (static eligibility) is not
   taken: it could not move.
-- Once the search has placed the preemptor, every victim pod it kept is re-placed, largest
-  request first, on idle capacity no pipelined pod waits for (`Plan.place_idle`: never
-  pipelined, never on the node it leaves), within its own eligibility (its preferences are not
-  weighed); if one cannot be, the whole attempt is rolled back. A re-placement is an
+- Once the search has placed the preemptor, every victim pod it kept is re-placed
+  (`preempting.relocate`, shared with reclaim's and preempt's moves: largest request first, on
+  idle capacity of another node that no pipelined pod waits for, within its own eligibility);
+  if one cannot be, the whole attempt is rolled back. A re-placement is an
   `Entry` with `moved_from` set: it holds the capacity for the rest of the cycle and is
   announced in the pod's eviction (its reason names both nodes), not as a placement.
 - At most `maxConsolidationPreemptees` jobs (default 16; -1: no limit; 0: the action is off)
@@ -37,16 +37,17 @@ Rules:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 
 from kai_es.scheduling.actions.allocate import AllocateResult
-from kai_es.scheduling.actions.preempting import PreemptingAction
+from kai_es.scheduling.actions.preempting import PreemptingAction, relocate
 from kai_es.scheduling.fairshare import pod_request
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Eviction
 from kai_es.scheduling.session import QueueNode, Session, Vector
-from kai_es.scheduling.victims import Unit, free_capacity, keyed_units
+from kai_es.scheduling.victims import Unit, free_capacity, keyed_units, room
 from kai_es.state.model import Job, PodState
 
 NAME = "consolidation"
@@ -96,7 +97,7 @@ class Consolidation(PreemptingAction):
         return out
 
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
-        if not job.preemptible or (self.budget >= 0 and len(self.moved_jobs) >= self.budget):
+        if self.budget >= 0 and len(self.moved_jobs) >= self.budget:
             return False
         # moves keep the cluster's free capacity as it is and the job takes `request` of it: a
         # cluster with less free in some resource has no room to make (a full one: no search)
@@ -105,17 +106,17 @@ class Consolidation(PreemptingAction):
             self._free_at, self._free = length, free_capacity(self.session, None)
         return all(need <= have for need, have in zip(request, self._free))
 
-    def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector
+    def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector,
+                       shapes: list[tuple[TaskShape, array[int]]]
                        ) -> tuple[set[int], Iterable[Unit], tuple[object, ...]] | None:
         """Node by node, at most `MAX_NODES` of them: the nodes its tasks may use, most free GPU
         capacity (once released) first, that could fit one of its tasks with their movable pods
-        gone (`_could_fit`); on each, the units with a pod there that frees a resource the node
+        gone (`victims.room`, device by device); on each, the units with a pod there that frees a resource the node
         lacks (`_short_of`), cheapest first. Room for a task is made on one node, so taking the
         cheapest units of the whole cluster (reclaim's and preempt's order) would spread the
         moves over many nodes and make room on none; and only these nodes' pods are looked at,
         so a search costs what its nodes hold, not what the cluster runs."""
-        eligibility, plan = self.session.eligibility, self.plan
-        shapes = [(plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
+        plan = self.plan
         # what this search depends on: not the preemptor's queue or priority (any preemptible
         # pod may move for any preemptor), but its own running pods, which never move for it
         _, _, _, *rest = self._scenario(leaf, job, pods, request, shapes)
@@ -136,9 +137,8 @@ class Consolidation(PreemptingAction):
                        for t in tasks):
                 continue  # too small for any task, whatever moves
             movable = self._movable_on(n, job)
-            short = _short_of(table, n, tasks)
-            if movable and _could_fit(table, n, tasks, movable):
-                nodes.append((n, short, movable))
+            if movable and _could_fit(table, n, shapes, movable):
+                nodes.append((n, _short_of(table, n, tasks), movable))
                 if len(nodes) >= MAX_NODES:
                     break
         if not nodes:
@@ -176,10 +176,6 @@ class Consolidation(PreemptingAction):
                     continue  # moving it would free nothing the node lacks
                 seen.add(id(unit))
                 yield unit
-
-    def victim_jobs(self, leaf: QueueNode, job: Job) -> list[Job]:
-        queues = self.session.queues
-        return [v for v in self.occupying_jobs if v.key != job.key and v.queue in queues]
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         """Another job's preemptible unit whose every pod fits, now, on idle capacity of some
@@ -222,23 +218,9 @@ class Consolidation(PreemptingAction):
         jobs = {state.pods[op.pod_key].job_key for op in evictions}
         if self.budget >= 0 and len(self.moved_jobs | jobs) > self.budget:
             return False
-        eligibility = self.session.eligibility
-
-        def size(op: Eviction) -> tuple[int, int, int, str]:
-            pod = state.pods[op.pod_key]
-            return (-pod.milli_gpu, -pod.spec.requests.milli_cpu, -pod.spec.requests.memory_bytes, op.pod_key)
-
-        destinations: list[tuple[Eviction, int]] = []
-        for op in sorted(evictions, key=size):
-            pod = state.pods[op.pod_key]
-            mask, _ = eligibility.mask(pod.spec)
-            elsewhere = mask[:]
-            elsewhere[op.node] = 0
-            entry = plan.place_idle(pod.key, pod.spec, elsewhere)
-            if entry is None:
-                return False
-            entry.moved_from = op.node
-            destinations.append((op, entry.node))
+        destinations = relocate(self.session, evictions)
+        if destinations is None:
+            return False
         names = plan.names
         for op, node in destinations:
             op.reason = (f"moved from node {names[op.node]} to node {names[node]} "
@@ -273,12 +255,16 @@ def _frees(pod: PodState, short: tuple[bool, bool, bool]) -> bool:
         (short[2] and requests.memory_bytes > 0)
 
 
-def _could_fit(table: ArrayPackTable, node: int, tasks: list[TaskShape], movable: list[PodState]) -> bool:
-    """Whether one of `tasks` could fit `node` with all of `movable` gone, by its CPU, memory
-    and whole GPUs (device shares are the packer's to check)."""
-    cpu = table.free_milli_cpu[node] + sum(pod.spec.requests.milli_cpu for pod in movable)
-    mem = table.free_memory_bytes[node] + sum(pod.spec.requests.memory_bytes for pod in movable)
-    gpu = sum(table.dev_free_milli[table.gpu_start[node]:table.gpu_start[node + 1]]) + \
-        sum(pod.milli_gpu for pod in movable)
-    return any(cpu >= t.milli_cpu and mem >= t.memory_bytes and gpu >= t.whole_gpus * MILLI_PER_GPU
-               for t in tasks)
+def _could_fit(table: ArrayPackTable, node: int, shapes: list[tuple[TaskShape, array[int]]],
+               movable: list[PodState]) -> bool:
+    """Whether one of the tasks (its shape, its eligible nodes) could fit `node` with all of
+    `movable` gone: the shared per-node room check (`victims.room`) with their CPU, memory, pod
+    slots and device shares freed."""
+    base = table.gpu_start[node]
+    freed: dict[int, int] = {}
+    for pod in movable:
+        for d in pod.devices:
+            freed[base + d] = freed.get(base + d, 0) + pod.device_milli
+    cpu = sum(pod.spec.requests.milli_cpu for pod in movable)
+    mem = sum(pod.spec.requests.memory_bytes for pod in movable)
+    return any(mask[node] and room(table, node, shape, cpu, mem, len(movable), freed) for shape, mask in shapes)

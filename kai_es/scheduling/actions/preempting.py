@@ -139,9 +139,11 @@ class PreemptingAction:
                     continue  # min-runtime: a protected job keeps its gang
                 yield unit
 
-    def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector
+    def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector,
+                       shapes: list[tuple[TaskShape, array[int]]]
                        ) -> tuple[set[int], Iterable[Unit], tuple[object, ...]] | None:
-        """kai-es/v3 on: what a search for `job` (its `pods` to place now) covers — the nodes
+        """kai-es/v3 on: what a search for `job` (its `pods` to place now, their `shapes`: the
+        packer's shape and static eligible nodes of each) covers — the nodes
         it may take from, the units it tries in order, and its scenario (remembered when it
         fails, see `_scenario`) — or None when it need not run: no eligible victim, a scenario
         that failed already, or no node with room (`RoomBound`; the pods get
@@ -149,8 +151,6 @@ class PreemptingAction:
         buckets = tuple(self.victim_buckets(leaf, job, request))
         if not buckets:  # no eligible victim at all: the reasons it has say enough
             return None
-        eligibility = self.session.eligibility
-        shapes = [(self.plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
         scenario = (buckets, *self._scenario(leaf, job, pods, request, shapes))
         if scenario in self._failed_scenarios:
             return None
@@ -292,8 +292,10 @@ class PreemptingAction:
         gang = len(pods) > 1 or job.min_member > 1
         on_nodes: set[int] | None = None
         units: Iterable[Unit]
+        eligibility = self.session.eligibility
+        shapes = [(self.plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
         if self.session.bounded_victims:
-            bounded = self.bounded_search(leaf, job, pods, request)
+            bounded = self.bounded_search(leaf, job, pods, request, shapes)
             if bounded is None:
                 return
             on_nodes, units, scenario = bounded
@@ -333,13 +335,12 @@ class PreemptingAction:
                 return rule(unit) and not any(e[3] in grown for e in unit.job.pending) and \
                     not any(affinity.needed(pod.key) for pod in unit.pods)
 
-        fits_on = None
-        if self.session.node_gated_tries:
-            eligibility, future = self.session.eligibility, self.plan.future
-            tasks = [(self.plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
+        future = self.plan.future
 
-            def fits_on(node: int) -> bool:
-                return any(mask[node] and room(future, node, shape) for shape, mask in tasks)
+        def node_fits(node: int) -> bool:  # one of the tasks could take `node` now
+            return any(mask[node] and room(future, node, shape) for shape, mask in shapes)
+
+        fits_on = node_fits if self.session.node_gated_tries else None
 
         evictions = search(self.session, units, admit, request, place,
                            self.name, preemptor, self.why(leaf, job, request), on_nodes, free,
@@ -419,47 +420,49 @@ __all__ = ["PreemptingAction", "at_most", "dominant_share", "reason_numbers"]
 
 def move_victims(session: Session, start: int) -> None:
     """kai-es/v4: of the victims the Plan evicts after checkpoint `start`, each job whose evicted
-    pods all fit, largest first, on idle capacity of other nodes (`Plan.place_idle`: never the
-    node a pod leaves, never capacity a pipelined pod waits for, within its eligibility) is moved
-    there: its pods keep their place in the cluster and its queue keeps its allocation; the
-    eviction's reason says where each goes. A job whose pods do not all fit is evicted as
-    decided. Jobs in the order of their first eviction."""
+    pods can all be re-placed (`relocate`) is moved: its pods keep their place in the cluster and
+    its queue keeps its allocation; the eviction's reason says where each goes. A job whose pods
+    do not all fit is evicted as decided. Jobs in the order of their first eviction."""
     plan, state = session.plan, session.state
     by_job: dict[str, list[Eviction]] = {}
     for op in plan.operations[start:]:
         if isinstance(op, Eviction):
             by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
     names = plan.names
-    eligibility = session.eligibility
     for ops in by_job.values():
-        # a shape that fits no idle capacity now never will this cycle: idle capacity only
-        # shrinks as operations are committed (a rollback only undoes later, tentative ones)
-        hopeless = False
-        for op in ops:
-            spec = state.pods[op.pod_key].spec
-            shape, mask = plan.shape(spec), eligibility.static_mask(spec)
-            key = (id(shape), id(mask))
-            if key not in session.idle_fits:
-                session.idle_fits[key] = plan.packer.place(plan.idle, shape, plan.strategy, mask).placed
-            if not session.idle_fits[key]:
-                hopeless = True
-                break
-        if hopeless:
-            continue
-        checkpoint = plan.checkpoint()
-        moves: list[tuple[Eviction, Entry]] = []
-        for op in sorted(ops, key=lambda o: (-state.pods[o.pod_key].milli_gpu, o.pod_key)):
-            pod = state.pods[op.pod_key]
-            mask, _ = session.eligibility.mask(pod.spec)
-            elsewhere = mask[:]
-            elsewhere[op.node] = 0
-            entry = plan.place_idle(pod.key, pod.spec, elsewhere)
-            if entry is None:
-                break
-            moves.append((op, entry))
-        if len(moves) < len(ops):
+        for op, node in relocate(session, ops) or ():
+            op.reason = f"moved from node {names[op.node]} to node {names[node]} instead of evicted: {op.reason}"
+
+
+def relocate(session: Session, ops: list[Eviction]) -> list[tuple[Eviction, int]] | None:
+    """Re-place every pod the evictions `ops` take, largest request first, on idle capacity of
+    another node (`Plan.place_idle`: never the node it leaves, never capacity a pipelined pod
+    waits for, within its eligibility; its preferences are not weighed), each placement an
+    `Entry` with `moved_from` set. Returns (eviction, node it moves to) per pod, or None with the
+    Plan as it was when one pod fits nowhere. A shape that fit no idle capacity once is not
+    tried again in the cycle (`Session.idle_fits`): idle capacity only shrinks as operations are
+    committed (a rollback only undoes later, tentative ones)."""
+    plan, state, eligibility = session.plan, session.state, session.eligibility
+    for op in ops:
+        spec = state.pods[op.pod_key].spec
+        shape, mask = plan.shape(spec), eligibility.static_mask(spec)
+        key = (id(shape), id(mask))
+        if key not in session.idle_fits:
+            session.idle_fits[key] = plan.packer.place(plan.idle, shape, plan.strategy, mask).placed
+        if not session.idle_fits[key]:
+            return None
+    checkpoint = plan.checkpoint()
+    moves: list[tuple[Eviction, int]] = []
+    for op in sorted(ops, key=lambda o: (-state.pods[o.pod_key].milli_gpu, -state.pods[o.pod_key].spec.requests.milli_cpu,
+                                         -state.pods[o.pod_key].spec.requests.memory_bytes, o.pod_key)):
+        pod = state.pods[op.pod_key]
+        mask, _ = eligibility.mask(pod.spec)
+        elsewhere = mask[:]
+        elsewhere[op.node] = 0
+        entry = plan.place_idle(pod.key, pod.spec, elsewhere)
+        if entry is None:
             plan.rollback(checkpoint)
-            continue
-        for op, entry in moves:
-            entry.moved_from = op.node
-            op.reason = f"moved from node {names[op.node]} to node {names[entry.node]} instead of evicted: {op.reason}"
+            return None
+        entry.moved_from = op.node
+        moves.append((op, entry.node))
+    return moves
