@@ -43,6 +43,13 @@ class EventLog(Protocol):
         where the log has no writer identity. Raises when the log cannot be reached."""
         ...
 
+    async def check_writer(self) -> None:
+        """Raise the log's fencing error (Kafka: `FencedError`) when another instance took over
+        this log's writer identity since `claim_writer`, writing nothing any reader sees: how a
+        process that has nothing to append learns that it must stop. A no-op where the log has
+        no writer identity. Raises when the log cannot be reached."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -299,5 +299,8 @@ class FileEventLog:
     async def claim_writer(self) -> None:
         """No writer identities here: nothing to claim."""
 
+    async def check_writer(self) -> None:
+        """No writer identities here: nobody can take over."""
+
     async def close(self) -> None:
         self._map = None  # unmapped once no view handed out refers to it

@@ -16,8 +16,11 @@ Contract (on top of `kai_es.ports.EventLog`):
 - Fencing: a producer's ``transactional_id`` names the *writer role*, and must be stable across
   restarts of the same service instance (e.g. a StatefulSet pod name), not per process. When a
   second instance with the same id starts writing, Kafka fences the first: its next `append`
-  raises `FencedError`, nothing of that append is visible, and the log refuses every later
-  append. The default id is ``kai-es-writer.<topic>`` (so two default writers of one topic
+  or `check_writer` raises `FencedError`, nothing of that append is visible, and the log refuses
+  every later append. `check_writer` finds out without writing to the topic: it opens a
+  transaction holding only an offset of the consumer group ``<topic>.writer-check`` (never
+  used to consume) and aborts it, so the only trace is an abort marker in Kafka's internal
+  offsets topic (with ACLs, the writer needs Read on that group). The default id is ``kai-es-writer.<topic>`` (so two default writers of one topic
   fence each other instead of interleaving); give each service its own id.
 - `read` uses a ``read_committed`` consumer with manual assignment (no group, no commits).
   Without ``follow`` it stops at the last stable offset (LSO) as of the call. A record that does
@@ -69,10 +72,12 @@ class KafkaLogError(RuntimeError):
 class FencedError(RuntimeError):
     """Another instance with the same transactional_id took over; this one must stop writing."""
 
-    def __init__(self, transactional_id: str, topic: str) -> None:
+    def __init__(self, transactional_id: str, topic: str, *, appending: bool = True) -> None:
+        consequence = ("its last append is not visible" if appending
+                       else "it found out while checking, with nothing to write")
         super().__init__(
             f"another instance with transactional_id {transactional_id!r} took over writing to "
-            f"Kafka topic {topic!r}; this one stops (its last append is not visible)")
+            f"Kafka topic {topic!r}; this one stops ({consequence})")
         self.transactional_id = transactional_id
         self.topic = topic
 
@@ -312,6 +317,38 @@ class KafkaEventLog:
         self._check_open()
         await self._ensure_topic()
         await self._ensure_producer()
+
+    async def check_writer(self) -> None:
+        """Raise `FencedError` when another producer with our transactional_id took over (see
+        the module's "Fencing"); otherwise return having written nothing to the topic."""
+        self._check_open()
+        if self._fenced:
+            raise FencedError(self.transactional_id, self.topic, appending=False)
+        if self._append_lock is None:
+            self._append_lock = anyio.Lock()
+        async with self._append_lock:
+            if self._fenced:
+                raise FencedError(self.transactional_id, self.topic, appending=False)
+            producer = await self._ensure_producer()
+            await producer.begin_transaction()
+            try:
+                await producer.send_offsets_to_transaction(
+                    {self._tp: 0}, f"{self.topic}.writer-check")
+            except (ProducerFenced, InvalidProducerEpoch) as exc:
+                await self._on_fenced()
+                raise FencedError(self.transactional_id, self.topic, appending=False) from exc
+            except BaseException:
+                if producer._txn_manager.is_fatal_error():
+                    await self._drop_producer("checking its writer role failed fatally")
+                else:
+                    with anyio.CancelScope(shield=True):
+                        await producer.abort_transaction()
+                raise
+            try:
+                await producer.abort_transaction()
+            except (ProducerFenced, InvalidProducerEpoch) as exc:
+                await self._on_fenced()
+                raise FencedError(self.transactional_id, self.topic, appending=False) from exc
 
     async def append(self, events: Sequence[Envelope]) -> list[int]:
         self._check_open()

@@ -46,6 +46,9 @@ class MemoryEventLog:
     async def claim_writer(self) -> None:
         """No writer identities here: nothing to claim."""
 
+    async def check_writer(self) -> None:
+        """No writer identities here: nobody can take over."""
+
     async def close(self) -> None:
         return None
 

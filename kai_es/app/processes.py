@@ -25,7 +25,9 @@ nobody was watching.
 
 Errors. Any error other than fencing ends the "session": the process claims its writer role
 again, re-reads the log and continues (the simulated cluster is rebuilt). A FencedError stops
-the process (exit 2, one line).
+the process (exit 2, one line): the one an append raises, or the one `EventLog.check_writer`
+raises, which every process calls every `WRITER_CHECK_S` seconds (`while_writer`), so an idle
+instance that another took over stops too instead of believing itself the writer.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ BINDER_TXN_ID = "kai-es-binder"
 INFORMER_TXN_ID = "kai-es-informer"
 #: binds and evictions the Kubernetes binder has in flight at once
 KUBE_BINDER_CONCURRENCY = 32
+#: seconds between checks that a process with nothing to append is still its log's writer
+WRITER_CHECK_S = 5.0
 Ready = Callable[[str], None]
 
 
@@ -122,21 +126,37 @@ def fenced_error_types() -> tuple[type[BaseException], ...]:
     return (FencedError,)
 
 
+def _stopping_cause(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The error of one of `kinds` that `exc` is or holds (a task group wraps its tasks' errors
+    in an ExceptionGroup), or None."""
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _stopping_cause(inner, kinds)
+            if found is not None:
+                return found
+    return None
+
+
 async def supervise(name: str, session: Callable[[], Awaitable[None]], *,
                     max_failures: int = 60, backoff_s: float = 0.5) -> None:
-    """Run `session` again after any error but fencing and `SetupError` (which propagate)."""
-    fenced = fenced_error_types()
+    """Run `session` again after any error but fencing and `SetupError`, which propagate —
+    unwrapped from the ExceptionGroup of a task group that carries one: a fenced process that
+    claimed its role again would fence the instance that took over."""
+    stopping = (*fenced_error_types(), SetupError)
     failures = 0
     while True:
         started = time.monotonic()
         try:
             await session()
             return
-        except fenced:
-            raise
-        except SetupError:
-            raise
         except Exception as exc:  # noqa: BLE001 - the supervisor's whole point
+            cause = _stopping_cause(exc, stopping)
+            if cause is not None:
+                if cause is exc:
+                    raise
+                raise cause from None
             if time.monotonic() - started > 30:
                 failures = 0
             failures += 1
@@ -146,6 +166,41 @@ async def supervise(name: str, session: Callable[[], Awaitable[None]], *,
                         type(exc).__name__, exc, backoff_s, failures)
             await anyio.sleep(backoff_s)
             backoff_s = min(backoff_s * 1.5, 3.0)
+
+
+async def while_writer(events: EventLog, work: Awaitable[None], *,
+                       every_s: float = WRITER_CHECK_S) -> None:
+    """Await `work` while checking every `every_s` seconds that this process is still the log's
+    writer (`EventLog.check_writer`): a fenced process stops even when it has nothing to
+    append. Fencing ends `work` and propagates; a check that fails otherwise (the log briefly
+    unreachable) is logged and tried again at the next period — `work` meets such errors
+    itself."""
+    fenced = fenced_error_types()
+    stop: list[BaseException] = []
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        while True:
+            await anyio.sleep(every_s)
+            try:
+                await events.check_writer()
+            except fenced as exc:
+                stop.append(exc)
+                scope.cancel()
+                return
+            except Exception as exc:  # noqa: BLE001 - a probe failing is not the process failing
+                log.warning("checking the writer role failed: %s: %s", type(exc).__name__, exc)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, tg.cancel_scope)
+            await work
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # only `work` raises: hand its error on as it was
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    if stop:
+        raise stop[0]
 
 
 class _Closable(Protocol):
@@ -167,7 +222,7 @@ async def _serve(name: str, url: str, writer: str, body: Callable[[EventLog, S |
         try:
             await events.claim_writer()
             store = side_store(url, events) if side_store is not None else None
-            await body(events, store)
+            await while_writer(events, body(events, store))
         finally:
             with anyio.CancelScope(shield=True):
                 if store is not None:

@@ -59,6 +59,9 @@ class RecordingFileLog:
     async def claim_writer(self) -> None:
         """No writer identities here: nothing to claim."""
 
+    async def check_writer(self) -> None:
+        """No writer identities here: nobody can take over."""
+
     async def close(self) -> None:
         if not self._file.closed:
             self._file.close()

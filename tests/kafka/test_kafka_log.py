@@ -259,6 +259,38 @@ async def test_second_instance_with_same_transactional_id_fences_the_first(
     assert all(isinstance(e, ProducerFenced) for e in captured_loop_errors), captured_loop_errors
 
 
+async def test_check_writer_finds_a_takeover_without_writing_to_the_topic(
+        kafka_bootstrap: str, unique_name: str,
+        captured_loop_errors: list[BaseException | None]) -> None:
+    """A writer with nothing to append learns from `check_writer` that it was fenced; while it
+    is still the writer, checking leaves no record and no marker in the topic."""
+    txn_id = f"{unique_name}-scheduler-0"
+    old = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id)
+    new = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id)
+    try:
+        await old.claim_writer()
+        await old.append([event(0)])
+        end = await old.end_position()
+        for _ in range(3):
+            await old.check_writer()
+        assert await old.end_position() == end  # no abort marker took an offset of the topic
+        assert len(await raw_records(kafka_bootstrap, unique_name, isolation="read_uncommitted")) == 1
+        await old.append([event(1)])  # checking left the producer able to append
+        await new.claim_writer()  # the takeover: nothing appended by `new` yet
+        with pytest.raises(FencedError, match=f"'{txn_id}' took over.*nothing to write"):
+            await old.check_writer()
+        with pytest.raises(FencedError):  # and it stays fenced
+            await old.append([event(2)])
+        await new.check_writer()
+        await new.append([event(3)])
+        assert [r.envelope.id for r in await collect(new)] == ["id-0", "id-1", "id-3"]
+    finally:
+        await old.close()
+        await new.close()
+    gc.collect()
+    assert all(isinstance(e, ProducerFenced) for e in captured_loop_errors), captured_loop_errors
+
+
 # ------------------------------------------------------------------------------------------
 # (3) dead letters
 

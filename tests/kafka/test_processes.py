@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kafka.procs import ROOT, Proc, end_checks, workload_done, workload_scenario
+from tests.kafka.procs import ROOT, Proc, end_checks, read_topic, workload_done, workload_scenario
 
 
 @pytest.fixture
@@ -61,3 +61,40 @@ def test_fenced_scheduler_stops_and_workload_completes(kafka_bootstrap: str, uni
     out = subprocess.run([sys.executable, "-m", "kai_es", "replay", url], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "OK:" in out.stdout, out.stdout + out.stderr
+
+
+def test_idle_fenced_scheduler_stops(kafka_bootstrap: str, unique_name: str, tmp_path: Path,
+                                     procs: list[Proc]) -> None:
+    """The takeover comes when the workload is done and the first scheduler has nothing left to
+    append: it learns of it by checking its writer role (`EventLog.check_writer`), not by
+    waiting for a write that never comes."""
+    pods = 20
+    scenario = workload_scenario(tmp_path / "w.yaml", pods=pods, nodes=4, spread_s=60, run_for_s=30)
+    url = f"kafka://{kafka_bootstrap}/{unique_name}"
+    binder = Proc("binder", ["binder", "--log", f"{url}?transactional_id=b-{unique_name}",
+                             "--scenario", str(scenario), "--time-scale", "60"], tmp_path)
+    sched_args = ["scheduler", "--log", f"{url}?transactional_id=s-{unique_name}",
+                  "--scenario", str(scenario), "--time-scale", "60", "--period", "100ms"]
+    first = Proc("scheduler-1", sched_args, tmp_path)
+    second = Proc("scheduler-2", sched_args, tmp_path)
+    procs.extend([binder, first, second])
+    binder.start()
+    binder.wait_ready("binder")
+    first.start()
+    first.wait_ready("scheduler")
+    deadline = time.monotonic() + 90
+    while not workload_done(kafka_bootstrap, unique_name, pods)[0]:
+        assert time.monotonic() < deadline, workload_done(kafka_bootstrap, unique_name, pods)[1]
+        time.sleep(1)
+    before = len(read_topic(kafka_bootstrap, unique_name)[0])
+    time.sleep(3)
+    assert len(read_topic(kafka_bootstrap, unique_name)[0]) == before  # idle: nothing appended
+    assert first.alive(), first.stderr()[-2000:]
+    second.start()
+    second.wait_ready("scheduler")
+    assert first.popen is not None
+    rc = first.popen.wait(30)
+    lines = [line for line in first.stderr().splitlines() if line.strip()]
+    assert rc == 2, first.stderr()[-2000:]
+    assert "took over" in lines[-1] and "nothing to write" in lines[-1], lines[-5:]
+    assert second.alive(), second.stderr()[-2000:]

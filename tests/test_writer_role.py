@@ -1,0 +1,97 @@
+"""How a long-running process keeps its writer role: `while_writer` stops work that has nothing to
+append once `EventLog.check_writer` reports fencing, and `supervise` never starts a fenced
+session again, even when a task group wrapped the fencing error."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import pytest
+
+from kai_es.adapters.kafka_log import FencedError
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.app.processes import supervise, while_writer
+
+
+class TakenOverLog(MemoryEventLog):
+    """A memory log whose `check_writer` raises `error` from its `fence_at`-th call on."""
+
+    def __init__(self, fence_at: int, error: BaseException | None = None) -> None:
+        super().__init__()
+        self.fence_at = fence_at
+        self.error = error
+        self.checks = 0
+
+    async def check_writer(self) -> None:
+        self.checks += 1
+        if self.checks >= self.fence_at:
+            raise self.error or FencedError("scheduler-0", "kai-es.events", appending=False)
+
+
+async def idle_forever() -> None:
+    await anyio.sleep(3600)
+
+
+async def test_an_idle_process_stops_when_another_took_over() -> None:
+    log = TakenOverLog(fence_at=3)
+    with anyio.fail_after(5), pytest.raises(FencedError, match="took over.*nothing to write"):
+        await while_writer(log, idle_forever(), every_s=0.01)
+    assert log.checks == 3
+
+
+async def test_work_that_ends_ends_the_checks() -> None:
+    log = TakenOverLog(fence_at=10**9)
+    await while_writer(log, anyio.sleep(0.05), every_s=0.01)
+    checks = log.checks
+    await anyio.sleep(0.05)
+    assert 1 <= checks == log.checks
+
+
+async def test_a_check_that_fails_otherwise_is_logged_and_tried_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    log = TakenOverLog(fence_at=1, error=ConnectionError("broker unreachable"))
+    with caplog.at_level(logging.WARNING, logger="kai_es.app.processes"):
+        await while_writer(log, anyio.sleep(0.1), every_s=0.01)
+    assert log.checks >= 3
+    assert "checking the writer role failed: ConnectionError: broker unreachable" in caplog.text
+
+
+async def test_an_error_of_the_work_arrives_unwrapped() -> None:
+    async def broken() -> None:
+        raise KeyError("the work's own error")
+
+    with pytest.raises(KeyError, match="the work's own error"):
+        await while_writer(TakenOverLog(fence_at=10**9), broken(), every_s=0.01)
+
+
+async def test_a_fenced_session_is_not_started_again_even_from_a_task_group() -> None:
+    sessions = 0
+
+    async def session() -> None:
+        nonlocal sessions
+        sessions += 1
+
+        async def append() -> None:
+            raise FencedError("scheduler-0", "kai-es.events")
+
+        async with anyio.create_task_group() as tg:  # wraps the error in an ExceptionGroup
+            tg.start_soon(append)
+            await anyio.sleep(3600)
+
+    with anyio.fail_after(5), pytest.raises(FencedError, match="its last append is not visible"):
+        await supervise("scheduler", session, backoff_s=0.01)
+    assert sessions == 1
+
+
+async def test_other_errors_start_a_new_session() -> None:
+    sessions = 0
+
+    async def session() -> None:
+        nonlocal sessions
+        sessions += 1
+        if sessions < 3:
+            raise ConnectionError("lost the broker")
+
+    await supervise("scheduler", session, backoff_s=0.01)
+    assert sessions == 3
