@@ -15,13 +15,14 @@ import argparse
 import gc
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kai_es.app import freeze_long_lived  # noqa: E402
-from kai_es.events import Record  # noqa: E402
+from kai_es.events import Envelope, Record, encode  # noqa: E402
 from kai_es.events import payloads as p  # noqa: E402
 from kai_es.events.factory import derived_id, make_envelope  # noqa: E402
 from kai_es.scheduling.policy import policy_for  # noqa: E402
@@ -166,20 +167,40 @@ if __name__ == "__main__":
     main()
 
 
-def timed_run(state: ClusterState, pos: int, cfg: SchedulerConfig) -> tuple[float, int, dict[str, int]]:
-    """Fold a CycleStarted at `pos` and run that cycle under `cfg` (native packer): its wall
-    time (s), its peak traced memory (bytes) and its decisions counted by payload type."""
+def timed_run(build: Callable[[], tuple[ClusterState, int]],
+              cfg: SchedulerConfig) -> tuple[float, int, dict[str, int]]:
+    """Run one cycle under `cfg` (native packer) on a state from `build` (its records end at
+    the returned position, where a CycleStarted is folded): its wall time (s), its peak traced
+    memory (bytes) and its decisions counted by payload type.
+
+    Time and memory come from two runs, each on a freshly built state (a cycle leaves caches
+    in `state.caches`, so a second run on one state would be warm): tracemalloc hooks every
+    allocation and slows an allocating cycle several times over, so the timed run is untraced.
+    Both runs must decide the same bytes (a cycle is a pure function of its state)."""
     import tracemalloc
 
-    started = make_envelope(p.CycleStarted(cycle=1, config_digest=config_digest(cfg)), event_id="c1",
-                            source="bench", subject="cycle/1", logicaltime=START + pos)
-    apply(state, Record(pos, started))
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    decisions = run_cycle(state, Record(pos, started), cfg, load_packer("native"))
-    dt = time.perf_counter() - t0
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    def cycle(traced: bool) -> tuple[float, int, list[Envelope]]:
+        state, pos = build()
+        started = make_envelope(p.CycleStarted(cycle=1, config_digest=config_digest(cfg)),
+                                event_id="c1", source="bench", subject="cycle/1",
+                                logicaltime=START + pos)
+        apply(state, Record(pos, started))
+        gc.collect()
+        if traced:
+            tracemalloc.start()
+        t0 = time.perf_counter()
+        decisions = run_cycle(state, Record(pos, started), cfg, load_packer("native"))
+        dt = time.perf_counter() - t0
+        peak = 0
+        if traced:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        return dt, peak, decisions
+
+    dt, _, decisions = cycle(traced=False)
+    _, peak, again = cycle(traced=True)
+    if [encode(d) for d in decisions] != [encode(d) for d in again]:
+        raise SystemExit("the timed and the traced run decided differently: the cycle is not pure")
     kinds: dict[str, int] = {}
     for d in decisions:
         kinds[type(d.data).__name__] = kinds.get(type(d.data).__name__, 0) + 1

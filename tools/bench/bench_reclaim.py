@@ -9,13 +9,16 @@ stalegangeviction):
 
     python tools/bench/bench_reclaim.py [--shape big|many|both] [--policy VERSION]
 
-Prints the cycle's wall time, its peak memory (tracemalloc) and what it decided.
+Prints the cycle's wall time (untraced), its peak memory of Python objects (tracemalloc, a second
+run on a fresh state), the process's peak RSS (everything, C tables included) and what it decided.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +58,14 @@ def build(nodes: int, running: int, pending_jobs: int, pods_per_job: int, gpus_p
     return folder.state, folder.pos
 
 
-def run(label: str, state: ClusterState, pos: int, policy: str | None = None) -> None:
+def run(label: str, build: Callable[[], tuple[ClusterState, int]], policy: str | None = None) -> None:
     overrides = {} if policy is None else {"policy_version": policy}
     cfg = SchedulerConfig(state_digest_every=0, **overrides)  # the policy's default actions: all
-    dt, peak, kinds = timed_run(state, pos, cfg)
+    dt, peak, kinds = timed_run(build, cfg)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     print(f"{label}: one cycle ({', '.join(cfg.action_list)}) in {dt:.2f}s, peak {peak / 2**20:.0f} MiB "
-          f"(target < 5 s, < 1 GiB); decisions {kinds}")
+          f"of Python objects, process peak RSS so far {rss / 2**20:.0f} MiB (state, both runs, the "
+          f"packer's C tables; target < 5 s, < 1 GiB); decisions {kinds}")
 
 
 def main() -> None:
@@ -69,11 +74,13 @@ def main() -> None:
     ap.add_argument("--policy", default=None, help="policyVersion (default: the config's default)")
     args = ap.parse_args()
     if args.shape in ("big", "both"):
-        state, pos = build(nodes=1000, running=8000, pending_jobs=1, pods_per_job=500, gpus_per_pod=8)
-        run("big: 500 pods x 8 GPUs vs 1,000 full nodes of 1-GPU jobs", state, pos, args.policy)
+        run("big: 500 pods x 8 GPUs vs 1,000 full nodes of 1-GPU jobs",
+            lambda: build(nodes=1000, running=8000, pending_jobs=1, pods_per_job=500, gpus_per_pod=8),
+            args.policy)
     if args.shape in ("many", "both"):
-        state, pos = build(nodes=1000, running=8000, pending_jobs=8000, pods_per_job=1, gpus_per_pod=1)
-        run("many: 8,000 pending 1-GPU jobs vs 8,000 running", state, pos, args.policy)
+        run("many: 8,000 pending 1-GPU jobs vs 8,000 running",
+            lambda: build(nodes=1000, running=8000, pending_jobs=8000, pods_per_job=1, gpus_per_pod=1),
+            args.policy)
 
 
 if __name__ == "__main__":
