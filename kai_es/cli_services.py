@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import click
@@ -22,6 +23,9 @@ from kai_es.cli_common import UserError, choose_packer, err, friendly, packer_op
 from kai_es.events.timefmt import parse_duration
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.config import SchedulerConfig
+
+if TYPE_CHECKING:
+    from kai_es.adapters.status_http import ProcessStatus
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -41,11 +45,21 @@ def _ready(line: str) -> None:
     err.print(line, highlight=False, markup=False)
 
 
-def _run(fn: Callable[[], Awaitable[None]]) -> None:
+def _run(fn: Callable[[ProcessStatus | None], Awaitable[None]], process: str,
+         http_address: str | None) -> None:
+    """Run `fn` (handed the process's `ProcessStatus` when it serves HTTP) until it ends."""
+    from kai_es.adapters.status_http import ProcessStatus, StatusServer  # noqa: PLC0415
     from kai_es.app.processes import fenced_error_types  # noqa: PLC0415
 
+    server: StatusServer | None = None
+    status: ProcessStatus | None = None
+    if http_address is not None:
+        status = ProcessStatus(process)
+        server = StatusServer(status, http_address)
+        err.print(f"{process}: serving /healthz, /readyz and /metrics on http://{server.address}",
+                  highlight=False, markup=False)
     try:
-        anyio.run(fn)
+        anyio.run(fn, status)
     except KeyboardInterrupt:  # pragma: no cover - interactive stop
         sys.exit(130)
     except fenced_error_types():
@@ -53,6 +67,9 @@ def _run(fn: Callable[[], Awaitable[None]]) -> None:
         # asyncio would log each one: keep the stop to the one line friendly() prints
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         raise
+    finally:
+        if server is not None:
+            server.close()
 
 
 def _time_scale(value: float) -> float:
@@ -67,6 +84,10 @@ time_scale_option = click.option(
 log_option = click.option("--log", "log_url", required=True,
                           help="Event log: a file path or kafka://host:port/topic.")
 verbose_option = click.option("--verbose", "-v", is_flag=True, help="Log progress (INFO) to stderr.")
+http_option = click.option(
+    "--http-bind-address", "http_address", default=None, metavar="HOST:PORT",
+    help="Serve /healthz (liveness), /readyz (readiness) and /metrics (Prometheus) on this "
+         "address, e.g. :8080 (default: no HTTP server).")
 kubeconfig_option = click.option(
     "--kubeconfig", default=None, type=click.Path(dir_okay=False, exists=True),
     help="Kubeconfig of the cluster (default: $KUBECONFIG, else the in-cluster config).")
@@ -81,11 +102,13 @@ kubeconfig_option = click.option(
               help="Write a state snapshot every N cycles (0: no snapshots, always full fold).")
 @time_scale_option
 @click.option("--cycles", default=None, type=int, help="Stop after this many cycles (testing).")
+@http_option
 @verbose_option
 @packer_option
 @friendly
 def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_every: int,
-              time_scale: float, cycles: int | None, verbose: bool, packer: str | None) -> None:
+              time_scale: float, cycles: int | None, http_address: str | None, verbose: bool,
+              packer: str | None) -> None:
     """Run the scheduler: fold the log (from a snapshot), then a cycle every PERIOD when there
     is work. Kafka transactional_id: kai-es-scheduler (override with ?transactional_id=)."""
     from kai_es.app.processes import run_scheduler  # noqa: PLC0415
@@ -100,19 +123,21 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
         err.print("warning: snapshots are taken only on cycles whose CycleCompleted carries a "
                   f"state digest (stateDigestEvery={config.state_digest_every})", highlight=False)
 
-    async def body() -> None:
+    async def body(status: ProcessStatus | None) -> None:
         await run_scheduler(log_url, config, engine, time_scale=scale, period_s=period_s,
-                            snapshot_every=snapshot_every, cycles=cycles, on_ready=_ready)
+                            snapshot_every=snapshot_every, cycles=cycles, on_ready=_ready,
+                            status=status)
 
-    _run(body)
+    _run(body, "scheduler", http_address)
 
 
 @click.command()
 @log_option
 @kubeconfig_option
+@http_option
 @verbose_option
 @friendly
-def informer(log_url: str, kubeconfig: str | None, verbose: bool) -> None:
+def informer(log_url: str, kubeconfig: str | None, http_address: str | None, verbose: bool) -> None:
     """Run the informer: list + watch Nodes, Pods, Queues, PodGroups, PriorityClasses (and
     the other kinds scheduling reads) and append every change that matters to the log.
     Kafka transactional_id: kai-es-informer."""
@@ -120,10 +145,10 @@ def informer(log_url: str, kubeconfig: str | None, verbose: bool) -> None:
 
     _setup_logging(verbose)
 
-    async def body() -> None:
-        await run_informer(log_url, kubeconfig, on_ready=_ready)
+    async def body(status: ProcessStatus | None) -> None:
+        await run_informer(log_url, kubeconfig, on_ready=_ready, status=status)
 
-    _run(body)
+    _run(body, "informer", http_address)
 
 
 @click.command()
@@ -143,11 +168,12 @@ def informer(log_url: str, kubeconfig: str | None, verbose: bool) -> None:
 @click.option("--device-index-wait", default=None,
               help="How long to wait for a reservation pod to report its device index (e.g. 30s; "
                    "default: publish kai-es's own device index at once).")
+@http_option
 @verbose_option
 @friendly
 def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time_scale: float,
            poll: str, stats_file: str | None, scheduled_events: bool, reservation_image: str | None,
-           device_index_wait: str | None, verbose: bool) -> None:
+           device_index_wait: str | None, http_address: str | None, verbose: bool) -> None:
     """Run the binder: perform the log's bind and evict decisions through the Kubernetes API
     and append their outcomes (progress kept beside the log, so a restart resumes). With
     --scenario, the simulated cluster instead (rebuilt from the log on restart).
@@ -168,17 +194,17 @@ def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time
                         "Kubernetes: they exclude --scenario")
     wait_s = _seconds("--device-index-wait", device_index_wait) if device_index_wait else None
 
-    async def body() -> None:
+    async def body(status: ProcessStatus | None) -> None:
         if scenario_file is not None:
             scenario = load_scenario(scenario_file)
             await run_sim_cluster(log_url, scenario, time_scale=scale, poll_s=poll_s,
-                                  stats_path=stats_file, on_ready=_ready)
+                                  stats_path=stats_file, on_ready=_ready, status=status)
         else:
             await run_binder(log_url, kubeconfig, poll_s=poll_s, scheduled_events=scheduled_events,
                              reservation_image=reservation_image, wait_for_device_index_s=wait_s,
-                             on_ready=_ready)
+                             on_ready=_ready, status=status)
 
-    _run(body)
+    _run(body, "binder", http_address)
 
 
 COMMANDS = (scheduler, informer, binder)

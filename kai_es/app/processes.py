@@ -36,7 +36,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -46,6 +46,7 @@ import anyio
 from kai_es.adapters.clock import FlowClock, FrozenClock
 from kai_es.adapters.file_snapshots import FileBlobStore, FileSnapshotStore
 from kai_es.adapters.ids import RandomIds
+from kai_es.adapters.status_http import HEARTBEAT_S, MeteredLog, ProcessStatus
 from kai_es.app import bulk_fold, freeze_long_lived, open_log
 from kai_es.events import Record
 from kai_es.events import payloads as p
@@ -140,10 +141,12 @@ def _stopping_cause(exc: BaseException, kinds: tuple[type[BaseException], ...]) 
 
 
 async def supervise(name: str, session: Callable[[], Awaitable[None]], *,
-                    max_failures: int = 60, backoff_s: float = 0.5) -> None:
+                    max_failures: int = 60, backoff_s: float = 0.5,
+                    on_restart: Callable[[BaseException], None] | None = None) -> None:
     """Run `session` again after any error but fencing and `SetupError`, which propagate —
     unwrapped from the ExceptionGroup of a task group that carries one: a fenced process that
-    claimed its role again would fence the instance that took over."""
+    claimed its role again would fence the instance that took over. `on_restart` hears of each
+    error that starts a session again."""
     stopping = (*fenced_error_types(), SetupError)
     failures = 0
     while True:
@@ -164,8 +167,27 @@ async def supervise(name: str, session: Callable[[], Awaitable[None]], *,
                 raise
             log.warning("%s: %s: %s; starting again in %.1f s (attempt %d)", name,
                         type(exc).__name__, exc, backoff_s, failures)
+            if on_restart is not None:
+                on_restart(exc)
             await anyio.sleep(backoff_s)
             backoff_s = min(backoff_s * 1.5, 3.0)
+
+
+async def alongside(work: Awaitable[None], *helpers: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Await `work` with `helpers` running beside it until it ends (then they are cancelled).
+    An error of `work`, or of a helper (which ends `work`), propagates as itself — not wrapped
+    in the ExceptionGroup of the task group that runs them, which `supervise` and the CLI would
+    not recognise."""
+    try:
+        async with anyio.create_task_group() as tg:
+            for helper in helpers:
+                tg.start_soon(helper)
+            await work
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
 
 async def while_writer(events: EventLog, work: Awaitable[None], *,
@@ -176,31 +198,36 @@ async def while_writer(events: EventLog, work: Awaitable[None], *,
     unreachable) is logged and tried again at the next period — `work` meets such errors
     itself."""
     fenced = fenced_error_types()
-    stop: list[BaseException] = []
 
-    async def watch(scope: anyio.CancelScope) -> None:
+    async def watch() -> None:
         while True:
             await anyio.sleep(every_s)
             try:
                 await events.check_writer()
-            except fenced as exc:
-                stop.append(exc)
-                scope.cancel()
-                return
+            except fenced:
+                raise
             except Exception as exc:  # noqa: BLE001 - a probe failing is not the process failing
                 log.warning("checking the writer role failed: %s: %s", type(exc).__name__, exc)
 
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch, tg.cancel_scope)
-            await work
-            tg.cancel_scope.cancel()
-    except BaseExceptionGroup as group:  # only `work` raises: hand its error on as it was
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
-    if stop:
-        raise stop[0]
+    await alongside(work, watch)
+
+
+def announcing(on_ready: Ready | None, status: ProcessStatus | None) -> Ready | None:
+    """`on_ready`, also marking `status` ready (each session announces itself once)."""
+    if status is None:
+        return on_ready
+
+    def ready(line: str) -> None:
+        status.set_ready(True)
+        if on_ready is not None:
+            on_ready(line)
+
+    return ready
+
+
+def underlying(events: EventLog) -> EventLog:
+    """The log itself under a `MeteredLog` (a side store is built from the log's address)."""
+    return events.inner if isinstance(events, MeteredLog) else events
 
 
 class _Closable(Protocol):
@@ -211,17 +238,23 @@ S = TypeVar("S", bound=_Closable)
 
 
 async def _serve(name: str, url: str, writer: str, body: Callable[[EventLog, S | None], Awaitable[None]],
-                 side_store: Callable[[str, EventLog], S | None] | None = None) -> None:
+                 side_store: Callable[[str, EventLog], S | None] | None = None, *,
+                 status: ProcessStatus | None = None) -> None:
     """Supervised sessions of `body` (see `supervise`): each opens the log at `url` as `writer`,
-    claims the role, opens the side store (snapshots, progress) if any, runs `body`, and always
-    closes both."""
+    claims the role, opens the side store (snapshots, progress) if any, runs `body` (checking
+    the writer role all along: `while_writer`), and always closes both. With `status`, the log
+    is metered (`MeteredLog`), the session is not ready until `body` announces it, a restart is
+    counted, and the event loop beats for /healthz."""
 
     async def session() -> None:
-        events = open_log(url, writer=writer)
+        raw = open_log(url, writer=writer)
+        events: EventLog = MeteredLog(raw, status) if status is not None else raw
         store: S | None = None
+        if status is not None:
+            status.set_ready(False, f"{name} starting: claiming its writer role, reading the log")
         try:
             await events.claim_writer()
-            store = side_store(url, events) if side_store is not None else None
+            store = side_store(url, raw) if side_store is not None else None
             await while_writer(events, body(events, store))
         finally:
             with anyio.CancelScope(shield=True):
@@ -229,7 +262,20 @@ async def _serve(name: str, url: str, writer: str, body: Callable[[EventLog, S |
                     await store.close()
                 await events.close()
 
-    await supervise(name, session)
+    if status is None:
+        await supervise(name, session)
+        return
+
+    def restarting(exc: BaseException) -> None:
+        status.restarts.inc()
+        status.set_ready(False, f"{name} starting again after {type(exc).__name__}: {exc}")
+
+    async def heartbeat() -> None:
+        while True:
+            status.beat()
+            await anyio.sleep(HEARTBEAT_S)
+
+    await alongside(supervise(name, session, on_restart=restarting), heartbeat)
 
 
 # -- the scheduler --------------------------------------------------------------------------------
@@ -237,9 +283,11 @@ async def _serve(name: str, url: str, writer: str, body: Callable[[EventLog, S |
 
 async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, time_scale: float = 1.0,
                         period_s: float = 1.0, snapshot_every: int = 0, cycles: int | None = None,
-                        writer: str = SCHEDULER_TXN_ID, on_ready: Ready | None = None) -> None:
+                        writer: str = SCHEDULER_TXN_ID, on_ready: Ready | None = None,
+                        status: ProcessStatus | None = None) -> None:
     """`kai-es scheduler`: fold the log (from a valid snapshot), then `SchedulerService.run`."""
     clock = FlowClock(time_scale)
+    ready = announcing(on_ready, status)
 
     async def body(events: EventLog, store: SnapshotStore | None) -> None:
         t = time.monotonic()
@@ -252,14 +300,15 @@ async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, ti
         clock.observe(sched.state.logicaltime)
         await sched.start()
         freeze_long_lived()
-        if on_ready is not None:
+        if ready is not None:
             src = f"snapshot at {restored} + tail" if restored is not None else "full fold"
-            on_ready(f"scheduler ready in {time.monotonic() - t:.2f} s ({src}): position "
+            ready(f"scheduler ready in {time.monotonic() - t:.2f} s ({src}): position "
                      f"{sched.state.position}, {sched.state.records} records, cycle {sched.state.cycle}")
         await sched.run(int(period_s * time_scale * 1e9),
                         cycles=None if cycles is None else sched.cycles_run + cycles)
 
-    await _serve("scheduler", url, writer, body, snapshot_store if snapshot_every > 0 else None)
+    await _serve("scheduler", url, writer, body, snapshot_store if snapshot_every > 0 else None,
+                 status=status)
 
 
 # -- the Kubernetes informer and binder ------------------------------------------------------------
@@ -277,7 +326,7 @@ async def _follow_times(url: str, clock: FlowClock) -> None:
 
 
 async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORMER_TXN_ID,
-                       on_ready: Ready | None = None) -> None:
+                       on_ready: Ready | None = None, status: ProcessStatus | None = None) -> None:
     """`kai-es informer`: list + watch the cluster (`KubernetesSource`; pods without a PodGroup
     grouped as KAI's podgrouper does, `PodGroupingSource`), append what changed."""
     from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
@@ -285,6 +334,7 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
     from kai_es.adapters.kubernetes.source import KubernetesSource  # noqa: PLC0415
 
     clock = FlowClock(1.0)
+    ready = announcing(on_ready, status)
 
     async def body(events: EventLog, _: _Closable | None) -> None:
         clock.observe(await last_logicaltime(events))
@@ -293,14 +343,14 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
                                        RandomIds())
             t = time.monotonic()
             appended = await informer.resync()
-            if on_ready is not None:
-                on_ready(f"informer ready in {time.monotonic() - t:.2f} s: relisted {appended} events")
+            if ready is not None:
+                ready(f"informer ready in {time.monotonic() - t:.2f} s: relisted {appended} events")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_follow_times, url, clock)
                 await informer.follow()
                 tg.cancel_scope.cancel()
 
-    await _serve("informer", url, writer, body)
+    await _serve("informer", url, writer, body, status=status)
 
 
 async def _state_before(url: str, events: EventLog, position: int) -> ClusterState | None:
@@ -329,7 +379,7 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
                      poll_s: float = 0.05, concurrency: int = KUBE_BINDER_CONCURRENCY,
                      scheduled_events: bool = False, reservation_image: str | None = None,
                      wait_for_device_index_s: float | None = None,
-                     on_ready: Ready | None = None) -> None:
+                     on_ready: Ready | None = None, status: ProcessStatus | None = None) -> None:
     """`kai-es binder --kubeconfig`: perform the log's decisions through the Kubernetes API
     (`KubernetesActuator`, shared GPUs prepared by `GpuSharing`), append their outcomes, keep
     its progress durably; its followers release GPU reservations (`ReservationKeeper`) and
@@ -341,6 +391,7 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
     from kai_es.adapters.kubernetes.status import StatusWriter  # noqa: PLC0415
 
     clock = FlowClock(1.0)
+    ready = announcing(on_ready, status)
 
     async def body(events: EventLog, store: BlobStore | None) -> None:
         clock.observe(await last_logicaltime(events))
@@ -356,19 +407,19 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
             # Queue status needs the whole state: a binder resumed from its saved progress starts
             # its status writer from the scheduler's newest valid snapshot and the records up to
             # the resume point (without one, Queue status waits for a binder that reads from 0)
-            initial = (await _state_before(url, events, binder.resumed_from)
+            initial = (await _state_before(url, underlying(events), binder.resumed_from)
                        if binder.resumed_from is not None else None)
             binder.followers = (ReservationKeeper(sharing),
                                 StatusWriter(api, scheduled_events=scheduled_events, initial=initial))
             await binder.poll()
-            if on_ready is not None:
+            if ready is not None:
                 start = (f"saved progress, from position {binder.resumed_from}"
                          if binder.resumed_from is not None else "the log's start")
-                on_ready(f"binder ready in {time.monotonic() - t:.2f} s ({start}): "
+                ready(f"binder ready in {time.monotonic() - t:.2f} s ({start}): "
                          f"{len(binder.pending)} decisions to perform")
             await binder.run(int(poll_s * 1e9))
 
-    await _serve("binder", url, writer, body, progress_store)
+    await _serve("binder", url, writer, body, progress_store, status=status)
 
 
 # -- the simulated cluster (simulated Kubernetes + informer + binder) --------------------------------
@@ -519,16 +570,18 @@ async def sim_cluster_session(events: EventLog, scenario: Scenario, clock: FlowC
 
 async def run_sim_cluster(url: str, scenario: Scenario, *, time_scale: float = 1.0,
                           poll_s: float = 0.05, stats_path: str | None = None,
-                          writer: str = BINDER_TXN_ID, on_ready: Ready | None = None) -> None:
+                          writer: str = BINDER_TXN_ID, on_ready: Ready | None = None,
+                          status: ProcessStatus | None = None) -> None:
     """`kai-es binder --scenario`: the simulated cluster, its informer and the binder."""
     clock = FlowClock(time_scale)
     stats = StatsFile(stats_path)
+    ready = announcing(on_ready, status)
 
     async def body(events: EventLog, _: _Closable | None) -> None:
         await sim_cluster_session(events, scenario, clock, poll_s=poll_s, stats=stats,
-                                  on_ready=on_ready)
+                                  on_ready=ready)
 
-    await _serve("binder", url, writer, body)
+    await _serve("binder", url, writer, body, status=status)
 
 
 def describe_dead_letters(dead_letters: list[Any]) -> list[str]:

@@ -4,9 +4,12 @@ the same transactional_id fences the first, which stops with one clear line and 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,3 +101,55 @@ def test_idle_fenced_scheduler_stops(kafka_bootstrap: str, unique_name: str, tmp
     assert rc == 2, first.stderr()[-2000:]
     assert "took over" in lines[-1] and "nothing to write" in lines[-1], lines[-5:]
     assert second.alive(), second.stderr()[-2000:]
+
+
+def served_address(proc: Proc) -> str:
+    match = re.search(r"serving /healthz, /readyz and /metrics on (http://\S+)", proc.stderr())
+    assert match, proc.stderr()[-2000:]
+    return match.group(1)
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_processes_serve_probes_and_metrics(kafka_bootstrap: str, unique_name: str, tmp_path: Path,
+                                            procs: list[Proc]) -> None:
+    """`--http-bind-address`: /readyz turns 200 once a process is ready, /healthz is 200 while it
+    runs, and /metrics counts the scheduler's cycles and decisions and the binder's outcomes."""
+    pods = 20
+    scenario = workload_scenario(tmp_path / "w.yaml", pods=pods, nodes=4, spread_s=60, run_for_s=600)
+    url = f"kafka://{kafka_bootstrap}/{unique_name}"
+    binder = Proc("binder", ["binder", "--log", f"{url}?transactional_id=b-{unique_name}",
+                             "--scenario", str(scenario), "--time-scale", "60",
+                             "--http-bind-address", "127.0.0.1:0"], tmp_path)
+    scheduler = Proc("scheduler", ["scheduler", "--log", f"{url}?transactional_id=s-{unique_name}",
+                                   "--scenario", str(scenario), "--time-scale", "60", "--period",
+                                   "100ms", "--http-bind-address", "127.0.0.1:0"], tmp_path)
+    procs.extend([binder, scheduler])
+    binder.start()
+    binder.wait_ready("binder")
+    scheduler.start()
+    scheduler.wait_ready("scheduler")
+    served = {proc.name: served_address(proc) for proc in (binder, scheduler)}
+    for base in served.values():
+        assert http_get(base + "/readyz") == (200, "ok\n")
+        assert http_get(base + "/healthz") == (200, "ok\n")
+    deadline = time.monotonic() + 60
+    while True:
+        text = http_get(served["scheduler"] + "/metrics")[1]
+        bound = re.search(r'kai_es_appended_events_total\{type="kai.scheduler.pod.bindingdecided"\} (\S+)', text)
+        if bound and float(bound.group(1)) == pods:
+            break
+        assert time.monotonic() < deadline, text
+        time.sleep(0.5)
+    assert re.search(r"kai_es_cycle_duration_seconds_count [1-9]", text), text
+    binder_text = http_get(served["binder"] + "/metrics")[1]
+    while f'kai_es_appended_events_total{{type="kai.binder.pod.bound"}} {pods}.0' not in binder_text:
+        assert time.monotonic() < deadline, binder_text
+        time.sleep(0.5)
+        binder_text = http_get(served["binder"] + "/metrics")[1]
