@@ -55,12 +55,15 @@ class Proc:
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
 
+    def current_stderr(self) -> str:
+        """What the CURRENT start wrote to stderr."""
+        return self.stderr().rsplit(f"--- start #{self.starts} ", 1)[-1]
+
     def wait_ready(self, word: str, timeout: float = 60.0) -> None:
         """Wait for the `word ready` line of the CURRENT start."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            text = self.stderr().rsplit(f"--- start #{self.starts} ", 1)[-1]
-            if f"{word} ready" in text:
+            if f"{word} ready" in self.current_stderr():
                 return
             if not self.alive():
                 raise AssertionError(f"{self.name} exited {self.popen and self.popen.returncode}:"

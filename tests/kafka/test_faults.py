@@ -87,11 +87,17 @@ def run(kafka_bootstrap: str, unique_name: str, tmp_path: Path) -> Iterator[Run]
 
 
 def _kill_repeatedly(run: Run, proc: Proc, rng: random.Random, max_kills: int,
-                     word: str) -> None:
-    """kill -9 `proc` at random moments until the workload is done or `max_kills` reached."""
+                     word: str, *, sometimes_after: str | None = None) -> None:
+    """kill -9 `proc` at random moments until the workload is done or `max_kills` reached;
+    with `sometimes_after`, every fourth kill waits until the current start wrote that text
+    (so that what a restart should find — a snapshot — exists whatever the machine's speed)."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while proc.kills < max_kills and time.monotonic() < deadline:
         time.sleep(rng.uniform(0.2, 1.2))
+        if sometimes_after is not None and proc.kills % 4 == 1:
+            while sometimes_after not in proc.current_stderr() and live_binds(run.stats) < run.pods:
+                assert proc.alive() and time.monotonic() < deadline, proc.stderr()[-3000:]
+                time.sleep(0.1)
         if live_binds(run.stats) >= run.pods:
             break
         proc.kill9()
@@ -109,7 +115,8 @@ def _report(name: str, numbers: dict[str, Any]) -> None:
 def test_scheduler_killed_repeatedly(run: Run) -> None:
     t = time.monotonic()
     run.start()
-    _kill_repeatedly(run, run.scheduler, random.Random(1), 20, "scheduler")
+    _kill_repeatedly(run, run.scheduler, random.Random(1), 20, "scheduler",
+                     sometimes_after="bytes stored) written to")
     kills = run.scheduler.kills
     run.wait_done()
     numbers = end_checks(run.bootstrap, run.topic, run.pods, run.stats)
