@@ -12,8 +12,12 @@ Without `--kubeconfig`, the Kubernetes processes use $KUBECONFIG, else the in-cl
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
@@ -26,6 +30,9 @@ from kai_es.scheduling.config import SchedulerConfig
 
 if TYPE_CHECKING:
     from kai_es.adapters.status_http import ProcessStatus
+    from kai_es.app.processes import LeaderElection
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -88,6 +95,64 @@ http_option = click.option(
     "--http-bind-address", "http_address", default=None, metavar="HOST:PORT",
     help="Serve /healthz (liveness), /readyz (readiness) and /metrics (Prometheus) on this "
          "address, e.g. :8080 (default: no HTTP server).")
+
+
+def leader_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """The `--leader-elect*` options (active/standby replicas over a Kubernetes Lease)."""
+    options = [
+        click.option("--leader-elect", is_flag=True,
+                     help="Stand by until this replica holds a Kubernetes Lease; run only while "
+                          "holding it (for more than one replica)."),
+        click.option("--leader-elect-lease", default=None, metavar="NAMESPACE/NAME",
+                     help="The Lease (default: $POD_NAMESPACE, else the in-cluster namespace, "
+                          "else default / kai-es-<command>)."),
+        click.option("--leader-elect-identity", default=None,
+                     help="This replica's name in the Lease (default: hostname + a random suffix)."),
+        click.option("--leader-elect-lease-duration", default="15s", show_default=True,
+                     help="A leader that has not renewed for this long is replaced."),
+        click.option("--leader-elect-renew-deadline", default="10s", show_default=True,
+                     help="A leader that cannot renew for this long stops."),
+        click.option("--leader-elect-retry-period", default="2s", show_default=True,
+                     help="How often standbys try and the leader renews."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _election(command: str, kubeconfig: str | None, enabled: bool, lease: str | None,
+              identity: str | None, duration: str, deadline: str, retry: str) -> LeaderElection | None:
+    from kai_es.app.processes import LeaderElection  # noqa: PLC0415
+
+    if not enabled:
+        if lease or identity:
+            raise UserError("--leader-elect-lease and --leader-elect-identity need --leader-elect")
+        return None
+    if lease:
+        namespace, sep, name = lease.partition("/")
+        if not sep or not namespace or not name or "/" in name:
+            raise UserError(f"--leader-elect-lease {lease!r}: expected NAMESPACE/NAME")
+    else:
+        namespace, name = _own_namespace(), f"kai-es-{command}"
+    times = (_seconds("--leader-elect-lease-duration", duration),
+             _seconds("--leader-elect-renew-deadline", deadline),
+             _seconds("--leader-elect-retry-period", retry))
+    if not times[0] > times[1] > times[2] > 0:
+        raise UserError("leader election needs lease duration > renew deadline > retry period > 0")
+    return LeaderElection(namespace, name, identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+                          kubeconfig, *times)
+
+
+def _own_namespace() -> str:
+    """$POD_NAMESPACE, else the in-cluster service account's namespace, else "default"."""
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        return Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
 kubeconfig_option = click.option(
     "--kubeconfig", default=None, type=click.Path(dir_okay=False, exists=True),
     help="Kubeconfig of the cluster (default: $KUBECONFIG, else the in-cluster config).")
@@ -103,11 +168,18 @@ kubeconfig_option = click.option(
 @time_scale_option
 @click.option("--cycles", default=None, type=int, help="Stop after this many cycles (testing).")
 @http_option
+@leader_options
+@click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="With --leader-elect: the cluster holding the Lease (default: $KUBECONFIG, "
+                   "else the in-cluster config).")
 @verbose_option
 @packer_option
 @friendly
 def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_every: int,
-              time_scale: float, cycles: int | None, http_address: str | None, verbose: bool,
+              time_scale: float, cycles: int | None, http_address: str | None, leader_elect: bool,
+              leader_elect_lease: str | None, leader_elect_identity: str | None,
+              leader_elect_lease_duration: str, leader_elect_renew_deadline: str,
+              leader_elect_retry_period: str, kubeconfig: str | None, verbose: bool,
               packer: str | None) -> None:
     """Run the scheduler: fold the log (from a snapshot), then a cycle every PERIOD when there
     is work. Kafka transactional_id: kai-es-scheduler (override with ?transactional_id=)."""
@@ -119,6 +191,11 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
     period_s = _seconds("--period", period)
     engine = choose_packer(packer)
     scale = _time_scale(time_scale)
+    if kubeconfig is not None and not leader_elect:
+        raise UserError("the scheduler reads no cluster: --kubeconfig is for --leader-elect's Lease")
+    election = _election("scheduler", kubeconfig, leader_elect, leader_elect_lease, leader_elect_identity,
+                         leader_elect_lease_duration, leader_elect_renew_deadline,
+                         leader_elect_retry_period)
     if snapshot_every > 0 and config.state_digest_every != 1:
         err.print("warning: snapshots are taken only on cycles whose CycleCompleted carries a "
                   f"state digest (stateDigestEvery={config.state_digest_every})", highlight=False)
@@ -126,7 +203,7 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
     async def body(status: ProcessStatus | None) -> None:
         await run_scheduler(log_url, config, engine, time_scale=scale, period_s=period_s,
                             snapshot_every=snapshot_every, cycles=cycles, on_ready=_ready,
-                            status=status)
+                            status=status, election=election)
 
     _run(body, "scheduler", http_address)
 
@@ -135,18 +212,25 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
 @log_option
 @kubeconfig_option
 @http_option
+@leader_options
 @verbose_option
 @friendly
-def informer(log_url: str, kubeconfig: str | None, http_address: str | None, verbose: bool) -> None:
+def informer(log_url: str, kubeconfig: str | None, http_address: str | None, leader_elect: bool,
+             leader_elect_lease: str | None, leader_elect_identity: str | None,
+             leader_elect_lease_duration: str, leader_elect_renew_deadline: str,
+             leader_elect_retry_period: str, verbose: bool) -> None:
     """Run the informer: list + watch Nodes, Pods, Queues, PodGroups, PriorityClasses (and
     the other kinds scheduling reads) and append every change that matters to the log.
     Kafka transactional_id: kai-es-informer."""
     from kai_es.app.processes import run_informer  # noqa: PLC0415
 
     _setup_logging(verbose)
+    election = _election("informer", kubeconfig, leader_elect, leader_elect_lease, leader_elect_identity,
+                         leader_elect_lease_duration, leader_elect_renew_deadline,
+                         leader_elect_retry_period)
 
     async def body(status: ProcessStatus | None) -> None:
-        await run_informer(log_url, kubeconfig, on_ready=_ready, status=status)
+        await run_informer(log_url, kubeconfig, on_ready=_ready, status=status, election=election)
 
     _run(body, "informer", http_address)
 
@@ -169,11 +253,15 @@ def informer(log_url: str, kubeconfig: str | None, http_address: str | None, ver
               help="How long to wait for a reservation pod to report its device index (e.g. 30s; "
                    "default: publish kai-es's own device index at once).")
 @http_option
+@leader_options
 @verbose_option
 @friendly
 def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time_scale: float,
            poll: str, stats_file: str | None, scheduled_events: bool, reservation_image: str | None,
-           device_index_wait: str | None, http_address: str | None, verbose: bool) -> None:
+           device_index_wait: str | None, http_address: str | None, leader_elect: bool,
+           leader_elect_lease: str | None, leader_elect_identity: str | None,
+           leader_elect_lease_duration: str, leader_elect_renew_deadline: str,
+           leader_elect_retry_period: str, verbose: bool) -> None:
     """Run the binder: perform the log's bind and evict decisions through the Kubernetes API
     and append their outcomes (progress kept beside the log, so a restart resumes). With
     --scenario, the simulated cluster instead (rebuilt from the log on restart).
@@ -193,6 +281,11 @@ def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time
         raise UserError("--scheduled-events, --reservation-image and --device-index-wait apply to "
                         "Kubernetes: they exclude --scenario")
     wait_s = _seconds("--device-index-wait", device_index_wait) if device_index_wait else None
+    if scenario_file is not None and leader_elect:
+        raise UserError("--leader-elect elects among replicas on Kubernetes: it excludes --scenario")
+    election = _election("binder", kubeconfig, leader_elect, leader_elect_lease, leader_elect_identity,
+                         leader_elect_lease_duration, leader_elect_renew_deadline,
+                         leader_elect_retry_period)
 
     async def body(status: ProcessStatus | None) -> None:
         if scenario_file is not None:
@@ -202,7 +295,7 @@ def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time
         else:
             await run_binder(log_url, kubeconfig, poll_s=poll_s, scheduled_events=scheduled_events,
                              reservation_image=reservation_image, wait_for_device_index_s=wait_s,
-                             on_ready=_ready, status=status)
+                             on_ready=_ready, status=status, election=election)
 
     _run(body, "binder", http_address)
 

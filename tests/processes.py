@@ -61,15 +61,19 @@ class Proc:
 
     def wait_ready(self, word: str, timeout: float = 60.0) -> None:
         """Wait for the `word ready` line of the CURRENT start."""
+        self.wait_output(f"{word} ready", timeout)
+
+    def wait_output(self, text: str, timeout: float = 60.0) -> None:
+        """Wait until the CURRENT start has written `text` to stderr."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if f"{word} ready" in self.current_stderr():
+            if text in self.current_stderr():
                 return
             if not self.alive():
                 raise AssertionError(f"{self.name} exited {self.popen and self.popen.returncode}:"
                                      f"\n{self.stderr()[-3000:]}")
             time.sleep(0.1)
-        raise AssertionError(f"{self.name} not ready after {timeout} s:\n{self.stderr()[-3000:]}")
+        raise AssertionError(f"{self.name} wrote no {text!r} after {timeout} s:\n{self.stderr()[-3000:]}")
 
 
 class Follower:

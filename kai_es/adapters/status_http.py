@@ -5,7 +5,8 @@ Endpoints (``--http-bind-address HOST:PORT`` on `kai-es scheduler`, `informer`, 
   least every `HEARTBEAT_S` and the last beat is younger than `stall_s`; 503 with the age of the
   last beat otherwise (a loop stuck that long will not recover by itself: restart it).
 - ``/readyz`` (readiness): 200 once the current session announced itself ready (it claimed its
-  writer role and folded the log); 503 before that and while it starts again after an error.
+  writer role and folded the log), and while a replica stands by for the leader Lease (so that
+  a rolling update can proceed); 503 before that and while it starts again after an error.
 - ``/metrics``: Prometheus text exposition of `ProcessStatus.registry`.
 
 The server runs in a daemon thread, not on the event loop, so that a long cycle cannot make a
@@ -50,7 +51,7 @@ class ProcessStatus:
         self.stall_s = stall_s
         self.registry = CollectorRegistry()
         self._ready = False
-        self._why_not = "starting"
+        self._why = "starting"
         self._last_beat = time.monotonic()
         self.ready_gauge = Gauge("kai_es_ready", "1 while the process is ready (/readyz)",
                                  registry=self.registry)
@@ -71,8 +72,9 @@ class ProcessStatus:
 
     # -- set by the event loop ----------------------------------------------------------------
 
-    def set_ready(self, ready: bool, why_not: str = "") -> None:
-        self._why_not = why_not
+    def set_ready(self, ready: bool, why: str = "") -> None:
+        """`why`: what /readyz says (default "ok" when ready, "not ready" otherwise)."""
+        self._why = why
         self._ready = ready
         self.ready_gauge.set(1 if ready else 0)
 
@@ -88,7 +90,7 @@ class ProcessStatus:
         return True, "ok"
 
     def readiness(self) -> tuple[bool, str]:
-        return (True, "ok") if self._ready else (False, self._why_not or "not ready")
+        return self._ready, self._why or ("ok" if self._ready else "not ready")
 
 
 class MeteredLog:

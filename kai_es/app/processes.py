@@ -37,7 +37,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -239,12 +239,13 @@ S = TypeVar("S", bound=_Closable)
 
 async def _serve(name: str, url: str, writer: str, body: Callable[[EventLog, S | None], Awaitable[None]],
                  side_store: Callable[[str, EventLog], S | None] | None = None, *,
-                 status: ProcessStatus | None = None) -> None:
+                 status: ProcessStatus | None = None, election: LeaderElection | None = None) -> None:
     """Supervised sessions of `body` (see `supervise`): each opens the log at `url` as `writer`,
     claims the role, opens the side store (snapshots, progress) if any, runs `body` (checking
     the writer role all along: `while_writer`), and always closes both. With `status`, the log
     is metered (`MeteredLog`), the session is not ready until `body` announces it, a restart is
-    counted, and the event loop beats for /healthz."""
+    counted, and the event loop beats for /healthz. With `election`, all of it waits until
+    this replica leads (`_leading`)."""
 
     async def session() -> None:
         raw = open_log(url, writer=writer)
@@ -262,20 +263,67 @@ async def _serve(name: str, url: str, writer: str, body: Callable[[EventLog, S |
                     await store.close()
                 await events.close()
 
-    if status is None:
-        await supervise(name, session)
-        return
-
     def restarting(exc: BaseException) -> None:
-        status.restarts.inc()
-        status.set_ready(False, f"{name} starting again after {type(exc).__name__}: {exc}")
+        if status is not None:
+            status.restarts.inc()
+            status.set_ready(False, f"{name} starting again after {type(exc).__name__}: {exc}")
+
+    async def supervised() -> None:
+        await supervise(name, session, on_restart=restarting)
 
     async def heartbeat() -> None:
+        assert status is not None
         while True:
             status.beat()
             await anyio.sleep(HEARTBEAT_S)
 
-    await alongside(supervise(name, session, on_restart=restarting), heartbeat)
+    main = supervised() if election is None else _leading(election, name, supervised, status)
+    if status is None:
+        await main
+    else:
+        await alongside(main, heartbeat)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElection:
+    """`--leader-elect`: replicas of one process stand by until they hold the Lease
+    `namespace/name` (`kai_es.adapters.kubernetes.leader`)."""
+
+    namespace: str
+    name: str
+    identity: str
+    kubeconfig: str | None = None
+    lease_s: float = 15.0
+    renew_s: float = 10.0
+    retry_s: float = 2.0
+
+
+async def _leading(election: LeaderElection, name: str, work: Callable[[], Awaitable[None]],
+                   status: ProcessStatus | None) -> None:
+    """Stand by until this replica holds the election's Lease, then run `work` while renewing
+    it; losing it raises `LeadershipLost` (the process stops; its restart stands by). A clean
+    end hands the Lease back."""
+    from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
+    from kai_es.adapters.kubernetes.leader import LeaseElector, LeaseTimes  # noqa: PLC0415
+
+    times = LeaseTimes(election.lease_s, election.renew_s, election.retry_s)
+    async with await api_client(election.kubeconfig) as api:
+        elector = LeaseElector(api, election.namespace, election.name, election.identity, times)
+
+        def standing_by(holder: str) -> None:
+            log.warning("%s: standing by: Lease %s is held by %s", name, elector.lease, holder)
+            if status is not None:
+                status.set_ready(True, f"standing by: Lease {elector.lease} is held by {holder}")
+
+        if status is not None:
+            status.set_ready(False, f"{name}: trying to acquire Lease {elector.lease}")
+        await elector.acquire(standing_by)
+        log.warning("%s: leading: acquired Lease %s as %s", name, elector.lease, election.identity)
+        try:
+            await alongside(work(), elector.hold)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await elector.release()
 
 
 # -- the scheduler --------------------------------------------------------------------------------
@@ -284,7 +332,8 @@ async def _serve(name: str, url: str, writer: str, body: Callable[[EventLog, S |
 async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, time_scale: float = 1.0,
                         period_s: float = 1.0, snapshot_every: int = 0, cycles: int | None = None,
                         writer: str = SCHEDULER_TXN_ID, on_ready: Ready | None = None,
-                        status: ProcessStatus | None = None) -> None:
+                        status: ProcessStatus | None = None,
+                        election: LeaderElection | None = None) -> None:
     """`kai-es scheduler`: fold the log (from a valid snapshot), then `SchedulerService.run`."""
     clock = FlowClock(time_scale)
     ready = announcing(on_ready, status)
@@ -308,7 +357,7 @@ async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, ti
                         cycles=None if cycles is None else sched.cycles_run + cycles)
 
     await _serve("scheduler", url, writer, body, snapshot_store if snapshot_every > 0 else None,
-                 status=status)
+                 status=status, election=election)
 
 
 # -- the Kubernetes informer and binder ------------------------------------------------------------
@@ -326,7 +375,8 @@ async def _follow_times(url: str, clock: FlowClock) -> None:
 
 
 async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORMER_TXN_ID,
-                       on_ready: Ready | None = None, status: ProcessStatus | None = None) -> None:
+                       on_ready: Ready | None = None, status: ProcessStatus | None = None,
+                       election: LeaderElection | None = None) -> None:
     """`kai-es informer`: list + watch the cluster (`KubernetesSource`; pods without a PodGroup
     grouped as KAI's podgrouper does, `PodGroupingSource`), append what changed."""
     from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
@@ -350,7 +400,7 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
                 await informer.follow()
                 tg.cancel_scope.cancel()
 
-    await _serve("informer", url, writer, body, status=status)
+    await _serve("informer", url, writer, body, status=status, election=election)
 
 
 async def _state_before(url: str, events: EventLog, position: int) -> ClusterState | None:
@@ -379,7 +429,8 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
                      poll_s: float = 0.05, concurrency: int = KUBE_BINDER_CONCURRENCY,
                      scheduled_events: bool = False, reservation_image: str | None = None,
                      wait_for_device_index_s: float | None = None,
-                     on_ready: Ready | None = None, status: ProcessStatus | None = None) -> None:
+                     on_ready: Ready | None = None, status: ProcessStatus | None = None,
+                     election: LeaderElection | None = None) -> None:
     """`kai-es binder --kubeconfig`: perform the log's decisions through the Kubernetes API
     (`KubernetesActuator`, shared GPUs prepared by `GpuSharing`), append their outcomes, keep
     its progress durably; its followers release GPU reservations (`ReservationKeeper`) and
@@ -419,7 +470,7 @@ async def run_binder(url: str, kubeconfig: str | None, *, writer: str = BINDER_T
                          f"{len(binder.pending)} decisions to perform")
             await binder.run(int(poll_s * 1e9))
 
-    await _serve("binder", url, writer, body, progress_store, status=status)
+    await _serve("binder", url, writer, body, progress_store, status=status, election=election)
 
 
 # -- the simulated cluster (simulated Kubernetes + informer + binder) --------------------------------

@@ -29,6 +29,7 @@ _CONTROLPLANE_PY = ROOT / "tools" / "k8s" / "controlplane.py"
 CRD_DIR = ROOT / "deploy" / "crds"
 CLUSTER_ROLE = ROOT / "deploy" / "rbac" / "clusterrole.yaml"
 RESERVATION_ROLE = ROOT / "deploy" / "rbac" / "reservation-role.yaml"
+LEADER_ROLE = ROOT / "deploy" / "rbac" / "leader-election-role.yaml"
 _K8S_DIR = Path(__file__).resolve().parent
 
 
@@ -144,9 +145,22 @@ def scheduler_kubeconfig(k8s: K8s) -> Path:
         "metadata": {"name": "kai-es-test-scheduler", "namespace": ns},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ns_role["metadata"]["name"]},
         "subjects": binding["subjects"]}, ok=(201, 409))
+    leader_role = yaml.safe_load(LEADER_ROLE.read_text())
+    leader_ns = leader_role["metadata"]["namespace"]
+    cp.create_namespace(leader_ns)
+    cp.call("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{leader_ns}/roles", leader_role,
+            ok=(201, 409))
+    cp.call("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{leader_ns}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "kai-es-test-scheduler", "namespace": leader_ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": leader_role["metadata"]["name"]},
+        "subjects": binding["subjects"]}, ok=(201, 409))
     deadline = time.monotonic() + 15
     while cp.request("GET", "/api/v1/pods?limit=1", token=cp.scheduler_token)[0] != 200 or cp.request(
-            "GET", f"/api/v1/namespaces/{ns}/pods?limit=1", token=cp.scheduler_token)[0] != 200:
+            "GET", f"/api/v1/namespaces/{ns}/pods?limit=1", token=cp.scheduler_token)[0] != 200 or cp.request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{leader_ns}/leases/authz-probe",
+            token=cp.scheduler_token)[0] != 404:  # allowed to get, and there is none
         if time.monotonic() > deadline:
             pytest.fail("the scheduler's ClusterRoleBinding never took effect", pytrace=False)
         time.sleep(0.05)
