@@ -78,3 +78,15 @@ def kafka_broker() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(kafka_broker: Any) -> str:
     return str(kafka_broker.bootstrap)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Any]]:
+    """`kai-es` processes (tests.processes.Proc) a test starts: SIGKILLed at its end whatever
+    happened."""
+    started: list[Any] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            proc.kill9()

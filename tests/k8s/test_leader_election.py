@@ -12,25 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 import yaml
 from kubernetes_asyncio import client
 
 from tests.k8s.conftest import LEADER_ROLE, K8s
-from tests.k8s.helpers import create_pod, gpu_pod, queue, raw, wait_for
+from tests.k8s.helpers import create_pod, create_queue, gpu_pod, raw, wait_for
 from tests.processes import Proc
 
 POOL_LABEL = "kai.scheduler/node-pool"
 FAST = ["--leader-elect-lease-duration", "3s", "--leader-elect-renew-deadline", "2s",
         "--leader-elect-retry-period", "500ms"]
 
-
-@pytest.fixture
-def procs() -> Any:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill9()
 
 
 async def _lease(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
@@ -63,9 +55,7 @@ async def test_binder_replicas_lead_stand_by_and_take_over(k8s: K8s, scheduler_k
 
     async with k8s.client() as api:
         qname = f"q-{tag}"
-        status, _ = await raw(await client.CustomObjectsApi(api).create_cluster_custom_object(
-            "scheduling.run.ai", "v2", "queues", queue(qname), _preload_content=False))
-        assert status == 201
+        await create_queue(api, qname)
         created: list[str] = []
 
         async def submit(prefix: str, count: int) -> None:

@@ -49,13 +49,6 @@ def _proc(name: str, args: list[str], tmp_path: Path) -> Proc:
     return Proc(name, args, tmp_path)
 
 
-@pytest.fixture
-def procs() -> Any:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.kill9()
-
 
 @pytest.mark.parametrize("backend", ["file", "kafka"])
 async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfig: Path, backend: str,

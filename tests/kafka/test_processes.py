@@ -10,22 +10,30 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 
 from tests.kafka.procs import ROOT, Proc, end_checks, read_topic, workload_done, workload_scenario
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    try:
-        yield started
-    finally:
-        for proc in started:
-            proc.kill9()
+def binder_and_two_schedulers(url: str, name: str, scenario: Path, tmp_path: Path,
+                              *binder_args: str) -> tuple[Proc, Proc, Proc]:
+    """A simulated cluster's binder, and two schedulers with ONE transactional id."""
+    binder = Proc("binder", ["binder", "--log", f"{url}?transactional_id=b-{name}", "--scenario",
+                             str(scenario), "--time-scale", "60", *binder_args], tmp_path)
+    sched_args = ["scheduler", "--log", f"{url}?transactional_id=s-{name}",
+                  "--scenario", str(scenario), "--time-scale", "60", "--period", "100ms"]
+    return binder, Proc("scheduler-1", sched_args, tmp_path), Proc("scheduler-2", sched_args, tmp_path)
+
+
+def stops_fenced(proc: Proc) -> str:
+    """`proc` exits 2 within 30 s; its last line."""
+    assert proc.popen is not None
+    rc = proc.popen.wait(30)
+    lines = [line for line in proc.stderr().splitlines() if line.strip()]
+    assert rc == 2, proc.stderr()[-2000:]
+    assert lines[-1].startswith("error: ") and "took over" in lines[-1], lines[-5:]
+    return lines[-1]
 
 
 def test_fenced_scheduler_stops_and_workload_completes(kafka_bootstrap: str, unique_name: str,
@@ -34,13 +42,8 @@ def test_fenced_scheduler_stops_and_workload_completes(kafka_bootstrap: str, uni
     scenario = workload_scenario(tmp_path / "w.yaml", pods=pods, nodes=4, spread_s=600,
                                  run_for_s=60)
     url = f"kafka://{kafka_bootstrap}/{unique_name}"
-    binder = Proc("binder", ["binder", "--log", f"{url}?transactional_id=b-{unique_name}",
-                             "--scenario", str(scenario), "--time-scale", "60",
-                             "--stats", str(tmp_path / "stats.jsonl")], tmp_path)
-    sched_args = ["scheduler", "--log", f"{url}?transactional_id=s-{unique_name}",
-                  "--scenario", str(scenario), "--time-scale", "60", "--period", "100ms"]
-    first = Proc("scheduler-1", sched_args, tmp_path)
-    second = Proc("scheduler-2", sched_args, tmp_path)
+    binder, first, second = binder_and_two_schedulers(url, unique_name, scenario, tmp_path,
+                                                      "--stats", str(tmp_path / "stats.jsonl"))
     procs.extend([binder, first, second])
     binder.start()
     binder.wait_ready("binder")
@@ -49,12 +52,7 @@ def test_fenced_scheduler_stops_and_workload_completes(kafka_bootstrap: str, uni
     time.sleep(2)
     second.start()
     second.wait_ready("scheduler")
-    assert first.popen is not None
-    rc = first.popen.wait(30)
-    lines = [line for line in first.stderr().splitlines() if line.strip()]
-    assert rc == 2, first.stderr()[-2000:]
-    assert lines[-1].startswith("error: ") and "took over" in lines[-1], lines[-5:]
-    assert "s-" + unique_name in lines[-1], lines[-1]
+    assert "s-" + unique_name in stops_fenced(first)
     deadline = time.monotonic() + 90
     while not workload_done(kafka_bootstrap, unique_name, pods)[0]:
         assert second.alive(), second.stderr()[-2000:]
@@ -74,12 +72,7 @@ def test_idle_fenced_scheduler_stops(kafka_bootstrap: str, unique_name: str, tmp
     pods = 20
     scenario = workload_scenario(tmp_path / "w.yaml", pods=pods, nodes=4, spread_s=60, run_for_s=30)
     url = f"kafka://{kafka_bootstrap}/{unique_name}"
-    binder = Proc("binder", ["binder", "--log", f"{url}?transactional_id=b-{unique_name}",
-                             "--scenario", str(scenario), "--time-scale", "60"], tmp_path)
-    sched_args = ["scheduler", "--log", f"{url}?transactional_id=s-{unique_name}",
-                  "--scenario", str(scenario), "--time-scale", "60", "--period", "100ms"]
-    first = Proc("scheduler-1", sched_args, tmp_path)
-    second = Proc("scheduler-2", sched_args, tmp_path)
+    binder, first, second = binder_and_two_schedulers(url, unique_name, scenario, tmp_path)
     procs.extend([binder, first, second])
     binder.start()
     binder.wait_ready("binder")
@@ -95,11 +88,7 @@ def test_idle_fenced_scheduler_stops(kafka_bootstrap: str, unique_name: str, tmp
     assert first.alive(), first.stderr()[-2000:]
     second.start()
     second.wait_ready("scheduler")
-    assert first.popen is not None
-    rc = first.popen.wait(30)
-    lines = [line for line in first.stderr().splitlines() if line.strip()]
-    assert rc == 2, first.stderr()[-2000:]
-    assert "took over" in lines[-1] and "nothing to write" in lines[-1], lines[-5:]
+    assert "nothing to write" in stops_fenced(first)
     assert second.alive(), second.stderr()[-2000:]
 
 
