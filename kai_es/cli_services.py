@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import uuid
@@ -54,9 +55,12 @@ def _ready(line: str) -> None:
 
 def _run(fn: Callable[[ProcessStatus | None], Awaitable[None]], process: str,
          http_address: str | None) -> None:
-    """Run `fn` (handed the process's `ProcessStatus` when it serves HTTP) until it ends."""
+    """Run `fn` (handed the process's `ProcessStatus` when it serves HTTP) until it ends, or
+    until SIGTERM or SIGINT: then `fn` is cancelled, so its cleanup runs (a transaction is
+    aborted, logs are closed, a leader hands its Lease back), and the process exits 0 after
+    one line saying so (Kubernetes stops a pod with SIGTERM)."""
     from kai_es.adapters.status_http import ProcessStatus, StatusServer  # noqa: PLC0415
-    from kai_es.app.processes import fenced_error_types  # noqa: PLC0415
+    from kai_es.app.processes import alongside, fenced_error_types  # noqa: PLC0415
 
     server: StatusServer | None = None
     status: ProcessStatus | None = None
@@ -65,10 +69,23 @@ def _run(fn: Callable[[ProcessStatus | None], Awaitable[None]], process: str,
         server = StatusServer(status, http_address)
         err.print(f"{process}: serving /healthz, /readyz and /metrics on http://{server.address}",
                   highlight=False, markup=False)
+    stopped_by: list[str] = []
+
+    async def main() -> None:
+        scope = anyio.CancelScope()
+
+        async def on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    stopped_by.append(signal.Signals(signum).name)
+                    scope.cancel()
+                    return
+
+        with scope:
+            await alongside(fn(status), on_signal)
+
     try:
-        anyio.run(fn, status)
-    except KeyboardInterrupt:  # pragma: no cover - interactive stop
-        sys.exit(130)
+        anyio.run(main)
     except fenced_error_types():
         # the fenced producer leaves futures holding ProducerFenced that nobody awaits; at exit
         # asyncio would log each one: keep the stop to the one line friendly() prints
@@ -77,6 +94,8 @@ def _run(fn: Callable[[ProcessStatus | None], Awaitable[None]], process: str,
     finally:
         if server is not None:
             server.close()
+    if stopped_by:
+        err.print(f"{process}: stopped by {stopped_by[0]}", highlight=False, markup=False)
 
 
 def _time_scale(value: float) -> float:
