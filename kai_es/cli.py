@@ -16,7 +16,6 @@ import fnmatch
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from kai_es.cli_common import records as _records, records_from as _records_from
 from kai_es.cli_common import check_out_name as _check_out_name, holds_data as _holds_data
 from kai_es.events import Record, encode
 from kai_es.events import payloads as p
-from kai_es.events.timefmt import format_duration, parse_duration, rfc3339
+from kai_es.events.timefmt import format_duration, format_span, parse_duration
 from kai_es.scenario import load_scenario
 
 
@@ -143,7 +142,7 @@ def _load(scenario_file: str) -> Any:
 
 
 def _fmt_ns(ns: int | None) -> str:
-    return "-" if ns is None else format_duration(ns)
+    return "-" if ns is None else format_span(ns)
 
 
 def _print_summary(s: Any, why: str, duration: int, cycles: int) -> None:

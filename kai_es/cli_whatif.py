@@ -27,7 +27,7 @@ from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import UserError, check_out_name, choose_packer, console, friendly, holds_data, \
     os_error_line, packer_option, records
 from kai_es.events import Record
-from kai_es.events.timefmt import format_duration, parse_duration
+from kai_es.events.timefmt import format_span, parse_duration
 from kai_es.scheduling.config import config_digest
 
 
@@ -187,7 +187,7 @@ def _never(censored: bool) -> str:
 
 
 def _d(ns: int | None) -> str:
-    return "-" if ns is None else format_duration(ns)
+    return "-" if ns is None else format_span(ns)
 
 
 def _print(doc: dict[str, Any]) -> None:
@@ -241,7 +241,7 @@ def _print(doc: dict[str, Any]) -> None:
             delta = j["deltaNs"]
             jobs.add_row(Text(j["job"]), Text(j["queue"]), _d(j["recordedWaitNs"]) + _never(j["recordedCensored"]),
                          _d(j["counterfactualWaitNs"]) + _never(j["counterfactualCensored"]),
-                         ("+" if delta >= 0 else "-") + format_duration(abs(delta)))
+                         ("+" if delta >= 0 else "-") + format_span(abs(delta)))
         console.print(jobs)
     console.print(Text(doc["waitCounting"].capitalize() + "."))
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kai_es.events import DecodeError, decode, encode
 from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
-from kai_es.events.timefmt import format_duration, parse_duration, parse_rfc3339, rfc3339
+from kai_es.events.timefmt import format_duration, format_span, parse_duration, parse_rfc3339, rfc3339
 from kai_es.events import upcast as up
 
 
@@ -106,6 +106,14 @@ def test_time_helpers() -> None:
     assert format_duration(5_400_000_000_000) == "1h30m"
     with pytest.raises(ValueError, match="duration"):
         parse_duration("5 minutes")
+
+
+def test_spans_for_people_are_rounded_but_reasons_keep_their_exact_durations() -> None:
+    assert format_span(536_057_820) == "536ms"
+    assert format_span(235_600_000_000) == "3m56s"
+    assert format_span(-1_499_999) == "-1ms"
+    assert format_span(999_700_000) == "1s"
+    assert format_duration(536_057_820) == "536057820ns"  # what a logged reason said stays said
 
 
 def test_payload_structs_reject_unknown_fields() -> None:

@@ -71,7 +71,9 @@ def parse_signed_duration(text: str) -> int:
 
 
 def format_duration(ns: int) -> str:
-    """int ns to a short human duration (`1h2m3s`, `250ms`)."""
+    """int ns to a short human duration (`1h2m3s`, `250ms`; whole seconds truncated; under a
+    second, exact: `250ms` or `1500ns`). Decision reasons are written with it: its output for a
+    given `ns` never changes (logs must replay). For display, `format_span`."""
     if ns == 0:
         return "0s"
     if ns < 0:
@@ -83,3 +85,13 @@ def format_duration(ns: int) -> str:
     m, s = divmod(rem, 60)
     out = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{s}s" if s or not (h or m) else "")
     return out
+
+
+def format_span(ns: int) -> str:
+    """A measured span for people (a wait, a delta): `format_duration` rounded to whole
+    milliseconds under a second and to whole seconds above (`536ms`, `3m55s`, never `536057820ns`)."""
+    if ns < 0:
+        return "-" + format_span(-ns)
+    if ns < 1_000_000_000:
+        return format_duration((ns + 500_000) // 1_000_000 * 1_000_000)
+    return format_duration((ns + 500_000_000) // 1_000_000_000 * 1_000_000_000)
