@@ -55,13 +55,10 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
            out_log: str | None, report_dir: str | None, until: str | None, top: int, force: bool,
            output: str, packer: str | None) -> None:
     """Re-run the workload recorded in LOG under changed settings; compare with the record."""
-    from kai_es.report import SummaryObserver
-    from kai_es.state import ClusterState
     from kai_es.whatif.changes import ChangeError, Changes, apply_changes, parse_set, read_config, read_patch
-    from kai_es.whatif.compare import DecisionDigest, compare
+    from kai_es.whatif.compare import compare
     from kai_es.whatif.plots import plot_allocation, plot_waits
     from kai_es.whatif.recording_log import RecordingFileLog
-    from kai_es.whatif.run import run_workload
     from kai_es.whatif.workload import extract
 
     changes = Changes()
@@ -100,7 +97,7 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
     if until_ns is not None:
         first = next(iter(records(open_log(log_url, readonly=True))), None)
         end_limit = first.envelope.logicaltime + until_ns if first is not None else None
-    pool = multiprocessing.get_context("fork").Pool(1)
+    pool = multiprocessing.get_context("fork").Pool(2 if changes.described else 1)
     try:
         recorded_future = pool.apply_async(_summarize_log, (log_url, end_limit))
         with bulk_fold():
@@ -112,47 +109,33 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
         except ChangeError as exc:
             raise UserError(str(exc)) from None
         configs = (config_digest(workload.config), config_digest(changed.config))
-        seed = hashlib.sha256(json.dumps([log_url.rsplit("/", 1)[-1], workload.start_ns, changes.described,
-                                          configs[1], until_ns]).encode()).hexdigest()[:16]
+        # with changes, the recorded settings are re-run too (in the pool, meanwhile): a log whose
+        # timing was a live cluster's is compared with that re-run, not with its own record
+        rerun_future = (pool.apply_async(_rerun, (workload, _seed(log_url, workload.start_ns, [], configs[0], until_ns),
+                                                  packer, until_ns))
+                        if changes.described else None)
+        seed = _seed(log_url, workload.start_ns, changes.described, configs[1], until_ns)
         try:
             events = RecordingFileLog(out_log)
         except OSError as exc:
             raise UserError(f"--log {out_log}: cannot create the log: {os_error_line(exc)}") from None
-
-        # the counterfactual is summarised from the fold its scheduler does anyway
-        state = ClusterState()
-        observer = SummaryObserver(state)
-        cf_digest = DecisionDigest()
-
-        def on_fold(record: Record) -> None:
-            cf_digest.add(record)
-            observer.observe(record)
-
-        async def run_and_close() -> Any:
-            try:
-                return await run_workload(changed, events, engine, seed=seed, until_ns=until_ns,
-                                          state=state, on_fold=on_fold)
-            finally:
-                await events.close()
-
         try:
-            with bulk_fold():
-                anyio.run(run_and_close)
+            counterfactual, cf_facts = _play(changed, events, engine, seed, until_ns)
         except OSError as exc:
             raise UserError(f"--log {out_log}: writing the log failed: {os_error_line(exc)}") from None
-        end_ns = workload.start_ns + until_ns if until_ns is not None else workload.end_ns
-        counterfactual = observer.finish(end_ns)
         recorded, rec_facts = recorded_future.get()
+        rerun = rerun_future.get() if rerun_future is not None else None
     finally:
         pool.terminate()  # finished by now, or abandoned after an error
         pool.join()
-    doc = compare(recorded, rec_facts, counterfactual, cf_digest.facts(),
-                  changes=changes.described, configs=configs, top=top)
+    doc = compare(recorded, rec_facts, counterfactual, cf_facts,
+                  changes=changes.described, configs=configs, top=top, rerun=rerun)
+    reference = rerun[0] if doc["comparedWith"] == "rerun" and rerun is not None else recorded
     try:
         report_path.mkdir(parents=True, exist_ok=True)
         (report_path / "whatif.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        plot_allocation(recorded, counterfactual, str(report_path / "allocation.png"))
-        plot_waits(recorded, counterfactual, str(report_path / "waits.png"))
+        plot_allocation(reference, counterfactual, str(report_path / "allocation.png"))
+        plot_waits(reference, counterfactual, str(report_path / "waits.png"))
     except OSError as exc:
         raise UserError(f"--report {report_path}: cannot write the report: {os_error_line(exc)}") from None
     if output == "json":
@@ -161,6 +144,49 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
     _print(doc)
     console.print(f"counterfactual log: {escape(out_log)} ({len(events.records)} events; `kai-es replay` verifies it)   "
                   f"report: {escape(str(report_path))}/{{whatif.json,allocation.png,waits.png}}", highlight=False)
+
+
+def _seed(log_url: str, start_ns: int, described: list[str], config: str, until_ns: int | None) -> str:
+    """The ids' seed of a re-run: a function of the log's name, its start, the changes and the
+    config (so the same whatif writes the same bytes)."""
+    return hashlib.sha256(json.dumps([log_url.rsplit("/", 1)[-1], start_ns, described, config,
+                                      until_ns]).encode()).hexdigest()[:16]
+
+
+def _play(workload: Any, events: Any, engine: Any, seed: str, until_ns: int | None) -> tuple[Any, Any]:
+    """Run `workload` into `events` (closed at the end); (its summary, its decision facts),
+    taken from the fold its scheduler does anyway."""
+    from kai_es.report import SummaryObserver
+    from kai_es.state import ClusterState
+    from kai_es.whatif.compare import DecisionDigest
+    from kai_es.whatif.run import run_workload
+
+    state = ClusterState()
+    observer = SummaryObserver(state)
+    digest = DecisionDigest()
+
+    def on_fold(record: Record) -> None:
+        digest.add(record)
+        observer.observe(record)
+
+    async def run_and_close() -> Any:
+        try:
+            return await run_workload(workload, events, engine, seed=seed, until_ns=until_ns,
+                                      state=state, on_fold=on_fold)
+        finally:
+            await events.close()
+
+    with bulk_fold():
+        anyio.run(run_and_close)
+    end_ns = workload.start_ns + until_ns if until_ns is not None else workload.end_ns
+    return observer.finish(end_ns), digest.facts()
+
+
+def _rerun(workload: Any, seed: str, packer: str | None, until_ns: int | None) -> tuple[Any, Any]:
+    """(summary, decision facts) of `workload` re-run as recorded, into memory (in a worker)."""
+    from kai_es.adapters.memory_log import MemoryEventLog
+
+    return _play(workload, MemoryEventLog(), choose_packer(packer), seed, until_ns)
 
 
 def _until(stream: Any, end_ns: int | None) -> Any:
@@ -191,11 +217,19 @@ def _d(ns: int | None) -> str:
 
 
 def _print(doc: dict[str, Any]) -> None:
-    rec, cf = doc["runs"]["recorded"], doc["runs"]["counterfactual"]
+    ref = doc["comparedWith"]
+    rec = doc["runs"][ref]
     what = "; ".join(doc["changes"]) or "no changes"
     verdict = "identical decisions" if doc["identicalDecisions"] else "decisions differ"
     console.print(Text(f"what-if: {what} ({verdict})"))
-    console.print(Text("per queue: recorded -> counterfactual"))
+    label = "recorded"
+    if ref == "rerun":
+        label = "re-run"
+        console.print(Text(
+            f"A re-run of the recorded settings does not make the recorded decisions ({doc['runs']['recorded']['decisions']}"
+            f" recorded, {rec['decisions']} re-run: the record's timing was a live cluster's), so the "
+            "counterfactual is compared with that re-run: what differs is what the changes did."))
+    console.print(Text(f"per queue: {label} -> counterfactual"))
     table = Table()
     for col in ("queue", "wait p50", "wait p95", "wait max", "pending at end", "GPU-hours"):
         table.add_column(col, justify="left" if col == "queue" else "right")
@@ -210,15 +244,17 @@ def _print(doc: dict[str, Any]) -> None:
 
     for name in sorted(doc["queues"], key=path):
         q = doc["queues"][name]
-        a, b = q["recorded"], q["counterfactual"]
-        label = "  " * path(name).count("/") + (name or "(none)")
-        table.add_row(Text(label), *(f"{_d(a[k])} -> {_d(b[k])}" for k in ("waitP50Ns", "waitP95Ns", "waitMaxNs")),
+        a, b = q[ref], q["counterfactual"]
+        indent = "  " * path(name).count("/") + (name or "(none)")
+        table.add_row(Text(indent), *(f"{_d(a[k])} -> {_d(b[k])}" for k in ("waitP50Ns", "waitP95Ns", "waitMaxNs")),
                       f"{a['pendingAtEnd']} -> {b['pendingAtEnd']}",
                       f"{a['gpuMilliNs'] / 3.6e15:.1f} -> {b['gpuMilliNs'] / 3.6e15:.1f}")
     console.print(table)
+    columns = ["recorded", "rerun", "counterfactual"] if "rerun" in doc["runs"] else ["recorded", "counterfactual"]
     runs = Table(title="cluster")
-    for col in ("", "recorded", "counterfactual"):
-        runs.add_column(col, justify="left" if not col else "right")
+    runs.add_column("", justify="left")
+    for col in columns:
+        runs.add_column("re-run" if col == "rerun" else col, justify="right")
     rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [("GPU utilisation", lambda r: f"{r['gpuUtilizationPermille'] / 10:.1f}%"),
             ("pods scheduled", lambda r: str(r["podsScheduled"])),
             ("pending at end", lambda r: str(r["pendingAtEnd"])),
@@ -229,17 +265,17 @@ def _print(doc: dict[str, Any]) -> None:
             ("fair-share error (mean GPU)", lambda r: f"{r['fairShareErrorMeanMilliGpu'] / 1000:.1f}"),
             ("cycles", lambda r: str(r["cycles"])),
             ("decisions", lambda r: str(r["decisions"]))]
-    for label, fn in rows:
-        runs.add_row(label, fn(rec), fn(cf))
+    for row, fn in rows:
+        runs.add_row(row, *(fn(doc["runs"][col]) for col in columns))
     console.print(runs)
     if doc["jobsChangedMost"]:
         console.print(Text("jobs whose wait changed most:"))
         jobs = Table()
-        for col in ("job", "queue", "recorded wait", "counterfactual wait", "change"):
+        for col in ("job", "queue", f"{label} wait", "counterfactual wait", "change"):
             jobs.add_column(col, justify="left" if col in ("job", "queue") else "right")
         for j in doc["jobsChangedMost"]:
             delta = j["deltaNs"]
-            jobs.add_row(Text(j["job"]), Text(j["queue"]), _d(j["recordedWaitNs"]) + _never(j["recordedCensored"]),
+            jobs.add_row(Text(j["job"]), Text(j["queue"]), _d(j[f"{ref}WaitNs"]) + _never(j[f"{ref}Censored"]),
                          _d(j["counterfactualWaitNs"]) + _never(j["counterfactualCensored"]),
                          ("+" if delta >= 0 else "-") + format_span(abs(delta)))
         console.print(jobs)

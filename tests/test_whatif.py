@@ -169,6 +169,11 @@ def test_whatif_with_more_quota_for_one_queue_shortens_its_waits(tmp_path: Path)
     more, run = _whatif(tmp_path, log, "more", "--set", "queue.b.gpu.quota=8", "--set", "queue.a.gpu.quota=0")
 
     assert base["identicalDecisions"] and not more["identicalDecisions"]
+    # the simulator's own log: a re-run of the recorded settings makes the recorded decisions, so
+    # the counterfactual is compared with the record itself
+    assert "rerun" not in base["runs"] and base["comparedWith"] == "recorded"
+    assert more["comparedWith"] == "recorded"
+    assert more["runs"]["rerun"]["decisionDigest"] == more["runs"]["recorded"]["decisionDigest"]
     b_rec, b_cf = more["queues"]["b"]["recorded"], more["queues"]["b"]["counterfactual"]
     assert b_cf["waitP95Ns"] < b_rec["waitP95Ns"]
     assert b_cf["waitMaxNs"] < b_rec["waitMaxNs"]

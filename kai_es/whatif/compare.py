@@ -98,31 +98,54 @@ def _run(s: Summary, facts: RunFacts) -> dict[str, Any]:
                                    "cause": f.cause() or None}}
 
 
-def compare(recorded: Summary, rec: RunFacts, counterfactual: Summary, cf: RunFacts, *, changes: list[str], configs: tuple[str, str], top: int = 10) -> dict[str, Any]:
-    """The comparison document (`kai-es whatif --output json`)."""
-    queues = sorted(set(recorded.queues) | set(counterfactual.queues))
+def compare(recorded: Summary, rec: RunFacts, counterfactual: Summary, cf: RunFacts, *, changes: list[str],
+            configs: tuple[str, str], top: int = 10,
+            rerun: tuple[Summary, RunFacts] | None = None) -> dict[str, Any]:
+    """The comparison document (`kai-es whatif --output json`).
+
+    `rerun`: the recorded workload re-run under the recorded settings. When it did not make the
+    recorded decisions (a log whose timing was a live cluster's, not the simulator's), the
+    counterfactual is compared with it instead of with the record, so that what differs is what
+    the changes did, not the timing the simulator cannot reproduce: `comparedWith` says which
+    ("recorded" or "rerun"), per-queue entries and `runs` carry both, and each changed job's
+    reference fields are named after it (`recordedWaitNs` or `rerunWaitNs`, ...)."""
+    use_rerun = rerun is not None and rerun[1].digest != rec.digest
+    base_name = "rerun" if use_rerun else "recorded"
+    base = rerun[0] if use_rerun and rerun is not None else recorded
+    queues = sorted(set(recorded.queues) | set(counterfactual.queues) | (set(base.queues)))
     jobs = []
-    for key in sorted(set(recorded.jobs) | set(counterfactual.jobs)):
-        a, b = recorded.jobs.get(key), counterfactual.jobs.get(key)
+    for key in sorted(set(base.jobs) | set(counterfactual.jobs)):
+        a, b = base.jobs.get(key), counterfactual.jobs.get(key)
         if a is None or b is None:
             continue
-        wa, ca = _job_wait(a, recorded.end_ns)
+        wa, ca = _job_wait(a, base.end_ns)
         wb, cb = _job_wait(b, counterfactual.end_ns)
         jobs.append((-abs(wb - wa), key, a.queue, wa, ca, wb, cb, a.evictions, b.evictions))
     jobs.sort()
-    changed = [{"job": key, "queue": queue, "recordedWaitNs": wa, "recordedCensored": ca,
+    changed = [{"job": key, "queue": queue, f"{base_name}WaitNs": wa, f"{base_name}Censored": ca,
                 "counterfactualWaitNs": wb, "counterfactualCensored": cb, "deltaNs": wb - wa,
-                "recordedEvictions": ea, "counterfactualEvictions": eb}
+                f"{base_name}Evictions": ea, "counterfactualEvictions": eb}
                for _, key, queue, wa, ca, wb, cb, ea, eb in jobs[:top] if wb != wa or ea != eb]
+    runs = {"recorded": _run(recorded, rec), "counterfactual": _run(counterfactual, cf)}
+    if rerun is not None:
+        runs["rerun"] = _run(*rerun)
+
+    def queue_entry(q: str) -> dict[str, Any]:
+        source = recorded.queues.get(q) or base.queues.get(q) or counterfactual.queues[q]
+        entry = {"parent": source.parent or None, "recorded": _queue(recorded, q),
+                 "counterfactual": _queue(counterfactual, q)}
+        if rerun is not None:
+            entry["rerun"] = _queue(rerun[0], q)
+        return entry
+
     return {
         "changes": changes,
         "config": {"recorded": configs[0], "counterfactual": configs[1]},
         "identicalDecisions": rec.digest == cf.digest,
+        "comparedWith": base_name,
         "span": {"startNs": recorded.start_ns, "endNs": recorded.end_ns},
-        "runs": {"recorded": _run(recorded, rec), "counterfactual": _run(counterfactual, cf)},
-        "queues": {q: {"parent": (recorded.queues.get(q) or counterfactual.queues[q]).parent or None,
-                       "recorded": _queue(recorded, q), "counterfactual": _queue(counterfactual, q)}
-                   for q in queues},
+        "runs": runs,
+        "queues": {q: queue_entry(q) for q in queues},
         "jobsChangedMost": changed,
         "waitCounting": "per pod from first observed to first bound; a pod never bound counts its wait to "
                         "the end of the run (censored), included in the percentiles",
