@@ -48,12 +48,16 @@ from kai_es.scheduling.config import config_digest
 @click.option("--until", default=None, help="Compare only this long from the start (default: the whole recorded run).")
 @click.option("--top", default=10, type=click.IntRange(min=0), help="How many most-changed jobs to list.")
 @click.option("--force", is_flag=True, help="Replace the file given by --log if it already holds events.")
+@click.option("--compare-with", type=click.Choice(["auto", "recorded"]), default="auto", show_default=True,
+              help="auto: with changes, also re-run the recorded settings and compare with that re-run "
+                   "when it does not reproduce the record (a live cluster's log); recorded: compare "
+                   "with the record, no re-run (half the work; right for logs kai-es simulate wrote).")
 @click.option("--output", "-o", type=click.Choice(["json", "text"]), default="text")
 @packer_option
 @friendly
 def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_file: str | None,
            out_log: str | None, report_dir: str | None, until: str | None, top: int, force: bool,
-           output: str, packer: str | None) -> None:
+           compare_with: str, output: str, packer: str | None) -> None:
     """Re-run the workload recorded in LOG under changed settings; compare with the record."""
     from kai_es.whatif.changes import ChangeError, Changes, apply_changes, parse_set, read_config, read_patch
     from kai_es.whatif.compare import compare
@@ -97,7 +101,8 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
     if until_ns is not None:
         first = next(iter(records(open_log(log_url, readonly=True))), None)
         end_limit = first.envelope.logicaltime + until_ns if first is not None else None
-    pool = multiprocessing.get_context("fork").Pool(2 if changes.described else 1)
+    pool = multiprocessing.get_context("fork").Pool(1)
+    rerun_job: _Forked | None = None
     try:
         recorded_future = pool.apply_async(_summarize_log, (log_url, end_limit))
         with bulk_fold():
@@ -109,11 +114,12 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
         except ChangeError as exc:
             raise UserError(str(exc)) from None
         configs = (config_digest(workload.config), config_digest(changed.config))
-        # with changes, the recorded settings are re-run too (in the pool, meanwhile): a log whose
-        # timing was a live cluster's is compared with that re-run, not with its own record
-        rerun_future = (pool.apply_async(_rerun, (workload, _seed(log_url, workload.start_ns, [], configs[0], until_ns),
-                                                  packer, until_ns))
-                        if changes.described else None)
+        # with changes, the recorded settings are re-run too (in a process forked now, which has
+        # the workload without copying it), meanwhile: a log whose timing was a live cluster's is
+        # compared with that re-run, not with its own record
+        if changes.described and compare_with == "auto":
+            rerun_seed = _seed(log_url, workload.start_ns, [], configs[0], until_ns)
+            rerun_job = _Forked(lambda: _rerun(workload, rerun_seed, packer, until_ns))
         seed = _seed(log_url, workload.start_ns, changes.described, configs[1], until_ns)
         try:
             events = RecordingFileLog(out_log)
@@ -124,10 +130,12 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
         except OSError as exc:
             raise UserError(f"--log {out_log}: writing the log failed: {os_error_line(exc)}") from None
         recorded, rec_facts = recorded_future.get()
-        rerun = rerun_future.get() if rerun_future is not None else None
+        rerun = rerun_job.result() if rerun_job is not None else None
     finally:
         pool.terminate()  # finished by now, or abandoned after an error
         pool.join()
+        if rerun_job is not None:
+            rerun_job.stop()
     doc = compare(recorded, rec_facts, counterfactual, cf_facts,
                   changes=changes.described, configs=configs, top=top, rerun=rerun)
     reference = rerun[0] if doc["comparedWith"] == "rerun" and rerun is not None else recorded
@@ -180,6 +188,43 @@ def _play(workload: Any, events: Any, engine: Any, seed: str, until_ns: int | No
         anyio.run(run_and_close)
     end_ns = workload.start_ns + until_ns if until_ns is not None else workload.end_ns
     return observer.finish(end_ns), digest.facts()
+
+
+class _Forked:
+    """`fn()` in a forked process (which shares the parent's memory as it was at the fork, so
+    large arguments are not copied); `result()` waits for its pickled return value."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._recv, send = ctx.Pipe(duplex=False)
+
+        def child() -> None:
+            try:
+                send.send((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
+                send.send((False, f"{type(exc).__name__}: {exc}"))
+            finally:
+                send.close()
+
+        self._proc = ctx.Process(target=child, daemon=True)
+        self._proc.start()
+        send.close()
+
+    def result(self) -> Any:
+        try:
+            ok, value = self._recv.recv()
+        except EOFError:
+            raise RuntimeError(f"the re-run's process ended without a result (exit code "
+                               f"{self._proc.exitcode})") from None
+        if not ok:
+            raise RuntimeError(f"the re-run of the recorded settings failed: {value}")
+        return value
+
+    def stop(self) -> None:
+        if self._proc.is_alive():
+            self._proc.terminate()
+        self._proc.join()
+        self._recv.close()
 
 
 def _rerun(workload: Any, seed: str, packer: str | None, until_ns: int | None) -> tuple[Any, Any]:

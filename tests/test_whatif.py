@@ -183,6 +183,12 @@ def test_whatif_with_more_quota_for_one_queue_shortens_its_waits(tmp_path: Path)
     for plot in ("allocation.png", "waits.png"):
         assert (tmp_path / "more-report" / plot).stat().st_size > 10_000
     assert json.loads((tmp_path / "more-report" / "whatif.json").read_text()) == more
+    recorded_only, _ = _whatif(tmp_path, log, "more-recorded", "--set", "queue.b.gpu.quota=8", "--set",
+                               "queue.a.gpu.quota=0", "--compare-with", "recorded")
+    assert "rerun" not in recorded_only["runs"]  # no re-run: the same comparison, half the work
+    assert recorded_only["queues"] == {q: {k: v for k, v in e.items() if k != "rerun"}
+                                       for q, e in more["queues"].items()}
+    assert recorded_only["jobsChangedMost"] == more["jobsChangedMost"]
 
 
 def test_whatif_is_deterministic_and_its_text_output_compares_side_by_side(tmp_path: Path) -> None:
