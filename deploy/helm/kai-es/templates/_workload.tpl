@@ -1,0 +1,116 @@
+{{/* One kai-es process as a Deployment of one replica. Its Kafka transactional_id (in its
+--log URL) is the same for every pod of the role, so during a rolling update (maxSurge 1,
+maxUnavailable 0) the new pod's first claim on the log fences the old one, which stops with
+exit code 2 and never writes again. Usage:
+  include "kai-es.deployment" (dict "root" $ "role" "binder" "args" $args
+    "serviceAccount" true "configChecksum" "" "volumes" list "volumeMounts" list) */}}
+{{- define "kai-es.deployment" -}}
+{{- $root := .root -}}
+{{- $v := index $root.Values .role -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "kai-es.fullname" $root }}-{{ .role }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "kai-es.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: {{ .role }}
+spec:
+  # one writer per role: more replicas would only fence each other
+  replicas: 1
+  revisionHistoryLimit: {{ $root.Values.revisionHistoryLimit }}
+  strategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxSurge: 1
+      maxUnavailable: 0
+  selector:
+    matchLabels:
+      {{- include "kai-es.selectorLabels" $root | nindent 6 }}
+      app.kubernetes.io/component: {{ .role }}
+  template:
+    metadata:
+      labels:
+        {{- include "kai-es.selectorLabels" $root | nindent 8 }}
+        app.kubernetes.io/component: {{ .role }}
+        {{- with $root.Values.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- if or $root.Values.podAnnotations .configChecksum }}
+      annotations:
+        {{- with .configChecksum }}
+        checksum/config: {{ . }}
+        {{- end }}
+        {{- with $root.Values.podAnnotations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- end }}
+    spec:
+      {{- if .serviceAccount }}
+      serviceAccountName: {{ include "kai-es.serviceAccountName" $root }}
+      {{- else }}
+      # the scheduler reads and writes only the event log: no Kubernetes credentials
+      automountServiceAccountToken: false
+      {{- end }}
+      {{- with $root.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $root.Values.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- with $root.Values.podSecurityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      terminationGracePeriodSeconds: {{ $root.Values.terminationGracePeriodSeconds }}
+      containers:
+        - name: {{ .role }}
+          image: {{ include "kai-es.image" $root | quote }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          command: ["kai-es"]
+          args:
+            {{- toYaml .args | nindent 12 }}
+          env:
+            # Python writes no bytecode into the (read-only) image and flushes each log line
+            - name: PYTHONDONTWRITEBYTECODE
+              value: "1"
+            - name: PYTHONUNBUFFERED
+              value: "1"
+            {{- with $root.Values.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          {{- with $v.resources }}
+          resources:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          {{- with $root.Values.securityContext }}
+          securityContext:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+            {{- with .volumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+      volumes:
+        - name: tmp
+          emptyDir:
+            sizeLimit: 64Mi
+        {{- with .volumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with ($v.nodeSelector | default $root.Values.nodeSelector) }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with ($v.tolerations | default $root.Values.tolerations) }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with ($v.affinity | default $root.Values.affinity) }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end -}}
