@@ -5,7 +5,7 @@ Used two ways:
 
 CLI::
 
-    python3 tools/k8s/controlplane.py fetch        # build the binaries once into the cache
+    python3 tools/k8s/controlplane.py fetch        # build the binaries (and helm) once into the cache
     python3 tools/k8s/controlplane.py run          # start, install deploy/crds, print
                                                    # kubeconfig=..., run until Ctrl-C
 
@@ -27,6 +27,9 @@ toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
 * etcd v3.6.8 — the same way (its server module replaces its sibling modules);
 * KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
   (v0.8.0 has no built-in stages).
+* helm v3.22.0 — ``go install`` (not part of the control plane: ``fetch_helm``, for the chart
+  tests; the CLI's ``fetch`` builds it too, so a fresh CI machine gets it). It has its own
+  recipe digest, so adding it left the control plane's cached builds valid.
 
 Binaries land in ``${KAI_ES_CACHE:-~/.cache/kai-es}/k8s/<component>-<version>/`` (outside the
 repo). A marker holding the build recipe's digest is written last, so an interrupted or changed
@@ -69,6 +72,8 @@ KUBE_VERSION = "v1.36.5"
 STAGING_VERSION = "v0.36.5"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
+#: Helm renders and lints the chart in deploy/helm/ (tests/k8s/test_helm_chart.py).
+HELM_VERSION = "v3.22.0"
 
 #: Staging modules kubernetes' go.mod maps to ./staging but the proxy does not serve (and
 #: kube-apiserver does not need).
@@ -124,6 +129,10 @@ def kwok_bin() -> Path:
     return component_dir("kwok", KWOK_VERSION) / "kwok"
 
 
+def helm_bin() -> Path:
+    return component_dir("helm", HELM_VERSION) / "helm"
+
+
 def kwok_stage_files() -> list[Path]:
     d = component_dir("kwok", KWOK_VERSION) / "stages"
     return [d / Path(p).name for p in KWOK_STAGES]
@@ -159,10 +168,28 @@ def _recipe_digest(component: str, version: str, extra: str = "") -> str:
     return h.hexdigest()
 
 
+def _helm_recipe_digest(component: str, version: str) -> str:
+    """Digest of helm's version and its build recipe: the lines between the HELM-RECIPE
+    markers (each matched as a whole line, so this function's own text is not the section)."""
+    src = Path(__file__).read_text()
+    m = re.search(r"^# HELM-RECIPE-BEGIN\b[^\n]*\n(.*)^# HELM-RECIPE-END$", src, re.M | re.S)
+    if m is None:
+        raise FetchError("tools/k8s/controlplane.py lost its HELM-RECIPE markers")
+    return hashlib.sha256(f"{component}\0{version}\0".encode() + m.group(1).encode()).hexdigest()
+
+
+def _digest_for(component: str, version: str) -> str:
+    # helm has its own recipe section so that adding it left the control plane's cached builds
+    # (and their digests, shared by every checkout on a machine) untouched
+    if component == "helm":
+        return _helm_recipe_digest(component, version)
+    return _recipe_digest(component, version)
+
+
 def _is_built(component: str, version: str, files: Sequence[Path]) -> bool:
     marker = component_dir(component, version) / MARKER_NAME
     try:
-        ok = marker.read_text().strip() == _recipe_digest(component, version)
+        ok = marker.read_text().strip() == _digest_for(component, version)
     except OSError:
         return False
     return ok and all(f.exists() for f in files)
@@ -293,6 +320,24 @@ def _build_kwok(b: _Builder, out: Path, workdir: Path) -> None:
 # BUILD-RECIPE-END
 
 
+# HELM-RECIPE-BEGIN (edits between these markers invalidate the cached helm build)
+
+
+def _build_helm(b: _Builder, out: Path, workdir: Path) -> None:
+    gobin = workdir / "bin"
+    # helm reports its version from this variable (`helm version`, .Capabilities.HelmVersion)
+    version_flag = f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}"
+    b.run(
+        [b.go, "install", "-trimpath", "-ldflags", f"-s -w {version_flag}",
+         f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"],
+        workdir, env={"GOBIN": str(gobin), "CGO_ENABLED": "0"},
+    )  # fmt: skip
+    shutil.copy2(gobin / "helm", out)
+
+
+# HELM-RECIPE-END
+
+
 def _fetch_one(
     component: str,
     version: str,
@@ -322,7 +367,7 @@ def _fetch_one(
             staging = cdir / f"{binary.name}.tmp-{os.getpid()}"
             build(_Builder(go, log_path), staging, Path(tmp))
             staging.rename(binary)
-        (cdir / MARKER_NAME).write_text(_recipe_digest(component, version) + "\n")  # last
+        (cdir / MARKER_NAME).write_text(_digest_for(component, version) + "\n")  # last
         if not quiet:
             print(f"built {component} {version} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         return binary
@@ -342,6 +387,11 @@ def fetch(*, quiet: bool = True) -> dict[str, Path]:
             "kube-apiserver", KUBE_VERSION, apiserver_bin(), [], _build_apiserver, quiet=quiet
         ),
     }
+
+
+def fetch_helm(*, quiet: bool = True) -> Path:
+    """Build (or find cached) helm; return its path. Same cache and locking as `fetch`."""
+    return _fetch_one("helm", HELM_VERSION, helm_bin(), [], _build_helm, quiet=quiet)
 
 
 def is_fetched() -> bool:
@@ -1018,6 +1068,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         paths = fetch(quiet=False)
+        paths["helm"] = fetch_helm(quiet=False)
     except FetchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -1030,7 +1081,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fetch", help="build the binaries into the cache; print their paths")
+    f = sub.add_parser("fetch", help="build the binaries (and helm) into the cache; print their paths")
     f.set_defaults(func=_cmd_fetch)
     r = sub.add_parser("run", help="start the control plane, print kubeconfig=..., run until Ctrl-C")
     r.add_argument("--port", type=int, default=None, help="apiserver port (default: free)")
