@@ -1,0 +1,219 @@
+"""The Helm chart deploy/helm/kai-es, rendered by the real helm (v3.22.0, built by
+tools/k8s/controlplane.py): it lints, renders with default and non-trivial values, every
+container's args pass the kai-es CLI's own parser, its RBAC rules and CRDs are exactly the
+files in deploy/rbac/ and deploy/crds/, and wrong values stop the render with a clear message.
+(tests/k8s/test_helm_install.py applies it to a real apiserver and runs kai-es as its
+ServiceAccount.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import click
+import pytest
+import yaml
+
+from kai_es.adapters.kafka_log import parse_url
+from kai_es.scenario import load_scenario_text
+from kai_es.scheduling.config import parse_config
+from tests.k8s.conftest import ROOT
+from tests.k8s.helm import CHART, FULL_VALUES, by_kind, container, helm, load_yaml, parse_cli_args, render
+
+ROLES = ("informer", "scheduler", "binder")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("helm-home")
+
+
+def deployments(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in by_kind(objs, "Deployment")}
+
+
+def scheduler_config_text(objs: list[dict[str, Any]]) -> str:
+    (cm,) = by_kind(objs, "ConfigMap")
+    return str(cm["data"]["scheduler.yaml"])
+
+
+@pytest.mark.parametrize("values", [(), (FULL_VALUES,)], ids=["default", "full"])
+def test_helm_lint_strict_passes(home: Path, values: tuple[Path, ...]) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    for v in values:
+        args += ["-f", str(v)]
+    run = helm(*args, home=home)
+    assert "1 chart(s) linted, 0 chart(s) failed" in run.stdout, run.stdout
+    assert "[ERROR]" not in run.stdout and "[WARNING]" not in run.stdout, run.stdout
+
+
+def test_default_values_render_the_three_processes_and_their_rbac(home: Path) -> None:
+    objs = render(home)
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted(["Namespace", "ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRoleBinding",
+                            "Role", "RoleBinding", "Deployment", "Deployment", "Deployment"])
+    deps = deployments(objs)
+    assert set(deps) == set(ROLES)
+    ids = set()
+    for role, d in deps.items():
+        assert d["spec"]["replicas"] == 1
+        assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        c = container(d)
+        assert c["command"] == ["kai-es"] and c["args"][0] == role
+        assert c["image"] == "kai-es:0.1.0"
+        url = c["args"][c["args"].index("--log") + 1]
+        cfg = parse_url(url)
+        assert (cfg.bootstrap, cfg.topic, cfg.create) == ("kafka:9092", "kai-es.events", True)
+        ids.add(cfg.transactional_id)
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        if role == "scheduler":  # reads and writes only the log
+            assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+        else:
+            assert pod["serviceAccountName"] == "kai-es"
+    # one stable transactional id per role, derived from the topic
+    assert ids == {f"kai-es-{role}.kai-es.events" for role in ROLES}
+    # the scheduler's configuration is kai-es's default
+    scenario = load_scenario_text(scheduler_config_text(objs), "configmap")
+    assert scenario.config == parse_config({})
+
+
+def test_full_values_render_every_setting(home: Path) -> None:
+    values = load_yaml(FULL_VALUES)
+    defaults = load_yaml(CHART / "values.yaml")
+    objs = render(home, release="prod", namespace="ml-system", values=[FULL_VALUES])
+    assert "Namespace" not in {o["kind"] for o in objs}  # reservation.createNamespace: false
+    deps = deployments(objs)
+    (sa,) = by_kind(objs, "ServiceAccount")
+    assert sa["metadata"]["name"] == "gpu-sched-sa" and sa["metadata"]["annotations"] == {"example.com/owner": "ml-platform"}
+    for role, d in deps.items():
+        assert d["metadata"]["name"] == f"gpu-sched-{role}"
+        assert d["metadata"]["labels"]["team"] == "ml-platform"
+        pod = d["spec"]["template"]["spec"]
+        c = container(d)
+        assert c["image"] == "registry.example.com/ml-platform/kai-es@" + values["image"]["digest"]
+        assert c["imagePullPolicy"] == "Always"
+        assert pod["imagePullSecrets"] == [{"name": "registry-example"}]
+        assert pod["priorityClassName"] == "system-cluster-critical"
+        assert pod["terminationGracePeriodSeconds"] == 20
+        assert pod["securityContext"]["runAsUser"] == 20000
+        assert d["spec"]["template"]["metadata"]["labels"]["cost-center"] == "ml"
+        assert d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
+        assert {"name": "KAI_ES_PACKER", "value": "reference"} in c["env"]
+        assert c["resources"] == values[role].get("resources", defaults[role]["resources"])
+        assert "--verbose" in c["args"]
+        # per-role constraints win over the top-level ones
+        assert pod["nodeSelector"] == values[role].get("nodeSelector", values["nodeSelector"])
+        assert pod["tolerations"] == values[role].get("tolerations", values["tolerations"])
+        assert pod["affinity"] == values["affinity"]
+        cfg = parse_url(c["args"][c["args"].index("--log") + 1])
+        assert cfg.bootstrap == "kafka-0.kafka.data.svc:9092,kafka-1.kafka.data.svc:9092"
+        assert (cfg.topic, cfg.create) == ("prod.kai-es.events", False)
+        assert cfg.transactional_id == f"gpu-cluster-7-{role}.prod.kai-es.events"
+        if role != "scheduler":
+            assert pod["serviceAccountName"] == "gpu-sched-sa"
+    b = container(deps["binder"])["args"]
+    assert b[b.index("--poll") + 1] == "20ms" and "--scheduled-events" in b
+    assert b[b.index("--reservation-image") + 1] == values["binder"]["reservationImage"]
+    assert b[b.index("--device-index-wait") + 1] == "30s"
+    s = container(deps["scheduler"])["args"]
+    assert s[s.index("--period") + 1] == "500ms" and s[s.index("--snapshot-every") + 1] == "20"
+    assert s[s.index("--packer") + 1] == "reference"
+    scenario = load_scenario_text(scheduler_config_text(objs), "configmap")
+    assert scenario.config == parse_config(values["scheduler"]["config"])
+    # the binding names the ServiceAccount in the release namespace
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        (binding,) = by_kind(objs, kind)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-sched-sa", "namespace": "ml-system"}]
+
+
+def test_config_change_rolls_only_the_scheduler(home: Path) -> None:
+    a = deployments(render(home))
+    b = deployments(render(home, sets={"scheduler.config.placementStrategy.gpu": "spread"}))
+    assert a["scheduler"]["spec"]["template"] != b["scheduler"]["spec"]["template"]
+    assert a["binder"] == b["binder"] and a["informer"] == b["informer"]
+
+
+@pytest.mark.parametrize("values", [(), (FULL_VALUES,)], ids=["default", "full"])
+def test_every_container_args_pass_the_kai_es_cli_parser(home: Path, tmp_path: Path,
+                                                        values: tuple[Path, ...]) -> None:
+    objs = render(home, values=values)
+    # the scheduler's --scenario names the ConfigMap's mounted file: check it against a copy
+    (tmp_path / "scheduler.yaml").write_text(scheduler_config_text(objs))
+    for role, d in deployments(objs).items():
+        c = container(d)
+        args = [str(tmp_path / "scheduler.yaml") if a == "/etc/kai-es/scheduler.yaml" else a for a in c["args"]]
+        ctx = parse_cli_args(args)
+        assert ctx.command.name == role
+        mounts = {m["mountPath"] for m in c["volumeMounts"]}
+        if role == "scheduler":
+            assert "/etc/kai-es" in mounts and "/etc/kai-es/scheduler.yaml" in c["args"]
+        # the parser really checks: a flag the CLI does not have, or a bad value, is refused
+        with pytest.raises(click.UsageError, match="no-such-flag"):
+            parse_cli_args([*args, "--no-such-flag"])
+    with pytest.raises(click.BadParameter):
+        parse_cli_args(["scheduler", "--log", "x", "--snapshot-every", "often"])
+
+
+def test_rbac_and_crds_are_the_files_in_deploy(home: Path) -> None:
+    # deploy/rbac and deploy/crds are the chart's own files (one copy)
+    for link, target in (("rbac", CHART / "files" / "rbac"), ("crds", CHART / "crds")):
+        path = ROOT / "deploy" / link
+        assert path.is_symlink() and path.resolve() == target.resolve(), path
+    objs = render(home, include_crds=True)
+    cluster_file = load_yaml(ROOT / "deploy" / "rbac" / "clusterrole.yaml")
+    reservation_file = load_yaml(ROOT / "deploy" / "rbac" / "reservation-role.yaml")
+    (cluster_role,) = by_kind(objs, "ClusterRole")
+    (role,) = by_kind(objs, "Role")
+    assert cluster_role["rules"] == cluster_file["rules"]
+    assert role["rules"] == reservation_file["rules"]
+    assert role["metadata"]["namespace"] == reservation_file["metadata"]["namespace"]
+    (ns,) = by_kind(objs, "Namespace")
+    assert ns["metadata"]["name"] == reservation_file["metadata"]["namespace"]
+    crds = sorted(by_kind(objs, "CustomResourceDefinition"), key=lambda o: o["metadata"]["name"])
+    files = sorted((load_yaml(p) for p in (ROOT / "deploy" / "crds").glob("*.yaml")),
+                   key=lambda o: o["metadata"]["name"])
+    assert crds == files and len(files) == 3
+    # the CRDs live only in crds/, which `helm install --skip-crds` leaves out (KAI's own CRDs
+    # already installed): no template renders one
+    assert not by_kind(render(home), "CustomResourceDefinition")
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    ({"eventLog.url": "/var/log/kai-es.jsonl"}, "expected kafka://host:port/topic"),
+    ({"eventLog.url": "kafka://k:9092/t?transactional_id=x"}, "must not carry ?transactional_id="),
+    ({"serviceAccount.create": "false"}, "serviceAccount.name: the existing ServiceAccount"),
+])
+def test_wrong_values_stop_the_render_with_a_message(home: Path, sets: dict[str, str], message: str) -> None:
+    args = ["template", "kai-es", str(CHART)]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    run = helm(*args, home=home, check=False)
+    assert run.returncode != 0 and message in run.stderr, run.stderr
+
+
+def test_full_values_set_only_keys_values_yaml_declares() -> None:
+    """Every key the full values file sets is declared in values.yaml, so the full render
+    cannot pass on a misspelt key that the chart silently ignores."""
+    defaults = load_yaml(CHART / "values.yaml")
+
+    def keys(d: Any, prefix: str = "") -> set[str]:
+        if not isinstance(d, dict):
+            return set()
+        out = set()
+        for k, v in d.items():
+            out.add(prefix + k)
+            if not (prefix + k).startswith("scheduler.config"):
+                out |= keys(v, f"{prefix}{k}.")
+        return out
+
+    full = keys(load_yaml(FULL_VALUES))
+    known = keys(defaults)
+    # free-form maps (their keys are the user's): labels, annotations, selectors, resources...
+    free = ("commonLabels.", "podLabels.", "podAnnotations.", "serviceAccount.annotations.", "nodeSelector.",
+            "affinity.", "podSecurityContext.", "securityContext.", ".resources.", ".nodeSelector.",
+            ".tolerations.", "scheduler.config.")
+    missing = {k for k in full - known if not any(f in f".{k}" or k.startswith(f) for f in free)}
+    assert not missing, missing
