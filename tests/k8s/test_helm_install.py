@@ -1,0 +1,189 @@
+"""The chart installed on a real apiserver: every object `helm template` renders (CRDs included)
+is server-side applied and really created, then kai-es's three processes run with exactly the
+rendered containers' args, the informer and binder authenticated AS the chart's ServiceAccount
+(a TokenRequest token), over the test Kafka broker. KAI-style objects (a Queue, a PodGroup gang
+and a lone pod) get bound on KWOK nodes; with `pods/binding` taken out of the chart's
+ClusterRole the next pod is refused loudly (a PodBindFailed naming the 403) and stays unbound,
+and once the rule is back it is bound."""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from kai_es.app import open_log
+from kai_es.events import payloads as p
+from tests.k8s.conftest import K8s, cp_mod
+from tests.k8s.helm import by_kind, container, object_path, render, server_side_apply
+from tests.k8s.helpers import gpu_pod, queue, wait_for
+from tests.processes import Proc
+
+POOL_LABEL = "kai.scheduler/node-pool"
+AUDIENCE = "https://kubernetes.default.svc"  # the test apiserver's --api-audiences
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.kill9()
+
+
+def service_account_kubeconfig(cp: Any, ns: str, sa: str, path: Path) -> tuple[str, str]:
+    """Write a kubeconfig holding a TokenRequest token of ServiceAccount ns/sa; return the
+    username the apiserver authenticates it as, and the token."""
+    req = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+           "spec": {"audiences": [AUDIENCE], "expirationSeconds": 3600}}
+    token = cp.call("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", req, ok=(201,))["status"]["token"]
+    path.write_text(cp_mod._kubeconfig(cp.base_url, cp.ca_cert, cp_mod.User(f"{ns}-{sa}", token)))
+    review = cp.call("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                     {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}, token=token, ok=(201,))
+    return str(review["status"]["userInfo"]["username"]), token
+
+
+def can_bind(cp: Any, token: str, ns: str) -> bool:
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": {"namespace": ns, "verb": "create", "resource": "pods",
+                                              "subresource": "binding"}}}
+    out = cp.call("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review, token=token, ok=(201,))
+    return bool(out["status"].get("allowed"))
+
+
+def local_args(deploy: dict[str, Any], configmaps: dict[str, dict[str, Any]], where: Path) -> list[str]:
+    """The container's args, with each ConfigMap volume's mount path replaced by a local copy
+    of that ConfigMap's data (what the kubelet would mount)."""
+    pod = deploy["spec"]["template"]["spec"]
+    c = container(deploy)
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    args = list(c["args"])
+    for mount in c.get("volumeMounts", []):
+        vol = volumes[mount["name"]]
+        if "configMap" not in vol:
+            continue
+        local = where / mount["name"]
+        local.mkdir()
+        for key, text in configmaps[vol["configMap"]["name"]]["data"].items():
+            (local / key).write_text(text)
+        args = [a.replace(mount["mountPath"], str(local)) for a in args]
+    return args
+
+
+async def bind_failures(url: str, uid: str) -> list[p.PodBindFailed] | None:
+    """The log's PodBindFailed records of pod `uid`; None while there is none."""
+    events = open_log(url, readonly=True)
+    try:
+        found = [r.envelope.data async for r in events.read()
+                 if isinstance(r.envelope.data, p.PodBindFailed) and r.envelope.data.uid == uid]
+        return found or None
+    finally:
+        await events.close()
+
+
+async def test_chart_applied_and_kai_es_binds_as_its_service_account(
+        k8s: K8s, kafka_bootstrap: str, tmp_path: Path, procs: list[Proc],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cp = k8s.cp
+    tag = uuid.uuid4().hex[:8]
+    ns = k8s.namespace("kai-es")
+    release = f"kai-es-{tag}"
+    topic = f"kai-es-helm-{tag}"
+    objs = render(tmp_path / "helm-home", release=release, namespace=ns, include_crds=True, sets={
+        "eventLog.url": f"kafka://{kafka_bootstrap}/{topic}",
+        "scheduler.period": "100ms",
+        "binder.poll": "20ms",
+    })
+
+    # -- the whole chart, applied and stored by the apiserver ---------------------------------
+    for obj in objs:
+        stored = server_side_apply(cp, obj)
+        assert (stored["kind"], stored["metadata"]["name"]) == (obj["kind"], obj["metadata"]["name"])
+    applied = {o["kind"] for o in objs}
+    assert applied == {"CustomResourceDefinition", "Namespace", "ServiceAccount", "ConfigMap", "ClusterRole",
+                       "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"}
+    for obj in objs:  # read back: really there
+        got = cp.call("GET", object_path(obj))
+        assert got["metadata"]["uid"]
+        if obj["kind"] == "Deployment":
+            assert container(got)["args"] == container(obj)["args"]
+            assert got["spec"]["replicas"] == 1
+
+    # -- a kubeconfig that authenticates as the chart's ServiceAccount ------------------------
+    deps = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in by_kind(objs, "Deployment")}
+    sa = deps["binder"]["spec"]["template"]["spec"]["serviceAccountName"]
+    assert deps["informer"]["spec"]["template"]["spec"]["serviceAccountName"] == sa
+    kubeconfig = tmp_path / "sa.kubeconfig"
+    username, token = service_account_kubeconfig(cp, ns, sa, kubeconfig)
+    assert username == f"system:serviceaccount:{ns}:{sa}"
+    await wait_for(lambda: anyio.to_thread.run_sync(can_bind, cp, token, ns), "the chart's RBAC to take effect")
+    assert cp.request("GET", "/api/v1/namespaces/default/secrets", token=token)[0] == 403  # not admin
+
+    # -- the processes, with the rendered args ------------------------------------------------
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))  # the pods' in-cluster config, out of cluster
+    configmaps = {c["metadata"]["name"]: c for c in by_kind(objs, "ConfigMap")}
+    for role in ("informer", "scheduler", "binder"):
+        proc = Proc(role, local_args(deps[role], configmaps, tmp_path), tmp_path)
+        procs.append(proc)
+        proc.start()
+        proc.wait_ready(role)
+
+    pool = {POOL_LABEL: f"pool-{tag}"}
+    nodes = {k8s.gpu_node(f"h-{tag}-{i}", gpus=4, labels=pool)["metadata"]["name"] for i in range(2)}
+    qname = f"q-{tag}"
+    cp.call("POST", "/apis/scheduling.run.ai/v2/queues", queue(qname), ok=(201,))
+    cp.call("POST", f"/apis/scheduling.run.ai/v2alpha2/namespaces/{ns}/podgroups", {
+        "apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+        "metadata": {"name": "train", "namespace": ns},
+        "spec": {"queue": qname, "minMember": 2}}, ok=(201,))
+    pods = [gpu_pod(f"train-{i}", ns, gpus=4, queue=qname, labels=pool,
+                    annotations={"pod-group-name": "train"}) for i in range(2)]
+    pods.append(gpu_pod("notebook", ns, gpus=0, queue=qname, labels=pool))
+    for pod in pods:
+        cp.call("POST", f"/api/v1/namespaces/{ns}/pods", pod, ok=(201,))
+
+    def placed(name: str) -> str | None:
+        got = cp.call("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+        return got["spec"].get("nodeName") if got["status"].get("phase") == "Running" else None
+
+    async def all_bound() -> dict[str, str] | None:
+        where = {pod["metadata"]["name"]: placed(pod["metadata"]["name"]) for pod in pods}
+        return where if all(where.values()) else None
+
+    where = await wait_for(all_bound, "the chart's kai-es to bind the gang and the notebook", timeout_s=60)
+    assert set(where.values()) <= nodes
+    assert where["train-0"] != where["train-1"]  # 4 GPUs each, 4 per node
+
+    # -- without pods/binding the binder is refused, loudly -----------------------------------
+    (role,) = by_kind(objs, "ClusterRole")
+    narrowed = copy.deepcopy(role)
+    for rule in narrowed["rules"]:
+        rule["resources"] = [r for r in rule["resources"] if r != "pods/binding"]
+    narrowed["rules"] = [r for r in narrowed["rules"] if r["resources"]]
+    assert narrowed["rules"] != role["rules"]
+    server_side_apply(cp, narrowed)
+    await wait_for(lambda: anyio.to_thread.run_sync(lambda: not can_bind(cp, token, ns)),
+                   "the narrowed ClusterRole to take effect")
+    late = cp.call("POST", f"/api/v1/namespaces/{ns}/pods",
+                   gpu_pod("late", ns, gpus=1, queue=qname, labels=pool), ok=(201,))
+    url = container(deps["binder"])["args"][2]
+    failures = await wait_for(lambda: bind_failures(url, late["metadata"]["uid"]),
+                              "a PodBindFailed for the pod the binder may not bind", timeout_s=30)
+    message = failures[0].message
+    assert message.startswith("HTTP 403") and f'User "{username}" cannot create resource "pods/binding"' in message
+    assert not cp.call("GET", f"/api/v1/namespaces/{ns}/pods/late")["spec"].get("nodeName")
+
+    # -- the chart's rule back: the same pod is bound -----------------------------------------
+    server_side_apply(cp, role)
+    await wait_for(lambda: anyio.to_thread.run_sync(can_bind, cp, token, ns), "the chart's ClusterRole again")
+    await wait_for(lambda: anyio.to_thread.run_sync(placed, "late"), "the refused pod bound once allowed",
+                   timeout_s=60)
+    for proc in procs:
+        assert proc.alive(), proc.stderr()[-2000:]
+    assert json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == token
