@@ -217,3 +217,18 @@ def test_full_values_set_only_keys_values_yaml_declares() -> None:
             ".tolerations.", "scheduler.config.")
     missing = {k for k in full - known if not any(f in f".{k}" or k.startswith(f) for f in free)}
     assert not missing, missing
+
+
+def test_dockerfile_matches_what_the_chart_runs() -> None:
+    """deploy/Dockerfile (not built here: no Docker daemon) installs the `kai-es` script the
+    containers run, as the uid/gid the chart's podSecurityContext names."""
+    import tomllib
+
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    values = load_yaml(CHART / "values.yaml")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "kai-es" in scripts
+    ctx = values["podSecurityContext"]
+    assert f"USER {ctx['runAsUser']}:{ctx['runAsGroup']}" in text
+    assert 'ENTRYPOINT ["kai-es"]' in text and "FROM python:3.11-slim" in text
+    assert "import kai_es._native._packer, kai_es._native._framing" in text
