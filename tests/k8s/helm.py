@@ -102,8 +102,8 @@ def object_path(obj: Mapping[str, Any]) -> str:
 
 
 def server_side_apply(cp: Any, obj: Mapping[str, Any], manager: str = "helm-chart-test") -> Any:
-    """PATCH with application/apply-patch+yaml (what `kubectl apply --server-side` and Helm 4
-    send): the apiserver validates and creates or updates `obj`; returns the stored object."""
+    """PATCH with application/apply-patch+yaml (what `kubectl apply --server-side` sends): the
+    apiserver validates and creates or updates `obj`; returns the stored object."""
     return cp.call("PATCH", f"{object_path(obj)}?fieldManager={manager}&force=true", obj,
                    content_type="application/apply-patch+yaml", ok=(200, 201))
 
