@@ -49,7 +49,7 @@ def render(home: Path, *, release: str = "kai-es", namespace: str = "kai-es",
     for v in values:
         args += ["-f", str(v)]
     for key, value in (sets or {}).items():
-        args += ["--set-string", f"{key}={value}"]
+        args += ["--set", f"{key}={value}"]
     if include_crds:
         args.append("--include-crds")
     out = helm(*args, home=home).stdout

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from kai_es.adapters.kafka_log import parse_url
+from kai_es.adapters.status_http import parse_bind_address
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.config import parse_config
 from tests.k8s.conftest import ROOT
@@ -58,8 +59,12 @@ def test_default_values_render_the_three_processes_and_their_rbac(home: Path) ->
     ids = set()
     for role, d in deps.items():
         assert d["spec"]["replicas"] == 1
-        assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        assert d["spec"]["strategy"] == {"type": "Recreate"}  # see values.yaml updateStrategy
         c = container(d)
+        assert c["args"][-2:] == ["--http-bind-address", ":8080"]
+        assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
         assert c["command"] == ["kai-es"] and c["args"][0] == role
         assert c["image"] == "kai-es:0.1.0"
         url = c["args"][c["args"].index("--log") + 1]
@@ -114,6 +119,10 @@ def test_full_values_render_every_setting(home: Path) -> None:
         assert cfg.transactional_id == f"gpu-cluster-7-{role}.prod.kai-es.events"
         if role != "scheduler":
             assert pod["serviceAccountName"] == "gpu-sched-sa"
+        assert d["spec"]["strategy"] == values["updateStrategy"]
+        assert c["ports"][0]["containerPort"] == 9102 and c["args"][-2:] == ["--http-bind-address", ":9102"]
+        assert c["livenessProbe"] == {"httpGet": {"path": "/healthz", "port": "http"}, **values["http"]["livenessProbe"]}
+        assert "readinessProbe" not in c
     b = container(deps["binder"])["args"]
     assert b[b.index("--poll") + 1] == "20ms" and "--scheduled-events" in b
     assert b[b.index("--reservation-image") + 1] == values["binder"]["reservationImage"]
@@ -127,6 +136,13 @@ def test_full_values_render_every_setting(home: Path) -> None:
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         (binding,) = by_kind(objs, kind)
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-sched-sa", "namespace": "ml-system"}]
+
+
+def test_http_disabled_means_no_flag_no_port_no_probe(home: Path) -> None:
+    for d in deployments(render(home, sets={"http.enabled": "false"})).values():
+        c = container(d)
+        assert "--http-bind-address" not in c["args"]
+        assert not {"ports", "livenessProbe", "readinessProbe"} & set(c)
 
 
 def test_config_change_rolls_only_the_scheduler(home: Path) -> None:
@@ -147,6 +163,11 @@ def test_every_container_args_pass_the_kai_es_cli_parser(home: Path, tmp_path: P
         args = [str(tmp_path / "scheduler.yaml") if a == "/etc/kai-es/scheduler.yaml" else a for a in c["args"]]
         ctx = parse_cli_args(args)
         assert ctx.command.name == role
+        # the address the process serves its probes on (checked when it starts) is the port
+        # the probes name
+        host, port = parse_bind_address(ctx.params["http_address"])
+        assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http", port)]
+        assert host == "0.0.0.0"
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
         if role == "scheduler":
             assert "/etc/kai-es" in mounts and "/etc/kai-es/scheduler.yaml" in c["args"]
@@ -214,7 +235,8 @@ def test_full_values_set_only_keys_values_yaml_declares() -> None:
     # free-form maps (their keys are the user's): labels, annotations, selectors, resources...
     free = ("commonLabels.", "podLabels.", "podAnnotations.", "serviceAccount.annotations.", "nodeSelector.",
             "affinity.", "podSecurityContext.", "securityContext.", ".resources.", ".nodeSelector.",
-            ".tolerations.", "scheduler.config.")
+            ".tolerations.", "scheduler.config.", "updateStrategy.", "http.livenessProbe.",
+            "http.readinessProbe.")
     missing = {k for k in full - known if not any(f in f".{k}" or k.startswith(f) for f in free)}
     assert not missing, missing
 

@@ -1,15 +1,18 @@
 """The chart installed on a real apiserver: every object `helm template` renders (CRDs included)
 is server-side applied and really created, then kai-es's three processes run with exactly the
 rendered containers' args, the informer and binder authenticated AS the chart's ServiceAccount
-(a TokenRequest token), over the test Kafka broker. KAI-style objects (a Queue, a PodGroup gang
+(a TokenRequest token), over the test Kafka broker, and answer their probes' paths. KAI-style objects (a Queue, a PodGroup gang
 and a lone pod) get bound on KWOK nodes; with `pods/binding` taken out of the chart's
 ClusterRole the next pod is refused loudly (a PodBindFailed naming the 403) and stays unbound,
-and once the rule is back it is bound."""
+and once the rule is back it is bound. And `helm install`, `upgrade` and `uninstall` themselves
+against the same apiserver, the way an admin installs next to KAI."""
 
 from __future__ import annotations
 
 import copy
 import json
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,7 @@ import pytest
 from kai_es.app import open_log
 from kai_es.events import payloads as p
 from tests.k8s.conftest import K8s, cp_mod
-from tests.k8s.helm import by_kind, container, object_path, render, server_side_apply
+from tests.k8s.helm import CHART, by_kind, container, helm, object_path, render, server_side_apply
 from tests.k8s.helpers import gpu_pod, queue, wait_for
 from tests.processes import Proc
 
@@ -57,13 +60,17 @@ def can_bind(cp: Any, token: str, ns: str) -> bool:
     return bool(out["status"].get("allowed"))
 
 
-def local_args(deploy: dict[str, Any], configmaps: dict[str, dict[str, Any]], where: Path) -> list[str]:
-    """The container's args, with each ConfigMap volume's mount path replaced by a local copy
-    of that ConfigMap's data (what the kubelet would mount)."""
+def local_args(deploy: dict[str, Any], configmaps: dict[str, dict[str, Any]], where: Path,
+               http_port: int) -> list[str]:
+    """The container's args as they work in its pod: each ConfigMap volume's mount path
+    replaced by a local copy of that ConfigMap's data (what the kubelet would mount), and the
+    container port named `http` by `http_port` (each pod has its own network; here the three
+    processes share one)."""
     pod = deploy["spec"]["template"]["spec"]
     c = container(deploy)
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
-    args = list(c["args"])
+    (port,) = [p["containerPort"] for p in c["ports"] if p["name"] == "http"]
+    args = [f":{http_port}" if a == f":{port}" else a for a in c["args"]]
     for mount in c.get("volumeMounts", []):
         vol = volumes[mount["name"]]
         if "configMap" not in vol:
@@ -74,6 +81,23 @@ def local_args(deploy: dict[str, Any], configmaps: dict[str, dict[str, Any]], wh
             (local / key).write_text(text)
         args = [a.replace(mount["mountPath"], str(local)) for a in args]
     return args
+
+
+def http_get(port: int, path: str) -> tuple[int, str] | None:
+    """(status, body) of GET http://127.0.0.1:port/path; None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+    except OSError:
+        return None
+
+
+def http_ok(port: int, path: str) -> str | None:
+    """The body of GET http://127.0.0.1:port/path if it answers 200, else None."""
+    got = http_get(port, path)
+    return got[1] if got is not None and got[0] == 200 else None
 
 
 async def bind_failures(url: str, uid: str) -> list[p.PodBindFailed] | None:
@@ -129,10 +153,17 @@ async def test_chart_applied_and_kai_es_binds_as_its_service_account(
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))  # the pods' in-cluster config, out of cluster
     configmaps = {c["metadata"]["name"]: c for c in by_kind(objs, "ConfigMap")}
     for role in ("informer", "scheduler", "binder"):
-        proc = Proc(role, local_args(deps[role], configmaps, tmp_path), tmp_path)
+        port = cp_mod.free_port()
+        proc = Proc(role, local_args(deps[role], configmaps, tmp_path, port), tmp_path)
         procs.append(proc)
         proc.start()
         proc.wait_ready(role)
+        # what the kubelet's probes would see: both succeed once the process is ready
+        c = container(deps[role])
+        for probe in ("readinessProbe", "livenessProbe"):
+            path = c[probe]["httpGet"]["path"]
+            await wait_for(lambda: anyio.to_thread.run_sync(http_ok, port, path), f"{role}'s {probe} {path}")
+        assert "kai_es_ready 1.0" in (http_ok(port, "/metrics") or "")
 
     pool = {POOL_LABEL: f"pool-{tag}"}
     nodes = {k8s.gpu_node(f"h-{tag}-{i}", gpus=4, labels=pool)["metadata"]["name"] for i in range(2)}
@@ -187,3 +218,43 @@ async def test_chart_applied_and_kai_es_binds_as_its_service_account(
     for proc in procs:
         assert proc.alive(), proc.stderr()[-2000:]
     assert json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == token
+
+
+def test_helm_install_upgrade_uninstall_next_to_kai(k8s: K8s, tmp_path: Path) -> None:
+    """`helm install` itself against the real apiserver, as an admin does where KAI's CRDs and
+    reservation namespace already exist (--skip-crds, reservation.createNamespace=false); an
+    upgrade that changes the scheduler configuration changes only the scheduler's pod template;
+    uninstall removes the release's objects and leaves the CRDs."""
+    cp = k8s.cp
+    ns = k8s.namespace("helm")
+    release = f"kai-es-{uuid.uuid4().hex[:8]}"
+    home = tmp_path / "helm-home"
+    common = [str(CHART), "--namespace", ns, "--kubeconfig", str(k8s.kubeconfig), "--skip-crds",
+              "--set", "reservation.createNamespace=false", "--set", "eventLog.url=kafka://kafka.data:9092/kai-es.events"]
+    out = helm("install", release, *common, home=home).stdout
+    assert 'kai-es places the pods whose spec.schedulerName is "kai-scheduler"' in out, out  # NOTES.txt
+
+    def get(kind: str, name: str, namespace: str | None = None) -> Any:
+        obj = {"kind": kind, "metadata": {"name": name, "namespace": namespace or ns}}
+        return cp.request("GET", object_path(obj))
+
+    deployments = {role: get("Deployment", f"{release}-{role}")[1] for role in ("informer", "scheduler", "binder")}
+    assert all(d["spec"]["template"]["spec"]["containers"][0]["command"] == ["kai-es"] for d in deployments.values())
+    for kind, name, namespace in (("ServiceAccount", release, ns), ("ConfigMap", f"{release}-scheduler", ns),
+                                  ("ClusterRole", release, None), ("ClusterRoleBinding", release, None),
+                                  ("Role", f"{release}-gpu-reservation", "kai-resource-reservation"),
+                                  ("RoleBinding", f"{release}-gpu-reservation", "kai-resource-reservation")):
+        status, obj = get(kind, name, namespace)
+        assert status == 200 and obj["metadata"]["annotations"]["meta.helm.sh/release-name"] == release, (kind, status)
+
+    helm("upgrade", release, *common, "--set", "scheduler.config.placementStrategy.gpu=spread", home=home)
+    after = {role: get("Deployment", f"{release}-{role}")[1] for role in deployments}
+    assert "gpu: spread" in get("ConfigMap", f"{release}-scheduler")[1]["data"]["scheduler.yaml"]
+    assert after["scheduler"]["metadata"]["generation"] == deployments["scheduler"]["metadata"]["generation"] + 1
+    for role in ("informer", "binder"):
+        assert after[role]["metadata"]["generation"] == deployments[role]["metadata"]["generation"]
+
+    helm("uninstall", release, "--namespace", ns, "--kubeconfig", str(k8s.kubeconfig), home=home)
+    assert get("Deployment", f"{release}-scheduler")[0] == 404
+    assert get("ClusterRole", release, None)[0] == 404
+    assert cp.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.run.ai")[0] == 200

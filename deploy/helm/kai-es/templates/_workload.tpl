@@ -1,7 +1,7 @@
 {{/* One kai-es process as a Deployment of one replica. Its Kafka transactional_id (in its
---log URL) is the same for every pod of the role, so during a rolling update (maxSurge 1,
-maxUnavailable 0) the new pod's first claim on the log fences the old one, which stops with
-exit code 2 and never writes again. Usage:
+--log URL) is the same for every pod of the role: whatever overlap an update or a partitioned
+node leaves, the newest claim on the log fences the older instance, which stops with exit code 2
+and never writes again. Usage:
   include "kai-es.deployment" (dict "root" $ "role" "binder" "args" $args
     "serviceAccount" true "configChecksum" "" "volumes" list "volumeMounts" list) */}}
 {{- define "kai-es.deployment" -}}
@@ -20,10 +20,7 @@ spec:
   replicas: 1
   revisionHistoryLimit: {{ $root.Values.revisionHistoryLimit }}
   strategy:
-    type: RollingUpdate
-    rollingUpdate:
-      maxSurge: 1
-      maxUnavailable: 0
+    {{- toYaml $root.Values.updateStrategy | nindent 4 }}
   selector:
     matchLabels:
       {{- include "kai-es.selectorLabels" $root | nindent 6 }}
@@ -71,6 +68,26 @@ spec:
           command: ["kai-es"]
           args:
             {{- toYaml .args | nindent 12 }}
+            {{- if $root.Values.http.enabled }}
+            - --http-bind-address
+            - {{ printf ":%d" (int $root.Values.http.port) | quote }}
+            {{- end }}
+          {{- if $root.Values.http.enabled }}
+          ports:
+            - name: http
+              containerPort: {{ int $root.Values.http.port }}
+              protocol: TCP
+          {{- with $root.Values.http.livenessProbe }}
+          livenessProbe:
+            httpGet: {path: /healthz, port: http}
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          {{- with $root.Values.http.readinessProbe }}
+          readinessProbe:
+            httpGet: {path: /readyz, port: http}
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          {{- end }}
           env:
             # Python writes no bytecode into the (read-only) image and flushes each log line
             - name: PYTHONDONTWRITEBYTECODE
