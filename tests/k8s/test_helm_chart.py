@@ -7,18 +7,20 @@ ServiceAccount.)"""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import click
+import msgspec
 import pytest
-import yaml
 
 from kai_es.adapters.kafka_log import parse_url
 from kai_es.adapters.status_http import parse_bind_address
 from kai_es.scenario import load_scenario_text
-from kai_es.scheduling.config import parse_config
+from kai_es.scheduling.config import SchedulerConfig, parse_config
 from tests.k8s.conftest import ROOT
 from tests.k8s.helm import CHART, FULL_VALUES, by_kind, container, helm, load_yaml, parse_cli_args, render
 
@@ -203,7 +205,13 @@ def test_rbac_and_crds_are_the_files_in_deploy(home: Path) -> None:
 
 
 @pytest.mark.parametrize(("sets", "message"), [
-    ({"eventLog.url": "/var/log/kai-es.jsonl"}, "expected kafka://host:port/topic"),
+    # values.schema.json
+    ({"eventLog.url": "/var/log/kai-es.jsonl"}, "at '/eventLog/url'"),
+    ({"eventLg.url": "kafka://k:9092/t"}, "additional properties 'eventLg' not allowed"),
+    ({"scheduler.config.placementStrategy.gpu": "tightly"}, "at '/scheduler/config/placementStrategy/gpu'"),
+    ({"scheduler.config.actons": "allocate"}, "additional properties 'actons' not allowed"),
+    ({"http.port": "0"}, "at '/http/port'"),
+    # the templates
     ({"eventLog.url": "kafka://k:9092/t?transactional_id=x"}, "must not carry ?transactional_id="),
     ({"serviceAccount.create": "false"}, "serviceAccount.name: the existing ServiceAccount"),
 ])
@@ -215,30 +223,22 @@ def test_wrong_values_stop_the_render_with_a_message(home: Path, sets: dict[str,
     assert run.returncode != 0 and message in run.stderr, run.stderr
 
 
-def test_full_values_set_only_keys_values_yaml_declares() -> None:
-    """Every key the full values file sets is declared in values.yaml, so the full render
-    cannot pass on a misspelt key that the chart silently ignores."""
-    defaults = load_yaml(CHART / "values.yaml")
+def test_the_templates_refuse_a_non_kafka_log_even_without_the_schema(home: Path) -> None:
+    run = helm("template", "kai-es", str(CHART), "--skip-schema-validation", "--set",
+               "eventLog.url=/var/log/kai-es.jsonl", home=home, check=False)
+    assert run.returncode != 0 and "expected kafka://host:port/topic" in run.stderr, run.stderr
 
-    def keys(d: Any, prefix: str = "") -> set[str]:
-        if not isinstance(d, dict):
-            return set()
-        out = set()
-        for k, v in d.items():
-            out.add(prefix + k)
-            if not (prefix + k).startswith("scheduler.config"):
-                out |= keys(v, f"{prefix}{k}.")
-        return out
 
-    full = keys(load_yaml(FULL_VALUES))
-    known = keys(defaults)
-    # free-form maps (their keys are the user's): labels, annotations, selectors, resources...
-    free = ("commonLabels.", "podLabels.", "podAnnotations.", "serviceAccount.annotations.", "nodeSelector.",
-            "affinity.", "podSecurityContext.", "securityContext.", ".resources.", ".nodeSelector.",
-            ".tolerations.", "scheduler.config.", "updateStrategy.", "http.livenessProbe.",
-            "http.readinessProbe.")
-    missing = {k for k in full - known if not any(f in f".{k}" or k.startswith(f) for f in free)}
-    assert not missing, missing
+def test_values_schema_config_part_is_generated_from_kai_es() -> None:
+    """values.schema.json's scheduler.config is SchedulerConfig's own schema (so helm refuses
+    what the scheduler would refuse by key or type), and the file is current."""
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_chart_schema.py"), "--check"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config = schema["properties"]["scheduler"]["properties"]["config"]
+    assert set(config["properties"]) == {f.encode_name for f in msgspec.structs.fields(SchedulerConfig)}
+    assert config["additionalProperties"] is False
 
 
 def test_dockerfile_matches_what_the_chart_runs() -> None:
