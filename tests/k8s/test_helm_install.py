@@ -205,7 +205,9 @@ async def test_chart_applied_and_kai_es_binds_as_its_service_account(
                    gpu_pod("late", ns, gpus=1, queue=qname, labels=pool), ok=(201,))
     url = container(deps["binder"])["args"][2]
     failures = await wait_for(lambda: bind_failures(url, late["metadata"]["uid"]),
-                              "a PodBindFailed for the pod the binder may not bind", timeout_s=30)
+                              "a PodBindFailed for the pod the binder may not bind", timeout_s=30,
+                              interval_s=0.2)
+    # its bind back-off (1 s, then 2 s...) leaves 15 s before the binder gives up on the pod
     message = failures[0].message
     assert message.startswith("HTTP 403") and f'User "{username}" cannot create resource "pods/binding"' in message
     assert not cp.call("GET", f"/api/v1/namespaces/{ns}/pods/late")["spec"].get("nodeName")
