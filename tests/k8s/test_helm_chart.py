@@ -54,15 +54,21 @@ def test_helm_lint_strict_passes(home: Path, values: tuple[Path, ...]) -> None:
 def test_default_values_render_the_three_processes_and_their_rbac(home: Path) -> None:
     objs = render(home)
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == sorted(["Namespace", "ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRoleBinding",
-                            "Role", "RoleBinding", "Deployment", "Deployment", "Deployment"])
+    assert kinds == sorted(["Namespace", "ServiceAccount", "ServiceAccount", "ConfigMap", "ClusterRole",
+                            "ClusterRoleBinding", "Role", "RoleBinding", "Role", "RoleBinding",
+                            "Deployment", "Deployment", "Deployment"])
     deps = deployments(objs)
     assert set(deps) == set(ROLES)
     ids = set()
     for role, d in deps.items():
         assert d["spec"]["replicas"] == 1
-        assert d["spec"]["strategy"] == {"type": "Recreate"}  # see values.yaml updateStrategy
+        # a new pod stands by until the old one hands its Lease back
+        assert d["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
         c = container(d)
+        assert leader_flags(c["args"]) == {"--leader-elect-lease": f"kai-es/kai-es-{role}",
+                                           "--leader-elect-lease-duration": "15s",
+                                           "--leader-elect-renew-deadline": "10s",
+                                           "--leader-elect-retry-period": "2s"}
         assert c["args"][-2:] == ["--http-bind-address", ":8080"]
         assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
         assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -76,15 +82,40 @@ def test_default_values_render_the_three_processes_and_their_rbac(home: Path) ->
         pod = d["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert c["securityContext"]["readOnlyRootFilesystem"] is True
-        if role == "scheduler":  # reads and writes only the log
-            assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
-        else:
-            assert pod["serviceAccountName"] == "kai-es"
+        # the scheduler's own identity, allowed its Lease only
+        assert pod["serviceAccountName"] == ("kai-es-scheduler" if role == "scheduler" else "kai-es")
+        assert "automountServiceAccountToken" not in pod
     # one stable transactional id per role, derived from the topic
     assert ids == {f"kai-es-{role}.kai-es.events" for role in ROLES}
     # the scheduler's configuration is kai-es's default
     scenario = load_scenario_text(scheduler_config_text(objs), "configmap")
     assert scenario.config == parse_config({})
+    (leader_binding,) = [b for b in by_kind(objs, "RoleBinding") if b["metadata"]["namespace"] == "kai-es"]
+    assert {s["name"] for s in leader_binding["subjects"]} == {"kai-es", "kai-es-scheduler"}
+    scheduler_bindings = [b for b in [*by_kind(objs, "RoleBinding"), *by_kind(objs, "ClusterRoleBinding")]
+                          if "kai-es-scheduler" in {s["name"] for s in b["subjects"]}]
+    assert [b["roleRef"]["name"] for b in scheduler_bindings] == ["kai-es-leader-election"]
+
+
+def leader_flags(args: list[str]) -> dict[str, str]:
+    """The --leader-elect-* options with their values (and --leader-elect present)."""
+    if "--leader-elect" not in args:
+        return {}
+    return {a: args[i + 1] for i, a in enumerate(args) if a.startswith("--leader-elect-")}
+
+
+def test_without_leader_election_one_replica_recreate_and_no_scheduler_identity(home: Path) -> None:
+    objs = render(home, sets={"leaderElection.enabled": "false"})
+    for role, d in deployments(objs).items():
+        assert d["spec"]["strategy"] == {"type": "Recreate"}
+        assert not leader_flags(container(d)["args"])
+        if role == "scheduler":
+            assert d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert [sa["metadata"]["name"] for sa in by_kind(objs, "ServiceAccount")] == ["kai-es"]
+    assert [r["metadata"]["name"] for r in by_kind(objs, "Role")] == ["kai-es-gpu-reservation"]
+    run = helm("template", "kai-es", str(CHART), "--set", "leaderElection.enabled=false", "--set",
+               "binder.replicas=2", home=home, check=False)
+    assert run.returncode != 0 and "more than one replica needs leaderElection.enabled" in run.stderr
 
 
 def test_full_values_render_every_setting(home: Path) -> None:
@@ -93,8 +124,10 @@ def test_full_values_render_every_setting(home: Path) -> None:
     objs = render(home, release="prod", namespace="ml-system", values=[FULL_VALUES])
     assert "Namespace" not in {o["kind"] for o in objs}  # reservation.createNamespace: false
     deps = deployments(objs)
-    (sa,) = by_kind(objs, "ServiceAccount")
-    assert sa["metadata"]["name"] == "gpu-sched-sa" and sa["metadata"]["annotations"] == {"example.com/owner": "ml-platform"}
+    sas = by_kind(objs, "ServiceAccount")
+    assert [sa["metadata"]["name"] for sa in sas] == ["gpu-sched-sa", "gpu-sched-scheduler-sa"]
+    assert all(sa["metadata"]["annotations"] == {"example.com/owner": "ml-platform"} for sa in sas)
+    assert deps["binder"]["spec"]["replicas"] == 2
     for role, d in deps.items():
         assert d["metadata"]["name"] == f"gpu-sched-{role}"
         assert d["metadata"]["labels"]["team"] == "ml-platform"
@@ -119,8 +152,11 @@ def test_full_values_render_every_setting(home: Path) -> None:
         assert cfg.bootstrap == "kafka-0.kafka.data.svc:9092,kafka-1.kafka.data.svc:9092"
         assert (cfg.topic, cfg.create) == ("prod.kai-es.events", False)
         assert cfg.transactional_id == f"gpu-cluster-7-{role}.prod.kai-es.events"
-        if role != "scheduler":
-            assert pod["serviceAccountName"] == "gpu-sched-sa"
+        assert pod["serviceAccountName"] == ("gpu-sched-scheduler-sa" if role == "scheduler" else "gpu-sched-sa")
+        assert leader_flags(c["args"]) == {"--leader-elect-lease": f"ml-system/gpu-sched-{role}",
+                                           "--leader-elect-lease-duration": "30s",
+                                           "--leader-elect-renew-deadline": "20s",
+                                           "--leader-elect-retry-period": "5s"}
         assert d["spec"]["strategy"] == values["updateStrategy"]
         assert c["ports"][0]["containerPort"] == 9102 and c["args"][-2:] == ["--http-bind-address", ":9102"]
         assert c["livenessProbe"] == {"httpGet": {"path": "/healthz", "port": "http"}, **values["http"]["livenessProbe"]}
@@ -134,10 +170,13 @@ def test_full_values_render_every_setting(home: Path) -> None:
     assert s[s.index("--packer") + 1] == "reference"
     scenario = load_scenario_text(scheduler_config_text(objs), "configmap")
     assert scenario.config == parse_config(values["scheduler"]["config"])
-    # the binding names the ServiceAccount in the release namespace
-    for kind in ("ClusterRoleBinding", "RoleBinding"):
-        (binding,) = by_kind(objs, kind)
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-sched-sa", "namespace": "ml-system"}]
+    # the bindings name the ServiceAccounts in the release namespace
+    (cluster_binding,) = by_kind(objs, "ClusterRoleBinding")
+    assert cluster_binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-sched-sa", "namespace": "ml-system"}]
+    subjects = {b["roleRef"]["name"]: b["subjects"] for b in by_kind(objs, "RoleBinding")}
+    assert subjects["gpu-sched-gpu-reservation"] == cluster_binding["subjects"]
+    assert subjects["gpu-sched-leader-election"] == [
+        *cluster_binding["subjects"], {"kind": "ServiceAccount", "name": "gpu-sched-scheduler-sa", "namespace": "ml-system"}]
 
 
 def test_http_disabled_means_no_flag_no_port_no_probe(home: Path) -> None:
@@ -188,11 +227,14 @@ def test_rbac_and_crds_are_the_files_in_deploy(home: Path) -> None:
     objs = render(home, include_crds=True)
     cluster_file = load_yaml(ROOT / "deploy" / "rbac" / "clusterrole.yaml")
     reservation_file = load_yaml(ROOT / "deploy" / "rbac" / "reservation-role.yaml")
+    leader_file = load_yaml(ROOT / "deploy" / "rbac" / "leader-election-role.yaml")
     (cluster_role,) = by_kind(objs, "ClusterRole")
-    (role,) = by_kind(objs, "Role")
+    roles = {r["metadata"]["name"]: r for r in by_kind(objs, "Role")}
     assert cluster_role["rules"] == cluster_file["rules"]
-    assert role["rules"] == reservation_file["rules"]
-    assert role["metadata"]["namespace"] == reservation_file["metadata"]["namespace"]
+    assert roles["kai-es-gpu-reservation"]["rules"] == reservation_file["rules"]
+    assert roles["kai-es-gpu-reservation"]["metadata"]["namespace"] == reservation_file["metadata"]["namespace"]
+    assert roles["kai-es-leader-election"]["rules"] == leader_file["rules"]
+    assert roles["kai-es-leader-election"]["metadata"]["namespace"] == "kai-es"  # the release's
     (ns,) = by_kind(objs, "Namespace")
     assert ns["metadata"]["name"] == reservation_file["metadata"]["namespace"]
     crds = sorted(by_kind(objs, "CustomResourceDefinition"), key=lambda o: o["metadata"]["name"])
@@ -213,7 +255,8 @@ def test_rbac_and_crds_are_the_files_in_deploy(home: Path) -> None:
     ({"http.port": "0"}, "at '/http/port'"),
     # the templates
     ({"eventLog.url": "kafka://k:9092/t?transactional_id=x"}, "must not carry ?transactional_id="),
-    ({"serviceAccount.create": "false"}, "serviceAccount.name: the existing ServiceAccount"),
+    ({"serviceAccount.create": "false", "leaderElection.enabled": "false"}, "serviceAccount.name: the existing"),
+    ({"serviceAccount.create": "false", "serviceAccount.name": "x"}, "serviceAccount.schedulerName: the existing"),
 ])
 def test_wrong_values_stop_the_render_with_a_message(home: Path, sets: dict[str, str], message: str) -> None:
     args = ["template", "kai-es", str(CHART)]

@@ -1,7 +1,8 @@
 """The chart installed on a real apiserver: every object `helm template` renders (CRDs included)
 is server-side applied and really created, then kai-es's three processes run with exactly the
 rendered containers' args, the informer and binder authenticated AS the chart's ServiceAccount
-(a TokenRequest token), over the test Kafka broker, and answer their probes' paths. KAI-style objects (a Queue, a PodGroup gang
+(a TokenRequest token) and the scheduler as its own one (allowed its Lease only), over the test
+Kafka broker; each leads through its Lease and answers its probes' paths. KAI-style objects (a Queue, a PodGroup gang
 and a lone pod) get bound on KWOK nodes; with `pods/binding` taken out of the chart's
 ClusterRole the next pod is refused loudly (a PodBindFailed naming the 403) and stays unbound,
 and once the rule is back it is bound. And `helm install`, `upgrade` and `uninstall` themselves
@@ -52,12 +53,20 @@ def service_account_kubeconfig(cp: Any, ns: str, sa: str, path: Path) -> tuple[s
     return str(review["status"]["userInfo"]["username"]), token
 
 
-def can_bind(cp: Any, token: str, ns: str) -> bool:
+def allowed(cp: Any, token: str, **attributes: str) -> bool:
+    """The apiserver's answer to "may I?" for the identity of `token` (SelfSubjectAccessReview)."""
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-              "spec": {"resourceAttributes": {"namespace": ns, "verb": "create", "resource": "pods",
-                                              "subresource": "binding"}}}
+              "spec": {"resourceAttributes": attributes}}
     out = cp.call("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review, token=token, ok=(201,))
     return bool(out["status"].get("allowed"))
+
+
+def can_bind(cp: Any, token: str, ns: str) -> bool:
+    return allowed(cp, token, namespace=ns, verb="create", resource="pods", subresource="binding")
+
+
+def can_lease(cp: Any, token: str, ns: str) -> bool:
+    return allowed(cp, token, namespace=ns, verb="update", resource="leases", group="coordination.k8s.io")
 
 
 def local_args(deploy: dict[str, Any], configmaps: dict[str, dict[str, Any]], where: Path,
@@ -139,20 +148,28 @@ async def test_chart_applied_and_kai_es_binds_as_its_service_account(
             assert container(got)["args"] == container(obj)["args"]
             assert got["spec"]["replicas"] == 1
 
-    # -- a kubeconfig that authenticates as the chart's ServiceAccount ------------------------
+    # -- kubeconfigs that authenticate as the chart's ServiceAccounts -------------------------
     deps = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in by_kind(objs, "Deployment")}
-    sa = deps["binder"]["spec"]["template"]["spec"]["serviceAccountName"]
-    assert deps["informer"]["spec"]["template"]["spec"]["serviceAccountName"] == sa
-    kubeconfig = tmp_path / "sa.kubeconfig"
+    accounts = {role: d["spec"]["template"]["spec"]["serviceAccountName"] for role, d in deps.items()}
+    sa, scheduler_sa = accounts["binder"], accounts["scheduler"]
+    assert accounts["informer"] == sa and scheduler_sa != sa
+    kubeconfig, scheduler_kubeconfig = tmp_path / "sa.kubeconfig", tmp_path / "scheduler-sa.kubeconfig"
     username, token = service_account_kubeconfig(cp, ns, sa, kubeconfig)
     assert username == f"system:serviceaccount:{ns}:{sa}"
+    _, scheduler_token = service_account_kubeconfig(cp, ns, scheduler_sa, scheduler_kubeconfig)
     await wait_for(lambda: anyio.to_thread.run_sync(can_bind, cp, token, ns), "the chart's RBAC to take effect")
+    for t in (token, scheduler_token):
+        await wait_for(lambda: anyio.to_thread.run_sync(can_lease, cp, t, ns), "the leader-election Role")
     assert cp.request("GET", "/api/v1/namespaces/default/secrets", token=token)[0] == 403  # not admin
+    # the scheduler's identity may hold its Lease, and read nothing of the cluster
+    assert cp.request("GET", "/api/v1/pods?limit=1", token=scheduler_token)[0] == 403
+    assert not can_lease(cp, scheduler_token, "default")
 
     # -- the processes, with the rendered args ------------------------------------------------
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))  # the pods' in-cluster config, out of cluster
     configmaps = {c["metadata"]["name"]: c for c in by_kind(objs, "ConfigMap")}
     for role in ("informer", "scheduler", "binder"):
+        # the pod's in-cluster config, out of cluster: its ServiceAccount's token
+        monkeypatch.setenv("KUBECONFIG", str(scheduler_kubeconfig if role == "scheduler" else kubeconfig))
         port = cp_mod.free_port()
         proc = Proc(role, local_args(deps[role], configmaps, tmp_path, port), tmp_path)
         procs.append(proc)
@@ -164,6 +181,9 @@ async def test_chart_applied_and_kai_es_binds_as_its_service_account(
             path = c[probe]["httpGet"]["path"]
             await wait_for(lambda: anyio.to_thread.run_sync(http_ok, port, path), f"{role}'s {probe} {path}")
         assert "kai_es_ready 1.0" in (http_ok(port, "/metrics") or "")
+        # it leads: its Lease names it
+        lease = cp.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{release}-{role}")
+        assert lease["spec"].get("holderIdentity"), lease
 
     pool = {POOL_LABEL: f"pool-{tag}"}
     nodes = {k8s.gpu_node(f"h-{tag}-{i}", gpus=4, labels=pool)["metadata"]["name"] for i in range(2)}
@@ -245,7 +265,10 @@ def test_helm_install_upgrade_uninstall_next_to_kai(k8s: K8s, tmp_path: Path) ->
     for kind, name, namespace in (("ServiceAccount", release, ns), ("ConfigMap", f"{release}-scheduler", ns),
                                   ("ClusterRole", release, None), ("ClusterRoleBinding", release, None),
                                   ("Role", f"{release}-gpu-reservation", "kai-resource-reservation"),
-                                  ("RoleBinding", f"{release}-gpu-reservation", "kai-resource-reservation")):
+                                  ("RoleBinding", f"{release}-gpu-reservation", "kai-resource-reservation"),
+                                  ("ServiceAccount", f"{release}-scheduler", ns),
+                                  ("Role", f"{release}-leader-election", ns),
+                                  ("RoleBinding", f"{release}-leader-election", ns)):
         status, obj = get(kind, name, namespace)
         assert status == 200 and obj["metadata"]["annotations"]["meta.helm.sh/release-name"] == release, (kind, status)
 

@@ -42,6 +42,30 @@ app.kubernetes.io/part-of: kai-es
 {{- end -}}
 {{- end -}}
 
+{{/* The scheduler's identity: it needs Kubernetes only for its Lease (leader election). */}}
+{{- define "kai-es.schedulerServiceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (printf "%s-scheduler" (include "kai-es.fullname" .)) .Values.serviceAccount.schedulerName -}}
+{{- else -}}
+{{- required "serviceAccount.schedulerName: the existing ServiceAccount kai-es's scheduler runs as (serviceAccount.create is false)" .Values.serviceAccount.schedulerName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The flags of one role's leader election: its own Lease <fullname>-<role> in the release
+namespace. Usage: include "kai-es.leaderArgs" (dict "root" $ "role" "binder") | fromYamlArray */}}
+{{- define "kai-es.leaderArgs" -}}
+{{- $le := .root.Values.leaderElection -}}
+{{- if $le.enabled -}}
+{{- list "--leader-elect"
+      "--leader-elect-lease" (printf "%s/%s-%s" .root.Release.Namespace (include "kai-es.fullname" .root) .role)
+      "--leader-elect-lease-duration" $le.leaseDuration
+      "--leader-elect-renew-deadline" $le.renewDeadline
+      "--leader-elect-retry-period" $le.retryPeriod | toYaml -}}
+{{- else -}}
+[]
+{{- end -}}
+{{- end -}}
+
 {{/* The kai-es CLI's namespace of GPU reservation pods is fixed (KAI's); it is read from the
 Role in files/rbac/reservation-role.yaml, the one place it is written down for deployment. */}}
 {{- define "kai-es.reservationNamespace" -}}

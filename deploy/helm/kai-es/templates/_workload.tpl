@@ -3,7 +3,8 @@
 node leaves, the newest claim on the log fences the older instance, which stops with exit code 2
 and never writes again. Usage:
   include "kai-es.deployment" (dict "root" $ "role" "binder" "args" $args
-    "serviceAccount" true "configChecksum" "" "volumes" list "volumeMounts" list) */}}
+    "serviceAccount" true "serviceAccountName" "" "configChecksum" "" "volumes" list
+    "volumeMounts" list) */}}
 {{- define "kai-es.deployment" -}}
 {{- $root := .root -}}
 {{- $v := index $root.Values .role -}}
@@ -16,11 +17,24 @@ metadata:
     {{- include "kai-es.labels" $root | nindent 4 }}
     app.kubernetes.io/component: {{ .role }}
 spec:
-  # one writer per role: more replicas would only fence each other
-  replicas: 1
+  {{- $replicas := int ($v.replicas | default 1) }}
+  {{- if and (gt $replicas 1) (not $root.Values.leaderElection.enabled) }}
+  {{- fail (printf "%s.replicas is %d: more than one replica needs leaderElection.enabled (without it they would only fence each other)" .role $replicas) }}
+  {{- end }}
+  replicas: {{ $replicas }}
   revisionHistoryLimit: {{ $root.Values.revisionHistoryLimit }}
   strategy:
+    {{- if $root.Values.updateStrategy }}
     {{- toYaml $root.Values.updateStrategy | nindent 4 }}
+    {{- else if $root.Values.leaderElection.enabled }}
+    # the new pod stands by (Ready) until the old one, stopped by SIGTERM, hands the Lease back
+    type: RollingUpdate
+    rollingUpdate: {maxSurge: 1, maxUnavailable: 0}
+    {{- else }}
+    # without a Lease a new pod fences the old one before it is Ready; the fenced old pod, not
+    # yet deleted, would be restarted and fence the new one back: stop the old one first
+    type: Recreate
+    {{- end }}
   selector:
     matchLabels:
       {{- include "kai-es.selectorLabels" $root | nindent 6 }}
@@ -44,7 +58,7 @@ spec:
       {{- end }}
     spec:
       {{- if .serviceAccount }}
-      serviceAccountName: {{ include "kai-es.serviceAccountName" $root }}
+      serviceAccountName: {{ .serviceAccountName | default (include "kai-es.serviceAccountName" $root) }}
       {{- else }}
       # the scheduler reads and writes only the event log: no Kubernetes credentials
       automountServiceAccountToken: false
@@ -89,6 +103,8 @@ spec:
           {{- end }}
           {{- end }}
           env:
+            - name: POD_NAMESPACE
+              valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
             # Python writes no bytecode into the (read-only) image and flushes each log line
             - name: PYTHONDONTWRITEBYTECODE
               value: "1"
