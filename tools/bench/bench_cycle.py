@@ -4,6 +4,7 @@ benchmark gates at 680 pods/s on 5,000 nodes), the cycle's setup time, and the t
 small change into the state (the incremental reducer).
 
     python tools/bench/bench_cycle.py [--pods 10000] [--nodes 5000] [--packer native|reference]
+                                      [--policy kai-es/v5]   # default: the current policy
     python tools/bench/bench_cycle.py --affinity   # the same cycle, then again with half the pods
                                                    # under required node affinity and a quarter
                                                    # under hostname anti-affinity; prints the ratio
@@ -94,6 +95,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=5_000)
     ap.add_argument("--packer", default="native")
     ap.add_argument("--affinity", action="store_true")
+    ap.add_argument("--policy", default=None, help="policy version (default: the current one)")
     args = ap.parse_args()
     if args.affinity:
         compare_affinity(args.nodes, args.pods, args.packer)
@@ -103,7 +105,10 @@ def main() -> None:
     print(f"state: {args.nodes} nodes x 8 GPUs, 55 queues, {args.pods} pending pods "
           f"(folded {pos} events in {time.perf_counter() - t0:.1f}s)")
     cfg = SchedulerConfig(state_digest_every=0, actions=["allocate"])
+    if args.policy:
+        cfg = SchedulerConfig(state_digest_every=0, actions=["allocate"], policy_version=args.policy)
     packer = load_packer(args.packer)  # type: ignore[arg-type]
+    print(f"policy {cfg.policy_version}")
 
     t0 = time.perf_counter()
     plan = Plan(state, packer, strategy_of(cfg))
