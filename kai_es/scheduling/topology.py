@@ -277,7 +277,8 @@ class TopologyPlacer:
         numbers: dict[str, int] = {}
         for level in levels.order:
             label = levels.labels[level]
-            candidates, too_small, spanned = self._candidates(levels.topology, level, anchors, parent, request)
+            candidates, too_small, spanned, roomiest = self._candidates(levels.topology, level, anchors, parent,
+                                                                        request)
             domains = self.domains(levels.topology, level)
             unlabelled = self.n - sum(len(v) for v in domains.values())
             tried: list[str] = []
@@ -294,7 +295,7 @@ class TopologyPlacer:
                 tried.append(_show(label, key))
             numbers = {"domains": len(domains), "too_small": too_small, "tried": len(tried),
                        "unlabelled_nodes": unlabelled, "pods": len(pods)}
-            summary.append(_summary(label, len(domains), too_small, tried, unlabelled, spanned))
+            summary.append(_summary(label, len(domains), too_small, tried, unlabelled, spanned, request, roomiest))
         if not levels.required:
             return self._place_inside(job, group, parent, place_flat, request_of)
         required = levels.labels[levels.order[-1]]
@@ -304,32 +305,35 @@ class TopologyPlacer:
         return None, [Reason(code=TOPOLOGY_UNSATISFIED, message=message, numbers=numbers), *(first_miss or [])]
 
     def _candidates(self, topology: str, level: int, anchors: list[int], parent: array[int] | None,
-                    request: Vector) -> tuple[list[DomainKey], int, bool]:
+                    request: Vector) -> tuple[list[DomainKey], int, bool, Vector]:
         """(domains to try in order, how many are too small, whether the anchors span more than
-        one domain or lie outside every domain of the level)."""
+        one domain or lie outside every domain of the level, the largest free capacity once
+        releasing pods are gone of a domain looked at)."""
         domains = self.domains(topology, level)
         keys: list[DomainKey] = list(domains)
         spanned = False
         if anchors:
             homes = {self.domain_of(topology, level, node) for node in anchors}
             if len(homes) != 1 or None in homes:
-                return [], 0, True
+                return [], 0, True, (0, 0, 0)
             home = homes.pop()
             assert home is not None
             keys = [home]
         ranked: list[tuple[Vector, DomainKey]] = []
         too_small = 0
+        roomiest: Vector = (0, 0, 0)
         for key in keys:
             nodes = domains[key]
             if parent is not None and not any(parent[i] for i in nodes):
                 continue
             now, later = self._free(nodes, parent)
+            roomiest = max(roomiest, later)
             if any(r > f for r, f in zip(request, later)):
                 too_small += 1
                 continue
             ranked.append((now, key))
         ranked.sort()
-        return [key for _, key in ranked], too_small, spanned
+        return [key for _, key in ranked], too_small, spanned, roomiest
 
     def _place_inside(self, job: Job, group: _Group, mask: array[int] | None, place_flat: PlaceFlat,
                       request_of: RequestOf, explain: bool = True) -> tuple[list[Entry] | None, list[Reason]]:
@@ -409,12 +413,18 @@ def _show(label: str, key: DomainKey) -> str:
     return f"{label}={key[-1]}" if len(key) == 1 else f"{label}={key[-1]} (in {'/'.join(key[:-1])})"
 
 
-def _summary(label: str, domains: int, too_small: int, tried: list[str], unlabelled: int, spanned: bool) -> str:
+def _amounts(v: Vector) -> str:
+    return f"{v[0] // 1000}.{v[0] % 1000:03d} GPU, {v[1]}m CPU, {v[2] // 2**20}Mi memory".replace(".000 GPU", " GPU")
+
+
+def _summary(label: str, domains: int, too_small: int, tried: list[str], unlabelled: int, spanned: bool,
+             request: Vector, roomiest: Vector) -> str:
     parts = [f"level {label!r}: {domains} domain{'s' if domains != 1 else ''}"]
     if spanned:
         parts.append("its running pods are not all in one of them")
     if too_small:
-        parts.append(f"{too_small} with too little free capacity")
+        parts.append(f"{too_small} with too little free capacity (the pods need {_amounts(request)}; the "
+                     f"roomiest has {_amounts(roomiest)} once releasing pods are gone)")
     if tried:
         shown = ", ".join(tried[:3]) + (f" and {len(tried) - 3} more" if len(tried) > 3 else "")
         parts.append(f"tried {shown}: the pods did not all fit")

@@ -52,11 +52,13 @@ from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.plan import Entry, Eviction
 from kai_es.scheduling.session import QueueNode, Session, Vector
-from kai_es.scheduling.topology import constrained
+from kai_es.scheduling.topology import TOPOLOGY_UNSATISFIED, constrained
 from kai_es.scheduling.victims import RoomBound, Unit, free_capacity, keyed_units, room, search, units_of
 from kai_es.state.model import Job, PodState
 
-CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED})
+#: (TopologyUnsatisfied: a single constrained pod, kai-es/v5 only; a gang's reasons lead with
+#: GangUnsatisfied)
+CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED, TOPOLOGY_UNSATISFIED})
 
 
 class PreemptingAction:
