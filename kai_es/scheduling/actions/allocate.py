@@ -41,9 +41,16 @@ class Allocator:
 
     def _no_fit(self, pod: PodState, answer_rejections: tuple[int, ...]) -> list[Reason]:
         """Why `pod` fits no node: NoNodeFits with per-cause node counts, then one detail
-        reason per predicate beyond stage 1 that excluded nodes."""
+        reason per predicate beyond stage 1 that excluded nodes (inside a topology domain: the
+        nodes outside it counted as such, without the detail reasons)."""
         what = _what(pod)
         nodes = len(self.plan.nodes)
+        restriction = self.eligibility.restriction
+        if restriction is not None:  # kai-es/v5: placed inside one topology domain
+            outside = nodes - sum(restriction)
+            inside = (answer_rejections[0] - outside, *answer_rejections[1:])
+            return [fw.no_node_fits(inside, nodes, what, (("outside_domain", "outside the topology domain tried",
+                                                          outside),))]
         if not answer_rejections[0] or not _has_later_predicates(pod):
             return [fw.no_node_fits(answer_rejections, nodes, what)]
         stage1, extra, details = self.eligibility.explain(pod.spec)
