@@ -27,6 +27,9 @@ Constraints (PodGroup `spec.topologyConstraint`, `spec.subGroups[].topologyConst
   how many domains there are, how many were too small, which were tried and how many nodes lack
   the label.
 
+Verification mode (the Plan's `verify`) re-checks the domain capacities kept incrementally against
+the tables on every use.
+
 Contract: pure; reads the state and the Plan's tables, places only through the caller's
 `place_flat` inside `Eligibility.restricted`, rolls its own failed tries back, and returns the
 entries of a complete placement or the reasons none was found (the Plan then as at the call).
@@ -39,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kai_es.events.payloads import PodGroupObserved, Reason
-from kai_es.scheduling.plan import Entry, Operation, Plan
+from kai_es.scheduling.plan import Entry, Operation, Plan, VerificationError
 from kai_es.scheduling.predicates.eligibility import Eligibility
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 
@@ -131,8 +134,17 @@ class TopologyPlacer:
         self._domains: dict[tuple[str, int], dict[DomainKey, list[int]]] = {}
         #: (topology, level, key, id of parent restriction) -> (mask, parent kept alive)
         self._masks: dict[tuple[str, int, DomainKey, int], tuple[array[int], array[int] | None]] = {}
+        #: (topology, level) -> per node, its domain key at that level (None: in no domain)
+        self._key_of: dict[tuple[str, int], list[DomainKey | None]] = {}
         #: pods placed (or moved) by the Plan now -> node index
         self.placed_on: dict[str, int] = {}
+        #: free capacity (now, once releasing pods are gone) per node asked about, kept up to
+        #: date through `_dirty` (nodes an operation touched since); and the sums per domain of
+        #: the levels asked about, moved by the same deltas: a constrained job's candidate domains
+        #: cost O(domains), not a scan of every node
+        self._node_free: dict[int, tuple[Vector, Vector]] = {}
+        self._sums: dict[tuple[str, int], dict[DomainKey, tuple[Vector, Vector]]] = {}
+        self._dirty: set[int] = set()
 
     # -- Plan listener ---------------------------------------------------------------------
 
@@ -142,6 +154,8 @@ class TopologyPlacer:
                 self.placed_on[op.pod_key] = op.node
             else:
                 self.placed_on.pop(op.pod_key, None)
+        if self._node_free:
+            self._dirty.add(op.node)
 
     # -- domains ---------------------------------------------------------------------------
 
@@ -150,19 +164,22 @@ class TopologyPlacer:
         if found is None:
             keys = self.state.topologies[topology][: level + 1]
             found = {}
+            key_of: list[DomainKey | None] = []
             for i, labels in enumerate(self._labels):
                 values = tuple(labels.get(k) for k in keys)
                 if all(v is not None for v in values):
                     found.setdefault(values, []).append(i)  # type: ignore[arg-type]
+                    key_of.append(values)  # type: ignore[arg-type]
+                else:
+                    key_of.append(None)
             found = {k: found[k] for k in sorted(found)}
             self._domains[(topology, level)] = found
+            self._key_of[(topology, level)] = key_of
         return found
 
     def domain_of(self, topology: str, level: int, node: int) -> DomainKey | None:
-        keys = self.state.topologies[topology][: level + 1]
-        labels = self._labels[node]
-        values = tuple(labels.get(k) for k in keys)
-        return values if all(v is not None for v in values) else None  # type: ignore[return-value]
+        self.domains(topology, level)
+        return self._key_of[(topology, level)][node]
 
     def _mask(self, topology: str, level: int, key: DomainKey, parent: array[int] | None) -> array[int]:
         """The nodes of a domain that `parent` (None: every node) allows; one array per cycle."""
@@ -176,20 +193,66 @@ class TopologyPlacer:
             found = self._masks[cache_key] = (mask, parent)
         return found[0]
 
-    def _free(self, nodes: list[int], allowed: array[int] | None) -> tuple[Vector, Vector]:
-        """(free now, free once releasing pods are gone) summed over `nodes` that `allowed` allows."""
+    def _read_node(self, i: int) -> tuple[Vector, Vector]:
         out: list[Vector] = []
         for table in (self.plan.idle, self.plan.future):
-            gpu = cpu = mem = 0
-            start, dev = table.gpu_start, table.dev_free_milli
-            for i in nodes:
-                if allowed is not None and not allowed[i]:
-                    continue
-                gpu += sum(dev[start[i]:start[i + 1]])
-                cpu += table.free_milli_cpu[i]
-                mem += table.free_memory_bytes[i]
-            out.append((gpu, cpu, mem))
+            start = table.gpu_start
+            out.append((sum(table.dev_free_milli[start[i]:start[i + 1]]), table.free_milli_cpu[i],
+                        table.free_memory_bytes[i]))
         return out[0], out[1]
+
+    def _settle(self) -> None:
+        """Bring the remembered node and domain capacities up to the Plan's tables."""
+        for i in sorted(self._dirty):
+            old = self._node_free.get(i)
+            if old is None:
+                continue
+            new = self._read_node(i)
+            self._node_free[i] = new
+            if new == old:
+                continue
+            for (topology, level), sums in self._sums.items():
+                key = self._key_of[(topology, level)][i]
+                if key is not None:
+                    now, later = sums[key]
+                    sums[key] = (_plus(now, new[0], old[0]), _plus(later, new[1], old[1]))
+        self._dirty.clear()
+
+    def _free_of(self, i: int) -> tuple[Vector, Vector]:
+        found = self._node_free.get(i)
+        if found is None:
+            found = self._node_free[i] = self._read_node(i)
+        return found
+
+    def _free(self, nodes: list[int], allowed: array[int] | None) -> tuple[Vector, Vector]:
+        """(free now, free once releasing pods are gone) summed over `nodes` that `allowed` allows."""
+        self._settle()
+        now: Vector = (0, 0, 0)
+        later: Vector = (0, 0, 0)
+        for i in nodes:
+            if allowed is None or allowed[i]:
+                a, b = self._free_of(i)
+                now, later = _plus(now, a), _plus(later, b)
+        return now, later
+
+    def _domain_free(self, topology: str, level: int, key: DomainKey, allowed: array[int] | None
+                     ) -> tuple[Vector, Vector]:
+        """`_free` of one domain; without `allowed`, from the domain sums kept for the level."""
+        if allowed is not None:
+            return self._free(self.domains(topology, level)[key], allowed)
+        self._settle()
+        sums = self._sums.get((topology, level))
+        if sums is None:
+            sums = self._sums[(topology, level)] = {
+                k: self._free(nodes, None) for k, nodes in self.domains(topology, level).items()}
+        if self.plan.verify:
+            fresh = [self._read_node(i) for i in self.domains(topology, level)[key]]
+            if (sum(f[0][0] for f in fresh), sum(f[0][1] for f in fresh), sum(f[0][2] for f in fresh)) != sums[key][0] \
+                    or (sum(f[1][0] for f in fresh), sum(f[1][1] for f in fresh),
+                        sum(f[1][2] for f in fresh)) != sums[key][1]:
+                raise VerificationError(f"topology domain {key} of {topology!r} level {level}: kept free capacity "
+                                        f"{sums[key]} differs from the tables")
+        return sums[key]
 
     # -- constraints -----------------------------------------------------------------------
 
@@ -326,7 +389,7 @@ class TopologyPlacer:
             nodes = domains[key]
             if parent is not None and not any(parent[i] for i in nodes):
                 continue
-            now, later = self._free(nodes, parent)
+            now, later = self._domain_free(topology, level, key, parent)
             roomiest = max(roomiest, later)
             if any(r > f for r, f in zip(request, later)):
                 too_small += 1
@@ -405,8 +468,13 @@ class TopologyPlacer:
             homes = {self.domain_of(levels.topology, level, node) for node in anchors}
             keys = [h for h in homes if h is not None] if len(homes) == 1 else []
         parent = self.eligibility.restriction
-        ranked = sorted(keys, key=lambda k: (tuple(-x for x in self._free(domains[k], parent)[1]), k))
+        ranked = sorted(keys, key=lambda k: (tuple(-x for x in self._domain_free(levels.topology, level, k, parent)[1]),
+                                             k))
         return [self._mask(levels.topology, level, k, parent) for k in ranked[:MAX_PREEMPT_DOMAINS]]
+
+
+def _plus(a: Vector, b: Vector, minus: Vector = (0, 0, 0)) -> Vector:
+    return (a[0] + b[0] - minus[0], a[1] + b[1] - minus[1], a[2] + b[2] - minus[2])
 
 
 def _show(label: str, key: DomainKey) -> str:
