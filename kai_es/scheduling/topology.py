@@ -19,7 +19,8 @@ Constraints (PodGroup `spec.topologyConstraint`, `spec.subGroups[].topologyConst
   then memory, then the domain's key); the first in which every pod of the group is placed wins,
   and each failed try is rolled back.
 - A sub-group is placed inside the domain chosen for its parent; siblings in spec order, each
-  group's own pods before its sub-groups. Greedy: a sub-group that fits in no domain fails its
+  group's own pods before its sub-groups. Pods of no sub-group, of an unknown one or of one whose
+  parent chain loops (no path to the PodGroup) belong to the job's own group. Greedy: a sub-group that fits in no domain fails its
   parent's domain (the parent's next candidate is tried); earlier siblings are not re-placed.
 - A constraint that cannot be read against its Topology (no such Topology, a level the Topology
   lacks, a required level narrower than the preferred one) places nothing: InvalidTopologyConstraint.
@@ -288,8 +289,6 @@ class TopologyPlacer:
                                                              sg.preferred_topology_level))
             for sg in spec.subgroups:
                 (groups.get(sg.parent, root) if sg.parent else root).children.append(groups[sg.name])
-        for pod in pods:
-            groups.get(pod.spec.subgroup, root).pods.append(pod)
 
         def names(group: _Group) -> set[str]:
             group.names = {group.name} if group.name else set()
@@ -297,7 +296,10 @@ class TopologyPlacer:
                 group.names |= names(child)
             return group.names
 
-        names(root)
+        reachable = names(root)  # sub-groups whose parents loop hang below no root: ignored
+        for pod in pods:
+            group = groups.get(pod.spec.subgroup)
+            (group if group is not None and group.name in reachable else root).pods.append(pod)
         return root
 
     def _anchors(self, job: Job, group: _Group) -> list[int]:
