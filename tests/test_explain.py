@@ -221,3 +221,8 @@ def test_held_by_its_topology_constraint_then_placed_in_one_rack(tmp_path: Path)
         if isinstance(data, p.BindingDecided):
             bound.setdefault(data.name.rsplit("-", 1)[0], set()).add(rack_of[data.node])
     assert bound == {"pretrain": {"a1"}, "finetune": {"b1"}, "wide": {"a1"}}
+    from kai_es.replay import replay
+
+    for engine in ("native", "reference"):  # a kai-es/v5 log replays byte for byte on both packers
+        result = replay(list(FileEventLog(path, readonly=True).scan()), load_packer(engine))  # type: ignore[arg-type]
+        assert result.ok and result.cycles > 0, result.divergence
