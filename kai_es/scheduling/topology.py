@@ -146,6 +146,8 @@ class TopologyPlacer:
         self._node_free: dict[int, tuple[Vector, Vector]] = {}
         self._sums: dict[tuple[str, int], dict[DomainKey, tuple[Vector, Vector]]] = {}
         self._dirty: set[int] = set()
+        #: the mask of no node (one array: masks are remembered by identity)
+        self._nowhere = array("q", bytes(8 * self.n))
 
     # -- Plan listener ---------------------------------------------------------------------
 
@@ -438,7 +440,7 @@ class TopologyPlacer:
             level = labels.index(c.required)
             key = self.domain_of(c.topology, level, node)
             if key is None:
-                return array("q", bytes(8 * self.n))
+                return self._nowhere
             mask = self._mask(c.topology, level, key, mask)
         return mask
 
