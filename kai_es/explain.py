@@ -56,6 +56,8 @@ RULES: dict[str, str] = {
     "PodGroupNotFound": "its PodGroup does not exist",
     "InvalidRequest": "its request cannot be placed",
     "PreemptionDelay": "within its preemption delay (it may not evict anyone yet)",
+    "TopologyUnsatisfied": "held by its topology constraint (no domain of the required level fits it)",
+    "InvalidTopologyConstraint": "its topology constraint does not match its Topology",
 }
 
 UNITS = {"gpu": "milli-GPU", "cpu": "milli-CPU", "memory": "bytes", "time": "ns since the Unix epoch"}
@@ -156,9 +158,12 @@ def _reasons_json(reasons: list[p.Reason]) -> list[dict[str, Any]]:
 
 def _rule(reasons: list[p.Reason]) -> str:
     """The rule that held the pod back: the first reason's (a gang's reason comes before the
-    member's no-fit detail)."""
+    member's no-fit detail), but a gang held by its topology constraint (kai-es/v5: its
+    GangUnsatisfied reason is followed by TopologyUnsatisfied) is held by that."""
     if not reasons:
         return ""
+    if len(reasons) > 1 and reasons[0].code == "GangUnsatisfied" and reasons[1].code == "TopologyUnsatisfied":
+        return "TopologyUnsatisfied"
     return reasons[0].code
 
 

@@ -35,6 +35,7 @@ from kai_es.events.timefmt import parse_duration, parse_rfc3339, rfc3339
 from kai_es.ingest import bounds
 from kai_es.ingest import translate as tr
 from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.ingest.podgrouper import TOPOLOGY_ANNOTATIONS
 from kai_es.scheduling.config import ConfigError, SchedulerConfig, parse_config
 from kai_es.scheduling.fairshare import parent_loops
 
@@ -253,10 +254,15 @@ class _Loader:
         }
 
     def _podgroup(self, name: str, ns: str, min_member: int, queue: str, priority_class: str,
-                  owner: dict[str, Any]) -> dict[str, Any]:
+                  owner: dict[str, Any], owner_annotations: Mapping[str, Any]) -> dict[str, Any]:
         spec: dict[str, Any] = {"minMember": min_member, "queue": queue}
         if priority_class:
             spec["priorityClassName"] = priority_class
+        # the owner's topology annotations, as KAI's podgrouper reads them
+        topology = {field: str(owner_annotations[key]) for field, key in TOPOLOGY_ANNOTATIONS.items()
+                    if owner_annotations.get(key)}
+        if topology:
+            spec["topologyConstraint"] = topology
         return {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
                 "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner]},
                 "spec": spec}
@@ -331,7 +337,7 @@ class _Loader:
         pclass = str(first["spec"].get("priorityClassName") or default_class)
         for pod in built:
             pod["spec"].setdefault("priorityClassName", pclass)
-        self._add(index, self._podgroup(group, ns, min_member, queue, pclass, owner), submit, None, True)
+        self._add(index, self._podgroup(group, ns, min_member, queue, pclass, owner, annotations), submit, None, True)
         for pod in built:
             pod_ann = pod["metadata"]["annotations"]
             s, r, rc = self._sim_annotations(index, doc, pod_ann)

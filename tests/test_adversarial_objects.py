@@ -43,7 +43,8 @@ def maybe(value: Any) -> Any:
 def node(draw: Any) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": draw(st.one_of(st.fixed_dictionaries({"name": NAMES, "labels": st.dictionaries(
-                st.sampled_from(["nvidia.com/gpu.memory", "zone", "kai.scheduler/node-pool", "x"]), WEIRD_SCALARS,
+                st.sampled_from(["nvidia.com/gpu.memory", "zone", "rack", "kai.scheduler/node-pool", "x"]),
+                st.one_of(st.sampled_from(["a", "b"]), WEIRD_SCALARS),
                 max_size=3)}), WEIRD_SCALARS)),
             "spec": draw(st.one_of(st.fixed_dictionaries({"unschedulable": maybe(False), "taints": maybe(
                 [{"key": "k", "effect": draw(st.sampled_from(["NoSchedule", "Bogus"]))}])}), WEIRD_SCALARS)),
@@ -93,7 +94,29 @@ def podgroup(draw: Any) -> dict[str, Any]:
     return {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
             "metadata": {"name": draw(NAMES), "namespace": "default"},
             "spec": {"minMember": draw(maybe(1)), "queue": draw(st.one_of(NAMES, WEIRD_SCALARS)),
-                     "subGroups": draw(st.one_of(WEIRD_SCALARS, st.just([{"name": "a", "minMember": 1, "parent": "a"}])))}}
+                     "subGroups": draw(st.one_of(WEIRD_SCALARS, st.just([{"name": "a", "minMember": 1, "parent": "a"}]),
+                                                 st.just([{"name": "a", "minMember": 1,
+                                                           "topologyConstraint": draw(constraint())}]))),
+                     "topologyConstraint": draw(constraint())}}
+
+
+LEVEL_NAMES = st.one_of(st.sampled_from(["zone", "rack", "nvidia.com/gpu.memory", ""]), WEIRD_SCALARS)
+
+
+@st.composite
+def constraint(draw: Any) -> Any:
+    """A topologyConstraint: valid, naming unknown topologies or levels, inverted, or junk."""
+    return draw(st.one_of(WEIRD_SCALARS, st.fixed_dictionaries({}, optional={
+        "topology": st.one_of(st.sampled_from(["t", "missing"]), WEIRD_SCALARS),
+        "requiredTopologyLevel": LEVEL_NAMES, "preferredTopologyLevel": LEVEL_NAMES})))
+
+
+@st.composite
+def topology(draw: Any) -> dict[str, Any]:
+    return {"apiVersion": "kai.scheduler/v1alpha1", "kind": "Topology",
+            "metadata": {"name": draw(st.one_of(st.just("t"), NAMES))},
+            "spec": {"levels": draw(st.one_of(WEIRD_SCALARS, st.lists(st.one_of(
+                st.fixed_dictionaries({"nodeLabel": LEVEL_NAMES}), WEIRD_SCALARS), max_size=3)))}}
 
 
 @st.composite
@@ -113,8 +136,10 @@ VALID = [
 ]
 
 
-@given(st.lists(st.one_of(node(), queue(), pod(), podgroup(), priority_class()), max_size=12))
-def test_adversarial_objects_never_crash_and_valid_ones_still_schedule(objects: list[dict[str, Any]]) -> None:
+@given(st.lists(st.one_of(node(), queue(), pod(), podgroup(), priority_class(), topology()), max_size=12),
+       st.sampled_from(["kai-es/v4", "kai-es/v5"]))
+def test_adversarial_objects_never_crash_and_valid_ones_still_schedule(objects: list[dict[str, Any]],
+                                                                       policy: str) -> None:
     informer = InformerService(MemoryEventLog(), None, SimClock(1_000), SeededIds("fuzz"))  # type: ignore[arg-type]
     envelopes = []
     for obj in VALID[:2] + objects + VALID[2:]:
@@ -131,9 +156,9 @@ def test_adversarial_objects_never_crash_and_valid_ones_still_schedule(objects: 
         apply(state, Record(position, env))
         position += 1
     assert check(state, strict=False) == []
-    cfg = SchedulerConfig()
+    cfg = SchedulerConfig(policy_version=policy)
     started = make_envelope(p.CycleStarted(cycle=1, config_digest=config_digest(cfg)), event_id="c1",
-                            source="fuzz", subject="cycle/1", logicaltime=2_000)
+                            source="fuzz", subject="cycle/1", logicaltime=2_000, policyversion=policy)
     apply(state, Record(position, started))
     decisions = run_cycle(state, Record(position, started), cfg, load_packer("native"), verify=True)
     assert isinstance(decisions[-1].data, p.CycleCompleted)

@@ -196,3 +196,33 @@ def test_evicted_by_whom_and_why_and_the_preemptor_pipelined(tmp_path: Path) -> 
     assert verdict["status"] == "Pipelined" and verdict["waitingFor"] == ["default/b-6", "default/b-7"]
     assert len(verdict["pods"]) == 2
     assert sum(e["kind"] == "bound" for e in job["timeline"]) == 2
+
+
+def test_held_by_its_topology_constraint_then_placed_in_one_rack(tmp_path: Path) -> None:
+    """examples/topology.yaml (kai-es/v5): `wide` waits while no rack holds 16 free GPUs, and
+    explain names the rule and the level; every gang is bound inside one rack."""
+    path = tmp_path / "topology.log"
+    scenario = load_scenario(ROOT / "examples" / "topology.yaml")
+    anyio.run(lambda: simulate(scenario, FileEventLog(path), load_packer("native")))
+    report = _explain(path, "default/wide")
+    [wait] = _waits(report)
+    [verdict] = wait["verdicts"]
+    assert verdict["rule"] == "TopologyUnsatisfied"
+    topology = verdict["reasons"][1]
+    assert topology["code"] == "TopologyUnsatisfied"
+    assert "level 'cloud.provider.com/topology-rack'" in topology["message"]
+    assert topology["numbers"] == {"domains": 3, "too_small": 3, "tried": 0, "unlabelled_nodes": 0, "pods": 2}
+    assert "held by its topology constraint" in "\n".join(render_text(report))
+    rack_of = {o.payload.name: o.payload.labels["cloud.provider.com/topology-rack"]
+               for o in scenario.objects if isinstance(o.payload, p.NodeObserved)}
+    bound: dict[str, set[str]] = {}
+    for record in FileEventLog(path, readonly=True).scan():
+        data = record.envelope.data
+        if isinstance(data, p.BindingDecided):
+            bound.setdefault(data.name.rsplit("-", 1)[0], set()).add(rack_of[data.node])
+    assert bound == {"pretrain": {"a1"}, "finetune": {"b1"}, "wide": {"a1"}}
+    from kai_es.replay import replay
+
+    for engine in ("native", "reference"):  # a kai-es/v5 log replays byte for byte on both packers
+        result = replay(list(FileEventLog(path, readonly=True).scan()), load_packer(engine))  # type: ignore[arg-type]
+        assert result.ok and result.cycles > 0, result.divergence

@@ -120,7 +120,11 @@ def test_the_v3_log_with_a_gang_short_in_a_sub_group_is_still_written_and_folded
     same bytes from its scenario, and folding it keeps sg not stale (its CycleCompleted digests
     are checked by `kai-es replay` in tests/test_simulation.py)."""
     records = _simulate(SIM)
-    ours = b"".join(b"%s\n" % line for line in _log_lines(records))
+    # PodGroupObserved is written at schema version 4 since (sub-groups' topology constraints,
+    # an additive change): apart from that version number the bytes are the history's
+    ours = b"".join(b"%s\n" % (line.replace(b'"schemaversion":4,', b'"schemaversion":3,')
+                               if b'"type":"kai.cluster.podgroup.observed"' in line else line)
+                    for line in _log_lines(records))
     assert ours == b"".join(b"%s\n" % line.split(b"\t", 1)[1] for line in SIM_LOG.read_bytes().splitlines())
     state = fold(records)
     sg = state.jobs["default/sg"]

@@ -131,12 +131,17 @@ class QueueResource(Payload, kw_only=True, frozen=True):
 class SubGroup(Payload, kw_only=True, frozen=True):
     """A level of a gang: a leaf sub-group needs `min_member` of its pods (label
     `kai.scheduler/subgroup-name`); an inner one needs `min_subgroup` of its children (all when
-    unset)."""
+    unset). Its topology constraint, when set, applies to its pods and its descendants' pods."""
 
     name: str
     min_member: int = 1
     parent: str = ""
     min_subgroup: int | None = None
+    # --- PodGroup schema version 4: the sub-group's own `topologyConstraint` (its pods, those
+    # of its descendants included, share one domain of the required level)
+    topology: str = ""
+    required_topology_level: str = ""
+    preferred_topology_level: str = ""
 
 
 class Reason(Payload, kw_only=True, frozen=True):

@@ -63,7 +63,9 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
     "kai.cluster.node.observed": 2,
     "kai.cluster.resync.started": 2,
     "kai.cluster.resync.completed": 2,
-    "kai.cluster.podgroup.observed": 3,  # v2 adds the top-level min_subgroup, v3 preemption_delay_ns
+    # v2 adds the top-level min_subgroup, v3 preemption_delay_ns, v4 the sub-groups' topology
+    # constraints
+    "kai.cluster.podgroup.observed": 4,
     "kai.cluster.queue.observed": 2,  # v2: the min-runtimes may be None (unset, inherited)
     "kai.scheduler.pod.evictiondecided": 2,  # v2 adds preemptor and numbers
     "kai.binder.pod.bindfailed": 2,  # v2 adds final
@@ -76,7 +78,7 @@ ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
     "kai.cluster.node.observed": frozenset({1}),
     "kai.cluster.resync.started": frozenset({1}),
     "kai.cluster.resync.completed": frozenset({1}),
-    "kai.cluster.podgroup.observed": frozenset({1, 2}),
+    "kai.cluster.podgroup.observed": frozenset({1, 2, 3}),
     "kai.cluster.queue.observed": frozenset({1}),
     "kai.scheduler.pod.evictiondecided": frozenset({1}),
     "kai.binder.pod.bindfailed": frozenset({1}),

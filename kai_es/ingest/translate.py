@@ -697,10 +697,13 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
         if not isinstance(sg, Mapping) or not sg.get("name"):
             raise IngestError(path, "needs a name")
         min_sub = sg.get("minSubGroup")
+        topology, required, preferred = _topology_constraint(sg.get("topologyConstraint"),
+                                                             f"{path}.topologyConstraint")
         subgroups.append(p.SubGroup(
             name=str(sg["name"]), min_member=_int(sg.get("minMember", 1), f"{path}.minMember", minimum=0),
             parent=str(sg.get("parent", "") or ""),
-            min_subgroup=_int(min_sub, f"{path}.minSubGroup", minimum=0) if min_sub is not None else None))
+            min_subgroup=_int(min_sub, f"{path}.minSubGroup", minimum=0) if min_sub is not None else None,
+            topology=topology, required_topology_level=required, preferred_topology_level=preferred))
     names = [sg.name for sg in subgroups]
     for i, sg in enumerate(subgroups):
         if names.count(sg.name) > 1:
@@ -726,9 +729,8 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
     grace = _get(obj, "spec.stalenessGracePeriod")
     delay = _get(obj, "spec.preemptionDelay")
     annotated_delay, annotated_grace = _time_annotations(_map(obj, "metadata.annotations"))
-    topo = _get(obj, "spec.topologyConstraint", {}) or {}
-    if not isinstance(topo, Mapping):
-        raise IngestError("spec.topologyConstraint", "must be a map")
+    topology, required, preferred = _topology_constraint(_get(obj, "spec.topologyConstraint"),
+                                                         "spec.topologyConstraint")
     return p.PodGroupObserved(
         namespace=namespace, name=name, uid=_uid(obj, f"{namespace}/{name}"),
         queue=str(_get(obj, "spec.queue", "") or ""),
@@ -737,15 +739,36 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
         min_subgroup=min_subgroup,
         priority_class=str(_get(obj, "spec.priorityClassName", "") or ""),
         preemptibility=preempt, subgroups=subgroups,
-        topology=str(topo.get("topology", "") or ""),
-        required_topology_level=str(topo.get("requiredTopologyLevel", "") or ""),
-        preferred_topology_level=str(topo.get("preferredTopologyLevel", "") or ""),
+        topology=topology, required_topology_level=required, preferred_topology_level=preferred,
         staleness_grace_ns=(_duration(grace, "spec.stalenessGracePeriod", signed=True) if grace is not None
                             else annotated_grace),
         preemption_delay_ns=(_duration(delay, "spec.preemptionDelay") if delay is not None
                              else annotated_delay),
         created_ns=created_ns(obj),
     )
+
+
+def _topology_constraint(raw: object, path: str) -> tuple[str, str, str]:
+    """(topology, requiredTopologyLevel, preferredTopologyLevel) of a `topologyConstraint` map
+    (absent: all empty). A level without a topology name is rejected: a level is a node label of
+    a named Topology's levels, and which Topology is meant must be said (KAI requires the name).
+    Whether the levels exist, and their order, depend on the Topology object, which may arrive
+    later: the scheduler checks them (`kai_es.scheduling.topology`)."""
+    if raw is None:
+        return "", "", ""
+    if not isinstance(raw, Mapping):
+        raise IngestError(path, "must be a map")
+    values = []
+    for field in ("topology", "requiredTopologyLevel", "preferredTopologyLevel"):
+        value = raw.get(field)
+        if value is not None and not isinstance(value, str):
+            raise IngestError(f"{path}.{field}", f"must be a string, got {value!r}")
+        values.append(value or "")
+    topology, required, preferred = values
+    if (required or preferred) and not topology:
+        raise IngestError(f"{path}.topology", "is required with requiredTopologyLevel or preferredTopologyLevel: "
+                                              "name the Topology whose levels they are")
+    return topology, required, preferred
 
 
 def _check_subgroup_minimums(raw: list[Any], subgroups: list[p.SubGroup]) -> None:
@@ -777,12 +800,19 @@ def _check_subgroup_minimums(raw: list[Any], subgroups: list[p.SubGroup]) -> Non
 
 
 def topology(obj: Obj) -> p.TopologyObserved:
-    levels = []
+    """A Topology's levels, widest first. As KAI's CRD: at least one level, each a node label
+    that no other level of the same Topology uses."""
+    levels: list[str] = []
     for i, level in enumerate(_list(obj, "spec.levels")):
         key = level.get("nodeLabel") if isinstance(level, Mapping) else None
-        if not key:
-            raise IngestError(f"spec.levels[{i}].nodeLabel", "is required")
-        levels.append(str(key))
+        if not key or not isinstance(key, str):
+            raise IngestError(f"spec.levels[{i}].nodeLabel", "is required (a node label key)")
+        if key in levels:
+            raise IngestError(f"spec.levels[{i}].nodeLabel",
+                              f"{key!r} is already level {levels.index(key)}: each level needs its own node label")
+        levels.append(key)
+    if not levels:
+        raise IngestError("spec.levels", "needs at least one level (a nodeLabel), widest domain first")
     return p.TopologyObserved(name=_name(obj), levels=levels)
 
 

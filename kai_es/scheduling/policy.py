@@ -55,6 +55,14 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   - a pod the Plan evicts or moves satisfies no required pod affinity of a pod placed after it,
     and a pod a placement of the cycle needs for its required affinity is no victim.
 
+- `kai-es/v5`: v4's rules and topology-aware placement (`kai_es.scheduling.topology`): the pods
+  of a PodGroup with a `topologyConstraint` (and of each sub-group with one) are placed in one
+  domain of the required level, the preferred level tried first, tightest domain first; a job
+  that fits in no such domain waits (TopologyUnsatisfied), one whose constraint does not match
+  its Topology too (InvalidTopologyConstraint). Reclaim, preempt and consolidation search victims
+  for a job with a required constraint within one domain at a time, and a moved pod of such a
+  job stays in its domain.
+
 Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
 function of the Session that returns its result (placements and reasons), pure; a policy's
 `state_digest` is a pure function of the state's content and `snapshot_digest(snapshot(s)) ==
@@ -163,6 +171,10 @@ class Policy:
     #: that rule under a config of such a version (`kai_es.state.reducer.TOP_LEVEL_STALE_POLICIES`
     #: lists the others; a test holds the two to agree), and the eviction names the sub-group
     subgroup_stale_gangs: bool = False
+    #: topology-aware placement (v5, `kai_es.scheduling.topology`): a PodGroup's and its
+    #: sub-groups' `topologyConstraint` keep their pods in one domain of the required level,
+    #: preferring the preferred one; before, the constraint was read and ignored
+    topology: bool = False
 
 
 class UnknownPolicy(ValueError):
@@ -214,6 +226,8 @@ POLICIES["kai-es/v4"] = replace(
     evicted_pods_leave=True,
     node_gated_tries=True,
 )
+# kai-es/v5: v4's rules and topology-aware placement
+POLICIES["kai-es/v5"] = replace(POLICIES["kai-es/v4"], version="kai-es/v5", topology=True)
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v4"
 

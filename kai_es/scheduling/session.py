@@ -41,6 +41,7 @@ from kai_es.scheduling.fairshare import RESOURCES, TimeBased, Usage, parent_loop
 from kai_es.scheduling.gang import Minimum, minimum
 from kai_es.scheduling.plan import Entry, Operation, Plan
 from kai_es.scheduling.predicates.eligibility import Eligibility
+from kai_es.scheduling.topology import TopologyPlacer
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 from kai_es.state.reducer import device_milli_on, job_key_of_index
 
@@ -175,6 +176,11 @@ class Session:
                                        leaving=policy is not None and policy.evicted_pods_leave)
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)
+        #: kai-es/v5: topology-aware placement (None: constraints are ignored)
+        self.topology: TopologyPlacer | None = None
+        if policy is not None and policy.topology:
+            self.topology = TopologyPlacer(state, plan, self.eligibility)
+            plan.listeners.append(self.topology)
         self.gpu_memory_hint = max((n.spec.gpu_memory_mib for n in plan.nodes), default=0)
         self.queues: dict[str, QueueNode] = {}
         self.roots: list[QueueNode] = []

@@ -4,9 +4,12 @@ benchmark gates at 680 pods/s on 5,000 nodes), the cycle's setup time, and the t
 small change into the state (the incremental reducer).
 
     python tools/bench/bench_cycle.py [--pods 10000] [--nodes 5000] [--packer native|reference]
+                                      [--policy kai-es/v5]   # default: the current policy
     python tools/bench/bench_cycle.py --affinity   # the same cycle, then again with half the pods
                                                    # under required node affinity and a quarter
                                                    # under hostname anti-affinity; prints the ratio
+    python tools/bench/bench_cycle.py --topology   # gangs of 12 one-GPU pods that each require one
+                                                   # rack of 16 nodes, under kai-es/v4 and v5
 """
 
 from __future__ import annotations
@@ -94,16 +97,24 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=5_000)
     ap.add_argument("--packer", default="native")
     ap.add_argument("--affinity", action="store_true")
+    ap.add_argument("--policy", default=None, help="policy version (default: the current one)")
+    ap.add_argument("--topology", action="store_true", help="rack-bound gangs of 12 under kai-es/v4 and v5")
     args = ap.parse_args()
     if args.affinity:
         compare_affinity(args.nodes, args.pods, args.packer)
+        return
+    if args.topology:
+        compare_topology(args.nodes, args.pods, args.packer)
         return
     t0 = time.perf_counter()
     state, pos = build(args.nodes, args.pods)
     print(f"state: {args.nodes} nodes x 8 GPUs, 55 queues, {args.pods} pending pods "
           f"(folded {pos} events in {time.perf_counter() - t0:.1f}s)")
     cfg = SchedulerConfig(state_digest_every=0, actions=["allocate"])
+    if args.policy:
+        cfg = SchedulerConfig(state_digest_every=0, actions=["allocate"], policy_version=args.policy)
     packer = load_packer(args.packer)  # type: ignore[arg-type]
+    print(f"policy {cfg.policy_version}")
 
     t0 = time.perf_counter()
     plan = Plan(state, packer, strategy_of(cfg))
@@ -161,6 +172,53 @@ def compare_affinity(nodes: int, pods: int, engine: str) -> None:
     print(f"affinity cycle (1/2 required node affinity, 1/4 hostname anti-affinity over 400 apps): "
           f"{placed} placements in {aff:.2f}s ({placed / aff:,.0f}/s)")
     print(f"ratio affinity / plain: {aff / plain:.2f}x (budget <= 2.0x)")
+
+
+def build_topology(nodes: int, pods: int, gang: int = 12, rack_nodes: int = 16) -> tuple[ClusterState, int]:
+    """`nodes` 8-GPU nodes in racks of `rack_nodes` (zones of 8 racks), `pods` one-GPU pods in
+    gangs of `gang` that each require one rack (Topology `bench`: zone, rack)."""
+    folder = Folder()
+    add = folder.add
+    add(p.TopologyObserved(name="bench", levels=["zone", "rack"]))
+    for i in range(nodes):
+        rack = i // rack_nodes
+        add(p.NodeObserved(name=f"node-{i:05d}", labels={"zone": f"z{rack // 8}", "rack": f"r{rack}"},
+                           milli_cpu=128_000, memory_bytes=2**40, gpus=8, gpu_memory_mib=81920))
+    add(p.QueueObserved(name="team", gpu=p.QueueResource(quota=8000 * nodes)))
+    for g in range(pods // gang):
+        add(p.PodGroupObserved(namespace="bench", name=f"pg-{g}", uid=f"pg-{g}", queue="team", min_member=gang,
+                               topology="bench", required_topology_level="rack", created_ns=START + g))
+        for k in range(gang):
+            i = g * gang + k
+            add(p.PodObserved(namespace="bench", name=f"pod-{i}", uid=f"u{i}", queue="team", podgroup=f"pg-{g}",
+                              requests=p.PodResources(milli_cpu=4000, memory_bytes=2**34), gpu=p.GpuRequest(whole=1),
+                              created_ns=START + i))
+    return folder.state, folder.pos
+
+
+def compare_topology(nodes: int, pods: int, engine: str) -> None:
+    """The same rack-bound gangs under kai-es/v4 (constraints ignored) and kai-es/v5."""
+    rates = {}
+    for policy in ("kai-es/v4", "kai-es/v5"):
+        state, pos = build_topology(nodes, pods)
+        cfg = SchedulerConfig(state_digest_every=0, actions=["allocate"], policy_version=policy)
+        started = make_envelope(p.CycleStarted(cycle=1, config_digest=config_digest(cfg)), event_id="c1",
+                                source="bench", subject="cycle/1", logicaltime=START + pos)
+        apply(state, Record(pos, started))
+        t0 = time.perf_counter()
+        decisions = run_cycle(state, Record(pos, started), cfg, load_packer(engine))  # type: ignore[arg-type]
+        dt = time.perf_counter() - t0
+        racks: dict[str, set[str]] = {}
+        for d in decisions:
+            if isinstance(d.data, p.BindingDecided):
+                racks.setdefault(state.pods[f"bench/{d.data.name}"].job_key, set()).add(
+                    state.nodes[d.data.node].spec.labels["rack"])
+        placed = sum(1 for d in decisions if isinstance(d.data, p.BindingDecided))
+        spanning = sum(1 for r in racks.values() if len(r) > 1)
+        rates[policy] = placed / dt
+        print(f"{policy}: {placed} placements of {len(racks)} rack-bound gangs of 12 in {dt:.2f}s "
+              f"({placed / dt:,.0f}/s); gangs spanning racks: {spanning}")
+    print(f"ratio v4 / v5 placements per second: {rates['kai-es/v4'] / rates['kai-es/v5']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ Contract:
   `Relist(kind, objects)`: only that kind is relisted.
 - Other failures (5xx, 429, connection refused, 403/404 such as a CRD not installed yet) are
   retried with bounded exponential backoff and logged; the source never gives up on a kind.
+  A LIST of an optional kind (`OPTIONAL_KINDS`) answered 404 is an empty list instead, and its
+  watch retries quietly until the CRD is served.
 - Objects are the API's JSON as dicts, each with `kind` and `apiVersion` set (LIST items lack
   them). Nothing is decoded into kubernetes-asyncio's generated models (several times the CPU).
 - Within one kind, items come in the order the API server sent them; kinds interleave.
@@ -43,13 +45,17 @@ log = logging.getLogger(__name__)
 #: KAI's namespace for GPU reservation pods (kai_es/adapters/kubernetes/gpushare.py)
 RESERVATION_NAMESPACE = "kai-resource-reservation"
 
-#: The kinds kai-es schedules from. Topology is opt-in: its CRD may not be installed.
-#: the volume and namespace kinds feed the placement predicates (claims, local volumes'
-#: node affinity, ConfigMaps, namespace selectors of pod affinity terms)
-DEFAULT_KINDS = ("PriorityClass", "Queue", "Namespace", "ConfigMap", "PersistentVolume",
-                 "PersistentVolumeClaim", "Node", "PodGroup", "Pod")
+#: The kinds kai-es schedules from: the volume and namespace kinds feed the placement
+#: predicates (claims, local volumes' node affinity, ConfigMaps, namespace selectors of pod
+#: affinity terms), Topology the topology constraints of PodGroups (an optional kind: see
+#: `OPTIONAL_KINDS`)
 ALL_KINDS = ("PriorityClass", "Queue", "Topology", "Namespace", "ConfigMap", "PersistentVolume",
              "PersistentVolumeClaim", "Node", "PodGroup", "Pod")
+DEFAULT_KINDS = ALL_KINDS
+#: Kinds whose CRD a cluster may lack (a KAI install without topology support): a LIST answered
+#: 404 counts as an empty list (so the informer gets ready), and the kind's watch keeps retrying
+#: until the CRD appears, when the watch (from no resourceVersion) sends every object as ADDED
+OPTIONAL_KINDS = frozenset({"Topology"})
 
 Change = ObjectChange | Relist
 
@@ -221,6 +227,16 @@ class KubernetesSource:
         while True:
             try:
                 objects, rv = await self.list_kind(kind)
+            except ApiCallError as exc:
+                if exc.status == 404 and kind in OPTIONAL_KINDS:
+                    log.info("LIST %s: not served (%s); watching for its CRD", kind, exc)
+                    self._rv[kind] = ""
+                    return []
+                delay = backoff.next_delay()
+                log.warning("LIST %s failed (%s: %s); retrying in %.1fs", kind,
+                            type(exc).__name__, exc, delay)
+                await anyio.sleep(delay)
+                continue
             except Exception as exc:  # noqa: BLE001 - see _run_kind
                 delay = backoff.next_delay()
                 log.warning("LIST %s failed (%s: %s); retrying in %.1fs", kind,
@@ -307,7 +323,8 @@ class KubernetesSource:
                 delay = backoff.next_delay()
                 expected = isinstance(exc, (aiohttp.ClientError, TimeoutError, ApiCallError,
                                             ValueError))
-                log.log(logging.WARNING if expected else logging.ERROR,
+                absent = isinstance(exc, ApiCallError) and exc.status == 404 and kind in OPTIONAL_KINDS
+                log.log(logging.DEBUG if absent else logging.WARNING if expected else logging.ERROR,
                         "watch %s ended (%s: %s); resuming from %s in %.2fs", kind,
                         type(exc).__name__, exc, self._rv.get(kind), delay,
                         exc_info=not expected)

@@ -19,6 +19,7 @@ from kai_es.scheduling.fairshare import pod_request
 from kai_es.scheduling.packing import PackingError
 from kai_es.scheduling.plan import Entry
 from kai_es.scheduling.session import QueueNode, Session, Vector, _one_pod, _what
+from kai_es.scheduling.topology import INVALID_TOPOLOGY_CONSTRAINT, constrained
 from kai_es.state.model import Job, PodState
 from kai_es.state.reducer import job_key_of_index
 
@@ -40,9 +41,16 @@ class Allocator:
 
     def _no_fit(self, pod: PodState, answer_rejections: tuple[int, ...]) -> list[Reason]:
         """Why `pod` fits no node: NoNodeFits with per-cause node counts, then one detail
-        reason per predicate beyond stage 1 that excluded nodes."""
+        reason per predicate beyond stage 1 that excluded nodes (inside a topology domain: the
+        nodes outside it counted as such, without the detail reasons)."""
         what = _what(pod)
         nodes = len(self.plan.nodes)
+        restriction = self.eligibility.restriction
+        if restriction is not None:  # kai-es/v5: placed inside one topology domain
+            outside = nodes - sum(restriction)
+            inside = (answer_rejections[0] - outside, *answer_rejections[1:])
+            return [fw.no_node_fits(inside, nodes, what, (("outside_domain", "outside the topology domain tried",
+                                                          outside),))]
         if not answer_rejections[0] or not _has_later_predicates(pod):
             return [fw.no_node_fits(answer_rejections, nodes, what)]
         stage1, extra, details = self.eligibility.explain(pod.spec)
@@ -241,8 +249,45 @@ class Allocator:
                 self._drop_job(leaf, job, [problem])
                 return False
         cp = self.plan.checkpoint()
+        topology = self.session.topology
+        if topology is not None and constrained(job.spec):
+            def flat(group: list[PodState], explain: bool) -> tuple[list[Entry] | None, list[Reason]]:
+                got = self._place_each(group, cp, explain, as_gang=False)
+                return (None, got.reasons) if isinstance(got, _Miss) else (got, [])
+
+            placed, reasons = topology.place(job, pods, flat, self.session.request_of)
+            if placed is None:
+                self.plan.rollback(cp)
+                if gang_stage and len(pods) > 1 and reasons[0].code != INVALID_TOPOLOGY_CONSTRAINT:
+                    reasons = [Reason(code=fw.GANG_UNSATISFIED, message=(
+                        f"gang needs {len(pods)} pods placed at once within its topology constraints"),
+                        numbers={"min_member": job.min_member, "needed": len(pods)}), *reasons]
+                self._drop_job(leaf, job, reasons)
+                return False
+            entries = placed
+        else:
+            miss = self._place_each(pods, cp)
+            if isinstance(miss, _Miss):
+                self.plan.rollback(cp)
+                self._drop_job(leaf, job, miss.reasons)
+                return False
+            entries = miss
+        if gang_stage and any(e.pipelined for e in entries):
+            for e in entries:
+                e.gang_pipelined = True  # announced as pipelined; its capacity stays held
+        self._commit(entries)
+        self._requeue(leaf, job)
+        return True
+
+    def _place_each(self, pods: list[PodState], cp: int, explain: bool = True, as_gang: bool = True
+                    ) -> list[Entry] | _Miss:
+        """Place `pods` one by one on the masks the eligibility hands out now (idle capacity
+        first, else pipelined): their entries, or the miss with its reasons (rendered before
+        the caller rolls the Plan back to `cp`, when `explain`; placements after `cp` count as
+        tentative). `as_gang`: `pods` are the job's whole try, whose gang reason leads."""
         entries: list[Entry] = []
         eligibility = self.eligibility
+        job_pods = len(pods)
         for i, pod in enumerate(pods):
             mask, dynamic = eligibility.mask(pod.spec)
             levels = eligibility.levels(pod.spec, mask) if (
@@ -251,32 +296,32 @@ class Allocator:
             if pod.nominated_node:
                 levels = eligibility.nominated_first(pod.nominated_node, mask, levels)
             try:
-                entry, answer = self.plan.place(pod.key, pod.spec, mask, settled=not entries,
+                entry, answer = self.plan.place(pod.key, pod.spec, mask, settled=self.plan.checkpoint() == cp,
                                                 remember=not dynamic, levels=levels)
             except PackingError as exc:  # a request the packer cannot represent: this job only
-                self.plan.rollback(cp)
-                self._drop_job(leaf, job, [Reason(
-                    code=fw.INVALID_REQUEST, message=f"pod {pod.key} cannot be placed as requested: {exc}")])
-                return False
+                return _Miss([Reason(code=fw.INVALID_REQUEST,
+                                     message=f"pod {pod.key} cannot be placed as requested: {exc}")])
             if entry is None:
+                if not explain:
+                    return _Miss([])
                 node_reasons = self._no_fit(pod, tuple(answer.rejections))
-                self.plan.rollback(cp)
-                if gang_stage and len(pods) > 1:
-                    reasons = [Reason(code=fw.GANG_UNSATISFIED,
-                                      message=f"gang needs {len(pods)} pods placed at once; only {i} fit",
-                                      numbers={"min_member": job.min_member, "needed": len(pods), "fit": i}),
-                               *node_reasons]
-                else:
-                    reasons = node_reasons
-                self._drop_job(leaf, job, reasons)
-                return False
+                job = self.state.jobs[pod.job_key]
+                need = self.session.gang[job.key]
+                if as_gang and (bool(need.pods) or need.problem is not None) and job_pods > 1:
+                    return _Miss([Reason(code=fw.GANG_UNSATISFIED,
+                                         message=f"gang needs {job_pods} pods placed at once; only {i} fit",
+                                         numbers={"min_member": job.min_member, "needed": job_pods, "fit": i}),
+                                  *node_reasons])
+                return _Miss(node_reasons)
             entries.append(entry)
-        if gang_stage and any(e.pipelined for e in entries):
-            for e in entries:
-                e.gang_pipelined = True  # announced as pipelined; its capacity stays held
-        self._commit(entries)
-        self._requeue(leaf, job)
-        return True
+        return entries
+
+
+@dataclass(slots=True)
+class _Miss:
+    """A placement that failed, with the reasons for the pods (empty when not explained)."""
+
+    reasons: list[Reason]
 
 
 def _has_later_predicates(pod: PodState) -> bool:

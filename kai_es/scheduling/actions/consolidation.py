@@ -179,16 +179,22 @@ class Consolidation(PreemptingAction):
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         """Another job's preemptible unit whose every pod fits, now, on idle capacity of some
-        node other than its own (within its static eligibility): a pod that fits nowhere else
+        node other than its own (within its static eligibility; kai-es/v5: and within the topology
+        domains its job requires, `TopologyPlacer.home`): a pod that fits nowhere else
         cannot move, so a unit with one is not taken. During a search idle capacity does not
         change (evictions free capacity only once released), so the answers are kept per
         (shape, eligible nodes) for the search: the first node that fits, and whether another
         one does."""
-        plan, eligibility = self.plan, self.session.eligibility
+        plan, eligibility, topology = self.plan, self.session.eligibility, self.session.topology
         fits: dict[tuple[int, int], tuple[int, bool]] = {}
 
         def movable(pod: PodState) -> bool:
-            shape, mask = plan.shape(pod.spec), eligibility.static_mask(pod.spec)
+            if topology is not None:  # kai-es/v5: a constrained job's pod may move within its domain only
+                with eligibility.restricted(topology.home(pod)):
+                    mask = eligibility.static_mask(pod.spec)
+            else:
+                mask = eligibility.static_mask(pod.spec)
+            shape = plan.shape(pod.spec)
             key = (id(shape), id(mask))
             found = fits.get(key)
             if found is None:

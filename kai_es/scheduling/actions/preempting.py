@@ -28,6 +28,11 @@ Contract:
   pod a placement of this cycle needs for its required pod affinity
   (`PodAffinityIndex.needed`); and
   (`Session.victims_move`) a victim that fits elsewhere is moved, not evicted (`move_victims`).
+- kai-es/v5 (`Session.topology`): a preemptor with a required topology constraint searches
+  within one domain of its required level at a time (`TopologyPlacer.preempt_domains`: the
+  eligibility masks, and so the per-node bound and the victims, are narrowed to the domain),
+  its placement honours every constraint of the job and its sub-groups
+  (`TopologyPlacer.place`), and a moved pod of a constrained job stays in its domain (`relocate`).
 - Pure: reads the state; writes only the Session's Plan and the returned result.
 """
 
@@ -47,10 +52,13 @@ from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.plan import Entry, Eviction
 from kai_es.scheduling.session import QueueNode, Session, Vector
+from kai_es.scheduling.topology import TOPOLOGY_UNSATISFIED, constrained
 from kai_es.scheduling.victims import RoomBound, Unit, free_capacity, keyed_units, room, search, units_of
 from kai_es.state.model import Job, PodState
 
-CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED})
+#: (TopologyUnsatisfied: a single constrained pod, kai-es/v5 only; a gang's reasons lead with
+#: GangUnsatisfied)
+CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED, TOPOLOGY_UNSATISFIED})
 
 
 class PreemptingAction:
@@ -279,16 +287,31 @@ class PreemptingAction:
         return self.result
 
     def _try(self, leaf: QueueNode, job: Job) -> None:
+        topology = self.session.topology
+        if topology is None or not constrained(job.spec):
+            self._try_within(leaf, job)
+            return
+        # kai-es/v5: a job with a required topology constraint searches victims within one
+        # domain of that level at a time (the placement itself honours every constraint)
+        eligibility = self.session.eligibility
+        for nodes in topology.preempt_domains(job):
+            with eligibility.restricted(nodes):
+                if self._try_within(leaf, job):
+                    return
+
+    def _try_within(self, leaf: QueueNode, job: Job) -> bool:
+        """One victim search for `job` on the masks the eligibility hands out now; True when it
+        placed the job."""
         picked = self.session.job_candidate(job, exclude=self.session.placed_pods)
         if picked is None:
-            return
+            return False
         pods, request = picked
         if any(pod.backoff_until_ns > self.session.now_ns or pod.bind_final_message for pod in pods):
-            return
+            return False
         if self.session.limits(leaf, job, request) or not self.may_start(leaf, job, request):
-            return
+            return False
         if any(self.session.eligibility.pod_problem(pod.spec) for pod in pods):
-            return
+            return False
         gang = len(pods) > 1 or job.min_member > 1
         on_nodes: set[int] | None = None
         units: Iterable[Unit]
@@ -297,29 +320,42 @@ class PreemptingAction:
         if self.session.bounded_victims:
             bounded = self.bounded_search(leaf, job, pods, request, shapes)
             if bounded is None:
-                return
+                return False
             on_nodes, units, scenario = bounded
         else:
             memo = (leaf.name, request, len(self.plan.operations))
             if memo in self._failed and len(pods) == 1 and not pods[0].spec.pod_affinity \
                     and not pods[0].spec.pod_anti_affinity:
-                return
+                return False
             units = self._victim_units(leaf, job)
         placed: list[Entry] = []
 
-        def place() -> list[Entry] | None:
+        def place_each(group: list[PodState], _explain: bool = False) -> tuple[list[Entry] | None, list[Reason]]:
             cp = self.plan.checkpoint()
             entries: list[Entry] = []
             eligibility = self.session.eligibility
-            for pod in pods:
+            for pod in group:
                 mask, _ = eligibility.mask(pod.spec)
                 entry, _ = self.plan.place(pod.key, pod.spec, mask, remember=False,
                                            levels=eligibility.levels(pod.spec, mask))
                 if entry is None:
                     self.plan.rollback(cp)
-                    return None
+                    return None, []
                 entries.append(entry)
-            placed[:] = entries
+            return entries, []
+
+        topology = self.session.topology if constrained(job.spec) else None
+
+        def place() -> list[Entry] | None:
+            if topology is not None:
+                cp = self.plan.checkpoint()
+                entries, _ = topology.place(job, pods, place_each, self.session.request_of)
+                if entries is None:
+                    self.plan.rollback(cp)
+            else:
+                entries, _ = place_each(pods)
+            if entries is not None:
+                placed[:] = entries
             return entries
 
         preemptor = f"{job.namespace}/{pods[0].spec.name}" if len(pods) == 1 else job.key
@@ -353,7 +389,7 @@ class PreemptingAction:
                 self._failed_scenarios.add(scenario)
             else:
                 self._failed.add(memo)
-            return
+            return False
         entries = list(placed)  # what the last successful place() put on the Plan
         if gang and any(e.pipelined for e in entries):
             for e in entries:
@@ -362,6 +398,7 @@ class PreemptingAction:
             self.session.placed_pods.add(e.pod_key)
             self.session.unschedulable.pop(e.pod_key, None)
         self.result.placed.extend(entries)
+        return True
 
     def _scenario(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector,
                   shapes: list[tuple[TaskShape, array[int]]]) -> tuple[object, ...]:
@@ -384,6 +421,8 @@ class PreemptingAction:
             f"({victim_jobs} jobs) would make room for it on no node"), numbers={"victim_jobs": victim_jobs})
         waiting = self.session.unschedulable
         for pod in pods:
+            if self.session.topology is not None and reason in waiting.get(pod.key, ()):
+                continue  # kai-es/v5: one search per topology domain, said once
             waiting[pod.key] = [*waiting.get(pod.key, ()), reason]
 
 
@@ -438,14 +477,18 @@ def relocate(session: Session, ops: list[Eviction]) -> list[tuple[Eviction, int]
     """Re-place every pod the evictions `ops` take, largest request first, on idle capacity of
     another node (`Plan.place_idle`: never the node it leaves, never capacity a pipelined pod
     waits for, within its eligibility; its preferences are not weighed), each placement an
-    `Entry` with `moved_from` set. Returns (eviction, node it moves to) per pod, or None with the
+    `Entry` with `moved_from` set; kai-es/v5: within its topology domains, `TopologyPlacer.home`).
+    Returns (eviction, node it moves to) per pod, or None with the
     Plan as it was when one pod fits nowhere. A shape that fit no idle capacity once is not
     tried again in the cycle (`Session.idle_fits`): idle capacity only shrinks as operations are
     committed (a rollback only undoes later, tentative ones)."""
-    plan, state, eligibility = session.plan, session.state, session.eligibility
+    plan, state, eligibility, topology = session.plan, session.state, session.eligibility, session.topology
+    # kai-es/v5: a moved pod of a job with a required topology constraint stays in its domain
+    homes = {op.pod_key: topology.home(state.pods[op.pod_key]) for op in ops} if topology is not None else None
     for op in ops:
         spec = state.pods[op.pod_key].spec
-        shape, mask = plan.shape(spec), eligibility.static_mask(spec)
+        with eligibility.restricted(homes[op.pod_key] if homes is not None else eligibility.restriction):
+            shape, mask = plan.shape(spec), eligibility.static_mask(spec)
         key = (id(shape), id(mask))
         if key not in session.idle_fits:
             session.idle_fits[key] = plan.packer.place(plan.idle, shape, plan.strategy, mask).placed
@@ -456,7 +499,8 @@ def relocate(session: Session, ops: list[Eviction]) -> list[tuple[Eviction, int]
     for op in sorted(ops, key=lambda o: (-state.pods[o.pod_key].milli_gpu, -state.pods[o.pod_key].spec.requests.milli_cpu,
                                          -state.pods[o.pod_key].spec.requests.memory_bytes, o.pod_key)):
         pod = state.pods[op.pod_key]
-        mask, _ = eligibility.mask(pod.spec)
+        with eligibility.restricted(homes[op.pod_key] if homes is not None else eligibility.restriction):
+            mask, _ = eligibility.mask(pod.spec)
         elsewhere = mask[:]
         elsewhere[op.node] = 0
         entry = plan.place_idle(pod.key, pod.spec, elsewhere)

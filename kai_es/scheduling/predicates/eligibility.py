@@ -14,13 +14,17 @@ Contract:
   eligible nodes by descending preference score (preferred node affinity normalised to 0..100
   over the eligible nodes, plus inter-pod preference normalised likewise, as Kubernetes does),
   which the Plan tries in order before its packing strategy breaks ties.
+- `restricted(nodes)` (kai-es/v5's topology domains) narrows every mask handed out inside the
+  `with` block to `nodes` (a 0/1 array that lives for the cycle): a restricted static mask is
+  interned per (static mask, restriction), so it too may be remembered.
 - Pure: reads the state; writes only its own trackers.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
@@ -67,6 +71,11 @@ class Eligibility:
         self._scalars: resources.ScalarFree | None = None
         self._ports: host_ports.PortsInUse | None = None
         self._zeros = array("q", bytes(8 * self.n))
+        #: the nodes every mask is narrowed to (None: all), see `restricted`
+        self.restriction: array[int] | None = None
+        #: (id of static mask, id of restriction) -> (narrowed mask, the two it came from: kept
+        #: alive so that their ids stay theirs)
+        self._narrowed: dict[tuple[int, int], tuple[array[int], array[int], array[int]]] = {}
 
     # -- trackers ----------------------------------------------------------------------------
 
@@ -140,20 +149,48 @@ class Eligibility:
             key = self._keys[id(spec)] = static_key(spec, tuple(v[0] for v in self._volumes_of(spec)))
         return key
 
+    @contextmanager
+    def restricted(self, nodes: array[int] | None) -> Iterator[None]:
+        """Within the block, masks allow only nodes set in `nodes` (None: no restriction, also
+        lifting an outer one); the restriction in force before is restored after."""
+        outer = self.restriction
+        self.restriction = nodes
+        try:
+            yield
+        finally:
+            self.restriction = outer
+
+    def _narrow(self, mask: array[int], nodes: array[int]) -> array[int]:
+        key = (id(mask), id(nodes))
+        found = self._narrowed.get(key)
+        if found is None:
+            narrowed = array("q", self._zeros)
+            for i in range(self.n):
+                if mask[i] and nodes[i]:
+                    narrowed[i] = 1
+            found = self._narrowed[key] = (narrowed, mask, nodes)
+        return found[0]
+
     def static_mask(self, spec: p.PodObserved) -> array[int]:
         key = self._key(spec)
         mask = self._static.get(key)
         if mask is None:
-            legacy = array("q", [1 if legacy_allows(n.spec, spec) else 0 for n in self.nodes])
-            self._legacy[key] = legacy
-            mask = legacy
-            vols = self._volumes_of(spec)
-            if vols or spec.scalar_requests:
-                mask = array("q", legacy)
-                for i, n in enumerate(self.nodes):
-                    if mask[i] and not self._node_level(n.spec, spec, vols):
-                        mask[i] = 0
-            self._static[key] = mask
+            mask = self._build_static(key, spec)
+        if self.restriction is not None:
+            return self._narrow(mask, self.restriction)
+        return mask
+
+    def _build_static(self, key: StaticKey, spec: p.PodObserved) -> array[int]:
+        legacy = array("q", [1 if legacy_allows(n.spec, spec) else 0 for n in self.nodes])
+        self._legacy[key] = legacy
+        mask = legacy
+        vols = self._volumes_of(spec)
+        if vols or spec.scalar_requests:
+            mask = array("q", legacy)
+            for i, n in enumerate(self.nodes):
+                if mask[i] and not self._node_level(n.spec, spec, vols):
+                    mask[i] = 0
+        self._static[key] = mask
         return mask
 
     @staticmethod
