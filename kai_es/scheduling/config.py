@@ -115,7 +115,7 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     fairshare: Fairshare = Fairshare()
     #: a released version of `kai_es.scheduling.policy` (an unknown one is an error); a literal
     #: here, as the registry imports the actions, which import this module
-    policy_version: str = "kai-es/v4"
+    policy_version: str = "kai-es/v5"
     state_digest_every: int = 1
     #: consolidation moves at most this many jobs per cycle (-1: no limit; 0: off), KAI's
     #: `--max-consolidation-preemptees`

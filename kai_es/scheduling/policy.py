@@ -229,7 +229,7 @@ POLICIES["kai-es/v4"] = replace(
 # kai-es/v5: v4's rules and topology-aware placement
 POLICIES["kai-es/v5"] = replace(POLICIES["kai-es/v4"], version="kai-es/v5", topology=True)
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v4"
+CURRENT_POLICY: Final = "kai-es/v5"
 
 
 def policy_for(version: str) -> Policy:

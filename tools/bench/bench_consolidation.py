@@ -1,4 +1,4 @@
-"""Consolidation at scale, one full cycle with every action of the default policy on (kai-es/v4:
+"""Consolidation at scale, one full cycle with every action of the default policy on (kai-es/v5, as v4:
 allocate, consolidation, reclaim, preempt, stalegangeviction):
 
 - fragmented: 1,000 nodes x 8 GPUs, each running 6 single-GPU preemptible jobs (2,000 GPUs free,

@@ -1,5 +1,5 @@
 """Reclaim at scale (issue 11's shapes), one full cycle with every action of the policy on (the
-default config's actions: under kai-es/v4 allocate, consolidation, reclaim, preempt and
+default config's actions: under kai-es/v5 (as v4) allocate, consolidation, reclaim, preempt and
 stalegangeviction):
 
 - big: one pending job of 500 pods x 8 GPUs (queue deserves 0... here a quota-less queue whose
