@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ from aiokafka.errors import (  # type: ignore[import-untyped]
     for_code,
 )
 
+from kai_es.adapters.kafka_security import OPTIONS as SECURITY_OPTIONS
+from kai_es.adapters.kafka_security import PLAINTEXT, KafkaSecurity, KafkaSecurityError, security_from_query
 from kai_es.events import DecodeError, Envelope, Record, decode, encode
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,37 @@ _MAX_IDLE_CONSUMERS: Final = 2
 
 class KafkaLogError(RuntimeError):
     """The Kafka log cannot be used as configured (bad URL, wrong topic layout, closed)."""
+
+
+class _ConnectFailures(logging.Filter):
+    """Why aiokafka's client could not connect to each address. Its bootstrap logs the cause
+    ('Unable connect to "host:port": SaslAuthenticationFailed: ...', a TLS verification error)
+    on the "aiokafka" logger and raises a bare "Unable to bootstrap": this filter keeps the cause
+    for our error message and drops that line (re-logged here at DEBUG), so a CLI says it once.
+    Every other aiokafka record passes."""
+
+    _LINE = re.compile(r'Unable connect to "([^"]+)": (.*)', re.S)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: dict[str, str] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        found = self._LINE.match(message)
+        if found is None:
+            return True
+        self.last[found.group(1)] = found.group(2).strip()
+        log.debug("aiokafka: %s", message)
+        return False
+
+    def reason(self, bootstrap: str) -> str | None:
+        reasons = [self.last[hp] for hp in bootstrap.split(",") if hp in self.last]
+        return "; ".join(dict.fromkeys(reasons)) or None
+
+
+_CONNECT_FAILURES: Final = _ConnectFailures()
+logging.getLogger("aiokafka").addFilter(_CONNECT_FAILURES)
 
 
 class FencedError(RuntimeError):
@@ -95,10 +129,12 @@ class KafkaLogConfig:
     topic: str = DEFAULT_TOPIC
     transactional_id: str | None = None
     create: bool = True
+    security: KafkaSecurity = PLAINTEXT
 
 
 def parse_url(url: str) -> KafkaLogConfig:
-    """``kafka://host:port[,host2:port2]/topic?transactional_id=X&create=false``."""
+    """``kafka://host:port[,host2:port2]/topic?transactional_id=X&create=false`` plus the TLS and
+    SASL options of `kai_es.adapters.kafka_security` (credentials from the environment)."""
     parts = urlsplit(url)
     if parts.scheme != "kafka":
         raise KafkaLogError(f"{url}: not a kafka:// URL")
@@ -118,11 +154,18 @@ def parse_url(url: str) -> KafkaLogConfig:
     create_s = query.pop("create", "true").lower()
     if create_s not in ("true", "false", "1", "0", "yes", "no"):
         raise KafkaLogError(f"{url}: create={create_s!r} is not a boolean")
+    security_options: dict[str, str] = {name: query.pop(name) for name in SECURITY_OPTIONS if name in query}
+    secrets: dict[str, str] = {name: query.pop(name) for name in ("sasl_password", "sasl_plain_password")
+                               if name in query}
     if query:
         raise KafkaLogError(f"{url}: unknown option(s) {', '.join(sorted(query))} "
-                            "(known: transactional_id, create)")
+                            f"(known: transactional_id, create, {', '.join(SECURITY_OPTIONS)})")
+    try:
+        security = security_from_query({**security_options, **secrets})
+    except KafkaSecurityError as exc:
+        raise KafkaSecurityError(f"{parts.scheme}://{parts.netloc}{parts.path}: {exc}") from None
     return KafkaLogConfig(bootstrap=",".join(hosts), topic=topic, transactional_id=txn,
-                          create=create_s in ("true", "1", "yes"))
+                          create=create_s in ("true", "1", "yes"), security=security)
 
 
 class KafkaEventLog:
@@ -130,11 +173,14 @@ class KafkaEventLog:
 
     def __init__(self, bootstrap: str, topic: str = DEFAULT_TOPIC, *,
                  transactional_id: str | None = None, create: bool = True,
+                 security: KafkaSecurity = PLAINTEXT,
                  transaction_timeout_ms: int = 15_000, request_timeout_ms: int = 30_000,
                  visibility_timeout_s: float = 30.0, fetch_max_wait_ms: int = 500,
                  client_id: str = "kai-es") -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        self.security = security
+        self._client_kwargs = security.client_kwargs()
         self.deadletter_topic = f"{topic}.deadletter"
         self.transactional_id = transactional_id or f"kai-es-writer.{topic}"
         self.create = create
@@ -165,7 +211,7 @@ class KafkaEventLog:
         opener may pass ``create=False`` so that a mistyped topic is an error, not a new topic)."""
         cfg = parse_url(url)
         return cls(cfg.bootstrap, cfg.topic, transactional_id=transactional_id or cfg.transactional_id,
-                   create=cfg.create if create is None else create)
+                   create=cfg.create if create is None else create, security=cfg.security)
 
     def __repr__(self) -> str:
         return (f"KafkaEventLog(bootstrap={self.bootstrap!r}, topic={self.topic!r}, "
@@ -202,12 +248,13 @@ class KafkaEventLog:
             if self._topic_ready:
                 return
             admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self.client_id,
-                                        request_timeout_ms=self.request_timeout_ms)
+                                        request_timeout_ms=self.request_timeout_ms, **self._client_kwargs)
             try:
                 try:
                     await admin.start()
                 except KafkaConnectionError as exc:
-                    raise KafkaLogError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from exc
+                    why = _CONNECT_FAILURES.reason(self.bootstrap) or str(exc)
+                    raise KafkaLogError(f"cannot reach Kafka at {self.bootstrap}: {why}") from exc
                 await self._ensure_one_topic(admin, self.topic, required=True)
                 self._dlq_exists = await self._ensure_one_topic(admin, self.deadletter_topic,
                                                                 required=False)
@@ -255,6 +302,7 @@ class KafkaEventLog:
 
     async def _new_consumer(self, *, assign: bool, fetch_max_wait_ms: int) -> Any:
         consumer = AIOKafkaConsumer(
+            **self._client_kwargs,
             bootstrap_servers=self.bootstrap, client_id=self.client_id, group_id=None,
             isolation_level="read_committed", enable_auto_commit=False,
             auto_offset_reset="earliest", request_timeout_ms=self.request_timeout_ms,
@@ -300,6 +348,7 @@ class KafkaEventLog:
             await self._drop_producer("it is in a fatal state")
         if self._producer is None:
             producer = AIOKafkaProducer(
+                **self._client_kwargs,
                 bootstrap_servers=self.bootstrap, client_id=self.client_id,
                 transactional_id=self.transactional_id, enable_idempotence=True, acks="all",
                 transaction_timeout_ms=self.transaction_timeout_ms,
@@ -509,7 +558,8 @@ class KafkaEventLog:
             if self._dlq_producer is None:
                 producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap,
                                             client_id=self.client_id, enable_idempotence=True,
-                                            acks="all", request_timeout_ms=self.request_timeout_ms)
+                                            acks="all", request_timeout_ms=self.request_timeout_ms,
+                                            **self._client_kwargs)
                 await _started(producer)
                 self._dlq_producer = producer
             headers = [("kai_es_reason", reason.encode()),

@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type:
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 from aiokafka.errors import TopicAlreadyExistsError  # type: ignore[import-untyped]
 
+from kai_es.adapters.kafka_security import PLAINTEXT, KafkaSecurity
 from kai_es.adapters.snapshot_codec import decode_stored, encode_stored
 from kai_es.ports import StoredSnapshot
 
@@ -38,8 +39,9 @@ class KafkaBlobStore:
     """The newest blob of one role (`key`) in the side topic."""
 
     def __init__(self, bootstrap: str, events_topic: str, *, key: str = "scheduler",
-                 request_timeout_ms: int = 30_000) -> None:
+                 request_timeout_ms: int = 30_000, security: KafkaSecurity = PLAINTEXT) -> None:
         self.bootstrap = bootstrap
+        self._client_kwargs = security.client_kwargs()
         self.topic = f"{events_topic}.snapshots"
         self.key = key.encode()
         self.request_timeout_ms = request_timeout_ms
@@ -49,14 +51,14 @@ class KafkaBlobStore:
 
     @classmethod
     def for_log(cls, events: Any, *, key: str = "scheduler") -> Self:
-        """The store beside a `KafkaEventLog`."""
-        return cls(events.bootstrap, events.topic, key=key)
+        """The store beside a `KafkaEventLog` (reached with its security settings)."""
+        return cls(events.bootstrap, events.topic, key=key, security=events.security)
 
     async def _ensure_topic(self) -> None:
         if self._ready:
             return
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="kai-es-snapshots",
-                                    request_timeout_ms=self.request_timeout_ms)
+                                    request_timeout_ms=self.request_timeout_ms, **self._client_kwargs)
         await admin.start()
         try:
             deadline = time.monotonic() + self.request_timeout_ms / 1000
@@ -84,7 +86,7 @@ class KafkaBlobStore:
     async def save_blob(self, blob: bytes) -> None:
         await self._ensure_topic()
         if self._producer is None:
-            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap,
+            producer = AIOKafkaProducer(**self._client_kwargs, bootstrap_servers=self.bootstrap,
                                         client_id="kai-es-snapshots", enable_idempotence=True,
                                         acks="all", max_request_size=MAX_BYTES,
                                         request_timeout_ms=self.request_timeout_ms)
@@ -94,7 +96,8 @@ class KafkaBlobStore:
 
     async def load_blob(self) -> bytes | None:
         await self._ensure_topic()
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, client_id="kai-es-snapshots",
+        consumer = AIOKafkaConsumer(**self._client_kwargs, bootstrap_servers=self.bootstrap,
+                                    client_id="kai-es-snapshots",
                                     group_id=None, enable_auto_commit=False,
                                     isolation_level="read_committed",
                                     request_timeout_ms=self.request_timeout_ms,

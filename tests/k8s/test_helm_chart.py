@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 from typing import Any
 
 import click
@@ -148,8 +149,17 @@ def test_full_values_render_every_setting(home: Path) -> None:
         assert pod["nodeSelector"] == values[role].get("nodeSelector", values["nodeSelector"])
         assert pod["tolerations"] == values[role].get("tolerations", values["tolerations"])
         assert pod["affinity"] == values["affinity"]
-        cfg = parse_url(c["args"][c["args"].index("--log") + 1])
-        assert cfg.bootstrap == "kafka-0.kafka.data.svc:9092,kafka-1.kafka.data.svc:9092"
+        url = c["args"][c["args"].index("--log") + 1]
+        query = {k: v[-1] for k, v in parse_qs(urlsplit(url).query).items()}
+        # TLS and SASL: the URL's options, the credentials from the Secret, the CA mounted
+        assert (query.pop("security_protocol"), query.pop("sasl_mechanism"), query.pop("ssl_cafile")) == (
+            "SASL_SSL", "SCRAM-SHA-512", "/etc/kai-es/kafka-tls/ca.crt")
+        assert {"name": "KAI_ES_KAFKA_SASL_PASSWORD",
+                "valueFrom": {"secretKeyRef": {"name": "kafka-kai-es-user", "key": "password"}}} in c["env"]
+        assert {"name": "kafka-tls", "mountPath": "/etc/kai-es/kafka-tls", "readOnly": True} in c["volumeMounts"]
+        assert {"name": "kafka-tls", "secret": {"secretName": "kafka-cluster-ca"}} in pod["volumes"]
+        cfg = parse_url(url.split("?")[0] + "?" + "&".join(f"{k}={v}" for k, v in query.items()))
+        assert cfg.bootstrap == "kafka-0.kafka.data.svc:9093,kafka-1.kafka.data.svc:9093"
         assert (cfg.topic, cfg.create) == ("prod.kai-es.events", False)
         assert cfg.transactional_id == f"gpu-cluster-7-{role}.prod.kai-es.events"
         assert pod["serviceAccountName"] == ("gpu-sched-scheduler-sa" if role == "scheduler" else "gpu-sched-sa")

@@ -110,6 +110,12 @@ spec:
               value: "1"
             - name: PYTHONUNBUFFERED
               value: "1"
+            {{- with $root.Values.eventLog.saslSecret }}
+            - name: KAI_ES_KAFKA_SASL_USERNAME
+              valueFrom: {secretKeyRef: {name: {{ . }}, key: username}}
+            - name: KAI_ES_KAFKA_SASL_PASSWORD
+              valueFrom: {secretKeyRef: {name: {{ . }}, key: password}}
+            {{- end }}
             {{- with $root.Values.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -124,6 +130,11 @@ spec:
           volumeMounts:
             - name: tmp
               mountPath: /tmp
+            {{- if $root.Values.eventLog.tlsSecret }}
+            - name: kafka-tls
+              mountPath: /etc/kai-es/kafka-tls
+              readOnly: true
+            {{- end }}
             {{- with .volumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -131,6 +142,11 @@ spec:
         - name: tmp
           emptyDir:
             sizeLimit: 64Mi
+        {{- with $root.Values.eventLog.tlsSecret }}
+        - name: kafka-tls
+          secret:
+            secretName: {{ . }}
+        {{- end }}
         {{- with .volumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
