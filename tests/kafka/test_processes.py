@@ -27,6 +27,25 @@ def binder_and_two_schedulers(url: str, name: str, scenario: Path, tmp_path: Pat
     return binder, Proc("scheduler-1", sched_args, tmp_path), Proc("scheduler-2", sched_args, tmp_path)
 
 
+def small_run_done(kafka_bootstrap: str, name: str, tmp_path: Path, procs: list[Proc],
+                   pods: int = 20) -> tuple[str, Proc, Proc]:
+    """A binder and one scheduler run a small workload on topic `name` until it is done; the
+    log's URL and the second scheduler (same transactional id as the first, not started)."""
+    scenario = workload_scenario(tmp_path / "w.yaml", pods=pods, nodes=4, spread_s=60, run_for_s=30)
+    url = f"kafka://{kafka_bootstrap}/{name}"
+    binder, first, second = binder_and_two_schedulers(url, name, scenario, tmp_path)
+    procs.extend([binder, first, second])
+    binder.start()
+    binder.wait_ready("binder")
+    first.start()
+    first.wait_ready("scheduler")
+    deadline = time.monotonic() + 90
+    while not workload_done(kafka_bootstrap, name, pods)[0]:
+        assert time.monotonic() < deadline, workload_done(kafka_bootstrap, name, pods)[1]
+        time.sleep(1)
+    return url, first, second
+
+
 def stops_fenced(proc: Proc) -> str:
     """`proc` exits 2 within 30 s; its last line."""
     assert proc.popen is not None
@@ -70,19 +89,7 @@ def test_idle_fenced_scheduler_stops(kafka_bootstrap: str, unique_name: str, tmp
     """The takeover comes when the workload is done and the first scheduler has nothing left to
     append: it learns of it by checking its writer role (`EventLog.check_writer`), not by
     waiting for a write that never comes."""
-    pods = 20
-    scenario = workload_scenario(tmp_path / "w.yaml", pods=pods, nodes=4, spread_s=60, run_for_s=30)
-    url = f"kafka://{kafka_bootstrap}/{unique_name}"
-    binder, first, second = binder_and_two_schedulers(url, unique_name, scenario, tmp_path)
-    procs.extend([binder, first, second])
-    binder.start()
-    binder.wait_ready("binder")
-    first.start()
-    first.wait_ready("scheduler")
-    deadline = time.monotonic() + 90
-    while not workload_done(kafka_bootstrap, unique_name, pods)[0]:
-        assert time.monotonic() < deadline, workload_done(kafka_bootstrap, unique_name, pods)[1]
-        time.sleep(1)
+    _, first, second = small_run_done(kafka_bootstrap, unique_name, tmp_path, procs)
     before = len(read_topic(kafka_bootstrap, unique_name)[0])
     time.sleep(3)
     assert len(read_topic(kafka_bootstrap, unique_name)[0]) == before  # idle: nothing appended
@@ -153,18 +160,7 @@ def test_whatif_reads_a_live_run_from_kafka(kafka_bootstrap: str, unique_name: s
     the recorded settings, not with the record (whose waits include, e.g., the seconds before
     the scheduler process started)."""
     pods = 20
-    scenario = workload_scenario(tmp_path / "w.yaml", pods=pods, nodes=4, spread_s=60, run_for_s=30)
-    url = f"kafka://{kafka_bootstrap}/{unique_name}"
-    binder, scheduler, _ = binder_and_two_schedulers(url, unique_name, scenario, tmp_path)
-    procs.extend([binder, scheduler])
-    binder.start()
-    binder.wait_ready("binder")
-    scheduler.start()
-    scheduler.wait_ready("scheduler")
-    deadline = time.monotonic() + 90
-    while not workload_done(kafka_bootstrap, unique_name, pods)[0]:
-        assert time.monotonic() < deadline, workload_done(kafka_bootstrap, unique_name, pods)[1]
-        time.sleep(1)
+    url, _, _ = small_run_done(kafka_bootstrap, unique_name, tmp_path, procs, pods)
     cf_log = tmp_path / "cf.events.jsonl"
     out = subprocess.run([sys.executable, "-m", "kai_es", "whatif", url, "--set",
                           "queue.team-a.gpu.quota=16", "--log", str(cf_log), "--report",
