@@ -91,6 +91,7 @@ _PATHS = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),
+    "Service": ("/api/v1", "services", True),
 }
 
 

@@ -125,6 +125,19 @@ def test_full_values_render_every_setting(home: Path) -> None:
     objs = render(home, release="prod", namespace="ml-system", values=[FULL_VALUES])
     assert "Namespace" not in {o["kind"] for o in objs}  # reservation.createNamespace: false
     deps = deployments(objs)
+    # metrics: a Service per role selecting that role's pods on the http port, one ServiceMonitor
+    services = {s["metadata"]["name"]: s for s in by_kind(objs, "Service")}
+    assert sorted(services) == [f"gpu-sched-{r}-metrics" for r in ("binder", "informer", "scheduler")]
+    for role, d in deps.items():
+        svc = services[f"gpu-sched-{role}-metrics"]
+        assert svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+        assert svc["spec"]["ports"] == [{"name": "http", "port": 9102, "targetPort": "http", "protocol": "TCP"}]
+        assert svc["metadata"]["annotations"] == {"prometheus.io/port": "9102"}
+    (monitor,) = by_kind(objs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    assert all(set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(s["metadata"]["labels"].items())
+               for s in services.values())
     sas = by_kind(objs, "ServiceAccount")
     assert [sa["metadata"]["name"] for sa in sas] == ["gpu-sched-sa", "gpu-sched-scheduler-sa"]
     assert all(sa["metadata"]["annotations"] == {"example.com/owner": "ml-platform"} for sa in sas)
@@ -267,6 +280,8 @@ def test_rbac_and_crds_are_the_files_in_deploy(home: Path) -> None:
     ({"eventLog.url": "kafka://k:9092/t?transactional_id=x"}, "must not carry ?transactional_id="),
     ({"serviceAccount.create": "false", "leaderElection.enabled": "false"}, "serviceAccount.name: the existing"),
     ({"serviceAccount.create": "false", "serviceAccount.name": "x"}, "serviceAccount.schedulerName: the existing"),
+    ({"http.enabled": "false", "metrics.serviceMonitor.enabled": "true"}, "need http.enabled"),
+    ({"metrics.serviceMonitor.interval": "often"}, "at '/metrics/serviceMonitor/interval'"),
 ])
 def test_wrong_values_stop_the_render_with_a_message(home: Path, sets: dict[str, str], message: str) -> None:
     args = ["template", "kai-es", str(CHART)]

@@ -132,6 +132,7 @@ async def test_chart_applied_and_kai_es_binds_as_its_service_account(
         "eventLog.url": f"kafka://{kafka_bootstrap}/{topic}",
         "scheduler.period": "100ms",
         "binder.poll": "20ms",
+        "metrics.service.enabled": "true",
     })
 
     # -- the whole chart, applied and stored by the apiserver ---------------------------------
@@ -140,7 +141,7 @@ async def test_chart_applied_and_kai_es_binds_as_its_service_account(
         assert (stored["kind"], stored["metadata"]["name"]) == (obj["kind"], obj["metadata"]["name"])
     applied = {o["kind"] for o in objs}
     assert applied == {"CustomResourceDefinition", "Namespace", "ServiceAccount", "ConfigMap", "ClusterRole",
-                       "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"}
+                       "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service"}
     for obj in objs:  # read back: really there
         got = cp.call("GET", object_path(obj))
         assert got["metadata"]["uid"]
