@@ -4,6 +4,8 @@ against its published JSON Schema (`schemas/<type>.v<schemaversion>.json`).
 
     python3 tools/audit_consumer.py --bootstrap 127.0.0.1:9092 --topic kai-es.events
     python3 tools/audit_consumer.py ... --from 1200 --follow --print    # resume, keep reading
+    python3 tools/audit_consumer.py ... --security-protocol SASL_SSL --sasl-mechanism SCRAM-SHA-512 \
+        --ssl-cafile ca.pem       # credentials from $KAFKA_USERNAME and $KAFKA_PASSWORD
 
 It is written as a team outside kai-es would write it: only aiokafka and jsonschema, no kai_es
 import. What it does:
@@ -26,6 +28,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import ssl
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,11 +90,25 @@ def check(value: bytes | None, offset: int, validators: dict[tuple[str, int], Dr
     return event
 
 
+def security(protocol: str, mechanism: str | None, cafile: str | None) -> dict[str, Any]:
+    """aiokafka's connection options: TLS verified against `cafile` (default: the system's CAs),
+    SASL credentials from $KAFKA_USERNAME and $KAFKA_PASSWORD."""
+    options: dict[str, Any] = {"security_protocol": protocol}
+    if protocol in ("SSL", "SASL_SSL"):
+        options["ssl_context"] = ssl.create_default_context(cafile=cafile)
+    if protocol.startswith("SASL_"):
+        options.update(sasl_mechanism=mechanism or "PLAIN", sasl_plain_username=os.environ.get("KAFKA_USERNAME"),
+                       sasl_plain_password=os.environ.get("KAFKA_PASSWORD"))
+    return options
+
+
 async def consume(bootstrap: str, topic: str, start: int, *, follow: bool, limit: int | None, show: bool,
-                  validators: dict[tuple[str, int], Draft202012Validator]) -> Tally:
+                  validators: dict[tuple[str, int], Draft202012Validator],
+                  connection: dict[str, Any] | None = None) -> Tally:
     tally = Tally(next_position=start)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                isolation_level="read_committed", auto_offset_reset="earliest")
+                                isolation_level="read_committed", auto_offset_reset="earliest",
+                                **(connection or {}))
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
@@ -136,6 +154,10 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="stop after this many records")
     parser.add_argument("--print", dest="show", action="store_true", help="write valid events as NDJSON")
     parser.add_argument("--schemas", type=Path, default=SCHEMAS, help="directory of the JSON Schemas")
+    parser.add_argument("--security-protocol", default="PLAINTEXT",
+                        choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"])
+    parser.add_argument("--sasl-mechanism", choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"], default=None)
+    parser.add_argument("--ssl-cafile", default=None, help="CA bundle that verifies the brokers")
     args = parser.parse_args()
     if args.start < 0:
         parser.error("--from must be >= 0")
@@ -144,9 +166,11 @@ def main() -> int:
         print(f"error: no schemas in {args.schemas}", file=sys.stderr)
         return 2
     try:
+        connection = security(args.security_protocol, args.sasl_mechanism, args.ssl_cafile)
         tally = asyncio.run(consume(args.bootstrap, args.topic, args.start, follow=args.follow,
-                                    limit=args.limit, show=args.show, validators=validators))
-    except KafkaError as exc:
+                                    limit=args.limit, show=args.show, validators=validators,
+                                    connection=connection))
+    except (KafkaError, ssl.SSLError, OSError) as exc:
         print(f"error: {args.bootstrap}/{args.topic}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

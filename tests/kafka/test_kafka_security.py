@@ -102,6 +102,13 @@ async def test_the_log_and_its_snapshots_work_over_sasl_ssl(secured: SecuredBrok
     out = _cli("events", secured.url(unique_name), "--output", "json")
     assert out.returncode == 0, out.stderr
     assert out.stdout.count('"id-') == 2
+    # an outside audit consumer (tools/audit_consumer.py) reads the same secured topic
+    audit = subprocess.run([sys.executable, str(ROOT / "tools" / "audit_consumer.py"), "--bootstrap",
+                            f"127.0.0.1:{secured.tls_port}", "--topic", unique_name, "--security-protocol",
+                            "SASL_SSL", "--sasl-mechanism", "PLAIN", "--ssl-cafile", str(secured.ca)],
+                           env={**os.environ, "KAFKA_USERNAME": USER, "KAFKA_PASSWORD": PASSWORD},
+                           capture_output=True, text=True, timeout=120)
+    assert audit.returncode == 0 and "2 events valid, 0 invalid" in audit.stderr, audit.stderr
 
 
 def test_bad_credentials_and_certificates_are_one_line_each(secured: SecuredBroker, unique_name: str) -> None:
