@@ -4,8 +4,9 @@ Contract (the protocol of Kubernetes' own controllers; kai-es's own code):
 - `LeaseElector.acquire()` returns once this candidate holds the Lease: it creates the Lease
   when there is none, renews it when it already holds it (a restarted process with a new
   identity waits like any other candidate), and takes it over only when the holder has not
-  renewed it for `lease_s` as measured on THIS process's monotonic clock since it last saw the
-  record change (so clocks need not agree between nodes). Every write is a create or a replace
+  renewed it for the Lease's own `leaseDurationSeconds` (the holder's `lease_s`; ours when the
+  Lease has none) as measured on THIS process's monotonic clock since it last saw the record
+  change (so clocks need not agree between nodes), or when it names no holder. Every write is a create or a replace
   with the read resourceVersion: of two candidates racing, the API server lets one win.
 - `LeaseElector.hold()` renews every `retry_s` and raises `LeadershipLost` when a renewal has
   not succeeded for `renew_s` (then another candidate may take over after `lease_s` >
