@@ -153,13 +153,16 @@ def _election(command: str, kubeconfig: str | None, enabled: bool, lease: str | 
             raise UserError(f"--leader-elect-lease {lease!r}: expected NAMESPACE/NAME")
     else:
         namespace, name = _own_namespace(), f"kai-es-{command}"
-    times = (_seconds("--leader-elect-lease-duration", duration),
-             _seconds("--leader-elect-renew-deadline", deadline),
-             _seconds("--leader-elect-retry-period", retry))
-    if not times[0] > times[1] > times[2] > 0:
-        raise UserError("leader election needs lease duration > renew deadline > retry period > 0")
+    from kai_es.adapters.kubernetes.leader import LeaseTimes  # noqa: PLC0415
+
+    try:
+        times = LeaseTimes(_seconds("--leader-elect-lease-duration", duration),
+                           _seconds("--leader-elect-renew-deadline", deadline),
+                           _seconds("--leader-elect-retry-period", retry))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     return LeaderElection(namespace, name, identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
-                          kubeconfig, *times)
+                          times, kubeconfig)
 
 
 def _own_namespace() -> str:

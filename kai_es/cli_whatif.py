@@ -95,16 +95,15 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
     report_path = Path(report_dir or f"out/{stem}-whatif")
     engine = choose_packer(packer)
 
-    # the recorded run's summary is folded in a second process while this one extracts the
+    # the recorded run's summary is folded in a forked process while this one extracts the
     # workload and runs the counterfactual (two passes over the log, on two cores)
     end_limit = None
     if until_ns is not None:
         first = next(iter(records(open_log(log_url, readonly=True))), None)
         end_limit = first.envelope.logicaltime + until_ns if first is not None else None
-    pool = multiprocessing.get_context("fork").Pool(1)
+    recorded_job = _Forked(lambda: _summarize_log(log_url, end_limit))
     rerun_job: _Forked | None = None
     try:
-        recorded_future = pool.apply_async(_summarize_log, (log_url, end_limit))
         with bulk_fold():
             workload = extract(records(open_log(log_url, readonly=True)))
         if workload.records == 0:
@@ -129,11 +128,10 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
             counterfactual, cf_facts = _play(changed, events, engine, seed, until_ns)
         except OSError as exc:
             raise UserError(f"--log {out_log}: writing the log failed: {os_error_line(exc)}") from None
-        recorded, rec_facts = recorded_future.get()
+        recorded, rec_facts = recorded_job.result()
         rerun = rerun_job.result() if rerun_job is not None else None
-    finally:
-        pool.terminate()  # finished by now, or abandoned after an error
-        pool.join()
+    finally:  # finished by now, or abandoned after an error
+        recorded_job.stop()
         if rerun_job is not None:
             rerun_job.stop()
     doc = compare(recorded, rec_facts, counterfactual, cf_facts,
@@ -192,7 +190,8 @@ def _play(workload: Any, events: Any, engine: Any, seed: str, until_ns: int | No
 
 class _Forked:
     """`fn()` in a forked process (which shares the parent's memory as it was at the fork, so
-    large arguments are not copied); `result()` waits for its pickled return value."""
+    large arguments are not copied); `result()` waits for its return value, or raises the
+    exception it raised (the same type, so the CLI reports it as it would its own)."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         ctx = multiprocessing.get_context("fork")
@@ -200,9 +199,13 @@ class _Forked:
 
         def child() -> None:
             try:
-                send.send((True, fn()))
+                outcome: tuple[bool, Any] = (True, fn())
             except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
-                send.send((False, f"{type(exc).__name__}: {exc}"))
+                outcome = (False, exc)
+            try:
+                send.send(outcome)
+            except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
+                send.send((False, RuntimeError(f"{type(outcome[1]).__name__}: {outcome[1]} ({exc})")))
             finally:
                 send.close()
 
@@ -214,10 +217,10 @@ class _Forked:
         try:
             ok, value = self._recv.recv()
         except EOFError:
-            raise RuntimeError(f"the re-run's process ended without a result (exit code "
+            raise RuntimeError(f"a worker process ended without a result (exit code "
                                f"{self._proc.exitcode})") from None
         if not ok:
-            raise RuntimeError(f"the re-run of the recorded settings failed: {value}")
+            raise value
         return value
 
     def stop(self) -> None:

@@ -39,6 +39,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -367,37 +368,45 @@ class KafkaEventLog:
         await self._ensure_topic()
         await self._ensure_producer()
 
+    @asynccontextmanager
+    async def _writing(self, *, appending: bool) -> AsyncIterator[Any]:
+        """The producer, held under the append lock for one transaction of ours; fencing met
+        before or inside it becomes `FencedError` (and the log refuses every later write), and
+        a producer left in a fatal state is dropped (the next write makes a new one)."""
+        if self._append_lock is None:
+            self._append_lock = anyio.Lock()
+        async with self._append_lock:
+            self._check_open()
+            if self._fenced:
+                raise FencedError(self.transactional_id, self.topic, appending=appending)
+            await self._ensure_topic()
+            producer = await self._ensure_producer()
+            try:
+                yield producer
+            except (ProducerFenced, InvalidProducerEpoch) as exc:
+                await self._on_fenced()
+                raise FencedError(self.transactional_id, self.topic, appending=appending) from exc
+            except BaseException:
+                if self._producer is not None and self._producer._txn_manager.is_fatal_error():
+                    await self._drop_producer("its transaction failed fatally")
+                raise
+
     async def check_writer(self) -> None:
         """Raise `FencedError` when another producer with our transactional_id took over (see
         the module's "Fencing"); otherwise return having written nothing to the topic."""
         self._check_open()
         if self._fenced:
             raise FencedError(self.transactional_id, self.topic, appending=False)
-        if self._append_lock is None:
-            self._append_lock = anyio.Lock()
-        async with self._append_lock:
-            if self._fenced:
-                raise FencedError(self.transactional_id, self.topic, appending=False)
-            producer = await self._ensure_producer()
+        async with self._writing(appending=False) as producer:
             await producer.begin_transaction()
             try:
-                await producer.send_offsets_to_transaction(
-                    {self._tp: 0}, f"{self.topic}.writer-check")
-            except (ProducerFenced, InvalidProducerEpoch) as exc:
-                await self._on_fenced()
-                raise FencedError(self.transactional_id, self.topic, appending=False) from exc
+                await producer.send_offsets_to_transaction({self._tp: 0}, f"{self.topic}.writer-check")
             except BaseException:
-                if producer._txn_manager.is_fatal_error():
-                    await self._drop_producer("checking its writer role failed fatally")
-                else:
+                if not producer._txn_manager.is_fatal_error():
                     with anyio.CancelScope(shield=True):
                         await producer.abort_transaction()
                 raise
-            try:
-                await producer.abort_transaction()
-            except (ProducerFenced, InvalidProducerEpoch) as exc:
-                await self._on_fenced()
-                raise FencedError(self.transactional_id, self.topic, appending=False) from exc
+            await producer.abort_transaction()
 
     async def append(self, events: Sequence[Envelope]) -> list[int]:
         self._check_open()
@@ -409,23 +418,8 @@ class KafkaEventLog:
                                                       ("ce_id", e.id.encode()),
                                                       ("content-type", CONTENT_TYPE)])
                     for e in events]
-        if self._append_lock is None:
-            self._append_lock = anyio.Lock()
-        async with self._append_lock:
-            self._check_open()
-            if self._fenced:
-                raise FencedError(self.transactional_id, self.topic)
-            await self._ensure_topic()
-            producer = await self._ensure_producer()
-            try:
-                positions = await self._transaction(producer, payloads)
-            except (ProducerFenced, InvalidProducerEpoch) as exc:
-                await self._on_fenced()
-                raise FencedError(self.transactional_id, self.topic) from exc
-            except BaseException:
-                if self._producer is not None and self._producer._txn_manager.is_fatal_error():
-                    await self._drop_producer("its transaction failed fatally")
-                raise
+        async with self._writing(appending=True) as producer:
+            positions = await self._transaction(producer, payloads)
         await self._wait_visible(positions[-1])
         return positions
 

@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 
@@ -63,6 +63,9 @@ from kai_es.services.snapshotting import restore_validated
 from kai_es.sim.cluster import SimCluster
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
+
+if TYPE_CHECKING:
+    from kai_es.adapters.kubernetes.leader import LeaseTimes
 
 log = logging.getLogger(__name__)
 
@@ -292,10 +295,8 @@ class LeaderElection:
     namespace: str
     name: str
     identity: str
+    times: LeaseTimes
     kubeconfig: str | None = None
-    lease_s: float = 15.0
-    renew_s: float = 10.0
-    retry_s: float = 2.0
 
 
 async def _leading(election: LeaderElection, name: str, work: Callable[[], Awaitable[None]],
@@ -304,11 +305,10 @@ async def _leading(election: LeaderElection, name: str, work: Callable[[], Await
     it; losing it raises `LeadershipLost` (the process stops; its restart stands by). A clean
     end hands the Lease back."""
     from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
-    from kai_es.adapters.kubernetes.leader import LeaseElector, LeaseTimes  # noqa: PLC0415
+    from kai_es.adapters.kubernetes.leader import LeaseElector  # noqa: PLC0415
 
-    times = LeaseTimes(election.lease_s, election.renew_s, election.retry_s)
     async with await api_client(election.kubeconfig) as api:
-        elector = LeaseElector(api, election.namespace, election.name, election.identity, times)
+        elector = LeaseElector(api, election.namespace, election.name, election.identity, election.times)
 
         def standing_by(holder: str) -> None:
             log.warning("%s: standing by: Lease %s is held by %s", name, elector.lease, holder)

@@ -112,7 +112,7 @@ def compare(recorded: Summary, rec: RunFacts, counterfactual: Summary, cf: RunFa
     use_rerun = rerun is not None and rerun[1].digest != rec.digest
     base_name = "rerun" if use_rerun else "recorded"
     base = rerun[0] if use_rerun and rerun is not None else recorded
-    queues = sorted(set(recorded.queues) | set(counterfactual.queues) | (set(base.queues)))
+    queues = sorted(set(recorded.queues) | set(counterfactual.queues) | set(base.queues))
     jobs = []
     for key in sorted(set(base.jobs) | set(counterfactual.jobs)):
         a, b = base.jobs.get(key), counterfactual.jobs.get(key)

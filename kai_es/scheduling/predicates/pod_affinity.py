@@ -201,7 +201,7 @@ class PodAffinityIndex:
         for pod_key, (spec, node) in sorted(self._planned.items()):
             self._count(cls, pod_key, spec, node, +1)
         for pod_key, (spec, node) in sorted(self._leaving.items()):
-            self._count_leaving(cls, pod_key, spec, node, +1)
+            self._count(cls, pod_key, spec, node, +1, leaving=True)
         self._classes[key] = cls
         sel = term.selector
         if sel is not None and sel.match_labels:
@@ -214,19 +214,30 @@ class PodAffinityIndex:
     def _pod_namespaces(self) -> list[str]:
         return sorted({pod.spec.namespace for pod in self.state.pods.values()})
 
-    def _count(self, cls: TermClass, pod_key: str, spec: p.PodObserved, node: int, sign: int) -> None:
+    def _count(self, cls: TermClass, pod_key: str, spec: p.PodObserved, node: int, sign: int,
+               *, leaving: bool = False) -> None:
+        """Count the pod in `cls` (its leaving pods with `leaving`) when the term selects it."""
         if not cls.selects(spec.namespace, spec.labels):
             return
         domain = self.domain_of(node, cls.term.topology_key)
         if domain is not None:
-            _bump(cls.counts, cls.members, domain, pod_key, sign)
+            if leaving:
+                _bump(cls.leaving, cls.leaving_members, domain, pod_key, sign)
+            else:
+                _bump(cls.counts, cls.members, domain, pod_key, sign)
 
-    def _count_leaving(self, cls: TermClass, pod_key: str, spec: p.PodObserved, node: int, sign: int) -> None:
-        if not cls.selects(spec.namespace, spec.labels):
-            return
-        domain = self.domain_of(node, cls.term.topology_key)
-        if domain is not None:
-            _bump(cls.leaving, cls.leaving_members, domain, pod_key, sign)
+    def _classes_for(self, labels: Mapping[str, str]) -> list[TermClass]:
+        """Each class that may select a pod with `labels` once: those indexed under one of its
+        label pairs, then the unindexed ones."""
+        seen: set[int] = set()
+        out: list[TermClass] = []
+        for pair in labels.items():
+            for cls in self._by_label.get(pair, ()):
+                if id(cls) not in seen:
+                    seen.add(id(cls))
+                    out.append(cls)
+        out.extend(self._unindexed)
+        return out
 
     # -- holders (the symmetric rules) -------------------------------------------------------
 
@@ -300,24 +311,11 @@ class PodAffinityIndex:
             self._leaving[pod_key] = (spec, node)
         else:
             del self._leaving[pod_key]
-        seen: set[int] = set()
-        for pair in spec.labels.items():
-            for cls in self._by_label.get(pair, ()):
-                if id(cls) not in seen:
-                    seen.add(id(cls))
-                    self._count_leaving(cls, pod_key, spec, node, sign)
-        for cls in self._unindexed:
-            self._count_leaving(cls, pod_key, spec, node, sign)
+        for cls in self._classes_for(spec.labels):
+            self._count(cls, pod_key, spec, node, sign, leaving=True)
 
     def _update(self, pod_key: str, spec: p.PodObserved, node: int, sign: int) -> None:
-        labels = spec.labels
-        seen: set[int] = set()
-        for pair in labels.items():
-            for cls in self._by_label.get(pair, ()):
-                if id(cls) not in seen:
-                    seen.add(id(cls))
-                    self._count(cls, pod_key, spec, node, sign)
-        for cls in self._unindexed:
+        for cls in self._classes_for(spec.labels):
             self._count(cls, pod_key, spec, node, sign)
         if self._holders_built and (spec.pod_anti_affinity or spec.preferred_pod_affinity
                                     or spec.preferred_pod_anti_affinity):
