@@ -113,8 +113,11 @@ class MeteredLog:
         status = self.status
         status.append_seconds.observe(t1 - t0)
         status.position.set(positions[-1])
+        by_type: dict[str, int] = {}  # one locked increment per type, not per event
         for env in events:
-            status.appended.labels(env.type).inc()
+            by_type[env.type] = by_type.get(env.type, 0) + 1
+        for kind in sorted(by_type):
+            status.appended.labels(kind).inc(by_type[kind])
         last = events[-1].data
         if isinstance(events[0].data, p.CycleStarted) and len(events) == 1:
             self._cycle_started = t0
