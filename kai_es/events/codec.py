@@ -17,6 +17,7 @@ import msgspec
 
 from kai_es.events.envelope import Envelope
 from kai_es.events.payloads import Payload
+from kai_es.events.timefmt import MAX_TIME_NS, MIN_TIME_NS
 from kai_es.events.registry import ADDITIVE_VERSIONS, DIRECT_VERSIONS, ENVELOPE_CLASSES, EVENT_TYPES, SCHEMA_VERSIONS
 from kai_es.events.upcast import upcast
 
@@ -57,6 +58,14 @@ def decode(data: bytes) -> Envelope:
         raise DecodeError(f"unsupported CloudEvents specversion {env.specversion!r}")
     if env.schemaversion not in DIRECT_VERSIONS[type(env)]:
         return _decode_slow(data, "")
+    return _timed(env)
+
+
+def _timed(env: Envelope) -> Envelope:
+    """`env`, if its logical time is one kai-es can render and hold; DecodeError otherwise."""
+    if not MIN_TIME_NS <= env.logicaltime <= MAX_TIME_NS:
+        raise DecodeError(f"{env.type}: logicaltime {env.logicaltime} is outside RFC 3339's years "
+                          f"0001..9999 ({MIN_TIME_NS}..{MAX_TIME_NS} ns since the epoch)")
     return env
 
 
@@ -89,5 +98,5 @@ def _decode_slow(data: bytes, error: str) -> Envelope:
         env: Envelope = msgspec.convert(raw, ENVELOPE_CLASSES[event_type])
     except msgspec.ValidationError as exc:
         raise DecodeError(f"{event_type} (upcast from v{version}) invalid: {exc}") from None
-    return env
+    return _timed(env)
 

@@ -7,6 +7,11 @@ import functools
 import re
 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+#: the range of RFC 3339 (years 0001..9999), in ns since the epoch: every time kai-es reads (a
+#: Kubernetes timestamp, an event's logical time) must lie in it; a decoded event outside it is
+#: refused (`kai_es.events.codec.decode`)
+MIN_TIME_NS = -62_135_596_800 * 1_000_000_000
+MAX_TIME_NS = 253_402_300_799 * 1_000_000_000 + 999_999_999
 _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(Z|z|[+-]\d{2}:\d{2})$"
 )
@@ -15,9 +20,14 @@ _RFC3339 = re.compile(
 @functools.lru_cache(maxsize=4096)
 def rfc3339(ns: int) -> str:
     """`ns` rendered as UTC RFC 3339 with nanoseconds when non-zero (deterministic; memoised,
-    since a cycle's decisions all share one logical time)."""
+    since a cycle's decisions all share one logical time). Total: a time outside RFC 3339's
+    years (`MIN_TIME_NS`..`MAX_TIME_NS`) is rendered as `<ns>ns since the epoch`."""
+    if not MIN_TIME_NS <= ns <= MAX_TIME_NS:
+        return f"{ns}ns since the epoch"
     seconds, frac = divmod(ns, 1_000_000_000)
-    base = (_EPOCH + _dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    t = _EPOCH + _dt.timedelta(seconds=seconds)
+    # not strftime: its %Y drops the leading zeros of years before 1000 on glibc
+    base = f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
     if frac:
         return f"{base}.{frac:09d}".rstrip("0") + "Z"
     return base + "Z"
@@ -39,7 +49,11 @@ def parse_rfc3339(text: str) -> int:
     return whole + (int(frac.ljust(9, "0")) if frac else 0)
 
 
-_DURATION = re.compile(r"(\d+)(ns|us|µs|ms|s|m|h|d)")
+#: the longest duration kai-es reads (a run length, a grace period, a window): 100 years
+MAX_DURATION_NS = 100 * 365 * 86_400 * 10**9
+#: at most 24 digits a term: more is never a duration within MAX_DURATION_NS, and is refused
+#: before a huge integer is built
+_DURATION = re.compile(r"(\d{1,24})(ns|us|µs|ms|s|m|h|d)")
 _UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
             "m": 60_000_000_000, "h": 3_600_000_000_000, "d": 86_400_000_000_000}
 
@@ -57,8 +71,14 @@ def parse_duration(text: str) -> int:
         total += int(m.group(1)) * _UNIT_NS[m.group(2)]
         pos = m.end()
     if pos != len(s) or not s:
-        raise ValueError(f"not a duration (use e.g. 90s, 5m, 2h): {text!r}")
+        raise ValueError(f"not a duration (use e.g. 90s, 5m, 2h): {_shown(text)}")
+    if total > MAX_DURATION_NS:
+        raise ValueError(f"{_shown(text)} is longer than the longest duration accepted (100 years)")
     return total
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
 
 
 def parse_signed_duration(text: str) -> int:

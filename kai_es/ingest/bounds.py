@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from kai_es.events import timefmt
+
 #: GPUs of one node (the reducer keeps per-device lists)
 MAX_NODE_GPUS: Final = 4096
 #: milli-CPU, bytes, and any scalar resource amount (the packer's MAX_QUANTITY is 2**62)
@@ -22,7 +24,8 @@ MAX_NODE_PODS: Final = 1_000_000
 #: devices one pod may ask for (whole, or shared across `gpu-fraction-num-devices`)
 MAX_POD_GPUS: Final = MAX_NODE_GPUS
 #: a duration (min-runtime, preemption delay, staleness grace period), either sign: 100 years in ns
-MAX_DURATION_NS: Final = 100 * 365 * 86_400 * 10**9
+#: (the longest `parse_duration` reads)
+MAX_DURATION_NS: Final = timefmt.MAX_DURATION_NS
 #: pods one owner (Job, Deployment, PyTorchJob replica type) may expand into in a scenario
 MAX_REPLICAS: Final = 100_000
 

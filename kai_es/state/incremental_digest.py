@@ -141,9 +141,44 @@ STALE_SETS: Final = tuple(k[1] for k in KINDS)
 assert sorted(STALE_SETS) == sorted(f.name for f in fields(ClusterState) if f.name.startswith("stale_"))
 
 
+#: msgpack carries integers in [-2**63, 2**64 - 1]; a form holding one outside that range (a sum
+#: of many large quantities, a usage integral) is encoded with each such integer as this
+#: extension type, its decimal digits as the data
+BIG_INT_EXT: Final = 1
+_MSGPACK_MIN: Final = -(2**63)
+_MSGPACK_MAX: Final = 2**64 - 1
+
+
+def _big_ints_tagged(value: object) -> object:
+    """`value` (plain builtins) with every integer msgpack cannot carry as a BIG_INT_EXT."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if _MSGPACK_MIN <= value <= _MSGPACK_MAX:
+            return value
+        return msgspec.msgpack.Ext(BIG_INT_EXT, str(value).encode())
+    if isinstance(value, dict):
+        return {k: _big_ints_tagged(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_big_ints_tagged(v) for v in value]
+    return value
+
+
+def encode_form(value: object) -> bytes:
+    """The deterministic msgpack encoding of `value`, whatever the size of its integers.
+
+    Forms whose integers all fit msgpack encode exactly as they always did (so digests of
+    existing logs do not change); the rare form with a larger one is converted to builtins
+    (structs become maps) with those integers tagged, which no form without one can produce."""
+    try:
+        return _ENCODE(value)
+    except OverflowError:
+        return _ENCODE(_big_ints_tagged(msgspec.to_builtins(value, builtin_types=(msgspec.msgpack.Ext,))))
+
+
 def entity_hash(kind: str, key: str, form: object) -> int:
-    """H(kind, key, form) as an integer."""
-    return int.from_bytes(hashlib.sha256(_ENCODE((kind, key, form))).digest(), "big")
+    """H(kind, key, form) as an integer; any integer in `form` is accepted (`encode_form`)."""
+    return int.from_bytes(hashlib.sha256(encode_form((kind, key, form))).digest(), "big")
 
 
 def _header_hash(src: ClusterState | Snapshot) -> int:
