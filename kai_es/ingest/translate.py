@@ -11,6 +11,7 @@ bytes and milli-GPU; -1 (unlimited) stays -1.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -248,12 +249,34 @@ def _container_requests(c: Obj, path: str) -> dict[str, int]:
         raw = req.get(resource, lim.get(resource))
         where = f"{path}.resources.requests[{resource}]" if "/" in resource else f"{path}.resources.requests.{resource}"
         amount = _milli(raw, where) if resource == "cpu" else _units(raw, where)
+        if _whole_only(resource):
+            _require_whole(raw, resource, where)
         problem = bounds.quantity_problem(resource, amount,
                                           bounds.MAX_POD_GPUS if resource == GPU_RESOURCE else bounds.MAX_QUANTITY)
         if problem:
             raise IngestError(where, problem)
         out[resource] = amount
     return out
+
+
+def _whole_only(resource: str) -> bool:
+    """Kubernetes takes extended resources (a name with a domain, `nvidia.com/gpu`, outside
+    `kubernetes.io`) in whole units only: the API server refuses `0.5` (fractions of a GPU are
+    KAI's `gpu-fraction` annotation)."""
+    return "/" in resource and not resource.startswith(("kubernetes.io/", "requests.")) \
+        and not resource.split("/", 1)[0].endswith(".kubernetes.io")
+
+
+def _require_whole(raw: Any, resource: str, where: str) -> None:
+    try:
+        value = parse_quantity(raw)
+    except QuantityError as exc:
+        raise IngestError(where, str(exc)) from None
+    if value.denominator != 1:
+        hint = " (for a share of a GPU, use the gpu-fraction or gpu-memory annotation)" \
+            if resource == GPU_RESOURCE else ""
+        raise IngestError(where, f"{resource} must be a whole number, as Kubernetes requires of an "
+                                 f"extended resource, got {raw!r}{hint}")
 
 
 def _pod_requests(obj: Obj) -> tuple[int, int, int, dict[str, int]]:
@@ -636,6 +659,26 @@ def pod(obj: Obj) -> p.PodObserved:
 _QUEUE_UNIT = {"gpu": Fraction(1000), "cpu": Fraction(1), "memory": Fraction(10**6)}
 
 
+_PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+_QUEUE_UNIT_NAME = {"gpu": "GPUs", "cpu": "millicores", "memory": "MB"}
+
+
+def _queue_number(raw: Any, path: str, resource: str) -> Fraction:
+    """A Queue amount: KAI's CRD types it as a number (in GPUs, millicores or MB), so the API
+    server refuses a Kubernetes quantity such as `8Gi`; so does this (a string holding a plain
+    number is taken, as YAML may quote one)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise IngestError(path, f"must be a number, got {raw!r}")
+    if isinstance(raw, str) and not _PLAIN_NUMBER.match(raw.strip()):
+        raise IngestError(path, f"must be a plain number of {_QUEUE_UNIT_NAME[resource]} (a Queue's "
+                                f"quota and limit are numbers in KAI's units, not Kubernetes quantities), "
+                                f"got {raw!r}")
+    try:
+        return parse_quantity(raw)
+    except QuantityError as exc:
+        raise IngestError(path, f"must be a number: {exc}") from None
+
+
 def _queue_resource(obj: Obj, resource: str) -> p.QueueResource:
     """One resource of a Queue. A resource the Queue does not mention is not managed by it
     (quota -1: deserves whatever it requests, no limit); a mentioned one defaults to quota 0,
@@ -651,10 +694,7 @@ def _queue_resource(obj: Obj, resource: str) -> p.QueueResource:
         raw = spec.get(field)
         if raw is None:
             return default
-        try:
-            value = parse_quantity(raw)
-        except QuantityError:
-            raise IngestError(f"{base}.{field}", f"must be a number, got {raw!r}") from None
+        value = _queue_number(raw, f"{base}.{field}", resource)
         if value == -1:
             return -1
         if value < 0:
@@ -672,20 +712,33 @@ def _QUANTITY_SCALE(resource: str) -> Fraction:  # noqa: N802 - table lookup
     return _QUEUE_UNIT[resource]
 
 
+def check_queue(q: p.QueueObserved) -> None:
+    """The rules a Queue must keep across its fields (raises IngestError naming the field): a
+    limit is not below its quota. Shared by `queue` and what-if edits of a Queue."""
+    for r in ("gpu", "cpu", "memory"):
+        res: p.QueueResource = getattr(q, r)
+        if res.limit != -1 and res.quota != -1 and res.limit < res.quota:
+            raise IngestError(f"spec.resources.{r}.limit",
+                              f"limit ({res.limit}) is below quota ({res.quota}) in "
+                              f"{'milli-GPU' if r == 'gpu' else 'milli-CPU' if r == 'cpu' else 'bytes'}")
+
+
 def queue(obj: Obj) -> p.QueueObserved:
     name = _name(obj)
     priority = _get(obj, "spec.priority", 100)
+    resources = _get(obj, "spec.resources")
+    if resources is not None and not isinstance(resources, Mapping):
+        raise IngestError("spec.resources", f"must be a map of gpu, cpu and memory, got {type(resources).__name__}")
     res = {r: _queue_resource(obj, r) for r in ("gpu", "cpu", "memory")}
-    for r, q in res.items():
-        if q.limit != -1 and q.quota != -1 and q.limit < q.quota:
-            raise IngestError(f"spec.resources.{r}.limit", f"limit is below quota")
-    return p.QueueObserved(
+    out = p.QueueObserved(
         name=name, uid=_uid(obj, name), parent=str(_get(obj, "spec.parentQueue", "") or ""),
         priority=_int(priority, "spec.priority"), gpu=res["gpu"], cpu=res["cpu"], memory=res["memory"],
         preempt_min_runtime_ns=_optional_duration(_get(obj, "spec.preemptMinRuntime"), "spec.preemptMinRuntime"),
         reclaim_min_runtime_ns=_optional_duration(_get(obj, "spec.reclaimMinRuntime"), "spec.reclaimMinRuntime"),
         created_ns=created_ns(obj),
     )
+    check_queue(out)
+    return out
 
 
 def podgroup(obj: Obj) -> p.PodGroupObserved:
@@ -710,6 +763,7 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
             raise IngestError(f"spec.subGroups[{i}].name", f"sub-group {sg.name!r} is defined twice")
         if sg.parent and sg.parent not in names:
             raise IngestError(f"spec.subGroups[{i}].parent", f"no sub-group named {sg.parent!r}")
+    _check_subgroup_tree(subgroups)
     _check_subgroup_minimums(_list(obj, "spec.subGroups"), subgroups)
     top_min_member = _get(obj, "spec.minMember")
     top_min_subgroup = _get(obj, "spec.minSubGroup")
@@ -769,6 +823,22 @@ def _topology_constraint(raw: object, path: str) -> tuple[str, str, str]:
         raise IngestError(f"{path}.topology", "is required with requiredTopologyLevel or preferredTopologyLevel: "
                                               "name the Topology whose levels they are")
     return topology, required, preferred
+
+
+def _check_subgroup_tree(subgroups: list[p.SubGroup]) -> None:
+    """Sub-groups form a tree under the PodGroup: a parent chain that comes back to where it
+    started is refused, naming the loop (it has no root for the gang's minimum to count from)."""
+    parent = {sg.name: sg.parent for sg in subgroups}
+    for i, sg in enumerate(subgroups):
+        chain = [sg.name]
+        cur = sg.parent
+        while cur:
+            if cur in chain:
+                loop = chain[chain.index(cur):] + [cur]
+                raise IngestError(f"spec.subGroups[{i}].parent",
+                                  f"sub-group parents loop: {' -> '.join(loop)} (sub-groups must form a tree)")
+            chain.append(cur)
+            cur = parent.get(cur, "")
 
 
 def _check_subgroup_minimums(raw: list[Any], subgroups: list[p.SubGroup]) -> None:

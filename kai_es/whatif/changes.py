@@ -69,9 +69,13 @@ def parse_set(changes: Changes, item: str) -> None:
     if parts[0] == "scheduler" and len(parts) >= 2:
         changes.config_sets.append((parts[1:], value))
     elif parts[0] == "queue" and len(parts) == 3 and parts[2] == "priority":
-        if not isinstance(value, int) or isinstance(value, bool):
+        try:
+            priority = tr.int_field(value, "priority")
+        except tr.IngestError as exc:
+            raise ChangeError(f"--set {key}: {exc.message}") from None
+        if not isinstance(value, int):
             raise ChangeError(f"--set {key}: the priority must be an integer, got {text!r}")
-        changes.queue_sets.setdefault(parts[1], {})["priority"] = value
+        changes.queue_sets.setdefault(parts[1], {})["priority"] = priority
     elif (parts[0] == "queue" and len(parts) == 4 and parts[2] in ("gpu", "cpu", "memory")
           and parts[3] in _QUEUE_FIELDS):
         changes.queue_sets.setdefault(parts[1], {})[f"{parts[2]}.{parts[3]}"] = value
@@ -231,4 +235,10 @@ def _queue_set(queue: p.QueueObserved, sets: dict[str, Any]) -> p.QueueObserved:
             raise ChangeError(f"--set queue.{queue.name}.{key}: {exc.message}") from None
         res = msgspec.structs.replace(getattr(queue, resource), **{_QUEUE_FIELDS[fld]: amount})
         queue = msgspec.structs.replace(queue, **{resource: res})
+    try:
+        tr.check_queue(queue)  # the same cross-field rules as a Queue the informer reads
+    except tr.IngestError as exc:
+        edited = ", ".join(f"queue.{queue.name}.{k}" for k in sorted(sets))
+        raise ChangeError(f"--set {edited}: queue {queue.name!r} would break a Queue's rule: "
+                          f"{exc.path}: {exc.message}") from None
     return queue
