@@ -31,9 +31,10 @@ from kai_es import cli_audit, cli_services, cli_whatif
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
-                               packer_option, warn_unimplemented)
+                               packer_option, warn, warn_unimplemented)
 from kai_es.cli_common import records as _records, records_from as _records_from
-from kai_es.cli_common import check_out_name as _check_out_name, holds_data as _holds_data
+from kai_es.cli_common import check_out_name as _check_out_name, holds_data as _holds_data, working
+from kai_es.outputs import OutputError, check_log_output, check_report_dir, mark_report_dir
 from kai_es.events import Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, format_span, parse_duration
@@ -76,14 +77,19 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
     if log_url is None or report_dir is None:
         _check_out_name(scenario.name)
     replacing = ""
+    default_log = log_url is None
     if log_url is None:
         log_url = f"out/{scenario.name}.events.jsonl"
         if _holds_data(log_url):
             replacing = f" (replacing the previous run's {log_url})"
-    elif not log_url.startswith("kafka://") and _holds_data(log_url) and not force:
-        raise UserError(f"--log {log_url} already exists and holds {os.path.getsize(log_url)} bytes: "
-                        "refusing to overwrite an event log (pass --force to replace it, or choose another file)")
     report_path = Path(report_dir or f"out/{scenario.name}-report")
+    try:
+        if not log_url.startswith("kafka://"):
+            check_log_output(log_url, inputs=[scenario_file], replace=force or default_log)
+        if report_dir is not None:
+            check_report_dir(report_path, SIMULATE_REPORT, inputs=[scenario_file])
+    except OutputError as exc:
+        raise UserError(str(exc)) from None
     engine = choose_packer(packer)
     warn_unimplemented(scenario.config)
     try:
@@ -117,7 +123,7 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
     plot_path = report_path / "gpu-allocation.png"
     _print_summary(summary, result.stopped_because, result.end_ns - result.start_ns, result.cycles)
     try:
-        report_path.mkdir(parents=True, exist_ok=True)
+        mark_report_dir(report_path)
         plot(summary, str(plot_path))
         plot_fair_share(summary, str(report_path / "fair-share.png"))
         (report_path / "summary.json").write_text(json.dumps(_summary_json(summary), indent=2) + "\n")
@@ -127,6 +133,10 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
     console.print(f"log: {escape(log_url)} ({len(records)} events)   plots: {escape(str(plot_path))}, "
                   f"{escape(str(report_path / 'fair-share.png'))}   "
                   f"summary: {escape(str(report_path / 'summary.json'))}", highlight=False)
+
+
+#: the files `simulate` writes into its report directory
+SIMULATE_REPORT = ("gpu-allocation.png", "fair-share.png", "summary.json")
 
 
 def _load(scenario_file: str) -> Any:
@@ -200,7 +210,9 @@ def cycle(scenario_file: str, output: str, packer: str | None) -> None:
 
     scenario = _load(scenario_file)
     warn_unimplemented(scenario.config)
-    outcome = one_cycle(scenario, choose_packer(packer))
+    engine = choose_packer(packer)
+    with working(f"one cycle over {len(scenario.objects)} objects"):
+        outcome = one_cycle(scenario, engine)
     if output == "json":
         sys.stdout.write(json.dumps(outcome, sort_keys=True, indent=1) + "\n")
         return
@@ -229,7 +241,9 @@ def fairshare(scenario_file: str, output: str) -> None:
     """Fair share of every queue and resource on the scenario's initial state."""
     from kai_es.oneshot import fairshare_report
 
-    report = fairshare_report(_load(scenario_file))
+    scenario = _load(scenario_file)
+    with working(f"dividing the capacity of {len(scenario.objects)} objects"):
+        report = fairshare_report(scenario)
     if output == "json":
         sys.stdout.write(json.dumps(report, sort_keys=True, indent=1) + "\n")
         return
@@ -331,6 +345,14 @@ def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
 def events(log_url: str, type_pattern: str | None, subject: str | None, from_position: int,
            limit: int | None, follow: bool, output: str) -> None:
     """Read the log like an audit consumer (one event per line; NDJSON with --output json)."""
+    from kai_es.events.registry import EVENT_TYPES
+
+    for option, pattern in (("--type", type_pattern), ("--subject", subject)):
+        if pattern and _unbalanced_brackets(pattern):
+            raise UserError(f"{option} {pattern!r}: a '[' without its ']' (to match a bracket itself, write [[])")
+    if type_pattern and not any(fnmatch.fnmatchcase(t, type_pattern) for t in EVENT_TYPES):
+        raise UserError(f"--type {type_pattern!r} matches no event type (they are named like "
+                        f"kai.cluster.pod.observed or kai.scheduler.*; all: {', '.join(sorted(EVENT_TYPES))})")
     log = open_log(log_url, readonly=True)
     out = sys.stdout
     if limit == 0:
@@ -356,12 +378,34 @@ def events(log_url: str, type_pattern: str | None, subject: str | None, from_pos
     if follow:
         cli_audit.follow_log(log, from_position, show, limit)
         return
-    shown = 0
+    shown = read = 0
     for record in _records_from(log, from_position):
+        read += 1
         if show(record):
             shown += 1
             if limit is not None and shown >= limit:
                 break
+    if read and not shown and (type_pattern or subject):
+        filters = " and ".join(f"{o} {v!r}" for o, v in (("--type", type_pattern), ("--subject", subject)) if v)
+        warn(f"none of the {read} events read matched {filters}")
+
+
+def _unbalanced_brackets(pattern: str) -> bool:
+    """Whether `pattern` has a '[' that fnmatch would take literally for want of a ']'."""
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "[":
+            j = i + 1
+            if j < len(pattern) and pattern[j] == "!":
+                j += 1
+            if j < len(pattern) and pattern[j] == "]":
+                j += 1
+            close = pattern.find("]", j)
+            if close < 0:
+                return True
+            i = close
+        i += 1
+    return False
 
 
 def _brief(data: p.Payload) -> str:

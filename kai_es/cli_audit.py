@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kai_es.app import bulk_fold, open_log
-from kai_es.cli_common import UserError, console, friendly, one_line, records_from
+from kai_es.cli_common import UserError, console, friendly, one_line, records_from, working
 from kai_es.events import Record
 from kai_es.events.timefmt import parse_duration, parse_rfc3339, rfc3339
 from kai_es.explain import ExplainError, explain, explain_queue, render_queue_text, render_text
@@ -41,7 +41,7 @@ def explain_cmd(log_url: str, target: str | None, queue: str | None, output: str
         raise UserError("name a pod or job (NS/NAME) or give --queue NAME, not both or neither")
     log = open_log(log_url, readonly=True)
     try:
-        with bulk_fold():
+        with bulk_fold(), working(f"folding {log_url}"):
             if queue is not None:
                 report = explain_queue(records_from(log, 0), queue)
                 lines = render_queue_text(report)
@@ -78,7 +78,9 @@ def _when(option: str, text: str | None, start_ns: int) -> int | None:
         pass
     try:
         return start_ns + parse_duration(text.lstrip("+"))
-    except ValueError:
+    except ValueError as exc:
+        if "longer than" in str(exc):
+            raise UserError(f"{option}: {exc}") from None
         raise UserError(f"{option}: {text!r} is neither an RFC 3339 time nor a duration after the "
                         "log's first event (e.g. 2h)") from None
 
@@ -103,7 +105,7 @@ def usage_cmd(log_url: str, by: str, from_text: str | None, until_text: str | No
     lo, hi = _when("--from", from_text, start), _when("--until", until_text, start)
     if lo is not None and hi is not None and hi < lo:
         raise UserError(f"--until {until_text} is before --from {from_text}")
-    with bulk_fold():
+    with bulk_fold(), working(f"folding {log_url}"):
         report = usage(itertools.chain([head], records), by, lo, hi)
     if output == "json":
         sys.stdout.write(json.dumps(report.as_json(), sort_keys=True, indent=1) + "\n")

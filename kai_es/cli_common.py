@@ -10,6 +10,7 @@ import stat
 import sys
 import unicodedata
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import anyio
@@ -78,12 +79,32 @@ def friendly(fn: F) -> F:
             return fn(*args, **kwargs)
         except expected as exc:
             raise UserError(str(exc)) from None
+        except BrokenPipeError:
+            _quiet_closed_stdout()
+            sys.exit(0)  # the reader stopped reading (`| head`): a normal end
         except OSError as exc:  # no permission, a full disk, a directory for a file, ...
             raise UserError(os_error_line(exc)) from None
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
     return wrapper  # type: ignore[return-value]
+
+
+def working(what: str) -> AbstractContextManager[object]:
+    """A transient spinner naming `what` on stderr while a step runs, when stderr is a terminal
+    (a pipe or a file gets no spinner frames)."""
+    return err.status(escape(what)) if err.is_terminal else nullcontext()
+
+
+def _quiet_closed_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of a closed pipe neither fails
+    nor prints."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _backend_errors() -> tuple[type[Exception], ...]:

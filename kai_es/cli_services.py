@@ -185,10 +185,10 @@ kubeconfig_option = click.option(
 @click.option("--scenario", "scenario_file", default=None, type=click.Path(dir_okay=False),
               help="Take the scheduler configuration from this scenario's spec.scheduler.")
 @click.option("--period", default="1s", show_default=True, help="Real time between cycles.")
-@click.option("--snapshot-every", default=50, show_default=True, type=int,
+@click.option("--snapshot-every", default=50, show_default=True, type=click.IntRange(min=0),
               help="Write a state snapshot every N cycles (0: no snapshots, always full fold).")
 @time_scale_option
-@click.option("--cycles", default=None, type=int, help="Stop after this many cycles (testing).")
+@click.option("--cycles", default=None, type=click.IntRange(min=1), help="Stop after this many cycles (testing).")
 @http_option
 @leader_options
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False, exists=True),

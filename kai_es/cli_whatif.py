@@ -24,11 +24,16 @@ from rich.table import Table
 from rich.text import Text
 
 from kai_es.app import bulk_fold, open_log
-from kai_es.cli_common import UserError, check_out_name, choose_packer, console, friendly, holds_data, \
+from kai_es.outputs import OutputError, check_log_output, check_report_dir, mark_report_dir
+from kai_es.cli_common import UserError, check_out_name, choose_packer, console, friendly, \
     os_error_line, packer_option, records
 from kai_es.events import Record
 from kai_es.events.timefmt import format_span, parse_duration
 from kai_es.scheduling.config import config_digest
+
+
+#: the files `whatif` writes into its report directory
+WHATIF_REPORT = ("whatif.json", "allocation.png", "waits.png")
 
 
 @click.command()
@@ -87,12 +92,14 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
     out_log = out_log or f"out/{stem}.whatif.events.jsonl"
     if out_log.startswith("kafka://"):
         raise UserError("--log: the counterfactual's log is a file (kafka:// is not supported here)")
-    if Path(out_log).resolve() == Path(log_url).resolve():
-        raise UserError(f"--log {out_log} is the recorded log itself")
-    if out_log and holds_data(out_log) and not force and report_dir is not None and out_log != \
-            f"out/{stem}.whatif.events.jsonl":
-        raise UserError(f"--log {out_log} already holds events: refusing to overwrite it (pass --force)")
     report_path = Path(report_dir or f"out/{stem}-whatif")
+    inputs = [log_url] + [f for f in (config_file, patch_file) if f is not None]
+    try:
+        check_log_output(out_log, inputs=inputs, replace=force or out_log == f"out/{stem}.whatif.events.jsonl")
+        if report_dir is not None:
+            check_report_dir(report_path, WHATIF_REPORT, inputs=inputs)
+    except OutputError as exc:
+        raise UserError(str(exc)) from None
     engine = choose_packer(packer)
 
     # the recorded run's summary is folded in a forked process while this one extracts the
@@ -138,7 +145,7 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
                   changes=changes.described, configs=configs, top=top, rerun=rerun)
     reference = rerun[0] if doc["comparedWith"] == "rerun" and rerun is not None else recorded
     try:
-        report_path.mkdir(parents=True, exist_ok=True)
+        mark_report_dir(report_path)
         (report_path / "whatif.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         plot_allocation(reference, counterfactual, str(report_path / "allocation.png"))
         plot_waits(reference, counterfactual, str(report_path / "waits.png"))

@@ -169,7 +169,7 @@ def _replay_refuses(path: Path, needle: str) -> subprocess.CompletedProcess[str]
 def test_replay_of_nothing_is_not_ok(tmp_path: Path) -> None:
     empty = tmp_path / "empty.log"
     empty.touch()
-    assert _replay_refuses(Path("/dev/null"), "no complete record to verify: it is empty").returncode == 2
+    assert _replay_refuses(Path("/dev/null"), "/dev/null: is a device: an event log must be a regular file").returncode == 2
     assert _replay_refuses(empty, "no complete record to verify: it is empty").returncode == 2
 
 

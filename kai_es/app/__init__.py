@@ -9,6 +9,7 @@ pyproject.toml)."""
 from __future__ import annotations
 
 import gc
+import stat
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,7 +50,23 @@ def open_log(url: str, *, readonly: bool = False, fresh: bool = False,
         path.write_bytes(b"")
     if readonly and not path.exists():
         raise LogUrlError(f"{url}: no such log file")
+    if path.exists() and not path.is_file():
+        raise LogUrlError(f"{url}: {_not_a_file(path)}: an event log must be a regular file (kai-es indexes "
+                          "and verifies it in place); save a stream to a file first (cat > events.jsonl)")
     return FileEventLog(path, readonly=readonly)
+
+
+def _not_a_file(path: Path) -> str:
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    if stat.S_ISFIFO(mode):
+        return "is a pipe"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "is a device"
+    if stat.S_ISSOCK(mode):
+        return "is a socket"
+    return "is not a regular file"
 
 
 @contextmanager
