@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ipaddress
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -58,6 +59,7 @@ from aiokafka.errors import (  # type: ignore[import-untyped]
 from kai_es.adapters.kafka_security import OPTIONS as SECURITY_OPTIONS
 from kai_es.adapters.kafka_security import PLAINTEXT, KafkaSecurity, KafkaSecurityError, security_from_query
 from kai_es.events import DecodeError, Envelope, Record, decode, encode
+from kai_es.ports import SetupError
 
 log = logging.getLogger(__name__)
 
@@ -133,33 +135,94 @@ class KafkaLogConfig:
     security: KafkaSecurity = PLAINTEXT
 
 
+class KafkaUrlError(KafkaLogError, SetupError):
+    """A `kafka://` URL that cannot name a log: permanent, so no process retries it (exit 2)."""
+
+
+#: Kafka's own rule for topic names
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+
+
+def redacted(url: str) -> str:
+    """`url` with any userinfo (``user:password@``) replaced by ``***@``: what messages show."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, tail = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{netloc}{slash}{tail}"
+
+
+def _broker(hp: str, shown: str) -> str:
+    """One ``host[:port]`` of a URL's broker list, checked, as ``host:port``."""
+    if hp.startswith("["):
+        host, close, rest = hp[1:].partition("]")
+        if not close:
+            raise KafkaUrlError(f"{shown}: broker {hp!r}: an IPv6 address needs its closing ']'")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise KafkaUrlError(f"{shown}: broker {hp!r}: {host!r} is not an IPv6 address") from None
+        if rest and not rest.startswith(":"):
+            raise KafkaUrlError(f"{shown}: broker {hp!r}: expected [address]:port")
+        port_text = rest[1:] if rest else str(DEFAULT_PORT)
+        host = f"[{host}]"
+    else:
+        host, colon, port_text = hp.partition(":")
+        if not colon:
+            port_text = str(DEFAULT_PORT)
+        if ":" in port_text:
+            raise KafkaUrlError(f"{shown}: broker {hp!r}: an IPv6 address goes in brackets ([::1]:9092)")
+        if not _HOST.fullmatch(host):
+            raise KafkaUrlError(f"{shown}: broker {hp!r}: {host!r} is not a host name or address")
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise KafkaUrlError(f"{shown}: broker {hp!r}: the port must be a number from 1 to 65535, got {port_text!r}")
+    return f"{host}:{int(port_text)}"
+
+
 def parse_url(url: str) -> KafkaLogConfig:
     """``kafka://host:port[,host2:port2]/topic?transactional_id=X&create=false`` plus the TLS and
-    SASL options of `kai_es.adapters.kafka_security` (credentials from the environment)."""
-    parts = urlsplit(url)
-    if parts.scheme != "kafka":
-        raise KafkaLogError(f"{url}: not a kafka:// URL")
-    hosts = []
-    for hp in parts.netloc.split(","):
-        hp = hp.strip()
-        if not hp:
-            continue
-        hosts.append(hp if ":" in hp.rsplit("]", 1)[-1] else f"{hp}:{DEFAULT_PORT}")
+    SASL options of `kai_es.adapters.kafka_security` (credentials from the environment).
+
+    Everything is checked here, once (`KafkaUrlError`, a SetupError: never retried): the broker
+    addresses (host or IPv4, bracketed IPv6, port 1..65535), the topic (Kafka's characters, at
+    most 249), the options. A URL with userinfo is refused, and no message repeats it."""
+    shown = redacted(url)
+    scheme, sep, rest = url.partition("://")
+    if scheme != "kafka" or not sep:
+        raise KafkaUrlError(f"{shown}: not a kafka:// URL")
+    netloc = rest.split("/", 1)[0].split("?", 1)[0]
+    if "@" in netloc:
+        raise KafkaUrlError(f"{shown}: a kafka:// URL carries no user or password (they would be shown in "
+                            "logs and process lists): set $KAI_ES_KAFKA_SASL_USERNAME and "
+                            "$KAI_ES_KAFKA_SASL_PASSWORD, and security_protocol / sasl_mechanism in the query")
+    hosts = [_broker(hp.strip(), shown) for hp in netloc.split(",") if hp.strip()]
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise KafkaUrlError(f"{shown}: not a valid URL ({exc})") from None
+    if parts.fragment:
+        raise KafkaUrlError(f"{shown}: a kafka:// URL has no #fragment")
     if not hosts:
-        raise KafkaLogError(f"{url}: no broker address (expected kafka://host:port/topic)")
+        raise KafkaUrlError(f"{shown}: no broker address (expected kafka://host:port/topic)")
     topic = unquote(parts.path.lstrip("/")) or DEFAULT_TOPIC
     if "/" in topic:
-        raise KafkaLogError(f"{url}: topic name {topic!r} may not contain '/'")
+        raise KafkaUrlError(f"{shown}: topic name {topic!r} may not contain '/'")
+    if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise KafkaUrlError(f"{shown}: topic name {topic!r} is not one Kafka accepts (letters, digits, "
+                            "'.', '_' and '-', at most 249)")
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     txn = query.pop("transactional_id", None) or None
     create_s = query.pop("create", "true").lower()
     if create_s not in ("true", "false", "1", "0", "yes", "no"):
-        raise KafkaLogError(f"{url}: create={create_s!r} is not a boolean")
+        raise KafkaUrlError(f"{shown}: create={create_s!r} is not a boolean")
     security_options: dict[str, str] = {name: query.pop(name) for name in SECURITY_OPTIONS if name in query}
     secrets: dict[str, str] = {name: query.pop(name) for name in ("sasl_password", "sasl_plain_password")
                                if name in query}
     if query:
-        raise KafkaLogError(f"{url}: unknown option(s) {', '.join(sorted(query))} "
+        raise KafkaUrlError(f"{shown}: unknown option(s) {', '.join(sorted(query))} "
                             f"(known: transactional_id, create, {', '.join(SECURITY_OPTIONS)})")
     try:
         security = security_from_query({**security_options, **secrets})
