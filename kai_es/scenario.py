@@ -463,21 +463,26 @@ MAX_SCENARIO_BYTES = 1 << 30
 def load_scenario(path: str | Path) -> Scenario:
     """Load and validate a scenario file (see module docstring). A file that cannot be read or
     is not UTF-8 text raises ScenarioError naming it."""
-    text_path = Path(path)
+    return _Loader(str(path)).load(read_text_file(path, "a scenario is YAML text"))
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """The UTF-8 text of the file (or pipe) at `path`, at most MAX_SCENARIO_BYTES; a device, an
+    unreadable file, a larger one or one that is not UTF-8 raises ScenarioError naming it
+    (`what` says what the file should have been)."""
     try:
-        with open(text_path, "rb") as f:
+        with open(path, "rb") as f:
             if stat.S_ISCHR(os.fstat(f.fileno()).st_mode):
-                raise ScenarioError(f"{path}: is a device, not a scenario file")
+                raise ScenarioError(f"{path}: is a device, not a file ({what})")
             data = f.read(MAX_SCENARIO_BYTES + 1)
-        if len(data) > MAX_SCENARIO_BYTES:
-            raise ScenarioError(f"{path}: larger than {MAX_SCENARIO_BYTES >> 20} MiB: refusing to load it")
-        text = data.decode("utf-8")
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{path}: larger than {MAX_SCENARIO_BYTES >> 20} MiB: refusing to load it")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ScenarioError(f"{path}: not a text file (invalid UTF-8 at byte {exc.start}); "
-                            "a scenario is YAML text") from None
-    return _Loader(str(path)).load(text)
+        raise ScenarioError(f"{path}: not a text file (invalid UTF-8 at byte {exc.start}); {what}") from None
 
 
 def load_scenario_text(text: str, name: str = "<scenario>") -> Scenario:
@@ -486,4 +491,4 @@ def load_scenario_text(text: str, name: str = "<scenario>") -> Scenario:
 
 
 __all__ = ["Scenario", "ScenarioError", "ScenarioObject", "Simulation", "load_scenario",
-           "load_scenario_text"]
+           "load_scenario_text", "read_text_file"]

@@ -110,8 +110,10 @@ def test_a_pipe_or_a_device_is_refused_as_a_log_not_read_as_empty(tmp_path: Path
         assert "empty" not in run.stderr
 
 
-def test_a_device_is_not_read_as_a_scenario() -> None:
+def test_a_device_is_not_read_as_a_scenario_a_patch_or_a_config() -> None:
     _one_error(_cli("cycle", "/dev/urandom"), "is a device")
+    _one_error(_cli("whatif", str(GOLDEN), "--config", "/dev/urandom"), "--config /dev/urandom: is a device")
+    _one_error(_cli("whatif", str(GOLDEN), "--scenario-patch", "/dev/zero"), "--scenario-patch /dev/zero: is a device")
 
 
 # --- Kafka URLs: checked once, permanent errors exit 2, credentials never printed ------------

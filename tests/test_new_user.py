@@ -277,14 +277,27 @@ def test_a_binary_scenario_is_one_line(tmp_path: Path) -> None:
         _one_line_error(_cli(command, str(blob)), f"{blob}: not a text file")
 
 
+def _small_files() -> None:
+    import resource
+    import signal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
 def test_an_unwritable_log_or_a_full_disk_is_one_line(tmp_path: Path) -> None:
     a_file = tmp_path / "file"
     a_file.write_text("x")
     run = _cli("simulate", str(QUICKSTART), "--log", str(a_file / "l.log"), "--report", str(tmp_path / "r"))
     _one_line_error(run, f"--log {a_file / 'l.log'}: cannot create the log: {a_file}: File exists")
-    # /dev/full takes the open and fails every write with ENOSPC: a full disk
+    # a device is not a log file: refused before anything is written
     run = _cli("simulate", str(QUICKSTART), "--log", "/dev/full", "--report", str(tmp_path / "r"))
-    _one_line_error(run, "--log /dev/full: writing the log failed: No space left on device")
+    _one_line_error(run, "--log /dev/full is not a regular file")
+    # a full disk: the file size limit (RLIMIT_FSIZE, SIGXFSZ ignored) fails the log's writes
+    # past 4 KiB with EFBIG, as a full file system fails them with ENOSPC
+    full = subprocess.run([sys.executable, "-m", "kai_es", "simulate", str(QUICKSTART), "--log",
+                           str(tmp_path / "full.log"), "--report", str(tmp_path / "r")],
+                          capture_output=True, text=True, preexec_fn=_small_files)
+    _one_line_error(full, f"--log {tmp_path / 'full.log'}: writing the log failed: File too large")
     run = _cli("simulate", str(QUICKSTART), "--log", str(tmp_path / "ok.log"), "--report", str(a_file / "r"))
     _one_line_error(run, f"--report {a_file / 'r'}: cannot write the report: {a_file / 'r'}: Not a directory")
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -30,7 +29,7 @@ import yaml
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import parse_duration
 from kai_es.ingest import translate as tr
-from kai_es.scenario import ScenarioError, load_scenario_text, parse_documents
+from kai_es.scenario import ScenarioError, load_scenario_text, parse_documents, read_text_file
 from kai_es.scheduling.config import ConfigError, SchedulerConfig, config_to_dict, parse_config
 from kai_es.whatif.workload import Input, PodRun, Workload
 
@@ -102,11 +101,14 @@ def _period(text: str, where: str) -> int:
 def read_config(changes: Changes, path: str) -> None:
     """`--config FILE`: a scheduler config replacing the recorded one."""
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        docs = parse_documents(read_text_file(path, "a scheduler config is YAML text"))
+    except ScenarioError as exc:
+        raise ChangeError(f"--config {exc}") from None
     except yaml.YAMLError as exc:
         raise ChangeError(f"--config {path}: not YAML ({exc})") from None
-    except UnicodeDecodeError:
-        raise ChangeError(f"--config {path}: not a text file") from None
+    if len(docs) > 1:
+        raise ChangeError(f"--config {path}: one YAML document expected, found {len(docs)}")
+    raw = docs[0] if docs else None
     if raw is not None and not isinstance(raw, dict):
         raise ChangeError(f"--config {path}: must be a map of scheduler settings")
     try:
@@ -120,9 +122,9 @@ def read_config(changes: Changes, path: str) -> None:
 def read_patch(changes: Changes, path: str) -> None:
     """`--scenario-patch FILE` (module docstring)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ChangeError(f"--scenario-patch {path}: not a text file") from None
+        text = read_text_file(path, "a scenario patch is YAML text")
+    except ScenarioError as exc:
+        raise ChangeError(f"--scenario-patch {exc}") from None
     try:
         scenario = load_scenario_text(text, path)
         docs = parse_documents(text)
