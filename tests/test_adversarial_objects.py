@@ -27,9 +27,10 @@ from kai_es.state.invariants import check
 from kai_es.state.reducer import apply
 
 WEIRD_SCALARS = st.one_of(
-    st.integers(min_value=-(2**70), max_value=2**70), st.just(-1), st.just(0), st.booleans(), st.none(),
+    st.integers(min_value=-(2**128), max_value=2**128), st.sampled_from([2**62, 2**63, 2**64, 2**128, -(2**63) - 1]),
+    st.just(-1), st.just(0), st.booleans(), st.none(),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from(["1e100", "-1", "1e1000000", "0.5", "1Ei", "9" * 50, "100000000", "", "abc", "1.5Gi",
+    st.sampled_from(["1e100", "-1", "1e1000000", "0.5", "1Ei", "4Ei", "1e30", "9" * 50, "9999-12-31T23:59:59Z", "100000000", "", "abc", "1.5Gi",
                      "-0", "3m", "1e-9", "\u0661\u0662", "8"]),
     st.text(max_size=8), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 NAMES = st.one_of(st.sampled_from(["n1", "n2", "q", "a", "b", "pg", "p"]), st.text(min_size=0, max_size=12))

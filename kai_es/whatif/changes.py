@@ -79,7 +79,10 @@ def parse_set(changes: Changes, item: str) -> None:
           and parts[3] in _QUEUE_FIELDS):
         changes.queue_sets.setdefault(parts[1], {})[f"{parts[2]}.{parts[3]}"] = value
     elif key == "nodes.remove":
-        changes.remove_nodes += [n.strip() for n in str(value).split(",") if n.strip()]
+        names = value if isinstance(value, list) else str(value).split(",")
+        if not all(isinstance(n, (str, int)) and not isinstance(n, bool) for n in names):
+            raise ChangeError(f"--set {key}: node names, comma-separated or a list, got {text!r}")
+        changes.remove_nodes += [str(n).strip() for n in names if str(n).strip()]
     elif key == "cyclePeriod":
         changes.cycle_period_ns = _period(str(value), f"--set {key}")
     else:
