@@ -37,7 +37,7 @@ class PlacementStrategy(_Cfg, kw_only=True, frozen=True):
 
 class MinRuntime(_Cfg, kw_only=True, frozen=True):
     """KAI's minruntime plugin arguments: the defaults for queues that set no min-runtime, and
-    how a reclaim victim's min-runtime is resolved (`kai_es.scheduling.times`): "lca" from the
+    how a reclaim victim's min-runtime is resolved (`kai_es.scheduling.rules.min_runtime`): "lca" from the
     victim's side just below the lowest common ancestor of the two queues, "queue" from the
     victim's own leaf queue."""
 

@@ -32,6 +32,7 @@ from kai_es.events.timefmt import parse_duration
 from kai_es.ingest import bounds
 from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.state import usage
+from kai_es.state.versions import fold_rules
 from kai_es.state.model import (
     BIND_BACKOFF_BASE_NS,
     BIND_BACKOFF_CAP_NS,
@@ -335,23 +336,15 @@ def track_stale(state: ClusterState, job: Job) -> None:
         state.gangs_below_minimum.discard(job.key)
 
 
-#: policy versions (in the config in force) whose states keep no job times or usage: logs
-#: written under them fold to exactly the state (and digest) they recorded
-UNTIMED_POLICIES: Final = frozenset({None, "", "kai-es/v1", "kai-es/v2"})
-#: policy versions whose stale gangs are judged by the job's own `minMember` only (their states
-#: fold, and digest, as they did before sub-groups were judged); every other timed version also
-#: judges each leaf sub-group (its Policy's `subgroup_stale_gangs`, which a test holds to agree)
-TOP_LEVEL_STALE_POLICIES: Final = UNTIMED_POLICIES | {"kai-es/v3"}
-
-
 def derive_config_flags(state: ClusterState) -> None:
     """Set the state's flags derived from its config (`timed`, `subgroup_stale`, the usage
     resolution and window).
     A config whose durations do not parse keeps usage off (the scheduler rejects such a config
     before it is ever applied)."""
     config = state.config
-    state.timed = config.get("policyVersion") not in UNTIMED_POLICIES
-    state.subgroup_stale = config.get("policyVersion") not in TOP_LEVEL_STALE_POLICIES
+    rules = fold_rules(config.get("policyVersion"))  # the version's fold rules (`state.versions`)
+    state.timed = rules.keeps_times
+    state.subgroup_stale = rules.stale_subgroups
     fairshare = config.get("fairshare")
     resolution = window = 0
     if state.timed and isinstance(fairshare, dict) and fairshare.get("timeBased") is True:
@@ -1052,11 +1045,6 @@ def _binding_decided(state: ClusterState, env: Envelope) -> None:
     _set_pending(state, pod, False)
 
 
-#: policy versions whose PodPipelined decisions reserve nothing (logs written before
-#: reservations existed must fold to the state they recorded)
-_NO_NOMINATION_POLICIES: Final = frozenset({None, "kai-es/v1"})
-
-
 def _pod_pipelined(state: ClusterState, env: Envelope) -> None:
     data: p.PodPipelined = env.data
     pod = state.pods.get(pod_key(data.namespace, data.name))
@@ -1065,7 +1053,8 @@ def _pod_pipelined(state: ClusterState, env: Envelope) -> None:
         return
     state.stale_pods.add(pod.key)
     pod.last_unschedulable = ""
-    if env.policyversion not in _NO_NOMINATION_POLICIES and pod.status == "Pending":
+    # (logs written before reservations existed must fold to the state they recorded)
+    if fold_rules(env.policyversion).pipelined_nominates and pod.status == "Pending":
         pod.nominated_node = data.node
 
 
