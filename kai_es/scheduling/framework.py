@@ -1,4 +1,5 @@
-"""Scheduling framework values: reason codes and `Status`, returned by plugins, never logged.
+"""Scheduling framework values: reason codes, `Status` (returned by plugins, never logged) and
+`ActionResult` (returned by every action).
 
 Contract: a reason has a stable `code` (machine-readable), a `message` a person can act on, and
 `numbers` with the quantities behind it (ints). The scheduler turns the reasons of a pod left
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kai_es.events.payloads import Reason
+from kai_es.scheduling.plan import Entry
 
 # Reason codes (stable; part of the decision stream's contract)
 QUEUE_NOT_FOUND = "QueueNotFound"
@@ -58,6 +60,15 @@ class Status:
 
 
 _OK = Status(True)
+
+
+@dataclass(slots=True)
+class ActionResult:
+    """What an action returns: the placements it made (the cycle drops their pods' earlier
+    reasons) and the pods it left waiting, with the reasons."""
+
+    placed: list[Entry] = field(default_factory=list)
+    unschedulable: dict[str, list[Reason]] = field(default_factory=dict)
 
 
 def no_node_fits(rejections: tuple[int, ...], nodes: int, what: str,

@@ -79,13 +79,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, Literal, cast
 
-from kai_es.scheduling.actions.allocate import AllocateResult, Allocator
+import msgspec
+
+from kai_es.scheduling.actions.allocate import Allocator
 from kai_es.scheduling.actions.consolidation import Consolidation
 from kai_es.scheduling.actions.preempt import Preempt
 from kai_es.scheduling.actions.reclaim import Reclaim
 from kai_es.scheduling.actions.stalegangeviction import StaleGangEviction
+from kai_es.scheduling.framework import ActionResult
 from kai_es.scheduling.rules import Rules
 from kai_es.scheduling.rules.device_order import DeviceOrderV1, SpreadImpliesGpuSpread
 from kai_es.scheduling.rules.fair_share_division import ExactDivisionV1, WholeGpuDivision, WholeGpuDivisionV2
@@ -108,28 +111,29 @@ from kai_es.state.snapshot import Snapshot, snapshot_sha256
 from kai_es.state.snapshot import digest as full_digest
 from kai_es.state.versions import FOLD_RULES, FoldRules
 
-Action = Callable[[Session], AllocateResult]
+Action = Callable[[Session], ActionResult]
 
+ActionName = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
 ACTION_NAMES: Final = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
 
 
-def allocate(session: Session) -> AllocateResult:
+def allocate(session: Session) -> ActionResult:
     return Allocator(session).run()
 
 
-def consolidation(session: Session) -> AllocateResult:
+def consolidation(session: Session) -> ActionResult:
     return Consolidation(session).run()
 
 
-def reclaim(session: Session) -> AllocateResult:
+def reclaim(session: Session) -> ActionResult:
     return Reclaim(session).run()
 
 
-def preempt(session: Session) -> AllocateResult:
+def preempt(session: Session) -> ActionResult:
     return Preempt(session).run()
 
 
-def stalegangeviction(session: Session) -> AllocateResult:
+def stalegangeviction(session: Session) -> ActionResult:
     return StaleGangEviction(session).run()
 
 
@@ -230,3 +234,24 @@ def policy_for(version: str) -> PolicyVersion:
 def state_digest(version: str, state: ClusterState) -> str:
     """The state digest of `state` as policy `version` computes it (raises `UnknownPolicy`)."""
     return policy_for(version).state_digest(state)
+
+
+def config_actions(version: str, actions: list[ActionName] | None) -> list[ActionName]:
+    """A config's actions under policy `version`: `actions` as listed (the same list), or the
+    version's defaults when it lists none. Raises msgspec.ValidationError naming the field: an
+    unknown version (`$.policyVersion`), an action listed twice or one the version does not
+    accept (`$.actions`)."""
+    try:
+        policy = policy_for(version)
+    except UnknownPolicy as exc:
+        raise msgspec.ValidationError(f"{exc} - at `$.policyVersion`") from None
+    if actions is None:
+        return [cast(ActionName, name) for name in policy.default_actions]
+    if len(set(actions)) != len(actions):
+        raise msgspec.ValidationError("an action is listed twice - at `$.actions`")
+    refused = [a for a in actions if a not in policy.accepted]
+    if refused:
+        raise msgspec.ValidationError(
+            f"{', '.join(refused)} {'is' if len(refused) == 1 else 'are'} not implemented by policy "
+            f"{version} (it runs: {', '.join(sorted(policy.actions))}) - at `$.actions`")
+    return actions

@@ -11,7 +11,7 @@ Contract: pure. Reads the state, writes only to the Session's Plan and the retur
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
@@ -23,12 +23,6 @@ from kai_es.state.model import Job, PodState
 from kai_es.state.reducer import job_key_of_index
 
 
-@dataclass(slots=True)
-class AllocateResult:
-    placed: list[Entry] = field(default_factory=list)
-    unschedulable: dict[str, list[Reason]] = field(default_factory=dict)
-
-
 class Allocator:
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -36,7 +30,7 @@ class Allocator:
         self.plan = session.plan
         self.now_ns = session.now_ns
         self.eligibility = session.eligibility
-        self.result = AllocateResult()
+        self.result = fw.ActionResult()
 
     def no_fit(self, pod: PodState, answer_rejections: tuple[int, ...]) -> list[Reason]:
         """Why `pod` fits no node: NoNodeFits with per-cause node counts, then one detail
@@ -58,7 +52,7 @@ class Allocator:
 
     # -- run --------------------------------------------------------------------------------
 
-    def run(self) -> AllocateResult:
+    def run(self) -> fw.ActionResult:
         session = self.session
         self._done = session.done
         self._unqueued()

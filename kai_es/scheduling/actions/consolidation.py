@@ -40,9 +40,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
-from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.actions.preempting import PreemptingAction
 from kai_es.scheduling.fairshare import pod_request
+from kai_es.scheduling.framework import ActionResult
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Eviction
@@ -70,7 +70,7 @@ class Consolidation(PreemptingAction):
         #: the cluster's free capacity (`free_capacity`) when the Plan had this many operations
         self._free_at, self._free = -1, (0, 0, 0)
 
-    def run(self) -> AllocateResult:
+    def run(self) -> ActionResult:
         config = self.session.config
         if config is None or self.budget == 0 or "spread" in (
                 config.placement_strategy.gpu, config.placement_strategy.cpu):

@@ -38,7 +38,6 @@ from operator import itemgetter
 from kai_es.events.payloads import Reason
 from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling import framework as fw
-from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.plan import Entry
 from kai_es.scheduling.session import QueueNode, Session, Vector
@@ -62,7 +61,7 @@ class PreemptingAction:
         self.session = session
         self.state = session.state
         self.plan = session.plan
-        self.result = AllocateResult()
+        self.result = fw.ActionResult()
         self._occupying_jobs: list[Job] | None = None
         #: kai-es/v3: victim units by (queue, priority) bucket of `state.victim_jobs`, with their
         #: order keys; built when a preemptor first needs the bucket
@@ -256,7 +255,7 @@ class PreemptingAction:
             if reasons is not None and all(r.code != fw.PREEMPTION_DELAY for r in reasons):
                 waiting[pod_key] = [*reasons, reason]  # a new list: reason lists may be shared
 
-    def run(self) -> AllocateResult:
+    def run(self) -> fw.ActionResult:
         try:
             for leaf, job in self.preemptors():
                 self._try(leaf, job)

@@ -14,7 +14,7 @@ Pure: writes only the Session's Plan.
 from __future__ import annotations
 
 from kai_es.events.timefmt import format_duration, rfc3339
-from kai_es.scheduling.actions.allocate import AllocateResult
+from kai_es.scheduling.framework import ActionResult
 from kai_es.scheduling.rules.staleness import stale_deadline_ns, staleness_grace_ns
 from kai_es.scheduling.session import Session
 
@@ -25,11 +25,11 @@ class StaleGangEviction:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def run(self) -> AllocateResult:
+    def run(self) -> ActionResult:
         session, state = self.session, self.session.state
         config = session.config
         if config is None:
-            return AllocateResult()
+            return ActionResult()
         plan, now = session.plan, session.now_ns
         staleness = session.rules.staleness
         jobs = state.jobs
@@ -51,4 +51,4 @@ class StaleGangEviction:
             why, numbers = staleness.reason(job, occupying, grace, why, numbers)
             for pod in running:
                 plan.evict(pod.key, NAME, "", why, numbers)
-        return AllocateResult()
+        return ActionResult()
