@@ -1,5 +1,5 @@
-"""Scheduling framework values: reason codes, `Status` (returned by plugins, never logged) and
-`ActionResult` (returned by every action).
+"""Scheduling framework values: reason codes and `ActionResult` (returned by every action).
+Plugins and predicates return `Reason` records (or None: no objection), never log.
 
 Contract: a reason has a stable `code` (machine-readable), a `message` a person can act on, and
 `numbers` with the quantities behind it (ints). The scheduler turns the reasons of a pod left
@@ -41,25 +41,6 @@ REJECTION_NAMES: tuple[tuple[str, str], ...] = (
     ("insufficient_gpu_share", "no GPU with enough free share"),
     ("gpu_memory", "GPU memory unknown or too small"),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """Outcome of a check: `ok`, or not with the reasons why."""
-
-    ok: bool
-    reasons: tuple[Reason, ...] = field(default=())
-
-    @staticmethod
-    def success() -> Status:
-        return _OK
-
-    @staticmethod
-    def fail(code: str, message: str, **numbers: int) -> Status:
-        return Status(False, (Reason(code=code, message=message, numbers=dict(sorted(numbers.items()))),))
-
-
-_OK = Status(True)
 
 
 @dataclass(slots=True)
