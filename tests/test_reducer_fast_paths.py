@@ -1,6 +1,6 @@
 """The reducer's shortcuts and the facts they rely on.
 
-- `_refresh_job` scans a job's members for occupying pods only when `job.occupying` says there
+- `refresh_job` scans a job's members for occupying pods only when `job.occupying` says there
   are some, so `job.occupying` must always count exactly the members that occupy.
 - Re-observing a pod builds its job key only when its namespace or podgroup changed, so
   `pod.job_key` must always be the key of `pod.spec`'s namespace and podgroup.

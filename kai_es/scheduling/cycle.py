@@ -32,8 +32,8 @@ from kai_es.scheduling.packing import (
 from kai_es.scheduling.plan import Entry, Plan, task_shape
 from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.session import Session
+from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import ClusterState
-from kai_es.state.reducer import job_key_of_index
 
 __all__ = ["SOURCE", "run_cycle", "strategy_of"]
 

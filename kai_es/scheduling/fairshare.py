@@ -45,7 +45,8 @@ from fractions import Fraction
 from math import lcm
 from typing import TYPE_CHECKING
 
-from kai_es.state.reducer import gpu_memory_milli, job_key_of_index
+from kai_es.state.keys import job_key_of_index
+from kai_es.state.quantities import gpu_memory_milli
 
 RESOURCES: tuple[str, ...] = ("gpu", "cpu", "memory")
 #: a queue's historical usage share per resource, in RESOURCES order

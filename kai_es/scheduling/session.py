@@ -29,25 +29,16 @@ from kai_es.scheduling import framework as fw
 from kai_es.scheduling.fairshare import RESOURCES, parent_loops, pod_request
 from kai_es.scheduling.gang import Minimum, minimum
 from kai_es.scheduling.plan import Entry, Operation, Plan
+from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
-from kai_es.state.reducer import device_milli_on, job_key_of_index
+from kai_es.state.quantities import ZERO, Vector, add, device_milli_on, scale
 
 if TYPE_CHECKING:
     from kai_es.scheduling.config import SchedulerConfig
     from kai_es.scheduling.rules import Rules
     from kai_es.scheduling.topology import TopologyPlacer
 
-Vector = tuple[int, int, int]  # (milli-GPU, milli-CPU, bytes), in RESOURCES order
 Candidate = tuple["QueueNode", Job, list[PodState], Vector]
-ZERO: Vector = (0, 0, 0)
-
-
-def _add(a: Vector, b: Vector) -> Vector:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
-
-
-def _scale(a: Vector, k: int) -> Vector:
-    return (a[0] * k, a[1] * k, a[2] * k)
 
 
 @dataclass(slots=True)
@@ -182,8 +173,8 @@ class Session:
             own = (q.allocated_milli_gpu, q.allocated_milli_cpu, q.allocated_memory_bytes)
             np = (q.nonpreemptible_milli_gpu, q.nonpreemptible_milli_cpu, q.nonpreemptible_memory_bytes)
             for anc in node.chain:
-                anc.allocated = _add(anc.allocated, own)
-                anc.nonpreemptible = _add(anc.nonpreemptible, np)
+                anc.allocated = add(anc.allocated, own)
+                anc.nonpreemptible = add(anc.nonpreemptible, np)
         shares = self.rules.fair_share_division.shares(st, self.config, self.now_ns)
         for name, node in self.queues.items():
             node.fair = (shares["gpu"][name].fair_share, shares["cpu"][name].fair_share,
@@ -206,12 +197,12 @@ class Session:
         else:
             sign = -sign  # an eviction gives its pod's allocation back
             used = (pod.milli_gpu, spec.requests.milli_cpu, spec.requests.memory_bytes)
-        delta = _scale(used, sign)
+        delta = scale(used, sign)
         cache = self.order_cache
         for q in leaf.chain:
-            q.allocated = _add(q.allocated, delta)
+            q.allocated = add(q.allocated, delta)
             if not job.preemptible:
-                q.nonpreemptible = _add(q.nonpreemptible, delta)
+                q.nonpreemptible = add(q.nonpreemptible, delta)
             cache.pop(q.name, None)
 
     # -- order ------------------------------------------------------------------------------
@@ -260,7 +251,7 @@ class Session:
         """What `pods` would add to their queue (gpu-memory counted against the largest GPU)."""
         request = ZERO
         for pod in pods:
-            request = _add(request, pod_request(pod.spec, self.gpu_memory_hint))
+            request = add(request, pod_request(pod.spec, self.gpu_memory_hint))
         return request
 
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:

@@ -17,10 +17,11 @@ from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.packing import PackingError
 from kai_es.scheduling.plan import Entry
-from kai_es.scheduling.session import QueueNode, Session, Vector, _what
+from kai_es.scheduling.session import QueueNode, Session, _what
 from kai_es.scheduling.topology import INVALID_TOPOLOGY_CONSTRAINT, constrained
+from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import Job, PodState
-from kai_es.state.reducer import job_key_of_index
+from kai_es.state.quantities import Vector
 
 
 class Allocator:

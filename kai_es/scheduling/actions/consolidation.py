@@ -47,9 +47,10 @@ from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Eviction
 from kai_es.scheduling.rules.replacement import relocate
-from kai_es.scheduling.session import QueueNode, Session, Vector
+from kai_es.scheduling.session import QueueNode, Session
 from kai_es.scheduling.victims import Unit, free_capacity, keyed_units, room
 from kai_es.state.model import Job, PodState
+from kai_es.state.quantities import Vector
 
 NAME = "consolidation"
 #: nodes a search for one preemptor looks at (a count, so that replay is exact)

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kai_es.scheduling.actions.preempting import PreemptingAction
-from kai_es.scheduling.session import QueueNode, Vector
+from kai_es.scheduling.session import QueueNode
 from kai_es.scheduling.victims import Unit
 from kai_es.state.model import Job
+from kai_es.state.quantities import Vector
 
 
 class Preempt(PreemptingAction):

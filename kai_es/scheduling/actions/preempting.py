@@ -40,10 +40,11 @@ from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.plan import Entry
-from kai_es.scheduling.session import QueueNode, Session, Vector
+from kai_es.scheduling.session import QueueNode, Session
 from kai_es.scheduling.topology import TOPOLOGY_UNSATISFIED, constrained
 from kai_es.scheduling.victims import RoomBound, Unit, keyed_units, room, search, units_of
 from kai_es.state.model import Job, PodState
+from kai_es.state.quantities import Vector
 
 #: (TopologyUnsatisfied: a single constrained pod, kai-es/v5 only; a gang's reasons lead with
 #: GangUnsatisfied)

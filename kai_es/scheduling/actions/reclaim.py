@@ -21,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kai_es.scheduling.actions.preempting import PreemptingAction, at_most, dominant_share, reason_numbers
-from kai_es.scheduling.session import QueueNode, Session, Vector
+from kai_es.scheduling.session import QueueNode, Session
 from kai_es.scheduling.victims import Unit
 from kai_es.state.model import Job
+from kai_es.state.quantities import Vector
 
 
 def _sides(a: QueueNode, b: QueueNode) -> tuple[tuple[QueueNode, ...], QueueNode, QueueNode] | None:

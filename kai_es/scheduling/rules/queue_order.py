@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from kai_es.scheduling.session import QueueNode, Vector
+    from kai_es.scheduling.session import QueueNode
+    from kai_es.state.quantities import Vector
 
 #: DRF shares are compared as floor(used * SHARE_SCALE / fair share): integers, exact to 1e-12
 SHARE_SCALE = 10**12

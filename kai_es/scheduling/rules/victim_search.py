@@ -23,9 +23,10 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from kai_es.scheduling.packing import TaskShape
-from kai_es.scheduling.session import QueueNode, Vector
+from kai_es.scheduling.session import QueueNode
 from kai_es.scheduling.victims import Unit, free_capacity
 from kai_es.state.model import Job, PodState
+from kai_es.state.quantities import Vector
 
 if TYPE_CHECKING:
     from kai_es.scheduling.actions.preempting import PreemptingAction
