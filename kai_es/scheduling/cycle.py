@@ -48,7 +48,7 @@ def strategy_of(config: SchedulerConfig, state: ClusterState | None = None) -> S
     dev = policy_for(config.policy_version).rules.device_order.device_strategy(config)
     strategy = Strategy(gpu, cpu, dev)
     if gpu == GpuStrategy.FRAGMENTATION and state is not None:
-        shapes = [task_shape(state.pods[entry[3]].spec)
+        shapes = [task_shape(state.pods[entry.pod_key].spec)
                   for queue in sorted(state.pending_jobs) for index_key in state.pending_jobs[queue]
                   for entry in state.jobs[job_key_of_index(index_key)].pending]
         strategy = replace(strategy, workload=workload_from_tasks(shapes))

@@ -20,7 +20,7 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sortedcontainers import SortedList
 
@@ -41,6 +41,17 @@ if TYPE_CHECKING:
 Candidate = tuple["QueueNode", Job, list[PodState], Vector]
 
 
+class QueuedJob(NamedTuple):
+    """An entry of a leaf queue's jobs for this cycle: higher priority first, then jobs below
+    their gang minimum (stage 0) before elastic extras (1), older, uid, key."""
+
+    neg_priority: int
+    stage: int
+    created_ns: int
+    uid: str
+    job_key: str
+
+
 @dataclass(slots=True)
 class QueueNode:
     """A queue's tentative accounting for this cycle (parents aggregate their children)."""
@@ -55,7 +66,7 @@ class QueueNode:
     nonpreemptible: Vector = ZERO
     fair: Vector = ZERO
     children: list[QueueNode] = field(default_factory=list)
-    jobs: SortedList | None = None  # leaves: (-priority, stage, created, uid, job key)
+    jobs: SortedList | None = None  # leaves: their pending jobs in order (`QueuedJob`)
     chain: tuple[QueueNode, ...] = ()  # itself, then its ancestors (set once the tree is built)
 
     def ancestry(self) -> tuple[QueueNode, ...]:
@@ -166,7 +177,7 @@ class Session:
             for index_key in st.pending_jobs[name]:
                 job = jobs[job_key_of_index(index_key)]
                 stage = 0 if job.occupying < job.min_member else 1
-                entries.append((-job.priority, stage, job.created_ns, job.uid, job.key))
+                entries.append(QueuedJob(-job.priority, stage, job.created_ns, job.uid, job.key))
             leaf.jobs = SortedList(entries)
         for name, node in self.queues.items():
             q = st.queues[name]
@@ -210,9 +221,9 @@ class Session:
     def candidate(self, leaf: QueueNode) -> tuple[Job, list[PodState], Vector] | None:
         """The leaf's next job with the pods it would place now and their total request."""
         while leaf.jobs:
-            key = leaf.jobs[0][4]
+            key = leaf.jobs[0].job_key
             job = self.state.jobs[key]
-            pods = [self.state.pods[e[3]] for e in job.pending if e[3] not in self.done]
+            pods = [self.state.pods[e.pod_key] for e in job.pending if e.pod_key not in self.done]
             if not pods:
                 leaf.jobs.pop(0)
                 continue
@@ -230,7 +241,7 @@ class Session:
         pending pods not in `exclude` (default: those decided this cycle) and their request, or
         None when it has nothing to place or its minimum cannot exist (recorded in `gang`)."""
         skip = self.done if exclude is None else exclude
-        pods = [self.state.pods[e[3]] for e in job.pending if e[3] not in skip]
+        pods = [self.state.pods[e.pod_key] for e in job.pending if e.pod_key not in skip]
         if not pods:
             return None
         need, chosen = self._minimum_of(job, pods)

@@ -192,7 +192,7 @@ def _job_fields(j: Job) -> dict[str, Any]:
     return {"key": j.key, "namespace": j.namespace, "name": j.name, "spec": j.spec, "implicit": j.implicit,
             "queue": j.queue, "priority": j.priority, "created_ns": j.created_ns, "uid": j.uid,
             "occupying": j.occupying, "preemptible": j.preemptible, "members": sorted(j.members),
-            "pending": [e[3] for e in j.pending]}
+            "pending": [e.pod_key for e in j.pending]}
 
 
 def queue_snap(q: QueueState) -> QueueSnap:

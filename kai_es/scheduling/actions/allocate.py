@@ -17,7 +17,7 @@ from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.packing import PackingError
 from kai_es.scheduling.plan import Entry
-from kai_es.scheduling.session import QueueNode, Session, _what
+from kai_es.scheduling.session import QueuedJob, QueueNode, Session, _what
 from kai_es.scheduling.topology import INVALID_TOPOLOGY_CONSTRAINT, constrained
 from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import Job, PodState
@@ -61,7 +61,7 @@ class Allocator:
             for name in sorted(self.state.pending_jobs):
                 for index_key in self.state.pending_jobs[name]:
                     job = self.state.jobs[job_key_of_index(index_key)]
-                    self.fail_all([self.state.pods[e[3]] for e in job.pending],
+                    self.fail_all([self.state.pods[e.pod_key] for e in job.pending],
                                    [Reason(code=fw.NO_NODES, message="the cluster has no nodes")])
             return self.result
         self._nominated()
@@ -87,7 +87,7 @@ class Allocator:
         for name in sorted(state.pending_jobs):
             for index_key in state.pending_jobs[name]:
                 job = state.jobs[job_key_of_index(index_key)]
-                if any(state.pods[e[3]].nominated_node for e in job.pending):
+                if any(state.pods[e.pod_key].nominated_node for e in job.pending):
                     jobs[job.key] = job
         for key in sorted(jobs, key=lambda k: (-jobs[k].priority, jobs[k].created_ns, jobs[k].uid, k)):
             self.try_ahead(jobs[key])
@@ -110,7 +110,7 @@ class Allocator:
                 continue
             for index_key in self.state.pending_jobs[name]:
                 job = self.state.jobs[job_key_of_index(index_key)]
-                pods = [self.state.pods[e[3]] for e in job.pending]
+                pods = [self.state.pods[e.pod_key] for e in job.pending]
                 loop = self.session.looping.get(name)
                 if not job.queue:
                     reason = Reason(code=fw.NO_QUEUE, message=(
@@ -132,7 +132,7 @@ class Allocator:
 
     def _drop_job(self, leaf: QueueNode, job: Job, reasons: list[Reason]) -> None:
         """The job can do nothing more this cycle: every remaining pending pod gets `reasons`."""
-        self.fail_all([self.state.pods[e[3]] for e in job.pending if e[3] not in self._done], reasons)
+        self.fail_all([self.state.pods[e.pod_key] for e in job.pending if e.pod_key not in self._done], reasons)
 
     def _commit(self, entries: list[Entry]) -> None:
         """The job's placements stand (the queue accounting already follows the Plan)."""
@@ -146,15 +146,15 @@ class Allocator:
         """After progress, the job competes again for its remaining pods as an elastic job."""
         assert leaf.jobs is not None
         jobs = leaf.jobs
-        if jobs and jobs[0][4] == job.key:  # the job just tried is the head (see _candidate)
+        if jobs and jobs[0].job_key == job.key:  # the job just tried is the head (see _candidate)
             del jobs[0]
         else:
             for stage in (0, 1):
-                jobs.discard((-job.priority, stage, job.created_ns, job.uid, job.key))
+                jobs.discard(QueuedJob(-job.priority, stage, job.created_ns, job.uid, job.key))
         done = self._done
         for e in job.pending:
-            if e[3] not in done:
-                jobs.add((-job.priority, 1, job.created_ns, job.uid, job.key))
+            if e.pod_key not in done:
+                jobs.add(QueuedJob(-job.priority, 1, job.created_ns, job.uid, job.key))
                 break
 
     def _try(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector) -> bool:

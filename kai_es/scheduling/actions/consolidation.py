@@ -93,7 +93,7 @@ class Consolidation(PreemptingAction):
         for leaf, job in super().preemptors():
             if not job.preemptible:
                 continue
-            smallest = [min(pod_request(self.state.pods[e[3]].spec, hint)[r] for e in job.pending) for r in (0, 1, 2)]
+            smallest = [min(pod_request(self.state.pods[e.pod_key].spec, hint)[r] for e in job.pending) for r in (0, 1, 2)]
             if all(need <= have for need, have in zip(smallest, free)):
                 out.append((leaf, job))
         return out

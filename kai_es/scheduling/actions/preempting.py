@@ -251,7 +251,8 @@ class PreemptingAction:
             f"trigger evictions before {rfc3339(until_ns)}"),
             numbers={"preemption_delay_ns": delay, "until_ns": until_ns})
         waiting = self.session.unschedulable
-        for _, _, _, pod_key in job.pending:
+        for entry in job.pending:
+            pod_key = entry.pod_key
             reasons = waiting.get(pod_key)
             if reasons is not None and all(r.code != fw.PREEMPTION_DELAY for r in reasons):
                 waiting[pod_key] = [*reasons, reason]  # a new list: reason lists may be shared

@@ -47,8 +47,8 @@ class HopelessBatchV1:
         state, done, plan = allocator.state, allocator.session.done, allocator.plan
         eligibility = allocator.eligibility
         while jobs:
-            job = state.jobs[jobs[0][4]]
-            pods = [state.pods[e[3]] for e in job.pending if e[3] not in done]
+            job = state.jobs[jobs[0].job_key]
+            pods = [state.pods[e.pod_key] for e in job.pending if e.pod_key not in done]
             if not pods:
                 del jobs[0]  # as Session.candidate would
                 continue

@@ -36,7 +36,7 @@ class SpareGrowingJobs:
         grown, affinity = session.placed_pods, session.eligibility.affinity
 
         def admit(unit: Unit) -> bool:
-            return rule(unit) and not any(e[3] in grown for e in unit.job.pending) and \
+            return rule(unit) and not any(e.pod_key in grown for e in unit.job.pending) and \
                 not any(affinity.needed(pod.key) for pod in unit.pods)
 
         return admit

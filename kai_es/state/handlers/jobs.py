@@ -15,7 +15,7 @@ from kai_es.ingest import bounds
 from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.state.handlers.accounting import index_victim, queue_usage
 from kai_es.state.handlers.seen import mark_seen
-from kai_es.state.keys import pod_key
+from kai_es.state.keys import PendingJob, PendingPod, pod_key
 from kai_es.state.model import (
     DEFAULT_PRIORITY_CLASSES,
     NON_PREEMPTIBLE_PRIORITY,
@@ -66,7 +66,7 @@ def set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
     spec = pod.spec
     new = None
     if pending and spec.scheduler_name == SCHEDULER_NAME:
-        new = (-spec.task_priority, spec.created_ns, spec.uid, pod.key)
+        new = PendingPod(-spec.task_priority, spec.created_ns, spec.uid, pod.key)
         if new == old:
             return
     elif old is None:
@@ -86,13 +86,13 @@ def _reindex_job(state: ClusterState, job: Job) -> None:
     old = job.index_key
     new = None
     if job.pending:
-        new = (-job.priority, job.created_ns, job.uid, f"{job.queue}\x00{job.key}")
+        new = PendingJob(-job.priority, job.created_ns, job.uid, job.queue, job.key)
         if new == old:
             return  # still pending under the same key
     elif old is None:
         return  # not pending, not indexed
     if old is not None:
-        old_queue = old[3].split("\x00", 1)[0]
+        old_queue = old.queue
         bucket = state.pending_jobs.get(old_queue)
         state.stale_pending.add(old_queue)
         if bucket is not None:
