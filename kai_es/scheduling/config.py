@@ -106,7 +106,7 @@ def duration_ns(text: str) -> int:
 
 
 class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
-    #: None (not given): the policy version's default actions (`Policy.default_actions`); the
+    #: None (not given): the policy version's default actions (`PolicyVersion.default_actions`); the
     #: validated config always holds the list
     actions: list[ActionName] | None = None
     placement_strategy: PlacementStrategy = PlacementStrategy()

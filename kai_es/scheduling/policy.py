@@ -19,9 +19,9 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   (`kai_es.state.incremental_digest`: a multiset sha256 over the snapshot's entities, kept by
   the reducer, O(changes) per cycle); v1 records the sha256 of the whole snapshot (O(state)
   per cycle).
-- `kai-es/v3`: v2's actions and stalegangeviction; the time rules (`rules.min_runtime`, `rules.preemption_delay`, `rules.staleness`):
-  a job within its queue's preempt/reclaim min-runtime is no victim (an elastic one may still
-  lose surplus pods), a job within its preemption delay triggers no eviction, and a running gang
+- `kai-es/v3`: v2's actions and stalegangeviction; the time rules (`rules.min_runtime`,
+  `rules.preemption_delay`, `rules.staleness`): a job within its queue's preempt/reclaim
+  min-runtime is no victim (an elastic one may still lose surplus pods), a job within its preemption delay triggers no eviction, and a running gang
   below its minimum past its staleness grace period is evicted whole; time-based fair share
   when the config turns it on. Its states keep job times and usage (`kai_es.state.usage`).
   Allocate no longer fails a queue's hopeless head jobs in one batch (v1/v2 do, which can let
