@@ -177,7 +177,8 @@ class Session:
             for index_key in st.pending_jobs[name]:
                 job = jobs[job_key_of_index(index_key)]
                 stage = 0 if job.occupying < job.min_member else 1
-                entries.append(QueuedJob(-job.priority, stage, job.created_ns, job.uid, job.key))
+                # (tuple.__new__: without the NamedTuple's Python-level __new__, once per pending job)
+                entries.append(tuple.__new__(QueuedJob, (-job.priority, stage, job.created_ns, job.uid, job.key)))
             leaf.jobs = SortedList(entries)
         for name, node in self.queues.items():
             q = st.queues[name]

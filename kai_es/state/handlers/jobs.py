@@ -66,7 +66,8 @@ def set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
     spec = pod.spec
     new = None
     if pending and spec.scheduler_name == SCHEDULER_NAME:
-        new = PendingPod(-spec.task_priority, spec.created_ns, spec.uid, pod.key)
+        # (built by tuple.__new__, without the NamedTuple's Python-level __new__: a hot path of the fold)
+        new = tuple.__new__(PendingPod, (-spec.task_priority, spec.created_ns, spec.uid, pod.key))
         if new == old:
             return
     elif old is None:
@@ -86,7 +87,7 @@ def _reindex_job(state: ClusterState, job: Job) -> None:
     old = job.index_key
     new = None
     if job.pending:
-        new = PendingJob(-job.priority, job.created_ns, job.uid, job.queue, job.key)
+        new = tuple.__new__(PendingJob, (-job.priority, job.created_ns, job.uid, job.queue, job.key))  # (as above)
         if new == old:
             return  # still pending under the same key
     elif old is None:
