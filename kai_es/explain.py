@@ -33,9 +33,8 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling.config import ConfigError, parse_config
-from kai_es.scheduling.fairshare import RESOURCES, QueueShare, TimeBased, pending_request, shares_for_state
+from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request
 from kai_es.scheduling.policy import policy_for
-from kai_es.scheduling.usage import queue_usage
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
 
@@ -144,12 +143,9 @@ def cycle_shares(state: ClusterState, now_ns: int) -> tuple[dict[str, dict[str, 
         config = parse_config(state.config)
     except ConfigError:
         config = parse_config({})
-    policy = policy_for(config.policy_version)
+    division = policy_for(config.policy_version).rules.fair_share_division
     hint = max((state.nodes[n].spec.gpu_memory_mib for n in state.node_names), default=0)
-    time_based = None
-    if policy.time_rules and config.fairshare.time_based:
-        time_based = TimeBased(queue_usage(state, config, now_ns), config.fairshare.k)
-    return shares_for_state(state, policy.gpu_share_unit, time_based), hint
+    return division.shares(state, config, now_ns), hint
 
 
 def _reasons_json(reasons: list[p.Reason]) -> list[dict[str, Any]]:

@@ -124,7 +124,7 @@ def pending_pods(state: ClusterState) -> list[PodState]:
     for queue in sorted(state.pending_jobs):
         for index_key in state.pending_jobs[queue]:
             job = state.jobs[job_key_of_index(index_key)]
-            out += [state.pods[entry[3]] for entry in job.pending]
+            out += [state.pods[entry.pod_key] for entry in job.pending]
     return out
 
 

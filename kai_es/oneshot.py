@@ -50,7 +50,7 @@ def fairshare_report(scenario: Scenario) -> dict[str, Any]:
 
     state = initial_state(scenario)
     policy = policy_for(scenario.config.policy_version)
-    shares = shares_for_state(state, policy.gpu_share_unit)
+    shares = shares_for_state(state, policy.rules.fair_share_division.gpu_unit)
     out: dict[str, Any] = {}
     for name in sorted(state.queues):
         spec = state.queues[name].spec
@@ -62,7 +62,7 @@ def fairshare_report(scenario: Scenario) -> dict[str, Any]:
                        "overQuotaWeight": getattr(spec, resource).over_quota_weight}
             for resource in RESOURCES}}
     units = {"gpu": "milli-GPU", "cpu": "milli-CPU", "memory": "bytes"}
-    division = {"gpu": policy.gpu_share_unit, "cpu": 1, "memory": 1}
+    division = {"gpu": policy.rules.fair_share_division.gpu_unit, "cpu": 1, "memory": 1}
     return {"units": units, "divisionUnit": division, "policyVersion": policy.version, "queues": out}
 
 

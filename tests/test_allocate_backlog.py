@@ -1,4 +1,4 @@
-"""Failing a queue's hopeless head jobs in one batch (`Allocator._drop_hopeless`) is a shortcut
+"""Failing a queue's hopeless head jobs in one batch (`rules.hopeless_batch.HopelessBatchV1`) is a shortcut
 of policies v1 and v2 that is NOT the same as trying them one by one through KAI's queue order:
 a queue's place depends on its head job. v2 logs record the batch and must keep replaying; v3
 tries each job through the queue order."""
@@ -18,6 +18,7 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.actions.allocate import Allocator
+from kai_es.scheduling.rules.hopeless_batch import HopelessBatchV1
 from kai_es.scheduling.packing import load_packer
 from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
 
@@ -94,7 +95,7 @@ def test_from_v3_on_the_batch_never_runs_and_every_try_goes_through_the_queue_or
     """Under the default (v3) policy a run with the batch made to fail loudly is the run: the
     shortcut is never taken, whatever the backlog."""
     with pytest.MonkeyPatch.context() as mp:
-        def refuse(self: Allocator, leaf: object) -> None:
+        def refuse(self: HopelessBatchV1, allocator: Allocator, leaf: object) -> None:
             raise AssertionError("the hopeless batch ran under a policy that does not have it")
-        mp.setattr(Allocator, "_drop_hopeless", refuse)
+        mp.setattr(HopelessBatchV1, "after_miss", refuse)
         _records(text)

@@ -41,7 +41,7 @@ def _copy_with(tmp_path: Path, relpath: str, source: str) -> Path:
 def test_import_contracts_are_kept() -> None:
     run = _lint_imports(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "7 kept, 0 broken" in run.stdout
+    assert "8 kept, 0 broken" in run.stdout
 
 
 PLANTED_IMPORTS = [
@@ -74,6 +74,13 @@ PLANTED_IMPORTS = [
      "kai_es.cli_services -> kai_es.cli (l.1)"),
     ("report.py", "from kai_es.cli_common import UserError\n", "Only the command line imports its parts",
      "kai_es.report -> kai_es.cli_common (l.1)"),
+    # the scheduling package has no cycle: the registry imports the rules, so a rule may not
+    # import the config (which validates through the registry) at run time
+    ("scheduling/rules/__init__.py", "from kai_es.scheduling.config import SchedulerConfig\n",
+     "The scheduling and state packages have no import cycle", "No cycles are allowed in kai_es.scheduling."),
+    # the reducer's handlers import each other in one direction
+    ("state/handlers/seen.py", "from kai_es.state.handlers.pods import drop_pod\n",
+     "The scheduling and state packages have no import cycle", "No cycles are allowed in kai_es.state.handlers."),
 ]
 
 

@@ -16,7 +16,7 @@ from kai_es.scheduling.config import ConfigError, parse_config
 from kai_es.scheduling.cycle import strategy_of
 from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.plan import Entry, Plan, VerificationError
-from kai_es.scheduling.policy import POLICIES, policy_for
+from kai_es.scheduling.policy import POLICIES, RULES_V1, policy_for
 from kai_es.scheduling.session import Session
 from tests.builders import MakeNode, MakePod, queue, scenario_text
 
@@ -62,7 +62,7 @@ def _session(*docs: dict[str, Any], verify: bool = False) -> Session:
     scenario = load_scenario_text(scenario_text(*docs), "framework")
     state = initial_state(scenario)
     plan = Plan(state, load_packer("native"), strategy_of(scenario.config), verify=verify)
-    return Session(state, plan, scenario.start_ns)
+    return Session(state, plan, scenario.start_ns, RULES_V1)
 
 
 def _full_node() -> list[dict[str, Any]]:

@@ -319,12 +319,13 @@ def test_affinity_counts_follow_placements_and_rollbacks_exactly(
     from kai_es.oneshot import initial_state
     from kai_es.scheduling.cycle import strategy_of
     from kai_es.scheduling.plan import Plan
+    from kai_es.scheduling.policy import RULES_V1
     from kai_es.scheduling.session import Session
 
     scenario = load_scenario_text(yaml.safe_dump_all(docs), "generated")
     state = initial_state(scenario)
     plan = Plan(state, load_packer("native"), strategy_of(scenario.config))
-    eligibility = Session(state, plan, 0).eligibility
+    eligibility = Session(state, plan, 0, RULES_V1).eligibility
     pending = [k for k in sorted(state.pods) if state.pods[k].status == "Pending"]
     checkpoints = []
     for pod_index, node, rollback in steps:

@@ -1,9 +1,10 @@
-"""KAI's queue order under policy kai-es/v2, key by key (`Session.key`), and kai-es/v1's order
-kept for logs written under it."""
+"""KAI's queue order under policy kai-es/v2, key by key (`rules.queue_order.KaiQueueOrder`), and
+kai-es/v1's order (`QueueOrderV1`) kept for logs written under it."""
 
 from __future__ import annotations
 
-from kai_es.scheduling.session import FairShareOrder, QueueNode, Session
+from kai_es.scheduling.rules.queue_order import FairShareOrder, KaiQueueOrder, QueueOrderV1
+from kai_es.scheduling.session import QueueNode
 
 
 def _queue(name: str, fair: tuple[int, int, int], allocated: tuple[int, int, int] = (0, 0, 0),
@@ -13,9 +14,7 @@ def _queue(name: str, fair: tuple[int, int, int], allocated: tuple[int, int, int
 
 
 def _key(q: QueueNode, request: tuple[int, int, int], kai: bool = True) -> tuple[object, ...]:
-    session = Session.__new__(Session)
-    session.kai_queue_order = kai
-    return session.key(q, request)
+    return (KaiQueueOrder() if kai else QueueOrderV1()).key(q, request)
 
 
 def test_a_queue_that_would_use_a_resource_with_zero_fair_share_goes_later() -> None:

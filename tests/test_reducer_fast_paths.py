@@ -1,6 +1,6 @@
 """The reducer's shortcuts and the facts they rely on.
 
-- `_refresh_job` scans a job's members for occupying pods only when `job.occupying` says there
+- `refresh_job` scans a job's members for occupying pods only when `job.occupying` says there
   are some, so `job.occupying` must always count exactly the members that occupy.
 - Re-observing a pod builds its job key only when its namespace or podgroup changed, so
   `pod.job_key` must always be the key of `pod.spec`'s namespace and podgroup.
@@ -88,5 +88,5 @@ def test_a_job_moving_queue_moves_the_usage_of_its_occupying_members_only() -> N
     q0, q1 = state.queues["q0"], state.queues["q1"]
     assert (q0.allocated_milli_cpu, q0.allocated_milli_gpu) == (0, 0)
     assert (q1.allocated_milli_cpu, q1.allocated_milli_gpu) == (1000, 1000)
-    assert [key[3] for key in state.pending_jobs["q1"]] == ["q1\x00default/g0"]
+    assert [(key.queue, key.job_key) for key in state.pending_jobs["q1"]] == [("q1", "default/g0")]
     assert "q0" not in state.pending_jobs

@@ -21,13 +21,14 @@ from kai_es.events.factory import make_envelope
 from kai_es.oneshot import initial_state, one_cycle
 from kai_es.replay import replay
 from kai_es.scenario import load_scenario_text
-from kai_es.scheduling import times
 from kai_es.scheduling.config import config_event, parse_config
 from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.policy import POLICIES, state_digest
+from kai_es.scheduling.rules import wakeups as times
 from kai_es.state import fold, invariants
 from kai_es.state.incremental_digest import incremental_digest, recomputed_digest
-from kai_es.state.reducer import TOP_LEVEL_STALE_POLICIES, apply
+from kai_es.state.reducer import apply
+from kai_es.state.versions import FOLD_RULES
 from kai_es.state.snapshot import load_snapshot, restore, snapshot_bytes
 
 TESTS = Path(__file__).parent
@@ -75,9 +76,12 @@ def test_v4_evicts_a_gang_short_in_a_sub_group_v3_does_not(engine: str) -> None:
 
 def test_every_policy_version_judges_sub_groups_as_the_reducer_does() -> None:
     """The reducer keeps `stale_since_ns` by the config's version; the Policy says the same."""
+    assert sorted(POLICIES) == sorted(FOLD_RULES)
     for version, policy in sorted(POLICIES.items()):
-        assert policy.subgroup_stale_gangs == (version not in TOP_LEVEL_STALE_POLICIES), version
-    assert POLICIES["kai-es/v4"].subgroup_stale_gangs and not POLICIES["kai-es/v3"].subgroup_stale_gangs
+        assert policy.rules.staleness.judges_subgroups == FOLD_RULES[version].stale_subgroups, version
+        assert policy.fold is FOLD_RULES[version], version
+    assert POLICIES["kai-es/v4"].rules.staleness.judges_subgroups
+    assert not POLICIES["kai-es/v3"].rules.staleness.judges_subgroups
 
 
 def test_the_scheduler_wakes_at_a_sub_group_gangs_deadline_under_v4_only() -> None:

@@ -19,7 +19,7 @@ from kai_es.ingest import translate as tr
 from kai_es.oneshot import initial_state, one_cycle
 from kai_es.scenario import ScenarioError, load_scenario_text
 from kai_es.scheduling.packing import load_packer
-from kai_es.scheduling.times import due_times_ns
+from kai_es.scheduling.rules.wakeups import due_times_ns
 from kai_es.app.simulation import simulate
 
 SCENARIOS = Path(__file__).parent / "scenarios"

@@ -2,6 +2,9 @@
 `spec.scheduler`. Validated by msgspec (unknown keys and bad values are errors that name the
 field); durations are Kubernetes-style strings, converted to int ns by the accessors.
 
+What depends on the policy version (which versions exist, which actions a config of one may
+list, which it runs when it lists none) is checked by the registry, `policy.config_actions`.
+
 Contract: `config_digest(cfg)` is the sha256 of the canonical JSON of the fully defaulted config,
 so two spellings of the same configuration have one digest.
 """
@@ -22,9 +25,7 @@ from kai_es.events.codec import canonical
 from kai_es.events.factory import make_envelope
 from kai_es.events.timefmt import parse_duration, parse_signed_duration
 from kai_es.ingest.bounds import MAX_DURATION_NS
-
-ActionName = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
-
+from kai_es.scheduling.policy import CURRENT_POLICY, ActionName, config_actions
 
 class _Cfg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
     pass
@@ -37,7 +38,7 @@ class PlacementStrategy(_Cfg, kw_only=True, frozen=True):
 
 class MinRuntime(_Cfg, kw_only=True, frozen=True):
     """KAI's minruntime plugin arguments: the defaults for queues that set no min-runtime, and
-    how a reclaim victim's min-runtime is resolved (`kai_es.scheduling.times`): "lca" from the
+    how a reclaim victim's min-runtime is resolved (`kai_es.scheduling.rules.min_runtime`): "lca" from the
     victim's side just below the lowest common ancestor of the two queues, "queue" from the
     victim's own leaf queue."""
 
@@ -105,7 +106,7 @@ def duration_ns(text: str) -> int:
 
 
 class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
-    #: None (not given): the policy version's default actions (`Policy.default_actions`); the
+    #: None (not given): the policy version's default actions (`PolicyVersion.default_actions`); the
     #: validated config always holds the list
     actions: list[ActionName] | None = None
     placement_strategy: PlacementStrategy = PlacementStrategy()
@@ -113,9 +114,8 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     min_runtime: MinRuntime = MinRuntime()
     default_staleness_grace_period: str = "60s"
     fairshare: Fairshare = Fairshare()
-    #: a released version of `kai_es.scheduling.policy` (an unknown one is an error); a literal
-    #: here, as the registry imports the actions, which import this module
-    policy_version: str = "kai-es/v5"
+    #: a released version of `kai_es.scheduling.policy` (an unknown one is an error)
+    policy_version: str = CURRENT_POLICY
     state_digest_every: int = 1
     #: consolidation moves at most this many jobs per cycle (-1: no limit; 0: off), KAI's
     #: `--max-consolidation-preemptees`
@@ -157,22 +157,10 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
             raise msgspec.ValidationError("must be >= -1 (-1: no limit) - at `$.maxConsolidationPreemptees`")
         if self.state_digest_every < 0:
             raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
-        from kai_es.scheduling.policy import UnknownPolicy, policy_for  # the registry imports the actions
-
-        try:
-            policy = policy_for(self.policy_version)
-        except UnknownPolicy as exc:
-            raise msgspec.ValidationError(f"{exc} - at `$.policyVersion`") from None
-        if self.actions is None:
-            msgspec.structs.force_setattr(self, "actions", list(policy.default_actions))
-        assert self.actions is not None
-        if len(set(self.actions)) != len(self.actions):
-            raise msgspec.ValidationError("an action is listed twice - at `$.actions`")
-        refused = [a for a in self.actions if a not in policy.accepted]
-        if refused:
-            raise msgspec.ValidationError(
-                f"{', '.join(refused)} {'is' if len(refused) == 1 else 'are'} not implemented by policy "
-                f"{self.policy_version} (it runs: {', '.join(sorted(policy.actions))}) - at `$.actions`")
+        # what depends on the policy version is the registry's to check and default
+        actions = config_actions(self.policy_version, self.actions)
+        if actions is not self.actions:
+            msgspec.structs.force_setattr(self, "actions", actions)
 
 
 class ConfigError(ValueError):

@@ -24,7 +24,6 @@ from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.emit import SOURCE, Emitter
 from kai_es.scheduling.packing import (
     CpuStrategy,
-    DeviceStrategy,
     GpuStrategy,
     Packer,
     Strategy,
@@ -33,27 +32,23 @@ from kai_es.scheduling.packing import (
 from kai_es.scheduling.plan import Entry, Plan, task_shape
 from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.session import Session
-from kai_es.scheduling.usage import queue_usage
+from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import ClusterState
-from kai_es.state.reducer import job_key_of_index
 
 __all__ = ["SOURCE", "run_cycle", "strategy_of"]
 
 
 def strategy_of(config: SchedulerConfig, state: ClusterState | None = None) -> Strategy:
     """The packer strategy of `config`. For `fragmentation` the expected workload is the shapes
-    of the pods pending in `state` (counted; order-independent). Under a policy that says so
-    (kai-es/v2, as KAI), GPU placement `spread` orders shared devices gpuspread whatever
-    `gpuSharingOrder` says."""
+    of the pods pending in `state` (counted; order-independent). The shared-device order is the
+    policy version's rule (`kai_es.scheduling.rules.device_order`)."""
     gpu = {"binpack": GpuStrategy.BINPACK, "spread": GpuStrategy.SPREAD,
            "fragmentation": GpuStrategy.FRAGMENTATION}[config.placement_strategy.gpu]
     cpu = CpuStrategy.BINPACK if config.placement_strategy.cpu == "binpack" else CpuStrategy.SPREAD
-    dev = DeviceStrategy.GPUPACK if config.gpu_sharing_order == "gpupack" else DeviceStrategy.GPUSPREAD
-    if gpu == GpuStrategy.SPREAD and policy_for(config.policy_version).spread_implies_gpuspread:
-        dev = DeviceStrategy.GPUSPREAD
+    dev = policy_for(config.policy_version).rules.device_order.device_strategy(config)
     strategy = Strategy(gpu, cpu, dev)
     if gpu == GpuStrategy.FRAGMENTATION and state is not None:
-        shapes = [task_shape(state.pods[entry[3]].spec)
+        shapes = [task_shape(state.pods[entry.pod_key].spec)
                   for queue in sorted(state.pending_jobs) for index_key in state.pending_jobs[queue]
                   for entry in state.jobs[job_key_of_index(index_key)].pending]
         strategy = replace(strategy, workload=workload_from_tasks(shapes))
@@ -75,8 +70,7 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     emitter = Emitter(started, config.policy_version)
     plan = Plan(state, packer, strategy_of(config, state), verify=verify)
     now = started.envelope.logicaltime
-    usage = queue_usage(state, config, now) if policy.time_rules and config.fairshare.time_based else None
-    session = Session(state, plan, now, policy, config, usage)
+    session = Session(state, plan, now, policy.rules, config)
     unschedulable = session.unschedulable
     for name in config.action_list:
         action = policy.actions.get(name)

@@ -45,7 +45,8 @@ from fractions import Fraction
 from math import lcm
 from typing import TYPE_CHECKING
 
-from kai_es.state.reducer import gpu_memory_milli, job_key_of_index
+from kai_es.state.keys import job_key_of_index
+from kai_es.state.quantities import gpu_memory_milli
 
 RESOURCES: tuple[str, ...] = ("gpu", "cpu", "memory")
 #: a queue's historical usage share per resource, in RESOURCES order
@@ -361,7 +362,7 @@ def pending_request(state: "ClusterState", gpu_memory_mib_hint: int) -> dict[str
         gpu = cpu = mem = 0
         for index_key in state.pending_jobs[name]:
             for entry in state.jobs[job_key_of_index(index_key)].pending:
-                g, c, m = pod_request(state.pods[entry[3]].spec, gpu_memory_mib_hint)
+                g, c, m = pod_request(state.pods[entry.pod_key].spec, gpu_memory_mib_hint)
                 gpu, cpu, mem = gpu + g, cpu + c, mem + m
         out[name] = (gpu, cpu, mem)
     return out

@@ -1,4 +1,5 @@
-"""Scheduling framework values: reason codes and `Status`, returned by plugins, never logged.
+"""Scheduling framework values: reason codes and `ActionResult` (returned by every action).
+Plugins and predicates return `Reason` records (or None: no objection), never log.
 
 Contract: a reason has a stable `code` (machine-readable), a `message` a person can act on, and
 `numbers` with the quantities behind it (ints). The scheduler turns the reasons of a pod left
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kai_es.events.payloads import Reason
+from kai_es.scheduling.plan import Entry
 
 # Reason codes (stable; part of the decision stream's contract)
 QUEUE_NOT_FOUND = "QueueNotFound"
@@ -41,23 +43,13 @@ REJECTION_NAMES: tuple[tuple[str, str], ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Status:
-    """Outcome of a check: `ok`, or not with the reasons why."""
+@dataclass(slots=True)
+class ActionResult:
+    """What an action returns: the placements it made (the cycle drops their pods' earlier
+    reasons) and the pods it left waiting, with the reasons."""
 
-    ok: bool
-    reasons: tuple[Reason, ...] = field(default=())
-
-    @staticmethod
-    def success() -> Status:
-        return _OK
-
-    @staticmethod
-    def fail(code: str, message: str, **numbers: int) -> Status:
-        return Status(False, (Reason(code=code, message=message, numbers=dict(sorted(numbers.items()))),))
-
-
-_OK = Status(True)
+    placed: list[Entry] = field(default_factory=list)
+    unschedulable: dict[str, list[Reason]] = field(default_factory=dict)
 
 
 def no_node_fits(rejections: tuple[int, ...], nodes: int, what: str,

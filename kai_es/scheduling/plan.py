@@ -32,7 +32,7 @@ from kai_es.events.payloads import PodObserved
 from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape, bind_place
 from kai_es.scheduling.tables import tables
 from kai_es.state.model import ClusterState
-from kai_es.state.reducer import device_count
+from kai_es.state.quantities import device_count
 
 
 class VerificationError(AssertionError):

@@ -1,5 +1,6 @@
-"""Policy versions: which actions a cycle runs and how its state digest is computed, by the
-policy version it records.
+"""Policy versions: the one registry from a policy version to its value — the actions a cycle
+runs, the rule objects they compose (`kai_es.scheduling.rules`), the state digest, and what the
+reducer folds by (`kai_es.state.versions`) — by the policy version a cycle records.
 
 A log records the policy version of every cycle (`policyversion` on its decisions, and in the
 config in force); `kai-es replay` re-runs each cycle under that version. A released version is
@@ -18,9 +19,9 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   (`kai_es.state.incremental_digest`: a multiset sha256 over the snapshot's entities, kept by
   the reducer, O(changes) per cycle); v1 records the sha256 of the whole snapshot (O(state)
   per cycle).
-- `kai-es/v3`: v2's actions and stalegangeviction; the time rules (`kai_es.scheduling.times`):
-  a job within its queue's preempt/reclaim min-runtime is no victim (an elastic one may still
-  lose surplus pods), a job within its preemption delay triggers no eviction, and a running gang
+- `kai-es/v3`: v2's actions and stalegangeviction; the time rules (`rules.min_runtime`,
+  `rules.preemption_delay`, `rules.staleness`): a job within its queue's preempt/reclaim
+  min-runtime is no victim (an elastic one may still lose surplus pods), a job within its preemption delay triggers no eviction, and a running gang
   below its minimum past its staleness grace period is evicted whole; time-based fair share
   when the config turns it on. Its states keep job times and usage (`kai_es.state.usage`).
   Allocate no longer fails a queue's hopeless head jobs in one batch (v1/v2 do, which can let
@@ -45,7 +46,7 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     eviction that leaves a node able to take one of the preemptor's tasks (v3 could spend its
     64 tries on victims spread over many nodes);
   - a victim of reclaim or preempt that fits elsewhere on idle capacity is moved there instead
-    of evicted (`preempting.move_victims`);
+    of evicted (`rules.replacement.MoveVictims`);
   - allocate places the pods that restore a running gang's minimum
     (`ClusterState.gangs_below_minimum`) before anything but nominated pods, so a gang whose
     pods were moved gets the room made for them; a job this cycle placed pods for is no victim
@@ -63,176 +64,166 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   for a job with a required constraint within one domain at a time, and a moved pod of such a
   job stays in its domain.
 
-Contract: `policy_for(version)` returns the Policy or raises `UnknownPolicy`; an action is a
-function of the Session that returns its result (placements and reasons), pure; a policy's
-`state_digest` is a pure function of the state's content and `snapshot_digest(snapshot(s)) ==
-state_digest(s)`.
+Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
+old, named class); no action asks which version is in force.
+
+Contract: `policy_for(version)` returns the PolicyVersion or raises `UnknownPolicy`; an action
+is a function of the Session that returns its result (placements and reasons), pure; a
+version's `state_digest` is a pure function of the state's content and
+`snapshot_digest(snapshot(s)) == state_digest(s)`; `POLICIES` has exactly the versions of
+`kai_es.state.versions.FOLD_RULES`, and each version's staleness rule judges sub-groups exactly
+when its fold rules do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, Literal, cast
 
-from kai_es.scheduling.actions.allocate import AllocateResult, Allocator
+import msgspec
+
+from kai_es.scheduling.actions.allocate import Allocator
 from kai_es.scheduling.actions.consolidation import Consolidation
 from kai_es.scheduling.actions.preempt import Preempt
 from kai_es.scheduling.actions.reclaim import Reclaim
 from kai_es.scheduling.actions.stalegangeviction import StaleGangEviction
+from kai_es.scheduling.framework import ActionResult
+from kai_es.scheduling.rules import Rules
+from kai_es.scheduling.rules.device_order import DeviceOrderV1, SpreadImpliesGpuSpread
+from kai_es.scheduling.rules.fair_share_division import ExactDivisionV1, WholeGpuDivision, WholeGpuDivisionV2
+from kai_es.scheduling.rules.gang_restoration import NoGangRestorationV3, RestoreGangsFirst
+from kai_es.scheduling.rules.hopeless_batch import HopelessBatchV1, NoHopelessBatch
+from kai_es.scheduling.rules.leaving_pods import EvictedPodsLeave, LeavingPodsStayV3
+from kai_es.scheduling.rules.min_runtime import NoMinRuntimeV2, QueueMinRuntime
+from kai_es.scheduling.rules.preemption_delay import NoPreemptionDelayV2, PodGroupPreemptionDelay
+from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
+from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims
+from kai_es.scheduling.rules.staleness import SubGroupStaleness, TopLevelStalenessV3
+from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
+from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
+from kai_es.scheduling.rules.victim_search import BoundedSearch, BoundedSearchV3, UnboundedSearchV2
+from kai_es.scheduling.rules.wakeups import NoWakeupsV2, TimeRuleWakeups
 from kai_es.scheduling.session import Session
 from kai_es.state.incremental_digest import incremental_digest, snapshot_digest
 from kai_es.state.model import ClusterState
 from kai_es.state.snapshot import Snapshot, snapshot_sha256
 from kai_es.state.snapshot import digest as full_digest
+from kai_es.state.versions import FOLD_RULES, FoldRules
 
-Action = Callable[[Session], AllocateResult]
+Action = Callable[[Session], ActionResult]
 
+ActionName = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
 ACTION_NAMES: Final = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
 
 
-def allocate(session: Session) -> AllocateResult:
+def allocate(session: Session) -> ActionResult:
     return Allocator(session).run()
 
 
-def consolidation(session: Session) -> AllocateResult:
+def consolidation(session: Session) -> ActionResult:
     return Consolidation(session).run()
 
 
-def reclaim(session: Session) -> AllocateResult:
+def reclaim(session: Session) -> ActionResult:
     return Reclaim(session).run()
 
 
-def preempt(session: Session) -> AllocateResult:
+def preempt(session: Session) -> ActionResult:
     return Preempt(session).run()
 
 
-def stalegangeviction(session: Session) -> AllocateResult:
+def stalegangeviction(session: Session) -> ActionResult:
     return StaleGangEviction(session).run()
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
+class PolicyVersion:
     version: str
     #: action name -> implementation
     actions: Mapping[str, Action]
     #: action names a config of this version may list (implemented ones, plus v1's legacy names)
     accepted: frozenset[str]
-    #: GPU fair share is divided over quota in units of this many milli-GPU (1: exactly)
-    gpu_share_unit: int = 1
-    #: queue order with KAI's zero-fair-share, share-without-job and smaller-fair-share tie-breaks
-    kai_queue_order: bool = False
-    #: `placementStrategy.gpu: spread` also orders shared devices gpuspread
-    spread_implies_gpuspread: bool = False
+    #: the rule objects the actions compose
+    rules: Rules
+    #: what the reducer folds by under this version (`kai_es.state.versions`)
+    fold: FoldRules
+    #: the actions a config that lists none runs, in order
+    default_actions: tuple[str, ...] = ("allocate",)
     #: the `statedigest` a CycleCompleted carries under this version
     state_digest: Callable[[ClusterState], str] = full_digest
     #: the same digest computed from a snapshot of the state
     snapshot_digest: Callable[[Snapshot], str] = snapshot_sha256
-    #: the time rules: min-runtime protection, preemption delay (`kai_es.scheduling.times`),
-    #: and time-based fair share when the config turns it on
-    time_rules: bool = False
-    #: allocate fails the hopeless single-pod jobs at a queue's head in one batch, without
-    #: re-ordering the queues between them (v1, v2). Under KAI's queue order a queue's place
-    #: depends on its head job, so the batch can let a queue go before one it would have
-    #: followed with a hopeless job at its head: v3 tries them one by one, as KAI does.
-    batch_hopeless: bool = True
-    #: the actions a config that lists none runs, in order
-    default_actions: tuple[str, ...] = ("allocate",)
-    #: victim search bounded per node (`kai_es.scheduling.actions.preempting`): only nodes where
-    #: evicting every eligible victim could make room are searched; none: rejected at once
-    bounded_victims: bool = False
-    #: the victim search counts capacity free already towards the preemptor's request (v4);
-    #: before, it tried a placement only once the victims alone freed the whole request, so a
-    #: preemptor needing free capacity plus victims on one node could find no victims at all
-    search_counts_free: bool = False
-    #: allocate places the pods that restore a running gang's minimum before other work (v4):
-    #: consolidation moves only the pods of a gang in the way, and their replacements must get
-    #: the room made for them before the stale-gang clock runs out
-    restore_gangs_first: bool = False
-    #: a job this cycle placed pods for is no victim in the same cycle, nor a pod a placement
-    #: of this cycle needs for its required pod affinity (v4): before, reclaim could evict the
-    #: running half of a gang whose other half allocate had just restored
-    spare_growing_jobs: bool = False
-    #: reclaim's and preempt's victims that fit elsewhere on idle capacity are moved there
-    #: instead of evicted (v4): the issue's shared victim search ("one that fits elsewhere is
-    #: moved; only the rest are evicted")
-    victims_move: bool = False
-    #: a pod the Plan evicts (or moves away) satisfies no required pod affinity of a pod placed
-    #: after it in the cycle (v4); before, a preemptor could be placed next to a pod that was
-    #: leaving for it
-    evicted_pods_leave: bool = False
-    #: the victim search tries a placement only after an eviction that leaves a node able to
-    #: take one of the preemptor's tasks (v4); before, victims spread over many nodes could use
-    #: up its 64 tries before any node was free enough (an 8-GPU pod against 100 nodes of
-    #: single-GPU pods created round-robin was never placed)
-    node_gated_tries: bool = False
-    #: stale gangs judged per leaf sub-group too, as KAI's `IsStale`: a running job with a leaf
-    #: sub-group below its own minMember is stale as well. The reducer keeps `stale_since_ns` by
-    #: that rule under a config of such a version (`kai_es.state.reducer.TOP_LEVEL_STALE_POLICIES`
-    #: lists the others; a test holds the two to agree), and the eviction names the sub-group
-    subgroup_stale_gangs: bool = False
-    #: topology-aware placement (v5, `kai_es.scheduling.topology`): a PodGroup's and its
-    #: sub-groups' `topologyConstraint` keep their pods in one domain of the required level,
-    #: preferring the preferred one; before, the constraint was read and ignored
-    topology: bool = False
 
 
 class UnknownPolicy(ValueError):
     """A policy version this build does not know."""
 
 
-POLICIES: Final[dict[str, Policy]] = {
-    "kai-es/v1": Policy("kai-es/v1", {"allocate": allocate}, frozenset(ACTION_NAMES)),
-    "kai-es/v2": Policy("kai-es/v2", {"allocate": allocate, "reclaim": reclaim, "preempt": preempt},
-                        frozenset({"allocate", "reclaim", "preempt"}), gpu_share_unit=1000,
-                        kai_queue_order=True, spread_implies_gpuspread=True,
-                        state_digest=incremental_digest, snapshot_digest=snapshot_digest),
+#: kai-es/v1's rules: the first logs' behaviour
+RULES_V1: Final = Rules(
+    queue_order=QueueOrderV1(),
+    hopeless_batch=HopelessBatchV1(),
+    fair_share_division=ExactDivisionV1(),
+    device_order=DeviceOrderV1(),
+    gang_restoration=NoGangRestorationV3(),
+    leaving_pods=LeavingPodsStayV3(),
+    topology_placement=TopologyIgnoredV4(),
+    min_runtime=NoMinRuntimeV2(),
+    preemption_delay=NoPreemptionDelayV2(),
+    victim_search=UnboundedSearchV2(),
+    victim_eligibility=ActionRuleOnlyV3(),
+    replacement=EvictVictimsV3(),
+    staleness=TopLevelStalenessV3(),
+    wakeups=NoWakeupsV2(),
+)
+#: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
+RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
+                          device_order=SpreadImpliesGpuSpread())
+#: kai-es/v3: the time rules, hopeless jobs tried one by one, the bounded victim search
+RULES_V3: Final = replace(RULES_V2, hopeless_batch=NoHopelessBatch(), fair_share_division=WholeGpuDivision(),
+                          min_runtime=QueueMinRuntime(), preemption_delay=PodGroupPreemptionDelay(),
+                          victim_search=BoundedSearchV3(), wakeups=TimeRuleWakeups())
+#: kai-es/v4: gangs restored first, victims spared, moved, searched with free capacity; leaving
+#: pods leave; sub-group staleness
+RULES_V4: Final = replace(RULES_V3, gang_restoration=RestoreGangsFirst(), leaving_pods=EvictedPodsLeave(),
+                          victim_search=BoundedSearch(), victim_eligibility=SpareGrowingJobs(),
+                          replacement=MoveVictims(), staleness=SubGroupStaleness())
+#: kai-es/v5: topology-aware placement
+RULES_V5: Final = replace(RULES_V4, topology_placement=TopologyAware())
+
+_V3_ACTIONS: Final[Mapping[str, Action]] = {
+    "allocate": allocate,
+    # no consolidation: it came with kai-es/v4
+    "reclaim": reclaim,
+    "preempt": preempt,
+    "stalegangeviction": stalegangeviction,
 }
-# kai-es/v3: v2's rules, one line per further feature (several were added side by side)
-POLICIES["kai-es/v3"] = Policy(
-    "kai-es/v3",
-    {
-        "allocate": allocate,
-        # no consolidation: it came with kai-es/v4
-        "reclaim": reclaim,
-        "preempt": preempt,
-        "stalegangeviction": stalegangeviction,
-    },
-    frozenset({"allocate", "reclaim", "preempt", "stalegangeviction"}),
-    # KAI's default order without consolidation (v4's); stalegangeviction looks only
-    # at the reducer's index of gangs below their minimum (`ClusterState.gangs_below_minimum`)
-    default_actions=("allocate", "reclaim", "preempt", "stalegangeviction"),
-    gpu_share_unit=1000,
-    kai_queue_order=True,
-    spread_implies_gpuspread=True,
-    state_digest=incremental_digest,
-    snapshot_digest=snapshot_digest,
-    time_rules=True,
-    batch_hopeless=False,
-    bounded_victims=True,
-)
-# kai-es/v4: v3's rules and consolidation, in KAI's order between allocate and reclaim
-POLICIES["kai-es/v4"] = replace(
-    POLICIES["kai-es/v3"],
-    version="kai-es/v4",
-    actions={**POLICIES["kai-es/v3"].actions, "consolidation": consolidation},
-    accepted=frozenset(ACTION_NAMES),
-    default_actions=("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"),
-    search_counts_free=True,
-    restore_gangs_first=True,
-    spare_growing_jobs=True,
-    subgroup_stale_gangs=True,
-    victims_move=True,
-    evicted_pods_leave=True,
-    node_gated_tries=True,
-)
-# kai-es/v5: v4's rules and topology-aware placement
-POLICIES["kai-es/v5"] = replace(POLICIES["kai-es/v4"], version="kai-es/v5", topology=True)
+_V4_ACTIONS: Final[Mapping[str, Action]] = {**_V3_ACTIONS, "consolidation": consolidation}
+#: KAI's order (consolidation between allocate and reclaim)
+_KAI_ORDER: Final = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+
+#: the one version table: policy version -> its value
+POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
+    PolicyVersion("kai-es/v1", {"allocate": allocate}, frozenset(ACTION_NAMES), RULES_V1, FOLD_RULES["kai-es/v1"]),
+    PolicyVersion("kai-es/v2", {"allocate": allocate, "reclaim": reclaim, "preempt": preempt},
+                  frozenset({"allocate", "reclaim", "preempt"}), RULES_V2, FOLD_RULES["kai-es/v2"],
+                  state_digest=incremental_digest, snapshot_digest=snapshot_digest),
+    # KAI's default order without consolidation (v4's); stalegangeviction looks only at the
+    # reducer's index of gangs below their minimum (`ClusterState.gangs_below_minimum`)
+    PolicyVersion("kai-es/v3", _V3_ACTIONS, frozenset(_V3_ACTIONS), RULES_V3, FOLD_RULES["kai-es/v3"],
+                  default_actions=("allocate", "reclaim", "preempt", "stalegangeviction"),
+                  state_digest=incremental_digest, snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v4", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V4, FOLD_RULES["kai-es/v4"],
+                  default_actions=_KAI_ORDER, state_digest=incremental_digest, snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v5", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V5, FOLD_RULES["kai-es/v5"],
+                  default_actions=_KAI_ORDER, state_digest=incremental_digest, snapshot_digest=snapshot_digest),
+)}
 #: the version new configs get
 CURRENT_POLICY: Final = "kai-es/v5"
 
 
-def policy_for(version: str) -> Policy:
+def policy_for(version: str) -> PolicyVersion:
     found = POLICIES.get(version)
     if found is None:
         raise UnknownPolicy(f"unknown policy version {version!r} (this build knows "
@@ -243,3 +234,24 @@ def policy_for(version: str) -> Policy:
 def state_digest(version: str, state: ClusterState) -> str:
     """The state digest of `state` as policy `version` computes it (raises `UnknownPolicy`)."""
     return policy_for(version).state_digest(state)
+
+
+def config_actions(version: str, actions: list[ActionName] | None) -> list[ActionName]:
+    """A config's actions under policy `version`: `actions` as listed (the same list), or the
+    version's defaults when it lists none. Raises msgspec.ValidationError naming the field: an
+    unknown version (`$.policyVersion`), an action listed twice or one the version does not
+    accept (`$.actions`)."""
+    try:
+        policy = policy_for(version)
+    except UnknownPolicy as exc:
+        raise msgspec.ValidationError(f"{exc} - at `$.policyVersion`") from None
+    if actions is None:
+        return [cast(ActionName, name) for name in policy.default_actions]
+    if len(set(actions)) != len(actions):
+        raise msgspec.ValidationError("an action is listed twice - at `$.actions`")
+    refused = [a for a in actions if a not in policy.accepted]
+    if refused:
+        raise msgspec.ValidationError(
+            f"{', '.join(refused)} {'is' if len(refused) == 1 else 'are'} not implemented by policy "
+            f"{version} (it runs: {', '.join(sorted(policy.actions))}) - at `$.actions`")
+    return actions

@@ -3,18 +3,8 @@ tentative accounting, the order in which pending jobs go (KAI's queue and job or
 and quota checks, gang-minimum selection, eligibility masks (`predicates.eligibility`) and the
 Plan with its packer tables.
 
-Queue order (level by level down the queue tree; first difference decides):
-  1. queues not over their fair share in every resource before those that are;
-  2. queues that stay within quota with the candidate job before those that would not;
-  3. higher queue priority;
-  4. (kai-es/v2, as KAI) a queue that would use a resource in which its fair share is zero goes
-     after one that would not;
-  5. smaller dominant-resource share including the candidate job (DRF: max over resources of
-     (allocated + candidate) / fair share, as an integer in units of 1e-12);
-  6. (kai-es/v2) smaller dominant-resource share without the candidate job;
-  7. (kai-es/v2) a queue whose fair share is smaller in at least one resource and larger in
-     none goes first;
-  8. older queue, then name.
+Queue order: the policy version's rule (`kai_es.scheduling.rules.queue_order`), level by level
+down the queue tree.
 Within a leaf queue: higher job priority, jobs below their gang minimum before elastic extras,
 older, then uid.
 
@@ -29,40 +19,37 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sortedcontainers import SortedList
 
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
-from kai_es.scheduling.fairshare import RESOURCES, TimeBased, Usage, parent_loops, pod_request, shares_for_state
+from kai_es.scheduling.fairshare import RESOURCES, parent_loops, pod_request
 from kai_es.scheduling.gang import Minimum, minimum
 from kai_es.scheduling.plan import Entry, Operation, Plan
-from kai_es.scheduling.predicates.eligibility import Eligibility
-from kai_es.scheduling.topology import TopologyPlacer
+from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
-from kai_es.state.reducer import device_milli_on, job_key_of_index
+from kai_es.state.quantities import ZERO, Vector, add, device_milli_on, scale
 
 if TYPE_CHECKING:
     from kai_es.scheduling.config import SchedulerConfig
-    from kai_es.scheduling.policy import Policy
+    from kai_es.scheduling.rules import Rules
+    from kai_es.scheduling.topology import TopologyPlacer
 
-Vector = tuple[int, int, int]  # (milli-GPU, milli-CPU, bytes), in RESOURCES order
 Candidate = tuple["QueueNode", Job, list[PodState], Vector]
-ZERO: Vector = (0, 0, 0)
-#: DRF shares are compared as floor(used * SHARE_SCALE / fair share): integers, exact to 1e-12
-SHARE_SCALE = 10**12
-INFINITE = 10**40
 
 
-def _add(a: Vector, b: Vector) -> Vector:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+class QueuedJob(NamedTuple):
+    """An entry of a leaf queue's jobs for this cycle: higher priority first, then jobs below
+    their gang minimum (stage 0) before elastic extras (1), older, uid, key."""
 
-
-def _scale(a: Vector, k: int) -> Vector:
-    return (a[0] * k, a[1] * k, a[2] * k)
+    neg_priority: int
+    stage: int
+    created_ns: int
+    uid: str
+    job_key: str
 
 
 @dataclass(slots=True)
@@ -79,7 +66,7 @@ class QueueNode:
     nonpreemptible: Vector = ZERO
     fair: Vector = ZERO
     children: list[QueueNode] = field(default_factory=list)
-    jobs: SortedList | None = None  # leaves: (-priority, stage, created, uid, job key)
+    jobs: SortedList | None = None  # leaves: their pending jobs in order (`QueuedJob`)
     chain: tuple[QueueNode, ...] = ()  # itself, then its ancestors (set once the tree is built)
 
     def ancestry(self) -> tuple[QueueNode, ...]:
@@ -118,68 +105,28 @@ def _fmt(resource: str, amount: int) -> str:
     return f"{amount // 2**20}Mi memory"
 
 
-class FairShareOrder:
-    """KAI's tie-break on fair shares: a queue whose fair share is smaller in at least one
-    resource and not larger in any goes first. Two shares neither of which is smaller that way
-    compare equal, so the order falls through to the next key (creation time)."""
-
-    __slots__ = ("fair",)
-
-    def __init__(self, fair: Vector) -> None:
-        self.fair = fair
-
-    def __lt__(self, other: FairShareOrder) -> bool:
-        a, b = self.fair, other.fair
-        return a != b and a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]
-
-    def __eq__(self, other: object) -> bool:
-        # neither is smaller (a hot path of queue ordering: comparisons written out)
-        if not isinstance(other, FairShareOrder):
-            return False
-        a, b = self.fair, other.fair
-        if a == b:
-            return True
-        return not (a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]) and \
-            not (b[0] <= a[0] and b[1] <= a[1] and b[2] <= a[2])
-
-    def __hash__(self) -> int:
-        return 0
-
-
 class Session:
     """One cycle's shared view (see module docstring)."""
 
-    def __init__(self, state: ClusterState, plan: Plan, now_ns: int, policy: Policy | None = None,
-                 config: SchedulerConfig | None = None, usage: Mapping[str, Usage] | None = None) -> None:
+    def __init__(self, state: ClusterState, plan: Plan, now_ns: int, rules: Rules,
+                 config: SchedulerConfig | None = None) -> None:
         self.state = state
         self.plan = plan
         self.now_ns = now_ns
-        #: the policy version's semantic switches (None: kai-es/v1's)
-        self.gpu_share_unit = policy.gpu_share_unit if policy is not None else 1
-        self.kai_queue_order = policy.kai_queue_order if policy is not None else False
-        self.batch_hopeless = policy.batch_hopeless if policy is not None else True
-        #: the config in force, when the policy's time rules apply (`kai_es.scheduling.times`)
-        self.config = config if policy is not None and policy.time_rules else None
-        #: time-based fair share: each queue's usage share (None: off)
-        self.usage = usage
-        self.bounded_victims = policy.bounded_victims if policy is not None else False
-        self.search_counts_free = policy.search_counts_free if policy is not None else False
-        self.restore_gangs_first = policy.restore_gangs_first if policy is not None else False
-        self.spare_growing_jobs = policy.spare_growing_jobs if policy is not None else False
-        self.victims_move = policy.victims_move if policy is not None else False
-        self.node_gated_tries = policy.node_gated_tries if policy is not None else False
+        #: the policy version's rule objects (`kai_es.scheduling.rules`)
+        self.rules = rules
+        self._queue_key = rules.queue_order.key
+        #: the config in force (None: a session built without one, as in tests)
+        self.config = config
         #: (shape id, static mask id) -> whether it fit idle capacity when first asked; a False
-        #: stays true for the cycle (see `preempting.move_victims`); True is asked again there
+        #: stays true for the cycle (see `rules.replacement.relocate`); True is asked again there
         self.idle_fits: dict[tuple[int, int], bool] = {}
-        self.subgroup_stale_gangs = policy.subgroup_stale_gangs if policy is not None else False
-        self.eligibility = Eligibility(state, plan.names, plan.nodes,
-                                       leaving=policy is not None and policy.evicted_pods_leave)
+        self.eligibility = rules.leaving_pods.eligibility(state, plan.names, plan.nodes)
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)
-        #: kai-es/v5: topology-aware placement (None: constraints are ignored)
-        self.topology: TopologyPlacer | None = None
-        if policy is not None and policy.topology:
-            self.topology = TopologyPlacer(state, plan, self.eligibility)
+        #: the topology placer (None: constraints are ignored), `rules.topology_placement`
+        self.topology: TopologyPlacer | None = rules.topology_placement.placer(state, plan, self.eligibility)
+        if self.topology is not None:
             plan.listeners.append(self.topology)
         self.gpu_memory_hint = max((n.spec.gpu_memory_mib for n in plan.nodes), default=0)
         self.queues: dict[str, QueueNode] = {}
@@ -230,19 +177,17 @@ class Session:
             for index_key in st.pending_jobs[name]:
                 job = jobs[job_key_of_index(index_key)]
                 stage = 0 if job.occupying < job.min_member else 1
-                entries.append((-job.priority, stage, job.created_ns, job.uid, job.key))
+                # (tuple.__new__: without the NamedTuple's Python-level __new__, once per pending job)
+                entries.append(tuple.__new__(QueuedJob, (-job.priority, stage, job.created_ns, job.uid, job.key)))
             leaf.jobs = SortedList(entries)
         for name, node in self.queues.items():
             q = st.queues[name]
             own = (q.allocated_milli_gpu, q.allocated_milli_cpu, q.allocated_memory_bytes)
             np = (q.nonpreemptible_milli_gpu, q.nonpreemptible_milli_cpu, q.nonpreemptible_memory_bytes)
             for anc in node.chain:
-                anc.allocated = _add(anc.allocated, own)
-                anc.nonpreemptible = _add(anc.nonpreemptible, np)
-        time_based = None
-        if self.usage is not None and self.config is not None:
-            time_based = TimeBased(self.usage, self.config.fairshare.k)
-        shares = shares_for_state(st, self.gpu_share_unit, time_based)
+                anc.allocated = add(anc.allocated, own)
+                anc.nonpreemptible = add(anc.nonpreemptible, np)
+        shares = self.rules.fair_share_division.shares(st, self.config, self.now_ns)
         for name, node in self.queues.items():
             node.fair = (shares["gpu"][name].fair_share, shares["cpu"][name].fair_share,
                          shares["memory"][name].fair_share)
@@ -264,12 +209,12 @@ class Session:
         else:
             sign = -sign  # an eviction gives its pod's allocation back
             used = (pod.milli_gpu, spec.requests.milli_cpu, spec.requests.memory_bytes)
-        delta = _scale(used, sign)
+        delta = scale(used, sign)
         cache = self.order_cache
         for q in leaf.chain:
-            q.allocated = _add(q.allocated, delta)
+            q.allocated = add(q.allocated, delta)
             if not job.preemptible:
-                q.nonpreemptible = _add(q.nonpreemptible, delta)
+                q.nonpreemptible = add(q.nonpreemptible, delta)
             cache.pop(q.name, None)
 
     # -- order ------------------------------------------------------------------------------
@@ -277,9 +222,9 @@ class Session:
     def candidate(self, leaf: QueueNode) -> tuple[Job, list[PodState], Vector] | None:
         """The leaf's next job with the pods it would place now and their total request."""
         while leaf.jobs:
-            key = leaf.jobs[0][4]
+            key = leaf.jobs[0].job_key
             job = self.state.jobs[key]
-            pods = [self.state.pods[e[3]] for e in job.pending if e[3] not in self.done]
+            pods = [self.state.pods[e.pod_key] for e in job.pending if e.pod_key not in self.done]
             if not pods:
                 leaf.jobs.pop(0)
                 continue
@@ -297,7 +242,7 @@ class Session:
         pending pods not in `exclude` (default: those decided this cycle) and their request, or
         None when it has nothing to place or its minimum cannot exist (recorded in `gang`)."""
         skip = self.done if exclude is None else exclude
-        pods = [self.state.pods[e[3]] for e in job.pending if e[3] not in skip]
+        pods = [self.state.pods[e.pod_key] for e in job.pending if e.pod_key not in skip]
         if not pods:
             return None
         need, chosen = self._minimum_of(job, pods)
@@ -318,36 +263,12 @@ class Session:
         """What `pods` would add to their queue (gpu-memory counted against the largest GPU)."""
         request = ZERO
         for pod in pods:
-            request = _add(request, pod_request(pod.spec, self.gpu_memory_hint))
+            request = add(request, pod_request(pod.spec, self.gpu_memory_hint))
         return request
 
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
-        allocated, fair, quota = q.allocated, q.fair, q.quota
-        over_all = allocated[0] > fair[0] and allocated[1] > fair[1] and allocated[2] > fair[2]
-        over_quota = False
-        share = 0
-        for r in (0, 1, 2):
-            need = request[r]
-            used = allocated[r] + need
-            if need > 0 and 0 <= quota[r] < used:
-                over_quota = True
-            if used > 0:
-                s = used * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
-                if s > share:
-                    share = s
-        if not self.kai_queue_order:
-            return (over_all, over_quota, -q.priority, share, q.created_ns, q.name)
-        zero_fair = False
-        share_without = 0
-        for r in (0, 1, 2):
-            if fair[r] == 0 and allocated[r] + request[r] > 0:
-                zero_fair = True
-            if allocated[r] > 0:
-                s = allocated[r] * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
-                if s > share_without:
-                    share_without = s
-        return (over_all, over_quota, -q.priority, zero_fair, share, share_without, FairShareOrder(fair),
-                q.created_ns, q.name)
+        """The queue order key of `q` with a candidate requesting `request` (the version's rule)."""
+        return self._queue_key(q, request)
 
     def pick(self, nodes: list[QueueNode]) -> Candidate | None:
         """The best (leaf, job, pods, request) below `nodes`. A queue's key and candidate depend
@@ -365,7 +286,7 @@ class Session:
                     cand = (q, *c) if c is not None else None
                 else:
                     cand = None
-                key = self.key(q, cand[3]) if cand is not None else None
+                key = self._queue_key(q, cand[3]) if cand is not None else None
                 self.order_cache[q.name] = cached = (key, cand)
             key, cand = cached
             if cand is None:

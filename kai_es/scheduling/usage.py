@@ -23,10 +23,14 @@ from functools import lru_cache
 from math import isqrt
 
 from kai_es.events.timefmt import parse_duration
-from kai_es.scheduling.config import SchedulerConfig
+from typing import TYPE_CHECKING
+
 from kai_es.scheduling.fairshare import Usage, parent_loops
 from kai_es.state.model import ClusterState
 from kai_es.state.usage import capacity
+
+if TYPE_CHECKING:
+    from kai_es.scheduling.config import SchedulerConfig
 
 #: fixed-point bits of the decay weights
 BITS = 64

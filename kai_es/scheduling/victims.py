@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Entry, Eviction, Operation
-from kai_es.scheduling.session import Session, Vector
+from kai_es.scheduling.session import Session
 from kai_es.state.model import Job, PodState
+from kai_es.state.quantities import Vector
 
 MAX_VICTIM_PODS = 20_000
 MAX_PLACEMENT_TRIES = 64

@@ -30,7 +30,6 @@ from kai_es import verify_mode
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.scheduling.policy import policy_for
-from kai_es.scheduling.times import due_times_ns
 from kai_es.services.snapshotting import restore_validated
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
@@ -104,12 +103,11 @@ class SchedulerService:
 
     def _due_times(self) -> list[int]:
         """When a time rule of the policy (stale gangs, preemption delay, min-runtime) may change
-        a decision with nothing new logged (`kai_es.scheduling.times.due_times_ns`)."""
-        if not policy_for(self.config.policy_version).time_rules:
-            return []
+        a decision with nothing new logged (the version's `kai_es.scheduling.rules.wakeups`)."""
         position = self.state.position
         if self._due_cache[0] != position:  # a function of the state: computed once per position
-            self._due_cache = (position, due_times_ns(self.state, self.config))
+            wakeups = policy_for(self.config.policy_version).rules.wakeups
+            self._due_cache = (position, wakeups.due_times_ns(self.state, self.config))
         return self._due_cache[1]
 
     def has_work(self) -> bool:

@@ -23,6 +23,7 @@ from kai_es.events.payloads import (
     QueueObserved,
     VolumeObserved,
 )
+from kai_es.state.keys import PendingJob, PendingPod
 
 PodStatus = Literal["Pending", "Binding", "Running", "Releasing"]
 OCCUPYING: frozenset[str] = frozenset({"Binding", "Running", "Releasing"})
@@ -105,7 +106,7 @@ class PodState:
     eviction_refused_ns: int = 0
     started_ns: int = 0
     last_unschedulable: str = ""
-    pending_key: tuple[int, int, str, str] | None = None
+    pending_key: PendingPod | None = None
     #: the node a PodPipelined decision (policy kai-es/v2 on) reserved for this pending pod:
     #: its capacity is being released for it, and the next cycles place it there first
     nominated_node: str = ""
@@ -134,12 +135,12 @@ class Job:
     created_ns: int = 0
     uid: str = ""
     members: set[str] = field(default_factory=set)
-    #: pending pods' keys (-task priority, created, uid, pod key), kept sorted with bisect: a
+    #: pending pods (`PendingPod`: -task priority, created, uid, pod key), kept sorted with bisect: a
     #: plain list is far cheaper than a SortedList for the handful of pods a job usually has
-    pending: list[tuple[int, int, str, str]] = field(default_factory=list)
+    pending: list[PendingPod] = field(default_factory=list)
     occupying: int = 0
     preemptible: bool = True
-    index_key: tuple[int, int, str, str] | None = None
+    index_key: PendingJob | None = None
     #: kept only under a config whose policy version times jobs (`ClusterState.timed`, kai-es/v3
     #: on): when a pod of the job was last decided evicted (preemption delay's anchor); since
     #: when it has been a running gang below its minimum (0: it is not; stale gang eviction);

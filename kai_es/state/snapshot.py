@@ -22,6 +22,7 @@ from sortedcontainers import SortedList
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
 from kai_es.state import reducer as r
+from kai_es.state.handlers import jobs, occupancy
 from kai_es.state.model import OCCUPYING, ClusterState, Job, NodeState, PodState, QueueState
 
 SNAPSHOT_FORMAT = 1
@@ -191,7 +192,7 @@ def _job_fields(j: Job) -> dict[str, Any]:
     return {"key": j.key, "namespace": j.namespace, "name": j.name, "spec": j.spec, "implicit": j.implicit,
             "queue": j.queue, "priority": j.priority, "created_ns": j.created_ns, "uid": j.uid,
             "occupying": j.occupying, "preemptible": j.preemptible, "members": sorted(j.members),
-            "pending": [e[3] for e in j.pending]}
+            "pending": [e.pod_key for e in j.pending]}
 
 
 def queue_snap(q: QueueState) -> QueueSnap:
@@ -299,16 +300,16 @@ def restore(snap: Snapshot) -> ClusterState:
                        eviction_refused_ns=ps.eviction_refused_ns)
         st.pods[pod.key] = pod
         st.jobs[pod.job_key].members.add(pod.key)
-        r._index_labels(st, pod, +1)
+        occupancy.index_labels(st, pod, +1)
     for key in sorted(st.jobs):
-        r._refresh_job(st, st.jobs[key])
+        jobs.refresh_job(st, st.jobs[key])
     for ps in snap.pods:
         pod = st.pods[r.pod_key(ps.spec.namespace, ps.spec.name)]
         if ps.status in OCCUPYING:
-            r._occupy(st, pod, ps.node, ps.devices, ps.gpu_groups, ps.status, trust_devices=True)
+            occupancy.occupy(st, pod, ps.node, ps.devices, ps.gpu_groups, ps.status, trust_devices=True)
             if st.nodes.get(ps.node) is None:
                 pod.device_milli = ps.device_milli
         elif not ps.spec.terminating:
-            r._set_pending(st, pod, True)
+            jobs.set_pending(st, pod, True)
     st.hashes.complete = False  # built here, not only by the reducer: the next digest re-hashes all
     return st

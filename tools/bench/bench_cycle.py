@@ -120,7 +120,7 @@ def main() -> None:
     plan = Plan(state, packer, strategy_of(cfg))
     t_tables = time.perf_counter() - t0
     t0 = time.perf_counter()
-    Session(state, plan, START, policy_for(cfg.policy_version))
+    Session(state, plan, START, policy_for(cfg.policy_version).rules, cfg)
     t_queues = time.perf_counter() - t0
     print(f"cycle setup: pack tables {t_tables * 1000:.0f} ms, queues + fair share {t_queues * 1000:.0f} ms")
 

@@ -11,23 +11,17 @@ Contract: pure. Reads the state, writes only to the Session's Plan and the retur
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
-from kai_es.scheduling.fairshare import pod_request
 from kai_es.scheduling.packing import PackingError
 from kai_es.scheduling.plan import Entry
-from kai_es.scheduling.session import QueueNode, Session, Vector, _one_pod, _what
+from kai_es.scheduling.session import QueuedJob, QueueNode, Session, _what
 from kai_es.scheduling.topology import INVALID_TOPOLOGY_CONSTRAINT, constrained
+from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import Job, PodState
-from kai_es.state.reducer import job_key_of_index
-
-
-@dataclass(slots=True)
-class AllocateResult:
-    placed: list[Entry] = field(default_factory=list)
-    unschedulable: dict[str, list[Reason]] = field(default_factory=dict)
+from kai_es.state.quantities import Vector
 
 
 class Allocator:
@@ -37,9 +31,9 @@ class Allocator:
         self.plan = session.plan
         self.now_ns = session.now_ns
         self.eligibility = session.eligibility
-        self.result = AllocateResult()
+        self.result = fw.ActionResult()
 
-    def _no_fit(self, pod: PodState, answer_rejections: tuple[int, ...]) -> list[Reason]:
+    def no_fit(self, pod: PodState, answer_rejections: tuple[int, ...]) -> list[Reason]:
         """Why `pod` fits no node: NoNodeFits with per-cause node counts, then one detail
         reason per predicate beyond stage 1 that excluded nodes (inside a topology domain: the
         nodes outside it counted as such, without the detail reasons)."""
@@ -59,7 +53,7 @@ class Allocator:
 
     # -- run --------------------------------------------------------------------------------
 
-    def run(self) -> AllocateResult:
+    def run(self) -> fw.ActionResult:
         session = self.session
         self._done = session.done
         self._unqueued()
@@ -67,20 +61,20 @@ class Allocator:
             for name in sorted(self.state.pending_jobs):
                 for index_key in self.state.pending_jobs[name]:
                     job = self.state.jobs[job_key_of_index(index_key)]
-                    self._fail_all([self.state.pods[e[3]] for e in job.pending],
+                    self.fail_all([self.state.pods[e.pod_key] for e in job.pending],
                                    [Reason(code=fw.NO_NODES, message="the cluster has no nodes")])
             return self.result
         self._nominated()
-        if session.restore_gangs_first:
-            self._restoring()
+        session.rules.gang_restoration.restore(self)
         cache = session.order_cache
+        after_miss = session.rules.hopeless_batch.after_miss
         while True:
             pick = session.pick(session.roots)
             if pick is None:
                 break
             leaf, job, pods, request = pick
-            if not self._try(leaf, job, pods, request) and self.session.batch_hopeless:
-                self._drop_hopeless(leaf)
+            if not self._try(leaf, job, pods, request):
+                after_miss(self, leaf)
             for q in leaf.chain:
                 cache.pop(q.name, None)
         return self.result
@@ -93,12 +87,12 @@ class Allocator:
         for name in sorted(state.pending_jobs):
             for index_key in state.pending_jobs[name]:
                 job = state.jobs[job_key_of_index(index_key)]
-                if any(state.pods[e[3]].nominated_node for e in job.pending):
+                if any(state.pods[e.pod_key].nominated_node for e in job.pending):
                     jobs[job.key] = job
         for key in sorted(jobs, key=lambda k: (-jobs[k].priority, jobs[k].created_ns, jobs[k].uid, k)):
-            self._try_ahead(jobs[key])
+            self.try_ahead(jobs[key])
 
-    def _try_ahead(self, job: Job) -> None:
+    def try_ahead(self, job: Job) -> None:
         """Try `job` ahead of the queue order (its leaf queue's limits and quota still hold)."""
         session = self.session
         leaf = session.queues.get(job.queue)
@@ -108,53 +102,6 @@ class Allocator:
         if picked is not None:
             self._try(leaf, job, *picked)
 
-    def _restoring(self) -> None:
-        """kai-es/v4: running gangs below their minimum go next, longest below first, with the
-        pods that restore their minimum: their running pods are held for nothing meanwhile, and
-        the stale-gang clock runs. This is what brings a gang whose pods consolidation moved
-        back together on the room made for them, before new work can take it."""
-        jobs = [self.state.jobs[k] for k in self.state.gangs_below_minimum]
-        for job in sorted(jobs, key=lambda j: (j.stale_since_ns, j.key)):
-            if job.pending:
-                self._try_ahead(job)
-
-    def _drop_hopeless(self, leaf: QueueNode) -> None:
-        """Fail, from the head of `leaf`, the single-pod jobs whose outcome cannot depend on when
-        they are tried: their shape already failed on their nodes this cycle (`known_failure`;
-        free capacity only shrinks within a cycle), no limit or quota of the leaf's chain can
-        stop them first, they are not backing off and their PodGroup exists. Each gets exactly
-        the reasons a try would give; in a backlogged cycle this saves re-ordering the queues
-        once per pending job. It is NOT the same as trying them one by one through the queue
-        order: under KAI's order a queue's place depends on its head job, so with a hopeless
-        job at its head a queue may have gone after another queue that this batch lets it
-        precede. Policies v1 and v2 decide with the batch (their logs record it); later ones
-        do not (`Policy.batch_hopeless`)."""
-        jobs = leaf.jobs
-        state, done, plan = self.state, self._done, self.plan
-        while jobs:
-            job = state.jobs[jobs[0][4]]
-            pods = [state.pods[e[3]] for e in job.pending if e[3] not in done]
-            if not pods:
-                del jobs[0]  # as _candidate would
-                continue
-            if not _one_pod(job) or (job.spec is None and not job.implicit):
-                return
-            pod = pods[0]
-            if pod.backoff_until_ns > self.now_ns or pod.bind_final_message:
-                return
-            request = pod_request(pod.spec, self.session.gpu_memory_hint)
-            for q in leaf.chain:
-                for r in (0, 1, 2):
-                    if request[r] > 0 and (q.limit[r] >= 0 or (not job.preemptible and q.quota[r] >= 0)):
-                        return
-            if self.eligibility.is_dynamic(pod.spec) or pod.spec.claims or pod.spec.config_maps:
-                return
-            known = plan.known_failure(pod.spec, self.eligibility.static_mask(pod.spec))
-            if known is None:
-                return
-            self._fail_all([pod], self._no_fit(pod, tuple(known.rejections)))
-            del jobs[0]
-
     def _unqueued(self) -> None:
         """Jobs whose queue is missing or not a leaf: Pending, with the reason."""
         for name in sorted(self.state.pending_jobs):
@@ -163,7 +110,7 @@ class Allocator:
                 continue
             for index_key in self.state.pending_jobs[name]:
                 job = self.state.jobs[job_key_of_index(index_key)]
-                pods = [self.state.pods[e[3]] for e in job.pending]
+                pods = [self.state.pods[e.pod_key] for e in job.pending]
                 loop = self.session.looping.get(name)
                 if not job.queue:
                     reason = Reason(code=fw.NO_QUEUE, message=(
@@ -176,16 +123,16 @@ class Allocator:
                 else:
                     reason = Reason(code=fw.QUEUE_NOT_LEAF,
                                     message=f"queue {job.queue!r} is a parent queue; only leaf queues hold jobs")
-                self._fail_all(pods, [reason])
+                self.fail_all(pods, [reason])
 
-    def _fail_all(self, pods: list[PodState], reasons: list[Reason]) -> None:
+    def fail_all(self, pods: list[PodState], reasons: list[Reason]) -> None:
         for pod in pods:
             self._done.add(pod.key)
             self.result.unschedulable[pod.key] = reasons
 
     def _drop_job(self, leaf: QueueNode, job: Job, reasons: list[Reason]) -> None:
         """The job can do nothing more this cycle: every remaining pending pod gets `reasons`."""
-        self._fail_all([self.state.pods[e[3]] for e in job.pending if e[3] not in self._done], reasons)
+        self.fail_all([self.state.pods[e.pod_key] for e in job.pending if e.pod_key not in self._done], reasons)
 
     def _commit(self, entries: list[Entry]) -> None:
         """The job's placements stand (the queue accounting already follows the Plan)."""
@@ -199,15 +146,15 @@ class Allocator:
         """After progress, the job competes again for its remaining pods as an elastic job."""
         assert leaf.jobs is not None
         jobs = leaf.jobs
-        if jobs and jobs[0][4] == job.key:  # the job just tried is the head (see _candidate)
+        if jobs and jobs[0].job_key == job.key:  # the job just tried is the head (see _candidate)
             del jobs[0]
         else:
             for stage in (0, 1):
-                jobs.discard((-job.priority, stage, job.created_ns, job.uid, job.key))
+                jobs.discard(QueuedJob(-job.priority, stage, job.created_ns, job.uid, job.key))
         done = self._done
         for e in job.pending:
-            if e[3] not in done:
-                jobs.add((-job.priority, 1, job.created_ns, job.uid, job.key))
+            if e.pod_key not in done:
+                jobs.add(QueuedJob(-job.priority, 1, job.created_ns, job.uid, job.key))
                 break
 
     def _try(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector) -> bool:
@@ -304,7 +251,7 @@ class Allocator:
             if entry is None:
                 if not explain:
                     return _Miss([])
-                node_reasons = self._no_fit(pod, tuple(answer.rejections))
+                node_reasons = self.no_fit(pod, tuple(answer.rejections))
                 job = self.state.jobs[pod.job_key]
                 need = self.session.gang[job.key]
                 if as_gang and (bool(need.pods) or need.problem is not None) and job_pods > 1:

@@ -20,7 +20,7 @@ Rules:
 - A unit with a pod that fits on no other node's idle capacity now (static eligibility) is not
   taken: it could not move.
 - Once the search has placed the preemptor, every victim pod it kept is re-placed
-  (`preempting.relocate`, shared with reclaim's and preempt's moves: largest request first, on
+  (`rules.replacement.relocate`, shared with reclaim's and preempt's moves: largest request first, on
   idle capacity of another node that no pipelined pod waits for, within its own eligibility);
   if one cannot be, the whole attempt is rolled back. A re-placement is an
   `Entry` with `moved_from` set: it holds the capacity for the rest of the cycle and is
@@ -38,17 +38,19 @@ Rules:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
-from kai_es.scheduling.actions.allocate import AllocateResult
-from kai_es.scheduling.actions.preempting import PreemptingAction, relocate
+from kai_es.scheduling.actions.preempting import PreemptingAction
 from kai_es.scheduling.fairshare import pod_request
+from kai_es.scheduling.framework import ActionResult
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Eviction
-from kai_es.scheduling.session import QueueNode, Session, Vector
+from kai_es.scheduling.rules.replacement import relocate
+from kai_es.scheduling.session import QueueNode, Session
 from kai_es.scheduling.victims import Unit, free_capacity, keyed_units, room
 from kai_es.state.model import Job, PodState
+from kai_es.state.quantities import Vector
 
 NAME = "consolidation"
 #: nodes a search for one preemptor looks at (a count, so that replay is exact)
@@ -69,7 +71,7 @@ class Consolidation(PreemptingAction):
         #: the cluster's free capacity (`free_capacity`) when the Plan had this many operations
         self._free_at, self._free = -1, (0, 0, 0)
 
-    def run(self) -> AllocateResult:
+    def run(self) -> ActionResult:
         config = self.session.config
         if config is None or self.budget == 0 or "spread" in (
                 config.placement_strategy.gpu, config.placement_strategy.cpu):
@@ -91,7 +93,7 @@ class Consolidation(PreemptingAction):
         for leaf, job in super().preemptors():
             if not job.preemptible:
                 continue
-            smallest = [min(pod_request(self.state.pods[e[3]].spec, hint)[r] for e in job.pending) for r in (0, 1, 2)]
+            smallest = [min(pod_request(self.state.pods[e.pod_key].spec, hint)[r] for e in job.pending) for r in (0, 1, 2)]
             if all(need <= have for need, have in zip(smallest, free)):
                 out.append((leaf, job))
         return out
@@ -108,7 +110,7 @@ class Consolidation(PreemptingAction):
 
     def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector,
                        shapes: list[tuple[TaskShape, array[int]]]
-                       ) -> tuple[set[int], Iterable[Unit], tuple[object, ...]] | None:
+                       ) -> tuple[set[int] | None, Iterable[Unit], Hashable] | None:
         """Node by node, at most `MAX_NODES` of them: the nodes its tasks may use, most free GPU
         capacity (once released) first, that could fit one of its tasks with their movable pods
         gone (`victims.room`, device by device); on each, the units with a pod there that frees a resource the node
@@ -121,7 +123,7 @@ class Consolidation(PreemptingAction):
         # pod may move for any preemptor), but its own running pods, which never move for it
         _, _, _, *rest = self._scenario(leaf, job, pods, request, shapes)
         scenario = (NAME, job.key if job.occupying else "", *rest)
-        if scenario in self._failed_scenarios:
+        if scenario in self.failed_scenarios:
             return None
         tasks = [shape for shape, _ in shapes]
         masks = [mask for _, mask in shapes]
@@ -142,7 +144,7 @@ class Consolidation(PreemptingAction):
                 if len(nodes) >= MAX_NODES:
                     break
         if not nodes:
-            self._failed_scenarios.add(scenario)
+            self.failed_scenarios.add(scenario)
             return None
         return {n for n, _, _ in nodes}, self._units_by_node(nodes), scenario
 

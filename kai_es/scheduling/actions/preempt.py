@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kai_es.scheduling import times
 from kai_es.scheduling.actions.preempting import PreemptingAction
-from kai_es.scheduling.session import QueueNode, Vector
+from kai_es.scheduling.session import QueueNode
 from kai_es.scheduling.victims import Unit
 from kai_es.state.model import Job
+from kai_es.state.quantities import Vector
 
 
 class Preempt(PreemptingAction):
@@ -19,9 +19,8 @@ class Preempt(PreemptingAction):
     def victim_jobs(self, leaf: QueueNode, job: Job) -> list[Job]:
         return [v for v in self.occupying_jobs if v.queue == leaf.name and v.priority < job.priority]
 
-    def min_runtime_ns(self, leaf: QueueNode, victim_leaf: QueueNode) -> int:
-        assert self.session.config is not None
-        return times.preempt_min_runtime_ns(self.state, self.session.config, victim_leaf)
+    def min_runtime_protects(self, leaf: QueueNode, victim: Job, victim_leaf: QueueNode | None) -> bool:
+        return self.session.rules.min_runtime.preempt_protected(self.session, victim, victim_leaf)
 
     def victim_buckets(self, leaf: QueueNode, job: Job, request: Vector) -> list[tuple[str, int]]:
         buckets = self.state.victim_jobs.get(leaf.name, {})

@@ -13,26 +13,17 @@ Contract:
   minimum is pipelined is pipelined whole.
 - The queue's limits (and, for a non-preemptible job, quota) hold for a preemptor as for
   allocate.
-- Time rules (policy kai-es/v3, `kai_es.scheduling.times`): a job within its preemption delay
-  is no preemptor (its waiting pods get a PreemptionDelay reason); a victim job within its
-  min-runtime offers only its surplus pods (an elastic job's extras), never its gang.
-- kai-es/v3 (`Session.bounded_victims`): victims come from the reducer's index
-  (`state.victim_jobs`, by queue and priority) through the buckets the action allows
-  (`victim_buckets`, judged on the Plan's accounting when the preemptor's search starts), so a
-  preemptor with nothing to take costs no scan of the running jobs; the search covers only the
-  nodes the per-node bound (`kai_es.scheduling.victims.RoomBound`) leaves, and a preemptor it
-  leaves none is rejected at once with VictimsCannotMakeRoom; a failed search is remembered by
-  its scenario (`_scenario`) and not repeated on an unchanged Plan.
-- kai-es/v4 (`Session.spare_growing_jobs`): a job this cycle has placed pods for (restoring
-  a gang, an elastic job growing, an earlier preemptor) is no victim in the same cycle, nor is a
-  pod a placement of this cycle needs for its required pod affinity
-  (`PodAffinityIndex.needed`); and
-  (`Session.victims_move`) a victim that fits elsewhere is moved, not evicted (`move_victims`).
-- kai-es/v5 (`Session.topology`): a preemptor with a required topology constraint searches
-  within one domain of its required level at a time (`TopologyPlacer.preempt_domains`: the
-  eligibility masks, and so the per-node bound and the victims, are narrowed to the domain),
-  its placement honours every constraint of the job and its sub-groups
-  (`TopologyPlacer.place`), and a moved pod of a constrained job stays in its domain (`relocate`).
+- The policy version's rules (`kai_es.scheduling.rules`, on `Session.rules`) decide the rest:
+  `preemption_delay` (a job within its delay is no preemptor; its waiting pods get a
+  PreemptionDelay reason), `min_runtime` (a victim job within its min-runtime offers only its
+  surplus pods, never its gang), `victim_search` (which victims, over which nodes: the
+  unbounded search, or the reducer's index through the buckets the action allows,
+  `victim_buckets`, bounded per node, `bounded_search`), `victim_eligibility` (units no action
+  takes this cycle), `replacement` (victims moved rather than evicted, in `settle`), and the
+  topology placer (`topology_placement`: a preemptor with a required topology constraint
+  searches within one domain of its required level at a time,
+  `TopologyPlacer.preempt_domains`; its placement honours every constraint of the job and its
+  sub-groups, `TopologyPlacer.place`; a moved pod of a constrained job stays in its domain).
 - Pure: reads the state; writes only the Session's Plan and the returned result.
 """
 
@@ -40,21 +31,20 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from itertools import islice
 from operator import itemgetter
 
 from kai_es.events.payloads import Reason
 from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling import framework as fw
-from kai_es.scheduling import times
-from kai_es.scheduling.actions.allocate import AllocateResult
 from kai_es.scheduling.packing import TaskShape
-from kai_es.scheduling.plan import Entry, Eviction
-from kai_es.scheduling.session import QueueNode, Session, Vector
+from kai_es.scheduling.plan import Entry
+from kai_es.scheduling.session import QueueNode, Session
 from kai_es.scheduling.topology import TOPOLOGY_UNSATISFIED, constrained
-from kai_es.scheduling.victims import RoomBound, Unit, free_capacity, keyed_units, room, search, units_of
+from kai_es.scheduling.victims import RoomBound, Unit, keyed_units, room, search, units_of
 from kai_es.state.model import Job, PodState
+from kai_es.state.quantities import Vector
 
 #: (TopologyUnsatisfied: a single constrained pod, kai-es/v5 only; a gang's reasons lead with
 #: GangUnsatisfied)
@@ -72,19 +62,19 @@ class PreemptingAction:
         self.session = session
         self.state = session.state
         self.plan = session.plan
-        self.result = AllocateResult()
+        self.result = fw.ActionResult()
         self._occupying_jobs: list[Job] | None = None
         #: kai-es/v3: victim units by (queue, priority) bucket of `state.victim_jobs`, with their
         #: order keys; built when a preemptor first needs the bucket
         self._bucket_units: dict[tuple[str, int], list[tuple[tuple[object, ...], Unit]]] = {}
-        #: kai-es/v3: failed searches, by everything the search depends on but the Plan's other
+        #: bounded searches that failed, by everything the search depends on but the Plan's other
         #: operations (see `_scenario`)
-        self._failed_scenarios: set[tuple[object, ...]] = set()
+        self.failed_scenarios: set[Hashable] = set()
         self._room: RoomBound | None = None
         self._bucket_cursor: dict[tuple[str, int], int] = {}
-        #: (queue, request, plan length) of searches that found nothing: an equal preemptor on an
-        #: unchanged plan would find nothing either
-        self._failed: set[tuple[str, Vector, int]] = set()
+        #: unbounded searches that found nothing, by (queue, request, plan length): an equal
+        #: preemptor on an unchanged plan would find nothing either
+        self.failed_searches: set[Hashable] = set()
         self._units: list[Unit] | None = None
         self._allowed: dict[tuple[str, int], set[int]] = {}
         self._cursor: dict[tuple[str, int], int] = {}
@@ -149,8 +139,8 @@ class PreemptingAction:
 
     def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector,
                        shapes: list[tuple[TaskShape, array[int]]]
-                       ) -> tuple[set[int], Iterable[Unit], tuple[object, ...]] | None:
-        """kai-es/v3 on: what a search for `job` (its `pods` to place now, their `shapes`: the
+                       ) -> tuple[set[int] | None, Iterable[Unit], Hashable] | None:
+        """The bounded search (`rules.victim_search`): what a search for `job` (its `pods` to place now, their `shapes`: the
         packer's shape and static eligible nodes of each) covers — the nodes
         it may take from, the units it tries in order, and its scenario (remembered when it
         fails, see `_scenario`) — or None when it need not run: no eligible victim, a scenario
@@ -160,18 +150,18 @@ class PreemptingAction:
         if not buckets:  # no eligible victim at all: the reasons it has say enough
             return None
         scenario = (buckets, *self._scenario(leaf, job, pods, request, shapes))
-        if scenario in self._failed_scenarios:
+        if scenario in self.failed_scenarios:
             return None
         if self._room is None:
             self._room = RoomBound(self.session)
         on_nodes = self._room.nodes(buckets, lambda: self._merged(buckets), shapes)
         if on_nodes is None:
-            self._failed_scenarios.add(scenario)
+            self.failed_scenarios.add(scenario)
             self._cannot_make_room(pods, buckets)
             return None
         return on_nodes, self._merged(buckets, for_leaf=leaf), scenario
 
-    def _victim_units(self, leaf: QueueNode, job: Job) -> Iterator[Unit]:
+    def victim_units(self, leaf: QueueNode, job: Job) -> Iterator[Unit]:
         """The victim units for `job`, cheapest first, produced lazily: the units of every
         occupying job are ordered once per action; a unit whose pods this plan already evicts
         is skipped."""
@@ -200,29 +190,19 @@ class PreemptingAction:
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         raise NotImplementedError
 
-    def min_runtime_ns(self, leaf: QueueNode, victim_leaf: QueueNode) -> int:
-        """The min-runtime protecting victims of `victim_leaf` from a preemptor of `leaf`."""
-        return 0
+    def min_runtime_protects(self, leaf: QueueNode, victim: Job, victim_leaf: QueueNode | None) -> bool:
+        """Whether the min-runtime rule (`rules.min_runtime`) keeps `victim`'s gang from a
+        preemptor of `leaf` in this action (here: never)."""
+        return False
 
     def _protected(self, leaf: QueueNode, victim: Job) -> bool:
-        """Whether `victim` is within its min-runtime (policy time rules only), memoised."""
-        if self.session.config is None:
-            return False
+        """Whether `victim` is within its min-runtime, memoised."""
         key = (leaf.name, victim.key)
         found = self._protection.get(key)
         if found is None:
-            victim_leaf = self.session.queues.get(victim.queue)
-            runtime = self.min_runtime_ns(leaf, victim_leaf) if victim_leaf is not None else 0
-            until = times.protected_until_ns(self.state, victim, runtime, self.session.now_ns)
-            found = self._protection[key] = self.session.now_ns < until
+            found = self._protection[key] = self.min_runtime_protects(
+                leaf, victim, self.session.queues.get(victim.queue))
         return found
-
-    def _delayed(self, job: Job) -> int:
-        """The time from which `job` may trigger evictions, when that is still to come (else 0)."""
-        if self.session.config is None:
-            return 0
-        start = times.may_trigger_evictions_from_ns(self.state, job)
-        return start if start > self.session.now_ns else 0
 
     def why(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], tuple[str, dict[str, int]]]:
         raise NotImplementedError
@@ -232,17 +212,16 @@ class PreemptingAction:
 
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         """Called when the search placed `job` with the evictions after checkpoint `start`: the
-        action's last word on the attempt (False: it is rolled back, as a failed search). Here
-        (kai-es/v4, `Session.victims_move`): a victim job whose evicted pods all fit elsewhere
-        on idle capacity is moved there instead of losing them (`move_victims`)."""
-        if self.session.victims_move:
-            move_victims(self.session, start)
+        action's last word on the attempt (False: it is rolled back, as a failed search). Here:
+        the re-placement rule's (`rules.replacement`), which may move victims instead."""
+        self.session.rules.replacement.settle(self.session, start)
         return True
 
     # -- the loop ----------------------------------------------------------------------------
 
     def preemptors(self) -> list[tuple[QueueNode, Job]]:
         waiting = self.session.unschedulable
+        delay, now = self.session.rules.preemption_delay, self.session.now_ns
         seen: set[str] = set()
         out: list[tuple[tuple[object, ...], QueueNode, Job]] = []
         for pod_key in sorted(waiting):
@@ -255,7 +234,7 @@ class PreemptingAction:
             if job.key in seen or leaf is None or leaf.children:
                 continue
             seen.add(job.key)
-            delayed = self._delayed(job)
+            delayed = delay.delayed_until_ns(self.state, job, now)
             if delayed:
                 self._explain_delay(job, delayed)
                 continue
@@ -266,18 +245,19 @@ class PreemptingAction:
 
     def _explain_delay(self, job: Job, until_ns: int) -> None:
         """Add the preemption-delay reason to the job's waiting pods (once per cycle)."""
-        delay = times.preemption_delay_ns(self.state, job)
+        delay = self.session.rules.preemption_delay.delay_ns(self.state, job)
         reason = Reason(code=fw.PREEMPTION_DELAY, message=(
             f"job {job.key} is within its preemption delay ({format_duration(delay)}) and may not "
             f"trigger evictions before {rfc3339(until_ns)}"),
             numbers={"preemption_delay_ns": delay, "until_ns": until_ns})
         waiting = self.session.unschedulable
-        for _, _, _, pod_key in job.pending:
+        for entry in job.pending:
+            pod_key = entry.pod_key
             reasons = waiting.get(pod_key)
             if reasons is not None and all(r.code != fw.PREEMPTION_DELAY for r in reasons):
                 waiting[pod_key] = [*reasons, reason]  # a new list: reason lists may be shared
 
-    def run(self) -> AllocateResult:
+    def run(self) -> fw.ActionResult:
         try:
             for leaf, job in self.preemptors():
                 self._try(leaf, job)
@@ -313,21 +293,13 @@ class PreemptingAction:
         if any(self.session.eligibility.pod_problem(pod.spec) for pod in pods):
             return False
         gang = len(pods) > 1 or job.min_member > 1
-        on_nodes: set[int] | None = None
-        units: Iterable[Unit]
         eligibility = self.session.eligibility
         shapes = [(self.plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
-        if self.session.bounded_victims:
-            bounded = self.bounded_search(leaf, job, pods, request, shapes)
-            if bounded is None:
-                return False
-            on_nodes, units, scenario = bounded
-        else:
-            memo = (leaf.name, request, len(self.plan.operations))
-            if memo in self._failed and len(pods) == 1 and not pods[0].spec.pod_affinity \
-                    and not pods[0].spec.pod_anti_affinity:
-                return False
-            units = self._victim_units(leaf, job)
+        rules = self.session.rules
+        covered = rules.victim_search.plan(self, leaf, job, pods, request, shapes)
+        if covered is None:
+            return False
+        on_nodes, units, memo = covered
         placed: list[Entry] = []
 
         def place_each(group: list[PodState], _explain: bool = False) -> tuple[list[Entry] | None, list[Reason]]:
@@ -360,23 +332,15 @@ class PreemptingAction:
 
         preemptor = f"{job.namespace}/{pods[0].spec.name}" if len(pods) == 1 else job.key
         start = self.plan.checkpoint()
-        free = (lambda: free_capacity(self.session, on_nodes)) if self.session.search_counts_free else None
-        admit = self.admit(leaf, job, request)
-        if self.session.spare_growing_jobs:
-            grown, rule, affinity = self.session.placed_pods, admit, self.session.eligibility.affinity
-
-            def admit(unit: Unit) -> bool:
-                # a job this cycle placed pods for is no victim, nor a pod a placement of this
-                # cycle needs for its required pod affinity
-                return rule(unit) and not any(e[3] in grown for e in unit.job.pending) and \
-                    not any(affinity.needed(pod.key) for pod in unit.pods)
+        free = rules.victim_search.free(self, on_nodes)
+        admit = rules.victim_eligibility.admit(self.session, self.admit(leaf, job, request))
 
         future = self.plan.future
 
         def node_fits(node: int) -> bool:  # one of the tasks could take `node` now
             return any(mask[node] and room(future, node, shape) for shape, mask in shapes)
 
-        fits_on = node_fits if self.session.node_gated_tries else None
+        fits_on = rules.victim_search.fits_on(node_fits)
 
         evictions = search(self.session, units, admit, request, place,
                            self.name, preemptor, self.why(leaf, job, request), on_nodes, free,
@@ -385,10 +349,7 @@ class PreemptingAction:
             self.plan.rollback(start)
             evictions = None
         if evictions is None:
-            if self.session.bounded_victims:
-                self._failed_scenarios.add(scenario)
-            else:
-                self._failed.add(memo)
+            rules.victim_search.failed(self, memo)
             return False
         entries = list(placed)  # what the last successful place() put on the Plan
         if gang and any(e.pipelined for e in entries):
@@ -455,58 +416,3 @@ def reason_numbers(prefix: str, allocated: Vector, fair: Vector) -> dict[str, in
 
 
 __all__ = ["PreemptingAction", "at_most", "dominant_share", "reason_numbers"]
-
-
-def move_victims(session: Session, start: int) -> None:
-    """kai-es/v4: of the victims the Plan evicts after checkpoint `start`, each job whose evicted
-    pods can all be re-placed (`relocate`) is moved: its pods keep their place in the cluster and
-    its queue keeps its allocation; the eviction's reason says where each goes. A job whose pods
-    do not all fit is evicted as decided. Jobs in the order of their first eviction."""
-    plan, state = session.plan, session.state
-    by_job: dict[str, list[Eviction]] = {}
-    for op in plan.operations[start:]:
-        if isinstance(op, Eviction):
-            by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
-    names = plan.names
-    for ops in by_job.values():
-        for op, node in relocate(session, ops) or ():
-            op.reason = f"moved from node {names[op.node]} to node {names[node]} instead of evicted: {op.reason}"
-
-
-def relocate(session: Session, ops: list[Eviction]) -> list[tuple[Eviction, int]] | None:
-    """Re-place every pod the evictions `ops` take, largest request first, on idle capacity of
-    another node (`Plan.place_idle`: never the node it leaves, never capacity a pipelined pod
-    waits for, within its eligibility; its preferences are not weighed), each placement an
-    `Entry` with `moved_from` set; kai-es/v5: within its topology domains, `TopologyPlacer.home`).
-    Returns (eviction, node it moves to) per pod, or None with the
-    Plan as it was when one pod fits nowhere. A shape that fit no idle capacity once is not
-    tried again in the cycle (`Session.idle_fits`): idle capacity only shrinks as operations are
-    committed (a rollback only undoes later, tentative ones)."""
-    plan, state, eligibility, topology = session.plan, session.state, session.eligibility, session.topology
-    # kai-es/v5: a moved pod of a job with a required topology constraint stays in its domain
-    homes = {op.pod_key: topology.home(state.pods[op.pod_key]) for op in ops} if topology is not None else None
-    for op in ops:
-        spec = state.pods[op.pod_key].spec
-        with eligibility.restricted(homes[op.pod_key] if homes is not None else eligibility.restriction):
-            shape, mask = plan.shape(spec), eligibility.static_mask(spec)
-        key = (id(shape), id(mask))
-        if key not in session.idle_fits:
-            session.idle_fits[key] = plan.packer.place(plan.idle, shape, plan.strategy, mask).placed
-        if not session.idle_fits[key]:
-            return None
-    checkpoint = plan.checkpoint()
-    moves: list[tuple[Eviction, int]] = []
-    for op in sorted(ops, key=lambda o: (-state.pods[o.pod_key].milli_gpu, -state.pods[o.pod_key].spec.requests.milli_cpu,
-                                         -state.pods[o.pod_key].spec.requests.memory_bytes, o.pod_key)):
-        pod = state.pods[op.pod_key]
-        with eligibility.restricted(homes[op.pod_key] if homes is not None else eligibility.restriction):
-            mask, _ = eligibility.mask(pod.spec)
-        elsewhere = mask[:]
-        elsewhere[op.node] = 0
-        entry = plan.place_idle(pod.key, pod.spec, elsewhere)
-        if entry is None:
-            plan.rollback(checkpoint)
-            return None
-        entry.moved_from = op.node
-        moves.append((op, entry.node))
-    return moves

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kai_es.scheduling import times
 from kai_es.scheduling.actions.preempting import PreemptingAction, at_most, dominant_share, reason_numbers
-from kai_es.scheduling.session import QueueNode, Session, Vector
+from kai_es.scheduling.session import QueueNode, Session
 from kai_es.scheduling.victims import Unit
 from kai_es.state.model import Job
+from kai_es.state.quantities import Vector
 
 
 def _sides(a: QueueNode, b: QueueNode) -> tuple[tuple[QueueNode, ...], QueueNode, QueueNode] | None:
@@ -127,9 +127,8 @@ class Reclaim(PreemptingAction):
         queues = self.session.queues
         return [v for v in self.occupying_jobs if v.queue != leaf.name and v.queue in queues]
 
-    def min_runtime_ns(self, leaf: QueueNode, victim_leaf: QueueNode) -> int:
-        assert self.session.config is not None
-        return times.reclaim_min_runtime_ns(self.state, self.session.config, leaf, victim_leaf)
+    def min_runtime_protects(self, leaf: QueueNode, victim: Job, victim_leaf: QueueNode | None) -> bool:
+        return self.session.rules.min_runtime.reclaim_protected(self.session, leaf, victim, victim_leaf)
 
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
         # within fair share at the leaf at least (the full chain is checked per victim)

@@ -1,10 +1,9 @@
 """The stalegangeviction action (policy kai-es/v3; KAI's): a running gang below its minimum —
-some pods occupying, none succeeded, fewer than its `minMember` occupying or (kai-es/v4 on) a
-leaf sub-group with fewer occupying than its own `minMember` — for at least its staleness
-grace period (`kai_es.scheduling.times`; negative: never) is evicted whole: every pod of it
-that is Binding or Running gets an EvictionDecided naming this action and why (under v4, a
-gang short in sub-groups only is named by its first such sub-group, in spec order, with that
-sub-group's numbers).
+some pods occupying, none succeeded, fewer than its `minMember` occupying (or, by the version's
+staleness rule, a leaf sub-group short of its own) — for at least its staleness grace period
+(`kai_es.scheduling.rules.staleness`; negative: never) is evicted whole: every pod of it that
+is Binding or Running gets an EvictionDecided naming this action and why (the staleness rule
+words it).
 
 Contract: jobs in key order; the time the gang went stale comes from the log (the reducer's
 `stale_since_ns`, by the rule of the config's policy version), "now" is the cycle's; pods this
@@ -15,10 +14,9 @@ Pure: writes only the Session's Plan.
 from __future__ import annotations
 
 from kai_es.events.timefmt import format_duration, rfc3339
-from kai_es.scheduling import times
-from kai_es.scheduling.actions.allocate import AllocateResult
+from kai_es.scheduling.framework import ActionResult
+from kai_es.scheduling.rules.staleness import stale_deadline_ns, staleness_grace_ns
 from kai_es.scheduling.session import Session
-from kai_es.state.model import Job
 
 NAME = "stalegangeviction"
 
@@ -27,19 +25,20 @@ class StaleGangEviction:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def run(self) -> AllocateResult:
+    def run(self) -> ActionResult:
         session, state = self.session, self.session.state
         config = session.config
         if config is None:
-            return AllocateResult()
+            return ActionResult()
         plan, now = session.plan, session.now_ns
+        staleness = session.rules.staleness
         jobs = state.jobs
         for key in sorted(state.gangs_below_minimum):  # the jobs with stale_since_ns set
             job = jobs[key]
-            deadline = times.stale_deadline_ns(state, config, job)
+            deadline = stale_deadline_ns(state, config, job)
             if deadline is None or now < deadline:
                 continue
-            grace = times.staleness_grace_ns(state, config, job)
+            grace = staleness_grace_ns(state, config, job)
             pods = [state.pods[k] for k in sorted(job.members)]
             running = [pod for pod in pods if pod.status in ("Binding", "Running") and pod.node in plan.node_index
                        and pod.key not in plan.evicted_pods]
@@ -49,24 +48,7 @@ class StaleGangEviction:
                    f"({format_duration(grace)}); all its running pods are evicted")
             numbers = {"occupying": occupying, "min_member": job.min_member,
                        "stale_since_ns": job.stale_since_ns, "grace_period_ns": grace}
-            if session.subgroup_stale_gangs and occupying >= job.min_member:
-                why, numbers = _subgroup_reason(job, occupying, grace) or (why, numbers)
+            why, numbers = staleness.reason(job, occupying, grace, why, numbers)
             for pod in running:
                 plan.evict(pod.key, NAME, "", why, numbers)
-        return AllocateResult()
-
-
-def _subgroup_reason(job: Job, occupying: int, grace: int) -> tuple[str, dict[str, int]] | None:
-    """Why `job`, at its own minimum, is stale: its first leaf sub-group below its minimum
-    (None: none is, now)."""
-    below = job.leaves_below_minimum()
-    if not below:
-        return None
-    name, have, need = below[0]
-    others = f" (and {len(below) - 1} more sub-groups below theirs)" if len(below) > 1 else ""
-    why = (f"stale gang: sub-group {name} of job {job.key} has {have} of the {need} pods it needs "
-           f"running{others}, and the job has been short of a minimum since {rfc3339(job.stale_since_ns)}, "
-           f"at least its staleness grace period ({format_duration(grace)}); all its running pods are evicted")
-    return why, {"subgroup_occupying": have, "subgroup_min_member": need, "subgroups_below": len(below),
-                 "occupying": occupying, "min_member": job.min_member,
-                 "stale_since_ns": job.stale_since_ns, "grace_period_ns": grace}
+        return ActionResult()

@@ -25,6 +25,8 @@ from typing import NoReturn, Protocol
 
 import msgspec
 
+from kai_es.state.quantities import gpu_memory_share
+
 __all__ = [
     "MILLI_PER_GPU",
     "REASON_COUNT",
@@ -455,9 +457,7 @@ def need_milli(task: TaskShape, total_memory_mib: int) -> int | None:
     """
     if task.fraction_milli:
         return task.fraction_milli
-    if total_memory_mib <= 0 or task.gpu_memory_mib > total_memory_mib:
-        return None
-    return (task.gpu_memory_mib * MILLI_PER_GPU + total_memory_mib - 1) // total_memory_mib
+    return gpu_memory_share(task.gpu_memory_mib, total_memory_mib)  # the one conversion
 
 
 # --------------------------------------------------------------------------- table

@@ -56,7 +56,7 @@ def legacy_allows(node: p.NodeObserved, spec: p.PodObserved) -> bool:
 class Eligibility:
     def __init__(self, state: ClusterState, names: Sequence[str], nodes: Sequence[NodeState],
                  leaving: bool = False) -> None:
-        #: a pod the Plan evicts satisfies no pod affinity (kai-es/v4, `Policy.evicted_pods_leave`)
+        #: a pod the Plan evicts satisfies no pod affinity (`rules.leaving_pods.EvictedPodsLeave`)
         self.leaving = leaving
         self.state = state
         self.names = names

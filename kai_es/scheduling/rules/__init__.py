@@ -1,0 +1,63 @@
+"""The rules a policy version composes, one module per rule, named after it; each module holds
+the rule's Protocol and its implementations, an old behaviour as an old, named class (`…V1`,
+`…V2`, `…V3`, `…V4`: the last version that decides that way).
+
+`Rules` is the bundle a Session carries and the actions consult; the registry
+(`kai_es.scheduling.policy`) says which implementations each policy version composes. Nothing
+outside the registry asks which version is in force.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kai_es.scheduling.rules.device_order import DeviceOrder
+    from kai_es.scheduling.rules.fair_share_division import FairShareDivision
+    from kai_es.scheduling.rules.gang_restoration import GangRestoration
+    from kai_es.scheduling.rules.hopeless_batch import HopelessBatch
+    from kai_es.scheduling.rules.leaving_pods import LeavingPods
+    from kai_es.scheduling.rules.min_runtime import MinRuntime
+    from kai_es.scheduling.rules.preemption_delay import PreemptionDelay
+    from kai_es.scheduling.rules.queue_order import QueueOrder
+    from kai_es.scheduling.rules.replacement import Replacement
+    from kai_es.scheduling.rules.staleness import Staleness
+    from kai_es.scheduling.rules.topology_placement import TopologyPlacement
+    from kai_es.scheduling.rules.victim_eligibility import VictimEligibility
+    from kai_es.scheduling.rules.victim_search import VictimSearch
+    from kai_es.scheduling.rules.wakeups import Wakeups
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rules:
+    """The rule objects of one policy version (see each module for the rule)."""
+
+    #: which queue's candidate goes next (Session)
+    queue_order: QueueOrder
+    #: allocate, after a queue's head job missed
+    hopeless_batch: HopelessBatch
+    #: how capacity is divided into fair shares (Session, explain)
+    fair_share_division: FairShareDivision
+    #: the shared-GPU device order (the cycle's packer strategy)
+    device_order: DeviceOrder
+    #: allocate: running gangs below their minimum first
+    gang_restoration: GangRestoration
+    #: a leaving pod and required pod affinity (the cycle's eligibility)
+    leaving_pods: LeavingPods
+    #: topology-aware placement (the cycle's placer)
+    topology_placement: TopologyPlacement
+    #: reclaim and preempt: victims within their min-runtime keep their gang
+    min_runtime: MinRuntime
+    #: reclaim, preempt, consolidation: a preemptor within its preemption delay evicts nobody
+    preemption_delay: PreemptionDelay
+    #: reclaim, preempt, consolidation: which victims a search tries, where, and when it places
+    victim_search: VictimSearch
+    #: reclaim, preempt, consolidation: the units no action takes this cycle
+    victim_eligibility: VictimEligibility
+    #: reclaim and preempt: victims moved rather than evicted
+    replacement: Replacement
+    #: stalegangeviction: which gangs are stale and the eviction's reason
+    staleness: Staleness
+    #: the scheduler's wake-ups for the time rules
+    wakeups: Wakeups

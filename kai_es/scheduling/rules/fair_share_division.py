@@ -1,0 +1,75 @@
+"""Fair-share division: how each resource's capacity is divided among the queues
+(`kai_es.scheduling.fairshare.divide`), per policy version.
+
+- `ExactDivisionV1` (kai-es/v1): GPUs over quota divided exactly (in milli-GPU); no time-based
+  fair share.
+- `WholeGpuDivisionV2` (kai-es/v2, as KAI): GPUs over quota handed out in whole GPUs; no
+  time-based fair share.
+- `WholeGpuDivision` (kai-es/v3 on): whole GPUs, and time-based fair share when the config
+  turns it on (`fairshare.timeBased`): the over-quota rounds weigh each queue by its decayed
+  historical usage (`kai_es.scheduling.usage`).
+
+Contract: `shares(state, config, now_ns)` is a pure function of the folded state, the config
+in force and the cycle's logical time; CPU and memory are always divided exactly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from kai_es.scheduling.fairshare import QueueShare, TimeBased, shares_for_state
+from kai_es.scheduling.usage import queue_usage
+from kai_es.state.model import ClusterState
+
+if TYPE_CHECKING:
+    from kai_es.scheduling.config import SchedulerConfig
+
+
+class FairShareDivision(Protocol):
+    #: GPUs over quota are divided in units of this many milli-GPU (1: exactly)
+    @property
+    def gpu_unit(self) -> int: ...
+
+    def time_based(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int) -> TimeBased | None:
+        """The historical usage weighing the over-quota rounds (None: not weighed)."""
+
+    def shares(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int
+               ) -> dict[str, dict[str, QueueShare]]:
+        """resource -> queue -> its share, as this division divides."""
+
+
+class _Division:
+    __slots__ = ()
+    gpu_unit = 1
+
+    def time_based(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int) -> TimeBased | None:
+        return None
+
+    def shares(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int
+               ) -> dict[str, dict[str, QueueShare]]:
+        return shares_for_state(state, self.gpu_unit, self.time_based(state, config, now_ns))
+
+
+class ExactDivisionV1(_Division):
+    """kai-es/v1: GPUs divided exactly; no time-based fair share."""
+
+    __slots__ = ()
+
+
+class WholeGpuDivisionV2(_Division):
+    """kai-es/v2: GPUs over quota in whole GPUs (KAI's); no time-based fair share."""
+
+    __slots__ = ()
+    gpu_unit = 1000
+
+
+class WholeGpuDivision(_Division):
+    """kai-es/v3 on: whole GPUs, weighed by historical usage when `fairshare.timeBased`."""
+
+    __slots__ = ()
+    gpu_unit = 1000
+
+    def time_based(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int) -> TimeBased | None:
+        if config is None or not config.fairshare.time_based:
+            return None
+        return TimeBased(queue_usage(state, config, now_ns), config.fairshare.k)

@@ -1,0 +1,123 @@
+"""Queue order: which queue's candidate job goes next (level by level down the queue tree; the
+Session compares the keys of sibling queues, smallest first). One rule per released order.
+
+`QueueOrderV1` (kai-es/v1), first difference decides:
+  1. queues not over their fair share in every resource before those that are;
+  2. queues that stay within quota with the candidate job before those that would not;
+  3. higher queue priority;
+  4. smaller dominant-resource share including the candidate job (DRF: max over resources of
+     (allocated + candidate) / fair share, as an integer in units of 1e-12);
+  5. older queue, then name.
+`KaiQueueOrder` (kai-es/v2 on, KAI's): 1-3 as v1, then
+  4. a queue that would use a resource in which its fair share is zero goes after one that
+     would not;
+  5. smaller dominant-resource share including the candidate job;
+  6. smaller dominant-resource share without the candidate job;
+  7. a queue whose fair share is smaller in at least one resource and larger in none goes
+     first (`FairShareOrder`);
+  8. older queue, then name.
+
+Contract: `key(queue, request)` is a pure function of the queue's tentative accounting (its
+allocation, fair share, quota, priority, age, name) and the candidate's request; every key
+ends in the queue's unique name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kai_es.scheduling.session import QueueNode
+    from kai_es.state.quantities import Vector
+
+#: DRF shares are compared as floor(used * SHARE_SCALE / fair share): integers, exact to 1e-12
+SHARE_SCALE = 10**12
+INFINITE = 10**40
+
+
+class QueueOrder(Protocol):
+    def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
+        """The order key of queue `q` with a candidate job requesting `request`."""
+
+
+class FairShareOrder:
+    """KAI's tie-break on fair shares: a queue whose fair share is smaller in at least one
+    resource and not larger in any goes first. Two shares neither of which is smaller that way
+    compare equal, so the order falls through to the next key (creation time)."""
+
+    __slots__ = ("fair",)
+
+    def __init__(self, fair: Vector) -> None:
+        self.fair = fair
+
+    def __lt__(self, other: FairShareOrder) -> bool:
+        a, b = self.fair, other.fair
+        return a != b and a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]
+
+    def __eq__(self, other: object) -> bool:
+        # neither is smaller (a hot path of queue ordering: comparisons written out)
+        if not isinstance(other, FairShareOrder):
+            return False
+        a, b = self.fair, other.fair
+        if a == b:
+            return True
+        return not (a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2]) and \
+            not (b[0] <= a[0] and b[1] <= a[1] and b[2] <= a[2])
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class QueueOrderV1:
+    """kai-es/v1's order (see module docstring)."""
+
+    __slots__ = ()
+
+    def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
+        allocated, fair, quota = q.allocated, q.fair, q.quota
+        over_all = allocated[0] > fair[0] and allocated[1] > fair[1] and allocated[2] > fair[2]
+        over_quota = False
+        share = 0
+        for r in (0, 1, 2):
+            need = request[r]
+            used = allocated[r] + need
+            if need > 0 and 0 <= quota[r] < used:
+                over_quota = True
+            if used > 0:
+                s = used * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
+                if s > share:
+                    share = s
+        return (over_all, over_quota, -q.priority, share, q.created_ns, q.name)
+
+
+class KaiQueueOrder:
+    """KAI's order, kai-es/v2 on (see module docstring)."""
+
+    __slots__ = ()
+
+    def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
+        allocated, fair, quota = q.allocated, q.fair, q.quota
+        over_all = allocated[0] > fair[0] and allocated[1] > fair[1] and allocated[2] > fair[2]
+        over_quota = False
+        share = 0
+        for r in (0, 1, 2):
+            need = request[r]
+            used = allocated[r] + need
+            if need > 0 and 0 <= quota[r] < used:
+                over_quota = True
+            if used > 0:
+                s = used * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
+                if s > share:
+                    share = s
+        # (written out, as in QueueOrderV1: a hot path)
+        zero_fair = False
+        share_without = 0
+        for r in (0, 1, 2):
+            if fair[r] == 0 and allocated[r] + request[r] > 0:
+                zero_fair = True
+            if allocated[r] > 0:
+                s = allocated[r] * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
+                if s > share_without:
+                    share_without = s
+        return (over_all, over_quota, -q.priority, zero_fair, share, share_without, FairShareOrder(fair),
+                q.created_ns, q.name)

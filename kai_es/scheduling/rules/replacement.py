@@ -1,0 +1,90 @@
+"""Re-placement: what becomes of the victims reclaim and preempt found, once the preemptor is
+placed; and `relocate`, the re-placement of evicted pods that consolidation shares.
+
+- `EvictVictimsV3` (kai-es/v1 to v3): every victim is evicted.
+- `MoveVictims` (kai-es/v4 on): a victim job whose evicted pods all fit elsewhere on idle
+  capacity is moved there instead of evicted (`move_victims`); only the rest are evicted.
+
+Contract: pure; writes only the Session's Plan.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kai_es.scheduling.plan import Eviction
+from kai_es.scheduling.session import Session
+
+
+class Replacement(Protocol):
+    def settle(self, session: Session, start: int) -> None:
+        """Called once a search placed its preemptor with the evictions after checkpoint `start`."""
+
+
+class EvictVictimsV3:
+    __slots__ = ()
+
+    def settle(self, session: Session, start: int) -> None:
+        return None
+
+
+class MoveVictims:
+    __slots__ = ()
+
+    def settle(self, session: Session, start: int) -> None:
+        move_victims(session, start)
+
+
+def move_victims(session: Session, start: int) -> None:
+    """Of the victims the Plan evicts after checkpoint `start`, each job whose evicted
+    pods can all be re-placed (`relocate`) is moved: its pods keep their place in the cluster and
+    its queue keeps its allocation; the eviction's reason says where each goes. A job whose pods
+    do not all fit is evicted as decided. Jobs in the order of their first eviction."""
+    plan, state = session.plan, session.state
+    by_job: dict[str, list[Eviction]] = {}
+    for op in plan.operations[start:]:
+        if isinstance(op, Eviction):
+            by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
+    names = plan.names
+    for ops in by_job.values():
+        for op, node in relocate(session, ops) or ():
+            op.reason = f"moved from node {names[op.node]} to node {names[node]} instead of evicted: {op.reason}"
+
+
+def relocate(session: Session, ops: list[Eviction]) -> list[tuple[Eviction, int]] | None:
+    """Re-place every pod the evictions `ops` take, largest request first, on idle capacity of
+    another node (`Plan.place_idle`: never the node it leaves, never capacity a pipelined pod
+    waits for, within its eligibility; its preferences are not weighed), each placement an
+    `Entry` with `moved_from` set; kai-es/v5: within its topology domains, `TopologyPlacer.home`).
+    Returns (eviction, node it moves to) per pod, or None with the
+    Plan as it was when one pod fits nowhere. A shape that fit no idle capacity once is not
+    tried again in the cycle (`Session.idle_fits`): idle capacity only shrinks as operations are
+    committed (a rollback only undoes later, tentative ones)."""
+    plan, state, eligibility, topology = session.plan, session.state, session.eligibility, session.topology
+    # kai-es/v5: a moved pod of a job with a required topology constraint stays in its domain
+    homes = {op.pod_key: topology.home(state.pods[op.pod_key]) for op in ops} if topology is not None else None
+    for op in ops:
+        spec = state.pods[op.pod_key].spec
+        with eligibility.restricted(homes[op.pod_key] if homes is not None else eligibility.restriction):
+            shape, mask = plan.shape(spec), eligibility.static_mask(spec)
+        key = (id(shape), id(mask))
+        if key not in session.idle_fits:
+            session.idle_fits[key] = plan.packer.place(plan.idle, shape, plan.strategy, mask).placed
+        if not session.idle_fits[key]:
+            return None
+    checkpoint = plan.checkpoint()
+    moves: list[tuple[Eviction, int]] = []
+    for op in sorted(ops, key=lambda o: (-state.pods[o.pod_key].milli_gpu, -state.pods[o.pod_key].spec.requests.milli_cpu,
+                                         -state.pods[o.pod_key].spec.requests.memory_bytes, o.pod_key)):
+        pod = state.pods[op.pod_key]
+        with eligibility.restricted(homes[op.pod_key] if homes is not None else eligibility.restriction):
+            mask, _ = eligibility.mask(pod.spec)
+        elsewhere = mask[:]
+        elsewhere[op.node] = 0
+        entry = plan.place_idle(pod.key, pod.spec, elsewhere)
+        if entry is None:
+            plan.rollback(checkpoint)
+            return None
+        entry.moved_from = op.node
+        moves.append((op, entry.node))
+    return moves

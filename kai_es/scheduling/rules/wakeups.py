@@ -1,0 +1,85 @@
+"""Wake-ups: the times at which a time rule (`min_runtime`, `preemption_delay`, `staleness`)
+may change a cycle's decisions though nothing new was logged — a reason for the scheduler to
+run a cycle then.
+
+- `NoWakeupsV2` (kai-es/v1, v2: no time rules): none.
+- `TimeRuleWakeups` (kai-es/v3 on): `due_times_ns`.
+
+Contract: pure functions of the folded state and the config.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from kai_es.events.timefmt import parse_signed_duration
+from kai_es.scheduling.rules.min_runtime import job_started_ns
+from kai_es.scheduling.rules.preemption_delay import may_trigger_evictions_from_ns
+from kai_es.scheduling.rules.staleness import stale_deadline_ns
+from kai_es.state.model import ClusterState
+
+if TYPE_CHECKING:
+    from kai_es.scheduling.config import SchedulerConfig
+
+
+class Wakeups(Protocol):
+    def due_times_ns(self, state: ClusterState, config: SchedulerConfig) -> list[int]:
+        """Sorted times at which a cycle may decide otherwise with nothing new logged."""
+
+
+class NoWakeupsV2:
+    __slots__ = ()
+
+    def due_times_ns(self, state: ClusterState, config: SchedulerConfig) -> list[int]:
+        return []
+
+
+class TimeRuleWakeups:
+    __slots__ = ()
+
+    def due_times_ns(self, state: ClusterState, config: SchedulerConfig) -> list[int]:
+        return due_times_ns(state, config)
+
+
+def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
+    """Sorted times at which a time rule may change a cycle's decisions though nothing new was
+    logged: stale gangs' eviction deadlines (every gang in `state.gangs_below_minimum`: under
+    kai-es/v4, gangs short in a leaf sub-group too); and, while pods wait, the ends of pending
+    jobs' preemption delays and of running jobs' min-runtimes: every value set on the victim's
+    own queue chain and the config's defaults, a superset of what either reclaim resolution
+    ("lca" or "queue") and preempt can resolve, since each of them picks a value on that chain
+    or a default."""
+    out: set[int] = set()
+    actions = set(config.action_list)
+    if "stalegangeviction" in actions:
+        for key in sorted(state.gangs_below_minimum):
+            deadline = stale_deadline_ns(state, config, state.jobs[key])
+            if deadline is not None:
+                out.add(deadline)
+    if state.pending_jobs and actions & {"reclaim", "preempt", "consolidation"}:
+        defaults = (parse_signed_duration(config.min_runtime.preempt_min_runtime),
+                    parse_signed_duration(config.min_runtime.reclaim_min_runtime))
+        for key in sorted(state.jobs):
+            job = state.jobs[key]
+            if job.pending:
+                start = may_trigger_evictions_from_ns(state, job)
+                if start:
+                    out.add(start)
+            if job.occupying and job.preemptible:
+                started = job_started_ns(state, job, 0)
+                for runtime in (*defaults, *_chain_values(state, job.queue)):
+                    if runtime > 0 and started > 0:
+                        out.add(started + runtime)
+    return sorted(out)
+
+
+def _chain_values(state: ClusterState, queue: str) -> list[int]:
+    """Every min-runtime set on `queue` and its ancestors."""
+    values: list[int] = []
+    seen: set[str] = set()
+    while queue in state.queues and queue not in seen:
+        seen.add(queue)
+        spec = state.queues[queue].spec
+        values += [v for v in (spec.preempt_min_runtime_ns, spec.reclaim_min_runtime_ns) if v is not None]
+        queue = spec.parent
+    return values

@@ -1,0 +1,51 @@
+"""The config in force: ConfigApplied, and the state's flags derived from it by the policy
+version's fold rules (`kai_es.state.versions`).
+
+Part of the reducer (`kai_es.state.reducer`, whose contract holds for every handler here)."""
+
+from __future__ import annotations
+
+from kai_es.events import Envelope
+from kai_es.events import payloads as p
+from kai_es.events.timefmt import parse_duration
+from kai_es.state import usage
+from kai_es.state.model import ClusterState
+from kai_es.state.versions import fold_rules
+
+
+def derive_config_flags(state: ClusterState) -> None:
+    """Set the state's flags derived from its config (`timed`, `subgroup_stale`, the usage
+    resolution and window).
+    A config whose durations do not parse keeps usage off (the scheduler rejects such a config
+    before it is ever applied)."""
+    config = state.config
+    rules = fold_rules(config.get("policyVersion"))  # the version's fold rules (`state.versions`)
+    state.timed = rules.keeps_times
+    state.subgroup_stale = rules.stale_subgroups
+    fairshare = config.get("fairshare")
+    resolution = window = 0
+    if state.timed and isinstance(fairshare, dict) and fairshare.get("timeBased") is True:
+        try:
+            resolution = parse_duration(str(fairshare.get("usageResolution", "1m")))
+            window = parse_duration(str(fairshare.get("windowSize", "168h")))
+        except ValueError:
+            resolution = window = 0
+    if resolution <= 0 or window <= 0:
+        resolution = window = 0
+    state.usage_resolution_ns, state.usage_window_ns = resolution, window
+
+
+def config_applied(state: ClusterState, env: Envelope) -> None:
+    data: p.ConfigApplied = env.data
+    state.config = dict(data.config)
+    state.config_digest = data.config_digest
+    was_kept, judged_subgroups = state.usage_resolution_ns, state.subgroup_stale
+    derive_config_flags(state)
+    if state.subgroup_stale != judged_subgroups and state.timed:
+        # the rule changed (only a config of kai-es/v4 or later turns it on): jobs with
+        # sub-groups are judged again by the new one, as of this event
+        state.occupancy_changed.update(k for k, j in state.jobs.items() if j.spec is not None and j.spec.subgroups)
+    if state.usage_resolution_ns and not was_kept:
+        usage.start_all(state, env.logicaltime)
+    elif was_kept and not state.usage_resolution_ns:
+        usage.stop_all(state)

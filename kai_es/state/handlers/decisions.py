@@ -1,0 +1,79 @@
+"""The scheduler's decisions: cycles, BindingDecided, PodPipelined, EvictionDecided,
+PodUnschedulable.
+
+Part of the reducer (`kai_es.state.reducer`, whose contract holds for every handler here)."""
+
+from __future__ import annotations
+
+from kai_es.events import Envelope
+from kai_es.events import payloads as p
+from kai_es.state.handlers.jobs import set_pending
+from kai_es.state.handlers.occupancy import occupy
+from kai_es.state.handlers.pods import set_status
+from kai_es.state.keys import pod_key
+from kai_es.state.model import ClusterState
+from kai_es.state.versions import fold_rules
+
+
+def cycle_started(state: ClusterState, env: Envelope) -> None:
+    state.cycle = env.data.cycle
+
+
+def cycle_completed(state: ClusterState, env: Envelope) -> None:
+    state.completed_cycle = env.data.cycle
+
+
+def binding_decided(state: ClusterState, env: Envelope) -> None:
+    data: p.BindingDecided = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid or pod.status != "Pending":
+        state.ignored_events += 1
+        return
+    pod.decision_id = env.id  # the pod is marked by occupy
+    pod.last_unschedulable = ""
+    occupy(state, pod, data.node, data.gpu_devices, data.gpu_groups, "Binding")
+    set_pending(state, pod, False)
+
+
+def pod_pipelined(state: ClusterState, env: Envelope) -> None:
+    data: p.PodPipelined = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid:
+        state.ignored_events += 1
+        return
+    state.stale_pods.add(pod.key)
+    pod.last_unschedulable = ""
+    # (logs written before reservations existed must fold to the state they recorded)
+    if fold_rules(env.policyversion).pipelined_nominates and pod.status == "Pending":
+        pod.nominated_node = data.node
+
+
+def eviction_decided(state: ClusterState, env: Envelope) -> None:
+    data: p.EvictionDecided = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid or pod.status not in ("Binding", "Running"):
+        state.ignored_events += 1
+        return
+    pod.decision_id = env.id  # the pod is marked by set_status
+    set_status(state, pod, "Releasing")
+    if state.timed:
+        job = state.jobs[pod.job_key]
+        job.last_evicted_ns = env.logicaltime
+        state.stale_jobs.add(job.key)
+
+
+def pod_unschedulable(state: ClusterState, env: Envelope) -> None:
+    data: p.PodUnschedulable = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or pod.spec.uid != data.uid:
+        state.ignored_events += 1
+        return
+    state.stale_pods.add(pod.key)
+    pod.last_unschedulable = reasons_fingerprint(data.reasons)
+
+
+def reasons_fingerprint(reasons: list[p.Reason]) -> str:
+    """What makes two unschedulable verdicts 'the same' (so an unchanged one is not re-announced)."""
+    return "|".join(
+        r.code + ":" + ",".join(f"{k}={v}" for k, v in sorted(r.numbers.items())) for r in reasons
+    )

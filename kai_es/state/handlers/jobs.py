@@ -1,0 +1,232 @@
+"""Jobs: a pod's job (explicit PodGroup or implicit), its queue, priority and age, the
+pending-jobs index, stale-gang tracking; and the PodGroup and PriorityClass handlers.
+
+Part of the reducer (`kai_es.state.reducer`, whose contract holds for every handler here)."""
+
+from __future__ import annotations
+
+from bisect import insort
+
+from sortedcontainers import SortedList
+
+from kai_es.events import Envelope
+from kai_es.events import payloads as p
+from kai_es.ingest import bounds
+from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.state.handlers.accounting import index_victim, queue_usage
+from kai_es.state.handlers.seen import mark_seen
+from kai_es.state.keys import PendingJob, PendingPod, pod_key
+from kai_es.state.model import (
+    DEFAULT_PRIORITY_CLASSES,
+    NON_PREEMPTIBLE_PRIORITY,
+    OCCUPYING,
+    ClusterState,
+    Job,
+    PodState,
+)
+
+
+def resolve_priority(state: ClusterState, class_name: str, explicit: int | None) -> int:
+    """Priority of a PriorityClass name: the observed object, else KAI's defaults, else 0."""
+    if class_name:
+        if class_name in state.priority_classes:
+            return state.priority_classes[class_name]
+        if class_name in DEFAULT_PRIORITY_CLASSES:
+            return DEFAULT_PRIORITY_CLASSES[class_name]
+    return explicit if explicit is not None else 0
+
+
+def track_stale(state: ClusterState, job: Job) -> None:
+    """Keep `job.stale_since_ns` (timed states only): the time since which the job has been a
+    running gang below its minimum — some pods occupying, none succeeded, and fewer than
+    `min_member` occupying or (`state.subgroup_stale`: kai-es/v4 on) a leaf sub-group with
+    fewer occupying than its own `min_member` (`Job.leaves_below_minimum`) — or 0 when it is
+    not one (KAI's stale gang: `IsStale`)."""
+    stale = job.succeeded == 0 and 0 < job.occupying and (
+        job.occupying < job.min_member or (state.subgroup_stale and bool(job.leaves_below_minimum())))
+    if stale and not job.stale_since_ns:
+        job.stale_since_ns = state.event_ns
+        state.stale_jobs.add(job.key)
+        state.gangs_below_minimum.add(job.key)
+    elif not stale and job.stale_since_ns:
+        job.stale_since_ns = 0
+        state.stale_jobs.add(job.key)
+        state.gangs_below_minimum.discard(job.key)
+
+
+def pod_queue(state: ClusterState, pod: PodState) -> str:
+    job = state.jobs.get(pod.job_key)
+    if job is not None and job.queue:
+        return job.queue
+    return pod.spec.queue
+
+
+def set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
+    old = pod.pending_key
+    spec = pod.spec
+    new = None
+    if pending and spec.scheduler_name == SCHEDULER_NAME:
+        # (built by tuple.__new__, without the NamedTuple's Python-level __new__: a hot path of the fold)
+        new = tuple.__new__(PendingPod, (-spec.task_priority, spec.created_ns, spec.uid, pod.key))
+        if new == old:
+            return
+    elif old is None:
+        return  # the job's pending set is unchanged (job field changes reindex in refresh_job)
+    job = state.jobs[pod.job_key]
+    state.stale_jobs.add(job.key)
+    if old is not None:
+        job.pending.remove(old)
+    pod.pending_key = new
+    if new is not None:
+        insort(job.pending, new)
+    _reindex_job(state, job)
+
+
+def _reindex_job(state: ClusterState, job: Job) -> None:
+    """Keep `state.pending_jobs[queue]` in step with the job's pending pods and sort key."""
+    old = job.index_key
+    new = None
+    if job.pending:
+        new = tuple.__new__(PendingJob, (-job.priority, job.created_ns, job.uid, job.queue, job.key))  # (as above)
+        if new == old:
+            return  # still pending under the same key
+    elif old is None:
+        return  # not pending, not indexed
+    if old is not None:
+        old_queue = old.queue
+        bucket = state.pending_jobs.get(old_queue)
+        state.stale_pending.add(old_queue)
+        if bucket is not None:
+            bucket.remove(old)
+            if not bucket:
+                del state.pending_jobs[old_queue]
+    job.index_key = new
+    if new is not None:
+        state.stale_pending.add(job.queue)
+        bucket = state.pending_jobs.get(job.queue)
+        if bucket is None:
+            bucket = state.pending_jobs[job.queue] = SortedList()
+        bucket.add(new)
+
+
+def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
+    """Recompute a job's queue, priority and age from its spec and members; move its usage.
+
+    Each field is the PodGroup's when it sets one, else the first member's (by key), except the
+    age, which is then the oldest member's. Marks the job stale: callers that change a job's
+    members or spec call this (or `refresh_or_drop_job`) after. `changed=False` (the caller
+    changed nothing of the job itself) marks it only if a recomputed field differs."""
+    pods = state.pods
+    members = sorted(job.members) if len(job.members) > 1 else list(job.members)
+    created: int | None = 0
+    queue, class_name, explicit, uid, mode = "", "", None, job.key, ""
+    if members:
+        first = pods[members[0]].spec
+        queue, class_name, explicit, uid, mode = (
+            first.queue, first.priority_class, first.priority, first.uid, first.preemptibility)
+        created = first.created_ns if len(members) == 1 else None  # None: the oldest, if needed
+    spec = job.spec
+    if spec is not None:
+        queue = spec.queue or queue
+        class_name = spec.priority_class or class_name
+        uid = spec.uid or uid
+        mode = spec.preemptibility or mode
+        created = spec.created_ns or created
+    if created is None:
+        created = min(pods[m].spec.created_ns for m in members)
+    priority = resolve_priority(state, class_name, explicit)
+    preemptible = (mode == "preemptible") if mode else priority < NON_PREEMPTIBLE_PRIORITY
+    if queue != job.queue or preemptible != job.preemptible:
+        # job.occupying counts the members that occupy: skip the scan when there are none
+        occupying = [pods[m] for m in members if pods[m].status in OCCUPYING] if job.occupying else []
+        for pod in occupying:
+            queue_usage(state, pod, -1)
+        changed = True
+        job.queue = queue
+        job.preemptible = preemptible
+        for pod in occupying:
+            queue_usage(state, pod, +1)
+    if changed or priority != job.priority or created != job.created_ns or uid != job.uid:
+        state.stale_jobs.add(job.key)
+    if priority != job.priority and job.occupying and job.preemptible and job.queue:
+        index_victim(state, job, job.priority, -1)
+        index_victim(state, job, priority, +1)
+    job.priority, job.created_ns, job.uid = priority, created, uid
+    _reindex_job(state, job)
+
+
+def job_for(state: ClusterState, spec: p.PodObserved) -> Job:
+    key = pod_key(spec.namespace, spec.podgroup)
+    job = state.jobs.get(key)
+    if job is None:
+        # positional: keyword calls to these many-field dataclasses cost measurably more per pod
+        job = Job(key, spec.namespace, spec.podgroup, None, spec.implicit_podgroup)
+        state.jobs[key] = job  # marked by the refresh_job that follows a member's arrival
+    return job
+
+
+def refresh_or_drop_job(state: ClusterState, job: Job) -> None:
+    """After a job lost a member or its spec: forget it when nothing holds it, else refresh it."""
+    if not job.members and job.spec is None:
+        _reindex_job(state, job)
+        del state.jobs[job.key]
+        state.stale_jobs.add(job.key)
+        state.gangs_below_minimum.discard(job.key)
+    else:
+        refresh_job(state, job)
+
+
+def podgroup_observed(state: ClusterState, env: Envelope) -> None:
+    spec: p.PodGroupObserved = env.data
+    if bounds.duration_problem("preemptionDelay", spec.preemption_delay_ns) or \
+            bounds.duration_problem("stalenessGracePeriod", spec.staleness_grace_ns, signed=True):
+        state.rejected_objects += 1  # a crafted or corrupt record: never applied
+        return
+    key = pod_key(spec.namespace, spec.name)
+    if state.resync_seen:
+        mark_seen(state, "PodGroup", key)
+    job = state.jobs.get(key)
+    if job is None:
+        job = Job(key=key, namespace=spec.namespace, name=spec.name, spec=spec, implicit=False)
+        state.jobs[key] = job
+    job.spec = spec
+    job.implicit = False
+    refresh_job(state, job)
+    if state.timed:
+        track_stale(state, job)
+
+
+def podgroup_removed(state: ClusterState, env: Envelope) -> None:
+    key = pod_key(env.data.namespace, env.data.name)
+    job = state.jobs.get(key)
+    if job is None or job.spec is None:
+        state.ignored_events += 1
+        return
+    had_subgroups = bool(job.spec.subgroups)
+    job.spec = None
+    refresh_or_drop_job(state, job)
+    if state.subgroup_stale and had_subgroups:
+        state.occupancy_changed.add(key)  # its sub-groups are gone: judged again (kai-es/v4 on)
+
+
+def priorityclass_observed(state: ClusterState, env: Envelope) -> None:
+    data: p.PriorityClassObserved = env.data
+    if state.resync_seen:
+        mark_seen(state, "PriorityClass", data.name)
+    if state.priority_classes.get(data.name) != data.value:
+        state.priority_classes[data.name] = data.value
+        state.stale_priority_classes.add(data.name)
+        refresh_all_jobs(state)
+
+
+def priorityclass_removed(state: ClusterState, env: Envelope) -> None:
+    if state.priority_classes.pop(env.data.name, None) is None:
+        state.ignored_events += 1
+        return
+    state.stale_priority_classes.add(env.data.name)
+    refresh_all_jobs(state)
+
+
+def refresh_all_jobs(state: ClusterState) -> None:
+    for key in sorted(state.jobs):
+        refresh_job(state, state.jobs[key], changed=False)

@@ -1,0 +1,215 @@
+"""Pods: PodObserved and PodRemoved, a pod's status, placement reconciliation, dropping a pod.
+
+Part of the reducer (`kai_es.state.reducer`, whose contract holds for every handler here)."""
+
+from __future__ import annotations
+
+from kai_es.events import Envelope
+from kai_es.events import payloads as p
+from kai_es.ingest import bounds
+from kai_es.state.handlers.accounting import count_subgroup
+from kai_es.state.handlers.jobs import job_for, refresh_job, refresh_or_drop_job, set_pending, track_stale
+from kai_es.state.handlers.occupancy import index_labels, occupy, release, releasing
+from kai_es.state.handlers.seen import mark_seen
+from kai_es.state.keys import pod_key
+from kai_es.state.model import OCCUPYING, ClusterState, PodState
+from kai_es.state.quantities import MAX_QUANTITY
+
+
+def _out_of_bounds_pod(spec: p.PodObserved) -> bool:
+    # on every pod observation: written to cost a few comparisons (no generator unless needed)
+    g, r = spec.gpu, spec.requests
+    if not (0 <= r.milli_cpu <= MAX_QUANTITY and 0 <= r.memory_bytes <= MAX_QUANTITY):
+        return True
+    if g.whole or g.fraction_milli or g.gpu_memory_mib or g.fraction_devices != 1:
+        if not (0 <= g.whole <= bounds.MAX_POD_GPUS and 0 <= g.fraction_milli < 1000
+                and 0 <= g.gpu_memory_mib <= bounds.MAX_GPU_MEMORY_MIB
+                and 1 <= g.fraction_devices <= bounds.MAX_POD_GPUS):
+            return True
+    if spec.scalar_requests and not all(0 <= v <= MAX_QUANTITY for v in spec.scalar_requests.values()):
+        return True
+    return (spec.preemption_delay_ns is not None or spec.staleness_grace_ns is not None) and bool(
+        bounds.duration_problem("preemption delay", spec.preemption_delay_ns)
+        or bounds.duration_problem("staleness grace period", spec.staleness_grace_ns, signed=True))
+
+
+def pod_observed(state: ClusterState, env: Envelope) -> None:
+    spec: p.PodObserved = env.data
+    key = pod_key(spec.namespace, spec.name)
+    pod = state.pods.get(key)
+    if pod is not None:
+        old_spec = pod.spec
+        same_shape = old_spec.requests == spec.requests and old_spec.gpu == spec.gpu \
+            and old_spec.scalar_requests == spec.scalar_requests
+    else:
+        same_shape = False
+    # quantities already accepted for this pod need no second look (phase-only observations)
+    if not same_shape and _out_of_bounds_pod(spec):
+        state.rejected_objects += 1  # a crafted or corrupt record: never applied
+        return
+    if state.resync_seen:
+        mark_seen(state, "Pod", key)
+    state.stale_pods.add(key)
+    if spec.phase in ("Succeeded", "Failed"):
+        if state.timed and spec.phase == "Succeeded":
+            # a gang with a succeeded pod is finishing, not stale (the pod need not have been seen
+            # before: a relist reports finished pods too)
+            job = state.jobs.get(pod.job_key if pod is not None else pod_key(spec.namespace, spec.podgroup))
+            if job is not None:
+                job.succeeded += 1
+                state.stale_jobs.add(job.key)
+                track_stale(state, job)
+        if pod is not None:
+            drop_pod(state, pod)
+        return
+    if pod is not None and pod.spec.uid != spec.uid:
+        drop_pod(state, pod)  # same name, new incarnation
+        pod = None
+        same_shape = False
+    if pod is not None and pod.bind_final_message and pod.spec != spec:
+        pod.bind_final_message = ""  # the pod changed: the binder's final verdict may not hold
+        pod.bind_failures = 0
+    if pod is None:
+        job = job_for(state, spec)
+        pod = PodState(key, spec, job.key)  # positional, as in job_for
+        state.pods[key] = pod
+        job.members.add(key)
+        refresh_job(state, job)
+        if spec.labels or spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity \
+                or spec.preferred_pod_anti_affinity:
+            index_labels(state, pod, +1)
+    elif not same_shape or _moved_job(pod, spec):
+        status, node, devices, groups = pod.status, pod.node, pod.devices, pod.gpu_groups
+        release(state, pod)
+        set_pending(state, pod, False)
+        old_job = state.jobs[pod.job_key]
+        old_job.members.discard(key)
+        index_labels(state, pod, -1)
+        pod.spec = spec
+        index_labels(state, pod, +1)
+        job = job_for(state, spec)
+        job.members.add(key)
+        pod.job_key = job.key
+        refresh_or_drop_job(state, old_job)
+        refresh_job(state, job)
+        if status in OCCUPYING and not spec.node_name:
+            occupy(state, pod, node, devices, groups, status)
+    else:
+        old = pod.spec
+        if old.labels != spec.labels or ((old.pod_affinity or old.pod_anti_affinity or old.preferred_pod_affinity
+                                          or old.preferred_pod_anti_affinity or spec.pod_affinity
+                                          or spec.pod_anti_affinity or spec.preferred_pod_affinity
+                                          or spec.preferred_pod_anti_affinity)
+                                         and (old.pod_affinity, old.pod_anti_affinity, old.preferred_pod_affinity,
+                                              old.preferred_pod_anti_affinity)
+                                         != (spec.pod_affinity, spec.pod_anti_affinity,
+                                             spec.preferred_pod_affinity, spec.preferred_pod_anti_affinity)):
+            index_labels(state, pod, -1)
+            pod.spec = spec
+            index_labels(state, pod, +1)
+        pod.spec = spec
+        if old.subgroup != spec.subgroup and pod.status in OCCUPYING:
+            job = state.jobs[pod.job_key]
+            if old.subgroup:
+                count_subgroup(job, old.subgroup, -1)
+            if spec.subgroup:
+                count_subgroup(job, spec.subgroup, +1)
+            if state.subgroup_stale and job.spec is not None and job.spec.subgroups:
+                state.occupancy_changed.add(job.key)  # an occupying pod moved between sub-groups
+        if old.queue != spec.queue or old.priority_class != spec.priority_class or \
+                old.priority != spec.priority or old.created_ns != spec.created_ns:
+            refresh_job(state, state.jobs[pod.job_key])  # a field the job takes from its pods
+    _reconcile_placement(state, pod, spec, env.logicaltime)
+
+
+def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved, now: int) -> None:
+    """Make the pod's placement agree with what the cluster reports.
+
+    A pod with a node is bound (Running), or Releasing when terminating or when an eviction was
+    decided. A pod without a node keeps an in-flight Binding or Releasing; a Running pod the
+    cluster no longer places goes back to Pending.
+    """
+    if spec.node_name:
+        status = "Releasing" if spec.terminating or pod.status == "Releasing" else "Running"
+        if pod.status in OCCUPYING and pod.node == spec.node_name:
+            if status != pod.status:
+                set_status(state, pod, status)
+        else:
+            release(state, pod)
+            occupy(state, pod, spec.node_name, spec.gpu_devices,
+                    (spec.gpu_group,) if spec.gpu_group else (), status)
+        if not pod.started_ns:
+            # the pod's own start time when the cluster reports one (a pod running before it was
+            # first observed), else the time it was observed running
+            pod.started_ns = spec.started_ns if 0 < spec.started_ns <= now else now
+        if pod.pending_key is not None:
+            set_pending(state, pod, False)
+    elif pod.status in ("Binding", "Releasing"):
+        if pod.pending_key is not None:
+            set_pending(state, pod, False)
+    else:
+        if pod.status == "Running":
+            release(state, pod)
+        set_pending(state, pod, not spec.terminating)
+
+
+def _moved_job(pod: PodState, new: p.PodObserved) -> bool:
+    """Whether observing `new` moves the pod to another job (then it is re-seated from
+    scratch, as when its resource shape changed). `pod.job_key` is always the key of
+    `pod.spec`'s namespace and podgroup, so the new key is built only when one of those differs."""
+    old = pod.spec
+    if old.podgroup == new.podgroup and old.namespace == new.namespace:
+        return False
+    return pod.job_key != pod_key(new.namespace, new.podgroup)
+
+
+def set_status(state: ClusterState, pod: PodState, status: str) -> None:
+    node = state.nodes.get(pod.node)
+    state.stale_pods.add(pod.key)
+    if node is not None:
+        state.dirty_nodes.add(pod.node)
+        state.stale_nodes.add(pod.node)
+        if pod.status == "Releasing":
+            releasing(node, pod, -1)
+        if status == "Releasing":
+            releasing(node, pod, +1)
+    pod.status = status  # type: ignore[assignment]
+
+
+def drop_pod(state: ClusterState, pod: PodState) -> None:
+    release(state, pod)
+    if pod.pending_key is not None:
+        set_pending(state, pod, False)
+    spec = pod.spec
+    if spec.labels or spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity \
+            or spec.preferred_pod_anti_affinity:
+        index_labels(state, pod, -1)
+    del state.pods[pod.key]
+    state.stale_pods.add(pod.key)
+    job = state.jobs[pod.job_key]
+    job.members.discard(pod.key)
+    refresh_or_drop_job(state, job)
+    if len(state.stale_pods) + len(state.stale_jobs) > 2 * (len(state.pods) + len(state.jobs)) + 4096:
+        _forget_hashes(state)
+
+
+def _forget_hashes(state: ClusterState) -> None:
+    """Drop the marks and have the next digest re-hash everything. Bounds the stale sets when
+    nothing asks for the incremental digest (a log of a policy with another digest, a long cold
+    fold): else they would keep the key of every pod that ever existed. Only removals make them
+    outgrow the live state, so `drop_pod` checks."""
+    state.hashes.complete = False
+    for marks in (state.stale_nodes, state.stale_pods, state.stale_jobs, state.stale_queues,
+                  state.stale_pending, state.stale_priority_classes, state.stale_topologies,
+                  state.stale_resync, state.stale_namespaces, state.stale_claims, state.stale_volumes,
+                  state.stale_config_maps):
+        marks.clear()
+
+
+def pod_removed(state: ClusterState, env: Envelope) -> None:
+    data: p.PodRemoved = env.data
+    pod = state.pods.get(pod_key(data.namespace, data.name))
+    if pod is None or (data.uid and pod.spec.uid != data.uid):
+        state.ignored_events += 1
+        return
+    drop_pod(state, pod)

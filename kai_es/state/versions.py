@@ -1,0 +1,55 @@
+"""The policy versions' fold rules: what of a policy version the reducer must know to fold a log
+written under it to exactly the state (and digest) it recorded. The registry
+(`kai_es.scheduling.policy`) composes each version's `PolicyVersion` from the entry here (its
+`fold`) and the scheduling rules; this is the one table of released version strings (the
+reducer sits below the scheduler, so it is kept at the reducer's layer).
+
+- `keeps_times`: the state keeps job times and usage (kai-es/v3 on; the config in force).
+- `stale_subgroups`: a running gang is also stale while a leaf sub-group is below its own
+  minMember (kai-es/v4 on; the config in force).
+- `pipelined_nominates`: a PodPipelined decision reserves its node for the pod (kai-es/v2 on;
+  the decision's own `policyversion`).
+
+A version this build does not know folds as the newest (the scheduler rejects a config naming
+one before it is applied); a log with no version at all (None) folds as the first logs did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class FoldRules:
+    keeps_times: bool
+    stale_subgroups: bool
+    pipelined_nominates: bool
+
+
+_FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
+_NOMINATING: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=True)
+_TIMED: Final = FoldRules(keeps_times=True, stale_subgroups=False, pipelined_nominates=True)
+_SUBGROUPS: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True)
+
+#: released policy version -> its fold rules (in release order)
+FOLD_RULES: Final[Mapping[str, FoldRules]] = {
+    "kai-es/v1": _FIRST,
+    "kai-es/v2": _NOMINATING,
+    "kai-es/v3": _TIMED,
+    "kai-es/v4": _SUBGROUPS,
+    "kai-es/v5": _SUBGROUPS,
+}
+#: what a log that names no version (None) or an empty one ("") folds by
+_UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}
+_NEWEST: Final = _SUBGROUPS
+
+
+def fold_rules(version: object) -> FoldRules:
+    """The fold rules of `version` (a config's `policyVersion` or a decision's
+    `policyversion`; see module docstring for unknown and missing ones)."""
+    found = _UNNAMED.get(version)
+    if found is not None:
+        return found
+    return FOLD_RULES.get(version, _NEWEST) if isinstance(version, str) else _NEWEST
