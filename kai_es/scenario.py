@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from kai_es.yaml_shape import check_shape
+from kai_es.yaml_shape import ShapeError, check_shape
 
 from kai_es.events import payloads as p
 from kai_es.events.factory import NAMESPACE
@@ -115,6 +115,8 @@ class _Loader:
     def load(self, text: str) -> Scenario:
         try:
             docs = parse_documents(text)
+        except ShapeError as exc:  # valid YAML, but no Kubernetes object
+            raise ScenarioError(f"{self.path}: {exc}") from None
         except yaml.YAMLError as exc:
             raise ScenarioError(f"{self.path}: not valid YAML: {exc}") from None
         for index, doc in enumerate(docs, 1):
@@ -136,15 +138,10 @@ class _Loader:
                         simulation=self.simulation, objects=self.objects)
 
     def _check_form(self, index: int, doc: Any) -> None:
-        """What every document must be before any field is read: a Kubernetes object is JSON,
-        so every map key is a string; `metadata`, and its labels and annotations, are maps."""
+        """What every document must be before any field is read: `metadata`, and its labels and
+        annotations, are maps (that every key is a string `check_shape` saw to already)."""
         if not isinstance(doc, Mapping):
             return
-        bad = _non_string_key(doc)
-        if bad is not None:
-            path, key = bad
-            raise self.fail(index, doc, path, f"the key {key!r} is not a string ({type(key).__name__}): keys of a "
-                                              "Kubernetes object are strings (quote it)")
         meta = doc.get("metadata")
         if meta is None:
             return
@@ -416,29 +413,6 @@ class _Loader:
                                 f"queue {queue!r} is a parent queue; only leaf queues hold jobs")
             if pl.node_name and pl.node_name not in nodes:
                 raise self.fail(o.doc_index, o.obj, "spec.nodeName", f"node {pl.node_name!r} is not defined in this scenario")
-
-
-def _non_string_key(doc: Mapping[Any, Any]) -> tuple[str, object] | None:
-    """(path, key) of the first map key in `doc` that is not a string, or None. Iterative, each
-    container visited once (aliases are not walked again)."""
-    seen: set[int] = set()
-    stack: list[tuple[str, Any]] = [("", doc)]
-    while stack:
-        path, node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, Mapping):
-            for key, value in node.items():
-                if not isinstance(key, str):
-                    return (path or "<top>"), key
-                if isinstance(value, (Mapping, list)):
-                    stack.append((f"{path}.{key}" if path else key, value))
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                if isinstance(value, (Mapping, list)):
-                    stack.append((f"{path}[{i}]", value))
-    return None
 
 
 #: libyaml's safe loader (PyYAML's wheels ship it): ~8x faster than the pure-Python one on big

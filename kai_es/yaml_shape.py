@@ -9,12 +9,15 @@ structure that contains itself. PyYAML builds these without expanding them; the 
 Contract: `check_shape(doc)` measures, without recursion and in time linear in the distinct
 containers of `doc`, its depth and its size as if every alias were expanded, and raises
 `ShapeError` (a `yaml.YAMLError`) when the depth exceeds `MAX_DEPTH`, the expanded size
-exceeds `MAX_EXPANDED`, or a container contains itself. Documents written without anchors
-pass whenever their depth is within bounds (their expanded size is their size).
+exceeds `MAX_EXPANDED`, a container contains itself, or a map has a key that is not a string
+(a Kubernetes object is JSON, whose keys are strings: YAML's `1:` or `null:` is not; the
+message names the key's path). Documents written without anchors pass whenever their depth is
+within bounds (their expanded size is their size).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 import yaml
@@ -31,31 +34,36 @@ class ShapeError(yaml.YAMLError):
     """A document whose structure is outside the bounds of the module contract."""
 
 
-def _children(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [*value.keys(), *value.values()]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return []
+_CONTAINERS: Final = (dict, list, tuple)
+
+
+def _entries(node: Any, path: str, where: str) -> Iterable[tuple[str | int, Any]]:
+    """(key or index, value) of a container, a map's keys checked to be strings."""
+    if not isinstance(node, dict):
+        return enumerate(node)
+    for k in node:
+        if not isinstance(k, str):
+            raise ShapeError(f"{where} at {path or '<top>'}: the key {k!r} is not a string "
+                             f"({type(k).__name__}): keys of a Kubernetes object are strings (quote it)")
+    return node.items()
 
 
 def check_shape(doc: Any, where: str = "the document") -> None:
-    """Raise ShapeError if `doc` is too deep, expands too far, or contains itself."""
-    if not isinstance(doc, (dict, list, tuple)):
+    """Raise ShapeError if `doc` breaks a bound of the module contract."""
+    if not isinstance(doc, _CONTAINERS):
         return
-    size: dict[int, int] = {}   # id -> expanded size, for finished containers
+    size: dict[int, int] = {}   # id -> expanded size (keys and values), for finished containers
     depth: dict[int, int] = {}  # id -> depth below it, for finished containers
     on_path: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(doc, False)]
+    stack: list[tuple[Any, bool, str]] = [(doc, False, "")]
     while stack:
-        node, done = stack.pop()
+        node, done, path = stack.pop()
         key = id(node)
-        kids = _children(node)
         if done:
             on_path.discard(key)
-            s, d = 1, 0
-            for kid in kids:
-                if isinstance(kid, (dict, list, tuple)):
+            s, d = 1 + (len(node) if isinstance(node, dict) else 0), 0
+            for kid in (node.values() if isinstance(node, dict) else node):
+                if isinstance(kid, _CONTAINERS):
                     s += size[id(kid)]
                     d = max(d, depth[id(kid)])
                 else:
@@ -72,10 +80,11 @@ def check_shape(doc: Any, where: str = "the document") -> None:
         if len(on_path) >= MAX_DEPTH:
             raise ShapeError(f"{where} nests deeper than {MAX_DEPTH} levels: refusing it")
         on_path.add(key)
-        stack.append((node, True))
-        for kid in kids:
-            if isinstance(kid, (dict, list, tuple)):
+        stack.append((node, True, path))
+        for label, kid in _entries(node, path, where):
+            if isinstance(kid, _CONTAINERS):
                 if id(kid) in on_path:
                     raise ShapeError(f"{where} contains itself through a YAML alias: refusing it")
                 if id(kid) not in size:
-                    stack.append((kid, False))
+                    where_kid = f"{path}[{label}]" if isinstance(label, int) else f"{path}.{label}" if path else label
+                    stack.append((kid, False, where_kid))

@@ -248,9 +248,10 @@ def _container_requests(c: Obj, path: str) -> dict[str, int]:
             continue
         raw = req.get(resource, lim.get(resource))
         where = f"{path}.resources.requests[{resource}]" if "/" in resource else f"{path}.resources.requests.{resource}"
-        amount = _milli(raw, where) if resource == "cpu" else _units(raw, where)
         if _whole_only(resource):
-            _require_whole(raw, resource, where)
+            amount = _whole(raw, resource, where)
+        else:
+            amount = _milli(raw, where) if resource == "cpu" else _units(raw, where)
         problem = bounds.quantity_problem(resource, amount,
                                           bounds.MAX_POD_GPUS if resource == GPU_RESOURCE else bounds.MAX_QUANTITY)
         if problem:
@@ -263,11 +264,12 @@ def _whole_only(resource: str) -> bool:
     """Kubernetes takes extended resources (a name with a domain, `nvidia.com/gpu`, outside
     `kubernetes.io`) in whole units only: the API server refuses `0.5` (fractions of a GPU are
     KAI's `gpu-fraction` annotation)."""
-    return "/" in resource and not resource.startswith(("kubernetes.io/", "requests.")) \
-        and not resource.split("/", 1)[0].endswith(".kubernetes.io")
+    domain, slash, _ = resource.partition("/")
+    return bool(slash) and domain != "kubernetes.io" and not domain.endswith(".kubernetes.io")
 
 
-def _require_whole(raw: Any, resource: str, where: str) -> None:
+def _whole(raw: Any, resource: str, where: str) -> int:
+    """The amount of an extended resource: a whole number of units (`_whole_only`)."""
     try:
         value = parse_quantity(raw)
     except QuantityError as exc:
@@ -277,6 +279,7 @@ def _require_whole(raw: Any, resource: str, where: str) -> None:
             if resource == GPU_RESOURCE else ""
         raise IngestError(where, f"{resource} must be a whole number, as Kubernetes requires of an "
                                  f"extended resource, got {raw!r}{hint}")
+    return value.numerator
 
 
 def _pod_requests(obj: Obj) -> tuple[int, int, int, dict[str, int]]:

@@ -19,13 +19,14 @@ import subprocess
 import sys
 import time
 import timeit
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kai_es.adapters.file_log import FileEventLog, frame  # noqa: E402
-from kai_es.events import Record, decode, encode  # noqa: E402
+from kai_es.events import Envelope, Record, decode, encode  # noqa: E402
 from kai_es.events import payloads as p  # noqa: E402
 from kai_es.events.factory import derived_id, make_envelope  # noqa: E402
 from kai_es.scheduling.config import config_event  # noqa: E402
@@ -42,40 +43,30 @@ START = 1_767_225_600_000_000_000
 SEC = 1_000_000_000
 
 
-def generate(path: Path, target: int, overload: bool = False) -> None:
-    cfg = SchedulerConfig(state_digest_every=0)
+def lifecycles(state: ClusterState, emit: Callable[[list[Envelope]], object], config: SchedulerConfig, *,
+               overload: bool = False) -> Iterator[int]:
+    """Drive a synthetic cluster: 8 queues, NODES nodes x 8 GPUs; then rounds of BATCH arriving
+    pods, a real cycle (run_cycle, native packer) deciding them, the binder's PodBound and the
+    pod's Running observation, and the pods of an earlier round finishing (Succeeded). `emit(events)`
+    must fold the events into `state` (and may write them). Yields the pods arrived so far after
+    each round, for ever: the caller stops it."""
     packer = load_packer("native")
-    state = ClusterState()
-    out = open(path, "wb")
-    pos = 0
     t = START
     n = 0
 
-    def emit(envs: list) -> list[Record]:  # type: ignore[type-arg]
-        nonlocal pos
-        recs = []
-        for env in envs:
-            body = encode(env)
-            out.write(frame(body))
-            rec = Record(pos, decode(body))
-            fold([rec], state)
-            recs.append(rec)
-            pos += 1
-        return recs
-
-    def ev(payload: p.Payload, subject: str, source: str = "kai-es/informer") -> object:
+    def ev(payload: p.Payload, subject: str, source: str = "kai-es/informer") -> Envelope:
         nonlocal n
         n += 1
         return make_envelope(payload, event_id=derived_id("bench", n), source=source, subject=subject, logicaltime=t)
 
-    emit([config_event(cfg, event_id="cfg", logicaltime=t)])
+    emit([config_event(config, event_id="cfg", logicaltime=t)])
     emit([ev(p.QueueObserved(name=f"q{i}"), f"queue/q{i}") for i in range(8)])
     emit([ev(p.NodeObserved(name=f"node-{i:04d}", milli_cpu=128_000, memory_bytes=2**40, gpus=8,
                             gpu_memory_mib=81920), f"node/node-{i:04d}") for i in range(NODES)])
     cycle = 0
     running: list[tuple[int, p.PodObserved]] = []
     pod_no = 0
-    while pos < target:
+    while True:
         t += 5 * SEC
         batch = []
         for _ in range(BATCH):
@@ -88,9 +79,10 @@ def generate(path: Path, target: int, overload: bool = False) -> None:
             batch.append(ev(spec, f"pod/bench/pod-{pod_no}"))
         emit(batch)
         cycle += 1
-        started = ev(p.CycleStarted(cycle=cycle, config_digest=config_digest(cfg)), f"cycle/{cycle}", "kai-es/scheduler")
-        [cut] = emit([started])
-        decisions = run_cycle(state, cut, cfg, packer)
+        started = ev(p.CycleStarted(cycle=cycle, config_digest=config_digest(config)), f"cycle/{cycle}",
+                     "kai-es/scheduler")
+        emit([started])
+        decisions = run_cycle(state, Record(state.position, started), config, packer)
         emit(decisions)
         t += SEC
         confirmations = []
@@ -118,7 +110,27 @@ def generate(path: Path, target: int, overload: bool = False) -> None:
         running = [(u, o) for u, o in running if u > cycle]
         emit([ev(p.PodObserved(**{**{f: getattr(o, f) for f in o.__struct_fields__}, "phase": "Succeeded"}),
                  f"pod/bench/{o.name}") for o in done])
-    out.close()
+        yield pod_no
+
+
+def generate(path: Path, target: int, overload: bool = False) -> None:
+    """The benchmark log at `path`: `lifecycles` until it holds at least `target` events
+    (deterministic: the same bytes every time)."""
+    state = ClusterState()
+    pos = 0
+    with open(path, "wb") as out:
+
+        def emit(envs: list[Envelope]) -> None:
+            nonlocal pos
+            for env in envs:
+                body = encode(env)
+                out.write(frame(body))
+                fold([Record(pos, decode(body))], state)
+                pos += 1
+
+        for _ in lifecycles(state, emit, SchedulerConfig(state_digest_every=0), overload=overload):
+            if pos >= target:
+                break
 
 
 def main() -> None:

@@ -68,25 +68,33 @@ class FairShareOrder:
         return 0
 
 
+def _within_quota_and_share(q: QueueNode, request: Vector) -> tuple[bool, bool, int]:
+    """Keys 1, 2 and the DRF share with the candidate, which every released order starts with:
+    (over its fair share in every resource, over quota with the candidate, dominant share with
+    the candidate). Keys are cached per queue by the Session, so this costs a call per try."""
+    allocated, fair, quota = q.allocated, q.fair, q.quota
+    over_all = allocated[0] > fair[0] and allocated[1] > fair[1] and allocated[2] > fair[2]
+    over_quota = False
+    share = 0
+    for r in (0, 1, 2):
+        need = request[r]
+        used = allocated[r] + need
+        if need > 0 and 0 <= quota[r] < used:
+            over_quota = True
+        if used > 0:
+            s = used * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
+            if s > share:
+                share = s
+    return over_all, over_quota, share
+
+
 class QueueOrderV1:
     """kai-es/v1's order (see module docstring)."""
 
     __slots__ = ()
 
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
-        allocated, fair, quota = q.allocated, q.fair, q.quota
-        over_all = allocated[0] > fair[0] and allocated[1] > fair[1] and allocated[2] > fair[2]
-        over_quota = False
-        share = 0
-        for r in (0, 1, 2):
-            need = request[r]
-            used = allocated[r] + need
-            if need > 0 and 0 <= quota[r] < used:
-                over_quota = True
-            if used > 0:
-                s = used * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
-                if s > share:
-                    share = s
+        over_all, over_quota, share = _within_quota_and_share(q, request)
         return (over_all, over_quota, -q.priority, share, q.created_ns, q.name)
 
 
@@ -96,20 +104,8 @@ class KaiQueueOrder:
     __slots__ = ()
 
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
-        allocated, fair, quota = q.allocated, q.fair, q.quota
-        over_all = allocated[0] > fair[0] and allocated[1] > fair[1] and allocated[2] > fair[2]
-        over_quota = False
-        share = 0
-        for r in (0, 1, 2):
-            need = request[r]
-            used = allocated[r] + need
-            if need > 0 and 0 <= quota[r] < used:
-                over_quota = True
-            if used > 0:
-                s = used * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
-                if s > share:
-                    share = s
-        # (written out, as in QueueOrderV1: a hot path)
+        over_all, over_quota, share = _within_quota_and_share(q, request)
+        allocated, fair = q.allocated, q.fair
         zero_fair = False
         share_without = 0
         for r in (0, 1, 2):
