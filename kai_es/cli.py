@@ -220,7 +220,10 @@ def cycle(scenario_file: str, output: str, packer: str | None) -> None:
     for col in ("pod", "status", "node", "gpu groups"):
         table.add_column(col)
     for key, pod in outcome["pods"].items():
-        table.add_row(Text(key), Text(pod["status"]), Text(pod["node"] or "-"),
+        node = pod["node"] or "-"
+        if pod.get("movesTo"):
+            node = f"{node} -> {pod['movesTo']} (moves)"
+        table.add_row(Text(key), Text(pod["status"]), Text(node),
                       Text(",".join(pod["gpuGroups"]) or "-"))
     console.print(table)
     for d in outcome["decisions"]:
@@ -420,6 +423,8 @@ def _brief(data: p.Payload) -> str:
     if isinstance(data, p.PodObserved):
         return f"{data.phase}{' on ' + data.node_name if data.node_name else ''}"
     if isinstance(data, p.EvictionDecided):
+        if data.to_node:
+            return f"{data.action}: moves {data.node} -> {data.to_node}: {data.reason}"
         return f"{data.action}: {data.reason}"
     if isinstance(data, p.PodEvicted):
         return f"evicted from {data.node}"

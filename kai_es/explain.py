@@ -384,7 +384,7 @@ def _event(record: Record, key: str, data: p.Payload, phase: dict[str, str]) -> 
     if isinstance(data, p.EvictionDecided):
         return {"kind": "evictionDecided", **base, "node": data.node, "action": data.action,
                 "preemptor": data.preemptor or None, "reason": data.reason, "numbers": dict(data.numbers),
-                "cycleCut": env.basedon}
+                "toNode": data.to_node or None, "cycleCut": env.basedon}
     if isinstance(data, p.PodEvicted):
         return {"kind": "evicted", **base, "node": data.node}
     if isinstance(data, p.PodEvictionFailed):
@@ -496,7 +496,8 @@ def render_text(report: dict[str, Any]) -> list[str]:
         elif kind == "evictionDecided":
             by = f" to make room for {e['preemptor']}" if e["preemptor"] else ""
             nums = ", ".join(f"{k}={v}" for k, v in sorted(e["numbers"].items()))
-            lines.append(f"{when(e)} {who}evicted by {e['action']}{by}: {e['reason']}" + (f" [{nums}]" if nums else ""))
+            what = f"moved from {e['node']} to {e['toNode']}" if e.get("toNode") else "evicted"
+            lines.append(f"{when(e)} {who}{what} by {e['action']}{by}: {e['reason']}" + (f" [{nums}]" if nums else ""))
         elif kind == "evicted":
             lines.append(f"{when(e)} {who}evicted from {e['node']}")
         elif kind == "evictionFailed":

@@ -89,4 +89,6 @@ def one_cycle(scenario: Scenario, packer: Packer) -> dict[str, Any]:
                 "node": data.node, "gpuGroups": list(data.gpu_groups)}
         elif isinstance(data, p.EvictionDecided):
             pods[f"{data.namespace}/{data.name}"]["status"] = "Releasing"
+            if data.to_node:  # kai-es/v6: a move, one decision with both nodes
+                pods[f"{data.namespace}/{data.name}"]["movesTo"] = data.to_node
     return {"pods": pods, "decisions": [msgspec.json.decode(encode(e)) for e in decisions]}

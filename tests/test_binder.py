@@ -51,7 +51,8 @@ async def test_a_restarted_binder_performs_nothing_twice() -> None:
     cluster = SimCluster(sc, sc.start_ns)
     fresh = BinderService(log, cluster, SimClock(sc.start_ns))
     assert await fresh.step() == 0
-    assert cluster.binds == 0 and result.binds == 7
+    decided = [r for r in await _records(log) if isinstance(r.envelope.data, p.BindingDecided)]
+    assert cluster.binds == 0 and result.binds == len(decided) > 0
 
 
 async def test_duplicate_decision_ids_bind_once() -> None:

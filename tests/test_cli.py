@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import subprocess
 import sys
@@ -40,8 +41,14 @@ def test_events_filters_by_type_and_subject(tmp_path: Path) -> None:
     run = _cli("events", log, "--type", "kai.scheduler.pod.*", "--subject", "pod/default/train-*", "-o", "json")
     assert run.returncode == 0, run.stderr
     rows = [json.loads(line) for line in run.stdout.splitlines()]
-    assert len(rows) == 3
-    assert all(r["event"]["type"] == "kai.scheduler.pod.bindingdecided" for r in rows)
+    # what the filters should keep, read off the log itself
+    wanted = [line for line in Path(log).read_text().splitlines()
+              if fnmatch.fnmatchcase(json.loads(line.split("\t", 1)[1])["type"], "kai.scheduler.pod.*")
+              and fnmatch.fnmatchcase(json.loads(line.split("\t", 1)[1])["subject"], "pod/default/train-*")]
+    assert len(rows) == len(wanted) > 0
+    # the quickstart's gang is bound, evicted by reclaim (kai-es/v6) and bound again
+    assert {r["event"]["type"] for r in rows} >= {"kai.scheduler.pod.bindingdecided", "kai.scheduler.pod.evictiondecided"}
+    assert all(r["event"]["type"].startswith("kai.scheduler.pod.") for r in rows)
     assert all(r["event"]["subject"].startswith("pod/default/train-") for r in rows)
     assert [r["position"] for r in rows] == sorted(r["position"] for r in rows)
     text = _cli("events", log, "--type", "kai.binder.*", "--limit", "2")

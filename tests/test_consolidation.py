@@ -55,8 +55,14 @@ def test_the_eviction_says_where_the_pod_moves_and_the_move_is_no_placement(engi
     outcome = _cycle(_docs("consolidation-basic"), engine)
     (moved,) = _evictions(outcome)
     assert moved["action"] == "consolidation" and moved["name"] == "b" and moved["preemptor"] == "default/big"
-    assert moved["reason"] == "moved from node n2 to node n1 to make room for default/big"
+    # kai-es/v6: one decision with both nodes as fields; kai-es/v5 named the new node in the text
+    assert moved["node"] == "n2" and moved["to_node"] == "n1"
+    assert moved["reason"] == "moved to make room for default/big"
     assert moved["numbers"] == {"moved_jobs": 1, "moved_pods": 1, "requested_milli_gpu": 4000}
+    old = _docs("consolidation-basic")
+    _scheduler(old)["policyVersion"] = "kai-es/v5"
+    (before,) = _evictions(_cycle(old, engine))
+    assert before["reason"] == "moved from node n2 to node n1 to make room for default/big" and "to_node" not in before
     placed = [(d["type"], d["data"]["name"]) for d in outcome["decisions"]
               if d["type"] in ("kai.scheduler.pod.bindingdecided", "kai.scheduler.pod.pipelined")]
     assert placed == [("kai.scheduler.pod.pipelined", "big")]  # b's re-placement is not announced
@@ -119,7 +125,7 @@ def test_moved_pods_need_room_now_elsewhere() -> None:
     outcome = _cycle(docs)
     assert _status(outcome, "big") == ("Pipelined", "n1")
     (moved,) = _evictions(outcome)
-    assert moved["name"] in ("a", "b") and "to node n2" in moved["reason"]
+    assert moved["name"] in ("a", "b") and moved["to_node"] == "n2"
 
 
 def _simulated(docs: list[dict[str, Any]]) -> list[Any]:
@@ -184,9 +190,14 @@ def test_preempt_moves_the_victims_that_fit_elsewhere_and_v3_evicts_them_all(eng
     docs = _docs("preempt-moves-victims-that-fit-elsewhere")
     moved = {e["name"]: e for e in _evictions(_cycle(docs, engine))}
     assert sorted(moved) == ["t-0", "t-1", "t-2", "t-3"] and all(e["action"] == "preempt" for e in moved.values())
+    # kai-es/v6 re-places the victims in job order (KAI's): the two oldest get n2's two free GPUs
+    assert [name for name, e in sorted(moved.items()) if e.get("to_node") == "n2"
+            and e["reason"].startswith("preempted in queue q")] == ["t-0", "t-1"]
+    _scheduler(docs)["policyVersion"] = "kai-es/v5"  # the move said in the reason's text
+    moved = {e["name"]: e for e in _evictions(_cycle(docs, engine))}
     assert [name for name, e in sorted(moved.items()) if e["reason"].startswith("moved from node n1 to node n2 instead "
                                                                                   "of evicted: preempted in queue q")] \
-        == ["t-2", "t-3"]  # the newest two (cheapest) fit n2's two free GPUs; the others are evicted
+        == ["t-2", "t-3"]  # kai-es/v5: the newest two (cheapest, evicted first)
     _scheduler(docs)["policyVersion"] = "kai-es/v3"
     assert not any(e["reason"].startswith("moved") for e in _evictions(_cycle(docs, engine)))
 
@@ -200,7 +211,12 @@ def test_kai_es_events_shows_where_a_moved_pod_goes() -> None:
                           "kai.scheduler.pod.evictiondecided"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert len(lines) == 5 and all("consolidation: moved from node node-a to node node-" in line for line in lines)
+    # kai-es/v6: a move is one decision, shown with both nodes (v5's log said it in the reason)
+    assert len(lines) == 5 and all("consolidation: moves node-a -> node-" in line for line in lines)
+    history = golden.parent / "history" / "consolidation.policy-v5-schema-v4.events.jsonl"
+    run = subprocess.run([sys.executable, "-m", "kai_es", "events", str(history), "--type",
+                          "kai.scheduler.pod.evictiondecided"], capture_output=True, text=True)
+    assert all("consolidation: moved from node node-a to node node-" in line for line in run.stdout.splitlines())
     run = subprocess.run([sys.executable, "-m", "kai_es", "events", str(golden), "--type",
                           "kai.scheduler.cycle.completed"], capture_output=True, text=True)
     assert "5 evicted" in run.stdout

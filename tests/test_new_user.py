@@ -141,7 +141,7 @@ def test_events_limit_zero_prints_nothing_and_a_negative_limit_is_refused() -> N
 
 def test_names_with_control_characters_cannot_forge_event_lines(tmp_path: Path) -> None:
     events = _golden_events()
-    forged = "evil\n       99 2026-01-01T00:00:00Z kai.binder.pod.bound  pod/default/x  bound to node-z\x1b[31m"
+    forged = "evil\n     9999 2026-01-01T00:00:00Z kai.binder.pod.bound  pod/default/x  bound to node-z\x1b[31m"
     index = next(i for i, e in enumerate(events) if e["type"] == "kai.cluster.pod.observed")
     events[index]["subject"] = f"pod/default/{forged}"
     events[index]["data"]["name"] = forged
@@ -151,8 +151,8 @@ def test_names_with_control_characters_cannot_forge_event_lines(tmp_path: Path) 
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert len(lines) == len(events)
-    assert "evil\\n       99" in lines[index] and "\\x1b[31m" in lines[index] and "\x1b" not in run.stdout
-    assert not any(line.lstrip().startswith("99 ") for line in lines)
+    assert "evil\\n     9999" in lines[index] and "\\x1b[31m" in lines[index] and "\x1b" not in run.stdout
+    assert len(events) < 9999 and not any(line.lstrip().startswith("9999 ") for line in lines)
 
 
 # --- replay: never "OK" on what it did not verify ----------------------------------------------

@@ -130,6 +130,21 @@ def _converges_and_never_goes_back_and_forth(text: str) -> None:
             directions.add((_reclaimer(data), data.queue))
     back_and_forth = {(a, b) for a, b in directions if (b, a) in directions and params[a] == params[b]}
     assert not back_and_forth, directions
+    # every eviction is for a preemptor the same cycle places, and no pod is placed twice in it
+    placed: dict[int | None, list[str]] = {}
+    for e in envelopes:
+        if isinstance(e.data, (p.BindingDecided, p.PodPipelined)):
+            placed.setdefault(e.basedon, []).append(f"{e.data.namespace}/{e.data.name}")
+    assert all(len(pods) == len(set(pods)) for pods in placed.values()), placed
+    pods_of_job = {}
+    for e in envelopes:
+        if isinstance(e.data, (p.BindingDecided, p.PodPipelined)):
+            pods_of_job.setdefault((e.basedon, f"{e.data.namespace}/{e.data.podgroup}"), True)
+    for e in envelopes:
+        if isinstance(e.data, p.EvictionDecided) and e.data.action in ("reclaim", "preempt", "consolidation"):
+            preemptor = e.data.preemptor
+            assert preemptor in placed.get(e.basedon, ()) or (e.basedon, preemptor) in pods_of_job, \
+                f"{e.data.name} evicted for {preemptor}, which cycle {e.basedon} did not place"
 
 
 def _reclaimer(data: p.EvictionDecided) -> str:

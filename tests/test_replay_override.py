@@ -32,7 +32,7 @@ def _recorded_decisions(records: list) -> dict[int, list[bytes]]:  # type: ignor
 def test_the_recorded_config_as_override_reruns_exactly_the_recorded_decisions() -> None:
     records = _records()
     result = replay(records, load_packer("native"), override=parse_config(RECORDED))
-    assert result.ok and result.cycles == 10
+    assert result.ok and result.cycles == sum(1 for line in GOLDEN.read_text().splitlines() if "kai.scheduler.cycle.completed" in line) > 0
     assert {pos: [encode(e) for e in envs] for pos, envs in result.rerun.items()} == _recorded_decisions(records)
 
 

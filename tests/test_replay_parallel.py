@@ -71,7 +71,7 @@ def test_a_short_log_is_not_split() -> None:
 @pytest.mark.parametrize("jobs", JOBS)
 def test_spread_replay_of_a_golden_log_equals_one_process(jobs: int) -> None:
     one = _sequential(GOLDEN)
-    assert one.ok and one.cycles == 10
+    assert one.ok and one.cycles == sum(1 for line in GOLDEN.read_text().splitlines() if "kai.scheduler.cycle.completed" in line) > 0
     assert _verdict(replay_file(GOLDEN, jobs=jobs, min_records=1)) == _verdict(one)
 
 
@@ -138,7 +138,8 @@ def test_cli_jobs_option_gives_the_same_line() -> None:
                              cwd=ROOT, capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
         lines.add(run.stdout)
-    assert len(lines) == 1 and next(iter(lines)).startswith("OK: 10 cycles")
+    cycles = sum(1 for line in GOLDEN.read_text().splitlines() if "kai.scheduler.cycle.completed" in line)
+    assert len(lines) == 1 and next(iter(lines)).startswith(f"OK: {cycles} cycles")
 
 
 def test_cli_rejects_zero_jobs() -> None:

@@ -5,7 +5,7 @@ The per-rule scenario tests are tests/scenarios/*-bounded-*.yaml (both packers).
 from __future__ import annotations
 
 from pathlib import Path
-from types import MethodType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -21,8 +21,9 @@ from kai_es.feed import object_events
 from kai_es.oneshot import one_cycle
 from kai_es.scenario import Scenario, load_scenario, load_scenario_text
 from kai_es.scheduling import victims
-from kai_es.scheduling.actions import preempting, reclaim
-from kai_es.scheduling.actions.reclaim import Reclaim
+from kai_es.scheduling.actions import preempting
+from kai_es.scheduling.rules import reclaim_victims as rv
+from kai_es.scheduling.rules.reclaim_victims import DominantShareReclaimV5
 from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event, parse_config
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import load_packer
@@ -42,7 +43,7 @@ V4_DEFAULT = ["allocate", "consolidation", "reclaim", "preempt", "stalegangevict
 
 def test_v3_runs_every_action_it_has_by_default_and_v2_keeps_allocate() -> None:
     assert parse_config({"policyVersion": "kai-es/v3"}).action_list == V3_DEFAULT
-    assert parse_config({}).policy_version == "kai-es/v5"  # v5 runs v4's actions
+    assert parse_config({}).policy_version == "kai-es/v6"  # v5 and v6 run v4's actions
     assert parse_config({}).action_list == V4_DEFAULT
     assert parse_config({"policyVersion": "kai-es/v2"}).action_list == ["allocate"]
     # a config listing no actions and one listing the defaults are the same configuration
@@ -249,21 +250,19 @@ def test_reclaim_side_walk_equals_the_pairwise_rules(forest: tuple[list[QueueNod
     request = tuple(data.draw(st.integers(0, 3)) for _ in range(3))
     preemptible = data.draw(st.booleans())
     queues = {q.name: q for q in leaves}
-    stub = SimpleNamespace(
-        plan=SimpleNamespace(operations=[]), session=SimpleNamespace(queues=queues, roots=roots),
-        state=SimpleNamespace(victim_jobs={q.name: {0: {f"job-{q.name}"}} for q in leaves}),
-        _yielding_at=-1, _yielding_under={})
-    stub._under = MethodType(Reclaim._under, stub)
+    session = SimpleNamespace(
+        plan=SimpleNamespace(operations=[]), queues=queues, roots=roots,
+        state=SimpleNamespace(victim_jobs={q.name: {0: {f"job-{q.name}"}} for q in leaves}))
     job = SimpleNamespace(preemptible=preemptible)
-    walked = Reclaim.victim_buckets(stub, leaf, job, request)  # type: ignore[arg-type]
+    walked = DominantShareReclaimV5().judge(session).victim_buckets(leaf, job, request)  # type: ignore[arg-type]
     pairwise = []
     for victim in leaves:
-        sides = reclaim._sides(leaf, victim)
-        if victim is leaf or sides is None or not reclaim._could_yield(victim):
+        sides = rv.sides(leaf, victim)
+        if victim is leaf or sides is None or not rv._could_yield(victim):
             continue
         chain, mine, theirs = sides
         held = [r for r in (0, 1, 2) if request[r] > 0 and victim.allocated[r] - victim.nonpreemptible[r] > 0]
-        if reclaim._chain_within(chain, job, request) and reclaim._side_may_yield(mine, theirs, request, held):  # type: ignore[arg-type]
+        if rv._chain_within(chain, job, request) and rv._side_may_yield(mine, theirs, request, held):  # type: ignore[arg-type]
             pairwise.append((victim.name, 0))
     assert walked == sorted(pairwise)
 

@@ -12,7 +12,7 @@ from typing import Final
 
 from kai_es.events.envelope import Envelope
 from kai_es.events.payloads import Payload
-from kai_es.events.registry import ENVELOPE_OF, PAYLOAD_VERSION
+from kai_es.events.registry import ENVELOPE_OF, written_version
 from kai_es.events.timefmt import rfc3339
 
 NAMESPACE: Final = uuid.UUID("6f1c3e0a-9d2b-5c7e-8a41-2b6d0f9e7c13")
@@ -59,7 +59,7 @@ def make_envelope(
         subject=subject,
         time=rfc3339(logicaltime),
         datacontenttype="application/json",
-        schemaversion=PAYLOAD_VERSION[cls],
+        schemaversion=written_version(payload),
         logicaltime=logicaltime,
         causationid=causationid,
         correlationid=correlationid,

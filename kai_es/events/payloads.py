@@ -423,6 +423,9 @@ class EvictionDecided(Payload, kw_only=True, frozen=True):
     # --- schema version 2: who the pod makes room for, and the numbers that justified it
     preemptor: str = ""
     numbers: dict[str, int] = {}
+    # --- schema version 3 (kai-es/v6): a move — the pod leaves `node` for `to_node`, one decision
+    # with both nodes (an eviction without it; older versions said a move only in `reason`)
+    to_node: str = ""
 
 
 class PodUnschedulable(Payload, kw_only=True, frozen=True):

@@ -67,7 +67,8 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
     # constraints
     "kai.cluster.podgroup.observed": 4,
     "kai.cluster.queue.observed": 2,  # v2: the min-runtimes may be None (unset, inherited)
-    "kai.scheduler.pod.evictiondecided": 2,  # v2 adds preemptor and numbers
+    # v2 adds preemptor and numbers, v3 to_node (a move as one decision; `written_version`)
+    "kai.scheduler.pod.evictiondecided": 3,
     "kai.binder.pod.bindfailed": 2,  # v2 adds final
 }
 
@@ -80,7 +81,7 @@ ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
     "kai.cluster.resync.completed": frozenset({1}),
     "kai.cluster.podgroup.observed": frozenset({1, 2, 3}),
     "kai.cluster.queue.observed": frozenset({1}),
-    "kai.scheduler.pod.evictiondecided": frozenset({1}),
+    "kai.scheduler.pod.evictiondecided": frozenset({1, 2}),
     "kai.binder.pod.bindfailed": frozenset({1}),
 }
 
@@ -108,6 +109,17 @@ DIRECT_VERSIONS: Final[dict[type[Envelope], frozenset[int]]] = {
 #: payload class -> its current schema version
 PAYLOAD_VERSION: Final[dict[type[p.Payload], int]] = {
     cls: SCHEMA_VERSIONS[name] for name, cls in EVENT_TYPES.items()}
+
+
+
+def written_version(payload: p.Payload) -> int:
+    """The schema version an event carrying `payload` is written as: its type's current one,
+    but an EvictionDecided without `to_node` (not a move) is written as version 2 — what version
+    3 added is absent, and its bytes are those older versions wrote, so their logs replay."""
+    if type(payload) is p.EvictionDecided and not payload.to_node:
+        return 2
+    return PAYLOAD_VERSION[type(payload)]
+
 
 #: Types the scheduler writes as the outcome of a cycle (compared byte for byte by replay).
 DECISION_TYPES: Final = frozenset(

@@ -29,7 +29,7 @@ from kai_es.scheduling.packing import (
     Strategy,
     workload_from_tasks,
 )
-from kai_es.scheduling.plan import Entry, Plan, task_shape
+from kai_es.scheduling.plan import Entry, Eviction, Plan, task_shape
 from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.session import Session
 from kai_es.state.keys import job_key_of_index
@@ -84,7 +84,7 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
         if isinstance(op, Entry):
             if op.moved_from < 0:  # a move is announced by its eviction
                 emitter.placement(state, plan, op)
-        else:
+        elif isinstance(op, Eviction) and not op.undone:  # kai-es/v6: a victim put back stays
             emitter.eviction(state, plan, op)
     for key in sorted(unschedulable):
         emitter.unschedulable(state, key, unschedulable[key])

@@ -72,7 +72,7 @@ class Emitter:
         self.emit(p.EvictionDecided(
             namespace=spec.namespace, name=spec.name, uid=spec.uid, node=plan.names[op.node],
             podgroup=job.name, queue=job.queue, action=op.action, reason=op.reason,
-            preemptor=op.preemptor, numbers=dict(sorted(op.numbers.items()))),
+            preemptor=op.preemptor, numbers=dict(sorted(op.numbers.items())), to_node=op.to_node),
             f"pod/{spec.namespace}/{spec.name}")
         self.counts["evicted"] += 1
 

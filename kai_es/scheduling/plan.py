@@ -75,9 +75,24 @@ class Eviction:
     preemptor: str
     reason: str
     numbers: dict[str, int]
+    #: a move (kai-es/v6): the name of the node the pod is re-placed on, announced with the
+    #: eviction as one decision; "" for an eviction
+    to_node: str = ""
+    #: put back where it runs by a later `Plan.unevict` (kai-es/v6): no longer an eviction
+    undone: bool = False
 
 
-Operation = Entry | Eviction
+@dataclass(slots=True)
+class Unevict:
+    """The undoing of `eviction` by a later decision (kai-es/v6's re-placement: a victim that
+    fits back where it runs stays). Listeners are told of it as the eviction's undoing."""
+
+    eviction: Eviction
+
+
+Operation = Entry | Eviction | Unevict
+#: what listeners are told of (an unevict is told as its eviction's undoing)
+Announced = Entry | Eviction
 
 
 def task_shape(spec: PodObserved) -> TaskShape:
@@ -97,7 +112,7 @@ class PlanListener(Protocol):
     """Told of every operation (`sign=+1`) and of its undoing by a rollback (`sign=-1`), in
     that order, so that what it derives from the plan follows it exactly."""
 
-    def on_operation(self, op: Operation, sign: int) -> None: ...
+    def on_operation(self, op: Announced, sign: int) -> None: ...
 
 
 class Plan:
@@ -141,7 +156,8 @@ class Plan:
 
     @property
     def evictions(self) -> list[Eviction]:
-        return [op for op in self.operations if isinstance(op, Eviction)]
+        """The evictions that stand (not undone by an `unevict`), in order."""
+        return [op for op in self.operations if isinstance(op, Eviction) and not op.undone]
 
     @property
     def evicted_pods(self) -> set[str]:
@@ -159,12 +175,33 @@ class Plan:
                 self.future.apply_placed(op.node, op.devices, op.shape, -1)
                 if not op.pipelined:
                     self.idle.apply_placed(op.node, op.devices, op.shape, -1)
-            else:
+            elif isinstance(op, Eviction):
                 self.future.apply_placed(op.node, op.devices, op.shape, +1)
                 self._evicted.discard(op.pod_key)
+            else:  # the eviction an unevict undid stands again
+                ev = op.eviction
+                self.future.apply_placed(ev.node, ev.devices, ev.shape, -1)
+                self._evicted.add(ev.pod_key)
+                ev.undone = False
+                self._announce(ev, +1)
+                continue
             self._announce(op, -1)
 
-    def _announce(self, op: Operation, sign: int) -> None:
+    def unevict(self, op: Eviction) -> bool:
+        """Put an evicted pod back where it runs, on its own devices, when the capacity it
+        gave back is still free once released (nothing placed since took it): the eviction is
+        undone (announced as its undoing; a rollback past this makes it stand again). False,
+        with nothing changed, when the capacity is taken."""
+        if op.undone or op.pod_key not in self._evicted or not self.future.can_take(op.node, op.devices, op.shape):
+            return False
+        self.future.apply_placed(op.node, op.devices, op.shape, 1)
+        self._evicted.discard(op.pod_key)
+        op.undone = True
+        self.operations.append(Unevict(op))
+        self._announce(op, -1)
+        return True
+
+    def _announce(self, op: Announced, sign: int) -> None:
         for listener in self.listeners:
             listener.on_operation(op, sign)
 

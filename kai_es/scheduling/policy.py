@@ -64,6 +64,23 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   for a job with a required constraint within one domain at a time, and a moved pod of such a
   job stays in its domain.
 
+- `kai-es/v6`: v5's rules where KAI decides the same, and KAI's decisions where the cluster is
+  full:
+  - every action works alone and in any order: reclaim, preempt and consolidation choose their
+    own preemptors among all pending jobs (`rules.preemptors.PendingPods`; v5: only those an
+    earlier allocate left waiting, so alone they decided nothing), and a job they tried and could
+    not help is told why, naming the action and the rule; a config listing no actions, or an
+    empty list, runs KAI's default order (recorded as the config's resolved `actions`);
+  - reclaim judges victims as KAI's reclaim strategies and saturation bound
+    (`rules.reclaim_victims.KaiReclaimStrategies`): each victim before it is taken, the scenario
+    whole after re-placement;
+  - after the preemptor is placed every victim is tried again, in job order: one that fits where
+    it runs stays, one that fits elsewhere on idle capacity moves, only the rest are evicted
+    (`rules.replacement.ReplaceVictims`);
+  - an elastic job loses its pods in reverse task order (`rules.victim_order.ReverseTaskOrder`);
+  - a move is one decision with both nodes as fields (`rules.move_decisions.MoveAsDecision`:
+    EvictionDecided's `to_node`, schema version 3).
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -96,12 +113,16 @@ from kai_es.scheduling.rules.gang_restoration import NoGangRestorationV3, Restor
 from kai_es.scheduling.rules.hopeless_batch import HopelessBatchV1, NoHopelessBatch
 from kai_es.scheduling.rules.leaving_pods import EvictedPodsLeave, LeavingPodsStayV3
 from kai_es.scheduling.rules.min_runtime import NoMinRuntimeV2, QueueMinRuntime
+from kai_es.scheduling.rules.move_decisions import MoveAsDecision, MoveInReasonV5
 from kai_es.scheduling.rules.preemption_delay import NoPreemptionDelayV2, PodGroupPreemptionDelay
+from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
-from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims
+from kai_es.scheduling.rules.reclaim_victims import DominantShareReclaimV5, KaiReclaimStrategies
+from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims, ReplaceVictims
 from kai_es.scheduling.rules.staleness import SubGroupStaleness, TopLevelStalenessV3
 from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
+from kai_es.scheduling.rules.victim_order import NewestFirstV5, ReverseTaskOrder
 from kai_es.scheduling.rules.victim_search import BoundedSearch, BoundedSearchV3, UnboundedSearchV2
 from kai_es.scheduling.rules.wakeups import NoWakeupsV2, TimeRuleWakeups
 from kai_es.scheduling.session import Session
@@ -150,6 +171,8 @@ class PolicyVersion:
     fold: FoldRules
     #: the actions a config that lists none runs, in order
     default_actions: tuple[str, ...] = ("allocate",)
+    #: an empty action list means the defaults too (kai-es/v6 on; before, it ran nothing)
+    empty_is_default: bool = False
     #: the `statedigest` a CycleCompleted carries under this version
     state_digest: Callable[[ClusterState], str] = full_digest
     #: the same digest computed from a snapshot of the state
@@ -176,6 +199,10 @@ RULES_V1: Final = Rules(
     replacement=EvictVictimsV3(),
     staleness=TopLevelStalenessV3(),
     wakeups=NoWakeupsV2(),
+    preemptors=AllocateLeftoversV5(),
+    reclaim_victims=DominantShareReclaimV5(),
+    victim_order=NewestFirstV5(),
+    move_decisions=MoveInReasonV5(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -191,6 +218,10 @@ RULES_V4: Final = replace(RULES_V3, gang_restoration=RestoreGangsFirst(), leavin
                           replacement=MoveVictims(), staleness=SubGroupStaleness())
 #: kai-es/v5: topology-aware placement
 RULES_V5: Final = replace(RULES_V4, topology_placement=TopologyAware())
+#: kai-es/v6: KAI's decisions when the cluster is full
+RULES_V6: Final = replace(RULES_V5, preemptors=PendingPods(), reclaim_victims=KaiReclaimStrategies(),
+                          replacement=ReplaceVictims(), victim_order=ReverseTaskOrder(),
+                          move_decisions=MoveAsDecision())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -218,9 +249,12 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
                   default_actions=_KAI_ORDER, state_digest=incremental_digest, snapshot_digest=snapshot_digest),
     PolicyVersion("kai-es/v5", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V5, FOLD_RULES["kai-es/v5"],
                   default_actions=_KAI_ORDER, state_digest=incremental_digest, snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v6", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V6, FOLD_RULES["kai-es/v6"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v5"
+CURRENT_POLICY: Final = "kai-es/v6"
 
 
 def policy_for(version: str) -> PolicyVersion:
@@ -238,14 +272,14 @@ def state_digest(version: str, state: ClusterState) -> str:
 
 def config_actions(version: str, actions: list[ActionName] | None) -> list[ActionName]:
     """A config's actions under policy `version`: `actions` as listed (the same list), or the
-    version's defaults when it lists none. Raises msgspec.ValidationError naming the field: an
+    version's defaults when it lists none (kai-es/v6 on: or an empty list). Raises msgspec.ValidationError naming the field: an
     unknown version (`$.policyVersion`), an action listed twice or one the version does not
     accept (`$.actions`)."""
     try:
         policy = policy_for(version)
     except UnknownPolicy as exc:
         raise msgspec.ValidationError(f"{exc} - at `$.policyVersion`") from None
-    if actions is None:
+    if actions is None or (not actions and policy.empty_is_default):
         return [cast(ActionName, name) for name in policy.default_actions]
     if len(set(actions)) != len(actions):
         raise msgspec.ValidationError("an action is listed twice - at `$.actions`")

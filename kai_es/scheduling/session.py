@@ -28,7 +28,7 @@ from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.fairshare import RESOURCES, parent_loops, pod_request
 from kai_es.scheduling.gang import Minimum, minimum
-from kai_es.scheduling.plan import Entry, Operation, Plan
+from kai_es.scheduling.plan import Announced, Entry, Plan
 from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 from kai_es.state.quantities import ZERO, Vector, add, device_milli_on, scale
@@ -97,7 +97,8 @@ def _what(pod: PodState) -> str:
     return f"{gpu}, {pod.spec.requests.milli_cpu}m CPU"
 
 
-def _fmt(resource: str, amount: int) -> str:
+def format_quantity(resource: str, amount: int) -> str:
+    """`amount` of `resource` ("gpu" in milli-GPU, "cpu" in milli-CPU, "memory" in bytes) as a person reads it."""
     if resource == "gpu":
         return f"{amount / 1000:g} GPU"
     if resource == "cpu":
@@ -195,7 +196,7 @@ class Session:
 
     # -- accounting (the Plan's listener) -----------------------------------------------------
 
-    def on_operation(self, op: Operation, sign: int) -> None:
+    def on_operation(self, op: Announced, sign: int) -> None:
         pod = self.state.pods[op.pod_key]
         spec = pod.spec
         job = self.state.jobs[pod.job_key]
@@ -305,13 +306,13 @@ class Session:
                 if q.limit[r] >= 0 and q.allocated[r] + request[r] > q.limit[r]:
                     return [Reason(code=fw.QUEUE_LIMIT, message=(
                         f"queue {q.name} would exceed its {resource} limit: requested "
-                        f"{_fmt(resource, request[r])}, allocated {_fmt(resource, q.allocated[r])}, "
-                        f"limit {_fmt(resource, q.limit[r])}"),
+                        f"{format_quantity(resource, request[r])}, allocated {format_quantity(resource, q.allocated[r])}, "
+                        f"limit {format_quantity(resource, q.limit[r])}"),
                         numbers={"requested": request[r], "allocated": q.allocated[r], "limit": q.limit[r]})]
                 if not job.preemptible and q.quota[r] >= 0 and q.nonpreemptible[r] + request[r] > q.quota[r]:
                     return [Reason(code=fw.NON_PREEMPTIBLE_OVER_QUOTA, message=(
                         f"non-preemptible job may not take queue {q.name} over its {resource} quota: "
-                        f"requested {_fmt(resource, request[r])}, non-preemptible allocated "
-                        f"{_fmt(resource, q.nonpreemptible[r])}, quota {_fmt(resource, q.quota[r])}"),
+                        f"requested {format_quantity(resource, request[r])}, non-preemptible allocated "
+                        f"{format_quantity(resource, q.nonpreemptible[r])}, quota {format_quantity(resource, q.quota[r])}"),
                         numbers={"requested": request[r], "allocated": q.nonpreemptible[r], "quota": q.quota[r]})]
         return []

@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kai_es.events.payloads import PodGroupObserved, Reason
-from kai_es.scheduling.plan import Entry, Operation, Plan, VerificationError
+from kai_es.scheduling.plan import Announced, Entry, Plan, VerificationError
 from kai_es.scheduling.predicates.eligibility import Eligibility
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 
@@ -151,7 +151,7 @@ class TopologyPlacer:
 
     # -- Plan listener ---------------------------------------------------------------------
 
-    def on_operation(self, op: Operation, sign: int) -> None:
+    def on_operation(self, op: Announced, sign: int) -> None:
         if isinstance(op, Entry):
             if sign > 0:
                 self.placed_on[op.pod_key] = op.node

@@ -4,7 +4,7 @@ until the preemptor's pods fit, then keep only the victims whose nodes the preem
 
 Contract:
 - Victims come in *units*: an elastic job above its minimum offers its surplus pods one at a
-  time (newest first); a job at its minimum offers all its occupying pods as one unit (a gang
+  time (in the version's victim order, `rules.victim_order`); a job at its minimum offers all its occupying pods as one unit (a gang
   loses all its pods or none — but with `whole_units=False`, consolidation's, whose victims are
   re-placed, only the pods of a unit that are in the way are kept). Units are ordered cheapest
   first (`keyed_units`): lower job priority, newer job, then uid, then pod key.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
-from kai_es.scheduling.plan import Entry, Eviction, Operation
+from kai_es.scheduling.plan import Announced, Entry, Eviction
 from kai_es.scheduling.session import Session
 from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
@@ -75,6 +75,7 @@ def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
     again every cycle while the cluster keeps refusing."""
     state, evicted = session.state, session.plan.evicted_pods
     now = session.now_ns
+    order = session.rules.victim_order.order
     out: list[tuple[tuple[object, ...], Unit]] = []
     for job in jobs:
         pods = [state.pods[k] for k in sorted(job.members)]
@@ -87,7 +88,7 @@ def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
             continue
         occupying = sum(1 for pod in pods if pod.status in ("Running", "Binding", "Releasing"))
         surplus = occupying - job.min_member
-        newest_first = sorted(running, key=lambda pod: (-pod.spec.created_ns, pod.key))
+        newest_first = order(running)  # the version's victim order: the first to go first
         base = (job.priority, -job.created_ns, job.uid)
         if surplus > 0:
             for i, pod in enumerate(newest_first[:surplus]):
@@ -125,7 +126,7 @@ class RoomBound:
         self._masks: list[array[int]] = []  # keeps the masks whose ids key `_rooms` alive
         self.plan.listeners.append(self)
 
-    def on_operation(self, op: Operation, sign: int) -> None:
+    def on_operation(self, op: Announced, sign: int) -> None:
         self.touched.append(op.node)
 
     def close(self) -> None:
@@ -304,7 +305,7 @@ def _keep_needed(session: Session, start: int, chosen: list[Unit], entries: list
             _evict_all(session, chosen, action, preemptor, reason)
             again = place()
             assert again is not None, "a placement that fitted must fit again on the same plan"
-    return [op for op in plan.operations[start:] if isinstance(op, Eviction)]
+    return [op for op in plan.operations[start:] if isinstance(op, Eviction) and not op.undone]
 
 
 def _evict_all(session: Session, units: Sequence[Unit], action: str, preemptor: str,

@@ -40,6 +40,7 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v3": _TIMED,
     "kai-es/v4": _SUBGROUPS,
     "kai-es/v5": _SUBGROUPS,
+    "kai-es/v6": _SUBGROUPS,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}

@@ -41,13 +41,13 @@ from array import array
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from kai_es.scheduling.actions.preempting import PreemptingAction
-from kai_es.scheduling.fairshare import pod_request
+from kai_es.scheduling.fairshare import RESOURCES, pod_request
 from kai_es.scheduling.framework import ActionResult
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Eviction
 from kai_es.scheduling.rules.replacement import relocate
-from kai_es.scheduling.session import QueueNode, Session
+from kai_es.scheduling.session import QueueNode, Session, format_quantity
 from kai_es.scheduling.victims import Unit, free_capacity, keyed_units, room
 from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
@@ -86,7 +86,8 @@ class Consolidation(PreemptingAction):
         free = free_capacity(self.session, None)
         self._free_at, self._free = len(self.plan.operations), free
         hint = self.session.gpu_memory_hint
-        waiting = [pod_request(self.state.pods[key].spec, hint) for key in sorted(self.session.unschedulable)]
+        waiting = [pod_request(self.state.pods[key].spec, hint)
+                   for key in self.session.rules.preemptors.waiting(self.session)]
         if not waiting or any(min(r[i] for r in waiting) > free[i] for i in (0, 1, 2)):
             return []  # no waiting pod is that small: no job can fit (a full cluster ends here)
         out = []
@@ -97,6 +98,23 @@ class Consolidation(PreemptingAction):
             if all(need <= have for need, have in zip(smallest, free)):
                 out.append((leaf, job))
         return out
+
+    def why_not(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
+        if self.budget >= 0 and len(self.moved_jobs) >= self.budget:
+            return (f"it moved the most jobs a cycle may move (maxConsolidationPreemptees {self.budget})",
+                    {"max_consolidation_preemptees": self.budget})
+        short = next(r for r in (0, 1, 2) if request[r] > self._free[r])
+        resource = RESOURCES[short]
+        return (f"moved pods keep the cluster's free capacity as it is, and job {job.key} requests more "
+                f"{resource} than is free ({format_quantity(resource, request[short])} > "
+                f"{format_quantity(resource, self._free[short])})",
+                {"requested": request[short], "free": self._free[short]})
+
+    def no_victims(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
+        return f"no running preemptible pod could be moved out of job {job.key}'s way", {}
+
+    def search_failed(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
+        return f"the pods in job {job.key}'s way would not all fit elsewhere", {}
 
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
         if self.budget >= 0 and len(self.moved_jobs) >= self.budget:
@@ -124,6 +142,7 @@ class Consolidation(PreemptingAction):
         _, _, _, *rest = self._scenario(leaf, job, pods, request, shapes)
         scenario = (NAME, job.key if job.occupying else "", *rest)
         if scenario in self.failed_scenarios:
+            self.refuse(job, *self.search_failed(leaf, job, request))
             return None
         tasks = [shape for shape, _ in shapes]
         masks = [mask for _, mask in shapes]
@@ -222,7 +241,7 @@ class Consolidation(PreemptingAction):
 
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         plan, state = self.plan, self.state
-        evictions = [op for op in plan.operations[start:] if isinstance(op, Eviction)]
+        evictions = [op for op in plan.operations[start:] if isinstance(op, Eviction) and not op.undone]
         jobs = {state.pods[op.pod_key].job_key for op in evictions}
         if self.budget >= 0 and len(self.moved_jobs | jobs) > self.budget:
             return False
@@ -230,9 +249,10 @@ class Consolidation(PreemptingAction):
         if destinations is None:
             return False
         names = plan.names
+        announce = self.session.rules.move_decisions.announce
         for op, node in destinations:
-            op.reason = (f"moved from node {names[op.node]} to node {names[node]} "
-                         f"to make room for {op.preemptor}")
+            announce(op, names[node], f"moved from node {names[op.node]} to node {names[node]} "
+                     f"to make room for {op.preemptor}", f"moved to make room for {op.preemptor}")
             op.numbers = {"moved_jobs": len(jobs), "moved_pods": len(evictions), "requested_milli_gpu": request[0]}
         self.moved_jobs |= jobs
         return True

@@ -26,6 +26,10 @@ class Preempt(PreemptingAction):
         buckets = self.state.victim_jobs.get(leaf.name, {})
         return [(leaf.name, priority) for priority in sorted(buckets) if priority < job.priority]
 
+    def no_victims(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
+        return (f"no preemptible job of lower priority than {job.priority} runs in queue {leaf.name}",
+                {"preemptor_priority": job.priority})
+
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         return lambda unit: unit.job.queue == leaf.name and unit.job.preemptible and unit.job.priority < job.priority
 

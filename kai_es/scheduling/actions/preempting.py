@@ -5,9 +5,11 @@ which order and over which nodes (`bounded_search`), whether gangs are kept whol
 (`whole_units`) and has the last word on a found placement (`settle`).
 
 Contract:
-- Preemptors are the jobs an earlier action of this cycle left waiting for capacity (their
-  first reason is NoNodeFits or GangUnsatisfied), tried once each, most deserving first: queue
-  order at the start of the action (the Session's key), then job priority, age, uid.
+- Preemptors are the jobs of the pods the version's `preemptors` rule names (kai-es/v5: those
+  an earlier action left waiting for capacity; kai-es/v6: every pending job), tried once each,
+  most deserving first: queue order at the start of the action (the Session's key), then job
+  priority, age, uid. A job the action tried and could not help is told why
+  (`rules.preemptors.refuse`: `why_not`, `no_victims`, `search_failed`, a queue limit).
 - A preemptor places the pods its gang needs now (all of a gang's minimum, or one elastic pod),
   all or none; pods landing on capacity that victims release are Pipelined, and a gang whose
   minimum is pipelined is pipelined whole.
@@ -41,14 +43,19 @@ from kai_es.scheduling import framework as fw
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.plan import Entry
 from kai_es.scheduling.session import QueueNode, Session
-from kai_es.scheduling.topology import TOPOLOGY_UNSATISFIED, constrained
-from kai_es.scheduling.victims import RoomBound, Unit, keyed_units, room, search, units_of
+from kai_es.scheduling.topology import constrained
+from kai_es.scheduling.victims import (
+    MAX_PLACEMENT_TRIES,
+    MAX_VICTIM_PODS,
+    RoomBound,
+    Unit,
+    keyed_units,
+    room,
+    search,
+    units_of,
+)
 from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
-
-#: (TopologyUnsatisfied: a single constrained pod, kai-es/v5 only; a gang's reasons lead with
-#: GangUnsatisfied)
-CAPACITY_REASONS = frozenset({fw.NO_NODE_FITS, fw.GANG_UNSATISFIED, TOPOLOGY_UNSATISFIED})
 
 
 class PreemptingAction:
@@ -147,10 +154,12 @@ class PreemptingAction:
         that failed already, or no node with room (`RoomBound`; the pods get
         VictimsCannotMakeRoom)."""
         buckets = tuple(self.victim_buckets(leaf, job, request))
-        if not buckets:  # no eligible victim at all: the reasons it has say enough
+        if not buckets:  # no eligible victim at all
+            self.refuse(job, *self.no_victims(leaf, job, request))
             return None
         scenario = (buckets, *self._scenario(leaf, job, pods, request, shapes))
         if scenario in self.failed_scenarios:
+            self.refuse(job, *self.search_failed(leaf, job, request))
             return None
         if self._room is None:
             self._room = RoomBound(self.session)
@@ -210,6 +219,25 @@ class PreemptingAction:
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
         return True
 
+    # -- what a job the action could not help is told (`rules.preemptors.refuse`) --------------
+
+    def refuse(self, job: Job, message: str, numbers: dict[str, int] | None = None) -> None:
+        self.session.rules.preemptors.refuse(self.session, self.name, job, message, numbers)
+
+    def why_not(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
+        """Why `may_start` refused `job` (the rule and its numbers)."""
+        return f"job {job.key} may not start a search", {}
+
+    def no_victims(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
+        """Why no job is a victim this action may take for `job`."""
+        return f"no job is a victim it may take for job {job.key}", {}
+
+    def search_failed(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
+        """The search over the victims it may take found no placement for `job`."""
+        return (f"evicting the victims it may take (at most {MAX_VICTIM_PODS} pods, {MAX_PLACEMENT_TRIES} "
+                f"placement tries) makes no room for job {job.key}",
+                {"requested_milli_gpu": request[0], "requested_milli_cpu": request[1]})
+
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         """Called when the search placed `job` with the evictions after checkpoint `start`: the
         action's last word on the attempt (False: it is rolled back, as a failed search). Here:
@@ -220,14 +248,10 @@ class PreemptingAction:
     # -- the loop ----------------------------------------------------------------------------
 
     def preemptors(self) -> list[tuple[QueueNode, Job]]:
-        waiting = self.session.unschedulable
         delay, now = self.session.rules.preemption_delay, self.session.now_ns
         seen: set[str] = set()
         out: list[tuple[tuple[object, ...], QueueNode, Job]] = []
-        for pod_key in sorted(waiting):
-            reasons = waiting[pod_key]
-            if not reasons or reasons[0].code not in CAPACITY_REASONS:
-                continue
+        for pod_key in self.session.rules.preemptors.waiting(self.session):
             pod = self.state.pods[pod_key]
             job = self.state.jobs[pod.job_key]
             leaf = self.session.queues.get(job.queue)
@@ -288,7 +312,14 @@ class PreemptingAction:
         pods, request = picked
         if any(pod.backoff_until_ns > self.session.now_ns or pod.bind_final_message for pod in pods):
             return False
-        if self.session.limits(leaf, job, request) or not self.may_start(leaf, job, request):
+        limited = self.session.limits(leaf, job, request)
+        if limited:
+            # said once: by allocate, or by the first action that met it
+            if not any(r.code == limited[0].code for r in self.session.unschedulable.get(pods[0].key, ())):
+                self.refuse(job, limited[0].message, limited[0].numbers)
+            return False
+        if not self.may_start(leaf, job, request):
+            self.refuse(job, *self.why_not(leaf, job, request))
             return False
         if any(self.session.eligibility.pod_problem(pod.spec) for pod in pods):
             return False
@@ -350,6 +381,7 @@ class PreemptingAction:
             evictions = None
         if evictions is None:
             rules.victim_search.failed(self, memo)
+            self.refuse(job, *self.search_failed(leaf, job, request))
             return False
         entries = list(placed)  # what the last successful place() put on the Plan
         if gang and any(e.pipelined for e in entries):
@@ -357,6 +389,7 @@ class PreemptingAction:
                 e.gang_pipelined = True
         for e in entries:
             self.session.placed_pods.add(e.pod_key)
+            self.session.done.add(e.pod_key)  # an allocate after this action leaves it be
             self.session.unschedulable.pop(e.pod_key, None)
         self.result.placed.extend(entries)
         return True
@@ -387,32 +420,9 @@ class PreemptingAction:
             waiting[pod.key] = [*waiting.get(pod.key, ()), reason]
 
 
-def dominant_share(allocated: Vector, fair: Vector) -> tuple[int, int]:
-    """max over resources of allocated / fair, as an exact fraction (numerator, denominator);
-    a resource used with zero fair share is infinitely saturated (1, 0)."""
-    best = (0, 1)
-    for used, share in zip(allocated, fair):
-        if used <= 0:
-            continue
-        if share <= 0:
-            return (1, 0)
-        if used * best[1] > best[0] * share:
-            best = (used, share)
-    return best
-
-
-def at_most(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    """a <= b for fractions (x, 0) meaning infinity."""
-    if a[1] == 0:
-        return b[1] == 0
-    if b[1] == 0:
-        return True
-    return a[0] * b[1] <= b[0] * a[1]
-
-
 def reason_numbers(prefix: str, allocated: Vector, fair: Vector) -> dict[str, int]:
     return {f"{prefix}_allocated_milli_gpu": allocated[0], f"{prefix}_fair_milli_gpu": fair[0],
             f"{prefix}_allocated_milli_cpu": allocated[1], f"{prefix}_fair_milli_cpu": fair[1]}
 
 
-__all__ = ["PreemptingAction", "at_most", "dominant_share", "reason_numbers"]
+__all__ = ["PreemptingAction", "reason_numbers"]

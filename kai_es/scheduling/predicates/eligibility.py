@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
 from kai_es.events.payloads import Reason
-from kai_es.scheduling.plan import Entry, Operation
+from kai_es.scheduling.plan import Announced, Entry
 from kai_es.scheduling.predicates import host_ports, node_affinity, pod_affinity, resources, taints, volumes
 from kai_es.state.model import ClusterState, NodeState
 
@@ -95,7 +95,7 @@ class Eligibility:
                 self._ports.apply(key, spec, node, +1)
         return self._ports
 
-    def on_operation(self, op: Operation, sign: int) -> None:
+    def on_operation(self, op: Announced, sign: int) -> None:
         """Plan listener. A pod the plan evicts still holds its node until it is gone, so only
         placements move the trackers (conservative for pipelining); with `leaving` (kai-es/v4)
         an eviction marks the pod leaving for pod affinity (it is no reason to come,

@@ -19,12 +19,16 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.hopeless_batch import HopelessBatch
     from kai_es.scheduling.rules.leaving_pods import LeavingPods
     from kai_es.scheduling.rules.min_runtime import MinRuntime
+    from kai_es.scheduling.rules.move_decisions import MoveDecisions
     from kai_es.scheduling.rules.preemption_delay import PreemptionDelay
+    from kai_es.scheduling.rules.preemptors import Preemptors
     from kai_es.scheduling.rules.queue_order import QueueOrder
+    from kai_es.scheduling.rules.reclaim_victims import ReclaimVictims
     from kai_es.scheduling.rules.replacement import Replacement
     from kai_es.scheduling.rules.staleness import Staleness
     from kai_es.scheduling.rules.topology_placement import TopologyPlacement
     from kai_es.scheduling.rules.victim_eligibility import VictimEligibility
+    from kai_es.scheduling.rules.victim_order import VictimOrder
     from kai_es.scheduling.rules.victim_search import VictimSearch
     from kai_es.scheduling.rules.wakeups import Wakeups
 
@@ -61,3 +65,12 @@ class Rules:
     staleness: Staleness
     #: the scheduler's wake-ups for the time rules
     wakeups: Wakeups
+    #: reclaim, preempt, consolidation: which pending pods they make room for, and what a job
+    #: they could not help is told
+    preemptors: Preemptors
+    #: reclaim: who may reclaim, from which queues, which victims
+    reclaim_victims: ReclaimVictims
+    #: reclaim, preempt, consolidation: which of a job's pods are evicted first
+    victim_order: VictimOrder
+    #: how a move is announced
+    move_decisions: MoveDecisions

@@ -2,8 +2,15 @@
 placed; and `relocate`, the re-placement of evicted pods that consolidation shares.
 
 - `EvictVictimsV3` (kai-es/v1 to v3): every victim is evicted.
-- `MoveVictims` (kai-es/v4 on): a victim job whose evicted pods all fit elsewhere on idle
-  capacity is moved there instead of evicted (`move_victims`); only the rest are evicted.
+- `MoveVictims` (kai-es/v4, v5): a victim job whose evicted pods all fit elsewhere on idle
+  capacity is moved there instead of evicted (`move_victims`); only the rest are evicted. A
+  victim is never put back on the node it runs on.
+- `ReplaceVictims` (kai-es/v6 on), KAI's re-placement: once the preemptor is placed, every victim
+  is tried again on the Plan with the preemptor placed, victim jobs in job order (queue order,
+  then priority, age, uid), each job's surplus pods one at a time and its gang whole: a victim
+  that still fits where it runs, on its own devices, stays (its eviction is undone,
+  `Plan.unevict`); else one whose pods all fit elsewhere on idle capacity moves (`relocate`);
+  only the rest are evicted.
 
 Contract: pure; writes only the Session's Plan.
 """
@@ -14,6 +21,7 @@ from typing import Protocol
 
 from kai_es.scheduling.plan import Eviction
 from kai_es.scheduling.session import Session
+from kai_es.state.quantities import ZERO
 
 
 class Replacement(Protocol):
@@ -43,12 +51,62 @@ def move_victims(session: Session, start: int) -> None:
     plan, state = session.plan, session.state
     by_job: dict[str, list[Eviction]] = {}
     for op in plan.operations[start:]:
-        if isinstance(op, Eviction):
+        if isinstance(op, Eviction) and not op.undone:
             by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
     names = plan.names
+    announce = session.rules.move_decisions.announce
     for ops in by_job.values():
         for op, node in relocate(session, ops) or ():
-            op.reason = f"moved from node {names[op.node]} to node {names[node]} instead of evicted: {op.reason}"
+            announce(op, names[node], f"moved from node {names[op.node]} to node {names[node]} instead of evicted: "
+                     f"{op.reason}", op.reason)
+
+
+class ReplaceVictims:
+    __slots__ = ()
+
+    def settle(self, session: Session, start: int) -> None:
+        replace_victims(session, start)
+
+
+def replace_victims(session: Session, start: int) -> None:
+    """`ReplaceVictims` (see module docstring): of the evictions after checkpoint `start`, undo
+    those whose pods fit back where they run, move those that fit elsewhere, keep the rest."""
+    plan, state, queues = session.plan, session.state, session.queues
+    by_job: dict[str, list[Eviction]] = {}
+    for op in plan.operations[start:]:
+        if isinstance(op, Eviction) and not op.undone:
+            by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
+    if not by_job:
+        return
+
+    queue_keys: dict[str, tuple[object, ...]] = {}
+
+    def job_order(key: str) -> tuple[object, ...]:
+        job = state.jobs[key]
+        found = queue_keys.get(job.queue)
+        if found is None:
+            leaf = queues.get(job.queue)
+            found = queue_keys[job.queue] = session.key(leaf, ZERO) if leaf is not None else ()
+        return (found, -job.priority, job.created_ns, job.uid, key)
+
+    names = plan.names
+    announce = session.rules.move_decisions.announce
+    for key in sorted(by_job, key=job_order):
+        job = state.jobs[key]
+        ops = by_job[key]
+        # the job's surplus pods (evicted first, one by one), then its gang as one
+        surplus = max(0, job.occupying - job.min_member)
+        units = [[op] for op in ops[:surplus]]
+        if ops[surplus:]:
+            units.append(ops[surplus:])
+        for unit in units:
+            checkpoint = plan.checkpoint()
+            if all(plan.unevict(op) for op in unit):
+                continue
+            plan.rollback(checkpoint)
+            for op, node in relocate(session, unit) or ():
+                announce(op, names[node], f"moved from node {names[op.node]} to node {names[node]} instead of "
+                         f"evicted: {op.reason}", op.reason)
 
 
 def relocate(session: Session, ops: list[Eviction]) -> list[tuple[Eviction, int]] | None:
