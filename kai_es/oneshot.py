@@ -50,7 +50,8 @@ def fairshare_report(scenario: Scenario) -> dict[str, Any]:
 
     state = initial_state(scenario)
     policy = policy_for(scenario.config.policy_version)
-    shares = shares_for_state(state, policy.rules.fair_share_division.gpu_unit)
+    rule = policy.rules.fair_share_division
+    shares = shares_for_state(state, rule.gpu_unit, replacements_once=rule.replacements_once)
     out: dict[str, Any] = {}
     for name in sorted(state.queues):
         spec = state.queues[name].spec

@@ -182,3 +182,65 @@ def test_kai_reclaim_compares_the_sides_below_the_common_ancestor_by_saturation(
         queues[name].allocated, queues[name].fair, queues[name].quota = (2500, 0, 0), (2000, 0, 0), (2000, -1, -1)
     queues["P1"].allocated = (1000, 0, 0)
     assert judge.admit(a1, job, request)(_unit("b1", 1000))  # type: ignore[arg-type]
+
+
+# -- fair share during a reclaim: a leaving victim and its replacement are requested once ----------
+
+LEAVING = """\
+apiVersion: kai-es.io/v1alpha1
+kind: Scenario
+metadata: {name: leaving}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+status: {allocatable: {cpu: "64", memory: 512Gi, nvidia.com/gpu: "4"}}
+---
+apiVersion: scheduling.run.ai/v2
+kind: Queue
+metadata: {name: a}
+spec: {resources: {gpu: {quota: 0, limit: -1, overQuotaWeight: 1}}}
+---
+apiVersion: scheduling.run.ai/v2
+kind: Queue
+metadata: {name: b}
+spec: {resources: {gpu: {quota: 0, limit: -1, overQuotaWeight: 1}}}
+---
+apiVersion: scheduling.run.ai/v2alpha2
+kind: PodGroup
+metadata: {name: workers}
+spec: {minMember: 1, queue: b, priorityClassName: train}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: w-0, annotations: {pod-group-name: workers}, deletionTimestamp: "2026-01-01T00:00:00Z"}
+spec: {schedulerName: kai-scheduler, nodeName: n1, containers: [{name: c, resources: {requests: {nvidia.com/gpu: "2"}}}]}
+status: {phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: w-0-replacement, annotations: {pod-group-name: workers}}
+spec: {schedulerName: kai-scheduler, containers: [{name: c, resources: {requests: {nvidia.com/gpu: "2"}}}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a-0, labels: {kai.scheduler/queue: a}}
+spec: {schedulerName: kai-scheduler, containers: [{name: c, resources: {requests: {nvidia.com/gpu: "3"}}}]}
+"""
+
+
+def test_a_leaving_victim_and_its_replacement_are_requested_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """b's only job holds 2 GPUs on a leaving pod and waits with its 2-GPU replacement: it asks
+    for 2 GPUs in all, not 4 (kai-es/v5 asked for both)."""
+    from kai_es.oneshot import fairshare_report
+
+    def shares() -> dict[str, Any]:
+        out = fairshare_report(load_scenario_text(LEAVING, "leaving.yaml"))
+        return {q: out["queues"][q]["resources"]["gpu"] for q in ("a", "b")}
+
+    now = shares()
+    assert (now["b"]["request"], now["b"]["allocated"]) == (2000, 2000)
+    from kai_es.scheduling.rules.fair_share_division import WholeGpuDivision
+    _without(monkeypatch, "fair_share_division", WholeGpuDivision())
+    before = shares()
+    assert (before["b"]["request"], before["b"]["allocated"]) == (4000, 2000)

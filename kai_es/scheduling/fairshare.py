@@ -355,30 +355,48 @@ def pod_request(spec: "PodObserved", gpu_memory_mib_hint: int) -> tuple[int, int
     return (gpu, spec.requests.milli_cpu, spec.requests.memory_bytes)
 
 
-def pending_request(state: "ClusterState", gpu_memory_mib_hint: int) -> dict[str, tuple[int, int, int]]:
-    """Per leaf queue: the total (milli-GPU, milli-CPU, bytes) its pending pods ask for."""
+def pending_request(state: "ClusterState", gpu_memory_mib_hint: int,
+                    replacements_once: bool = False) -> dict[str, tuple[int, int, int]]:
+    """Per leaf queue: the total (milli-GPU, milli-CPU, bytes) its pending pods ask for. With
+    `replacements_once` (kai-es/v6 on), a job's pending pods that replace its Releasing ones
+    are not asked for twice: per job and resource, what its Releasing pods still hold (counted
+    as allocated) is taken off its pending request, down to 0 — so a queue's request, and its
+    fair share, do not swell while a victim leaves and its replacement waits."""
     out: dict[str, tuple[int, int, int]] = {}
+    pods = state.pods
     for name in sorted(state.pending_jobs):
         gpu = cpu = mem = 0
         for index_key in state.pending_jobs[name]:
-            for entry in state.jobs[job_key_of_index(index_key)].pending:
-                g, c, m = pod_request(state.pods[entry.pod_key].spec, gpu_memory_mib_hint)
-                gpu, cpu, mem = gpu + g, cpu + c, mem + m
+            job = state.jobs[job_key_of_index(index_key)]
+            jg = jc = jm = 0
+            for entry in job.pending:
+                g, c, m = pod_request(pods[entry.pod_key].spec, gpu_memory_mib_hint)
+                jg, jc, jm = jg + g, jc + c, jm + m
+            if replacements_once and job.occupying:
+                for key in job.members:
+                    pod = pods[key]
+                    if pod.status == "Releasing":
+                        jg -= pod.milli_gpu
+                        jc -= pod.spec.requests.milli_cpu
+                        jm -= pod.spec.requests.memory_bytes
+                jg, jc, jm = max(0, jg), max(0, jc), max(0, jm)
+            gpu, cpu, mem = gpu + jg, cpu + jc, mem + jm
         out[name] = (gpu, cpu, mem)
     return out
 
 
-def shares_for_state(state: "ClusterState", gpu_unit: int = 1,
-                     time_based: TimeBased | None = None) -> dict[str, dict[str, QueueShare]]:
+def shares_for_state(state: "ClusterState", gpu_unit: int = 1, time_based: TimeBased | None = None,
+                     replacements_once: bool = False) -> dict[str, dict[str, QueueShare]]:
     """resource -> queue -> its share, for the cluster and queues in `state` (capacity = every
     node's allocatable; allocated = Binding, Running and Releasing pods; pending = Pending pods).
     GPUs are divided in units of `gpu_unit` milli-GPU over quota (1: exactly; 1000: whole GPUs);
-    `time_based` weighs the over-quota rounds by historical usage."""
+    `time_based` weighs the over-quota rounds by historical usage; `replacements_once`: see
+    `pending_request`."""
     nodes = [state.nodes[n] for n in state.node_names]
     hint = max((n.spec.gpu_memory_mib for n in nodes), default=0)
     capacity = (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
                 sum(n.spec.memory_bytes for n in nodes))
-    pending = pending_request(state, hint)
+    pending = pending_request(state, hint, replacements_once)
     out: dict[str, dict[str, QueueShare]] = {}
     for r, resource in enumerate(RESOURCES):
         inputs = []

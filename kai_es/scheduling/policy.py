@@ -78,6 +78,8 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     it runs stays, one that fits elsewhere on idle capacity moves, only the rest are evicted
     (`rules.replacement.ReplaceVictims`);
   - an elastic job loses its pods in reverse task order (`rules.victim_order.ReverseTaskOrder`);
+  - a job's pending replacements of its Releasing pods are not requested twice in fair share
+    (`rules.fair_share_division.ReplacementsCountedOnce`), so shares hold still during reclaim;
   - a move is one decision with both nodes as fields (`rules.move_decisions.MoveAsDecision`:
     EvictionDecided's `to_node`, schema version 3).
 
@@ -108,7 +110,12 @@ from kai_es.scheduling.actions.stalegangeviction import StaleGangEviction
 from kai_es.scheduling.framework import ActionResult
 from kai_es.scheduling.rules import Rules
 from kai_es.scheduling.rules.device_order import DeviceOrderV1, SpreadImpliesGpuSpread
-from kai_es.scheduling.rules.fair_share_division import ExactDivisionV1, WholeGpuDivision, WholeGpuDivisionV2
+from kai_es.scheduling.rules.fair_share_division import (
+    ExactDivisionV1,
+    ReplacementsCountedOnce,
+    WholeGpuDivision,
+    WholeGpuDivisionV2,
+)
 from kai_es.scheduling.rules.gang_restoration import NoGangRestorationV3, RestoreGangsFirst
 from kai_es.scheduling.rules.hopeless_batch import HopelessBatchV1, NoHopelessBatch
 from kai_es.scheduling.rules.leaving_pods import EvictedPodsLeave, LeavingPodsStayV3
@@ -220,6 +227,7 @@ RULES_V4: Final = replace(RULES_V3, gang_restoration=RestoreGangsFirst(), leavin
 RULES_V5: Final = replace(RULES_V4, topology_placement=TopologyAware())
 #: kai-es/v6: KAI's decisions when the cluster is full
 RULES_V6: Final = replace(RULES_V5, preemptors=PendingPods(), reclaim_victims=KaiReclaimStrategies(),
+                          fair_share_division=ReplacementsCountedOnce(),
                           replacement=ReplaceVictims(), victim_order=ReverseTaskOrder(),
                           move_decisions=MoveAsDecision())
 

@@ -8,6 +8,10 @@
 - `WholeGpuDivision` (kai-es/v3 on): whole GPUs, and time-based fair share when the config
   turns it on (`fairshare.timeBased`): the over-quota rounds weigh each queue by its decayed
   historical usage (`kai_es.scheduling.usage`).
+- `ReplacementsCountedOnce` (kai-es/v6 on): `WholeGpuDivision`, and a job's pending pods that
+  replace its Releasing ones are not asked for twice (`fairshare.pending_request`): during a
+  reclaim the victim queue's request, and so its fair share, no longer swell with the victims'
+  replacements while the victims are still leaving.
 
 Contract: `shares(state, config, now_ns)` is a pure function of the folded state, the config
 in force and the cycle's logical time; CPU and memory are always divided exactly.
@@ -30,6 +34,10 @@ class FairShareDivision(Protocol):
     @property
     def gpu_unit(self) -> int: ...
 
+    #: a job's pending replacements of its Releasing pods are not requested twice (kai-es/v6 on)
+    @property
+    def replacements_once(self) -> bool: ...
+
     def time_based(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int) -> TimeBased | None:
         """The historical usage weighing the over-quota rounds (None: not weighed)."""
 
@@ -41,13 +49,14 @@ class FairShareDivision(Protocol):
 class _Division:
     __slots__ = ()
     gpu_unit = 1
+    replacements_once = False
 
     def time_based(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int) -> TimeBased | None:
         return None
 
     def shares(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int
                ) -> dict[str, dict[str, QueueShare]]:
-        return shares_for_state(state, self.gpu_unit, self.time_based(state, config, now_ns))
+        return shares_for_state(state, self.gpu_unit, self.time_based(state, config, now_ns), self.replacements_once)
 
 
 class ExactDivisionV1(_Division):
@@ -73,3 +82,10 @@ class WholeGpuDivision(_Division):
         if config is None or not config.fairshare.time_based:
             return None
         return TimeBased(queue_usage(state, config, now_ns), config.fairshare.k)
+
+
+class ReplacementsCountedOnce(WholeGpuDivision):
+    """kai-es/v6 on: `WholeGpuDivision`, replacements of Releasing pods requested once."""
+
+    __slots__ = ()
+    replacements_once = True
