@@ -21,20 +21,24 @@ Library (test fixtures)::
 Nothing here is downloaded prebuilt: the Go module proxy serves the sources and the local Go
 toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
 
-* kube-apiserver v1.36.5 — through a throwaway module that requires ``k8s.io/kubernetes`` and
-  ``replace``-s each staging module it requires with the published ``v0.36.5`` module (the
+* kube-apiserver, kube-controller-manager and kubelet v1.36.5 — in ONE ``go build`` (the
+  packages they share compile once) in a throwaway module that requires ``k8s.io/kubernetes``
+  and ``replace``-s each staging module it requires with the published ``v0.36.5`` module (the
   ``go install pkg@version`` shortcut is refused for modules with replace directives);
 * etcd v3.6.8 — the same way (its server module replaces its sibling modules);
 * KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
   (v0.8.0 has no built-in stages).
 * helm v3.22.0 — ``go install`` (not part of the control plane: ``fetch_helm``, for the chart
-  tests; the CLI's ``fetch`` builds it too, so a fresh CI machine gets it). It has its own
-  recipe digest, so adding it left the control plane's cached builds valid.
+  tests; the CLI's ``fetch`` builds it too, so a fresh CI machine gets it).
 
 Binaries land in ``${KAI_ES_CACHE:-~/.cache/kai-es}/k8s/<component>-<version>/`` (outside the
-repo). A marker holding the build recipe's digest is written last, so an interrupted or changed
-build is redone and a complete one is skipped. The Go module and build caches are Go's own
-(``go env GOMODCACHE GOCACHE``), so a second build is seconds.
+repo; the three Kubernetes commands in ``kubernetes-v1.36.5/``), built into a staging directory
+and moved in. A marker holding the component's recipe digest (a ``Recipe``: version, outputs,
+the build function's source and every constant and helper it reads) is written last, so an
+interrupted build or a changed recipe is redone and a complete one is skipped; a change to one
+component's recipe rebuilds that component only. helm keeps the digest of its marked section,
+as when it was first cached. The Go module and build caches are Go's own (``go env GOMODCACHE
+GOCACHE``), so a second build is seconds.
 
 Certificates use the ``cryptography`` package (a test dependency) when it is importable and
 ``openssl`` otherwise. Standard library for everything else.
@@ -46,6 +50,7 @@ import argparse
 import datetime
 import fcntl
 import hashlib
+import inspect
 import ipaddress
 import json
 import os
@@ -60,7 +65,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
@@ -72,6 +77,8 @@ KUBE_VERSION = "v1.36.5"
 STAGING_VERSION = "v0.36.5"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
+#: Built together from one module at KUBE_VERSION, by one `go build`.
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kubelet")
 #: Helm renders and lints the chart in deploy/helm/ (tests/k8s/test_helm_chart.py).
 HELM_VERSION = "v3.22.0"
 
@@ -117,8 +124,21 @@ def component_dir(component: str, version: str) -> Path:
     return cache_root() / "k8s" / f"{component}-{version}"
 
 
+def kube_bin(command: str) -> Path:
+    """One of KUBE_COMMANDS, all built together into one component dir."""
+    return component_dir("kubernetes", KUBE_VERSION) / command
+
+
 def apiserver_bin() -> Path:
-    return component_dir("kube-apiserver", KUBE_VERSION) / "kube-apiserver"
+    return kube_bin("kube-apiserver")
+
+
+def controller_manager_bin() -> Path:
+    return kube_bin("kube-controller-manager")
+
+
+def kubelet_bin() -> Path:
+    return kube_bin("kubelet")
 
 
 def etcd_bin() -> Path:
@@ -158,43 +178,6 @@ def find_go() -> str:
     )
 
 
-def _recipe_digest(component: str, version: str, extra: str = "") -> str:
-    """Digest of what a cached build depends on: versions plus this file's build recipe."""
-    h = hashlib.sha256()
-    h.update(f"{component}\0{version}\0{extra}\0".encode())
-    src = Path(__file__).read_text()
-    start, end = src.find("# BUILD-RECIPE-BEGIN"), src.find("# BUILD-RECIPE-END")
-    h.update(src[start:end].encode())
-    return h.hexdigest()
-
-
-def _helm_recipe_digest(component: str, version: str) -> str:
-    """Digest of helm's version and its build recipe: the lines between the HELM-RECIPE
-    markers (each matched as a whole line, so this function's own text is not the section)."""
-    src = Path(__file__).read_text()
-    m = re.search(r"^# HELM-RECIPE-BEGIN\b[^\n]*\n(.*)^# HELM-RECIPE-END$", src, re.M | re.S)
-    if m is None:
-        raise FetchError("tools/k8s/controlplane.py lost its HELM-RECIPE markers")
-    return hashlib.sha256(f"{component}\0{version}\0".encode() + m.group(1).encode()).hexdigest()
-
-
-def _digest_for(component: str, version: str) -> str:
-    # helm has its own recipe section so that adding it left the control plane's cached builds
-    # (and their digests, shared by every checkout on a machine) untouched
-    if component == "helm":
-        return _helm_recipe_digest(component, version)
-    return _recipe_digest(component, version)
-
-
-def _is_built(component: str, version: str, files: Sequence[Path]) -> bool:
-    marker = component_dir(component, version) / MARKER_NAME
-    try:
-        ok = marker.read_text().strip() == _digest_for(component, version)
-    except OSError:
-        return False
-    return ok and all(f.exists() for f in files)
-
-
 class _Builder:
     """Runs go commands with a log file; raises FetchError with the log tail on failure."""
 
@@ -212,10 +195,12 @@ class _Builder:
         with open(self.log_path, "a") as log:
             log.write(f"--- (cd {cwd} && {' '.join(args)})\n")
             log.flush()
+            t0 = time.monotonic()
             res = subprocess.run(
                 list(args), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=log, text=True
             )
             log.write(res.stdout[-4000:])
+            log.write(f"--- exit {res.returncode} after {time.monotonic() - t0:.1f}s\n")
         if res.returncode != 0:
             raise FetchError(
                 f"`{' '.join(args)}` exited {res.returncode} in {cwd}; "
@@ -231,7 +216,67 @@ class _Builder:
         return info
 
 
-# BUILD-RECIPE-BEGIN (edits between these markers invalidate cached builds)
+#: A build step: (builder, an empty directory to leave the recipe's outputs in, a scratch dir).
+BuildFn = Callable[[_Builder, Path, Path], None]
+
+
+def _canonical(value: Any) -> Any:
+    """`value` as JSON-able data whose text does not depend on set order or hash seeds; a
+    function or class stands for its source text."""
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, (frozenset, set)):
+        return sorted(json.dumps(_canonical(v), sort_keys=True) for v in value)
+    if isinstance(value, (tuple, list)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if inspect.isfunction(value) or inspect.isclass(value):
+        return inspect.getsource(value)
+    raise TypeError(f"a build recipe's input must be data or a function, not {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one cached component is built, and everything its build depends on.
+
+    The digest written to the component's marker covers the component and version, the output
+    file names, the build function's source and every declared input (constants as values,
+    helper functions and classes as their source). Change any of them and the next `fetch`
+    rebuilds; change anything else in this file and nothing rebuilds."""
+
+    component: str
+    version: str
+    #: files the build leaves, relative to the component dir (the first is "the" binary)
+    outputs: tuple[str, ...]
+    build: BuildFn
+    #: the constants and helpers `build` reads (its own source is always included)
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    #: a digest function replacing the default one (helm keeps the digest it was cached under)
+    digest_override: Callable[[], str] | None = None
+
+    @property
+    def dir(self) -> Path:
+        return component_dir(self.component, self.version)
+
+    def paths(self) -> list[Path]:
+        return [self.dir / o for o in self.outputs]
+
+    def digest(self) -> str:
+        if self.digest_override is not None:
+            return self.digest_override()
+        doc = {
+            "component": self.component, "version": self.version, "outputs": list(self.outputs),
+            "build": inspect.getsource(self.build), "inputs": _canonical(self.inputs),
+        }  # fmt: skip
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    def is_built(self) -> bool:
+        try:
+            ok = (self.dir / MARKER_NAME).read_text().strip() == self.digest()
+        except OSError:
+            return False
+        return ok and all(p.exists() for p in self.paths())
 
 
 def _staging_replaces(kubernetes_gomod: str) -> list[str]:
@@ -249,41 +294,47 @@ def _sibling_replaces(gomod: str) -> list[str]:
     return sorted(set(re.findall(r"^\s*(\S+)\s+=>\s+\.\./", gomod, re.M)))
 
 
-def _write_tools_go(workdir: Path, package: str) -> None:
-    (workdir / "tools.go").write_text(
-        "//go:build tools\n\npackage tools\n\n" f'import _ "{package}"\n'
-    )
+def _write_tools_go(workdir: Path, *packages: str) -> None:
+    imports = "".join(f'\t_ "{p}"\n' for p in packages)
+    (workdir / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
 
 
-def _build_apiserver(b: _Builder, out: Path, workdir: Path) -> None:
-    b.run([b.go, "mod", "init", "kai-es.local/build/kube-apiserver"], workdir)
-    info = b.download(f"k8s.io/kubernetes@{KUBE_VERSION}", workdir)
-    gomod = Path(info["GoMod"]).read_text()
-    args = [b.go, "mod", "edit", f"-require=k8s.io/kubernetes@{KUBE_VERSION}"]
-    for mod in _staging_replaces(gomod):
-        args.append(f"-replace={mod}={mod}@{STAGING_VERSION}")
-    b.run(args, workdir)
-    _write_tools_go(workdir, "k8s.io/kubernetes/cmd/kube-apiserver")
-    b.run([b.go, "mod", "tidy"], workdir)
+def _kube_version_ldflags() -> list[str]:
+    """-X flags for the version every Kubernetes command reports (`--version`, /version)."""
     major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
-    build_date = "1970-01-01T00:00:00Z"  # reproducible; the apiserver only reports it
-    ldflags = []
+    build_date = "1970-01-01T00:00:00Z"  # reproducible; the commands only report it
+    flags = []
     for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
-        ldflags += [
+        flags += [
             f"-X {pkg}.gitVersion={KUBE_VERSION}",
             f"-X {pkg}.gitMajor={major}",
             f"-X {pkg}.gitMinor={minor}",
             f"-X {pkg}.gitTreeState=clean",
             f"-X {pkg}.buildDate={build_date}",
         ]
-    b.run(
-        [b.go, "build", "-trimpath", "-ldflags", "-s -w " + " ".join(ldflags),
-         "-o", str(out), "k8s.io/kubernetes/cmd/kube-apiserver"],
-        workdir, env={"CGO_ENABLED": "0"},
-    )  # fmt: skip
+    return flags
 
 
-def _build_etcd(b: _Builder, out: Path, workdir: Path) -> None:
+def _build_kubernetes(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    """KUBE_COMMANDS from one throwaway module and ONE `go build`, so the packages they share
+    (client-go, apiserver, component-base...) compile once and link into each binary."""
+    b.run([b.go, "mod", "init", "kai-es.local/build/kubernetes"], workdir)
+    info = b.download(f"k8s.io/kubernetes@{KUBE_VERSION}", workdir)
+    gomod = Path(info["GoMod"]).read_text()
+    args = [b.go, "mod", "edit", f"-require=k8s.io/kubernetes@{KUBE_VERSION}"]
+    for mod in _staging_replaces(gomod):
+        args.append(f"-replace={mod}={mod}@{STAGING_VERSION}")
+    b.run(args, workdir)
+    packages = [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS]
+    _write_tools_go(workdir, *packages)
+    b.run([b.go, "mod", "tidy"], workdir)
+    ldflags = "-s -w " + " ".join(_kube_version_ldflags())
+    # `-o DIR/` with several main packages writes one executable per package into DIR
+    b.run([b.go, "build", "-trimpath", "-ldflags", ldflags, "-o", f"{out_dir}{os.sep}", *packages],
+          workdir, env={"CGO_ENABLED": "0"})  # fmt: skip
+
+
+def _build_etcd(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run([b.go, "mod", "init", "kai-es.local/build/etcd"], workdir)
     info = b.download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}", workdir)
     gomod = Path(info["GoMod"]).read_text()
@@ -294,30 +345,25 @@ def _build_etcd(b: _Builder, out: Path, workdir: Path) -> None:
     _write_tools_go(workdir, "go.etcd.io/etcd/server/v3")
     b.run([b.go, "mod", "tidy"], workdir)
     b.run(
-        [b.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out),
+        [b.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out_dir / "etcd"),
          "go.etcd.io/etcd/server/v3"],
         workdir, env={"CGO_ENABLED": "0"},
     )  # fmt: skip
 
 
-def _build_kwok(b: _Builder, out: Path, workdir: Path) -> None:
-    gobin = workdir / "bin"
+def _build_kwok(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run(
         [b.go, "install", "-trimpath", "-ldflags", "-s -w",
          f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
-        workdir, env={"GOBIN": str(gobin), "CGO_ENABLED": "0"},
+        workdir, env={"GOBIN": str(out_dir), "CGO_ENABLED": "0"},
     )  # fmt: skip
-    shutil.copy2(gobin / "kwok", out)
     info = b.download(f"sigs.k8s.io/kwok@{KWOK_VERSION}", workdir)
-    stages = out.parent / "stages"
-    stages.mkdir(exist_ok=True)
+    stages = out_dir / "stages"
+    stages.mkdir()
     for rel in KWOK_STAGES:
         dst = stages / Path(rel).name
         shutil.copyfile(Path(info["Dir"]) / rel, dst)
         dst.chmod(0o644)  # the module cache is read-only
-
-
-# BUILD-RECIPE-END
 
 
 # HELM-RECIPE-BEGIN (edits between these markers invalidate the cached helm build)
@@ -338,68 +384,97 @@ def _build_helm(b: _Builder, out: Path, workdir: Path) -> None:
 # HELM-RECIPE-END
 
 
-def _fetch_one(
-    component: str,
-    version: str,
-    binary: Path,
-    extra_files: Sequence[Path],
-    build: Callable[[_Builder, Path, Path], None],
-    *,
-    quiet: bool,
-) -> Path:
-    files = [binary, *extra_files]
-    if _is_built(component, version, files):
-        return binary
-    cdir = component_dir(component, version)
+def _helm_recipe_digest() -> str:
+    """Digest of helm's version and the lines between the HELM-RECIPE markers (each matched as
+    a whole line). Kept as it was when helm was first cached, so helm builds stay valid."""
+    src = Path(__file__).read_text()
+    m = re.search(r"^# HELM-RECIPE-BEGIN\b[^\n]*\n(.*)^# HELM-RECIPE-END$", src, re.M | re.S)
+    if m is None:
+        raise FetchError("tools/k8s/controlplane.py lost its HELM-RECIPE markers")
+    return hashlib.sha256(f"helm\0{HELM_VERSION}\0".encode() + m.group(1).encode()).hexdigest()
+
+
+def _build_helm_into(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    _build_helm(b, out_dir / "helm", workdir)
+
+
+#: Every inputs mapping names what its build reads besides its own source; `_Builder` (the go
+#: environment: GOTOOLCHAIN, GOFLAGS) is an input of each.
+KUBERNETES = Recipe(
+    "kubernetes", KUBE_VERSION, KUBE_COMMANDS, _build_kubernetes,
+    {"builder": _Builder, "staging_version": STAGING_VERSION, "unpublished": UNPUBLISHED_STAGING,
+     "helpers": (_staging_replaces, _write_tools_go, _kube_version_ldflags)},
+)  # fmt: skip
+ETCD = Recipe(
+    "etcd", ETCD_VERSION, ("etcd",), _build_etcd,
+    {"builder": _Builder, "helpers": (_sibling_replaces, _write_tools_go)},
+)  # fmt: skip
+KWOK = Recipe(
+    "kwok", KWOK_VERSION, ("kwok", *(f"stages/{Path(p).name}" for p in KWOK_STAGES)), _build_kwok,
+    {"builder": _Builder, "stages": KWOK_STAGES},
+)  # fmt: skip
+HELM = Recipe("helm", HELM_VERSION, ("helm",), _build_helm_into, digest_override=_helm_recipe_digest)
+#: What the control plane runs (`fetch`); helm is separate (`fetch_helm`).
+CONTROL_PLANE_RECIPES = (ETCD, KWOK, KUBERNETES)
+
+
+def _fetch_one(recipe: Recipe, *, quiet: bool) -> Path:
+    """Build `recipe` unless its marker says it is built; return its first output. The outputs
+    are built into a staging dir, moved in, and the marker is written last."""
+    first = recipe.paths()[0]
+    if recipe.is_built():
+        return first
+    cdir = recipe.dir
     cdir.mkdir(parents=True, exist_ok=True)
     with open(cdir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _is_built(component, version, files):  # another process finished meanwhile
-            return binary
+        if recipe.is_built():  # another process finished meanwhile
+            return first
         go = find_go()
         (cdir / MARKER_NAME).unlink(missing_ok=True)
         log_path = cdir / "build.log"
-        log_path.write_text(f"building {component} {version} with {go}\n")
+        log_path.write_text(f"building {recipe.component} {recipe.version} with {go}\n")
         t0 = time.monotonic()
+        what = f"{recipe.component} {recipe.version}"
         if not quiet:
-            print(f"building {component} {version} (log: {log_path})...", file=sys.stderr)
-        with tempfile.TemporaryDirectory(prefix=f"kai-es-build-{component}-") as tmp:
-            staging = cdir / f"{binary.name}.tmp-{os.getpid()}"
-            build(_Builder(go, log_path), staging, Path(tmp))
-            staging.rename(binary)
-        (cdir / MARKER_NAME).write_text(_digest_for(component, version) + "\n")  # last
+            print(f"building {what} (log: {log_path})...", file=sys.stderr)
+        staging = cdir / f".staging-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"kai-es-build-{recipe.component}-") as tmp:
+                recipe.build(_Builder(go, log_path), staging, Path(tmp))
+            for rel in recipe.outputs:
+                if not (staging / rel).is_file():
+                    raise FetchError(f"building {what} left no {rel}; log: {log_path}")
+                (cdir / rel).parent.mkdir(parents=True, exist_ok=True)
+                (staging / rel).rename(cdir / rel)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        (cdir / MARKER_NAME).write_text(recipe.digest() + "\n")  # last
         if not quiet:
-            print(f"built {component} {version} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
-        return binary
+            print(f"built {what} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        return first
 
 
 def fetch(*, quiet: bool = True) -> dict[str, Path]:
-    """Build (or find cached) etcd, kube-apiserver and kwok; return their paths.
+    """Build (or find cached) etcd, KWOK, kube-apiserver, kube-controller-manager and kubelet;
+    return their paths.
 
     Idempotent and cheap when the cache is complete; safe against concurrent callers (flock).
     """
-    return {
-        "etcd": _fetch_one("etcd", ETCD_VERSION, etcd_bin(), [], _build_etcd, quiet=quiet),
-        "kwok": _fetch_one(
-            "kwok", KWOK_VERSION, kwok_bin(), kwok_stage_files(), _build_kwok, quiet=quiet
-        ),
-        "kube-apiserver": _fetch_one(
-            "kube-apiserver", KUBE_VERSION, apiserver_bin(), [], _build_apiserver, quiet=quiet
-        ),
-    }
+    for recipe in CONTROL_PLANE_RECIPES:
+        _fetch_one(recipe, quiet=quiet)
+    return {"etcd": etcd_bin(), "kwok": kwok_bin(), **{c: kube_bin(c) for c in KUBE_COMMANDS}}
 
 
 def fetch_helm(*, quiet: bool = True) -> Path:
     """Build (or find cached) helm; return its path. Same cache and locking as `fetch`."""
-    return _fetch_one("helm", HELM_VERSION, helm_bin(), [], _build_helm, quiet=quiet)
+    return _fetch_one(HELM, quiet=quiet)
 
 
 def is_fetched() -> bool:
-    return (
-        _is_built("etcd", ETCD_VERSION, [etcd_bin()])
-        and _is_built("kwok", KWOK_VERSION, [kwok_bin(), *kwok_stage_files()])
-        and _is_built("kube-apiserver", KUBE_VERSION, [apiserver_bin()])
-    )
+    return all(r.is_built() for r in CONTROL_PLANE_RECIPES)
 
 
 # --------------------------------------------------------------------------------------------
