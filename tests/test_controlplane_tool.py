@@ -1,5 +1,5 @@
-"""tools/k8s/controlplane.py without a control plane: what a cached build is keyed by and how
-the cache is filled."""
+"""tools/k8s/controlplane.py without a control plane: what a cached build is keyed by, how the
+cache is filled, and how object conditions are read."""
 
 from __future__ import annotations
 
@@ -104,3 +104,16 @@ def test_a_failed_build_leaves_no_marker(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(cp_mod.FetchError, match="left no other"):
         cp_mod._fetch_one(recipe, quiet=True)
     assert not (recipe.dir / cp_mod.MARKER_NAME).exists() and not recipe.is_built()
+
+
+@pytest.mark.parametrize("obj", [
+    {}, {"status": None}, {"status": {}}, {"status": {"conditions": None}}, {"status": {"conditions": []}},
+])
+def test_missing_or_null_conditions_are_no_conditions(obj: dict[str, Any]) -> None:
+    assert cp_mod.conditions(obj) == {}
+
+
+def test_conditions_by_type() -> None:
+    obj = {"status": {"conditions": [{"type": "NamesAccepted", "status": "True"},
+                                     {"type": "Established", "status": "False"}]}}
+    assert cp_mod.conditions(obj) == {"NamesAccepted": "True", "Established": "False"}

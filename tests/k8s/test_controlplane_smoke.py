@@ -3,12 +3,13 @@ and RBAC for a least-privilege scheduler identity (deploy/rbac/clusterrole.yaml)
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from tests.k8s.conftest import K8s
+from tests.k8s.conftest import K8s, cp_mod
 from tests.k8s.helpers import binding, create_pod, get_pod, gpu_pod, queue, raw, wait_pod_phase
 
 
@@ -82,3 +83,23 @@ async def test_least_privilege_scheduler_can_bind_but_not_delete(
         status, still = await get_pod(admin, ns, "other")
         assert status == 200 and still["metadata"]["uid"] == other["metadata"]["uid"]
         assert not still["spec"].get("nodeName")
+
+
+def test_install_crds_reads_a_crd_whose_conditions_are_null(k8s: K8s) -> None:
+    """The apiserver's reply to a CRD's create (and a GET right after it) carries
+    `"conditions": null` until the apiextensions controllers name and establish it; KAI's CRDs
+    crashed install_crds on it (`.get("conditions", [])` is None when the key holds null)."""
+    name = f"w{uuid.uuid4().hex[:8]}"
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": f"{name}s.kai-es.test"},
+           "spec": {"group": "kai-es.test", "scope": "Namespaced",
+                    "names": {"kind": name.capitalize(), "plural": f"{name}s"},
+                    "versions": [{"name": "v1", "served": True, "storage": True,
+                                  "schema": {"openAPIV3Schema": {"type": "object"}}}]}}
+    reply = k8s.cp.call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, ok=(201,))
+    assert reply["status"]["conditions"] is None  # what the old code iterated
+    assert cp_mod.conditions(reply) == {}
+    k8s.cp.install_crds([crd])  # waits it out: Established, then servable
+    got = k8s.cp.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}s.kai-es.test")
+    assert cp_mod.conditions(got)["Established"] == "True"
+

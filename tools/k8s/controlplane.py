@@ -749,6 +749,15 @@ def remove_stale_data_dirs(base: Path) -> list[Path]:
     return removed
 
 
+def conditions(obj: Mapping[str, Any]) -> dict[str, str]:
+    """An object's status conditions as {type: status}. A missing or null status or conditions
+    list is no conditions: a CRD's reply to its own create, and a GET right after it, carry
+    ``"conditions": null`` until the apiextensions controllers have named and established it
+    (the Go field has no omitempty)."""
+    status = obj.get("status") or {}
+    return {c["type"]: c["status"] for c in status.get("conditions") or () if c and "type" in c}
+
+
 class HttpError(ControlPlaneError):
     def __init__(self, status: int, body: str, what: str) -> None:
         super().__init__(f"{what}: HTTP {status}: {body[:500]}")
@@ -1028,8 +1037,7 @@ class ControlPlane:
         for crd in crds:
             name = crd["metadata"]["name"]
             while True:
-                got = self.call("GET", f"{path}/{name}")
-                conds = {c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])}
+                conds = conditions(self.call("GET", f"{path}/{name}"))
                 if conds.get("Established") == "True":
                     break
                 if time.monotonic() > deadline:
@@ -1080,7 +1088,7 @@ class ControlPlane:
         deadline = time.monotonic() + timeout_s
         while True:
             node: dict[str, Any] = self.call("GET", f"/api/v1/nodes/{name}")
-            conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+            conds = conditions(node)
             if conds.get("Ready") == "True":
                 return node
             self.kwok.check_alive()
