@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A real Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver + KWOK fake nodes.
+"""A real Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver + kube-controller-manager
++ KWOK fake nodes.
 
 Used two ways:
 
@@ -8,6 +9,7 @@ CLI::
     python3 tools/k8s/controlplane.py fetch        # build the binaries (and helm) once into the cache
     python3 tools/k8s/controlplane.py run          # start, install deploy/crds, print
                                                    # kubeconfig=..., run until Ctrl-C
+                                                   # (--no-controller-manager: without it)
 
 Library (test fixtures)::
 
@@ -17,6 +19,12 @@ Library (test fixtures)::
         cp.create_gpu_node("gpu-0", gpus=8)  # a KWOK-managed fake node, Ready in ~0.2 s
         cp.restart_apiserver()               # same etcd, same port: open watches end, old
                                              # resourceVersions get 410 Gone afterwards
+        cp.restart_controller_manager()      # SIGKILL and start again, same port
+
+The controller-manager (``ControlPlane(controller_manager=False)`` leaves it out) runs the
+controllers in CONTROLLERS — Deployments, ReplicaSets, StatefulSets, Jobs, CronJobs, the garbage
+collector, namespaces, service accounts and their tokens, node health — without leader election,
+its secure port on a free loopback port; it is healthy about 0.5 s after its start.
 
 Nothing here is downloaded prebuilt: the Go module proxy serves the sources and the local Go
 toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
@@ -92,6 +100,26 @@ KWOK_STAGES = (
     "kustomize/stage/pod/fast/pod-ready.yaml",
     "kustomize/stage/pod/fast/pod-delete.yaml",
 )
+
+#: kube-controller-manager's --controllers: what makes user-written workloads run (Deployment ->
+#: ReplicaSet -> Pods, Jobs, CronJobs, StatefulSets, finished-Job TTLs), the garbage collector
+#: (ownerReferences), namespace deletion, and service accounts with their token Secrets.
+#: node-lifecycle-controller watches node health: KWOK renews every node's Lease (40 s, renewed
+#: every 10 s) so its nodes stay Ready and untainted; a node that stops renewing is tainted
+#: unreachable after --node-monitor-grace-period (50 s), which is what a real cluster does.
+#: taint-eviction-controller is left out on purpose: no pod is ever evicted by a taint, so the
+#: only evictions in a test are the ones kai-es decides. Left out too: disruption-controller
+#: (tests/k8s/helpers.py's PodDisruptionBudgets refuse every eviction because nothing computes
+#: their status), pod-garbage-collector-controller (it deletes pods bound to nodes that do not
+#: exist, which tests make on purpose), root-ca-certificate-publisher-controller (a ConfigMap in
+#: every namespace, which kai-es's informer would record).
+CONTROLLERS = (
+    "deployment-controller", "replicaset-controller", "statefulset-controller",
+    "job-controller", "cronjob-controller", "ttl-after-finished-controller",
+    "garbage-collector-controller", "namespace-controller",
+    "serviceaccount-controller", "serviceaccount-token-controller",
+    "node-lifecycle-controller",
+)  # fmt: skip
 
 MARKER_NAME = "COMPLETE"
 TOOLS_REPO = Path(__file__).resolve().parents[2]
@@ -496,10 +524,12 @@ class Credentials:
 
     ca_cert: Path
     ca_key: Path
-    serving_cert: Path
+    serving_cert: Path  # the apiserver's
     serving_key: Path
     sa_key: Path  # service-account signing key (private)
     sa_pub: Path  # and its public half (--service-account-key-file)
+    kcm_cert: Path  # kube-controller-manager's serving certificate (its /healthz), same CA
+    kcm_key: Path
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -509,25 +539,41 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def make_credentials(directory: Path, *, hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Credentials:
-    """A CA (with keyUsage, which Python's strict TLS verification demands), a serving
-    certificate for `hosts` plus the in-cluster names, and a service-account key pair."""
+    """A CA (with keyUsage, which Python's strict TLS verification demands), serving
+    certificates for `hosts` (the apiserver's with the in-cluster names too, and the
+    controller-manager's), and a service-account key pair."""
     directory.mkdir(parents=True, exist_ok=True)
     creds = Credentials(
         ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt", serving_key=directory / "apiserver.key",
         sa_key=directory / "sa.key", sa_pub=directory / "sa.pub",
+        kcm_cert=directory / "controller-manager.crt", kcm_key=directory / "controller-manager.key",
     )  # fmt: skip
-    names = [*hosts, "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    serving = [
+        _Serving(creds.serving_cert, creds.serving_key, "kube-apiserver",
+                 (*hosts, "kubernetes", "kubernetes.default", "kubernetes.default.svc")),
+        _Serving(creds.kcm_cert, creds.kcm_key, "kube-controller-manager", tuple(hosts)),
+    ]  # fmt: skip
     try:
         import cryptography  # noqa: F401
     except ImportError:
-        _credentials_openssl(creds, names)
+        _credentials_openssl(creds, serving)
     else:
-        _credentials_cryptography(creds, names)
+        _credentials_cryptography(creds, serving)
     return creds
 
 
-def _credentials_cryptography(c: Credentials, names: Sequence[str]) -> None:
+@dataclass(frozen=True)
+class _Serving:
+    """One serving certificate to issue from the CA."""
+
+    cert: Path
+    key: Path
+    common_name: str
+    names: tuple[str, ...]  # subject alternative names: IP addresses or DNS names
+
+
+def _credentials_cryptography(c: Credentials, serving: Sequence[_Serving]) -> None:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -555,48 +601,45 @@ def _credentials_cryptography(c: Credentials, names: Sequence[str]) -> None:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
-    for n in names:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(n)))
-        except ValueError:
-            sans.append(x509.DNSName(n))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, key_encipherment=True, key_cert_sign=False, crl_sign=False,
-            content_commitment=False, data_encipherment=False, key_agreement=False,
-            encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                       critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     c.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     _write_private(c.ca_key, pem_key(ca_key))
-    c.serving_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(c.serving_key, pem_key(key))
+    for srv in serving:
+        key = ec.generate_private_key(ec.SECP256R1())
+        sans: list[x509.GeneralName] = []
+        for n in srv.names:
+            try:
+                sans.append(x509.IPAddress(ipaddress.ip_address(n)))
+            except ValueError:
+                sans.append(x509.DNSName(n))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, srv.common_name)]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, key_encipherment=True, key_cert_sign=False, crl_sign=False,
+                content_commitment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )  # fmt: skip
+        srv.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_private(srv.key, pem_key(key))
+    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_private(c.sa_key, pem_key(sa))
     c.sa_pub.write_bytes(sa.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
 
 
-def _credentials_openssl(c: Credentials, names: Sequence[str]) -> None:
+def _credentials_openssl(c: Credentials, serving: Sequence[_Serving]) -> None:
     openssl = shutil.which("openssl")
     if openssl is None:
         raise StartError("need the `cryptography` package or `openssl` to make certificates")
     d = c.ca_cert.parent
-    san = ",".join(
-        f"IP:{n}" if re.fullmatch(r"[\d.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", n) else f"DNS:{n}"
-        for n in names
-    )
 
     def run(*args: str) -> None:
         res = subprocess.run([openssl, *args], cwd=d, capture_output=True, text=True)
@@ -608,15 +651,20 @@ def _credentials_openssl(c: Credentials, names: Sequence[str]) -> None:
         "-addext", "basicConstraints=critical,CA:TRUE",
         "-addext", "keyUsage=critical,digitalSignature,keyCertSign,cRLSign",
         "-out", str(c.ca_cert))  # fmt: skip
-    run("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(c.serving_key))
-    ext = d / "serving.ext"
-    ext.write_text(
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-        f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
-    )
-    run("req", "-new", "-key", str(c.serving_key), "-subj", "/CN=kube-apiserver", "-out", "serving.csr")
-    run("x509", "-req", "-in", "serving.csr", "-CA", str(c.ca_cert), "-CAkey", str(c.ca_key),
-        "-CAcreateserial", "-days", "30", "-extfile", str(ext), "-out", str(c.serving_cert))  # fmt: skip
+    for srv in serving:
+        san = ",".join(
+            f"IP:{n}" if re.fullmatch(r"[\d.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", n) else f"DNS:{n}"
+            for n in srv.names
+        )
+        run("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(srv.key))
+        ext = d / "serving.ext"
+        ext.write_text(
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
+        )
+        run("req", "-new", "-key", str(srv.key), "-subj", f"/CN={srv.common_name}", "-out", "serving.csr")
+        run("x509", "-req", "-in", "serving.csr", "-CA", str(c.ca_cert), "-CAkey", str(c.ca_key),
+            "-CAcreateserial", "-days", "30", "-extfile", str(ext), "-out", str(srv.cert))  # fmt: skip
     run("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(c.sa_key))
     run("pkey", "-in", str(c.sa_key), "-pubout", "-out", str(c.sa_pub))
 
@@ -687,6 +735,11 @@ class _Proc:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (stop() waits): to stop several processes at once."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
 
     def kill(self) -> int | None:
         """SIGKILL (an unclean crash). Idempotent."""
@@ -766,15 +819,22 @@ class HttpError(ControlPlaneError):
 
 
 class ControlPlane:
-    """etcd + kube-apiserver + KWOK on 127.0.0.1, with generated certificates and tokens.
+    """etcd + kube-apiserver + kube-controller-manager + KWOK on 127.0.0.1, with generated
+    certificates and tokens.
 
     ``data_dir`` (a temp dir under /dev/shm by default, removed by :meth:`close`) holds the
     credentials, kubeconfigs, the token file, each component's log and etcd's data. Ports are
-    picked when the object is made and kept across :meth:`restart_apiserver`.
+    picked when the object is made and kept across restarts (:meth:`restart_apiserver`,
+    :meth:`restart_controller_manager`).
 
     Identities: ``admin_token`` (user kai-es-admin in system:masters) and ``scheduler_token``
     (user kai-es-scheduler in group kai-es:schedulers, with no permissions until a test binds
     a role to it). Kubeconfigs: :attr:`kubeconfig` (admin), :attr:`scheduler_kubeconfig`.
+
+    ``controller_manager`` (default on) runs kube-controller-manager with ``controllers``
+    (default CONTROLLERS: the workload controllers, the garbage collector, namespaces, service
+    accounts and their tokens, node health), as user system:kube-controller-manager and each
+    controller under its own service account, as a kubeadm cluster does.
     """
 
     def __init__(
@@ -784,6 +844,8 @@ class ControlPlane:
         apiserver_port: int | None = None,
         die_with_parent: bool = True,
         extra_apiserver_flags: Sequence[str] = (),
+        controller_manager: bool = True,
+        controllers: Sequence[str] = CONTROLLERS,
     ) -> None:
         if data_dir is None:
             base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
@@ -800,12 +862,21 @@ class ControlPlane:
         self.etcd_peer_port = free_port()
         while len({self.apiserver_port, self.etcd_port, self.etcd_peer_port}) < 3:
             self.etcd_peer_port = free_port()
+        self.controller_manager_port = free_port()  # its secure port (/healthz)
+        while self.controller_manager_port in {self.apiserver_port, self.etcd_port, self.etcd_peer_port}:
+            self.controller_manager_port = free_port()
         self.extra_apiserver_flags = tuple(extra_apiserver_flags)
+        self.controllers = tuple(controllers) if controller_manager else ()
         self.admin = User(ADMIN_USER, secrets.token_hex(16), ("system:masters",))
         self.scheduler = User(SCHEDULER_USER, secrets.token_hex(16), (SCHEDULER_GROUP,))
+        # the name the bootstrap RBAC policy binds ClusterRole system:kube-controller-manager to
+        self.controller_manager_user = User("system:kube-controller-manager", secrets.token_hex(16))
         self.etcd = _Proc("etcd", self.data_dir / "etcd.log", die_with_parent)
         self.apiserver = _Proc("kube-apiserver", self.data_dir / "kube-apiserver.log", die_with_parent)
+        self.controller_manager = _Proc(
+            "kube-controller-manager", self.data_dir / "kube-controller-manager.log", die_with_parent)
         self.kwok = _Proc("kwok", self.data_dir / "kwok.log", die_with_parent)
+        self.last_controller_manager_seconds: float | None = None
         self.creds: Credentials | None = None
         self._ssl: ssl.SSLContext | None = None
         self.last_start_seconds: float | None = None
@@ -833,14 +904,26 @@ class ControlPlane:
         return self.data_dir / "scheduler.kubeconfig"
 
     @property
+    def controller_manager_kubeconfig(self) -> Path:
+        return self.data_dir / "controller-manager.kubeconfig"
+
+    @property
     def ca_cert(self) -> Path:
         return self.data_dir / "pki" / "ca.crt"
+
+    def processes(self) -> list[_Proc]:
+        """The components this control plane runs, in start order."""
+        procs = [self.etcd, self.apiserver]
+        if self.controllers:
+            procs.append(self.controller_manager)
+        return [*procs, self.kwok]
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 60.0) -> "ControlPlane":
-        """Fetch if needed, write credentials, start etcd, the apiserver and KWOK; wait for
-        etcd's /health and the apiserver's /readyz. Raises StartError with a log tail."""
+        """Fetch if needed, write credentials, start etcd, the apiserver, the controller-manager
+        and KWOK; wait for etcd's /health, the apiserver's /readyz and every controller's
+        health check. Raises StartError with a log tail."""
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         try:
@@ -850,16 +933,23 @@ class ControlPlane:
         if self.creds is None:
             self.creds = make_credentials(self.data_dir / "pki")
             tokens = self.data_dir / "tokens.csv"
-            _write_private(tokens, "".join(
-                f'{u.token},{u.name},{u.name},"{",".join(u.groups)}"\n'
-                for u in (self.admin, self.scheduler)).encode())  # fmt: skip
-            self.kubeconfig.write_text(_kubeconfig(self.base_url, self.creds.ca_cert, self.admin))
-            self.scheduler_kubeconfig.write_text(
-                _kubeconfig(self.base_url, self.creds.ca_cert, self.scheduler))
+            users = (self.admin, self.scheduler, self.controller_manager_user)
+            _write_private(tokens, "".join(  # token,user,uid[,"groups"]
+                f'{u.token},{u.name},{u.name}' + (f',"{",".join(u.groups)}"' if u.groups else "") + "\n"
+                for u in users).encode())  # fmt: skip
+            for path, user in ((self.kubeconfig, self.admin), (self.scheduler_kubeconfig, self.scheduler),
+                               (self.controller_manager_kubeconfig, self.controller_manager_user)):
+                path.write_text(_kubeconfig(self.base_url, self.creds.ca_cert, user))
         try:
             self._start_etcd(deadline)
             self._start_apiserver(deadline)
-            self._start_kwok()
+            if self.controllers:
+                t_cm = time.monotonic()
+                self.controller_manager.start(self.controller_manager_command(), cwd=self.data_dir)
+            self._start_kwok()  # while the controller-manager builds its controllers
+            if self.controllers:
+                self._wait_controller_manager(deadline)
+                self.last_controller_manager_seconds = time.monotonic() - t_cm
         except BaseException:
             self.stop()
             raise
@@ -933,6 +1023,56 @@ class ControlPlane:
                 )
             time.sleep(0.1)
 
+    def controller_manager_command(self) -> list[str]:
+        assert self.creds is not None
+        c, kubeconfig = self.creds, self.controller_manager_kubeconfig
+        return [
+            str(controller_manager_bin()),
+            f"--kubeconfig={kubeconfig}",
+            # its /healthz and /metrics authenticate and authorize callers through the apiserver
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            # bearer tokens only: the apiserver has no front-proxy CA for it to look up in
+            # kube-system/extension-apiserver-authentication (it would log an error per retry)
+            "--authentication-skip-lookup=true",
+            "--bind-address=127.0.0.1", f"--secure-port={self.controller_manager_port}",
+            f"--tls-cert-file={c.kcm_cert}", f"--tls-private-key-file={c.kcm_key}",
+            "--leader-elect=false",
+            # each controller runs as kube-system/<controller> with its bootstrap ClusterRole
+            # (system:controller:<name>); tokens come from the TokenRequest API
+            "--use-service-account-credentials=true",
+            # the serviceaccount-token controller signs legacy token Secrets with the key the
+            # apiserver verifies them with, and puts this CA in them
+            f"--service-account-private-key-file={c.sa_key}", f"--root-ca-file={c.ca_cert}",
+            "--controllers=" + ",".join(self.controllers),
+            "--profiling=false",
+            "-v=1",
+        ]  # fmt: skip
+
+    def _wait_controller_manager(self, deadline: float) -> None:
+        """Until its /healthz lists every enabled controller as ok: the checks are registered
+        once all controllers are built, right before their informers and loops start."""
+        url = f"https://127.0.0.1:{self.controller_manager_port}/healthz?verbose"
+        missing: list[str] = list(self.controllers)
+        last = ""
+        while True:
+            self.controller_manager.check_alive()
+            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.admin_token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=2, context=self.ssl_context()) as r:
+                    last = r.read().decode("utf-8", "replace")
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}: {e.read().decode('utf-8', 'replace')[:300]}"
+            except OSError as e:
+                last = str(e)
+            missing = [n for n in self.controllers if f"[+]{n} ok" not in last]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise StartError(
+                    f"kube-controller-manager not healthy in time (waiting for {missing}; last "
+                    f"/healthz: {last[-500:]!r}); log tail:\n{self.controller_manager.tail()}")
+            time.sleep(0.1)
+
     def _start_kwok(self) -> None:
         cmd = [
             str(kwok_bin()), f"--kubeconfig={self.kubeconfig}",
@@ -946,9 +1086,12 @@ class ControlPlane:
         self.kwok.check_alive()
 
     def stop(self) -> None:
-        """Stop KWOK, then the apiserver (which would otherwise wait out its watch clients),
-        then etcd. Idempotent."""
+        """Stop KWOK and the controller-manager, then the apiserver (which would otherwise wait
+        out their watches), then etcd. Idempotent."""
+        self.kwok.terminate()
+        self.controller_manager.terminate()
         self.kwok.stop(timeout_s=5)
+        self.controller_manager.stop(timeout_s=5)
         self.apiserver.stop(timeout_s=5)
         self.etcd.stop(timeout_s=10)
 
@@ -965,6 +1108,18 @@ class ControlPlane:
         else:
             self.apiserver.kill()
         self._start_apiserver(time.monotonic() + timeout_s)
+        return time.monotonic() - t0
+
+    def restart_controller_manager(self, timeout_s: float = 60.0) -> float:
+        """SIGKILL kube-controller-manager (a crash) and start it again on the same port; return
+        seconds until its controllers are healthy again. Its controllers relist everything and
+        carry on from the objects' state, as after a real crash."""
+        if not self.controllers:
+            raise ControlPlaneError("this control plane runs no controller-manager")
+        t0 = time.monotonic()
+        self.controller_manager.kill()
+        self.controller_manager.start(self.controller_manager_command(), cwd=self.data_dir)
+        self._wait_controller_manager(time.monotonic() + timeout_s)
         return time.monotonic() - t0
 
     def close(self) -> None:
@@ -986,7 +1141,7 @@ class ControlPlane:
     def log_tails(self, lines: int = 30) -> str:
         return "\n".join(
             f"--- {p.name} ({p.log_path}):\n{tail(p.log_path, lines)}"
-            for p in (self.etcd, self.apiserver, self.kwok)
+            for p in self.processes()
         )
 
     # -- a small synchronous client (stdlib) for setup: CRDs, nodes ----------------------------
@@ -1112,7 +1267,8 @@ class ControlPlane:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port)
+    cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port,
+                      controller_manager=args.controller_manager)
     with stop_signals_as_keyboard_interrupt():
         try:
             try:
@@ -1128,12 +1284,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             except ControlPlaneError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1
-            print(f"control plane started in {cp.last_start_seconds:.1f}s; data dir "
+            cm = (f" (controller-manager healthy {cp.last_controller_manager_seconds:.1f}s after its start)"
+                  if cp.last_controller_manager_seconds is not None else "")
+            print(f"control plane started in {cp.last_start_seconds:.1f}s{cm}; data dir "
                   f"{cp.data_dir}", file=sys.stderr)  # fmt: skip
             print(f"server={cp.base_url}", flush=True)
             print(f"kubeconfig={cp.kubeconfig}", flush=True)
             print(f"scheduler_kubeconfig={cp.scheduler_kubeconfig}", flush=True)
-            while cp.apiserver.running() and cp.etcd.running() and cp.kwok.running():
+            while all(proc.running() for proc in cp.processes()):
                 time.sleep(0.5)
             print(f"error: a component exited; logs:\n{cp.log_tails()}", file=sys.stderr)
             return 1
@@ -1176,6 +1334,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--gpu-nodes", type=int, default=0, help="KWOK GPU nodes to create")
     r.add_argument("--gpus-per-node", type=int, default=8)
     r.add_argument("--timeout", type=float, default=60.0, help="startup timeout, seconds")
+    r.add_argument("--no-controller-manager", dest="controller_manager", action="store_false",
+                   help="run no kube-controller-manager (etcd, apiserver and KWOK only)")
     r.set_defaults(func=_cmd_run)
     args = p.parse_args(argv)
     return int(args.func(args))
