@@ -1,12 +1,14 @@
 """tools/k8s/controlplane.py without a control plane: what a cached build is keyed by, how the
-cache is filled, and how object conditions are read."""
+cache is filled, how object conditions are read, the real node's images and packages."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +119,22 @@ def test_conditions_by_type() -> None:
     obj = {"status": {"conditions": [{"type": "NamesAccepted", "status": "True"},
                                      {"type": "Established", "status": "False"}]}}
     assert cp_mod.conditions(obj) == {"NamesAccepted": "True", "Established": "False"}
+
+
+def test_ci_installs_the_real_nodes_packages() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    install = script.index("apt-get install")
+    for package in cp_mod.REAL_NODE_PACKAGES:
+        assert f"need+=({package})" in script[:install], package
+
+
+def test_the_busybox_images_are_reproducible(tmp_path: Path) -> None:
+    """The archive `ctr images import` reads: the same bytes for the same busybox."""
+    if not Path("/bin/busybox").exists():
+        pytest.fail("no /bin/busybox: install busybox-static (.ci/run does)")
+    a = cp_mod.busybox_images(tmp_path / "a.tar")
+    b = cp_mod.busybox_images(tmp_path / "b.tar")
+    assert a.read_bytes() == b.read_bytes()
+    with tarfile.open(a) as t:
+        manifest = json.load(t.extractfile("manifest.json"))  # type: ignore[arg-type]
+    assert sorted(tag for m in manifest for tag in m["RepoTags"]) == sorted([cp_mod.BUSYBOX_IMAGE, cp_mod.PAUSE_IMAGE])

@@ -92,10 +92,10 @@ class K8s:
 
 
 @contextlib.contextmanager
-def started_control_plane() -> Iterator[Any]:
-    """A started control plane with what KAI installs (`install_kai`), closed after; if it cannot start,
-    the test FAILS with the components' log tails."""
-    cp = cp_mod.ControlPlane()
+def started_control_plane(**options: Any) -> Iterator[Any]:
+    """A started control plane (ControlPlane(**options)) with what KAI installs (`install_kai`),
+    closed after; if it cannot start, the test FAILS with the components' log tails."""
+    cp = cp_mod.ControlPlane(**options)
     try:
         cp.start(timeout_s=120)
         install_kai(cp)

@@ -9,7 +9,8 @@ CLI::
     python3 tools/k8s/controlplane.py fetch        # build the binaries (and helm) once into the cache
     python3 tools/k8s/controlplane.py run          # start, install deploy/crds, print
                                                    # kubeconfig=..., run until Ctrl-C
-                                                   # (--no-controller-manager: without it)
+                                                   # (--no-controller-manager: without it;
+                                                   # --real-node: plus a kubelet, runs a busybox pod)
 
 Library (test fixtures)::
 
@@ -25,6 +26,11 @@ The controller-manager (``ControlPlane(controller_manager=False)`` leaves it out
 controllers in CONTROLLERS — Deployments, ReplicaSets, StatefulSets, Jobs, CronJobs, the garbage
 collector, namespaces, service accounts and their tokens, node health — without leader election,
 its secure port on a free loopback port; it is healthy about 0.5 s after its start.
+
+``ControlPlane(real_node=True)`` also runs a real node (``RealNode``): the kubelet built here with
+Debian's containerd and runc (root; REAL_NODE_PACKAGES), a CNI bridge, and busybox images made
+from busybox-static and imported into containerd; Ready about 2 s after the kubelet starts. Its
+docstring lists what this kind of machine refuses and how each refusal is met.
 
 Nothing here is downloaded prebuilt: the Go module proxy serves the sources and the local Go
 toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
@@ -55,6 +61,7 @@ Certificates use the ``cryptography`` package (a test dependency) when it is imp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -120,6 +127,9 @@ CONTROLLERS = (
     "serviceaccount-controller", "serviceaccount-token-controller",
     "node-lifecycle-controller",
 )  # fmt: skip
+
+#: The node `ControlPlane(real_node=True)` registers (a kubelet; KWOK leaves it alone).
+REAL_NODE_NAME = "real-node-0"
 
 MARKER_NAME = "COMPLETE"
 TOOLS_REPO = Path(__file__).resolve().parents[2]
@@ -777,6 +787,290 @@ class _Proc:
         return tail(self.log_path, lines, start=self.log_start)
 
 
+# --------------------------------------------------------------------------------------------
+# A real node: kubelet + Debian's containerd and runc, CNI bridge, images made from busybox-static
+
+
+#: Debian packages a real node needs (`run --real-node`, tests/k8s/test_real_node.py; .ci/run
+#: installs them): the container runtime, its low-level runtime, the CNI plugins, and the
+#: static busybox the images are made of (no registry is reachable).
+REAL_NODE_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static")
+REAL_NODE_BINARIES = {"containerd": "containerd", "ctr": "containerd", "runc": "runc",
+                      "/usr/lib/cni/bridge": "containernetworking-plugins",
+                      "/usr/lib/cni/host-local": "containernetworking-plugins",
+                      "/usr/lib/cni/loopback": "containernetworking-plugins",
+                      "/bin/busybox": "busybox-static", "umount": "mount", "ip": "iproute2"}
+CNI_BIN_DIR = Path("/usr/lib/cni")
+#: made locally by `busybox_images` and imported with `ctr -n k8s.io images import`
+BUSYBOX_IMAGE = "kai-es.local/busybox:1"
+PAUSE_IMAGE = "kai-es.local/pause:1"  # the pod sandbox: busybox sleeping
+#: the host's bridge for pod networking (CNI bridge plugin), and its pod subnet
+POD_BRIDGE = "kaies0"
+POD_SUBNET = "10.88.0.0/16"
+
+
+def busybox_images(path: Path, busybox: Path = Path("/bin/busybox")) -> Path:
+    """A docker-archive tar (what `ctr images import` reads) with BUSYBOX_IMAGE and PAUSE_IMAGE:
+    one layer holding a static busybox and its applet links. Byte-identical for the same
+    busybox (fixed times and owners)."""
+    import io
+    import tarfile
+
+    data = busybox.read_bytes()
+    if b"\x7fELF" != data[:4] or b"/lib64/ld-linux" in data[:4096]:
+        raise StartError(f"{busybox} is not a static busybox ELF (install busybox-static)")
+
+    def entry(name: str, **attrs: Any) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
+        for k, v in attrs.items():
+            setattr(info, k, v)
+        return info
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for d in ("bin", "dev", "etc", "proc", "sys", "tmp"):
+            t.addfile(entry(d, type=tarfile.DIRTYPE, mode=0o1777 if d == "tmp" else 0o755))
+        t.addfile(entry("bin/busybox", size=len(data), mode=0o755), io.BytesIO(data))
+        for applet in ("sh", "sleep", "echo", "cat", "ls", "hostname"):
+            t.addfile(entry(f"bin/{applet}", type=tarfile.SYMTYPE, linkname="busybox"))
+    layer_bytes = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    with tarfile.open(path, "w") as out:
+        def add(name: str, blob: bytes) -> None:
+            out.addfile(entry(name, size=len(blob), mode=0o644), io.BytesIO(blob))
+
+        add("layer.tar", layer_bytes)
+        manifest = []
+        for ref, entrypoint in ((BUSYBOX_IMAGE, ["/bin/busybox", "sh"]),
+                                (PAUSE_IMAGE, ["/bin/busybox", "sleep", "2147483647"])):
+            config = json.dumps({
+                "architecture": "amd64", "os": "linux",
+                "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
+                "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            }, sort_keys=True).encode()  # fmt: skip
+            name = hashlib.sha256(config).hexdigest() + ".json"
+            add(name, config)
+            manifest.append({"Config": name, "RepoTags": [ref], "Layers": ["layer.tar"]})
+        add("manifest.json", json.dumps(manifest).encode())
+    return path
+
+
+def host_ip() -> str:
+    """The address of the interface the default route leaves by (no packet is sent): the
+    kubelet refuses a loopback node IP ("nodeIP can't be loopback address")."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only selects a route
+            ip = str(s.getsockname()[0])
+        except OSError as e:
+            raise StartError(f"a real node needs a non-loopback IPv4 address: {e}") from e
+    if ip.startswith("127."):
+        raise StartError("a real node needs a non-loopback IPv4 address (the kubelet refuses loopback)")
+    return ip
+
+
+class RealNode:
+    """A kubelet v1.36.5 with Debian's containerd and runc, registered to a ControlPlane.
+
+    Runs as root (the kubelet manages cgroups, mounts and network namespaces). Everything it
+    can be told to keep is under ``<data dir>/node``: containerd's root, state and socket, runc's
+    state, the CNI config and IP allocations, the kubelet's root dir and pod logs. What it does
+    to the host: the bridge POD_BRIDGE (removed by stop), cgroups under ``kubepods`` (empty ones
+    removed by stop), /var/lib/kubelet/device-plugins and /var/lib/cni (paths the kubelet and
+    containerd's CNI library do not take from their configuration), /run/containerd/s (shim
+    sockets).
+
+    Facts of this kind of machine, each met and handled here:
+    - cgroup v1: kubelet 1.35+ refuses it unless ``failCgroupV1: false``;
+    - containerd 1.6 has no CRI RuntimeConfig method: the kubelet logs it and uses
+      ``cgroupDriver: cgroupfs`` from its config;
+    - writing a negative value to /proc/self/oom_score_adj is refused (EACCES), even as root with
+      every capability; runc's init writes -998 for every pod sandbox (the kubelet's fixed
+      PodInfraOOMAdj) and dies ("can't get final child's PID from pipe: EOF"), so containerd runs
+      with ``restrict_oom_score_adj = true`` (no score below containerd's own);
+    - no registry: the sandbox and busybox images are made from busybox-static and imported.
+    """
+
+    def __init__(self, cp: "ControlPlane", name: str, user: User, labels: Mapping[str, str],
+                 die_with_parent: bool) -> None:
+        self.cp = cp
+        self.name = name
+        self.user = user
+        self.labels = dict(labels)
+        self.dir = cp.data_dir / "node"
+        self.containerd = _Proc("containerd", cp.data_dir / "containerd.log", die_with_parent)
+        self.kubelet = _Proc("kubelet", cp.data_dir / "kubelet.log", die_with_parent)
+        self.kubelet_port = free_port()
+        self.healthz_port = free_port()
+        self.node_ip: str | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "containerd.sock"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.dir / "pod-logs"
+
+    @staticmethod
+    def preflight() -> None:
+        """Raise StartError naming what is missing (root, binaries and their packages)."""
+        problems = []
+        if os.geteuid() != 0:
+            problems.append("the kubelet and containerd must run as root")
+        missing = {pkg for binary, pkg in REAL_NODE_BINARIES.items()
+                   if not (Path(binary).exists() if binary.startswith("/") else shutil.which(binary))}
+        if missing:
+            problems.append(f"missing Debian packages: apt-get install {' '.join(sorted(missing))}")
+        if problems:
+            raise StartError("a real node cannot start: " + "; ".join(problems))
+
+    def _ctr(self, *args: str, timeout: float = 30.0) -> str:
+        res = subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
+                             capture_output=True, text=True, timeout=timeout)
+        if res.returncode != 0:
+            raise StartError(f"ctr {' '.join(args)}: {res.stderr.strip()}")
+        return res.stdout
+
+    def _write_configs(self) -> None:
+        d = self.dir
+        for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "runc", "opt"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        (d / "containerd.toml").write_text(f"""\
+version = 2
+root = "{d}/containerd/root"
+state = "{d}/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.socket}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # negative OOM scores are refused here (see the class docstring)
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        BinaryName = "{shutil.which('runc') or 'runc'}"
+        Root = "{d}/runc"
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{d}/cni/net.d"
+""")
+        (d / "cni" / "net.d" / "10-kai-es.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "kai-es",
+            "plugins": [{"type": "bridge", "bridge": POD_BRIDGE, "isGateway": True, "ipMasq": False,
+                         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                                  "dataDir": str(d / "cni" / "ipam")}}],
+        }, indent=2) + "\n")  # fmt: skip
+        assert self.cp.creds is not None
+        (d / "kubelet.kubeconfig").write_text(_kubeconfig(self.cp.base_url, self.cp.creds.ca_cert, self.user))
+        (d / "kubelet.yaml").write_text(json.dumps({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "failCgroupV1": False,  # cgroup v1 here; 1.35+ refuses it otherwise
+            "cgroupDriver": "cgroupfs",
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            "address": "127.0.0.1", "port": self.kubelet_port, "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": self.healthz_port,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(self.cp.creds.ca_cert)}},
+            "authorization": {"mode": "Webhook"},
+            "failSwapOn": False,
+            "podLogsDir": str(self.pod_logs),
+            # a small disk or a busy test machine must not evict the test's pods, and the images
+            # made here can never be pulled again: no image garbage collection
+            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        }, indent=2) + "\n")  # fmt: skip
+
+    def start(self, deadline: float) -> None:
+        """containerd (socket answering), the images imported, then the kubelet; until the node
+        is Ready in the apiserver."""
+        self.preflight()
+        self.node_ip = host_ip()
+        self._write_configs()
+        self.containerd.start(["containerd", "--config", str(self.dir / "containerd.toml")], cwd=self.dir)
+        while True:
+            self.containerd.check_alive()
+            try:
+                self._ctr("version", timeout=5)
+                break
+            except (StartError, subprocess.TimeoutExpired):
+                if time.monotonic() > deadline:
+                    raise StartError(f"containerd not answering; log tail:\n{self.containerd.tail()}") from None
+                time.sleep(0.1)
+        self._ctr("images", "import", str(busybox_images(self.dir / "images.tar")), timeout=120)
+        labels = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
+        self.kubelet.start([
+            str(kubelet_bin()), f"--config={self.dir / 'kubelet.yaml'}",
+            f"--kubeconfig={self.dir / 'kubelet.kubeconfig'}", f"--root-dir={self.dir / 'kubelet'}",
+            f"--cert-dir={self.dir / 'kubelet' / 'pki'}", f"--hostname-override={self.name}",
+            f"--node-ip={self.node_ip}", *([f"--node-labels={labels}"] if labels else []), "-v=1",
+        ], cwd=self.dir)  # fmt: skip
+        while True:
+            self.kubelet.check_alive()
+            self.containerd.check_alive()
+            status, node = self.cp.request("GET", f"/api/v1/nodes/{self.name}")
+            if status == 200 and conditions(node).get("Ready") == "True":
+                return
+            if time.monotonic() > deadline:
+                raise StartError(f"node {self.name} not Ready in time ({conditions(node) if status == 200 else status}); "
+                                 f"kubelet log tail:\n{self.kubelet.tail()}")
+            time.sleep(0.2)
+
+    def terminate(self) -> None:
+        self.kubelet.terminate()
+
+    def stop(self) -> None:
+        """The kubelet, then every container still running (their shims outlive containerd),
+        containerd, the kubelet's root-dir mount, the bridge, empty kubepods cgroups."""
+        self.kubelet.stop(timeout_s=10)
+        if self.containerd.running():
+            try:
+                for task in self._ctr("tasks", "ls", "-q", timeout=10).split():
+                    subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", "tasks", "kill",
+                                    "-s", "SIGKILL", task], capture_output=True, timeout=10)
+                    subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", "tasks", "delete",
+                                    "-f", task], capture_output=True, timeout=10)
+            except (StartError, subprocess.TimeoutExpired):
+                pass
+        self.containerd.stop(timeout_s=10)
+        for mount in reversed(_mounts_under(self.dir)):
+            subprocess.run(["umount", "-l", mount], capture_output=True)
+        subprocess.run(["ip", "link", "delete", POD_BRIDGE], capture_output=True)
+        for cgroup in Path("/sys/fs/cgroup").glob("*/kubepods"):
+            for sub in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+
+    def processes(self) -> list[_Proc]:
+        return [self.containerd, self.kubelet]
+
+
+def _mounts_under(directory: Path) -> list[str]:
+    """Mount points at or under `directory`, in mount order (/proc/self/mountinfo)."""
+    prefix = str(directory)
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    points = [line.split()[4].replace("\\040", " ") for line in lines if len(line.split()) > 4]
+    return [p for p in points if p == prefix or p.startswith(prefix + "/")]
+
+
 DATA_DIR_PREFIX = "kai-es-k8s-"
 OWNER_FILE = "owner.pid"
 
@@ -846,6 +1140,8 @@ class ControlPlane:
         extra_apiserver_flags: Sequence[str] = (),
         controller_manager: bool = True,
         controllers: Sequence[str] = CONTROLLERS,
+        real_node: bool = False,
+        real_node_labels: Mapping[str, str] | None = None,
     ) -> None:
         if data_dir is None:
             base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
@@ -877,6 +1173,12 @@ class ControlPlane:
             "kube-controller-manager", self.data_dir / "kube-controller-manager.log", die_with_parent)
         self.kwok = _Proc("kwok", self.data_dir / "kwok.log", die_with_parent)
         self.last_controller_manager_seconds: float | None = None
+        #: a kubelet with containerd (RealNode), as user system:node:<name> in group system:nodes,
+        #: authorized by the apiserver's Node authorizer
+        self.real_node: RealNode | None = None
+        if real_node:
+            node_user = User(f"system:node:{REAL_NODE_NAME}", secrets.token_hex(16), ("system:nodes",))
+            self.real_node = RealNode(self, REAL_NODE_NAME, node_user, real_node_labels or {}, die_with_parent)
         self.creds: Credentials | None = None
         self._ssl: ssl.SSLContext | None = None
         self.last_start_seconds: float | None = None
@@ -916,7 +1218,8 @@ class ControlPlane:
         procs = [self.etcd, self.apiserver]
         if self.controllers:
             procs.append(self.controller_manager)
-        return [*procs, self.kwok]
+        procs.append(self.kwok)
+        return procs + (self.real_node.processes() if self.real_node else [])
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -933,13 +1236,16 @@ class ControlPlane:
         if self.creds is None:
             self.creds = make_credentials(self.data_dir / "pki")
             tokens = self.data_dir / "tokens.csv"
-            users = (self.admin, self.scheduler, self.controller_manager_user)
+            users = (self.admin, self.scheduler, self.controller_manager_user,
+                     *([self.real_node.user] if self.real_node else []))
             _write_private(tokens, "".join(  # token,user,uid[,"groups"]
                 f'{u.token},{u.name},{u.name}' + (f',"{",".join(u.groups)}"' if u.groups else "") + "\n"
                 for u in users).encode())  # fmt: skip
             for path, user in ((self.kubeconfig, self.admin), (self.scheduler_kubeconfig, self.scheduler),
                                (self.controller_manager_kubeconfig, self.controller_manager_user)):
                 path.write_text(_kubeconfig(self.base_url, self.creds.ca_cert, user))
+        if self.real_node:
+            RealNode.preflight()  # before anything starts
         try:
             self._start_etcd(deadline)
             self._start_apiserver(deadline)
@@ -950,6 +1256,8 @@ class ControlPlane:
             if self.controllers:
                 self._wait_controller_manager(deadline)
                 self.last_controller_manager_seconds = time.monotonic() - t_cm
+            if self.real_node:
+                self.real_node.start(deadline)
         except BaseException:
             self.stop()
             raise
@@ -990,7 +1298,9 @@ class ControlPlane:
             f"--tls-cert-file={c.serving_cert}", f"--tls-private-key-file={c.serving_key}",
             f"--client-ca-file={c.ca_cert}",
             f"--token-auth-file={self.data_dir / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
+            # the Node authorizer lets a kubelet (system:node:<name>) read and write what its node
+            # needs; only a control plane with a real node has one
+            "--authorization-mode=" + ("Node,RBAC" if self.real_node else "RBAC"),
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={c.sa_pub}",
             f"--service-account-signing-key-file={c.sa_key}",
@@ -1086,12 +1396,17 @@ class ControlPlane:
         self.kwok.check_alive()
 
     def stop(self) -> None:
-        """Stop KWOK and the controller-manager, then the apiserver (which would otherwise wait
-        out their watches), then etcd. Idempotent."""
+        """Stop KWOK, the controller-manager and a real node's kubelet (then its containers and
+        containerd), then the apiserver (which would otherwise wait out their watches), then
+        etcd. Idempotent."""
         self.kwok.terminate()
         self.controller_manager.terminate()
+        if self.real_node:
+            self.real_node.terminate()
         self.kwok.stop(timeout_s=5)
         self.controller_manager.stop(timeout_s=5)
+        if self.real_node:
+            self.real_node.stop()
         self.apiserver.stop(timeout_s=5)
         self.etcd.stop(timeout_s=10)
 
@@ -1266,9 +1581,32 @@ class ControlPlane:
 # CLI
 
 
+def run_busybox_pod(cp: ControlPlane, name: str, script: str, timeout_s: float = 60.0) -> tuple[dict[str, Any], str]:
+    """A BUSYBOX_IMAGE pod running `script` on the real node (bound by nodeName: no scheduler
+    needed), until it ends; returns the pod and its container's log, read from the kubelet's
+    pod logs directory (the apiserver cannot reach the kubelet's loopback port for logs)."""
+    assert cp.real_node is not None
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": cp.real_node.name, "restartPolicy": "Never",
+                     "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                                     "command": ["/bin/busybox", "sh", "-c", script]}]}}
+    cp.call("POST", "/api/v1/namespaces/default/pods", body, ok=(201,))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pod: dict[str, Any] = cp.call("GET", f"/api/v1/namespaces/default/pods/{name}")
+        if pod["status"].get("phase") in ("Succeeded", "Failed"):
+            break
+        if time.monotonic() > deadline:
+            raise StartError(f"pod {name} still {pod['status'].get('phase')} after {timeout_s}s: "
+                             f"{json.dumps(pod['status'])[:800]}\nkubelet log tail:\n{cp.real_node.kubelet.tail()}")
+        time.sleep(0.2)
+    logs = sorted(cp.real_node.pod_logs.glob(f"default_{name}_*/main/*.log"))
+    return pod, "".join(f.read_text() for f in logs)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port,
-                      controller_manager=args.controller_manager)
+                      controller_manager=args.controller_manager, real_node=args.real_node)
     with stop_signals_as_keyboard_interrupt():
         try:
             try:
@@ -1288,6 +1626,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
                   if cp.last_controller_manager_seconds is not None else "")
             print(f"control plane started in {cp.last_start_seconds:.1f}s{cm}; data dir "
                   f"{cp.data_dir}", file=sys.stderr)  # fmt: skip
+            if cp.real_node:
+                t0 = time.monotonic()
+                try:
+                    pod, log = run_busybox_pod(cp, "hello", "echo hello from $(hostname) in $(cat /proc/self/cgroup | head -1)")
+                except ControlPlaneError as e:
+                    print(f"error: {e}", file=sys.stderr)
+                    return 1
+                print(f"node {cp.real_node.name} Ready ({cp.real_node.node_ip}); pod default/hello "
+                      f"{pod['status']['phase']} in {time.monotonic() - t0:.1f}s, podIP "
+                      f"{pod['status'].get('podIP')}, log:\n{log}", file=sys.stderr, end="")
             print(f"server={cp.base_url}", flush=True)
             print(f"kubeconfig={cp.kubeconfig}", flush=True)
             print(f"scheduler_kubeconfig={cp.scheduler_kubeconfig}", flush=True)
@@ -1336,6 +1684,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=float, default=60.0, help="startup timeout, seconds")
     r.add_argument("--no-controller-manager", dest="controller_manager", action="store_false",
                    help="run no kube-controller-manager (etcd, apiserver and KWOK only)")
+    r.add_argument("--real-node", action="store_true",
+                   help=f"also a kubelet with containerd + runc (root; Debian packages "
+                        f"{', '.join(REAL_NODE_PACKAGES)}), and run a busybox pod on it")
     r.set_defaults(func=_cmd_run)
     args = p.parse_args(argv)
     return int(args.func(args))
