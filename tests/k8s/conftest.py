@@ -1,4 +1,5 @@
-"""Fixtures for tests that need a real Kubernetes control plane (kube-apiserver + etcd + KWOK).
+"""Fixtures for tests that need a real Kubernetes control plane (kube-apiserver + etcd +
+kube-controller-manager + KWOK).
 
 One control plane (tools/k8s/controlplane.py) is started for the whole session on loopback
 ports, with its data under /dev/shm, and KAI's CRDs (deploy/crds/) are installed once. If it
@@ -66,7 +67,7 @@ class K8s:
     _nodes: list[str] = field(default_factory=list)
 
     def namespace(self, prefix: str = "t") -> str:
-        """A fresh namespace (namespaces never finish deleting here: no controller-manager)."""
+        """A fresh namespace (unique: tests never share one)."""
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
         self.cp.create_namespace(name)
         return name
@@ -91,10 +92,10 @@ class K8s:
 
 
 @contextlib.contextmanager
-def started_control_plane() -> Iterator[Any]:
-    """A started control plane with what KAI installs (`install_kai`), closed after; if it cannot start,
-    the test FAILS with the components' log tails."""
-    cp = cp_mod.ControlPlane()
+def started_control_plane(**options: Any) -> Iterator[Any]:
+    """A started control plane (ControlPlane(**options)) with what KAI installs (`install_kai`),
+    closed after; if it cannot start, the test FAILS with the components' log tails."""
+    cp = cp_mod.ControlPlane(**options)
     try:
         cp.start(timeout_s=120)
         install_kai(cp)
@@ -111,11 +112,17 @@ def started_control_plane() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def k8s() -> Iterator[K8s]:
-    """The session's control plane with KAI's CRDs installed."""
+    """The session's control plane with KAI's CRDs installed. At its end, no node may carry a
+    taint: none of the tests taints one, and KWOK's Lease renewals keep the controller-manager's
+    node-lifecycle controller from tainting them (controlplane.CONTROLLERS)."""
     with started_control_plane() as cp:
         yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
                   admin_token=cp.admin_token, scheduler_token=cp.scheduler_token,
                   base_url=cp.base_url)
+        tainted = {n["metadata"]["name"]: n["spec"]["taints"] for n in cp.call("GET", "/api/v1/nodes")["items"]
+                   if n["spec"].get("taints")}
+        if tainted:
+            pytest.fail(f"nodes were tainted during the session: {tainted}\n{cp.log_tails()}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -144,8 +144,9 @@ async def create_queue(api: client.ApiClient, name: str) -> None:
 async def disruption_budget(api: client.ApiClient, namespace: str, labels: Mapping[str, str],
                             name: str = "guard") -> None:
     """A PodDisruptionBudget (minAvailable 1) over the pods with `labels`, waited for in the
-    apiserver's watch cache, where the eviction handler reads it. No controller-manager runs
-    here, so its status never allows a disruption: every eviction it covers is refused (429)."""
+    apiserver's watch cache, where the eviction handler reads it. The controller-manager runs
+    no disruption-controller here (controlplane.CONTROLLERS), so its status never allows a
+    disruption: every eviction it covers is refused (429)."""
     pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
            "metadata": {"name": name, "namespace": namespace},
            "spec": {"minAvailable": 1, "selector": {"matchLabels": dict(labels)}}}

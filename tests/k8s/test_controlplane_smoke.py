@@ -1,14 +1,19 @@
 """The test control plane itself: KWOK GPU nodes, KAI's CRDs, binding through pods/binding,
-and RBAC for a least-privilege scheduler identity (deploy/rbac/clusterrole.yaml)."""
+RBAC for a least-privilege scheduler identity (deploy/rbac/clusterrole.yaml), and the
+controller-manager's controllers."""
 
 from __future__ import annotations
 
+import base64
+import json
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from tests.k8s.conftest import K8s
+from tests.k8s.conftest import K8s, cp_mod
 from tests.k8s.helpers import binding, create_pod, get_pod, gpu_pod, queue, raw, wait_pod_phase
 
 
@@ -82,3 +87,76 @@ async def test_least_privilege_scheduler_can_bind_but_not_delete(
         status, still = await get_pod(admin, ns, "other")
         assert status == 200 and still["metadata"]["uid"] == other["metadata"]["uid"]
         assert not still["spec"].get("nodeName")
+
+
+def test_install_crds_reads_a_crd_whose_conditions_are_null(k8s: K8s) -> None:
+    """The apiserver's reply to a CRD's create (and a GET right after it) carries
+    `"conditions": null` until the apiextensions controllers name and establish it; KAI's CRDs
+    crashed install_crds on it (`.get("conditions", [])` is None when the key holds null)."""
+    name = f"w{uuid.uuid4().hex[:8]}"
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": f"{name}s.kai-es.test"},
+           "spec": {"group": "kai-es.test", "scope": "Namespaced",
+                    "names": {"kind": name.capitalize(), "plural": f"{name}s"},
+                    "versions": [{"name": "v1", "served": True, "storage": True,
+                                  "schema": {"openAPIV3Schema": {"type": "object"}}}]}}
+    reply = k8s.cp.call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd, ok=(201,))
+    assert reply["status"]["conditions"] is None  # what the old code iterated
+    assert cp_mod.conditions(reply) == {}
+    k8s.cp.install_crds([crd])  # waits it out: Established, then servable
+    got = k8s.cp.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}s.kai-es.test")
+    assert cp_mod.conditions(got)["Established"] == "True"
+
+
+def test_controller_manager_runs_its_controllers_and_survives_restarts(k8s: K8s) -> None:
+    """The session's controller-manager: the serviceaccount controllers make a namespace's
+    default ServiceAccount and sign a token Secret the apiserver accepts; a Deployment gets its
+    ReplicaSet and pod; the garbage collector deletes them with the Deployment; after a crash of
+    the controller-manager and one of the apiserver it carries on."""
+    cp = k8s.cp
+    ns = k8s.namespace()
+    deadline = time.monotonic() + 30
+
+    def wait(what: str, fn: Any) -> Any:
+        while not (got := fn()):
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
+        return got
+
+    wait("the default ServiceAccount", lambda: cp.request("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")[0] == 200)
+    cp.call("POST", f"/api/v1/namespaces/{ns}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+        "metadata": {"name": "legacy", "annotations": {"kubernetes.io/service-account.name": "default"}}}, ok=(201,))
+    secret = wait("the token in the Secret", lambda: (s := cp.call("GET", f"/api/v1/namespaces/{ns}/secrets/legacy"))
+                  .get("data", {}).get("token") and s)
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert base64.b64decode(secret["data"]["ca.crt"]) == cp.ca_cert.read_bytes()
+    # signed with the key the apiserver verifies: authenticated (403, not 401) as the account
+    status, out = cp.request("GET", f"/api/v1/namespaces/{ns}/pods", token=token)
+    assert status == 403 and f"system:serviceaccount:{ns}:default" in json.dumps(out), (status, out)
+
+    def deployment_runs(name: str) -> list[Any]:
+        cp.call("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"schedulerName": "nobody-schedules-this",
+                                           "containers": [{"name": "m", "image": "example.invalid/x:1"}]}}}},
+            ok=(201,))
+        return list(wait(f"{name}'s pod", lambda: cp.call(
+            "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=app={name}")["items"]))
+
+    (pod,) = deployment_runs("before")
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+    took = cp.restart_controller_manager()
+    assert took < 30
+    cp.restart_apiserver()
+    deployment_runs("after")
+    # the garbage collector: the Deployment's ReplicaSet and pod go with it
+    cp.call("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/before",
+            {"propagationPolicy": "Background"})
+    wait("the ReplicaSet and pod collected", lambda: not cp.call(
+        "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=app=before")["items"] and not cp.call(
+        "GET", f"/apis/apps/v1/namespaces/{ns}/replicasets?labelSelector=app=before")["items"])
+    # KWOK renews its nodes' Leases: the node-lifecycle controller leaves them untainted
+    assert not [n["metadata"]["name"] for n in cp.call("GET", "/api/v1/nodes")["items"] if n["spec"].get("taints")]

@@ -1,7 +1,10 @@
 """Pod grouping in the informer against the real apiserver: pods without a PodGroup get KAI's
 podgrouper defaults from their owners (bare pod, batch/v1 Job, Deployment through its
 ReplicaSet, a kubeflow.org PyTorchJob whose CRD the test installs), read as kai-es's
-least-privilege identity. No controllers run: owners and pods are created with ownerReferences."""
+least-privilege identity. The Deployment's pod is made by the controller-manager's deployment and
+replicaset controllers; the other owners and pods are created by the test with ownerReferences,
+and the Job names another controller than the built-in one (`spec.managedBy`), which would
+otherwise replace the test's pods with its own."""
 
 from __future__ import annotations
 
@@ -36,8 +39,6 @@ PYTORCHJOB_CRD: dict[str, Any] = {
 
 TEMPLATE = {"metadata": {}, "spec": {"restartPolicy": "Never",
                                      "containers": [{"name": "m", "image": "example.invalid/x:1"}]}}
-SERVING = {"metadata": {"labels": {"app": "serve"}},
-           "spec": {"containers": [{"name": "m", "image": "example.invalid/x:1"}]}}
 
 
 def owned(pod: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
@@ -63,18 +64,15 @@ async def test_pods_get_kai_podgrouper_groups_from_their_owners(k8s: K8s, schedu
         custom = client.CustomObjectsApi(api)
         job = await created(await batch.create_namespaced_job(ns, {
             "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "etl", "labels": {"kai.scheduler/queue": q}},
-            "spec": {"template": TEMPLATE, "suspend": True}}, _preload_content=False))
+            "spec": {"template": TEMPLATE, "suspend": True, "managedBy": "kai-es.test/nobody"}},
+            _preload_content=False))
         job.update(apiVersion="batch/v1", kind="Job")
-        dep = await created(await apps.create_namespaced_deployment(ns, {
+        serving = gpu_pod("template", ns, queue=q, labels={"app": "serve"})
+        await created(await apps.create_namespaced_deployment(ns, {
             "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "serve"},
             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "serve"}},
-                     "template": SERVING}}, _preload_content=False))
-        dep.update(apiVersion="apps/v1", kind="Deployment")
-        rs = await created(await apps.create_namespaced_replica_set(ns, owned({
-            "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "serve-abc"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "serve"}},
-                     "template": SERVING}}, dep), _preload_content=False))
-        rs.update(apiVersion="apps/v1", kind="ReplicaSet")
+                     "template": {"metadata": {"labels": serving["metadata"]["labels"]},
+                                  "spec": serving["spec"]}}}, _preload_content=False))
         ptj = await created(await custom.create_namespaced_custom_object("kubeflow.org", "v1", ns, "pytorchjobs", {
             "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "train"},
             "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": TEMPLATE},
@@ -87,7 +85,16 @@ async def test_pods_get_kai_podgrouper_groups_from_their_owners(k8s: K8s, schedu
         bare = await create_pod(api, gpu_pod("bare", ns, queue=q))
         await create_pod(api, owned(gpu_pod("etl-0", ns), job))
         await create_pod(api, owned(gpu_pod("etl-1", ns), job))
-        serve = await create_pod(api, owned(gpu_pod("serve-abc-x", ns, queue=q), rs))
+
+        async def replica() -> dict[str, Any] | None:
+            status, out = await raw(await client.CoreV1Api(api).list_namespaced_pod(
+                ns, label_selector="app=serve", _preload_content=False))
+            assert status == 200, out
+            return out["items"][0] if out["items"] else None
+
+        serve = await wait_for(replica, "the Deployment's pod, made by its ReplicaSet", timeout_s=30)
+        serve_name = serve["metadata"]["name"]
+        assert serve["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
         for i in range(4):
             await create_pod(api, owned(gpu_pod(f"train-{i}", ns, queue=q), ptj))
         await create_pod(api, owned(gpu_pod("broken-0", ns, queue=q), bad))
@@ -101,7 +108,7 @@ async def test_pods_get_kai_podgrouper_groups_from_their_owners(k8s: K8s, schedu
             records = [r async for r in log.read()]
             names = {r.envelope.data.name for r in records if isinstance(r.envelope.data, p.PodObserved)
                      and r.envelope.data.namespace == ns}
-            return records if {"bare", "etl-0", "etl-1", "serve-abc-x", "train-3", "named"} <= names else None
+            return records if {"bare", "etl-0", "etl-1", serve_name, "train-3", "named"} <= names else None
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(informer.run)
@@ -117,16 +124,18 @@ async def test_pods_get_kai_podgrouper_groups_from_their_owners(k8s: K8s, schedu
             records = [r async for r in log.read()]
             tg.cancel_scope.cancel()
 
-    assert source.owner_fetches <= 7  # one read per owner (5), plus at most a refresh or two: cached
+    # one read per owner (5), plus at most a refresh or two: cached (other tests' pods are
+    # grouped too: their owners count in their namespaces)
+    assert source.owner_fetches[ns] <= 7
     data = [r.envelope.data for r in records]
     pods = {d.name: d for d in data if isinstance(d, p.PodObserved) and d.namespace == ns}
     groups = {d.name: d for d in data if isinstance(d, p.PodGroupObserved) and d.namespace == ns}
     job_pg = f"pg-etl-{job['metadata']['uid']}"
     ptj_pg = f"pg-train-{ptj['metadata']['uid']}"
     bare_pg = f"pg-bare-{bare['metadata']['uid']}"
-    serve_pg = f"pg-serve-abc-x-{serve['metadata']['uid']}"  # a Deployment's pods: one group each
-    assert {n: pods[n].podgroup for n in ("bare", "etl-0", "etl-1", "etl-2", "serve-abc-x", "train-0", "named")} == {
-        "bare": bare_pg, "etl-0": job_pg, "etl-1": job_pg, "etl-2": job_pg, "serve-abc-x": serve_pg,
+    serve_pg = f"pg-{serve_name}-{serve['metadata']['uid']}"  # a Deployment's pods: one group each
+    assert {n: pods[n].podgroup for n in ("bare", "etl-0", "etl-1", "etl-2", serve_name, "train-0", "named")} == {
+        "bare": bare_pg, "etl-0": job_pg, "etl-1": job_pg, "etl-2": job_pg, serve_name: serve_pg,
         "train-0": ptj_pg, "named": "mine"}
     assert not any(pods[n].implicit_podgroup for n in ("bare", "etl-0", "train-0"))
     assert set(groups) == {bare_pg, job_pg, ptj_pg, serve_pg}  # "mine" is the user's: not made up

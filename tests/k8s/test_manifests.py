@@ -1,6 +1,6 @@
-"""KAI-style manifests (queues, a gang, fractional-GPU pods, a batch/v1 Job owner) applied to a
-real apiserver end up bound exactly as `kai-es cycle`
-predicts for the same file: `kai-es informer`, `kai-es scheduler` and `kai-es binder` run as
+"""KAI-style manifests (queues, a gang, fractional-GPU pods, a batch/v1 Job whose pods the
+controller-manager's job-controller makes) applied to a real apiserver end up bound exactly as
+`kai-es cycle` predicts for the same file: `kai-es informer`, `kai-es scheduler` and `kai-es binder` run as
 processes over a file log, on a control plane of the test's own (no other test's nodes, queues
 or pods can change a fair share or a placement).
 
@@ -57,24 +57,33 @@ def apply(cp: Any, doc: dict[str, Any]) -> None:
     elif kind == "Pod":
         ns = meta.get("namespace", "default")
         cp.call("POST", f"/api/v1/namespaces/{ns}/pods", doc, ok=(201,))
-    elif kind == "Job":
-        # no job controller runs here: create the Job, then its pods as the controller would
-        # (named <job>-<i> as the scenario expands them, owned by the Job, from its template)
+    elif kind == "Job":  # the controller-manager's job-controller makes its pods
         ns = meta.get("namespace", "default")
-        job = cp.call("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", doc, ok=(201,))
-        template = doc["spec"]["template"]
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
-                 "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
-        for i in range(int(doc["spec"].get("parallelism", 1))):
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": f"{meta['name']}-{i}", "namespace": ns,
-                                "labels": {**(template.get("metadata") or {}).get("labels", {}),
-                                           "job-name": meta["name"]},
-                                "ownerReferences": [owner]},
-                   "spec": template["spec"]}
-            cp.call("POST", f"/api/v1/namespaces/{ns}/pods", pod, ok=(201,))
+        cp.call("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", doc, ok=(201,))
     else:
         raise AssertionError(f"the test does not apply {kind}")
+
+
+def job_pods(cp: Any, docs: list[dict[str, Any]], timeout_s: float = 30.0) -> dict[str, str]:
+    """Each Job's pods as `kai-es cycle` names them (`<job>-<i>`) -> the pod the job-controller
+    made in its place (`<job>-<random>`), once it made all `parallelism` of them. A Job's pods
+    come from one template, so which one stands for which is arbitrary."""
+    deadline = time.monotonic() + timeout_s
+    out: dict[str, str] = {}
+    for doc in docs:
+        if doc["kind"] != "Job":
+            continue
+        ns, name = doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]
+        count = int(doc["spec"].get("parallelism", 1))
+        while True:
+            made = sorted(pod["metadata"]["name"] for pod in cp.call(
+                "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=batch.kubernetes.io/job-name={name}")["items"])
+            if len(made) == count:
+                break
+            assert time.monotonic() < deadline, f"the job-controller made {made} for Job {name}"
+            time.sleep(0.05)
+        out.update({f"{ns}/{name}-{i}": f"{ns}/{pod}" for i, pod in enumerate(made)})
+    return out
 
 
 def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) -> None:
@@ -86,6 +95,9 @@ def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) ->
 
     for doc in docs:
         apply(own_cp, doc)
+    made = job_pods(own_cp, docs)  # before the informer starts: its first relist holds them
+    assert made
+    predicted = {made.get(key, key): s for key, s in predicted.items()}
     log = tmp_path / "events.jsonl"
     kube = ["--kubeconfig", str(own_cp.kubeconfig)]
     procs = [Proc("informer", ["informer", "--log", str(log), *kube], tmp_path),
@@ -120,6 +132,7 @@ def test_manifests_bind_as_kai_es_cycle_predicts(own_cp: Any, tmp_path: Path) ->
     gangs = {f"{d['metadata'].get('namespace', 'default')}/{d['metadata']['name']}":
              d["metadata"]["annotations"]["pod-group-name"] for d in docs
              if d["kind"] == "Pod" and "pod-group-name" in d["metadata"].get("annotations", {})}
+    gangs.update({key: "job" for key in made.values()})  # a Job's pods are interchangeable too
     for gang in set(gangs.values()):
         members = [key for key, g in gangs.items() if g == gang]
         assert sorted(str(got.pop(k)) for k in members) == sorted(str(want.pop(k)) for k in members), gang

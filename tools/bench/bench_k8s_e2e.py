@@ -85,7 +85,8 @@ def main() -> int:
         gpus, annotations = args.gpus_per_node, {"pod-group-name": "gang"}
     cpm = floor._load_controlplane()
     crds = [yaml.safe_load(p.read_text()) for p in sorted((REPO / "deploy" / "crds").glob("*.yaml"))]
-    with cpm.ControlPlane() as cp, tempfile.TemporaryDirectory() as tmp:
+    # no controller-manager, as for the floor (bench_k8s_floor.py): the same control plane for both
+    with cpm.ControlPlane(controller_manager=False) as cp, tempfile.TemporaryDirectory() as tmp:
         cp.install_crds(crds)
         print(f"control plane up in {cp.last_start_seconds:.1f}s ({cp.base_url})")
         floor_nodes = floor.make_nodes(cp, "floor", args.nodes, args.gpus_per_node, {POOL: "floor"})

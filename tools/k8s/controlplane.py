@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A real Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver + KWOK fake nodes.
+"""A real Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver + kube-controller-manager
++ KWOK fake nodes.
 
 Used two ways:
 
@@ -8,6 +9,8 @@ CLI::
     python3 tools/k8s/controlplane.py fetch        # build the binaries (and helm) once into the cache
     python3 tools/k8s/controlplane.py run          # start, install deploy/crds, print
                                                    # kubeconfig=..., run until Ctrl-C
+                                                   # (--no-controller-manager: without it;
+                                                   # --real-node: plus a kubelet, runs a busybox pod)
 
 Library (test fixtures)::
 
@@ -17,24 +20,39 @@ Library (test fixtures)::
         cp.create_gpu_node("gpu-0", gpus=8)  # a KWOK-managed fake node, Ready in ~0.2 s
         cp.restart_apiserver()               # same etcd, same port: open watches end, old
                                              # resourceVersions get 410 Gone afterwards
+        cp.restart_controller_manager()      # SIGKILL and start again, same port
+
+The controller-manager (``ControlPlane(controller_manager=False)`` leaves it out) runs the
+controllers in CONTROLLERS — Deployments, ReplicaSets, StatefulSets, Jobs, CronJobs, the garbage
+collector, namespaces, service accounts and their tokens, node health — without leader election,
+its secure port on a free loopback port; it is healthy about 0.5 s after its start.
+
+``ControlPlane(real_node=True)`` also runs a real node (``RealNode``): the kubelet built here with
+Debian's containerd and runc (root; REAL_NODE_PACKAGES), a CNI bridge, and busybox images made
+from busybox-static and imported into containerd; Ready about 2 s after the kubelet starts. Its
+docstring lists what this kind of machine refuses and how each refusal is met.
 
 Nothing here is downloaded prebuilt: the Go module proxy serves the sources and the local Go
 toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
 
-* kube-apiserver v1.36.5 — through a throwaway module that requires ``k8s.io/kubernetes`` and
-  ``replace``-s each staging module it requires with the published ``v0.36.5`` module (the
+* kube-apiserver, kube-controller-manager and kubelet v1.36.5 — in ONE ``go build`` (the
+  packages they share compile once) in a throwaway module that requires ``k8s.io/kubernetes``
+  and ``replace``-s each staging module it requires with the published ``v0.36.5`` module (the
   ``go install pkg@version`` shortcut is refused for modules with replace directives);
 * etcd v3.6.8 — the same way (its server module replaces its sibling modules);
 * KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
   (v0.8.0 has no built-in stages).
 * helm v3.22.0 — ``go install`` (not part of the control plane: ``fetch_helm``, for the chart
-  tests; the CLI's ``fetch`` builds it too, so a fresh CI machine gets it). It has its own
-  recipe digest, so adding it left the control plane's cached builds valid.
+  tests; the CLI's ``fetch`` builds it too, so a fresh CI machine gets it).
 
 Binaries land in ``${KAI_ES_CACHE:-~/.cache/kai-es}/k8s/<component>-<version>/`` (outside the
-repo). A marker holding the build recipe's digest is written last, so an interrupted or changed
-build is redone and a complete one is skipped. The Go module and build caches are Go's own
-(``go env GOMODCACHE GOCACHE``), so a second build is seconds.
+repo; the three Kubernetes commands in ``kubernetes-v1.36.5/``), built into a staging directory
+and moved in. A marker holding the component's recipe digest (a ``Recipe``: version, outputs,
+the build function's source and every constant and helper it reads) is written last, so an
+interrupted build or a changed recipe is redone and a complete one is skipped; a change to one
+component's recipe rebuilds that component only. helm keeps the digest of its marked section,
+as when it was first cached. The Go module and build caches are Go's own (``go env GOMODCACHE
+GOCACHE``), so a second build is seconds.
 
 Certificates use the ``cryptography`` package (a test dependency) when it is importable and
 ``openssl`` otherwise. Standard library for everything else.
@@ -43,9 +61,11 @@ Certificates use the ``cryptography`` package (a test dependency) when it is imp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import fcntl
 import hashlib
+import inspect
 import ipaddress
 import json
 import os
@@ -60,7 +80,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
@@ -72,6 +92,8 @@ KUBE_VERSION = "v1.36.5"
 STAGING_VERSION = "v0.36.5"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
+#: Built together from one module at KUBE_VERSION, by one `go build`.
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kubelet")
 #: Helm renders and lints the chart in deploy/helm/ (tests/k8s/test_helm_chart.py).
 HELM_VERSION = "v3.22.0"
 
@@ -85,6 +107,29 @@ KWOK_STAGES = (
     "kustomize/stage/pod/fast/pod-ready.yaml",
     "kustomize/stage/pod/fast/pod-delete.yaml",
 )
+
+#: kube-controller-manager's --controllers: what makes user-written workloads run (Deployment ->
+#: ReplicaSet -> Pods, Jobs, CronJobs, StatefulSets, finished-Job TTLs), the garbage collector
+#: (ownerReferences), namespace deletion, and service accounts with their token Secrets.
+#: node-lifecycle-controller watches node health: KWOK renews every node's Lease (40 s, renewed
+#: every 10 s) so its nodes stay Ready and untainted; a node that stops renewing is tainted
+#: unreachable after --node-monitor-grace-period (50 s), which is what a real cluster does.
+#: taint-eviction-controller is left out on purpose: no pod is ever evicted by a taint, so the
+#: only evictions in a test are the ones kai-es decides. Left out too: disruption-controller
+#: (tests/k8s/helpers.py's PodDisruptionBudgets refuse every eviction because nothing computes
+#: their status), pod-garbage-collector-controller (it deletes pods bound to nodes that do not
+#: exist, which tests make on purpose), root-ca-certificate-publisher-controller (a ConfigMap in
+#: every namespace, which kai-es's informer would record).
+CONTROLLERS = (
+    "deployment-controller", "replicaset-controller", "statefulset-controller",
+    "job-controller", "cronjob-controller", "ttl-after-finished-controller",
+    "garbage-collector-controller", "namespace-controller",
+    "serviceaccount-controller", "serviceaccount-token-controller",
+    "node-lifecycle-controller",
+)  # fmt: skip
+
+#: The node `ControlPlane(real_node=True)` registers (a kubelet; KWOK leaves it alone).
+REAL_NODE_NAME = "real-node-0"
 
 MARKER_NAME = "COMPLETE"
 TOOLS_REPO = Path(__file__).resolve().parents[2]
@@ -117,8 +162,21 @@ def component_dir(component: str, version: str) -> Path:
     return cache_root() / "k8s" / f"{component}-{version}"
 
 
+def kube_bin(command: str) -> Path:
+    """One of KUBE_COMMANDS, all built together into one component dir."""
+    return component_dir("kubernetes", KUBE_VERSION) / command
+
+
 def apiserver_bin() -> Path:
-    return component_dir("kube-apiserver", KUBE_VERSION) / "kube-apiserver"
+    return kube_bin("kube-apiserver")
+
+
+def controller_manager_bin() -> Path:
+    return kube_bin("kube-controller-manager")
+
+
+def kubelet_bin() -> Path:
+    return kube_bin("kubelet")
 
 
 def etcd_bin() -> Path:
@@ -158,43 +216,6 @@ def find_go() -> str:
     )
 
 
-def _recipe_digest(component: str, version: str, extra: str = "") -> str:
-    """Digest of what a cached build depends on: versions plus this file's build recipe."""
-    h = hashlib.sha256()
-    h.update(f"{component}\0{version}\0{extra}\0".encode())
-    src = Path(__file__).read_text()
-    start, end = src.find("# BUILD-RECIPE-BEGIN"), src.find("# BUILD-RECIPE-END")
-    h.update(src[start:end].encode())
-    return h.hexdigest()
-
-
-def _helm_recipe_digest(component: str, version: str) -> str:
-    """Digest of helm's version and its build recipe: the lines between the HELM-RECIPE
-    markers (each matched as a whole line, so this function's own text is not the section)."""
-    src = Path(__file__).read_text()
-    m = re.search(r"^# HELM-RECIPE-BEGIN\b[^\n]*\n(.*)^# HELM-RECIPE-END$", src, re.M | re.S)
-    if m is None:
-        raise FetchError("tools/k8s/controlplane.py lost its HELM-RECIPE markers")
-    return hashlib.sha256(f"{component}\0{version}\0".encode() + m.group(1).encode()).hexdigest()
-
-
-def _digest_for(component: str, version: str) -> str:
-    # helm has its own recipe section so that adding it left the control plane's cached builds
-    # (and their digests, shared by every checkout on a machine) untouched
-    if component == "helm":
-        return _helm_recipe_digest(component, version)
-    return _recipe_digest(component, version)
-
-
-def _is_built(component: str, version: str, files: Sequence[Path]) -> bool:
-    marker = component_dir(component, version) / MARKER_NAME
-    try:
-        ok = marker.read_text().strip() == _digest_for(component, version)
-    except OSError:
-        return False
-    return ok and all(f.exists() for f in files)
-
-
 class _Builder:
     """Runs go commands with a log file; raises FetchError with the log tail on failure."""
 
@@ -212,10 +233,12 @@ class _Builder:
         with open(self.log_path, "a") as log:
             log.write(f"--- (cd {cwd} && {' '.join(args)})\n")
             log.flush()
+            t0 = time.monotonic()
             res = subprocess.run(
                 list(args), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=log, text=True
             )
             log.write(res.stdout[-4000:])
+            log.write(f"--- exit {res.returncode} after {time.monotonic() - t0:.1f}s\n")
         if res.returncode != 0:
             raise FetchError(
                 f"`{' '.join(args)}` exited {res.returncode} in {cwd}; "
@@ -231,7 +254,67 @@ class _Builder:
         return info
 
 
-# BUILD-RECIPE-BEGIN (edits between these markers invalidate cached builds)
+#: A build step: (builder, an empty directory to leave the recipe's outputs in, a scratch dir).
+BuildFn = Callable[[_Builder, Path, Path], None]
+
+
+def _canonical(value: Any) -> Any:
+    """`value` as JSON-able data whose text does not depend on set order or hash seeds; a
+    function or class stands for its source text."""
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, (frozenset, set)):
+        return sorted(json.dumps(_canonical(v), sort_keys=True) for v in value)
+    if isinstance(value, (tuple, list)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if inspect.isfunction(value) or inspect.isclass(value):
+        return inspect.getsource(value)
+    raise TypeError(f"a build recipe's input must be data or a function, not {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one cached component is built, and everything its build depends on.
+
+    The digest written to the component's marker covers the component and version, the output
+    file names, the build function's source and every declared input (constants as values,
+    helper functions and classes as their source). Change any of them and the next `fetch`
+    rebuilds; change anything else in this file and nothing rebuilds."""
+
+    component: str
+    version: str
+    #: files the build leaves, relative to the component dir (the first is "the" binary)
+    outputs: tuple[str, ...]
+    build: BuildFn
+    #: the constants and helpers `build` reads (its own source is always included)
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    #: a digest function replacing the default one (helm keeps the digest it was cached under)
+    digest_override: Callable[[], str] | None = None
+
+    @property
+    def dir(self) -> Path:
+        return component_dir(self.component, self.version)
+
+    def paths(self) -> list[Path]:
+        return [self.dir / o for o in self.outputs]
+
+    def digest(self) -> str:
+        if self.digest_override is not None:
+            return self.digest_override()
+        doc = {
+            "component": self.component, "version": self.version, "outputs": list(self.outputs),
+            "build": inspect.getsource(self.build), "inputs": _canonical(self.inputs),
+        }  # fmt: skip
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    def is_built(self) -> bool:
+        try:
+            ok = (self.dir / MARKER_NAME).read_text().strip() == self.digest()
+        except OSError:
+            return False
+        return ok and all(p.exists() for p in self.paths())
 
 
 def _staging_replaces(kubernetes_gomod: str) -> list[str]:
@@ -249,41 +332,47 @@ def _sibling_replaces(gomod: str) -> list[str]:
     return sorted(set(re.findall(r"^\s*(\S+)\s+=>\s+\.\./", gomod, re.M)))
 
 
-def _write_tools_go(workdir: Path, package: str) -> None:
-    (workdir / "tools.go").write_text(
-        "//go:build tools\n\npackage tools\n\n" f'import _ "{package}"\n'
-    )
+def _write_tools_go(workdir: Path, *packages: str) -> None:
+    imports = "".join(f'\t_ "{p}"\n' for p in packages)
+    (workdir / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
 
 
-def _build_apiserver(b: _Builder, out: Path, workdir: Path) -> None:
-    b.run([b.go, "mod", "init", "kai-es.local/build/kube-apiserver"], workdir)
-    info = b.download(f"k8s.io/kubernetes@{KUBE_VERSION}", workdir)
-    gomod = Path(info["GoMod"]).read_text()
-    args = [b.go, "mod", "edit", f"-require=k8s.io/kubernetes@{KUBE_VERSION}"]
-    for mod in _staging_replaces(gomod):
-        args.append(f"-replace={mod}={mod}@{STAGING_VERSION}")
-    b.run(args, workdir)
-    _write_tools_go(workdir, "k8s.io/kubernetes/cmd/kube-apiserver")
-    b.run([b.go, "mod", "tidy"], workdir)
+def _kube_version_ldflags() -> list[str]:
+    """-X flags for the version every Kubernetes command reports (`--version`, /version)."""
     major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
-    build_date = "1970-01-01T00:00:00Z"  # reproducible; the apiserver only reports it
-    ldflags = []
+    build_date = "1970-01-01T00:00:00Z"  # reproducible; the commands only report it
+    flags = []
     for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
-        ldflags += [
+        flags += [
             f"-X {pkg}.gitVersion={KUBE_VERSION}",
             f"-X {pkg}.gitMajor={major}",
             f"-X {pkg}.gitMinor={minor}",
             f"-X {pkg}.gitTreeState=clean",
             f"-X {pkg}.buildDate={build_date}",
         ]
-    b.run(
-        [b.go, "build", "-trimpath", "-ldflags", "-s -w " + " ".join(ldflags),
-         "-o", str(out), "k8s.io/kubernetes/cmd/kube-apiserver"],
-        workdir, env={"CGO_ENABLED": "0"},
-    )  # fmt: skip
+    return flags
 
 
-def _build_etcd(b: _Builder, out: Path, workdir: Path) -> None:
+def _build_kubernetes(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    """KUBE_COMMANDS from one throwaway module and ONE `go build`, so the packages they share
+    (client-go, apiserver, component-base...) compile once and link into each binary."""
+    b.run([b.go, "mod", "init", "kai-es.local/build/kubernetes"], workdir)
+    info = b.download(f"k8s.io/kubernetes@{KUBE_VERSION}", workdir)
+    gomod = Path(info["GoMod"]).read_text()
+    args = [b.go, "mod", "edit", f"-require=k8s.io/kubernetes@{KUBE_VERSION}"]
+    for mod in _staging_replaces(gomod):
+        args.append(f"-replace={mod}={mod}@{STAGING_VERSION}")
+    b.run(args, workdir)
+    packages = [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS]
+    _write_tools_go(workdir, *packages)
+    b.run([b.go, "mod", "tidy"], workdir)
+    ldflags = "-s -w " + " ".join(_kube_version_ldflags())
+    # `-o DIR/` with several main packages writes one executable per package into DIR
+    b.run([b.go, "build", "-trimpath", "-ldflags", ldflags, "-o", f"{out_dir}{os.sep}", *packages],
+          workdir, env={"CGO_ENABLED": "0"})  # fmt: skip
+
+
+def _build_etcd(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run([b.go, "mod", "init", "kai-es.local/build/etcd"], workdir)
     info = b.download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}", workdir)
     gomod = Path(info["GoMod"]).read_text()
@@ -294,30 +383,25 @@ def _build_etcd(b: _Builder, out: Path, workdir: Path) -> None:
     _write_tools_go(workdir, "go.etcd.io/etcd/server/v3")
     b.run([b.go, "mod", "tidy"], workdir)
     b.run(
-        [b.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out),
+        [b.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out_dir / "etcd"),
          "go.etcd.io/etcd/server/v3"],
         workdir, env={"CGO_ENABLED": "0"},
     )  # fmt: skip
 
 
-def _build_kwok(b: _Builder, out: Path, workdir: Path) -> None:
-    gobin = workdir / "bin"
+def _build_kwok(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run(
         [b.go, "install", "-trimpath", "-ldflags", "-s -w",
          f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
-        workdir, env={"GOBIN": str(gobin), "CGO_ENABLED": "0"},
+        workdir, env={"GOBIN": str(out_dir), "CGO_ENABLED": "0"},
     )  # fmt: skip
-    shutil.copy2(gobin / "kwok", out)
     info = b.download(f"sigs.k8s.io/kwok@{KWOK_VERSION}", workdir)
-    stages = out.parent / "stages"
-    stages.mkdir(exist_ok=True)
+    stages = out_dir / "stages"
+    stages.mkdir()
     for rel in KWOK_STAGES:
         dst = stages / Path(rel).name
         shutil.copyfile(Path(info["Dir"]) / rel, dst)
         dst.chmod(0o644)  # the module cache is read-only
-
-
-# BUILD-RECIPE-END
 
 
 # HELM-RECIPE-BEGIN (edits between these markers invalidate the cached helm build)
@@ -338,68 +422,97 @@ def _build_helm(b: _Builder, out: Path, workdir: Path) -> None:
 # HELM-RECIPE-END
 
 
-def _fetch_one(
-    component: str,
-    version: str,
-    binary: Path,
-    extra_files: Sequence[Path],
-    build: Callable[[_Builder, Path, Path], None],
-    *,
-    quiet: bool,
-) -> Path:
-    files = [binary, *extra_files]
-    if _is_built(component, version, files):
-        return binary
-    cdir = component_dir(component, version)
+def _helm_recipe_digest() -> str:
+    """Digest of helm's version and the lines between the HELM-RECIPE markers (each matched as
+    a whole line). Kept as it was when helm was first cached, so helm builds stay valid."""
+    src = Path(__file__).read_text()
+    m = re.search(r"^# HELM-RECIPE-BEGIN\b[^\n]*\n(.*)^# HELM-RECIPE-END$", src, re.M | re.S)
+    if m is None:
+        raise FetchError("tools/k8s/controlplane.py lost its HELM-RECIPE markers")
+    return hashlib.sha256(f"helm\0{HELM_VERSION}\0".encode() + m.group(1).encode()).hexdigest()
+
+
+def _build_helm_into(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    _build_helm(b, out_dir / "helm", workdir)
+
+
+#: Every inputs mapping names what its build reads besides its own source; `_Builder` (the go
+#: environment: GOTOOLCHAIN, GOFLAGS) is an input of each.
+KUBERNETES = Recipe(
+    "kubernetes", KUBE_VERSION, KUBE_COMMANDS, _build_kubernetes,
+    {"builder": _Builder, "staging_version": STAGING_VERSION, "unpublished": UNPUBLISHED_STAGING,
+     "helpers": (_staging_replaces, _write_tools_go, _kube_version_ldflags)},
+)  # fmt: skip
+ETCD = Recipe(
+    "etcd", ETCD_VERSION, ("etcd",), _build_etcd,
+    {"builder": _Builder, "helpers": (_sibling_replaces, _write_tools_go)},
+)  # fmt: skip
+KWOK = Recipe(
+    "kwok", KWOK_VERSION, ("kwok", *(f"stages/{Path(p).name}" for p in KWOK_STAGES)), _build_kwok,
+    {"builder": _Builder, "stages": KWOK_STAGES},
+)  # fmt: skip
+HELM = Recipe("helm", HELM_VERSION, ("helm",), _build_helm_into, digest_override=_helm_recipe_digest)
+#: What the control plane runs (`fetch`); helm is separate (`fetch_helm`).
+CONTROL_PLANE_RECIPES = (ETCD, KWOK, KUBERNETES)
+
+
+def _fetch_one(recipe: Recipe, *, quiet: bool) -> Path:
+    """Build `recipe` unless its marker says it is built; return its first output. The outputs
+    are built into a staging dir, moved in, and the marker is written last."""
+    first = recipe.paths()[0]
+    if recipe.is_built():
+        return first
+    cdir = recipe.dir
     cdir.mkdir(parents=True, exist_ok=True)
     with open(cdir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _is_built(component, version, files):  # another process finished meanwhile
-            return binary
+        if recipe.is_built():  # another process finished meanwhile
+            return first
         go = find_go()
         (cdir / MARKER_NAME).unlink(missing_ok=True)
         log_path = cdir / "build.log"
-        log_path.write_text(f"building {component} {version} with {go}\n")
+        log_path.write_text(f"building {recipe.component} {recipe.version} with {go}\n")
         t0 = time.monotonic()
+        what = f"{recipe.component} {recipe.version}"
         if not quiet:
-            print(f"building {component} {version} (log: {log_path})...", file=sys.stderr)
-        with tempfile.TemporaryDirectory(prefix=f"kai-es-build-{component}-") as tmp:
-            staging = cdir / f"{binary.name}.tmp-{os.getpid()}"
-            build(_Builder(go, log_path), staging, Path(tmp))
-            staging.rename(binary)
-        (cdir / MARKER_NAME).write_text(_digest_for(component, version) + "\n")  # last
+            print(f"building {what} (log: {log_path})...", file=sys.stderr)
+        staging = cdir / f".staging-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"kai-es-build-{recipe.component}-") as tmp:
+                recipe.build(_Builder(go, log_path), staging, Path(tmp))
+            for rel in recipe.outputs:
+                if not (staging / rel).is_file():
+                    raise FetchError(f"building {what} left no {rel}; log: {log_path}")
+                (cdir / rel).parent.mkdir(parents=True, exist_ok=True)
+                (staging / rel).rename(cdir / rel)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        (cdir / MARKER_NAME).write_text(recipe.digest() + "\n")  # last
         if not quiet:
-            print(f"built {component} {version} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
-        return binary
+            print(f"built {what} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        return first
 
 
 def fetch(*, quiet: bool = True) -> dict[str, Path]:
-    """Build (or find cached) etcd, kube-apiserver and kwok; return their paths.
+    """Build (or find cached) etcd, KWOK, kube-apiserver, kube-controller-manager and kubelet;
+    return their paths.
 
     Idempotent and cheap when the cache is complete; safe against concurrent callers (flock).
     """
-    return {
-        "etcd": _fetch_one("etcd", ETCD_VERSION, etcd_bin(), [], _build_etcd, quiet=quiet),
-        "kwok": _fetch_one(
-            "kwok", KWOK_VERSION, kwok_bin(), kwok_stage_files(), _build_kwok, quiet=quiet
-        ),
-        "kube-apiserver": _fetch_one(
-            "kube-apiserver", KUBE_VERSION, apiserver_bin(), [], _build_apiserver, quiet=quiet
-        ),
-    }
+    for recipe in CONTROL_PLANE_RECIPES:
+        _fetch_one(recipe, quiet=quiet)
+    return {"etcd": etcd_bin(), "kwok": kwok_bin(), **{c: kube_bin(c) for c in KUBE_COMMANDS}}
 
 
 def fetch_helm(*, quiet: bool = True) -> Path:
     """Build (or find cached) helm; return its path. Same cache and locking as `fetch`."""
-    return _fetch_one("helm", HELM_VERSION, helm_bin(), [], _build_helm, quiet=quiet)
+    return _fetch_one(HELM, quiet=quiet)
 
 
 def is_fetched() -> bool:
-    return (
-        _is_built("etcd", ETCD_VERSION, [etcd_bin()])
-        and _is_built("kwok", KWOK_VERSION, [kwok_bin(), *kwok_stage_files()])
-        and _is_built("kube-apiserver", KUBE_VERSION, [apiserver_bin()])
-    )
+    return all(r.is_built() for r in CONTROL_PLANE_RECIPES)
 
 
 # --------------------------------------------------------------------------------------------
@@ -421,10 +534,12 @@ class Credentials:
 
     ca_cert: Path
     ca_key: Path
-    serving_cert: Path
+    serving_cert: Path  # the apiserver's
     serving_key: Path
     sa_key: Path  # service-account signing key (private)
     sa_pub: Path  # and its public half (--service-account-key-file)
+    kcm_cert: Path  # kube-controller-manager's serving certificate (its /healthz), same CA
+    kcm_key: Path
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -434,25 +549,41 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def make_credentials(directory: Path, *, hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Credentials:
-    """A CA (with keyUsage, which Python's strict TLS verification demands), a serving
-    certificate for `hosts` plus the in-cluster names, and a service-account key pair."""
+    """A CA (with keyUsage, which Python's strict TLS verification demands), serving
+    certificates for `hosts` (the apiserver's with the in-cluster names too, and the
+    controller-manager's), and a service-account key pair."""
     directory.mkdir(parents=True, exist_ok=True)
     creds = Credentials(
         ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt", serving_key=directory / "apiserver.key",
         sa_key=directory / "sa.key", sa_pub=directory / "sa.pub",
+        kcm_cert=directory / "controller-manager.crt", kcm_key=directory / "controller-manager.key",
     )  # fmt: skip
-    names = [*hosts, "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    serving = [
+        _Serving(creds.serving_cert, creds.serving_key, "kube-apiserver",
+                 (*hosts, "kubernetes", "kubernetes.default", "kubernetes.default.svc")),
+        _Serving(creds.kcm_cert, creds.kcm_key, "kube-controller-manager", tuple(hosts)),
+    ]  # fmt: skip
     try:
         import cryptography  # noqa: F401
     except ImportError:
-        _credentials_openssl(creds, names)
+        _credentials_openssl(creds, serving)
     else:
-        _credentials_cryptography(creds, names)
+        _credentials_cryptography(creds, serving)
     return creds
 
 
-def _credentials_cryptography(c: Credentials, names: Sequence[str]) -> None:
+@dataclass(frozen=True)
+class _Serving:
+    """One serving certificate to issue from the CA."""
+
+    cert: Path
+    key: Path
+    common_name: str
+    names: tuple[str, ...]  # subject alternative names: IP addresses or DNS names
+
+
+def _credentials_cryptography(c: Credentials, serving: Sequence[_Serving]) -> None:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -480,48 +611,45 @@ def _credentials_cryptography(c: Credentials, names: Sequence[str]) -> None:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
-    for n in names:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(n)))
-        except ValueError:
-            sans.append(x509.DNSName(n))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, key_encipherment=True, key_cert_sign=False, crl_sign=False,
-            content_commitment=False, data_encipherment=False, key_agreement=False,
-            encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                       critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     c.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     _write_private(c.ca_key, pem_key(ca_key))
-    c.serving_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(c.serving_key, pem_key(key))
+    for srv in serving:
+        key = ec.generate_private_key(ec.SECP256R1())
+        sans: list[x509.GeneralName] = []
+        for n in srv.names:
+            try:
+                sans.append(x509.IPAddress(ipaddress.ip_address(n)))
+            except ValueError:
+                sans.append(x509.DNSName(n))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, srv.common_name)]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, key_encipherment=True, key_cert_sign=False, crl_sign=False,
+                content_commitment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )  # fmt: skip
+        srv.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_private(srv.key, pem_key(key))
+    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_private(c.sa_key, pem_key(sa))
     c.sa_pub.write_bytes(sa.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
 
 
-def _credentials_openssl(c: Credentials, names: Sequence[str]) -> None:
+def _credentials_openssl(c: Credentials, serving: Sequence[_Serving]) -> None:
     openssl = shutil.which("openssl")
     if openssl is None:
         raise StartError("need the `cryptography` package or `openssl` to make certificates")
     d = c.ca_cert.parent
-    san = ",".join(
-        f"IP:{n}" if re.fullmatch(r"[\d.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", n) else f"DNS:{n}"
-        for n in names
-    )
 
     def run(*args: str) -> None:
         res = subprocess.run([openssl, *args], cwd=d, capture_output=True, text=True)
@@ -533,15 +661,20 @@ def _credentials_openssl(c: Credentials, names: Sequence[str]) -> None:
         "-addext", "basicConstraints=critical,CA:TRUE",
         "-addext", "keyUsage=critical,digitalSignature,keyCertSign,cRLSign",
         "-out", str(c.ca_cert))  # fmt: skip
-    run("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(c.serving_key))
-    ext = d / "serving.ext"
-    ext.write_text(
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-        f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
-    )
-    run("req", "-new", "-key", str(c.serving_key), "-subj", "/CN=kube-apiserver", "-out", "serving.csr")
-    run("x509", "-req", "-in", "serving.csr", "-CA", str(c.ca_cert), "-CAkey", str(c.ca_key),
-        "-CAcreateserial", "-days", "30", "-extfile", str(ext), "-out", str(c.serving_cert))  # fmt: skip
+    for srv in serving:
+        san = ",".join(
+            f"IP:{n}" if re.fullmatch(r"[\d.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", n) else f"DNS:{n}"
+            for n in srv.names
+        )
+        run("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(srv.key))
+        ext = d / "serving.ext"
+        ext.write_text(
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
+        )
+        run("req", "-new", "-key", str(srv.key), "-subj", f"/CN={srv.common_name}", "-out", "serving.csr")
+        run("x509", "-req", "-in", "serving.csr", "-CA", str(c.ca_cert), "-CAkey", str(c.ca_key),
+            "-CAcreateserial", "-days", "30", "-extfile", str(ext), "-out", str(srv.cert))  # fmt: skip
     run("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(c.sa_key))
     run("pkey", "-in", str(c.sa_key), "-pubout", "-out", str(c.sa_pub))
 
@@ -613,6 +746,11 @@ class _Proc:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting (stop() waits): to stop several processes at once."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def kill(self) -> int | None:
         """SIGKILL (an unclean crash). Idempotent."""
         if self.proc is not None and self.proc.poll() is None:
@@ -649,6 +787,290 @@ class _Proc:
         return tail(self.log_path, lines, start=self.log_start)
 
 
+# --------------------------------------------------------------------------------------------
+# A real node: kubelet + Debian's containerd and runc, CNI bridge, images made from busybox-static
+
+
+#: Debian packages a real node needs (`run --real-node`, tests/k8s/test_real_node.py; .ci/run
+#: installs them): the container runtime, its low-level runtime, the CNI plugins, and the
+#: static busybox the images are made of (no registry is reachable).
+REAL_NODE_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static")
+REAL_NODE_BINARIES = {"containerd": "containerd", "ctr": "containerd", "runc": "runc",
+                      "/usr/lib/cni/bridge": "containernetworking-plugins",
+                      "/usr/lib/cni/host-local": "containernetworking-plugins",
+                      "/usr/lib/cni/loopback": "containernetworking-plugins",
+                      "/bin/busybox": "busybox-static", "umount": "mount", "ip": "iproute2"}
+CNI_BIN_DIR = Path("/usr/lib/cni")
+#: made locally by `busybox_images` and imported with `ctr -n k8s.io images import`
+BUSYBOX_IMAGE = "kai-es.local/busybox:1"
+PAUSE_IMAGE = "kai-es.local/pause:1"  # the pod sandbox: busybox sleeping
+#: the host's bridge for pod networking (CNI bridge plugin), and its pod subnet
+POD_BRIDGE = "kaies0"
+POD_SUBNET = "10.88.0.0/16"
+
+
+def busybox_images(path: Path, busybox: Path = Path("/bin/busybox")) -> Path:
+    """A docker-archive tar (what `ctr images import` reads) with BUSYBOX_IMAGE and PAUSE_IMAGE:
+    one layer holding a static busybox and its applet links. Byte-identical for the same
+    busybox (fixed times and owners)."""
+    import io
+    import tarfile
+
+    data = busybox.read_bytes()
+    if b"\x7fELF" != data[:4] or b"/lib64/ld-linux" in data[:4096]:
+        raise StartError(f"{busybox} is not a static busybox ELF (install busybox-static)")
+
+    def entry(name: str, **attrs: Any) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
+        for k, v in attrs.items():
+            setattr(info, k, v)
+        return info
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for d in ("bin", "dev", "etc", "proc", "sys", "tmp"):
+            t.addfile(entry(d, type=tarfile.DIRTYPE, mode=0o1777 if d == "tmp" else 0o755))
+        t.addfile(entry("bin/busybox", size=len(data), mode=0o755), io.BytesIO(data))
+        for applet in ("sh", "sleep", "echo", "cat", "ls", "hostname"):
+            t.addfile(entry(f"bin/{applet}", type=tarfile.SYMTYPE, linkname="busybox"))
+    layer_bytes = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    with tarfile.open(path, "w") as out:
+        def add(name: str, blob: bytes) -> None:
+            out.addfile(entry(name, size=len(blob), mode=0o644), io.BytesIO(blob))
+
+        add("layer.tar", layer_bytes)
+        manifest = []
+        for ref, entrypoint in ((BUSYBOX_IMAGE, ["/bin/busybox", "sh"]),
+                                (PAUSE_IMAGE, ["/bin/busybox", "sleep", "2147483647"])):
+            config = json.dumps({
+                "architecture": "amd64", "os": "linux",
+                "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
+                "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            }, sort_keys=True).encode()  # fmt: skip
+            name = hashlib.sha256(config).hexdigest() + ".json"
+            add(name, config)
+            manifest.append({"Config": name, "RepoTags": [ref], "Layers": ["layer.tar"]})
+        add("manifest.json", json.dumps(manifest).encode())
+    return path
+
+
+def host_ip() -> str:
+    """The address of the interface the default route leaves by (no packet is sent): the
+    kubelet refuses a loopback node IP ("nodeIP can't be loopback address")."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only selects a route
+            ip = str(s.getsockname()[0])
+        except OSError as e:
+            raise StartError(f"a real node needs a non-loopback IPv4 address: {e}") from e
+    if ip.startswith("127."):
+        raise StartError("a real node needs a non-loopback IPv4 address (the kubelet refuses loopback)")
+    return ip
+
+
+class RealNode:
+    """A kubelet v1.36.5 with Debian's containerd and runc, registered to a ControlPlane.
+
+    Runs as root (the kubelet manages cgroups, mounts and network namespaces). Everything it
+    can be told to keep is under ``<data dir>/node``: containerd's root, state and socket, runc's
+    state, the CNI config and IP allocations, the kubelet's root dir and pod logs. What it does
+    to the host: the bridge POD_BRIDGE (removed by stop), cgroups under ``kubepods`` (empty ones
+    removed by stop), /var/lib/kubelet/device-plugins and /var/lib/cni (paths the kubelet and
+    containerd's CNI library do not take from their configuration), /run/containerd/s (shim
+    sockets).
+
+    Facts of this kind of machine, each met and handled here:
+    - cgroup v1: kubelet 1.35+ refuses it unless ``failCgroupV1: false``;
+    - containerd 1.6 has no CRI RuntimeConfig method: the kubelet logs it and uses
+      ``cgroupDriver: cgroupfs`` from its config;
+    - writing a negative value to /proc/self/oom_score_adj is refused (EACCES), even as root with
+      every capability; runc's init writes -998 for every pod sandbox (the kubelet's fixed
+      PodInfraOOMAdj) and dies ("can't get final child's PID from pipe: EOF"), so containerd runs
+      with ``restrict_oom_score_adj = true`` (no score below containerd's own);
+    - no registry: the sandbox and busybox images are made from busybox-static and imported.
+    """
+
+    def __init__(self, cp: "ControlPlane", name: str, user: User, labels: Mapping[str, str],
+                 die_with_parent: bool) -> None:
+        self.cp = cp
+        self.name = name
+        self.user = user
+        self.labels = dict(labels)
+        self.dir = cp.data_dir / "node"
+        self.containerd = _Proc("containerd", cp.data_dir / "containerd.log", die_with_parent)
+        self.kubelet = _Proc("kubelet", cp.data_dir / "kubelet.log", die_with_parent)
+        self.kubelet_port = free_port()
+        self.healthz_port = free_port()
+        self.node_ip: str | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "containerd.sock"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.dir / "pod-logs"
+
+    @staticmethod
+    def preflight() -> None:
+        """Raise StartError naming what is missing (root, binaries and their packages)."""
+        problems = []
+        if os.geteuid() != 0:
+            problems.append("the kubelet and containerd must run as root")
+        missing = {pkg for binary, pkg in REAL_NODE_BINARIES.items()
+                   if not (Path(binary).exists() if binary.startswith("/") else shutil.which(binary))}
+        if missing:
+            problems.append(f"missing Debian packages: apt-get install {' '.join(sorted(missing))}")
+        if problems:
+            raise StartError("a real node cannot start: " + "; ".join(problems))
+
+    def _ctr(self, *args: str, timeout: float = 30.0) -> str:
+        res = subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
+                             capture_output=True, text=True, timeout=timeout)
+        if res.returncode != 0:
+            raise StartError(f"ctr {' '.join(args)}: {res.stderr.strip()}")
+        return res.stdout
+
+    def _write_configs(self) -> None:
+        d = self.dir
+        for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "runc", "opt"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        (d / "containerd.toml").write_text(f"""\
+version = 2
+root = "{d}/containerd/root"
+state = "{d}/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.socket}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # negative OOM scores are refused here (see the class docstring)
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        BinaryName = "{shutil.which('runc') or 'runc'}"
+        Root = "{d}/runc"
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{d}/cni/net.d"
+""")
+        (d / "cni" / "net.d" / "10-kai-es.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "kai-es",
+            "plugins": [{"type": "bridge", "bridge": POD_BRIDGE, "isGateway": True, "ipMasq": False,
+                         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                                  "dataDir": str(d / "cni" / "ipam")}}],
+        }, indent=2) + "\n")  # fmt: skip
+        assert self.cp.creds is not None
+        (d / "kubelet.kubeconfig").write_text(_kubeconfig(self.cp.base_url, self.cp.creds.ca_cert, self.user))
+        (d / "kubelet.yaml").write_text(json.dumps({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "failCgroupV1": False,  # cgroup v1 here; 1.35+ refuses it otherwise
+            "cgroupDriver": "cgroupfs",
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            "address": "127.0.0.1", "port": self.kubelet_port, "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": self.healthz_port,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(self.cp.creds.ca_cert)}},
+            "authorization": {"mode": "Webhook"},
+            "failSwapOn": False,
+            "podLogsDir": str(self.pod_logs),
+            # a small disk or a busy test machine must not evict the test's pods, and the images
+            # made here can never be pulled again: no image garbage collection
+            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        }, indent=2) + "\n")  # fmt: skip
+
+    def start(self, deadline: float) -> None:
+        """containerd (socket answering), the images imported, then the kubelet; until the node
+        is Ready in the apiserver."""
+        self.preflight()
+        self.node_ip = host_ip()
+        self._write_configs()
+        self.containerd.start(["containerd", "--config", str(self.dir / "containerd.toml")], cwd=self.dir)
+        while True:
+            self.containerd.check_alive()
+            try:
+                self._ctr("version", timeout=5)
+                break
+            except (StartError, subprocess.TimeoutExpired):
+                if time.monotonic() > deadline:
+                    raise StartError(f"containerd not answering; log tail:\n{self.containerd.tail()}") from None
+                time.sleep(0.1)
+        self._ctr("images", "import", str(busybox_images(self.dir / "images.tar")), timeout=120)
+        labels = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
+        self.kubelet.start([
+            str(kubelet_bin()), f"--config={self.dir / 'kubelet.yaml'}",
+            f"--kubeconfig={self.dir / 'kubelet.kubeconfig'}", f"--root-dir={self.dir / 'kubelet'}",
+            f"--cert-dir={self.dir / 'kubelet' / 'pki'}", f"--hostname-override={self.name}",
+            f"--node-ip={self.node_ip}", *([f"--node-labels={labels}"] if labels else []), "-v=1",
+        ], cwd=self.dir)  # fmt: skip
+        while True:
+            self.kubelet.check_alive()
+            self.containerd.check_alive()
+            status, node = self.cp.request("GET", f"/api/v1/nodes/{self.name}")
+            if status == 200 and conditions(node).get("Ready") == "True":
+                return
+            if time.monotonic() > deadline:
+                raise StartError(f"node {self.name} not Ready in time ({conditions(node) if status == 200 else status}); "
+                                 f"kubelet log tail:\n{self.kubelet.tail()}")
+            time.sleep(0.2)
+
+    def terminate(self) -> None:
+        self.kubelet.terminate()
+
+    def stop(self) -> None:
+        """The kubelet, then every container still running (their shims outlive containerd),
+        containerd, the kubelet's root-dir mount, the bridge, empty kubepods cgroups."""
+        self.kubelet.stop(timeout_s=10)
+        if self.containerd.running():
+            try:
+                for task in self._ctr("tasks", "ls", "-q", timeout=10).split():
+                    subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", "tasks", "kill",
+                                    "-s", "SIGKILL", task], capture_output=True, timeout=10)
+                    subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", "tasks", "delete",
+                                    "-f", task], capture_output=True, timeout=10)
+            except (StartError, subprocess.TimeoutExpired):
+                pass
+        self.containerd.stop(timeout_s=10)
+        for mount in reversed(_mounts_under(self.dir)):
+            subprocess.run(["umount", "-l", mount], capture_output=True)
+        subprocess.run(["ip", "link", "delete", POD_BRIDGE], capture_output=True)
+        for cgroup in Path("/sys/fs/cgroup").glob("*/kubepods"):
+            for sub in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+
+    def processes(self) -> list[_Proc]:
+        return [self.containerd, self.kubelet]
+
+
+def _mounts_under(directory: Path) -> list[str]:
+    """Mount points at or under `directory`, in mount order (/proc/self/mountinfo)."""
+    prefix = str(directory)
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    points = [line.split()[4].replace("\\040", " ") for line in lines if len(line.split()) > 4]
+    return [p for p in points if p == prefix or p.startswith(prefix + "/")]
+
+
 DATA_DIR_PREFIX = "kai-es-k8s-"
 OWNER_FILE = "owner.pid"
 
@@ -674,6 +1096,15 @@ def remove_stale_data_dirs(base: Path) -> list[Path]:
     return removed
 
 
+def conditions(obj: Mapping[str, Any]) -> dict[str, str]:
+    """An object's status conditions as {type: status}. A missing or null status or conditions
+    list is no conditions: a CRD's reply to its own create, and a GET right after it, carry
+    ``"conditions": null`` until the apiextensions controllers have named and established it
+    (the Go field has no omitempty)."""
+    status = obj.get("status") or {}
+    return {c["type"]: c["status"] for c in status.get("conditions") or () if c and "type" in c}
+
+
 class HttpError(ControlPlaneError):
     def __init__(self, status: int, body: str, what: str) -> None:
         super().__init__(f"{what}: HTTP {status}: {body[:500]}")
@@ -682,15 +1113,22 @@ class HttpError(ControlPlaneError):
 
 
 class ControlPlane:
-    """etcd + kube-apiserver + KWOK on 127.0.0.1, with generated certificates and tokens.
+    """etcd + kube-apiserver + kube-controller-manager + KWOK on 127.0.0.1, with generated
+    certificates and tokens.
 
     ``data_dir`` (a temp dir under /dev/shm by default, removed by :meth:`close`) holds the
     credentials, kubeconfigs, the token file, each component's log and etcd's data. Ports are
-    picked when the object is made and kept across :meth:`restart_apiserver`.
+    picked when the object is made and kept across restarts (:meth:`restart_apiserver`,
+    :meth:`restart_controller_manager`).
 
     Identities: ``admin_token`` (user kai-es-admin in system:masters) and ``scheduler_token``
     (user kai-es-scheduler in group kai-es:schedulers, with no permissions until a test binds
     a role to it). Kubeconfigs: :attr:`kubeconfig` (admin), :attr:`scheduler_kubeconfig`.
+
+    ``controller_manager`` (default on) runs kube-controller-manager with ``controllers``
+    (default CONTROLLERS: the workload controllers, the garbage collector, namespaces, service
+    accounts and their tokens, node health), as user system:kube-controller-manager and each
+    controller under its own service account, as a kubeadm cluster does.
     """
 
     def __init__(
@@ -700,6 +1138,10 @@ class ControlPlane:
         apiserver_port: int | None = None,
         die_with_parent: bool = True,
         extra_apiserver_flags: Sequence[str] = (),
+        controller_manager: bool = True,
+        controllers: Sequence[str] = CONTROLLERS,
+        real_node: bool = False,
+        real_node_labels: Mapping[str, str] | None = None,
     ) -> None:
         if data_dir is None:
             base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
@@ -716,12 +1158,27 @@ class ControlPlane:
         self.etcd_peer_port = free_port()
         while len({self.apiserver_port, self.etcd_port, self.etcd_peer_port}) < 3:
             self.etcd_peer_port = free_port()
+        self.controller_manager_port = free_port()  # its secure port (/healthz)
+        while self.controller_manager_port in {self.apiserver_port, self.etcd_port, self.etcd_peer_port}:
+            self.controller_manager_port = free_port()
         self.extra_apiserver_flags = tuple(extra_apiserver_flags)
+        self.controllers = tuple(controllers) if controller_manager else ()
         self.admin = User(ADMIN_USER, secrets.token_hex(16), ("system:masters",))
         self.scheduler = User(SCHEDULER_USER, secrets.token_hex(16), (SCHEDULER_GROUP,))
+        # the name the bootstrap RBAC policy binds ClusterRole system:kube-controller-manager to
+        self.controller_manager_user = User("system:kube-controller-manager", secrets.token_hex(16))
         self.etcd = _Proc("etcd", self.data_dir / "etcd.log", die_with_parent)
         self.apiserver = _Proc("kube-apiserver", self.data_dir / "kube-apiserver.log", die_with_parent)
+        self.controller_manager = _Proc(
+            "kube-controller-manager", self.data_dir / "kube-controller-manager.log", die_with_parent)
         self.kwok = _Proc("kwok", self.data_dir / "kwok.log", die_with_parent)
+        self.last_controller_manager_seconds: float | None = None
+        #: a kubelet with containerd (RealNode), as user system:node:<name> in group system:nodes,
+        #: authorized by the apiserver's Node authorizer
+        self.real_node: RealNode | None = None
+        if real_node:
+            node_user = User(f"system:node:{REAL_NODE_NAME}", secrets.token_hex(16), ("system:nodes",))
+            self.real_node = RealNode(self, REAL_NODE_NAME, node_user, real_node_labels or {}, die_with_parent)
         self.creds: Credentials | None = None
         self._ssl: ssl.SSLContext | None = None
         self.last_start_seconds: float | None = None
@@ -749,14 +1206,27 @@ class ControlPlane:
         return self.data_dir / "scheduler.kubeconfig"
 
     @property
+    def controller_manager_kubeconfig(self) -> Path:
+        return self.data_dir / "controller-manager.kubeconfig"
+
+    @property
     def ca_cert(self) -> Path:
         return self.data_dir / "pki" / "ca.crt"
+
+    def processes(self) -> list[_Proc]:
+        """The components this control plane runs, in start order."""
+        procs = [self.etcd, self.apiserver]
+        if self.controllers:
+            procs.append(self.controller_manager)
+        procs.append(self.kwok)
+        return procs + (self.real_node.processes() if self.real_node else [])
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 60.0) -> "ControlPlane":
-        """Fetch if needed, write credentials, start etcd, the apiserver and KWOK; wait for
-        etcd's /health and the apiserver's /readyz. Raises StartError with a log tail."""
+        """Fetch if needed, write credentials, start etcd, the apiserver, the controller-manager
+        and KWOK; wait for etcd's /health, the apiserver's /readyz and every controller's
+        health check. Raises StartError with a log tail."""
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         try:
@@ -766,16 +1236,28 @@ class ControlPlane:
         if self.creds is None:
             self.creds = make_credentials(self.data_dir / "pki")
             tokens = self.data_dir / "tokens.csv"
-            _write_private(tokens, "".join(
-                f'{u.token},{u.name},{u.name},"{",".join(u.groups)}"\n'
-                for u in (self.admin, self.scheduler)).encode())  # fmt: skip
-            self.kubeconfig.write_text(_kubeconfig(self.base_url, self.creds.ca_cert, self.admin))
-            self.scheduler_kubeconfig.write_text(
-                _kubeconfig(self.base_url, self.creds.ca_cert, self.scheduler))
+            users = (self.admin, self.scheduler, self.controller_manager_user,
+                     *([self.real_node.user] if self.real_node else []))
+            _write_private(tokens, "".join(  # token,user,uid[,"groups"]
+                f'{u.token},{u.name},{u.name}' + (f',"{",".join(u.groups)}"' if u.groups else "") + "\n"
+                for u in users).encode())  # fmt: skip
+            for path, user in ((self.kubeconfig, self.admin), (self.scheduler_kubeconfig, self.scheduler),
+                               (self.controller_manager_kubeconfig, self.controller_manager_user)):
+                path.write_text(_kubeconfig(self.base_url, self.creds.ca_cert, user))
+        if self.real_node:
+            RealNode.preflight()  # before anything starts
         try:
             self._start_etcd(deadline)
             self._start_apiserver(deadline)
-            self._start_kwok()
+            if self.controllers:
+                t_cm = time.monotonic()
+                self.controller_manager.start(self.controller_manager_command(), cwd=self.data_dir)
+            self._start_kwok()  # while the controller-manager builds its controllers
+            if self.controllers:
+                self._wait_controller_manager(deadline)
+                self.last_controller_manager_seconds = time.monotonic() - t_cm
+            if self.real_node:
+                self.real_node.start(deadline)
         except BaseException:
             self.stop()
             raise
@@ -816,7 +1298,9 @@ class ControlPlane:
             f"--tls-cert-file={c.serving_cert}", f"--tls-private-key-file={c.serving_key}",
             f"--client-ca-file={c.ca_cert}",
             f"--token-auth-file={self.data_dir / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
+            # the Node authorizer lets a kubelet (system:node:<name>) read and write what its node
+            # needs; only a control plane with a real node has one
+            "--authorization-mode=" + ("Node,RBAC" if self.real_node else "RBAC"),
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={c.sa_pub}",
             f"--service-account-signing-key-file={c.sa_key}",
@@ -849,6 +1333,56 @@ class ControlPlane:
                 )
             time.sleep(0.1)
 
+    def controller_manager_command(self) -> list[str]:
+        assert self.creds is not None
+        c, kubeconfig = self.creds, self.controller_manager_kubeconfig
+        return [
+            str(controller_manager_bin()),
+            f"--kubeconfig={kubeconfig}",
+            # its /healthz and /metrics authenticate and authorize callers through the apiserver
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            # bearer tokens only: the apiserver has no front-proxy CA for it to look up in
+            # kube-system/extension-apiserver-authentication (it would log an error per retry)
+            "--authentication-skip-lookup=true",
+            "--bind-address=127.0.0.1", f"--secure-port={self.controller_manager_port}",
+            f"--tls-cert-file={c.kcm_cert}", f"--tls-private-key-file={c.kcm_key}",
+            "--leader-elect=false",
+            # each controller runs as kube-system/<controller> with its bootstrap ClusterRole
+            # (system:controller:<name>); tokens come from the TokenRequest API
+            "--use-service-account-credentials=true",
+            # the serviceaccount-token controller signs legacy token Secrets with the key the
+            # apiserver verifies them with, and puts this CA in them
+            f"--service-account-private-key-file={c.sa_key}", f"--root-ca-file={c.ca_cert}",
+            "--controllers=" + ",".join(self.controllers),
+            "--profiling=false",
+            "-v=1",
+        ]  # fmt: skip
+
+    def _wait_controller_manager(self, deadline: float) -> None:
+        """Until its /healthz lists every enabled controller as ok: the checks are registered
+        once all controllers are built, right before their informers and loops start."""
+        url = f"https://127.0.0.1:{self.controller_manager_port}/healthz?verbose"
+        missing: list[str] = list(self.controllers)
+        last = ""
+        while True:
+            self.controller_manager.check_alive()
+            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.admin_token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=2, context=self.ssl_context()) as r:
+                    last = r.read().decode("utf-8", "replace")
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}: {e.read().decode('utf-8', 'replace')[:300]}"
+            except OSError as e:
+                last = str(e)
+            missing = [n for n in self.controllers if f"[+]{n} ok" not in last]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise StartError(
+                    f"kube-controller-manager not healthy in time (waiting for {missing}; last "
+                    f"/healthz: {last[-500:]!r}); log tail:\n{self.controller_manager.tail()}")
+            time.sleep(0.1)
+
     def _start_kwok(self) -> None:
         cmd = [
             str(kwok_bin()), f"--kubeconfig={self.kubeconfig}",
@@ -862,9 +1396,17 @@ class ControlPlane:
         self.kwok.check_alive()
 
     def stop(self) -> None:
-        """Stop KWOK, then the apiserver (which would otherwise wait out its watch clients),
-        then etcd. Idempotent."""
+        """Stop KWOK, the controller-manager and a real node's kubelet (then its containers and
+        containerd), then the apiserver (which would otherwise wait out their watches), then
+        etcd. Idempotent."""
+        self.kwok.terminate()
+        self.controller_manager.terminate()
+        if self.real_node:
+            self.real_node.terminate()
         self.kwok.stop(timeout_s=5)
+        self.controller_manager.stop(timeout_s=5)
+        if self.real_node:
+            self.real_node.stop()
         self.apiserver.stop(timeout_s=5)
         self.etcd.stop(timeout_s=10)
 
@@ -881,6 +1423,18 @@ class ControlPlane:
         else:
             self.apiserver.kill()
         self._start_apiserver(time.monotonic() + timeout_s)
+        return time.monotonic() - t0
+
+    def restart_controller_manager(self, timeout_s: float = 60.0) -> float:
+        """SIGKILL kube-controller-manager (a crash) and start it again on the same port; return
+        seconds until its controllers are healthy again. Its controllers relist everything and
+        carry on from the objects' state, as after a real crash."""
+        if not self.controllers:
+            raise ControlPlaneError("this control plane runs no controller-manager")
+        t0 = time.monotonic()
+        self.controller_manager.kill()
+        self.controller_manager.start(self.controller_manager_command(), cwd=self.data_dir)
+        self._wait_controller_manager(time.monotonic() + timeout_s)
         return time.monotonic() - t0
 
     def close(self) -> None:
@@ -902,7 +1456,7 @@ class ControlPlane:
     def log_tails(self, lines: int = 30) -> str:
         return "\n".join(
             f"--- {p.name} ({p.log_path}):\n{tail(p.log_path, lines)}"
-            for p in (self.etcd, self.apiserver, self.kwok)
+            for p in self.processes()
         )
 
     # -- a small synchronous client (stdlib) for setup: CRDs, nodes ----------------------------
@@ -953,8 +1507,7 @@ class ControlPlane:
         for crd in crds:
             name = crd["metadata"]["name"]
             while True:
-                got = self.call("GET", f"{path}/{name}")
-                conds = {c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])}
+                conds = conditions(self.call("GET", f"{path}/{name}"))
                 if conds.get("Established") == "True":
                     break
                 if time.monotonic() > deadline:
@@ -1005,7 +1558,7 @@ class ControlPlane:
         deadline = time.monotonic() + timeout_s
         while True:
             node: dict[str, Any] = self.call("GET", f"/api/v1/nodes/{name}")
-            conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+            conds = conditions(node)
             if conds.get("Ready") == "True":
                 return node
             self.kwok.check_alive()
@@ -1028,8 +1581,32 @@ class ControlPlane:
 # CLI
 
 
+def run_busybox_pod(cp: ControlPlane, name: str, script: str, timeout_s: float = 60.0) -> tuple[dict[str, Any], str]:
+    """A BUSYBOX_IMAGE pod running `script` on the real node (bound by nodeName: no scheduler
+    needed), until it ends; returns the pod and its container's log, read from the kubelet's
+    pod logs directory (the apiserver cannot reach the kubelet's loopback port for logs)."""
+    assert cp.real_node is not None
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": cp.real_node.name, "restartPolicy": "Never",
+                     "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                                     "command": ["/bin/busybox", "sh", "-c", script]}]}}
+    cp.call("POST", "/api/v1/namespaces/default/pods", body, ok=(201,))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pod: dict[str, Any] = cp.call("GET", f"/api/v1/namespaces/default/pods/{name}")
+        if pod["status"].get("phase") in ("Succeeded", "Failed"):
+            break
+        if time.monotonic() > deadline:
+            raise StartError(f"pod {name} still {pod['status'].get('phase')} after {timeout_s}s: "
+                             f"{json.dumps(pod['status'])[:800]}\nkubelet log tail:\n{cp.real_node.kubelet.tail()}")
+        time.sleep(0.2)
+    logs = sorted(cp.real_node.pod_logs.glob(f"default_{name}_*/main/*.log"))
+    return pod, "".join(f.read_text() for f in logs)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port)
+    cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port,
+                      controller_manager=args.controller_manager, real_node=args.real_node)
     with stop_signals_as_keyboard_interrupt():
         try:
             try:
@@ -1045,12 +1622,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
             except ControlPlaneError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1
-            print(f"control plane started in {cp.last_start_seconds:.1f}s; data dir "
+            cm = (f" (controller-manager healthy {cp.last_controller_manager_seconds:.1f}s after its start)"
+                  if cp.last_controller_manager_seconds is not None else "")
+            print(f"control plane started in {cp.last_start_seconds:.1f}s{cm}; data dir "
                   f"{cp.data_dir}", file=sys.stderr)  # fmt: skip
+            if cp.real_node:
+                t0 = time.monotonic()
+                try:
+                    pod, log = run_busybox_pod(cp, "hello", "echo hello from $(hostname) in $(cat /proc/self/cgroup | head -1)")
+                except ControlPlaneError as e:
+                    print(f"error: {e}", file=sys.stderr)
+                    return 1
+                print(f"node {cp.real_node.name} Ready ({cp.real_node.node_ip}); pod default/hello "
+                      f"{pod['status']['phase']} in {time.monotonic() - t0:.1f}s, podIP "
+                      f"{pod['status'].get('podIP')}, log:\n{log}", file=sys.stderr, end="")
             print(f"server={cp.base_url}", flush=True)
             print(f"kubeconfig={cp.kubeconfig}", flush=True)
             print(f"scheduler_kubeconfig={cp.scheduler_kubeconfig}", flush=True)
-            while cp.apiserver.running() and cp.etcd.running() and cp.kwok.running():
+            while all(proc.running() for proc in cp.processes()):
                 time.sleep(0.5)
             print(f"error: a component exited; logs:\n{cp.log_tails()}", file=sys.stderr)
             return 1
@@ -1093,6 +1682,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--gpu-nodes", type=int, default=0, help="KWOK GPU nodes to create")
     r.add_argument("--gpus-per-node", type=int, default=8)
     r.add_argument("--timeout", type=float, default=60.0, help="startup timeout, seconds")
+    r.add_argument("--no-controller-manager", dest="controller_manager", action="store_false",
+                   help="run no kube-controller-manager (etcd, apiserver and KWOK only)")
+    r.add_argument("--real-node", action="store_true",
+                   help=f"also a kubelet with containerd + runc (root; Debian packages "
+                        f"{', '.join(REAL_NODE_PACKAGES)}), and run a busybox pod on it")
     r.set_defaults(func=_cmd_run)
     args = p.parse_args(argv)
     return int(args.func(args))

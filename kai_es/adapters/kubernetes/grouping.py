@@ -22,6 +22,8 @@ Contract:
 
 from __future__ import annotations
 
+import collections
+
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -88,7 +90,8 @@ class PodGroupingSource:
         self._pod_group: dict[tuple[str, str], tuple[str, str]] = {}  # pod -> group
         self._real_groups: set[tuple[str, str]] = set()
         self._noted: set[str] = set()  # uids of bound pods whose device facts were checked
-        self.owner_fetches = 0
+        #: owner reads (GETs, retries included) by the owner's namespace: the cache's effect
+        self.owner_fetches: collections.Counter[str] = collections.Counter()
 
     # -- owners ----------------------------------------------------------------------------------
 
@@ -101,7 +104,7 @@ class PodGroupingSource:
         reader = _READERS[ref["kind"]]
         last = ""
         for attempt in range(self.owner_attempts):
-            self.owner_fetches += 1
+            self.owner_fetches[namespace] += 1
             try:
                 status, doc = await _read(await reader(self.api, namespace, ref["name"]))
             except Exception as exc:  # noqa: BLE001 - connection errors: retried, then reported

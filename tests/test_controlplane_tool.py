@@ -1,0 +1,140 @@
+"""tools/k8s/controlplane.py without a control plane: what a cached build is keyed by, how the
+cache is filled, how object conditions are read, the real node's images and packages."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import load_tool_module
+
+ROOT = Path(__file__).resolve().parents[1]
+cp_mod: Any = load_tool_module("kai_es_tools_k8s_controlplane", ROOT / "tools" / "k8s" / "controlplane.py")
+
+
+def _write_ok(b: Any, out_dir: Path, workdir: Path) -> None:
+    (out_dir / "tool").write_text("v1\n")
+
+
+def _write_other(b: Any, out_dir: Path, workdir: Path) -> None:
+    (out_dir / "tool").write_text("v2\n")
+
+
+def test_a_changed_recipe_changes_the_digest() -> None:
+    k = cp_mod.KUBERNETES
+    base = k.digest()
+    assert base == k.digest()  # stable
+    changed = [
+        dataclasses.replace(k, version="v1.36.6"),
+        dataclasses.replace(k, outputs=(*k.outputs, "kube-scheduler")),  # another package
+        dataclasses.replace(k, inputs={**k.inputs, "staging_version": "v0.36.6"}),
+        dataclasses.replace(k, inputs={**k.inputs, "helpers": k.inputs["helpers"][:-1]}),  # flags
+        dataclasses.replace(k, build=_write_ok),  # another build function's source
+    ]
+    digests = [r.digest() for r in changed]
+    assert base not in digests and len(set(digests)) == len(digests)
+    # two functions that differ only in their source text
+    assert (dataclasses.replace(k, build=_write_ok).digest()
+            != dataclasses.replace(k, build=_write_other).digest())
+
+
+def test_each_component_has_its_own_digest_and_helm_keeps_its_section_digest() -> None:
+    recipes = [*cp_mod.CONTROL_PLANE_RECIPES, cp_mod.HELM]
+    assert len({r.digest() for r in recipes}) == len(recipes)
+    # helm is keyed by its marked section alone, as when it was first cached: a change to the
+    # control plane's recipes leaves it valid
+    assert cp_mod.HELM.digest() == cp_mod._helm_recipe_digest()
+    source = (ROOT / "tools" / "k8s" / "controlplane.py").read_text()
+    section = source.split("\n# HELM-RECIPE-BEGIN", 1)[1].split("\n# HELM-RECIPE-END\n", 1)[0]
+    assert "def _build_helm(" in section and "_build_kubernetes" not in section
+
+
+def test_the_digest_does_not_depend_on_the_hash_seed() -> None:
+    """Recipe inputs hold frozensets (UNPUBLISHED_STAGING), whose order varies with the seed."""
+    code = ("import sys; sys.path.insert(0, 'tools/k8s'); import controlplane as c; "
+            "print(' '.join(r.digest() for r in c.CONTROL_PLANE_RECIPES))")
+    outs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+    assert len(outs) == 1, outs
+
+
+def test_the_cache_rebuilds_when_and_only_when_the_recipe_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAI_ES_CACHE", str(tmp_path))
+    monkeypatch.setattr(cp_mod, "find_go", lambda: sys.executable)  # the build below runs no go
+    calls: list[str] = []
+
+    def build(b: Any, out_dir: Path, workdir: Path) -> None:
+        calls.append(out_dir.name)
+        (out_dir / "tool").write_text("built\n")
+        (out_dir / "data").mkdir()
+        (out_dir / "data" / "stage.yaml").write_text("x\n")
+
+    recipe = cp_mod.Recipe("toy", "v1", ("tool", "data/stage.yaml"), build)
+    assert not recipe.is_built()
+    assert cp_mod._fetch_one(recipe, quiet=True) == tmp_path / "k8s" / "toy-v1" / "tool"
+    assert recipe.is_built() and len(calls) == 1
+    assert (recipe.dir / cp_mod.MARKER_NAME).read_text().strip() == recipe.digest()
+    assert not list(recipe.dir.glob(".staging-*"))  # outputs moved in, staging removed
+    cp_mod._fetch_one(recipe, quiet=True)
+    assert len(calls) == 1  # complete: skipped
+    changed = dataclasses.replace(recipe, inputs={"flag": "-race"})
+    assert not changed.is_built()
+    cp_mod._fetch_one(changed, quiet=True)
+    assert len(calls) == 2 and changed.is_built() and not recipe.is_built()
+    (changed.dir / "data" / "stage.yaml").unlink()  # an output gone: rebuilt
+    cp_mod._fetch_one(changed, quiet=True)
+    assert len(calls) == 3
+
+
+def test_a_failed_build_leaves_no_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAI_ES_CACHE", str(tmp_path))
+    monkeypatch.setattr(cp_mod, "find_go", lambda: sys.executable)
+
+    def forgets_an_output(b: Any, out_dir: Path, workdir: Path) -> None:
+        (out_dir / "tool").write_text("built\n")
+
+    recipe = cp_mod.Recipe("toy", "v1", ("tool", "other"), forgets_an_output)
+    with pytest.raises(cp_mod.FetchError, match="left no other"):
+        cp_mod._fetch_one(recipe, quiet=True)
+    assert not (recipe.dir / cp_mod.MARKER_NAME).exists() and not recipe.is_built()
+
+
+@pytest.mark.parametrize("obj", [
+    {}, {"status": None}, {"status": {}}, {"status": {"conditions": None}}, {"status": {"conditions": []}},
+])
+def test_missing_or_null_conditions_are_no_conditions(obj: dict[str, Any]) -> None:
+    assert cp_mod.conditions(obj) == {}
+
+
+def test_conditions_by_type() -> None:
+    obj = {"status": {"conditions": [{"type": "NamesAccepted", "status": "True"},
+                                     {"type": "Established", "status": "False"}]}}
+    assert cp_mod.conditions(obj) == {"NamesAccepted": "True", "Established": "False"}
+
+
+def test_ci_installs_the_real_nodes_packages() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    install = script.index("apt-get install")
+    for package in cp_mod.REAL_NODE_PACKAGES:
+        assert f"need+=({package})" in script[:install], package
+
+
+def test_the_busybox_images_are_reproducible(tmp_path: Path) -> None:
+    """The archive `ctr images import` reads: the same bytes for the same busybox."""
+    if not Path("/bin/busybox").exists():
+        pytest.fail("no /bin/busybox: install busybox-static (.ci/run does)")
+    a = cp_mod.busybox_images(tmp_path / "a.tar")
+    b = cp_mod.busybox_images(tmp_path / "b.tar")
+    assert a.read_bytes() == b.read_bytes()
+    with tarfile.open(a) as t:
+        manifest = json.load(t.extractfile("manifest.json"))  # type: ignore[arg-type]
+    assert sorted(tag for m in manifest for tag in m["RepoTags"]) == sorted([cp_mod.BUSYBOX_IMAGE, cp_mod.PAUSE_IMAGE])
