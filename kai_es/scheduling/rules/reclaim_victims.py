@@ -207,9 +207,11 @@ def _q(r: int, amount: int) -> str:
     return format_quantity(RESOURCE_KEYS[r], amount)
 
 
-def _why_over_fair(leaf: QueueNode, request: Vector) -> tuple[str, dict[str, int]]:
+def _why_over_fair(leaf: QueueNode, request: Vector, every_resource: bool = False) -> tuple[str, dict[str, int]]:
+    """Why `leaf` may not reclaim for `request`: the first resource (requested ones only, or
+    with `every_resource` all of them) in which it would exceed its fair share."""
     for r, name in enumerate(RESOURCE_NAMES):
-        if request[r] > 0 and leaf.allocated[r] + request[r] > leaf.fair[r]:
+        if (every_resource or request[r] > 0) and leaf.allocated[r] + request[r] > leaf.fair[r]:
             return (f"queue {leaf.name} would exceed its fair share in {name}: "
                     f"{_q(r, leaf.allocated[r] + request[r])} > {_q(r, leaf.fair[r])}",
                     {"allocated": leaf.allocated[r], "requested": request[r], "fair_share": leaf.fair[r]})
@@ -398,12 +400,7 @@ class _KaiJudge:
         return all(leaf.allocated[r] + request[r] <= leaf.fair[r] for r in (0, 1, 2))
 
     def why_not(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
-        for r, name in enumerate(RESOURCE_NAMES):
-            if leaf.allocated[r] + request[r] > leaf.fair[r]:
-                return (f"queue {leaf.name} would exceed its fair share in {name}: "
-                        f"{_q(r, leaf.allocated[r] + request[r])} > {_q(r, leaf.fair[r])}",
-                        {"allocated": leaf.allocated[r], "requested": request[r], "fair_share": leaf.fair[r]})
-        return f"queue {leaf.name} may not reclaim", {}
+        return _why_over_fair(leaf, request, every_resource=True)
 
     def _candidate_queue(self, leaf: QueueNode, request: Vector, victim: QueueNode) -> bool:
         """KAI's victim filter, by the victim's queue, on the accounting now."""
