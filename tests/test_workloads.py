@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +20,10 @@ from kai_es.controllers import CONTROLLERS
 from kai_es.ingest.groupers import CHAIN_ONLY, TABLE
 from kai_es.ingest.translate import PODGROUP_ANNOTATION, SUBGROUP_LABEL
 from kai_es.ports import ObjectChange, Relist
-from kai_es.scenario import Scenario, load_scenario_text
+from kai_es.scenario import Scenario, load_scenario, load_scenario_text
 from tests.workloads import CASES, Case
 
+ROOT = Path(__file__).resolve().parents[1]
 _UID = re.compile(r"\{([A-Za-z]+)/([a-z0-9.-]+)\}")
 
 
@@ -129,3 +133,22 @@ def test_every_kind_with_a_rule_is_expanded_or_listed_as_cluster_only() -> None:
     assert set(TABLE) - set(CONTROLLERS) == cluster_only
     covered = {c.kind.split(" ")[0] for c in CASES}
     assert {kind for _, kind in CONTROLLERS} - covered == set(), "a controller without a case"
+
+
+EXAMPLES = sorted((ROOT / "examples").glob("workloads-*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_each_family_example_simulates_with_every_pod_run(path: Path, tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "kai_es", "simulate", str(path), "--log", str(tmp_path / "e.jsonl"),
+                          "--report", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert " 0 pending at end" in run.stdout, run.stdout
+    sc = load_scenario(path)
+    assert any(o.kind == "PodGroup" and o.obj["spec"].get("subGroups") for o in sc.objects) or \
+        path.stem in ("workloads-core", "workloads-nocode"), "a family example shows its sub-groups"
+
+
+def test_there_is_an_example_per_family() -> None:
+    assert {p.stem for p in EXAMPLES} == {"workloads-core", "workloads-kubeflow", "workloads-jobset-lws",
+                                          "workloads-ray-serving", "workloads-nocode"}
