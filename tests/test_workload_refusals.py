@@ -300,3 +300,52 @@ def test_grouping_rules_are_config_keys_that_leave_old_configs_alone() -> None:
 
 def test_every_case_is_a_kind_of_the_table_or_a_rule() -> None:
     assert all(isinstance(c, Case) for c in CASES)
+
+
+# -- never a crash ------------------------------------------------------------------------------
+
+from hypothesis import given, note  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kai_es.ingest import translate as tr  # noqa: E402
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**128), max_value=2**128),
+                    st.floats(allow_nan=True), st.text(max_size=8), st.sampled_from(["3", "-1", str(2**128), "x"]),
+                    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+_SAMPLES = [(c.kind, *owners_of(c.kind, next(iter(c.groups[0].pods))), _rules(c.kind)) for c in CASES]
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+@given(sample=st.sampled_from(_SAMPLES), data=st.data(), value=_VALUES)
+def test_any_field_of_any_owner_set_to_anything_is_grouped_or_refused_never_a_crash(
+        sample: tuple[str, dict[str, Any], tuple[dict[str, Any], ...], Any], data: st.DataObject, value: Any) -> None:
+    kind, pod, owners, rules = sample
+    pod, chain = copy.deepcopy(pod), [copy.deepcopy(o) for o in owners]
+    target = data.draw(st.sampled_from([pod, *chain]))
+    paths = [p for p in _paths(target) if p[0] in ("spec", "metadata", "status")]
+    path = data.draw(st.sampled_from(paths))
+    note(f"{kind}: {target.get('kind')} {path} = {value!r}")
+    cur: Any = target
+    for part in path[:-1]:
+        cur = cur[part]
+    cur[path[-1]] = value
+    try:
+        grouping = pg.group_pod(pod, chain, rules=rules)
+    except IngestError:
+        return
+    if grouping is not None:
+        tr.translate(grouping.podgroup)  # what the podgrouper makes, the translation always reads
+        try:
+            tr.translate(grouping.pod)
+        except IngestError:
+            pass  # (a pod made malformed here is refused, as any malformed pod)

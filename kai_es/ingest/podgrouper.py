@@ -55,7 +55,7 @@ from kai_es.ingest.groupers.base import (
     meta,
 )
 from kai_es.ingest.names import SCHEDULER_NAME
-from kai_es.ingest.translate import PODGROUP_ANNOTATION, SUBGROUP_LABEL, IngestError
+from kai_es.ingest.translate import PODGROUP_ANNOTATION, SUBGROUP_LABEL, IngestError, created_ns
 
 SKIP_ANNOTATION = "kai.scheduler/skip-podgrouper"
 
@@ -204,5 +204,9 @@ def render(d: Decision, namespace: str) -> dict[str, Any]:
                                   "ownerReferences": [owner_ref]}
     created = owner_meta.get("creationTimestamp")
     if created:
+        try:
+            created_ns({"metadata": {"creationTimestamp": created}})
+        except IngestError as exc:
+            raise OwnerError(describe(owner), exc.path, exc.message) from None
         group_meta["creationTimestamp"] = created
     return {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup", "metadata": group_meta, "spec": spec}
