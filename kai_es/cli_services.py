@@ -233,26 +233,31 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
 @click.command()
 @log_option
 @kubeconfig_option
+@click.option("--scenario", "scenario_file", default=None, type=click.Path(dir_okay=False),
+              help="Take the no-code grouping rules from this scenario's spec.scheduler.grouping "
+                   "(the scheduler's config file).")
 @http_option
 @leader_options
 @verbose_option
 @friendly
-def informer(log_url: str, kubeconfig: str | None, http_address: str | None, leader_elect: bool,
-             leader_elect_lease: str | None, leader_elect_identity: str | None,
+def informer(log_url: str, kubeconfig: str | None, scenario_file: str | None, http_address: str | None,
+             leader_elect: bool, leader_elect_lease: str | None, leader_elect_identity: str | None,
              leader_elect_lease_duration: str, leader_elect_renew_deadline: str,
              leader_elect_retry_period: str, verbose: bool) -> None:
     """Run the informer: list + watch Nodes, Pods, Queues, PodGroups, PriorityClasses (and
-    the other kinds scheduling reads) and append every change that matters to the log.
-    Kafka transactional_id: kai-es-informer."""
+    the other kinds scheduling reads) and append every change that matters to the log; pods
+    that name no PodGroup are grouped as KAI's podgrouper groups them (plus the config's
+    no-code grouping rules). Kafka transactional_id: kai-es-informer."""
     from kai_es.app.processes import run_informer  # noqa: PLC0415
 
     _setup_logging(verbose)
+    config = load_scenario(scenario_file).config if scenario_file else None
     election = _election("informer", kubeconfig, leader_elect, leader_elect_lease, leader_elect_identity,
                          leader_elect_lease_duration, leader_elect_renew_deadline,
                          leader_elect_retry_period)
 
     async def body(status: ProcessStatus | None) -> None:
-        await run_informer(log_url, kubeconfig, on_ready=_ready, status=status, election=election)
+        await run_informer(log_url, kubeconfig, on_ready=_ready, status=status, election=election, config=config)
 
     _run(body, "informer", http_address)
 

@@ -2,9 +2,14 @@
 most one `kai-es.io/v1alpha1` Scenario document.
 
 Contract:
-- `load_scenario(path)` returns a `Scenario` whose objects are expanded (Jobs, Deployments and
-  PyTorchJobs become the pods and PodGroups their controllers and KAI's podgrouper would create)
-  and already translated to observed payloads by the same pure functions the informer uses.
+- `load_scenario(path)` returns a `Scenario` whose objects are expanded and grouped — a workload
+  owner (`kai_es.controllers.CONTROLLERS`, or a kind of the config's no-code grouping rules)
+  becomes the pods its controllers would create, and every kai-scheduler pod that names no
+  PodGroup is grouped by the informer's podgrouper (`kai_es.ingest.podgrouper.group_pod`, with
+  the owner chain the controllers made), a bare pod too (`pg-<pod>-<uid>`) — and already
+  translated to observed payloads by the same pure functions the informer uses. A PodGroup the
+  podgrouper makes for several pods is the one it makes for the last of them (as the informer's
+  last update of it); it is created with the first.
 - Any problem raises `ScenarioError` naming the file, the document index (1-based), the object
   and the field path. Nothing is skipped silently.
 - Uids and creation times that a document does not state are derived deterministically (uuid5 of
@@ -36,17 +41,19 @@ from kai_es.yaml_shape import ShapeError, check_shape
 from kai_es.events import payloads as p
 from kai_es.events.factory import NAMESPACE
 from kai_es.events.timefmt import parse_duration, parse_rfc3339, rfc3339
+from kai_es.controllers import CONTROLLERS, REFERENCE_KINDS, Context, rule_controller
+from kai_es.controllers.base import simulation_annotations
 from kai_es.ingest import bounds
+from kai_es.ingest import podgrouper as pg
 from kai_es.ingest import translate as tr
+from kai_es.ingest.groupers.base import DEFAULT_QUEUE, OwnerError, describe
 from kai_es.ingest.names import SCHEDULER_NAME
-from kai_es.ingest.podgrouper import TOPOLOGY_ANNOTATIONS
 from kai_es.scheduling.config import ConfigError, SchedulerConfig, parse_config
 from kai_es.scheduling.fairshare import parent_loops
 
 SUBMIT_AFTER = "kai-es.io/submit-after"
 RUN_FOR = "kai-es.io/run-for"
 RECREATE = "kai-es.io/recreate"
-BATCH_MIN_MEMBER = "kai.scheduler/batch-min-member"
 DEFAULT_START = "2026-01-01T00:00:00Z"
 
 
@@ -71,6 +78,10 @@ class ScenarioObject:
     submit_after_ns: int = 0
     run_for_ns: int | None = None
     recreate: bool = True
+    #: a pod's owner chain as its controllers made it (nearest first; what the podgrouper read)
+    owners: tuple[dict[str, Any], ...] = ()
+    #: the podgrouper made the pod's PodGroup (its `pod-group-name` is not the user's)
+    grouped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +92,9 @@ class Scenario:
     config: SchedulerConfig
     simulation: Simulation
     objects: list[ScenarioObject] = field(default_factory=list)
+    #: every owner the controllers made or read (the documents' copies included), as the
+    #: apiserver would return them to the informer's owner reads
+    owners: list[dict[str, Any]] = field(default_factory=list)
 
     def initial(self) -> list[ScenarioObject]:
         """Objects present at the start (submit-after 0), in creation order."""
@@ -99,6 +113,11 @@ class _Loader:
         self.config = SchedulerConfig()
         self.simulation = Simulation(until_ns=None, cycle_period_ns=1_000_000_000)
         self.objects: list[ScenarioObject] = []
+        self.owners: list[dict[str, Any]] = []
+        self.references: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._made_groups: dict[tuple[str, str], int] = {}  # PodGroups the podgrouper made -> index
+        self._made_for: dict[tuple[str, str], tuple[int, Any]] = {}  # ... -> the document it was made for
+        self._known: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) -> owner or pod
 
     def fail(self, index: int, obj: Any, path: str, message: str) -> ScenarioError:
         what = ""
@@ -127,6 +146,10 @@ class _Loader:
             raise self.fail(settings[1][0], settings[1][1], "", "only one Scenario document is allowed")
         if settings:
             self._settings(*settings[0])
+        self.rules = pg.rules_by_kind(self.config.grouping)
+        for index, doc in enumerate(docs, 1):  # what controllers read, wherever it is in the file
+            if isinstance(doc, Mapping) and (tr.api_group(doc), str(doc.get("kind"))) in REFERENCE_KINDS:
+                self._reference(index, dict(doc))
         for index, doc in enumerate(docs, 1):
             if doc is None or (isinstance(doc, Mapping) and doc.get("kind") == "Scenario"):
                 continue
@@ -135,7 +158,7 @@ class _Loader:
             self._object(index, dict(doc))
         self._check_references()
         return Scenario(path=self.path, name=self.name, start_ns=self.start_ns, config=self.config,
-                        simulation=self.simulation, objects=self.objects)
+                        simulation=self.simulation, objects=self.objects, owners=self.owners)
 
     def _check_form(self, index: int, doc: Any) -> None:
         """What every document must be before any field is read: `metadata`, and its labels and
@@ -203,12 +226,12 @@ class _Loader:
     def _object(self, index: int, doc: dict[str, Any]) -> None:
         kind = str(doc.get("kind"))
         group = tr.api_group(doc)
-        if (group, kind) == ("batch", "Job"):
-            self._expand_job(index, doc)
-        elif (group, kind) == ("apps", "Deployment"):
-            self._expand_deployment(index, doc)
-        elif (group, kind) == ("kubeflow.org", "PyTorchJob"):
-            self._expand_pytorchjob(index, doc)
+        if (group, kind) in CONTROLLERS or (group, kind) in self.rules:
+            self._expand(index, doc)
+        elif (group, kind) in REFERENCE_KINDS:
+            pass  # read before any owner (`_reference`)
+        elif (group, kind) == ("", "Pod"):
+            self._pod(index, doc)
         elif (group, kind) in tr.TRANSLATORS:
             annotations = (doc.get("metadata") or {}).get("annotations") or {}
             submit, run_for, recreate = self._sim_annotations(index, doc, annotations)
@@ -216,8 +239,15 @@ class _Loader:
         else:
             raise self.fail(index, doc, "kind", f"unsupported object {doc.get('apiVersion')}/{kind}")
 
+    def _reference(self, index: int, doc: dict[str, Any]) -> None:
+        meta = doc.get("metadata") or {}
+        if not isinstance(meta, Mapping) or not meta.get("name"):
+            raise self.fail(index, doc, "metadata.name", "is required")
+        ns = "" if doc.get("kind") == "ClusterTrainingRuntime" else str(meta.get("namespace") or "default")
+        self.references[(str(doc.get("kind")), ns, str(meta["name"]))] = doc
+
     def _add(self, index: int, obj: dict[str, Any], submit: int, run_for: int | None,
-             recreate: bool) -> None:
+             recreate: bool, owners: tuple[dict[str, Any], ...] = (), grouped: bool = False) -> None:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
@@ -227,9 +257,7 @@ class _Loader:
             meta.setdefault("namespace", "default")
         ident = f"{kind}/{meta.get('namespace', '')}/{meta.get('name', '')}"
         meta.setdefault("uid", _uid(self.name, ident))
-        if "creationTimestamp" not in meta:
-            # document order is creation order: a nanosecond apart keeps FIFO exact
-            meta["creationTimestamp"] = rfc3339(self.start_ns + submit + len(self.objects))
+        self._created(meta, submit)
         if kind == "Node" and isinstance(meta, dict):
             labels = meta.get("labels")
             if labels is None:
@@ -246,9 +274,9 @@ class _Loader:
             raise self.fail(index, obj, exc.path, exc.message) from None
         self.objects.append(ScenarioObject(doc_index=index, kind=kind, obj=obj, payload=payload,
                                            submit_after_ns=submit, run_for_ns=run_for,
-                                           recreate=recreate))
+                                           recreate=recreate, owners=owners, grouped=grouped))
 
-    # -- owners -----------------------------------------------------------------------------
+    # -- owners and grouping ------------------------------------------------------------------
 
     def _owner_parts(self, index: int, doc: dict[str, Any]) -> tuple[str, str, str, dict[str, Any]]:
         meta = doc.get("metadata") or {}
@@ -259,113 +287,117 @@ class _Loader:
         uid = str(meta.get("uid") or _uid(self.name, f"{doc.get('kind')}/{ns}/{name}"))
         return name, ns, uid, dict(meta)
 
-    def _template_pod(self, index: int, doc: dict[str, Any], template: Any, path: str,
-                      pod_name: str, ns: str, owner: dict[str, Any], group: str,
-                      owner_meta: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(template, Mapping) or not isinstance(template.get("spec"), Mapping):
-            raise self.fail(index, doc, f"{path}.spec", "a pod template with a spec is required")
-        tmeta = dict(template.get("metadata") or {})
-        labels = dict(owner_meta.get("labels") or {})
-        labels.update(tmeta.get("labels") or {})
-        annotations = dict(owner_meta.get("annotations") or {})
-        annotations.update(tmeta.get("annotations") or {})
-        annotations[tr.PODGROUP_ANNOTATION] = group
-        return {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
-                         "annotations": annotations, "ownerReferences": [owner]},
-            "spec": copy.deepcopy(dict(template["spec"])),
-        }
+    def _grouping_error(self, index: int, doc: Any, exc: tr.IngestError) -> ScenarioError:
+        """An error of the grouping or the expansion, at the document; another object's named."""
+        message = exc.message
+        if isinstance(exc, OwnerError) and exc.owner and exc.owner != describe(doc):
+            message = f"({exc.owner}) {message}"
+        return self.fail(index, doc, exc.path, message)
 
-    def _podgroup(self, name: str, ns: str, min_member: int, queue: str, priority_class: str,
-                  owner: dict[str, Any], owner_annotations: Mapping[str, Any]) -> dict[str, Any]:
-        spec: dict[str, Any] = {"minMember": min_member, "queue": queue}
-        if priority_class:
-            spec["priorityClassName"] = priority_class
-        # the owner's topology annotations, as KAI's podgrouper reads them
-        topology = {field: str(owner_annotations[key]) for field, key in TOPOLOGY_ANNOTATIONS.items()
-                    if owner_annotations.get(key)}
-        if topology:
-            spec["topologyConstraint"] = topology
-        return {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-                "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner]},
-                "spec": spec}
+    def _created(self, meta: dict[str, Any], submit: int) -> None:
+        if "creationTimestamp" not in meta:
+            # document order is creation order: a nanosecond apart keeps FIFO exact
+            meta["creationTimestamp"] = rfc3339(self.start_ns + submit + len(self.objects))
 
-    def _int_field(self, index: int, doc: Any, value: Any, path: str, minimum: int = 0) -> int:
+    def _expand(self, index: int, doc: dict[str, Any]) -> None:
+        """An owner document: its controllers' objects and pods, each pod grouped."""
+        name, ns, uid, meta = self._owner_parts(index, doc)
+        submit, _, _ = self._sim_annotations(index, doc, meta.get("annotations") or {})
+        top = copy.deepcopy(doc)
+        top_meta = {**meta, "name": name, "namespace": ns, "uid": uid}
+        self._created(top_meta, submit)
+        top["metadata"] = top_meta
+        group, kind = tr.api_group(doc), str(doc.get("kind"))
+        controller = CONTROLLERS.get((group, kind)) or rule_controller(self.rules[(group, kind)])
+        ctx = Context(uid=lambda ident: _uid(self.name, ident), start_ns=self.start_ns,
+                      max_pods=bounds.MAX_REPLICAS, rules=self.rules, references=self.references,
+                      simulation=simulation_annotations(top))
         try:
-            return tr._int(value, path, minimum=minimum)
+            expansion = controller(top, ctx)
         except tr.IngestError as exc:
-            raise self.fail(index, doc, exc.path, exc.message) from None
+            raise self._grouping_error(index, doc, exc) from None
+        self.owners += expansion.objects
+        for o in expansion.objects:
+            self._known[(str(o.get("kind")), ns, str(o["metadata"]["name"]))] = o
+        related = {(str(o.get("kind")), str(o["metadata"]["name"])): o for o in expansion.objects}
+        index_ = _Pods([p.obj for p in expansion.pods])
+        for expanded in expansion.pods:
+            pod = expanded.obj
+            s, r, rc = self._sim_annotations(index, doc, pod["metadata"].get("annotations") or {})
+            self._created(pod["metadata"], s)
+            self._group(index, doc, pod, expanded.owners, s, r, rc, related, index_)
 
-    def _replicas(self, index: int, doc: Any, value: Any, path: str) -> int:
-        count = self._int_field(index, doc, value, path)
-        if count > bounds.MAX_REPLICAS:
-            raise self.fail(index, doc, path, f"{count} pods is more than a scenario may expand one "
-                                              f"owner into ({bounds.MAX_REPLICAS})")
-        return count
+    def _pod(self, index: int, doc: dict[str, Any]) -> None:
+        """A Pod document: grouped as the informer groups it (a bare pod: `pg-<pod>-<uid>`)."""
+        pod = copy.deepcopy(doc)
+        meta = pod.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise self.fail(index, pod, "metadata", "must be a map")
+        meta.setdefault("namespace", "default")
+        meta.setdefault("uid", _uid(self.name, f"Pod/{meta.get('namespace')}/{meta.get('name', '')}"))
+        submit, run_for, recreate = self._sim_annotations(index, doc, meta.get("annotations") or {})
+        self._created(meta, submit)
+        try:
+            chain = self._chain(pod)
+        except tr.IngestError as exc:
+            raise self._grouping_error(index, pod, exc) from None
+        self._known[("Pod", str(meta["namespace"]), str(meta.get("name", "")))] = copy.deepcopy(pod)
+        self._group(index, pod, pod, chain, submit, run_for, recreate, {}, _Pods([]))
 
-    def _expand_job(self, index: int, doc: dict[str, Any]) -> None:
-        name, ns, uid, meta = self._owner_parts(index, doc)
-        spec = doc.get("spec") or {}
-        replicas = self._replicas(index, doc, spec.get("parallelism", 1), "spec.parallelism")
-        annotations = meta.get("annotations") or {}
-        min_member = self._int_field(index, doc, annotations.get(BATCH_MIN_MEMBER, 1),
-                                     f"metadata.annotations[{BATCH_MIN_MEMBER}]", minimum=1)
-        self._expand(index, doc, name, ns, uid, meta, "Job", "train",
-                     [(f"{name}-{i}", spec.get("template"), "spec.template") for i in range(replicas)],
-                     min_member)
+    def _chain(self, pod: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+        """A Pod document's owner chain: the owners its ownerReferences name, as far as they are
+        objects of the scenario (expanded owners, pods before it), else their bare references."""
+        ns = str(pod["metadata"]["namespace"])
+        chain: list[dict[str, Any]] = []
+        obj: dict[str, Any] = pod
+        ref = pg.first_owner(pod)
+        while ref is not None:
+            if len(chain) >= 8:
+                raise tr.IngestError("metadata.ownerReferences", "owner chain deeper than 8")
+            found = self._known.get((ref["kind"], ns, ref["name"]))
+            if found is None or not pg.is_fetched(ref, self.rules):
+                chain.append(pg.ref_object(ref, ns))
+                break
+            chain.append(found)
+            obj = found
+            ref = pg.first_owner(obj, is_pod=False)
+        return tuple(chain)
 
-    def _expand_deployment(self, index: int, doc: dict[str, Any]) -> None:
-        name, ns, uid, meta = self._owner_parts(index, doc)
-        spec = doc.get("spec") or {}
-        replicas = self._replicas(index, doc, spec.get("replicas", 1), "spec.replicas")
-        # KAI's podgrouper gives each pod of a Deployment a group of its own
-        for i in range(replicas):
-            self._expand(index, doc, name, ns, uid, meta, "Deployment", "inference",
-                         [(f"{name}-{i}", spec.get("template"), "spec.template")], 1,
-                         group_name=f"pg-{name}-{i}-{uid}")
+    def _group(self, index: int, doc: Any, pod: dict[str, Any], owners: tuple[dict[str, Any], ...],
+               submit: int, run_for: int | None, recreate: bool,
+               related: Mapping[tuple[str, str], dict[str, Any]], pods: _Pods) -> None:
+        try:
+            grouping = pg.group_pod(pod, owners, related=related, pods=pods, rules=self.rules)
+        except tr.IngestError as exc:
+            raise self._grouping_error(index, doc, exc) from None
+        if grouping is not None:
+            meta = grouping.podgroup["metadata"]
+            self._made_for.setdefault((str(meta["namespace"]), str(meta["name"])), (index, doc))
+            self._made_group(index, grouping.podgroup, submit)
+            pod = grouping.pod
+        self._add(index, pod, submit, run_for, recreate, owners=owners, grouped=grouping is not None)
 
-    def _expand_pytorchjob(self, index: int, doc: dict[str, Any]) -> None:
-        name, ns, uid, meta = self._owner_parts(index, doc)
-        spec = doc.get("spec") or {}
-        replica_specs = spec.get("pytorchReplicaSpecs")
-        if not isinstance(replica_specs, Mapping) or not replica_specs:
-            raise self.fail(index, doc, "spec.pytorchReplicaSpecs", "is required")
-        pods = []
-        for rtype in sorted(replica_specs, key=lambda t: (t != "Master", t)):
-            rspec = replica_specs[rtype] or {}
-            path = f"spec.pytorchReplicaSpecs.{rtype}"
-            count = self._replicas(index, doc, rspec.get("replicas", 1), f"{path}.replicas")
-            for i in range(count):
-                pods.append((f"{name}-{str(rtype).lower()}-{i}", rspec.get("template"), f"{path}.template"))
-        policy = (spec.get("runPolicy") or {}).get("schedulingPolicy") or {}
-        min_member = self._int_field(index, doc, policy.get("minAvailable", len(pods)),
-                                     "spec.runPolicy.schedulingPolicy.minAvailable", minimum=1)
-        self._expand(index, doc, name, ns, uid, meta, "PyTorchJob", "train", pods, min_member)
-
-    def _expand(self, index: int, doc: dict[str, Any], name: str, ns: str, uid: str,
-                meta: dict[str, Any], kind: str, default_class: str,
-                pods: list[tuple[str, Any, str]], min_member: int,
-                group_name: str | None = None) -> None:
-        owner = {"apiVersion": doc.get("apiVersion"), "kind": kind, "name": name, "uid": uid,
-                 "controller": True}
-        group = group_name or f"pg-{name}-{uid}"
-        annotations = meta.get("annotations") or {}
-        submit, run_for, recreate = self._sim_annotations(index, doc, annotations)
-        built = [self._template_pod(index, doc, t, path, pod_name, ns, owner, group, meta)
-                 for pod_name, t, path in pods]
-        if not built:
+    def _made_group(self, index: int, obj: dict[str, Any], submit: int) -> None:
+        """Add a PodGroup the podgrouper made, or make it the latest version of one made before."""
+        meta = obj["metadata"]
+        key = (str(meta["namespace"]), str(meta["name"]))
+        at = self._made_groups.get(key)
+        if at is None:
+            self._made_groups[key] = len(self.objects)
+            self._add(index, obj, submit, None, True)
             return
-        first = built[0]
-        queue = str((first["metadata"]["labels"] or {}).get(tr.QUEUE_LABEL, ""))
-        pclass = str(first["spec"].get("priorityClassName") or default_class)
-        for pod in built:
-            pod["spec"].setdefault("priorityClassName", pclass)
-        self._add(index, self._podgroup(group, ns, min_member, queue, pclass, owner, annotations), submit, None, True)
-        for pod in built:
-            pod_ann = pod["metadata"]["annotations"]
-            s, r, rc = self._sim_annotations(index, doc, pod_ann)
-            self._add(index, pod, s, r, rc)
+        before = self.objects[at]
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["uid"] = before.obj["metadata"]["uid"]
+        obj["metadata"]["creationTimestamp"] = before.obj["metadata"]["creationTimestamp"]
+        if obj == before.obj:
+            return
+        try:
+            payload = tr.translate(obj)
+        except tr.IngestError as exc:
+            raise self.fail(index, obj, exc.path, exc.message) from None
+        self.objects[at] = ScenarioObject(doc_index=before.doc_index, kind="PodGroup", obj=obj, payload=payload,
+                                          submit_after_ns=before.submit_after_ns)
 
     # -- cross-object checks ----------------------------------------------------------------
 
@@ -394,7 +426,12 @@ class _Loader:
             seen_names.add(key)
             pl = o.payload
             if isinstance(pl, p.PodGroupObserved) and pl.queue and pl.queue not in queues:
-                raise self.fail(o.doc_index, o.obj, "spec.queue", f"queue {pl.queue!r} is not defined in this scenario")
+                made = self._made_for.get((pl.namespace, pl.name))
+                if made is not None and pl.queue != DEFAULT_QUEUE:  # (no queue at all: said of its pods)
+                    raise self.fail(made[0], made[1], f"metadata.labels[{tr.QUEUE_LABEL}]",
+                                    f"queue {pl.queue!r} is not defined in this scenario (its PodGroup {pl.name}'s)")
+                if made is None:
+                    raise self.fail(o.doc_index, o.obj, "spec.queue", f"queue {pl.queue!r} is not defined in this scenario")
             if not isinstance(pl, p.PodObserved) or pl.scheduler_name != SCHEDULER_NAME:
                 continue
             group = groups.get((pl.namespace, pl.podgroup))
@@ -402,9 +439,10 @@ class _Loader:
                 raise self.fail(o.doc_index, o.obj, f"metadata.annotations[{tr.PODGROUP_ANNOTATION}]",
                                 f"PodGroup {pl.podgroup!r} is not defined in this scenario")
             queue = group.queue if group is not None and group.queue else pl.queue
-            if not queue:
+            if not queue or (queue == DEFAULT_QUEUE and queue not in queues and not pl.queue):
                 raise self.fail(o.doc_index, o.obj, f"metadata.labels[{tr.QUEUE_LABEL}]",
-                                "the pod has no queue (label kai.scheduler/queue or the PodGroup's spec.queue)")
+                                "the pod has no queue (label kai.scheduler/queue or the PodGroup's spec.queue"
+                                f"; KAI's podgrouper default, {DEFAULT_QUEUE!r}, is not defined in this scenario)")
             if queue not in queues:
                 raise self.fail(o.doc_index, o.obj, f"metadata.labels[{tr.QUEUE_LABEL}]",
                                 f"queue {queue!r} is not defined in this scenario")
@@ -413,6 +451,21 @@ class _Loader:
                                 f"queue {queue!r} is a parent queue; only leaf queues hold jobs")
             if pl.node_name and pl.node_name not in nodes:
                 raise self.fail(o.doc_index, o.obj, "spec.nodeName", f"node {pl.node_name!r} is not defined in this scenario")
+
+
+class _Pods:
+    """The pods one owner expanded into, by label: the podgrouper's PodIndex for the loader."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+
+    def has_pod(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        for pod in self.pods:
+            meta = pod.get("metadata") or {}
+            have = meta.get("labels") or {}
+            if meta.get("namespace", "default") == namespace and all(have.get(k) == v for k, v in labels.items()):
+                return True
+        return False
 
 
 #: libyaml's safe loader (PyYAML's wheels ship it): ~8x faster than the pure-Python one on big

@@ -23,7 +23,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-CORE = ("events", "state", "scheduling", "ingest")
+CORE = ("events", "state", "scheduling", "ingest", "controllers")
 SHELL_OK = {"kai_es"} | {f"kai_es.{c}" for c in CORE}
 #: the one door from the core to compiled code (see pyproject's import-linter contracts)
 ALLOWED_IMPORTS = {("scheduling/packing/native.py", "kai_es._native")}

@@ -111,7 +111,11 @@ async def test_eviction_deletes_and_recreates_the_pod() -> None:
     binder = BinderService(log, cluster, clock)
     assert await binder.step() == 1
     changes = cluster.drain_changes()
-    assert [(c.action, c.obj["metadata"]["name"]) for c in changes] == [("DELETED", "a"), ("ADDED", "a-r1")]
+    new_uid = changes[-1].obj["metadata"]["uid"]
+    # the recreated bare pod gets a PodGroup of its own, as the podgrouper makes one for a new pod
+    assert [(c.kind, c.action, c.obj["metadata"]["name"]) for c in changes] == [
+        ("Pod", "DELETED", "a"), ("PodGroup", "ADDED", f"pg-a-r1-{new_uid}"), ("Pod", "ADDED", "a-r1")]
+    assert changes[-1].obj["metadata"]["annotations"]["pod-group-name"] == f"pg-a-r1-{new_uid}"
     assert cluster.node_use["n"].devices == [0] * 8
     anyio  # noqa: B018 - keep the import used for the async plugin
 

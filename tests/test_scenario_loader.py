@@ -93,7 +93,7 @@ def test_job_expands_to_pods_and_a_podgroup() -> None:
     job = {"apiVersion": "batch/v1", "kind": "Job",
            "metadata": {"name": "train", "labels": {"kai.scheduler/queue": "team-a"},
                         "annotations": {"kai.scheduler/batch-min-member": "2", "kai-es.io/run-for": "1h"}},
-           "spec": {"parallelism": 3, "template": {"spec": {"containers": [
+           "spec": {"parallelism": 3, "template": {"spec": {"schedulerName": "kai-scheduler", "containers": [
                {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}}}
     sc = load_scenario_text(scenario_text(queue("team-a"), job))
     groups = [o.payload for o in sc.objects if isinstance(o.payload, p.PodGroupObserved)]
@@ -107,7 +107,8 @@ def test_job_expands_to_pods_and_a_podgroup() -> None:
 
 
 def test_pytorchjob_is_one_gang_master_first() -> None:
-    tmpl = {"spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "2"}}}]}}
+    tmpl = {"spec": {"schedulerName": "kai-scheduler",
+                     "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "2"}}}]}}
     job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
            "metadata": {"name": "pt", "labels": {"kai.scheduler/queue": "team-a"}},
            "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": tmpl},
@@ -122,7 +123,7 @@ def test_pytorchjob_is_one_gang_master_first() -> None:
 def test_deployment_pods_get_a_group_each_with_inference_priority() -> None:
     dep = {"apiVersion": "apps/v1", "kind": "Deployment",
            "metadata": {"name": "svc", "labels": {"kai.scheduler/queue": "team-a"}},
-           "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "c"}]}}}}
+           "spec": {"replicas": 2, "template": {"spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "c"}]}}}}
     sc = load_scenario_text(scenario_text(queue("team-a"), dep))
     groups = [o.payload for o in sc.objects if isinstance(o.payload, p.PodGroupObserved)]
     assert len(groups) == 2 and all(g.priority_class == "inference" and g.min_member == 1 for g in groups)

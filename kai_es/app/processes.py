@@ -376,9 +376,11 @@ async def _follow_times(url: str, clock: FlowClock) -> None:
 
 async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORMER_TXN_ID,
                        on_ready: Ready | None = None, status: ProcessStatus | None = None,
-                       election: LeaderElection | None = None) -> None:
+                       election: LeaderElection | None = None,
+                       config: SchedulerConfig | None = None) -> None:
     """`kai-es informer`: list + watch the cluster (`KubernetesSource`; pods without a PodGroup
-    grouped as KAI's podgrouper does, `PodGroupingSource`), append what changed."""
+    grouped as KAI's podgrouper does, `PodGroupingSource`, with `config`'s no-code grouping
+    rules), append what changed."""
     from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
     from kai_es.adapters.kubernetes.grouping import PodGroupingSource  # noqa: PLC0415
     from kai_es.adapters.kubernetes.source import KubernetesSource  # noqa: PLC0415
@@ -389,7 +391,8 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
     async def body(events: EventLog, _: _Closable | None) -> None:
         clock.observe(await last_logicaltime(events))
         async with await api_client(kubeconfig) as api:
-            informer = InformerService(events, PodGroupingSource(KubernetesSource(api), api), clock,
+            rules = config.grouping if config is not None else ()
+            informer = InformerService(events, PodGroupingSource(KubernetesSource(api), api, rules=rules), clock,
                                        RandomIds())
             t = time.monotonic()
             appended = await informer.resync()

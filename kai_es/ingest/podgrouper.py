@@ -1,67 +1,69 @@
-"""The PodGroup of a pod that names none, following KAI's podgrouper defaults. Pure functions.
+"""The PodGroup of a pod that names none, as KAI's podgrouper makes it. Pure functions; the one
+grouper of kai-es: the informer (`kai_es/adapters/kubernetes/grouping.py`, owners fetched from the
+apiserver) and the scenario loader (`kai_es/scenario.py`, owners expanded from the file) both call
+`group_pod`.
 
 Input: the pod (Kubernetes JSON) and its owner chain — the objects reached by following
-`metadata.ownerReferences[0]` from the pod up to the top owner, nearest first, as the caller
-fetched them (an owner of a kind not in `FETCHED_KINDS` ends the chain as the bare reference).
-Output: a `Grouping` — the PodGroup object (KAI's `scheduling.run.ai/v2alpha2` JSON, so the
-ordinary PodGroup translation reads it) and the pod with `pod-group-name` set to it, as KAI's
-podgrouper annotates pods. The same pod and owners always give the same result.
+`metadata.ownerReferences[0]` from the pod up, nearest first, as the caller fetched them (an
+owner of a kind not in `fetched_kinds` ends the chain as its bare reference, `ref_object`) — plus,
+for the kinds that read more than the chain (`related_refs`: a RayJob's RayCluster), those objects,
+and the live pods by label (`kai_es.ingest.groupers.INDEXED_LABELS`: an MPIJob's launcher).
+Output: a `Grouping` — the PodGroup (KAI's `scheduling.run.ai/v2alpha2` JSON, which the ordinary
+PodGroup translation reads) and the pod annotated `pod-group-name` (and labelled
+`kai.scheduler/subgroup-name` when it belongs to a sub-group), as KAI's podgrouper patches pods.
+The same input always gives the same result.
 
-Contract (KAI's defaults, read from its podgrouper's behaviour; kai-es's own code):
-- Only pods for kai-es's scheduler (`schedulerName: kai-scheduler`) are grouped, as KAI's
-  podgrouper only groups its scheduler's pods. A pod with `pod-group-name`, or
-  `kai.scheduler/skip-podgrouper: "true"` on it or an owner, is not grouped (`group_pod` returns
-  None). (KAI re-groups a pod that has owners even when it names a group; kai-es keeps the name
-  the user gave.)
-- Name: `pg-<top owner name>-<top owner uid>`; a bare pod is its own top owner. For a
-  Deployment (apps/v1, reached through its ReplicaSet) every pod is its own group,
-  `pg-<pod name>-<pod uid>`, as KAI does for inference replicas.
-- minMember: 1; a batch/v1 Job's `kai.scheduler/batch-min-member` annotation overrides it; a
-  kubeflow.org PyTorchJob needs all its replicas (the sum of `pytorchReplicaSpecs.*.replicas`,
-  each > 0), unless `spec.elasticPolicy.minReplicas` or
-  `spec.runPolicy.schedulingPolicy.minAvailable` (the latter wins) say otherwise.
-- Queue: the top owner's `kai.scheduler/queue` label, else the pod's, else `<project>` (or
-  `<project>-<node pool>`) from a `project` label, else `default-queue`.
-- Priority class: an owner's (nearest first) or the pod's `priorityClassName` label, else the
-  pod's `spec.priorityClassName`, else `train` (`inference` for Deployments). Unlike KAI, the
-  name is not checked against the cluster's PriorityClasses (that needs a lookup): an unknown
-  name gets the reducer's default priority.
-- Preemptibility: an owner's `kai.scheduler/preemptibility` label, else the pod's.
-- Topology: the top owner's `kai.scheduler/topology*` annotations. Staleness grace period and
-  preemption delay: an owner's (nearest first) or the pod's `kai.scheduler/staleness-grace-period`
-  / `kai.scheduler/preemption-delay` annotation.
-- creationTimestamp: the top owner's (the group is as old as its workload).
-Malformed input (a non-numeric override, a PyTorchJob without replicas) raises
-`IngestError` naming the field; nothing else is raised.
+Contract (KAI's podgrouper read for its behaviour; the rules per kind are in
+`kai_es/ingest/groupers/`, the README's "Workloads" table lists them):
+- Only pods of kai-es's scheduler (`schedulerName: kai-scheduler`) are grouped. A pod with
+  `pod-group-name` joins that PodGroup (kai-es keeps the name even when the pod has owners, where
+  KAI re-groups it); `kai.scheduler/skip-podgrouper: "true"` on the pod or any owner leaves the pod
+  ungrouped (`group_pod` returns None).
+- Every kind: queue from the top owner's `kai.scheduler/queue` label, else the pod's, else
+  `<project>[-<node pool>]`, else `default-queue`; priority class from the labels
+  `priorityClassName` / `spec.priorityClassName` (KAI's order), else the kind's default (`train`;
+  `inference` for Deployments and Knative, `build` for Notebooks; unlike KAI the name is not
+  checked against the cluster's PriorityClasses); `kai.scheduler/preemptibility`,
+  `kai.scheduler/preemption-delay` and `kai.scheduler/staleness-grace-period` from the owners,
+  then the pod; topology from the top owner's `kai.scheduler/topology*` annotations;
+  creationTimestamp of the PodGroup's owner (the group is as old as its workload).
+- `rules`: the config's no-code rules by (group, kind) (`kai_es/ingest/groupers/rules.py`), for
+  kinds the table does not know.
+Malformed input (a count that is not an integer, negative, or above KAI's int32; a missing
+replica spec; a pod without the labels its controller sets) raises `IngestError` (an
+`OwnerError` naming the object and the field); nothing else is raised.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kai_es.ingest.groupers import CHAIN_ONLY, TABLE, GroupingRule, decide, kind_of, workload_of
+from kai_es.ingest.groupers.base import (
+    MIN_MEMBER_OVERRIDE,
+    PRIORITY_LABEL,
+    TOPOLOGY_ANNOTATIONS,
+    Decision,
+    NoPods,
+    OwnerError,
+    PodIndex,
+    Source,
+    annotations_of,
+    describe,
+    meta,
+)
 from kai_es.ingest.names import SCHEDULER_NAME
-from kai_es.ingest.translate import NODE_POOL_LABEL, PODGROUP_ANNOTATION, PREEMPTIBILITY_LABEL, QUEUE_LABEL, \
-    IngestError, int_field
+from kai_es.ingest.translate import PODGROUP_ANNOTATION, SUBGROUP_LABEL, IngestError, created_ns
 
 SKIP_ANNOTATION = "kai.scheduler/skip-podgrouper"
-MIN_MEMBER_OVERRIDE = "kai.scheduler/batch-min-member"
-PRIORITY_LABEL = "priorityClassName"
-PROJECT_LABEL = "project"
-DEFAULT_QUEUE = "default-queue"
-TOPOLOGY_ANNOTATIONS = {"topology": "kai.scheduler/topology",
-                        "requiredTopologyLevel": "kai.scheduler/topology-required-placement",
-                        "preferredTopologyLevel": "kai.scheduler/topology-preferred-placement"}
-STALENESS_ANNOTATION = "kai.scheduler/staleness-grace-period"
-PREEMPTION_DELAY_ANNOTATION = "kai.scheduler/preemption-delay"
-
-#: (apiVersion group, kind) of owners whose objects the caller fetches; any other owner ends the
-#: chain as its bare ownerReference (the default grouper needs only its name and uid)
-FETCHED_KINDS = frozenset({("apps", "ReplicaSet"), ("apps", "Deployment"), ("apps", "StatefulSet"),
-                           ("batch", "Job"), ("batch", "CronJob"), ("kubeflow.org", "PyTorchJob")})
 
 Obj = Mapping[str, Any]
+
+__all__ = ["MIN_MEMBER_OVERRIDE", "PRIORITY_LABEL", "SKIP_ANNOTATION", "TOPOLOGY_ANNOTATIONS", "Grouping",
+           "GroupingRule", "api_group", "fetched_kinds", "first_owner", "group_pod", "is_fetched",
+           "needs_group", "plural_of", "ref_object", "related_refs", "rules_by_kind"]
 
 
 @dataclass(frozen=True)
@@ -72,35 +74,50 @@ class Grouping:
     pod: dict[str, Any]
 
 
-def _meta(obj: Obj) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _strmap(obj: Obj, field: str) -> dict[str, str]:
-    raw = _meta(obj).get(field)
-    if not isinstance(raw, Mapping):
-        return {}
-    return {str(k): v for k, v in raw.items() if isinstance(v, str)}
-
-
 def api_group(api_version: str) -> str:
     return api_version.rsplit("/", 1)[0] if "/" in api_version else ""
 
 
-def first_owner(obj: Obj) -> dict[str, str] | None:
-    """The ownerReference KAI follows (the first), as {apiVersion, kind, name, uid}, or None."""
-    refs = _meta(obj).get("ownerReferences")
-    if not isinstance(refs, list) or not refs:
+def rules_by_kind(rules: Iterable[GroupingRule]) -> dict[tuple[str, str], GroupingRule]:
+    return {(r.group, r.kind): r for r in rules}
+
+
+def fetched_kinds(rules: Mapping[tuple[str, str], GroupingRule] | None = None) -> frozenset[tuple[str, str]]:
+    """(group, kind) of the owners a caller fetches: the table's, the chain links the table's
+    rules read (Knative's Revision), and the no-code rules'."""
+    return frozenset(TABLE) | frozenset(CHAIN_ONLY) | frozenset(rules or {})
+
+
+def plural_of(group: str, kind: str, rules: Mapping[tuple[str, str], GroupingRule] | None = None) -> str:
+    """The resource name of a fetched kind (KeyError for any other)."""
+    if (group, kind) in TABLE:
+        return TABLE[(group, kind)].plural
+    if (group, kind) in CHAIN_ONLY:
+        return CHAIN_ONLY[(group, kind)]
+    return (rules or {})[(group, kind)].plural
+
+
+def _refs(obj: Obj) -> list[Any]:
+    refs = meta(obj).get("ownerReferences")
+    return refs if isinstance(refs, list) else []
+
+
+def first_owner(obj: Obj, *, is_pod: bool = True) -> dict[str, str] | None:
+    """The ownerReference KAI follows, as {apiVersion, kind, name, uid}, or None. A pod's first
+    reference; an owner with more than one is malformed (KAI refuses it too)."""
+    refs = _refs(obj)
+    if not refs:
         return None
+    if not is_pod and len(refs) > 1:
+        raise OwnerError(describe(obj), "metadata.ownerReferences", f"an owner with {len(refs)} owners")
     ref = refs[0]
     if not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str) or not ref.get("name"):
         raise IngestError("metadata.ownerReferences[0]", "needs a name")
     return {k: str(ref.get(k, "") or "") for k in ("apiVersion", "kind", "name", "uid")}
 
 
-def is_fetched(ref: Mapping[str, str]) -> bool:
-    return (api_group(ref.get("apiVersion", "")), ref.get("kind", "")) in FETCHED_KINDS
+def is_fetched(ref: Mapping[str, str], rules: Mapping[tuple[str, str], GroupingRule] | None = None) -> bool:
+    return (api_group(ref.get("apiVersion", "")), ref.get("kind", "")) in fetched_kinds(rules)
 
 
 def ref_object(ref: Mapping[str, str], namespace: str) -> dict[str, Any]:
@@ -109,117 +126,87 @@ def ref_object(ref: Mapping[str, str], namespace: str) -> dict[str, Any]:
             "metadata": {"name": ref.get("name", ""), "uid": ref.get("uid", ""), "namespace": namespace}}
 
 
+def related_refs(owners: Sequence[Obj]) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of the objects the top owner's rule reads besides the chain."""
+    if not owners:
+        return []
+    top = owners[-1]
+    entry = workload_of(top)
+    if entry is None or entry.related is None:
+        return []
+    version = str(top.get("apiVersion") or "")
+    return [(version, kind, name) for kind, name in entry.related(top)]
+
+
 def _skipped(obj: Obj) -> bool:
-    return _strmap(obj, "annotations").get(SKIP_ANNOTATION) == "true"
-
-
-def _dig(obj: Obj, *path: str) -> Any:
-    cur: Any = obj
-    for part in path:
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(part)
-    return cur
-
-
-def _pytorch_min_member(job: Obj) -> int:
-    specs = _dig(job, "spec", "pytorchReplicaSpecs")
-    if not isinstance(specs, Mapping) or not specs:
-        raise IngestError("spec.pytorchReplicaSpecs", "a PyTorchJob needs its replica specs")
-    total = 0
-    for name in sorted(specs):
-        path = f"spec.pytorchReplicaSpecs.{name}.replicas"
-        replicas = int_field(_dig(specs, name, "replicas"), path, minimum=0) \
-            if _dig(specs, name, "replicas") is not None else 0
-        if replicas == 0:
-            raise IngestError(path, f"a PyTorchJob needs at least one {name} replica")
-        total += replicas
-    minimum = total
-    elastic = _dig(job, "spec", "elasticPolicy", "minReplicas")
-    if elastic is not None:
-        minimum = int_field(elastic, "spec.elasticPolicy.minReplicas", minimum=0)
-    available = _dig(job, "spec", "runPolicy", "schedulingPolicy", "minAvailable")
-    if available is not None:
-        minimum = int_field(available, "spec.runPolicy.schedulingPolicy.minAvailable", minimum=0)
-    return minimum
+    return annotations_of(obj).get(SKIP_ANNOTATION) == "true"
 
 
 def needs_group(pod: Obj) -> bool:
     """Whether `pod` is one the podgrouper groups (before its owners are looked at)."""
     spec = pod.get("spec")
     scheduler = spec.get("schedulerName") if isinstance(spec, Mapping) else None
-    return scheduler == SCHEDULER_NAME and PODGROUP_ANNOTATION not in _strmap(pod, "annotations") \
-        and not _skipped(pod)
+    return scheduler == SCHEDULER_NAME and PODGROUP_ANNOTATION not in annotations_of(pod) and not _skipped(pod)
 
 
-def group_pod(pod: Obj, owners: Sequence[Obj]) -> Grouping | None:
+def group_pod(pod: Obj, owners: Sequence[Obj], *, related: Mapping[tuple[str, str], Obj] | None = None,
+              pods: PodIndex | None = None,
+              rules: Mapping[tuple[str, str], GroupingRule] | None = None) -> Grouping | None:
     """The PodGroup of `pod` given its owner chain (nearest first; empty for a bare pod), or
     None when the pod names its group or asks not to be grouped (contract: module docstring)."""
-    pod_annotations = _strmap(pod, "annotations")
     if not needs_group(pod) or any(_skipped(o) for o in owners):
         return None
-    meta = _meta(pod)
-    namespace = str(meta.get("namespace") or "default")
-    pod_name, pod_uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
-    if not pod_name:
+    m = meta(pod)
+    if not isinstance(m.get("name"), str) or not m.get("name"):
         raise IngestError("metadata.name", "is required")
-    top = owners[-1] if owners else pod
-    top_meta = _meta(top)
-    top_kind = (api_group(str(top.get("apiVersion", "") or "")), str(top.get("kind", "") or "")) \
-        if owners else ("", "Pod")
-    top_name, top_uid = str(top_meta.get("name") or ""), str(top_meta.get("uid") or "")
-    pod_labels = _strmap(pod, "labels")
-    top_labels, top_annotations = _strmap(top, "labels"), _strmap(top, "annotations")
-
-    deployment = top_kind == ("apps", "Deployment")
-    name = f"pg-{pod_name}-{pod_uid}" if deployment else f"pg-{top_name}-{top_uid}"
-    min_member = 1
-    if top_kind == ("batch", "Job") and MIN_MEMBER_OVERRIDE in top_annotations:
-        min_member = int_field(top_annotations[MIN_MEMBER_OVERRIDE],
-                                f"metadata.annotations[{MIN_MEMBER_OVERRIDE}]", minimum=0)
-    elif top_kind == ("kubeflow.org", "PyTorchJob"):
-        min_member = _pytorch_min_member(top)
-
-    queue = top_labels.get(QUEUE_LABEL) or pod_labels.get(QUEUE_LABEL) or ""
-    if not queue:
-        project = top_labels.get(PROJECT_LABEL) or pod_labels.get(PROJECT_LABEL) or ""
-        pool = pod_labels.get(NODE_POOL_LABEL, "")
-        queue = (f"{project}-{pool}" if pool else project) if project else DEFAULT_QUEUE
-
-    priority = next((_strmap(o, "labels")[PRIORITY_LABEL] for o in owners
-                     if _strmap(o, "labels").get(PRIORITY_LABEL)), "") \
-        or pod_labels.get(PRIORITY_LABEL, "") or str(_dig(pod, "spec", "priorityClassName") or "") \
-        or ("inference" if deployment else "train")
-    preempt = next((_strmap(o, "labels")[PREEMPTIBILITY_LABEL] for o in owners
-                    if PREEMPTIBILITY_LABEL in _strmap(o, "labels")), pod_labels.get(PREEMPTIBILITY_LABEL, ""))
-
-    spec: dict[str, Any] = {"minMember": min_member, "queue": queue, "priorityClassName": priority}
-    if preempt:
-        spec["preemptibility"] = preempt
-    topology = {field: top_annotations[key] for field, key in TOPOLOGY_ANNOTATIONS.items()
-                if top_annotations.get(key)}
-    if topology:
-        spec["topologyConstraint"] = topology
-    for annotation, field in ((STALENESS_ANNOTATION, "stalenessGracePeriod"),
-                              (PREEMPTION_DELAY_ANNOTATION, "preemptionDelay")):
-        value = next((_strmap(o, "annotations")[annotation] for o in owners
-                      if annotation in _strmap(o, "annotations")), pod_annotations.get(annotation))
-        if value is not None:
-            spec[field] = value
-    owner_ref = {"apiVersion": str(pod.get("apiVersion") or "v1") if deployment or not owners
-                 else str(top.get("apiVersion", "")),
-                 "kind": "Pod" if deployment or not owners else str(top.get("kind", "")),
-                 "name": pod_name if deployment else top_name, "uid": pod_uid if deployment else top_uid}
-    created = (meta if deployment or not owners else top_meta).get("creationTimestamp")
-    group_meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(top_labels),
-                                  "ownerReferences": [owner_ref]}
-    if created:
-        group_meta["creationTimestamp"] = created
-    podgroup = {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup", "metadata": group_meta,
-                "spec": spec}
-    raw_annotations = meta.get("annotations") or {}
+    raw_annotations = m.get("annotations") or {}
+    raw_labels = m.get("labels") or {}
     if not isinstance(raw_annotations, Mapping):
         raise IngestError("metadata.annotations", "must be a map")
+    if not isinstance(raw_labels, Mapping):
+        raise IngestError("metadata.labels", "must be a map")
+    decision = decide(Source(pod, tuple(owners), related or {}, pods or NoPods()), rules or {})
+    podgroup = render(decision, str(m.get("namespace") or "default"))
     annotated = dict(pod)
-    annotated["metadata"] = {**meta, "annotations": {**raw_annotations, PODGROUP_ANNOTATION: name}}
+    new_meta = {**m, "annotations": {**raw_annotations, PODGROUP_ANNOTATION: decision.name}}
+    if decision.pod_subgroup:
+        new_meta["labels"] = {**raw_labels, SUBGROUP_LABEL: decision.pod_subgroup}
+    annotated["metadata"] = new_meta
     return Grouping(podgroup=podgroup, pod=annotated)
+
+
+def render(d: Decision, namespace: str) -> dict[str, Any]:
+    """The PodGroup JSON of a decision (what KAI's podgrouper would create)."""
+    owner = d.owner
+    owner_meta = meta(owner)
+    kind = kind_of(owner)[1]
+    version = str(owner.get("apiVersion") or ("v1" if kind in ("", "Pod") else ""))
+    owner_ref = {"apiVersion": version, "kind": kind or "Pod", "name": str(owner_meta.get("name") or ""),
+                 "uid": str(owner_meta.get("uid") or "")}
+    spec: dict[str, Any] = {}
+    if d.min_subgroup is not None:
+        spec["minSubGroup"] = d.min_subgroup
+    else:
+        spec["minMember"] = d.min_member if d.min_member is not None else 0
+    spec["queue"] = d.queue
+    spec["priorityClassName"] = d.priority_class
+    if d.preemptibility:
+        spec["preemptibility"] = d.preemptibility
+    if d.topology:
+        spec["topologyConstraint"] = dict(d.topology)
+    if d.staleness_grace is not None:
+        spec["stalenessGracePeriod"] = d.staleness_grace
+    if d.preemption_delay is not None:
+        spec["preemptionDelay"] = d.preemption_delay
+    if d.subgroups:
+        spec["subGroups"] = [sg.spec() for sg in d.subgroups]
+    group_meta: dict[str, Any] = {"name": d.name, "namespace": namespace, "labels": dict(d.labels),
+                                  "ownerReferences": [owner_ref]}
+    created = owner_meta.get("creationTimestamp")
+    if created:
+        try:
+            created_ns({"metadata": {"creationTimestamp": created}})
+        except IngestError as exc:
+            raise OwnerError(describe(owner), exc.path, exc.message) from None
+        group_meta["creationTimestamp"] = created
+    return {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup", "metadata": group_meta, "spec": spec}

@@ -25,6 +25,8 @@ from kai_es.events.codec import canonical
 from kai_es.events.factory import make_envelope
 from kai_es.events.timefmt import parse_duration, parse_signed_duration
 from kai_es.ingest.bounds import MAX_DURATION_NS
+from kai_es.ingest.groupers import CHAIN_ONLY, TABLE
+from kai_es.ingest.groupers.rules import GroupingRule
 from kai_es.scheduling.policy import CURRENT_POLICY, ActionName, config_actions
 
 class _Cfg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
@@ -120,6 +122,9 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     #: consolidation moves at most this many jobs per cycle (-1: no limit; 0: off), KAI's
     #: `--max-consolidation-preemptees`
     max_consolidation_preemptees: int = 16
+    #: no-code grouping rules for owner kinds the podgrouper's table does not know (read by the
+    #: informer and the scenario loader, not by the cycle): `kai_es.ingest.groupers.rules`
+    grouping: list[GroupingRule] = []
 
     @property
     def action_list(self) -> list[ActionName]:
@@ -155,6 +160,12 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
             msgspec.structs.force_setattr(self.fairshare, "k_value", k_value)
         if self.max_consolidation_preemptees < -1:
             raise msgspec.ValidationError("must be >= -1 (-1: no limit) - at `$.maxConsolidationPreemptees`")
+        kinds = [(r.group, r.kind) for r in self.grouping]
+        for group, kind in kinds:
+            if kinds.count((group, kind)) > 1:
+                raise msgspec.ValidationError(f"two rules for {group}/{kind} - at `$.grouping`")
+            if (group, kind) in TABLE or (group, kind) in CHAIN_ONLY:
+                raise msgspec.ValidationError(f"{group}/{kind} has a built-in grouping rule - at `$.grouping`")
         if self.state_digest_every < 0:
             raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
         # what depends on the policy version is the registry's to check and default
@@ -182,6 +193,7 @@ _OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
     ("fairshare", "usageResolution"): "1m",
     ("minRuntime", "reclaimResolveMethod"): "lca",
     ("", "maxConsolidationPreemptees"): 16,
+    ("", "grouping"): [],
 }
 
 

@@ -9,7 +9,11 @@ Contract:
   message. A pod already bound to that node is success (`already=True`).
 - A bound pod with `kai-es.io/run-for` succeeds that long after it was bound. An evicted pod is
   deleted and, unless `kai-es.io/recreate: "false"`, recreated as a new Pending pod (as its
-  controller would) named `<name>-r<k>`.
+  controller would) named `<name>-r<k>`. A recreated pod whose PodGroup the podgrouper made is
+  grouped again, as the informer groups a new pod: it rejoins its workload's group (a Job's, a
+  PyTorchJob's, …), or — where every pod is a group of its own (a bare pod, a Deployment's) —
+  gets a new one, `pg-<new name>-<new uid>` created now (with uid `recreated_group_uid`), which
+  is reported before the pod.
 - A pod annotated `kai-es.io/refuse-eviction: "true"` refuses every eviction permanently (as a
   failed precondition would); `"retryable"` refuses it as a PodDisruptionBudget does (a 429 that
   may pass later). A pod annotated `kai-es.io/refuse-bind: "true"` refuses every bind (as a
@@ -30,6 +34,7 @@ import anyio
 
 from kai_es.events.factory import name_id
 from kai_es.events.timefmt import rfc3339
+from kai_es.ingest import podgrouper as pg
 from kai_es.ingest import translate as tr
 from kai_es.ports import ActionOutcome, ObjectChange
 from kai_es.scenario import Scenario, ScenarioObject
@@ -49,6 +54,7 @@ class _PodInfo:
     obj: dict[str, Any]
     run_for_ns: int | None
     recreate: bool
+    owners: tuple[dict[str, Any], ...] | None = None  # when the podgrouper grouped it: its chain
     generation: int = 0
     node: str = ""
     devices: tuple[int, ...] = ()
@@ -78,6 +84,11 @@ def recreated_identity(namespace: str, name: str, uid: str, live: Container[str]
 def recreated_uid(uid: str) -> str:
     """The uid of the pod recreated after the pod `uid` is evicted: uuid5(NAMESPACE, uid + "/recreated")."""
     return name_id(f"{uid}/recreated")
+
+
+def recreated_group_uid(pod_uid: str) -> str:
+    """The uid of the PodGroup made for the recreated pod `pod_uid` (where each pod has its own)."""
+    return name_id(f"{pod_uid}/podgroup")
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -148,7 +159,8 @@ class SimCluster:
             self.node_use[name] = _NodeUse(devices=[0] * gpus)
         elif kind == "Pod":
             key = _key(obj)
-            info = _PodInfo(obj=obj, run_for_ns=so.run_for_ns, recreate=so.recreate)
+            info = _PodInfo(obj=obj, run_for_ns=so.run_for_ns, recreate=so.recreate,
+                            owners=so.owners if so.grouped else None)
             self.pods[key] = info
             node = (obj.get("spec") or {}).get("nodeName")
             if node and (obj.get("status") or {}).get("phase") == "Running":
@@ -300,5 +312,25 @@ class SimCluster:
         meta.get("labels", {}).pop(tr.GPU_GROUP_LABEL, None)
         obj.get("spec", {}).pop("nodeName", None)
         obj["status"] = {"phase": "Pending"}
-        self.pods[_key(obj)] = _PodInfo(obj=obj, run_for_ns=info.run_for_ns, recreate=info.recreate)
+        if info.owners is not None:
+            obj = self._regroup(obj, info.owners)
+        self.pods[_key(obj)] = _PodInfo(obj=obj, run_for_ns=info.run_for_ns, recreate=info.recreate,
+                                        owners=info.owners)
         self._report("Pod", "ADDED", obj)
+
+    def _regroup(self, obj: dict[str, Any], owners: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+        """The recreated pod grouped as a new pod (see the module contract)."""
+        meta = obj["metadata"]
+        meta.get("annotations", {}).pop(tr.PODGROUP_ANNOTATION, None)
+        meta.get("labels", {}).pop(tr.SUBGROUP_LABEL, None)
+        grouping = pg.group_pod(obj, owners, rules=pg.rules_by_kind(self.scenario.config.grouping))
+        if grouping is None:  # (it was grouped before, with the same owners)
+            return obj
+        group = grouping.podgroup
+        key = ("PodGroup", f"{group['metadata']['namespace']}/{group['metadata']['name']}")
+        if key not in self.others:
+            group["metadata"]["uid"] = recreated_group_uid(meta["uid"])
+            group["metadata"]["creationTimestamp"] = meta["creationTimestamp"]
+            self.others[key] = group
+            self._report("PodGroup", "ADDED", group)
+        return grouping.pod

@@ -5,7 +5,9 @@ objects (the log holds payloads): recorded input events happen at their recorded
 workload pod arrives at its recorded time, runs its recorded run time from the moment it is
 bound, and is then observed Succeeded (or Failed, as recorded); an evicted pod is removed and,
 as the simulated cluster's controllers do, recreated Pending as `<name>-r<k>` with a uid derived
-from the evicted one. The observations it makes are exactly those `kai_es.sim.cluster.SimCluster`
+from the evicted one — in a PodGroup of its own when the evicted pod had one of its own
+(`pg-<name>-<uid>`: a bare pod's or a Deployment's, observed before the pod as the simulated
+cluster makes it), else in the evicted pod's. The observations it makes are exactly those `kai_es.sim.cluster.SimCluster`
 makes through the informer for the same happenings, so with the recorded configuration a
 simulated log is reproduced decision for decision.
 
@@ -30,7 +32,7 @@ from kai_es.events.factory import make_envelope
 from kai_es.events.timefmt import parse_rfc3339, rfc3339
 from kai_es.ingest.translate import GPU_GROUP_LABEL, implicit_podgroup_name, subject_of
 from kai_es.ports import ActionOutcome, Clock, EventLog
-from kai_es.sim.cluster import recreated_identity
+from kai_es.sim.cluster import recreated_group_uid, recreated_identity
 from kai_es.whatif.workload import Input, PodRun, Workload
 
 SOURCE = "kai-es/informer"
@@ -54,6 +56,9 @@ class RecordedCluster:
         self.live: dict[str, _Live] = {}
         self._by_root: dict[str, str] = {}  # arrival uid -> key of its live incarnation
         self._changes: list[p.Payload] = []
+        #: the recorded PodGroups (the latest of each), a recreated pod's own group is made from
+        self._groups = {(i.payload.namespace, i.payload.name): i.payload for i in [*workload.initial, *workload.inputs]
+                        if isinstance(i, Input) and isinstance(i.payload, p.PodGroupObserved)}
         self.binds = self.bind_failures = self.evictions = self.completions = 0
         self._later = max([i.order for i in workload.inputs] + [r.order for r in workload.pods]
                           + [r.deleted_at[1] for r in workload.pods if r.deleted_at is not None] + [0]) + 1
@@ -179,12 +184,17 @@ class RecordedCluster:
         labels = {k: v for k, v in first.labels.items() if k != GPU_GROUP_LABEL}
         new_name, new_uid = recreated_identity(namespace, name, uid, self.live)
         podgroup = first.podgroup
+        created = parse_rfc3339(rfc3339(self.now_ns))
         if first.implicit_podgroup and first.owner is None:  # one group per pod: named after it
             podgroup = implicit_podgroup_name({"metadata": {"name": new_name, "uid": new_uid}})
+        own = self._groups.get((namespace, first.podgroup))
+        if not first.implicit_podgroup and first.podgroup == f"pg-{first.name}-{first.uid}" and own is not None:
+            podgroup = f"pg-{new_name}-{new_uid}"  # a group of its own, as the podgrouper makes it
+            self._report(msgspec.structs.replace(own, name=podgroup, uid=recreated_group_uid(new_uid),
+                                                 created_ns=created))
         spec = msgspec.structs.replace(
             first, name=new_name, uid=new_uid, podgroup=podgroup, phase="Pending", node_name="",
-            gpu_devices=[], gpu_group="", labels=labels,
-            created_ns=parse_rfc3339(rfc3339(self.now_ns)))
+            gpu_devices=[], gpu_group="", labels=labels, created_ns=created)
         new_key = f"{namespace}/{spec.name}"
         self.live[new_key] = _Live(run=live.run, spec=spec)
         self._by_root[live.run.spec.uid] = new_key

@@ -11,7 +11,9 @@ Contract (pure over records):
   pod's) is not an arrival: it is the same work, so the first incarnation that finished gives
   the run time of the whole chain. A pod that never finished in the recorded run has no run
   time (None): once started it runs to the end. A kai-scheduler pod deleted while not evicted
-  is deleted at the recorded time.
+  is deleted at the recorded time. The PodGroup the simulated cluster made for a recreated pod
+  of its own (`pg-<name>-<uid>` with the recreation's uid) is not an input either: the
+  counterfactual cluster makes it when it recreates the pod.
 - A kai-scheduler pod first observed already Running on a node (placed before the log began)
   arrives placed (`placed=True`): its run time counts from that first observation.
   One first observed in any other phase is an input like any other, kept as recorded.
@@ -164,6 +166,8 @@ def extract_passing(records: Iterable[Record], into: list[Workload]) -> Iterator
                 if run.deleted_at is None:
                     arrivals[root] = replace(run, deleted_at=(t, record.position))
             continue
+        if isinstance(data, p.PodGroupObserved) and data.name[-36:] in recreations:
+            continue  # a recreated pod's own group: the counterfactual cluster makes it with the pod
         item = Input(at_ns=t, order=record.position, payload=data, subject=env.subject)
         (w.initial if in_initial else w.inputs).append(item)
     w.config = config or SchedulerConfig()

@@ -95,8 +95,10 @@ async def test_pods_get_kai_podgrouper_groups_from_their_owners(k8s: K8s, schedu
         serve = await wait_for(replica, "the Deployment's pod, made by its ReplicaSet", timeout_s=30)
         serve_name = serve["metadata"]["name"]
         assert serve["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
-        for i in range(4):
-            await create_pod(api, owned(gpu_pod(f"train-{i}", ns, queue=q), ptj))
+        for i in range(4):  # labelled as the training operator labels its pods
+            role = {"training.kubeflow.org/replica-type": "master" if i == 0 else "worker",
+                    "training.kubeflow.org/replica-index": str(max(0, i - 1))}
+            await create_pod(api, owned(gpu_pod(f"train-{i}", ns, queue=q, labels=role), ptj))
         await create_pod(api, owned(gpu_pod("broken-0", ns, queue=q), bad))
         await create_pod(api, gpu_pod("named", ns, queue=q, annotations={"pod-group-name": "mine"}))
 
@@ -140,6 +142,8 @@ async def test_pods_get_kai_podgrouper_groups_from_their_owners(k8s: K8s, schedu
     assert not any(pods[n].implicit_podgroup for n in ("bare", "etl-0", "train-0"))
     assert set(groups) == {bare_pg, job_pg, ptj_pg, serve_pg}  # "mine" is the user's: not made up
     assert groups[ptj_pg].min_member == 4  # all replicas: Master 1 + Worker 3
+    assert [(sg.name, sg.min_member) for sg in groups[ptj_pg].subgroups] == [("master", 1), ("worker", 3)]
+    assert [pods[f"train-{i}"].subgroup for i in range(4)] == ["master", "worker", "worker", "worker"]
     assert (groups[job_pg].min_member, groups[job_pg].queue, groups[job_pg].priority_class) == (1, q, "train")
     assert (groups[serve_pg].queue, groups[serve_pg].priority_class) == (q, "inference")
     assert groups[bare_pg].queue == q

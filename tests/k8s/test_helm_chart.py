@@ -322,3 +322,28 @@ def test_dockerfile_matches_what_the_chart_runs() -> None:
     assert f"USER {ctx['runAsUser']}:{ctx['runAsGroup']}" in text
     assert 'ENTRYPOINT ["kai-es"]' in text and "FROM python:3.11-slim" in text
     assert "import kai_es._native._packer, kai_es._native._framing" in text
+
+
+def test_grouping_rules_reach_the_informer_and_grow_its_rbac_by_get(home: Path, tmp_path: Path) -> None:
+    """`scheduler.config.grouping` (no-code rules): the informer reads them from the config
+    file it mounts (`--scenario`), rolls when they change (not when the rest does), and the
+    ClusterRole gains `get` on each rule's kind, nothing else."""
+    from tests.workloads import NOCODE_RULES  # noqa: PLC0415
+
+    values = tmp_path / "rules.yaml"
+    values.write_text(json.dumps({"scheduler": {"config": {"grouping": NOCODE_RULES}}}))
+    plain, ruled = render(home), render(home, values=[values])
+    (cluster_role,) = by_kind(ruled, "ClusterRole")
+    (before,) = by_kind(plain, "ClusterRole")
+    added = cluster_role["rules"][len(before["rules"]):]
+    assert cluster_role["rules"][:len(before["rules"])] == before["rules"]
+    assert added == [{"apiGroups": [r["group"]], "resources": [r["plural"]], "verbs": ["get"]} for r in NOCODE_RULES]
+    informer = container(deployments(ruled)["informer"])
+    args = informer["args"]
+    assert args[args.index("--scenario") + 1] == "/etc/kai-es/scheduler.yaml"
+    assert {m["mountPath"] for m in informer["volumeMounts"]} >= {"/etc/kai-es"}
+    scenario = load_scenario_text(scheduler_config_text(ruled), "configmap")
+    assert scenario.config.grouping == parse_config({"grouping": NOCODE_RULES}).grouping
+    a, b = deployments(plain), deployments(ruled)
+    assert a["informer"]["spec"]["template"] != b["informer"]["spec"]["template"]  # rolls with its rules
+    assert a["binder"] == b["binder"]

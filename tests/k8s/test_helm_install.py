@@ -85,7 +85,7 @@ def local_args(deploy: dict[str, Any], configmaps: dict[str, dict[str, Any]], wh
         if "configMap" not in vol:
             continue
         local = where / mount["name"]
-        local.mkdir()
+        local.mkdir(exist_ok=True)  # (the informer and the scheduler mount the same ConfigMap)
         for key, text in configmaps[vol["configMap"]["name"]]["data"].items():
             (local / key).write_text(text)
         args = [a.replace(mount["mountPath"], str(local)) for a in args]

@@ -3,27 +3,32 @@
 
 Contract:
 - A kai-scheduler pod without `pod-group-name` (and not opted out, see
-  kai_es/ingest/podgrouper.py) gets its PodGroup from its owner chain: the wrapper GETs the
-  owners KAI's groupers read (ReplicaSet, Deployment, StatefulSet, Job, CronJob, PyTorchJob;
-  cached by uid — at most `max_owners`, read again when a pod is ADDED and the copy is older than
+  kai_es/ingest/podgrouper.py) gets its PodGroup from its owner chain: the wrapper GETs every
+  owner whose kind the podgrouper's table knows (`podgrouper.fetched_kinds`: Kubernetes' own
+  workloads, Kubeflow's, JobSet, LeaderWorkerSet, KubeRay's, Knative's, Argo's, Spark's, … and the
+  config's no-code rules' kinds) and the objects a rule reads besides the chain
+  (`podgrouper.related_refs`: a RayJob's RayCluster); cached — owners by uid, the others by name
+  — at most `max_owners`, read again when a pod is ADDED and the copy is older than
   `owner_ttl_s`, so a new pod sees its owner as it is now, yet a Job creating 4,000 pods at once
-  is read about once per `owner_ttl_s`) and emits the PodGroup (as a `PodGroup` ObjectChange)
-  BEFORE the pod, which carries
-  `pod-group-name` — so the log never shows a gang member in a group of one. The PodGroup is
-  emitted again only when it changes; when its last pod is deleted it is emitted as DELETED.
-  Unlike KAI, the PodGroup is not written to the API: it lives in kai-es's log.
+  is read about once per `owner_ttl_s`. It emits the PodGroup (as a `PodGroup` ObjectChange)
+  BEFORE the pod, which carries `pod-group-name` (and `kai.scheduler/subgroup-name`) — so the log
+  never shows a gang member in a group of one. The PodGroup is emitted again only when it
+  changes; when its last pod is deleted it is emitted as DELETED. Unlike KAI, the PodGroup is not
+  written to the API: it lives in kai-es's log.
+- An owner kind the apiserver does not serve (its CRD is not installed) ends the chain at its
+  bare reference, without an error (logged once per kind); an owner the identity may not read
+  (403) ends the chain at the last owner read, as KAI's podgrouper does.
 - A `Relist` of PodGroups also lists the groups made here (a real PodGroup of the same name
   wins); a `Relist` of Pods re-groups every pod, and groups left without pods are DELETED.
-- An owner that cannot be read (after `owner_attempts` tries) or a malformed owner marks the
-  pod with `kai-es.io/grouping-error`: the informer rejects it with that message (an
-  ObjectRejected in the log), it is not scheduled in a wrong group. A later change of the pod
-  (or a relist) tries again.
+- An owner that cannot be read (after `owner_attempts` tries; a 404 for the object itself) or
+  a malformed owner marks the pod with `kai-es.io/grouping-error`: the informer rejects it with
+  that message (an ObjectRejected in the log), it is not scheduled in a wrong group. A later
+  change of the pod (or a relist) tries again.
 """
 
 from __future__ import annotations
 
 import collections
-
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -35,6 +40,7 @@ from kubernetes_asyncio import client
 from kai_es.adapters.kubernetes.http import read_response as _read
 from kai_es.ingest import podgrouper as pg
 from kai_es.ingest import translate as tr
+from kai_es.ingest.groupers import INDEXED_LABELS
 from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.ingest.translate import GROUPING_ERROR_ANNOTATION, IngestError
 from kai_es.ports import ObjectChange, Relist
@@ -43,21 +49,8 @@ log = logging.getLogger(__name__)
 
 Change = ObjectChange | Relist
 
-#: kind -> GET of one owner by (api, namespace, name), raw response (`_preload_content=False`)
-_READERS: dict[str, Callable[[client.ApiClient, str, str], Awaitable[Any]]] = {
-    "ReplicaSet": lambda api, ns, name: client.AppsV1Api(api).read_namespaced_replica_set(
-        name, ns, _preload_content=False, _request_timeout=30),
-    "Deployment": lambda api, ns, name: client.AppsV1Api(api).read_namespaced_deployment(
-        name, ns, _preload_content=False, _request_timeout=30),
-    "StatefulSet": lambda api, ns, name: client.AppsV1Api(api).read_namespaced_stateful_set(
-        name, ns, _preload_content=False, _request_timeout=30),
-    "Job": lambda api, ns, name: client.BatchV1Api(api).read_namespaced_job(
-        name, ns, _preload_content=False, _request_timeout=30),
-    "CronJob": lambda api, ns, name: client.BatchV1Api(api).read_namespaced_cron_job(
-        name, ns, _preload_content=False, _request_timeout=30),
-    "PyTorchJob": lambda api, ns, name: client.CustomObjectsApi(api).get_namespaced_custom_object(
-        "kubeflow.org", "v1", ns, "pytorchjobs", name, _preload_content=False, _request_timeout=30),
-}
+#: GET of one object: (apiVersion, kind, namespace, name) -> (HTTP status, JSON body)
+Reader = Callable[[str, str, str, str], Awaitable[tuple[int, dict[str, Any]]]]
 #: an owner chain longer than this is malformed (KAI follows owners without a bound)
 MAX_OWNER_DEPTH = 8
 
@@ -66,66 +59,133 @@ class OwnerUnavailable(Exception):
     """An owner could not be read."""
 
 
+class _Unserved(Exception):
+    """The apiserver serves no such kind (its CRD is not installed)."""
+
+
+class _Forbidden(Exception):
+    """The identity may not read the kind."""
+
+
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     assert isinstance(meta, Mapping)
     return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
 
 
-class PodGroupingSource:
-    """ClusterSource over `inner` that groups pods (contract: module docstring)."""
+def api_reader(api: client.ApiClient, rules: Mapping[tuple[str, str], pg.GroupingRule]) -> Reader:
+    """A Reader over the apiserver: core Pods by CoreV1Api, every other kind by its REST path."""
 
-    def __init__(self, inner: Any, api: client.ApiClient, *, owner_attempts: int = 3,
+    async def read(api_version: str, kind: str, namespace: str, name: str) -> tuple[int, dict[str, Any]]:
+        group, _, version = api_version.rpartition("/")
+        if not group:
+            resp = await client.CoreV1Api(api).read_namespaced_pod(name, namespace, _preload_content=False,
+                                                                   _request_timeout=30)
+        else:
+            resp = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+                group, version, namespace, pg.plural_of(group, kind, rules), name,
+                _preload_content=False, _request_timeout=30)
+        return await _read(resp)
+
+    return read
+
+
+class _Pods:
+    """The live pods by the labels `INDEXED_LABELS` names (a PodIndex for the podgrouper)."""
+
+    def __init__(self) -> None:
+        self._by_label: dict[tuple[str, str, str], set[str]] = {}
+        self._of: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+
+    def update(self, pod: Mapping[str, Any], gone: bool = False) -> None:
+        key = _key(pod)
+        for entry in self._of.pop(key, []):
+            names = self._by_label.get(entry)
+            if names is not None:
+                names.discard(key[1])
+                if not names:
+                    del self._by_label[entry]
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        assert isinstance(meta, Mapping)
+        labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+        assert isinstance(labels, Mapping)
+        if gone or meta.get("deletionTimestamp") is not None:
+            return
+        entries = [(key[0], k, str(v)) for k, v in labels.items() if k in INDEXED_LABELS]
+        for entry in entries:
+            self._by_label.setdefault(entry, set()).add(key[1])
+        if entries:
+            self._of[key] = entries
+
+    def has_pod(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        sets = [self._by_label.get((namespace, k, v), set()) for k, v in labels.items()]
+        return bool(sets) and bool(set.intersection(*sets))
+
+
+class PodGroupingSource:
+    """ClusterSource over `inner` that groups pods (contract: module docstring). `rules`: the
+    config's no-code grouping rules; `reader`: how objects are read (default: the apiserver)."""
+
+    def __init__(self, inner: Any, api: client.ApiClient | None, *, owner_attempts: int = 3,
                  owner_ttl_s: float = 5.0, max_owners: int = 10_000,
-                 retry_delay_s: float = 0.2) -> None:
+                 retry_delay_s: float = 0.2, rules: Sequence[pg.GroupingRule] = (),
+                 reader: Reader | None = None) -> None:
         self.inner = inner
         self.api = api
         self.owner_attempts = owner_attempts
         self.retry_delay_s = retry_delay_s
         self.owner_ttl_s = owner_ttl_s
         self.max_owners = max_owners
-        self._owners: dict[str, tuple[float, dict[str, Any]]] = {}  # uid -> (read at, owner)
+        self.rules = pg.rules_by_kind(rules)
+        self._fetched = pg.fetched_kinds(self.rules)
+        self.reader = reader if reader is not None else api_reader(api, self.rules) if api is not None else None
+        self._owners: dict[str, tuple[float, dict[str, Any]]] = {}  # uid (or kind/ns/name) -> (read at, object)
         self._groups: dict[tuple[str, str], dict[str, Any]] = {}  # made here, last emitted
         self._members: dict[tuple[str, str], set[str]] = {}  # group -> pod names
         self._pod_group: dict[tuple[str, str], tuple[str, str]] = {}  # pod -> group
         self._real_groups: set[tuple[str, str]] = set()
         self._noted: set[str] = set()  # uids of bound pods whose device facts were checked
+        self._unserved: set[tuple[str, str]] = set()  # kinds said to be unserved (logged once)
+        self._pods = _Pods()
         #: owner reads (GETs, retries included) by the owner's namespace: the cache's effect
         self.owner_fetches: collections.Counter[str] = collections.Counter()
 
     # -- owners ----------------------------------------------------------------------------------
 
-    async def _get_owner(self, ref: Mapping[str, str], namespace: str, fresh: bool) -> dict[str, Any]:
-        uid = ref.get("uid", "")
-        cached = self._owners.get(uid) if uid else None
+    async def _get(self, cache_key: str, api_version: str, kind: str, namespace: str, name: str,
+                   uid: str, fresh: bool) -> dict[str, Any]:
+        cached = self._owners.get(cache_key)
         if cached is not None and (not fresh or time.monotonic() - cached[0] < self.owner_ttl_s):
             return cached[1]
-        version = ref.get("apiVersion", "")
-        reader = _READERS[ref["kind"]]
+        if self.reader is None:
+            raise OwnerUnavailable(f"cannot read {kind} {namespace}/{name}: no API client")
         last = ""
         for attempt in range(self.owner_attempts):
             self.owner_fetches[namespace] += 1
             try:
-                status, doc = await _read(await reader(self.api, namespace, ref["name"]))
+                status, doc = await self.reader(api_version, kind, namespace, name)
             except Exception as exc:  # noqa: BLE001 - connection errors: retried, then reported
                 status, doc = 0, {"message": f"{type(exc).__name__}: {exc}"}
             if status == 200:
-                if uid and (doc.get("metadata") or {}).get("uid") != uid:
-                    raise OwnerUnavailable(f"{ref['kind']} {namespace}/{ref['name']} was re-created "
-                                           f"(uid {(doc.get('metadata') or {}).get('uid')}, pod names {uid})")
-                doc.setdefault("apiVersion", version)
-                doc.setdefault("kind", ref["kind"])
-                if uid:
-                    self._owners.pop(uid, None)
-                    self._owners[uid] = (time.monotonic(), doc)
-                    if len(self._owners) > self.max_owners:  # the oldest read goes first
-                        del self._owners[next(iter(self._owners))]
+                got = (doc.get("metadata") or {}).get("uid")
+                if uid and got != uid:
+                    raise OwnerUnavailable(f"{kind} {namespace}/{name} was re-created (uid {got}, pod names {uid})")
+                doc.setdefault("apiVersion", api_version)
+                doc.setdefault("kind", kind)
+                self._owners.pop(cache_key, None)
+                self._owners[cache_key] = (time.monotonic(), doc)
+                if len(self._owners) > self.max_owners:  # the oldest read goes first
+                    del self._owners[next(iter(self._owners))]
                 return doc
+            if status == 404 and (doc.get("details") or {}).get("name") != name:
+                raise _Unserved(f"{api_version} {kind}: {doc.get('message', '')}"[:300])
+            if status == 403:
+                raise _Forbidden(f"{kind} {namespace}/{name}: {doc.get('message', '')}"[:300])
             last = f"HTTP {status}: {doc.get('message', '')}" if status else str(doc.get("message"))
-            if status in (403, 404) or attempt + 1 == self.owner_attempts:
+            if status == 404 or attempt + 1 == self.owner_attempts:
                 break
             await anyio.sleep(self.retry_delay_s * 2 ** attempt)
-        raise OwnerUnavailable(f"cannot read {ref['kind']} {namespace}/{ref['name']}: {last}")
+        raise OwnerUnavailable(f"cannot read {kind} {namespace}/{name}: {last}")
 
     async def _owner_chain(self, pod: Mapping[str, Any], fresh: bool) -> list[dict[str, Any]]:
         namespace = _key(pod)[0]
@@ -134,13 +194,37 @@ class PodGroupingSource:
         while ref is not None:
             if len(chain) >= MAX_OWNER_DEPTH:
                 raise IngestError("metadata.ownerReferences", f"owner chain deeper than {MAX_OWNER_DEPTH}")
-            if not pg.is_fetched(ref):
+            kind = (pg.api_group(ref["apiVersion"]), ref["kind"])
+            if kind not in self._fetched or kind in self._unserved:
                 chain.append(pg.ref_object(ref, namespace))
                 break
-            owner = await self._get_owner(ref, namespace, fresh)
+            try:
+                owner = await self._get(ref.get("uid") or f"{ref['kind']}/{namespace}/{ref['name']}",
+                                        ref["apiVersion"], ref["kind"], namespace, ref["name"],
+                                        ref.get("uid", ""), fresh)
+            except _Unserved as exc:
+                self._unserved.add(kind)
+                log.warning("%s: not served by the apiserver (its CRD is not installed?): its pods are "
+                            "grouped by the owner reference alone", exc)
+                chain.append(pg.ref_object(ref, namespace))
+                break
+            except _Forbidden as exc:
+                log.warning("may not read %s: the chain ends at the owner below it, as KAI's podgrouper does", exc)
+                break
             chain.append(owner)
-            ref = pg.first_owner(owner)
+            ref = pg.first_owner(owner, is_pod=False)
         return chain
+
+    async def _related(self, chain: Sequence[Mapping[str, Any]], namespace: str,
+                       fresh: bool) -> dict[tuple[str, str], dict[str, Any]]:
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for api_version, kind, name in pg.related_refs(chain):
+            try:
+                out[(kind, name)] = await self._get(f"{api_version}/{kind}/{namespace}/{name}", api_version,
+                                                    kind, namespace, name, "", fresh)
+            except (_Unserved, _Forbidden) as exc:
+                raise OwnerUnavailable(str(exc)) from None
+        return out
 
     # -- shaping ---------------------------------------------------------------------------------
 
@@ -149,7 +233,9 @@ class PodGroupingSource:
         if not pg.needs_group(pod):
             return None, pod
         try:
-            grouping = pg.group_pod(pod, await self._owner_chain(pod, fresh))
+            chain = await self._owner_chain(pod, fresh)
+            related = await self._related(chain, _key(pod)[0], fresh)
+            grouping = pg.group_pod(pod, chain, related=related, pods=self._pods, rules=self.rules)
         except (IngestError, OwnerUnavailable) as exc:
             ns, name = _key(pod)
             log.warning("pod %s/%s: no PodGroup (%s); it is rejected until it can be grouped", ns, name, exc)
@@ -193,10 +279,12 @@ class PodGroupingSource:
         key = _key(obj)
         if change.action == "DELETED":
             out.append(change)
+            self._pods.update(obj, gone=True)
             self._leave(key, out)
             self._noted.discard(str((obj.get("metadata") or {}).get("uid", "")))
             return
         self._note_devices(obj)
+        self._pods.update(obj)
         group_obj, pod = await self._group(obj, fresh=change.action == "ADDED")
         self._join(key, group_obj, out)
         out.append(ObjectChange("Pod", change.action, pod))
@@ -231,6 +319,9 @@ class PodGroupingSource:
                 if change.kind == "Pod":
                     pods: list[dict[str, object]] = []
                     seen: set[tuple[str, str]] = set()
+                    self._pods = _Pods()
+                    for obj in change.objects:
+                        self._pods.update(obj)
                     for obj in change.objects:
                         group_obj, pod = await self._group(dict(obj), fresh=True)
                         self._join(_key(obj), group_obj, out)
@@ -262,6 +353,9 @@ class PodGroupingSource:
     async def list_objects(self) -> list[ObjectChange]:
         objects = await self.inner.list_objects()
         self._real_groups = {_key(c.obj) for c in objects if c.kind == "PodGroup"}
+        for c in objects:  # every pod is known before any is grouped (an MPIJob's launcher)
+            if c.kind == "Pod":
+                self._pods.update(c.obj)
         shaped = await self._shape(list(objects))
         return [c for c in shaped if isinstance(c, ObjectChange)]
 
