@@ -3,12 +3,16 @@ scenario loader's controllers make of each manifest in tests/workloads.py are cr
 installed for the operators' kinds, uids the apiserver's), and the informer's grouping source,
 reading them as kai-es's least-privilege identity (deploy/rbac), makes the PodGroups the loader
 made. An owner kind whose CRD is not installed is grouped by its reference, without an error.
-No controllers run: owners and pods are created with ownerReferences."""
+No controllers run: owners and pods are created with ownerReferences (the control plane's
+kube-controller-manager is stopped for this module — its Deployment, ReplicaSet, StatefulSet and
+Job controllers would add pods of their own — and started again after it)."""
+
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -132,7 +136,15 @@ def rehome(obj: dict[str, Any], ns: str, uids: dict[str, str]) -> dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def installed(k8s: K8s, scheduler_kubeconfig: Any) -> K8s:
+def installed(k8s: K8s, scheduler_kubeconfig: Any) -> Iterator[K8s]:
+    k8s.cp.controller_manager.stop()  # see the module docstring
+    try:
+        yield _installed(k8s)
+    finally:
+        k8s.cp.restart_controller_manager()
+
+
+def _installed(k8s: K8s) -> K8s:
     k8s.cp.install_crds([*operator_crds(), *(crd(r["group"], r["kind"], r["plural"], ["v1"]) for r in NOCODE_RULES)])
     # the chart grants get on the no-code rules' kinds (templates/rbac.yaml): the same here
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",

@@ -101,7 +101,8 @@ async def test_example_consumer_validates_every_committed_event(kafka_bootstrap:
     ids = [json.loads(line)["event"]["id"] for line in (part.stdout + rest.stdout).decode().splitlines()]
     assert ids == [p["event"]["id"] for p in printed]
     # a committed record that breaks its schema is named, with its position, and fails the run
-    bad = json.loads(json.dumps(printed[26]["event"]))  # a kai.cluster.pod.observed event
+    pod_event = next(p["event"] for p in printed if p["event"]["type"] == "kai.cluster.pod.observed")
+    bad = json.loads(json.dumps(pod_event))
     del bad["data"]["name"]
     bad["id"] = "broken"
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
