@@ -113,8 +113,8 @@ def started_control_plane(**options: Any) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def k8s() -> Iterator[K8s]:
     """The session's control plane with KAI's CRDs installed. At its end, no node may carry a
-    taint: none of the tests taints one, and KWOK's Lease renewals keep the controller-manager's
-    node-lifecycle controller from tainting them (controlplane.CONTROLLERS)."""
+    taint: none of the tests taints one, and the controller-manager runs no node-lifecycle
+    controller (controlplane.CONTROLLERS: KWOK fakes node health)."""
     with started_control_plane() as cp:
         yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
                   admin_token=cp.admin_token, scheduler_token=cp.scheduler_token,

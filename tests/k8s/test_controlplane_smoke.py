@@ -158,5 +158,5 @@ def test_controller_manager_runs_its_controllers_and_survives_restarts(k8s: K8s)
     wait("the ReplicaSet and pod collected", lambda: not cp.call(
         "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=app=before")["items"] and not cp.call(
         "GET", f"/apis/apps/v1/namespaces/{ns}/replicasets?labelSelector=app=before")["items"])
-    # KWOK renews its nodes' Leases: the node-lifecycle controller leaves them untainted
+    # no controller taints KWOK's nodes (no node-lifecycle controller runs: controlplane.CONTROLLERS)
     assert not [n["metadata"]["name"] for n in cp.call("GET", "/api/v1/nodes")["items"] if n["spec"].get("taints")]
