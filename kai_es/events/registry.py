@@ -112,13 +112,22 @@ PAYLOAD_VERSION: Final[dict[type[p.Payload], int]] = {
 
 
 
+#: payload class -> (the optional field its current schema version added, the version before):
+#: a payload that leaves the field unset is written as that older version (`written_version`)
+ADDED_FIELD: Final[dict[type[p.Payload], tuple[str, int]]] = {p.EvictionDecided: ("to_node", 2)}
+
+
 def written_version(payload: p.Payload) -> int:
     """The schema version an event carrying `payload` is written as: its type's current one,
-    but an EvictionDecided without `to_node` (not a move) is written as version 2 — what version
-    3 added is absent, and its bytes are those older versions wrote, so their logs replay."""
-    if type(payload) is p.EvictionDecided and not payload.to_node:
-        return 2
-    return PAYLOAD_VERSION[type(payload)]
+    but where that version only added an optional field (`ADDED_FIELD`) and the payload leaves it
+    unset, the version before — its bytes are those older versions wrote, so their logs replay
+    and a reader of the older schema reads everything in it (an EvictionDecided that is no move
+    is version 2)."""
+    kind = type(payload)
+    added = ADDED_FIELD.get(kind)
+    if added is not None and not getattr(payload, added[0]):
+        return added[1]
+    return PAYLOAD_VERSION[kind]
 
 
 #: Types the scheduler writes as the outcome of a cycle (compared byte for byte by replay).

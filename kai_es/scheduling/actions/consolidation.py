@@ -78,7 +78,7 @@ class Consolidation(PreemptingAction):
             return self.result
         return super().run()
 
-    def preemptors(self) -> list[tuple[QueueNode, Job]]:
+    def preemptors(self, waiting: list[str] | None = None) -> list[tuple[QueueNode, Job]]:
         """Reclaim's and preempt's, without the non-preemptible jobs and the jobs of which every
         pending pod requests more of one resource than the cluster has free: what a job places
         now is one pending pod or more, so it could not fit (`may_start` checks the request
@@ -86,12 +86,12 @@ class Consolidation(PreemptingAction):
         free = free_capacity(self.session, None)
         self._free_at, self._free = len(self.plan.operations), free
         hint = self.session.gpu_memory_hint
-        waiting = [pod_request(self.state.pods[key].spec, hint)
-                   for key in self.session.rules.preemptors.waiting(self.session)]
-        if not waiting or any(min(r[i] for r in waiting) > free[i] for i in (0, 1, 2)):
+        keys = self.session.rules.preemptors.waiting(self.session) if waiting is None else waiting
+        requests = [pod_request(self.state.pods[key].spec, hint) for key in keys]
+        if not requests or any(min(r[i] for r in requests) > free[i] for i in (0, 1, 2)):
             return []  # no waiting pod is that small: no job can fit (a full cluster ends here)
         out = []
-        for leaf, job in super().preemptors():
+        for leaf, job in super().preemptors(keys):  # the rule's list, computed once
             if not job.preemptible:
                 continue
             smallest = [min(pod_request(self.state.pods[e.pod_key].spec, hint)[r] for e in job.pending) for r in (0, 1, 2)]

@@ -247,11 +247,14 @@ class PreemptingAction:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def preemptors(self) -> list[tuple[QueueNode, Job]]:
+    def preemptors(self, waiting: list[str] | None = None) -> list[tuple[QueueNode, Job]]:
+        """The jobs of the `waiting` pod keys (default: the `preemptors` rule's), most deserving first."""
         delay, now = self.session.rules.preemption_delay, self.session.now_ns
         seen: set[str] = set()
         out: list[tuple[tuple[object, ...], QueueNode, Job]] = []
-        for pod_key in self.session.rules.preemptors.waiting(self.session):
+        if waiting is None:
+            waiting = self.session.rules.preemptors.waiting(self.session)
+        for pod_key in waiting:
             pod = self.state.pods[pod_key]
             job = self.state.jobs[pod.job_key]
             leaf = self.session.queues.get(job.queue)

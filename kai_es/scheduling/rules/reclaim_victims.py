@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from kai_es.scheduling.fairshare import RESOURCES
 from kai_es.scheduling.plan import Entry, Eviction
 from kai_es.scheduling.session import format_quantity
 from kai_es.state.quantities import Vector
@@ -58,8 +59,6 @@ if TYPE_CHECKING:
     from kai_es.state.model import Job
 
 RESOURCE_NAMES = ("GPU", "CPU", "memory")
-#: the Session's resource keys, in Vector order
-RESOURCE_KEYS = ("gpu", "cpu", "memory")
 
 
 class ReclaimJudge(Protocol):
@@ -204,7 +203,7 @@ def _plus(a: Vector, b: Vector) -> Vector:
 
 
 def _q(r: int, amount: int) -> str:
-    return format_quantity(RESOURCE_KEYS[r], amount)
+    return format_quantity(RESOURCES[r], amount)
 
 
 def _why_over_fair(leaf: QueueNode, request: Vector, every_resource: bool = False) -> tuple[str, dict[str, int]]:
