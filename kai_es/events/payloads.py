@@ -267,6 +267,13 @@ class PodGroupObserved(Payload, kw_only=True, frozen=True):
     min_subgroup: int | None = None
     # --- schema version 3: `spec.preemptionDelay` (or annotation `kai.scheduler/preemption-delay`)
     preemption_delay_ns: int | None = None
+    # --- schema version 4: the times KAI (and kai-es from kai-es/v7) keep on the PodGroup, so a
+    # gang handed over between schedulers keeps its clocks: annotations
+    # `kai.scheduler/stale-podgroup-timestamp` (since when the gang has been stale) and
+    # `kai.scheduler/last-eviction-timestamp` (its last eviction: preemption delay's anchor).
+    # None: absent or not an RFC 3339 time (KAI ignores such a value too)
+    stale_timestamp_ns: int | None = None
+    last_eviction_timestamp_ns: int | None = None
 
 
 class PodGroupRemoved(Payload, kw_only=True, frozen=True):

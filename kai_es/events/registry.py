@@ -64,8 +64,8 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
     "kai.cluster.resync.started": 2,
     "kai.cluster.resync.completed": 2,
     # v2 adds the top-level min_subgroup, v3 preemption_delay_ns, v4 the sub-groups' topology
-    # constraints
-    "kai.cluster.podgroup.observed": 4,
+    # constraints, v5 the handover times (stale and last-eviction timestamps; `written_version`)
+    "kai.cluster.podgroup.observed": 5,
     "kai.cluster.queue.observed": 2,  # v2: the min-runtimes may be None (unset, inherited)
     # v2 adds preemptor and numbers, v3 to_node (a move as one decision; `written_version`)
     "kai.scheduler.pod.evictiondecided": 3,
@@ -79,7 +79,7 @@ ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
     "kai.cluster.node.observed": frozenset({1}),
     "kai.cluster.resync.started": frozenset({1}),
     "kai.cluster.resync.completed": frozenset({1}),
-    "kai.cluster.podgroup.observed": frozenset({1, 2, 3}),
+    "kai.cluster.podgroup.observed": frozenset({1, 2, 3, 4}),
     "kai.cluster.queue.observed": frozenset({1}),
     "kai.scheduler.pod.evictiondecided": frozenset({1, 2}),
     "kai.binder.pod.bindfailed": frozenset({1}),
@@ -112,20 +112,24 @@ PAYLOAD_VERSION: Final[dict[type[p.Payload], int]] = {
 
 
 
-#: payload class -> (the optional field its current schema version added, the version before):
-#: a payload that leaves the field unset is written as that older version (`written_version`)
-ADDED_FIELD: Final[dict[type[p.Payload], tuple[str, int]]] = {p.EvictionDecided: ("to_node", 2)}
+#: payload class -> (the optional fields its current schema version added, the version before):
+#: a payload that leaves them all unset is written as that older version (`written_version`)
+ADDED_FIELDS: Final[dict[type[p.Payload], tuple[tuple[str, ...], int]]] = {
+    p.EvictionDecided: (("to_node",), 2),
+    p.PodGroupObserved: (("stale_timestamp_ns", "last_eviction_timestamp_ns"), 4),
+}
 
 
 def written_version(payload: p.Payload) -> int:
     """The schema version an event carrying `payload` is written as: its type's current one,
-    but where that version only added an optional field (`ADDED_FIELD`) and the payload leaves it
-    unset, the version before — its bytes are those older versions wrote, so their logs replay
-    and a reader of the older schema reads everything in it (an EvictionDecided that is no move
-    is version 2)."""
+    but where that version only added optional fields (`ADDED_FIELDS`) and the payload leaves
+    them unset, the version before — its bytes are those older versions wrote, so their logs
+    replay and a reader of the older schema reads everything in it (an EvictionDecided that is
+    no move is version 2, a PodGroupObserved without handover times version 4)."""
     kind = type(payload)
-    added = ADDED_FIELD.get(kind)
-    if added is not None and not getattr(payload, added[0]):
+    added = ADDED_FIELDS.get(kind)
+    if added is not None and not any(getattr(payload, name) is not None and getattr(payload, name) != ""
+                                     for name in added[0]):
         return added[1]
     return PAYLOAD_VERSION[kind]
 

@@ -36,6 +36,10 @@ GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_MODEL_LABEL = "nvidia.com/gpu.product"
 PREEMPTION_DELAY_ANNOTATION = "kai.scheduler/preemption-delay"
 STALENESS_GRACE_ANNOTATION = "kai.scheduler/staleness-grace-period"
+#: the times KAI's status updater keeps on a PodGroup (and kai-es's from kai-es/v7)
+STALE_TIMESTAMP_ANNOTATION = "kai.scheduler/stale-podgroup-timestamp"
+LAST_EVICTION_TIMESTAMP_ANNOTATION = "kai.scheduler/last-eviction-timestamp"
+LAST_START_TIMESTAMP_ANNOTATION = "kai.scheduler/last-start-timestamp"
 #: set by the informer's pod grouping on a pod whose PodGroup it could not work out (the owner
 #: is malformed or cannot be read): the pod is rejected with this message, not scheduled alone
 GROUPING_ERROR_ANNOTATION = "kai-es.io/grouping-error"
@@ -167,6 +171,20 @@ def _duration(value: Any, path: str, *, signed: bool = False) -> int:
 
 def _optional_duration(value: Any, path: str, *, signed: bool = False) -> int | None:
     return None if value is None else _duration(value, path, signed=signed)
+
+
+def _handover_time(annotations: Mapping[str, str], key: str) -> int | None:
+    """A handover time annotation (`kai.scheduler/stale-podgroup-timestamp`,
+    `.../last-eviction-timestamp`) in ns; None when absent or not an RFC 3339 time, as KAI's
+    scheduler ignores one it cannot parse (the PodGroup is not rejected for it: a scheduler
+    wrote it, and the gang runs)."""
+    raw = annotations.get(key)
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return parse_rfc3339(raw)
+    except ValueError:
+        return None
 
 
 def _time_annotations(annotations: Mapping[str, str]) -> tuple[int | None, int | None]:
@@ -785,7 +803,8 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
         raise IngestError("spec.preemptibility", f"must be preemptible or non-preemptible, got {preempt!r}")
     grace = _get(obj, "spec.stalenessGracePeriod")
     delay = _get(obj, "spec.preemptionDelay")
-    annotated_delay, annotated_grace = _time_annotations(_map(obj, "metadata.annotations"))
+    annotations = _map(obj, "metadata.annotations")
+    annotated_delay, annotated_grace = _time_annotations(annotations)
     topology, required, preferred = _topology_constraint(_get(obj, "spec.topologyConstraint"),
                                                          "spec.topologyConstraint")
     return p.PodGroupObserved(
@@ -802,6 +821,8 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
         preemption_delay_ns=(_duration(delay, "spec.preemptionDelay") if delay is not None
                              else annotated_delay),
         created_ns=created_ns(obj),
+        stale_timestamp_ns=_handover_time(annotations, STALE_TIMESTAMP_ANNOTATION),
+        last_eviction_timestamp_ns=_handover_time(annotations, LAST_EVICTION_TIMESTAMP_ANNOTATION),
     )
 
 

@@ -83,6 +83,14 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   - a move is one decision with both nodes as fields (`rules.move_decisions.MoveAsDecision`:
     EvictionDecided's `to_node`, schema version 3).
 
+- `kai-es/v7`: v6's rules, and the clocks KAI keeps on a PodGroup are read, so a gang handed
+  over between KAI and kai-es keeps them (kai-es's status writer writes them back):
+  - a gang turning stale is stale since the PodGroup's `kai.scheduler/stale-podgroup-timestamp`
+    when set (the fold rule `handover_stamps`; `kai_es.state.handlers.jobs.track_stale`), so
+    its staleness grace period does not start again;
+  - the PodGroup's `kai.scheduler/last-eviction-timestamp` re-arms its preemption delay as a
+    last eviction does (`rules.preemption_delay.HandoverPreemptionDelay`).
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -121,7 +129,11 @@ from kai_es.scheduling.rules.hopeless_batch import HopelessBatchV1, NoHopelessBa
 from kai_es.scheduling.rules.leaving_pods import EvictedPodsLeave, LeavingPodsStayV3
 from kai_es.scheduling.rules.min_runtime import NoMinRuntimeV2, QueueMinRuntime
 from kai_es.scheduling.rules.move_decisions import MoveAsDecision, MoveInReasonV5
-from kai_es.scheduling.rules.preemption_delay import NoPreemptionDelayV2, PodGroupPreemptionDelay
+from kai_es.scheduling.rules.preemption_delay import (
+    HandoverPreemptionDelay,
+    NoPreemptionDelayV2,
+    PodGroupPreemptionDelay,
+)
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
 from kai_es.scheduling.rules.reclaim_victims import DominantShareReclaimV5, KaiReclaimStrategies
@@ -230,6 +242,8 @@ RULES_V6: Final = replace(RULES_V5, preemptors=PendingPods(), reclaim_victims=Ka
                           fair_share_division=ReplacementsCountedOnce(),
                           replacement=ReplaceVictims(), victim_order=ReverseTaskOrder(),
                           move_decisions=MoveAsDecision())
+#: kai-es/v7: the clocks KAI keeps on a PodGroup
+RULES_V7: Final = replace(RULES_V6, preemption_delay=HandoverPreemptionDelay())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -260,9 +274,12 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v6", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V6, FOLD_RULES["kai-es/v6"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v7", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V7, FOLD_RULES["kai-es/v7"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v6"
+CURRENT_POLICY: Final = "kai-es/v7"
 
 
 def policy_for(version: str) -> PolicyVersion:

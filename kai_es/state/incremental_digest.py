@@ -43,10 +43,12 @@ from typing import Final
 
 import msgspec
 
+from kai_es.events import payloads as p
 from kai_es.state.model import ClusterState
 from kai_es.state.reducer import pod_key
 from kai_es.state.snapshot import (
     SNAPSHOT_FORMAT,
+    JobSnap,
     Snapshot,
     job_form,
     job_snap,
@@ -76,9 +78,41 @@ def _pod(state: ClusterState, key: str) -> object | None:
     return None if x is None else pod_snap(x)
 
 
+#: PodGroupObserved's fields before schema version 5 added the handover times. msgspec gives a
+#: struct of more than 15 fields a map16 header even when it omits the rest, so a spec that sets
+#: none of the newer fields is hashed as this 15-field struct: its bytes, and every older log's
+#: digest, stay what they were. (The JSON snapshot and the full digest have no such header.)
+_SPEC_FIELDS_V4: Final = p.PodGroupObserved.__struct_fields__[:15]
+_NEWER_SPEC_FIELDS: Final = p.PodGroupObserved.__struct_fields__[15:]
+assert _NEWER_SPEC_FIELDS == ("stale_timestamp_ns", "last_eviction_timestamp_ns"), _NEWER_SPEC_FIELDS
+
+
+def _field_spec(f: msgspec.structs.FieldInfo) -> tuple[str, type, object] | tuple[str, type]:
+    if f.required:
+        return (f.name, object)
+    if f.default is not msgspec.NODEFAULT:
+        return (f.name, object, f.default)
+    return (f.name, object, msgspec.field(default_factory=f.default_factory))
+
+
+_PodGroupFormV4: Final = msgspec.defstruct(
+    "PodGroupFormV4", [_field_spec(f) for f in msgspec.structs.fields(p.PodGroupObserved)[:15]],
+    kw_only=True, frozen=True, omit_defaults=True)
+
+
+def job_digest_form(snap: JobSnap) -> JobSnap:
+    """`snap` as the digest hashes it: its PodGroup spec in the older 15-field form when the
+    spec sets none of the newer fields (`_PodGroupFormV4`)."""
+    spec = snap.spec
+    if spec is None or any(getattr(spec, name) is not None for name in _NEWER_SPEC_FIELDS):
+        return snap
+    form = _PodGroupFormV4(**{name: getattr(spec, name) for name in _SPEC_FIELDS_V4})
+    return msgspec.structs.replace(snap, spec=form)
+
+
 def _job(state: ClusterState, key: str) -> object | None:
     j = state.jobs.get(key)
-    return None if j is None else job_snap(j)
+    return None if j is None else job_digest_form(job_snap(j))
 
 
 def _queue(state: ClusterState, key: str) -> object | None:
@@ -219,7 +253,7 @@ def snapshot_digest(snap: Snapshot) -> str:
     total = _header_hash(snap)
     total += sum(h("node", n.spec.name, n) for n in snap.nodes)
     total += sum(h("pod", pod_key(x.spec.namespace, x.spec.name), x) for x in snap.pods)
-    total += sum(h("job", j.key, job_form(j)) for j in snap.jobs)
+    total += sum(h("job", j.key, job_digest_form(job_form(j))) for j in snap.jobs)
     total += sum(h("queue", q.spec.name, queue_form(q)) for q in snap.queues)
     total += sum(h("pending", q, keys) for q, keys in snap.pending_jobs.items())
     total += sum(h("priorityclass", name, v) for name, v in snap.priority_classes.items())

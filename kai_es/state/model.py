@@ -277,6 +277,9 @@ class ClusterState:
     #: whether `Job.stale_since_ns` also counts a leaf sub-group below its minimum (timed states
     #: whose policy version is kai-es/v4 or later; `kai_es.state.reducer.track_stale`)
     subgroup_stale: bool = False
+    #: whether a PodGroup's stale timestamp anchors its gang's staleness (timed states whose
+    #: policy version is kai-es/v7 or later; `kai_es.state.handlers.jobs.track_stale`)
+    handover_stamps: bool = False
     usage_resolution_ns: int = 0
     usage_window_ns: int = 0
     #: the logical time of the record being folded (set by `apply` before its handler), and the

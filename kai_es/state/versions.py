@@ -9,6 +9,10 @@ reducer sits below the scheduler, so it is kept at the reducer's layer).
   minMember (kai-es/v4 on; the config in force).
 - `pipelined_nominates`: a PodPipelined decision reserves its node for the pod (kai-es/v2 on;
   the decision's own `policyversion`).
+- `handover_stamps`: a gang that turns stale is stale since its PodGroup's
+  `kai.scheduler/stale-podgroup-timestamp` when that is set (the time KAI, or kai-es, wrote
+  when it found the gang stale), and a stale gang whose PodGroup states another second than
+  the one kept is stale since that one (kai-es/v7 on; the config in force).
 
 A version this build does not know folds as the newest (the scheduler rejects a config naming
 one before it is applied); a log with no version at all (None) folds as the first logs did.
@@ -26,12 +30,15 @@ class FoldRules:
     keeps_times: bool
     stale_subgroups: bool
     pipelined_nominates: bool
+    handover_stamps: bool = False
 
 
 _FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
 _NOMINATING: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=True)
 _TIMED: Final = FoldRules(keeps_times=True, stale_subgroups=False, pipelined_nominates=True)
 _SUBGROUPS: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True)
+_HANDOVER: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
+                             handover_stamps=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {
@@ -41,10 +48,11 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v4": _SUBGROUPS,
     "kai-es/v5": _SUBGROUPS,
     "kai-es/v6": _SUBGROUPS,
+    "kai-es/v7": _HANDOVER,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}
-_NEWEST: Final = _SUBGROUPS
+_NEWEST: Final = _HANDOVER
 
 
 def fold_rules(version: object) -> FoldRules:

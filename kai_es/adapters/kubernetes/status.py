@@ -21,6 +21,16 @@ Contract:
   (`gpu` and `cpu` in milli units, e.g. "1500m"; memory in bytes), computed from the state this
   follower folds from the records it reads (so it needs every record since the log's start, or
   an `initial` state), written at most every `queue_interval_s` and only when changed.
+- PodGroups (kai-es/v7 on, by the config in force in the log) get the times KAI's status
+  updater keeps as annotations, in RFC 3339 seconds, so KAI taking over from kai-es (or kai-es
+  from KAI: `kai_es.state.handlers.jobs.track_stale`) keeps the gang's clocks:
+  `kai.scheduler/last-start-timestamp` at a BindingDecided of the group,
+  `kai.scheduler/last-eviction-timestamp` at an EvictionDecided of one of its pods (the records'
+  logical times), and `kai.scheduler/stale-podgroup-timestamp` = the folded state's
+  `stale_since_ns` while the gang is stale (needs the whole fold, as Queue status does),
+  removed when a gang it was written for (or that arrived with one) is no longer stale and
+  runs, or was seen stale and is not. A PodGroup that already carries the second wanted is not
+  written; a merge patch on the PodGroup's metadata (verb `patch` on podgroups).
 - Replay-safe: an Event's name is derived from the record that caused it, so a replayed record
   finds it already there (409: done); condition and status writes are idempotent. Writes that
   collapse (several verdicts for one pod before a flush) write only the last. Timestamps are the
@@ -53,8 +63,15 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import rfc3339
 from kai_es.scheduling.fairshare import shares_for_state
+from kai_es.ingest.translate import (
+    LAST_EVICTION_TIMESTAMP_ANNOTATION,
+    LAST_START_TIMESTAMP_ANNOTATION,
+    STALE_TIMESTAMP_ANNOTATION,
+)
 from kai_es.state import ClusterState
+from kai_es.state.keys import pod_key
 from kai_es.state.reducer import apply
+from kai_es.state.versions import fold_rules
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +84,11 @@ def reasons_in_words(reasons: list[p.Reason]) -> str:
     return "; ".join(r.message or r.code for r in reasons) or "unschedulable"
 
 
+def _seconds(ns: int) -> str:
+    """`ns` as KAI writes its PodGroup times: RFC 3339, whole seconds, UTC."""
+    return rfc3339(ns - ns % 1_000_000_000)
+
+
 def _event_name(pod: str, record_id: str, reason: str) -> str:
     digest = hashlib.sha256(f"{record_id}/{reason}".encode()).hexdigest()[:16]
     return f"{pod[:200]}.{digest}"
@@ -75,7 +97,7 @@ def _event_name(pod: str, record_id: str, reason: str) -> str:
 @dataclass
 class _Write:
     what: str  # for logs
-    kind: str  # "event" | "pod-condition" | "podgroup"
+    kind: str  # "event" | "pod-condition" | "podgroup" | "podgroup-meta" | "queue"
     namespace: str
     name: str
     body: dict[str, Any]
@@ -107,6 +129,12 @@ class StatusWriter:
         self._group_condition: dict[tuple[str, str], str] = {}  # podgroup -> message written ("" none)
         self._queues_written: dict[str, dict[str, Any]] = {}
         self._queues_at = 0.0
+        #: the config in force writes the PodGroup times back (kai-es/v7 on)
+        self._handover = False
+        #: podgroups whose stale timestamp this writer wrote or saw on the object, and the
+        #: value (None: removed); those its fold saw stale
+        self._stale_stamp: dict[str, str | None] = {}
+        self._seen_stale: set[str] = set()
         self.writes = 0
         self.skipped_duplicates = 0
 
@@ -123,6 +151,14 @@ class StatusWriter:
         if self.queue_status and self._complete and record.position > self.state.position:
             apply(self.state, record)  # an `initial` state may already hold the first records read
         when = rfc3339(env.logicaltime)
+        if isinstance(data, p.ConfigApplied):
+            self._handover = fold_rules(data.config.get("policyVersion")).handover_stamps
+        elif isinstance(data, p.PodGroupObserved):
+            group_key = pod_key(data.namespace, data.name)
+            if data.stale_timestamp_ns is not None:
+                self._stale_stamp[group_key] = _seconds(data.stale_timestamp_ns)
+            elif group_key in self._stale_stamp:
+                self._stale_stamp[group_key] = None
         if isinstance(data, p.PodUnschedulable):
             self._unschedulable(env.id, data, when)
         elif isinstance(data, p.PodBound):
@@ -134,6 +170,8 @@ class StatusWriter:
             self._pending.pop(("pod-condition", data.namespace, data.name), None)
         elif isinstance(data, p.BindingDecided):
             group = (data.namespace, data.podgroup)
+            if self._handover and data.podgroup:
+                self._annotate(group, LAST_START_TIMESTAMP_ANNOTATION, _seconds(env.logicaltime))
             if self._group_condition.get(group):
                 self._group_condition[group] = ""
                 self._pending[("podgroup", *group)] = _Write(
@@ -141,6 +179,9 @@ class StatusWriter:
                     {"status": {"schedulingConditions": []}})
         elif isinstance(data, p.EvictionDecided):
             self._evictions[env.id] = data
+            if self._handover and data.podgroup:
+                self._annotate((data.namespace, data.podgroup), LAST_EVICTION_TIMESTAMP_ANNOTATION,
+                               _seconds(env.logicaltime))
         elif isinstance(data, p.PodEvicted):
             decision = self._evictions.pop(data.decision_id, None)
             if decision is not None:
@@ -152,6 +193,10 @@ class StatusWriter:
             self._evictions.pop(data.decision_id, None)
         elif isinstance(data, p.PodGroupRemoved):
             self._group_condition.pop((data.namespace, data.name), None)
+            group_key = pod_key(data.namespace, data.name)
+            self._stale_stamp.pop(group_key, None)
+            self._seen_stale.discard(group_key)
+            self._pending.pop(("podgroup-meta", data.namespace, data.name), None)
         elif isinstance(data, p.PodRemoved):
             pod = (data.namespace, data.name)
             self._last_message.pop(pod, None)
@@ -170,6 +215,36 @@ class StatusWriter:
                 "reportingInstance": "kai-es-binder"}  # fmt: skip
         self._pending[("event", ns, name)] = _Write(f"{reason} event for pod {ns}/{pod}", "event", ns, name, body,
                                                    pod=(ns, pod))
+
+    def _annotate(self, group: tuple[str, str], key: str, value: str | None) -> None:
+        """Set (None: remove) one annotation of a PodGroup, merged into a write not sent yet."""
+        pending = self._pending.get(("podgroup-meta", *group))
+        if pending is None:
+            pending = _Write(f"times of podgroup {group[0]}/{group[1]}", "podgroup-meta", group[0], group[1],
+                             {"metadata": {"annotations": {}}})
+            self._pending[("podgroup-meta", *group)] = pending
+        pending.body["metadata"]["annotations"][key] = value
+
+    def _stale_writes(self) -> None:
+        """The stale timestamps to write or remove, from the folded state (module docstring)."""
+        state = self.state
+        for key in sorted(state.gangs_below_minimum | self._stale_stamp.keys()):
+            job = state.jobs.get(key)
+            if job is None or job.spec is None:
+                continue  # a group kai-es made up, or gone
+            group = (job.namespace, job.name)
+            have = self._stale_stamp.get(key)
+            if job.stale_since_ns:
+                self._seen_stale.add(key)
+                want: str | None = _seconds(job.stale_since_ns)
+            elif have is not None and (job.occupying > 0 or key in self._seen_stale):
+                self._seen_stale.discard(key)
+                want = None
+            else:
+                continue  # not running yet, never seen stale: the time it carries may be its own
+            if have != want:
+                self._stale_stamp[key] = want
+                self._annotate(group, STALE_TIMESTAMP_ANNOTATION, want)
 
     def _unschedulable(self, record_id: str, data: p.PodUnschedulable, when: str) -> None:
         pod = (data.namespace, data.name)
@@ -207,6 +282,10 @@ class StatusWriter:
         elif w.kind == "pod-condition":
             resp = await self.core.patch_namespaced_pod_status(
                 w.name, w.namespace, w.body, _content_type=STRATEGIC_PATCH, _preload_content=False)
+        elif w.kind == "podgroup-meta":
+            resp = await self.custom.patch_namespaced_custom_object(
+                "scheduling.run.ai", "v2alpha2", w.namespace, "podgroups", w.name, w.body,
+                _content_type=MERGE_PATCH, _preload_content=False)
         elif w.kind == "podgroup":
             resp = await self.custom.patch_namespaced_custom_object_status(
                 "scheduling.run.ai", "v2alpha2", w.namespace, "podgroups", w.name, w.body,
@@ -222,7 +301,7 @@ class StatusWriter:
                 self._queues_written[w.name] = w.body["status"]
         elif status == 409 and w.kind == "event":
             pass  # written before (a replayed record)
-        elif status == 404 and w.kind in ("podgroup", "pod-condition", "queue"):
+        elif status == 404 and w.kind in ("podgroup", "podgroup-meta", "pod-condition", "queue"):
             log.debug("%s: gone or not in the API", w.what)
         elif status >= 500 or status == 429:
             return status
@@ -234,6 +313,8 @@ class StatusWriter:
         if self.queue_status and self._complete and time.monotonic() - self._queues_at >= self.queue_interval_s:
             self._queues_at = time.monotonic()
             self._queue_writes()
+        if self._handover and self.queue_status and self._complete:
+            self._stale_writes()
         keys = list(self._pending)[: self.max_writes]
         todo = [(k, self._pending.pop(k)) for k in keys]
         retry: list[tuple[tuple[str, ...], _Write]] = []

@@ -5,6 +5,9 @@ delay has passed since it was created or last evicted.
 - `PodGroupPreemptionDelay` (kai-es/v3 on): the PodGroup's `preemptionDelay` (or annotation),
   else its first pod's (by key) annotation, else 0; the job may trigger evictions from
   max(created, last evicted) + delay (times from the log).
+- `HandoverPreemptionDelay` (kai-es/v7 on): as v3, and the PodGroup's
+  `kai.scheduler/last-eviction-timestamp` (written by KAI, or by kai-es's status writer) counts
+  as a last eviction too, so the window KAI re-armed before handing the job over still holds.
 
 Contract: pure functions of the folded state and the cycle's "now".
 """
@@ -62,9 +65,25 @@ def preemption_delay_ns(state: ClusterState, job: Job) -> int:
     return found if found is not None else 0
 
 
-def may_trigger_evictions_from_ns(state: ClusterState, job: Job) -> int:
-    """The earliest time `job` may make room for itself by evicting others."""
+class HandoverPreemptionDelay:
+    __slots__ = ()
+
+    def delayed_until_ns(self, state: ClusterState, job: Job, now_ns: int) -> int:
+        start = may_trigger_evictions_from_ns(state, job, handover=True)
+        return start if start > now_ns else 0
+
+    def delay_ns(self, state: ClusterState, job: Job) -> int:
+        return preemption_delay_ns(state, job)
+
+
+def may_trigger_evictions_from_ns(state: ClusterState, job: Job, *, handover: bool = False) -> int:
+    """The earliest time `job` may make room for itself by evicting others (`handover`: the
+    PodGroup's last-eviction timestamp is a last eviction too)."""
     delay = preemption_delay_ns(state, job)
     if delay <= 0:
         return 0
-    return max(job.created_ns, job.last_evicted_ns) + delay
+    anchor = max(job.created_ns, job.last_evicted_ns)
+    stamp = job.spec.last_eviction_timestamp_ns if handover and job.spec is not None else None
+    if stamp is not None:
+        anchor = max(anchor, stamp)
+    return anchor + delay

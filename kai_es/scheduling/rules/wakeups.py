@@ -62,7 +62,7 @@ def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
         for key in sorted(state.jobs):
             job = state.jobs[key]
             if job.pending:
-                start = may_trigger_evictions_from_ns(state, job)
+                start = may_trigger_evictions_from_ns(state, job, handover=state.handover_stamps)
                 if start:
                     out.add(start)
             if job.occupying and job.preemptible:

@@ -14,7 +14,8 @@ from kai_es.state.versions import fold_rules
 
 
 def derive_config_flags(state: ClusterState) -> None:
-    """Set the state's flags derived from its config (`timed`, `subgroup_stale`, the usage
+    """Set the state's flags derived from its config (`timed`, `subgroup_stale`,
+    `handover_stamps`, the usage
     resolution and window).
     A config whose durations do not parse keeps usage off (the scheduler rejects such a config
     before it is ever applied)."""
@@ -22,6 +23,7 @@ def derive_config_flags(state: ClusterState) -> None:
     rules = fold_rules(config.get("policyVersion"))  # the version's fold rules (`state.versions`)
     state.timed = rules.keeps_times
     state.subgroup_stale = rules.stale_subgroups
+    state.handover_stamps = rules.handover_stamps
     fairshare = config.get("fairshare")
     resolution = window = 0
     if state.timed and isinstance(fairshare, dict) and fairshare.get("timeBased") is True:

@@ -41,13 +41,25 @@ def track_stale(state: ClusterState, job: Job) -> None:
     running gang below its minimum — some pods occupying, none succeeded, and fewer than
     `min_member` occupying or (`state.subgroup_stale`: kai-es/v4 on) a leaf sub-group with
     fewer occupying than its own `min_member` (`Job.leaves_below_minimum`) — or 0 when it is
-    not one (KAI's stale gang: `IsStale`)."""
+    not one (KAI's stale gang: `IsStale`).
+
+    With `state.handover_stamps` (kai-es/v7 on) the PodGroup's stale timestamp, when set, is the
+    time a gang turning stale is stale since, and a stale gang is moved to it when it names
+    another second than the kept time (the annotation carries seconds: kai-es's own time written
+    back and read again is the same second and changes nothing). A timestamp later than the
+    event counts as the event's time, one at or before the epoch as 1 ns after it."""
     stale = job.succeeded == 0 and 0 < job.occupying and (
         job.occupying < job.min_member or (state.subgroup_stale and bool(job.leaves_below_minimum())))
+    stamp = None
+    if state.handover_stamps and job.spec is not None and job.spec.stale_timestamp_ns is not None:
+        stamp = max(1, min(job.spec.stale_timestamp_ns, state.event_ns))  # 0 is "not stale"
     if stale and not job.stale_since_ns:
-        job.stale_since_ns = state.event_ns
+        job.stale_since_ns = state.event_ns if stamp is None else stamp
         state.stale_jobs.add(job.key)
         state.gangs_below_minimum.add(job.key)
+    elif stale and stamp is not None and stamp // 1_000_000_000 != job.stale_since_ns // 1_000_000_000:
+        job.stale_since_ns = stamp
+        state.stale_jobs.add(job.key)
     elif not stale and job.stale_since_ns:
         job.stale_since_ns = 0
         state.stale_jobs.add(job.key)
