@@ -301,7 +301,7 @@ def _cut(state: ClusterState, subject: _Subject, record: Record,
         if not subject.follows(key):
             continue
         pod = state.pods.get(key)
-        if pod is None or pod.status != "Pending" or pod.spec.scheduler_name != "kai-scheduler":
+        if pod is None or pod.status != "Pending" or pod.spec.scheduler_name != state.scheduler_name:
             continue
         pending[key] = (pod.last_unschedulable, announced.get(key))
         if pod.job_key in state.jobs and not queue:

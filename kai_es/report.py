@@ -194,7 +194,7 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
                     s.jobs[pod.job_key].evictions += 1
         if isinstance(data, p.PodObserved):
             uid = data.uid
-            if uid not in first_seen and data.scheduler_name == "kai-scheduler":
+            if uid not in first_seen and data.scheduler_name == state.scheduler_name:
                 first_seen[uid] = t
                 s.pods_seen += 1
                 pod = state.pods.get(pod_key(data.namespace, data.name))
@@ -238,7 +238,7 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
     s.end_ns = last_t or 0
     for key in sorted(state.pods):
         pod = state.pods[key]
-        if pod.status == "Pending" and pod.spec.scheduler_name == "kai-scheduler":
+        if pod.status == "Pending" and pod.spec.scheduler_name == state.scheduler_name:
             s.pending_at_end += 1
             queue = state.jobs[pod.job_key].queue if pod.job_key in state.jobs else ""
             qs = s.queues.setdefault(queue, QueueSummary(queue))

@@ -47,7 +47,6 @@ from kai_es.ingest import bounds
 from kai_es.ingest import podgrouper as pg
 from kai_es.ingest import translate as tr
 from kai_es.ingest.groupers.base import DEFAULT_QUEUE, OwnerError, describe
-from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.scheduling.config import ConfigError, SchedulerConfig, parse_config
 from kai_es.scheduling.fairshare import parent_loops
 
@@ -269,7 +268,7 @@ class _Loader:
                     if value:
                         labels.setdefault(label, str(value))
         try:
-            payload = tr.translate(obj)
+            payload = tr.translate(obj, ours=self.config.scheduler_name)
         except tr.IngestError as exc:
             raise self.fail(index, obj, exc.path, exc.message) from None
         self.objects.append(ScenarioObject(doc_index=index, kind=kind, obj=obj, payload=payload,
@@ -367,7 +366,8 @@ class _Loader:
                submit: int, run_for: int | None, recreate: bool,
                related: Mapping[tuple[str, str], dict[str, Any]], pods: _Pods) -> None:
         try:
-            grouping = pg.group_pod(pod, owners, related=related, pods=pods, rules=self.rules)
+            grouping = pg.group_pod(pod, owners, related=related, pods=pods, rules=self.rules,
+                                    ours=self.config.scheduler_name)
         except tr.IngestError as exc:
             raise self._grouping_error(index, doc, exc) from None
         if grouping is not None:
@@ -393,7 +393,7 @@ class _Loader:
         if obj == before.obj:
             return
         try:
-            payload = tr.translate(obj)
+            payload = tr.translate(obj, ours=self.config.scheduler_name)
         except tr.IngestError as exc:
             raise self.fail(index, obj, exc.path, exc.message) from None
         self.objects[at] = ScenarioObject(doc_index=before.doc_index, kind="PodGroup", obj=obj, payload=payload,
@@ -432,7 +432,7 @@ class _Loader:
                                     f"queue {pl.queue!r} is not defined in this scenario (its PodGroup {pl.name}'s)")
                 if made is None:
                     raise self.fail(o.doc_index, o.obj, "spec.queue", f"queue {pl.queue!r} is not defined in this scenario")
-            if not isinstance(pl, p.PodObserved) or pl.scheduler_name != SCHEDULER_NAME:
+            if not isinstance(pl, p.PodObserved) or pl.scheduler_name != self.config.scheduler_name:
                 continue
             group = groups.get((pl.namespace, pl.podgroup))
             if not pl.implicit_podgroup and group is None:

@@ -50,6 +50,7 @@ from kai_es.adapters.status_http import HEARTBEAT_S, MeteredLog, ProcessStatus
 from kai_es.app import bulk_fold, freeze_long_lived, open_log
 from kai_es.events import Record
 from kai_es.events import payloads as p
+from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.ports import ActionOutcome, BlobStore, EventLog, SetupError, SnapshotStore
 from kai_es.scenario import Scenario
 from kai_es.scheduling.config import SchedulerConfig
@@ -392,8 +393,9 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
         clock.observe(await last_logicaltime(events))
         async with await api_client(kubeconfig) as api:
             rules = config.grouping if config is not None else ()
-            informer = InformerService(events, PodGroupingSource(KubernetesSource(api), api, rules=rules), clock,
-                                       RandomIds())
+            ours = config.scheduler_name if config is not None else SCHEDULER_NAME
+            informer = InformerService(events, PodGroupingSource(KubernetesSource(api), api, rules=rules, ours=ours),
+                                       clock, RandomIds(), ours=ours)
             t = time.monotonic()
             appended = await informer.resync()
             if ready is not None:
@@ -588,7 +590,7 @@ async def sim_cluster_session(events: EventLog, scenario: Scenario, clock: FlowC
     frozen.ns = now
     cluster.advance(now)
     cluster.drain_changes()
-    informer = InformerService(events, cluster, frozen, RandomIds())
+    informer = InformerService(events, cluster, frozen, RandomIds(), ours=scenario.config.scheduler_name)
     await informer.resync()
     if on_ready is not None:
         on_ready(f"binder ready in {time.monotonic() - t_start:.2f} s: "

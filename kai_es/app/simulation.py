@@ -94,7 +94,8 @@ async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
     clock = SimClock(start)
     cluster = SimCluster(scenario, start)
     ids = SeededIds(f"sim/{scenario.name}")
-    informer = _ObjectInformer(InformerService(events, cluster, clock, ids), cluster)
+    informer = _ObjectInformer(InformerService(events, cluster, clock, ids, ours=cfg.scheduler_name),
+                               cluster)
     return await drive(events, cluster, cluster, informer, cfg, packer, clock, ids,
                        period_ns=scenario.simulation.cycle_period_ns, until_ns=limit,
                        progress=progress, max_steps=max_steps)

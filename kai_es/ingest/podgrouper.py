@@ -142,19 +142,22 @@ def _skipped(obj: Obj) -> bool:
     return annotations_of(obj).get(SKIP_ANNOTATION) == "true"
 
 
-def needs_group(pod: Obj) -> bool:
-    """Whether `pod` is one the podgrouper groups (before its owners are looked at)."""
+def needs_group(pod: Obj, *, ours: str = SCHEDULER_NAME) -> bool:
+    """Whether `pod` is one the podgrouper groups (before its owners are looked at): a pod of
+    `ours`, the scheduler name kai-es answers to."""
     spec = pod.get("spec")
     scheduler = spec.get("schedulerName") if isinstance(spec, Mapping) else None
-    return scheduler == SCHEDULER_NAME and PODGROUP_ANNOTATION not in annotations_of(pod) and not _skipped(pod)
+    return scheduler == ours and PODGROUP_ANNOTATION not in annotations_of(pod) and not _skipped(pod)
 
 
 def group_pod(pod: Obj, owners: Sequence[Obj], *, related: Mapping[tuple[str, str], Obj] | None = None,
               pods: PodIndex | None = None,
-              rules: Mapping[tuple[str, str], GroupingRule] | None = None) -> Grouping | None:
+              rules: Mapping[tuple[str, str], GroupingRule] | None = None,
+              ours: str = SCHEDULER_NAME) -> Grouping | None:
     """The PodGroup of `pod` given its owner chain (nearest first; empty for a bare pod), or
-    None when the pod names its group or asks not to be grouped (contract: module docstring)."""
-    if not needs_group(pod) or any(_skipped(o) for o in owners):
+    None when the pod names its group, asks not to be grouped or is not of `ours` (the scheduler
+    name kai-es answers to) (contract: module docstring)."""
+    if not needs_group(pod, ours=ours) or any(_skipped(o) for o in owners):
         return None
     m = meta(pod)
     if not isinstance(m.get("name"), str) or not m.get("name"):

@@ -584,31 +584,33 @@ def implicit_podgroup_name(obj: Obj) -> str:
 
 
 def unknown_devices(scheduler: str, node_name: str, gpu: p.GpuRequest, group: str,
-                    devices: list[int]) -> str:
+                    devices: list[int], *, ours: str = SCHEDULER_NAME) -> str:
     """Why a bound GPU pod's devices are not facts ("" when they are, or when they need not be).
 
     kai-es writes the GPU group and device indices on every shared-GPU pod it binds (KAI writes
     the group); for a whole-GPU pod the number of GPUs is the fact accounting needs. A bound pod
     of another scheduler states neither: its whole GPUs are counted by number (which devices is
     unknown), and a share of a GPU is counted as whole device(s) — it may sit on any device, so
-    none of them can be trusted to have room left (conservative). A kai-scheduler GPU share
-    without either fact (bound by an older binder) gets devices the reducer infers."""
+    none of them can be trusted to have room left (conservative). A GPU share of `ours` (the
+    scheduler name kai-es answers to) without either fact (bound by an older binder) gets devices
+    the reducer infers."""
     if not node_name or devices:
         return ""
     shared = bool(gpu.fraction_milli or gpu.gpu_memory_mib)
     if shared and group:
         return ""
-    if shared and scheduler != SCHEDULER_NAME:
+    if shared and scheduler != ours:
         return (f"bound by {scheduler} with a GPU share and no GPU group: counted as "
                 f"{gpu.fraction_devices} whole GPU(s)")
     if shared:
         return "bound without GPU facts (no runai-gpu-group, no kai-es.io/gpu-devices): devices inferred"
-    if gpu.whole and scheduler != SCHEDULER_NAME:
+    if gpu.whole and scheduler != ours:
         return f"bound by {scheduler}: which {gpu.whole} GPU(s) is unknown; counted by number"
     return ""
 
 
-def pod(obj: Obj) -> p.PodObserved:
+def pod(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.PodObserved:
+    """A Pod (`ours`: the scheduler name kai-es answers to, for `unknown_devices`)."""
     name = _name(obj)
     namespace = _namespace(obj)
     labels = _map(obj, "metadata.labels")
@@ -648,8 +650,8 @@ def pod(obj: Obj) -> p.PodObserved:
     delay, grace = _time_annotations(annotations)
     scheduler = str(_get(obj, "spec.schedulerName", "default-scheduler"))
     node_name = str(_get(obj, "spec.nodeName", "") or "")
-    if (gpu.fraction_milli or gpu.gpu_memory_mib) and scheduler != SCHEDULER_NAME and \
-            unknown_devices(scheduler, node_name, gpu, labels.get(GPU_GROUP_LABEL, ""), devices):
+    if (gpu.fraction_milli or gpu.gpu_memory_mib) and scheduler != ours and \
+            unknown_devices(scheduler, node_name, gpu, labels.get(GPU_GROUP_LABEL, ""), devices, ours=ours):
         gpu = p.GpuRequest(whole=gpu.fraction_devices)  # conservative: see unknown_devices
     return p.PodObserved(
         namespace=namespace, name=name, uid=_uid(obj, f"{namespace}/{name}"),
@@ -969,8 +971,9 @@ def api_group(obj: Obj) -> str:
     return version.rsplit("/", 1)[0] if "/" in version else ""
 
 
-def translate(obj: Obj) -> p.Payload:
-    """The observed-event payload of any supported object."""
+def translate(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.Payload:
+    """The observed-event payload of any supported object (`ours`: the scheduler name kai-es
+    answers to, which a Pod's translation depends on)."""
     if not isinstance(obj, Mapping):
         raise IngestError("", "a Kubernetes object must be a map")
     kind = obj.get("kind")
@@ -978,7 +981,7 @@ def translate(obj: Obj) -> p.Payload:
     if fn is None:
         raise IngestError("kind", f"unsupported object {obj.get('apiVersion')}/{kind}")
     try:
-        result: p.Payload = fn(obj)
+        result: p.Payload = pod(obj, ours=ours) if fn is pod else fn(obj)
     except IngestError:
         raise
     except (msgspec.ValidationError, TypeError, AttributeError, ValueError) as exc:

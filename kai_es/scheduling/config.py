@@ -27,6 +27,7 @@ from kai_es.events.timefmt import parse_duration, parse_signed_duration
 from kai_es.ingest.bounds import MAX_DURATION_NS
 from kai_es.ingest.groupers import CHAIN_ONLY, TABLE
 from kai_es.ingest.groupers.rules import GroupingRule
+from kai_es.ingest.names import SCHEDULER_NAME, scheduler_name_problem
 from kai_es.scheduling.policy import CURRENT_POLICY, ActionName, config_actions
 
 class _Cfg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
@@ -125,6 +126,11 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     #: no-code grouping rules for owner kinds the podgrouper's table does not know (read by the
     #: informer and the scenario loader, not by the cycle): `kai_es.ingest.groupers.rules`
     grouping: list[GroupingRule] = []
+    #: the scheduler name kai-es answers to (KAI's `--scheduler-name`): it schedules the pods
+    #: whose `spec.schedulerName` is this and leaves every other pod to its own scheduler, so
+    #: kai-es can run beside a KAI that keeps `kai-scheduler`. Read by the informer and the
+    #: scenario loader as well as the reducer (the config in force is in the log, so replay knows it)
+    scheduler_name: str = SCHEDULER_NAME
 
     @property
     def action_list(self) -> list[ActionName]:
@@ -166,6 +172,9 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
                 raise msgspec.ValidationError(f"two rules for {group}/{kind} - at `$.grouping`")
             if (group, kind) in TABLE or (group, kind) in CHAIN_ONLY:
                 raise msgspec.ValidationError(f"{group}/{kind} has a built-in grouping rule - at `$.grouping`")
+        problem = scheduler_name_problem(self.scheduler_name)
+        if problem:
+            raise msgspec.ValidationError(f"{problem} - at `$.schedulerName`")
         if self.state_digest_every < 0:
             raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
         # what depends on the policy version is the registry's to check and default
@@ -194,6 +203,7 @@ _OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
     ("minRuntime", "reclaimResolveMethod"): "lca",
     ("", "maxConsolidationPreemptees"): 16,
     ("", "grouping"): [],
+    ("", "schedulerName"): SCHEDULER_NAME,
 }
 
 

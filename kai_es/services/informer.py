@@ -21,6 +21,7 @@ from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from kai_es.ingest import translate as tr
+from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.ports import Clock, ClusterSource, EventLog, IdFactory, ObjectChange, Relist
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,11 @@ KINDS = ("PriorityClass", "Queue", "Topology", "Namespace", "ConfigMap", "Persis
 
 
 class InformerService:
-    def __init__(self, events: EventLog, source: ClusterSource, clock: Clock, ids: IdFactory) -> None:
+    def __init__(self, events: EventLog, source: ClusterSource, clock: Clock, ids: IdFactory, *,
+                 ours: str = SCHEDULER_NAME) -> None:
         self.events = events
+        #: the scheduler name kai-es answers to (a Pod's translation depends on it)
+        self.ours = ours
         self.source = source
         self.clock = clock
         self.ids = ids
@@ -53,7 +57,7 @@ class InformerService:
                 subject = tr.subject_of(payload)
                 self._last.pop(subject, None)
                 return self._envelope(payload, subject)
-            payload = tr.translate(obj)
+            payload = tr.translate(obj, ours=self.ours)
         except tr.IngestError as exc:
             meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
             assert isinstance(meta, dict)

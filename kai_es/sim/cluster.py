@@ -164,7 +164,7 @@ class SimCluster:
             self.pods[key] = info
             node = (obj.get("spec") or {}).get("nodeName")
             if node and (obj.get("status") or {}).get("phase") == "Running":
-                payload = tr.pod(obj)
+                payload = tr.pod(obj, ours=self.scenario.config.scheduler_name)
                 devices = tuple(payload.gpu_devices) or self._first_fit(node, payload)
                 self._take(key, info, node, devices, payload)
         else:
@@ -200,7 +200,7 @@ class SimCluster:
             return
         use = self.node_use.get(info.node)
         if use is not None:
-            payload = tr.pod(info.obj)
+            payload = tr.pod(info.obj, ours=self.scenario.config.scheduler_name)
             use.cpu -= payload.requests.milli_cpu
             use.memory -= payload.requests.memory_bytes
             use.pods -= 1
@@ -251,7 +251,7 @@ class SimCluster:
             return self._fail(f"node {node} does not exist")
         if _annotation(info.obj, REFUSE_BIND) == "true":
             return self._fail(f"pod {key} refuses every bind ({REFUSE_BIND})")
-        payload = tr.pod(info.obj)
+        payload = tr.pod(info.obj, ours=self.scenario.config.scheduler_name)
         use = self.node_use[node]
         node_payload = tr.node(self.nodes[node])
         milli = device_milli_on(node_payload, payload.gpu)
@@ -323,7 +323,8 @@ class SimCluster:
         meta = obj["metadata"]
         meta.get("annotations", {}).pop(tr.PODGROUP_ANNOTATION, None)
         meta.get("labels", {}).pop(tr.SUBGROUP_LABEL, None)
-        grouping = pg.group_pod(obj, owners, rules=pg.rules_by_kind(self.scenario.config.grouping))
+        grouping = pg.group_pod(obj, owners, rules=pg.rules_by_kind(self.scenario.config.grouping),
+                                ours=self.scenario.config.scheduler_name)
         if grouping is None:  # (it was grouped before, with the same owners)
             return obj
         group = grouping.podgroup

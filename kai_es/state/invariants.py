@@ -8,7 +8,6 @@ pending pod is indexed exactly once under its job and queue.
 
 from __future__ import annotations
 
-from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.state.incremental_digest import incremental_digest, snapshot_digest
 from kai_es.state.model import OCCUPYING, ClusterState
 from kai_es.state.snapshot import restore, snapshot
@@ -63,7 +62,7 @@ def check(state: ClusterState, *, strict: bool = True) -> list[str]:
         pod = state.pods[key]
         if strict and pod.status in OCCUPYING and pod.node not in state.nodes:
             out.append(f"pod {key}: {pod.status} on unknown node {pod.node!r}")
-        want = pod.status == "Pending" and not pod.spec.terminating and pod.spec.scheduler_name == SCHEDULER_NAME
+        want = pod.status == "Pending" and not pod.spec.terminating and pod.spec.scheduler_name == state.scheduler_name
         if (pod.pending_key is not None) != want:
             out.append(f"pod {key}: pending index says {pod.pending_key is not None}, status {pod.status}")
         if pod.job_key not in state.jobs or key not in state.jobs[pod.job_key].members:

@@ -23,6 +23,7 @@ from kai_es.events.payloads import (
     QueueObserved,
     VolumeObserved,
 )
+from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.state.keys import PendingJob, PendingPod
 
 PodStatus = Literal["Pending", "Binding", "Running", "Releasing"]
@@ -280,6 +281,9 @@ class ClusterState:
     #: whether a PodGroup's stale timestamp anchors its gang's staleness (timed states whose
     #: policy version is kai-es/v7 or later; `kai_es.state.handlers.jobs.track_stale`)
     handover_stamps: bool = False
+    #: the scheduler name kai-es answers to (the config's `schedulerName`, default KAI's): only
+    #: pods of it are pending for kai-es
+    scheduler_name: str = SCHEDULER_NAME
     usage_resolution_ns: int = 0
     usage_window_ns: int = 0
     #: the logical time of the record being folded (set by `apply` before its handler), and the

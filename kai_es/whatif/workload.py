@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from kai_es.events import Record
 from kai_es.events import payloads as p
+from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.scheduling.config import SchedulerConfig, parse_config
 from kai_es.sim.cluster import recreated_uid
 
@@ -131,7 +132,8 @@ def extract_passing(records: Iterable[Record], into: list[Workload]) -> Iterator
             continue
         if in_initial and t != w.start_ns:
             in_initial = False
-        if isinstance(data, p.PodObserved) and data.scheduler_name == "kai-scheduler" and data.uid not in static:
+        ours = config.scheduler_name if config is not None else SCHEDULER_NAME
+        if isinstance(data, p.PodObserved) and data.scheduler_name == ours and data.uid not in static:
             root = origin.get(data.uid)
             if root is None:
                 parent = recreations.pop(data.uid, None)

@@ -124,8 +124,11 @@ async def services_running(log: EventLog, api: client.ApiClient,
     shared GPUs with `gpu_sharing` and runs `followers`."""
     clock, ids = SystemClock(), RandomIds()
     source: Any = KubernetesSource(api)
-    informer = InformerService(log, PodGroupingSource(source, api) if grouping else source, clock, ids)
-    scheduler = SchedulerService(log, config or SchedulerConfig(), load_packer("native"), clock, ids)
+    config = config or SchedulerConfig()
+    ours = config.scheduler_name
+    informer = InformerService(log, PodGroupingSource(source, api, ours=ours) if grouping else source, clock, ids,
+                               ours=ours)
+    scheduler = SchedulerService(log, config, load_packer("native"), clock, ids)
     binder = BinderService(log, KubernetesActuator(api, gpu_sharing=gpu_sharing), clock, followers=followers)
     async with anyio.create_task_group() as tg:
         tg.start_soon(informer.run)

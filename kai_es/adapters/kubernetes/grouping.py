@@ -129,8 +129,10 @@ class PodGroupingSource:
     def __init__(self, inner: Any, api: client.ApiClient | None, *, owner_attempts: int = 3,
                  owner_ttl_s: float = 5.0, max_owners: int = 10_000,
                  retry_delay_s: float = 0.2, rules: Sequence[pg.GroupingRule] = (),
-                 reader: Reader | None = None) -> None:
+                 reader: Reader | None = None, ours: str = SCHEDULER_NAME) -> None:
         self.inner = inner
+        #: the scheduler name kai-es answers to: only its pods are grouped
+        self.ours = ours
         self.api = api
         self.owner_attempts = owner_attempts
         self.retry_delay_s = retry_delay_s
@@ -230,12 +232,12 @@ class PodGroupingSource:
 
     async def _group(self, pod: dict[str, Any], fresh: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """(the pod's PodGroup or None, the pod to pass on)."""
-        if not pg.needs_group(pod):
+        if not pg.needs_group(pod, ours=self.ours):
             return None, pod
         try:
             chain = await self._owner_chain(pod, fresh)
             related = await self._related(chain, _key(pod)[0], fresh)
-            grouping = pg.group_pod(pod, chain, related=related, pods=self._pods, rules=self.rules)
+            grouping = pg.group_pod(pod, chain, related=related, pods=self._pods, rules=self.rules, ours=self.ours)
         except (IngestError, OwnerUnavailable) as exc:
             ns, name = _key(pod)
             log.warning("pod %s/%s: no PodGroup (%s); it is rejected until it can be grouped", ns, name, exc)
@@ -300,15 +302,16 @@ class PodGroupingSource:
         assert isinstance(annotations, Mapping)
         if not spec.get("nodeName") or uid in self._noted or tr.GPU_DEVICES_ANNOTATION in annotations:
             return
-        if spec.get("schedulerName") == SCHEDULER_NAME and not (
+        if spec.get("schedulerName") == self.ours and not (
                 "gpu-fraction" in annotations or "gpu-memory" in annotations):
             return  # kai-es's own whole-GPU pods: the count is the fact
         self._noted.add(uid)
         try:  # the request as the pod states it (translate would count another's share as whole)
-            raw = tr.pod({**obj, "spec": {**spec, "nodeName": ""}})
+            raw = tr.pod({**obj, "spec": {**spec, "nodeName": ""}}, ours=self.ours)
         except IngestError:
             return  # the informer rejects it, with the reason
-        note = tr.unknown_devices(raw.scheduler_name, str(spec["nodeName"]), raw.gpu, raw.gpu_group, raw.gpu_devices)
+        note = tr.unknown_devices(raw.scheduler_name, str(spec["nodeName"]), raw.gpu, raw.gpu_group, raw.gpu_devices,
+                                  ours=self.ours)
         if note:
             log.info("pod %s/%s on %s: %s", raw.namespace, raw.name, spec["nodeName"], note)
 

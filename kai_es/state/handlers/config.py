@@ -9,6 +9,8 @@ from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import parse_duration
 from kai_es.state import usage
+from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.state.handlers.jobs import set_pending
 from kai_es.state.model import ClusterState
 from kai_es.state.versions import fold_rules
 
@@ -24,6 +26,8 @@ def derive_config_flags(state: ClusterState) -> None:
     state.timed = rules.keeps_times
     state.subgroup_stale = rules.stale_subgroups
     state.handover_stamps = rules.handover_stamps
+    name = config.get("schedulerName")
+    state.scheduler_name = name if isinstance(name, str) and name else SCHEDULER_NAME
     fairshare = config.get("fairshare")
     resolution = window = 0
     if state.timed and isinstance(fairshare, dict) and fairshare.get("timeBased") is True:
@@ -41,8 +45,14 @@ def config_applied(state: ClusterState, env: Envelope) -> None:
     data: p.ConfigApplied = env.data
     state.config = dict(data.config)
     state.config_digest = data.config_digest
-    was_kept, judged_subgroups = state.usage_resolution_ns, state.subgroup_stale
+    was_kept, judged_subgroups, answered = state.usage_resolution_ns, state.subgroup_stale, state.scheduler_name
     derive_config_flags(state)
+    if state.scheduler_name != answered:
+        # another name: the pods pending for kai-es are those of the new one
+        for key in sorted(state.pods):
+            pod = state.pods[key]
+            if pod.status == "Pending":
+                set_pending(state, pod, not pod.spec.terminating)
     if state.subgroup_stale != judged_subgroups and state.timed:
         # the rule changed (only a config of kai-es/v4 or later turns it on): jobs with
         # sub-groups are judged again by the new one, as of this event

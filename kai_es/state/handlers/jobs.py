@@ -12,7 +12,6 @@ from sortedcontainers import SortedList
 from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.ingest import bounds
-from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.state.handlers.accounting import index_victim, queue_usage
 from kai_es.state.handlers.seen import mark_seen
 from kai_es.state.keys import PendingJob, PendingPod, pod_key
@@ -77,7 +76,7 @@ def set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
     old = pod.pending_key
     spec = pod.spec
     new = None
-    if pending and spec.scheduler_name == SCHEDULER_NAME:
+    if pending and spec.scheduler_name == state.scheduler_name:
         # (built by tuple.__new__, without the NamedTuple's Python-level __new__: a hot path of the fold)
         new = tuple.__new__(PendingPod, (-spec.task_priority, spec.created_ns, spec.uid, pod.key))
         if new == old:
