@@ -92,4 +92,7 @@ def one_cycle(scenario: Scenario, packer: Packer) -> dict[str, Any]:
             pods[f"{data.namespace}/{data.name}"]["status"] = "Releasing"
             if data.to_node:  # kai-es/v6: a move, one decision with both nodes
                 pods[f"{data.namespace}/{data.name}"]["movesTo"] = data.to_node
+        elif isinstance(data, p.CycleCompleted):
+            for key in data.stuck_releasing:  # kai-es/v7: being deleted past the threshold
+                pods[key]["status"] = "StuckInReleasing"
     return {"pods": pods, "decisions": [msgspec.json.decode(encode(e)) for e in decisions]}

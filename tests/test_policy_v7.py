@@ -24,9 +24,10 @@ from kai_es.ingest import translate as tr
 from kai_es.oneshot import one_cycle
 from kai_es.scenario import load_scenario, load_scenario_text
 from kai_es.scheduling import policy
-from kai_es.scheduling.config import config_event, parse_config
+from kai_es.scheduling.config import ConfigError, config_event, config_to_dict, parse_config
 from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.rules.preemption_delay import PodGroupPreemptionDelay
+from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, stuck_releasing
 from kai_es.state import ClusterState, invariants
 from kai_es.state import versions
 from kai_es.state.incremental_digest import incremental_digest, recomputed_digest
@@ -214,3 +215,83 @@ def test_a_podgroup_without_the_times_is_written_at_the_older_schema_version() -
     assert written_version(plain) == 4
     assert written_version(msgspec.structs.replace(plain, stale_timestamp_ns=0)) == 5
     assert written_version(tr.podgroup(_podgroup({tr.LAST_EVICTION_TIMESTAMP_ANNOTATION: "2026-01-01T00:00:00Z"}))) == 5
+
+
+# -- stuck releasing (KAI's StuckInReleasing) --------------------------------------------------
+
+STUCK = SCENARIOS / "v7-stuck-in-releasing.yaml"
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_a_pod_deleted_long_ago_that_still_runs_is_not_pipelined_onto(
+        engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    outcome = _cycle(STUCK, engine)
+    check(outcome, expectations(STUCK))
+    completed = [d for d in outcome["decisions"] if d["type"] == "kai.scheduler.cycle.completed"]
+    assert completed[0]["data"]["stuck_releasing"] == ["default/old"] and completed[0]["schemaversion"] == 2
+    v7 = policy.POLICIES["kai-es/v7"]
+    monkeypatch.setitem(policy.POLICIES, "kai-es/v7",  # type: ignore[arg-type]
+                        dataclasses.replace(v7, rules=dataclasses.replace(v7.rules, releasing_capacity=AllReleasingV6())))
+    with pytest.raises(AssertionError):
+        check(_cycle(STUCK, engine), expectations(STUCK))
+
+
+def test_under_v6_a_stuck_pod_is_pipelined_onto_and_the_cycle_names_none() -> None:
+    text = STUCK.read_text().replace("scheduler: {actions: [allocate]}",
+                                     "scheduler: {actions: [allocate], policyVersion: kai-es/v6}")
+    outcome = _cycle(STUCK, text=text)
+    assert outcome["pods"]["default/b"]["status"] == "Pipelined"
+    completed = [d for d in outcome["decisions"] if d["type"] == "kai.scheduler.cycle.completed"]
+    assert "stuck_releasing" not in completed[0]["data"] and completed[0]["schemaversion"] == 1
+
+
+@pytest.mark.parametrize("threshold", ["10m1s", "1h"])
+def test_the_threshold_is_the_config_s(threshold: str) -> None:
+    text = STUCK.read_text().replace("scheduler: {actions: [allocate]}",
+                                     f"scheduler: {{actions: [allocate], stuckInReleasingThreshold: {threshold}}}")
+    pods = _cycle(STUCK, text=text)["pods"]
+    assert pods["default/old"]["status"] == "Releasing" and pods["default/b"]["status"] == "Pipelined"
+
+
+def _deleting(name: str, deletion: str | None, phase: str = "Running") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "d", "uid": f"u-{name}", "labels": {"kai.scheduler/queue": "q"}}
+    if deletion is not None:
+        meta["deletionTimestamp"] = deletion
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": {"phase": phase},
+            "spec": {"schedulerName": "kai-scheduler", "nodeName": "n",
+                     "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}
+
+
+def test_which_pods_are_stuck() -> None:
+    f = _Fold()
+    f.feed(p.QueueObserved(name="q"), T0)
+    for pod in (_deleting("over", "2026-01-01T11:57:59Z"), _deleting("exactly", "2026-01-01T11:58:00Z"),
+                _deleting("young", "2026-01-01T11:59:00Z"), _deleting("pending", "2026-01-01T11:00:00Z", "Pending"),
+                _deleting("running", None)):
+        f.feed(tr.pod(pod), T0)
+    unknown = msgspec.structs.replace(tr.pod(_deleting("unknown", "2026-01-01T11:00:00Z")), deletion_ns=0)
+    f.feed(unknown, T0)  # observed by an informer that did not read the deletion time
+    assert stuck_releasing(f.state, T0, 120 * SEC) == ["d/over"]  # KAI: more than the threshold
+    assert written_version(tr.pod(_deleting("running", None))) == 3  # its bytes as before
+    assert written_version(tr.pod(_deleting("over", "2026-01-01T11:57:59Z"))) == 4
+
+
+def test_the_scheduler_wakes_when_a_pod_turns_stuck_under_v7_only() -> None:
+    for version, wakes in (("kai-es/v7", True), ("kai-es/v6", False)):
+        config = parse_config({"policyVersion": version})
+        f = _Fold(version)
+        f.feed(p.QueueObserved(name="q"), T0)
+        f.feed(tr.pod(_deleting("leaving", "2026-01-01T11:59:00Z")), T0)
+        f.feed(msgspec.structs.replace(tr.pod(_deleting("waits", None, "Pending")), node_name=""), T0)
+        due = policy.POLICIES[version].rules.wakeups.due_times_ns(f.state, config)
+        assert ((T0 - 60 * SEC + 120 * SEC + 1) in due) is wakes, due
+
+
+@pytest.mark.parametrize("bad", ["-1s", "soon", "101y", 5])
+def test_a_bad_threshold_is_refused_with_its_field(bad: object) -> None:
+    with pytest.raises(ConfigError, match="stuckInReleasingThreshold"):
+        parse_config({"stuckInReleasingThreshold": bad})
+
+
+def test_the_default_threshold_is_not_written() -> None:
+    assert "stuckInReleasingThreshold" not in config_to_dict(parse_config({}))

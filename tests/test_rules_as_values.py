@@ -67,5 +67,5 @@ def test_each_version_differs_from_the_previous_by_named_rules() -> None:
         "kai-es/v5": ["topology_placement"],
         "kai-es/v6": ["fair_share_division", "move_decisions", "preemptors", "reclaim_victims", "replacement",
                       "victim_order"],
-        "kai-es/v7": ["preemption_delay"],
+        "kai-es/v7": ["preemption_delay", "releasing_capacity", "wakeups"],
     }

@@ -222,6 +222,10 @@ class PodObserved(Payload, kw_only=True, frozen=True):
     started_ns: int = 0
     preemption_delay_ns: int | None = None
     staleness_grace_ns: int | None = None
+    # --- schema version 4 (optional): `metadata.deletionTimestamp` (0: none; `terminating` says
+    # whether there is one), when a Running pod being deleted counts as stuck releasing (KAI's
+    # StuckInReleasing, policy kai-es/v7 on)
+    deletion_ns: int = 0
 
 
 class PodRemoved(Payload, kw_only=True, frozen=True):
@@ -393,6 +397,10 @@ class CycleCompleted(Payload, kw_only=True, frozen=True):
     pipelined: int = 0
     evicted: int = 0
     unschedulable: int = 0
+    # --- schema version 2 (optional): the Running pods being deleted for longer than the
+    # config's `stuckInReleasingThreshold` at the cycle's time (pod keys, sorted): KAI's
+    # StuckInReleasing, whose capacity nothing was pipelined onto (policy kai-es/v7 on)
+    stuck_releasing: list[str] = []
 
 
 class BindingDecided(Payload, kw_only=True, frozen=True):

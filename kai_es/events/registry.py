@@ -59,7 +59,8 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
     name: 1 for name in EVENT_TYPES} | {
     # v2 adds optional fields only (pod labels, affinities, ports, scalar resources, volumes;
     # node scalar resources; resync of the new kinds): a v1 payload decodes as v2 unchanged.
-    "kai.cluster.pod.observed": 3,  # v3 adds started_ns, preemption_delay_ns, staleness_grace_ns
+    # v3 adds started_ns, preemption_delay_ns, staleness_grace_ns; v4 deletion_ns (`written_version`)
+    "kai.cluster.pod.observed": 4,
     "kai.cluster.node.observed": 2,
     "kai.cluster.resync.started": 2,
     "kai.cluster.resync.completed": 2,
@@ -70,12 +71,13 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
     # v2 adds preemptor and numbers, v3 to_node (a move as one decision; `written_version`)
     "kai.scheduler.pod.evictiondecided": 3,
     "kai.binder.pod.bindfailed": 2,  # v2 adds final
+    "kai.scheduler.cycle.completed": 2,  # v2 adds stuck_releasing (`written_version`)
 }
 
 #: type name -> the older versions whose payloads decode directly as the current version (the
 #: newer version only added optional fields); other older versions go through an upcaster
 ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
-    "kai.cluster.pod.observed": frozenset({1, 2}),
+    "kai.cluster.pod.observed": frozenset({1, 2, 3}),
     "kai.cluster.node.observed": frozenset({1}),
     "kai.cluster.resync.started": frozenset({1}),
     "kai.cluster.resync.completed": frozenset({1}),
@@ -83,6 +85,7 @@ ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
     "kai.cluster.queue.observed": frozenset({1}),
     "kai.scheduler.pod.evictiondecided": frozenset({1, 2}),
     "kai.binder.pod.bindfailed": frozenset({1}),
+    "kai.scheduler.cycle.completed": frozenset({1}),
 }
 
 TYPE_OF: Final[dict[type[p.Payload], str]] = {cls: name for name, cls in EVENT_TYPES.items()}
@@ -117,7 +120,14 @@ PAYLOAD_VERSION: Final[dict[type[p.Payload], int]] = {
 ADDED_FIELDS: Final[dict[type[p.Payload], tuple[tuple[str, ...], int]]] = {
     p.EvictionDecided: (("to_node",), 2),
     p.PodGroupObserved: (("stale_timestamp_ns", "last_eviction_timestamp_ns"), 4),
+    p.PodObserved: (("deletion_ns",), 3),
+    p.CycleCompleted: (("stuck_releasing",), 1),
 }
+#: payload class -> its fields' defaults (a field "left unset" holds its default)
+_DEFAULTS: Final[dict[type[p.Payload], dict[str, object]]] = {
+    kind: {f.name: f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+           for f in msgspec.structs.fields(kind) if not f.required}
+    for kind in ADDED_FIELDS}
 
 
 def written_version(payload: p.Payload) -> int:
@@ -128,9 +138,10 @@ def written_version(payload: p.Payload) -> int:
     no move is version 2, a PodGroupObserved without handover times version 4)."""
     kind = type(payload)
     added = ADDED_FIELDS.get(kind)
-    if added is not None and not any(getattr(payload, name) is not None and getattr(payload, name) != ""
-                                     for name in added[0]):
-        return added[1]
+    if added is not None:
+        defaults = _DEFAULTS[kind]
+        if all(getattr(payload, name) == defaults[name] for name in added[0]):
+            return added[1]
     return PAYLOAD_VERSION[kind]
 
 

@@ -658,6 +658,7 @@ def pod(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.PodObserved:
         scheduler_name=scheduler,
         phase=phase, node_name=node_name,
         terminating=_get(obj, "metadata.deletionTimestamp") is not None,
+        deletion_ns=_timestamp(obj, "metadata.deletionTimestamp"),
         queue=labels.get(QUEUE_LABEL, ""), podgroup=group, implicit_podgroup=implicit,
         priority_class=str(_get(obj, "spec.priorityClassName", "") or ""),
         priority=_int(priority, "spec.priority") if priority is not None else None,

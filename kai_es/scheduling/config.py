@@ -131,6 +131,10 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     #: kai-es can run beside a KAI that keeps `kai-scheduler`. Read by the informer and the
     #: scenario loader as well as the reducer (the config in force is in the log, so replay knows it)
     scheduler_name: str = SCHEDULER_NAME
+    #: a Running pod being deleted for longer than this (since its `deletionTimestamp`) is stuck
+    #: releasing: its capacity is not pipelined onto (KAI's `--stuck-in-releasing-threshold`;
+    #: read by kai-es/v7's `rules.releasing_capacity.StuckReleasingHeld`)
+    stuck_in_releasing_threshold: str = "2m"
 
     @property
     def action_list(self) -> list[ActionName]:
@@ -146,6 +150,7 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
             ("fairshare.windowSize", self.fairshare.window_size),
             ("fairshare.halfLifePeriod", self.fairshare.half_life_period),
             ("fairshare.usageResolution", self.fairshare.usage_resolution),
+            ("stuckInReleasingThreshold", self.stuck_in_releasing_threshold),
         ):
             try:
                 # a negative staleness grace period means "never evict stale" (as KAI)
@@ -204,6 +209,7 @@ _OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
     ("", "maxConsolidationPreemptees"): 16,
     ("", "grouping"): [],
     ("", "schedulerName"): SCHEDULER_NAME,
+    ("", "stuckInReleasingThreshold"): "2m",
 }
 
 

@@ -70,6 +70,7 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     emitter = Emitter(started, config.policy_version)
     plan = Plan(state, packer, strategy_of(config, state), verify=verify)
     now = started.envelope.logicaltime
+    stuck = policy.rules.releasing_capacity.hold(state, plan, now, config)
     session = Session(state, plan, now, policy.rules, config)
     unschedulable = session.unschedulable
     for name in config.action_list:
@@ -90,4 +91,4 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
         emitter.unschedulable(state, key, unschedulable[key])
     every = config.state_digest_every
     digest = policy.state_digest(state) if every and cycle_payload.cycle % every == 0 else None
-    return emitter.completed(cycle_payload.cycle, digest)
+    return emitter.completed(cycle_payload.cycle, digest, stuck)

@@ -201,6 +201,17 @@ class Plan:
         self._announce(op, -1)
         return True
 
+    def hold(self, pod_key: str) -> None:
+        """Keep a Releasing pod's capacity used in `future` for this plan (a stuck releasing
+        pod: `rules.releasing_capacity`). Only before the first operation: it is the plan's
+        starting point, which no rollback undoes."""
+        if self.operations:
+            raise RuntimeError("Plan.hold after an operation")
+        pod = self.state.pods[pod_key]
+        node = self.node_index[pod.node]
+        base = self.idle.gpu_start[node]
+        self.future.apply_placed(node, tuple(base + d for d in pod.devices), self.shape(pod.spec), 1)
+
     def _announce(self, op: Announced, sign: int) -> None:
         for listener in self.listeners:
             listener.on_operation(op, sign)

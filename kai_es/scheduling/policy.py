@@ -89,7 +89,10 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     when set (the fold rule `handover_stamps`; `kai_es.state.handlers.jobs.track_stale`), so
     its staleness grace period does not start again;
   - the PodGroup's `kai.scheduler/last-eviction-timestamp` re-arms its preemption delay as a
-    last eviction does (`rules.preemption_delay.HandoverPreemptionDelay`).
+    last eviction does (`rules.preemption_delay.HandoverPreemptionDelay`);
+  - and, as KAI since v0.15, a Running pod being deleted for longer than
+    `stuckInReleasingThreshold` (2m) is stuck releasing: nothing is pipelined onto its capacity,
+    and the cycle names it (`rules.releasing_capacity.StuckReleasingHeld`).
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
@@ -134,6 +137,7 @@ from kai_es.scheduling.rules.preemption_delay import (
     NoPreemptionDelayV2,
     PodGroupPreemptionDelay,
 )
+from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, StuckReleasingHeld
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
 from kai_es.scheduling.rules.reclaim_victims import DominantShareReclaimV5, KaiReclaimStrategies
@@ -143,7 +147,7 @@ from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIg
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
 from kai_es.scheduling.rules.victim_order import NewestFirstV5, ReverseTaskOrder
 from kai_es.scheduling.rules.victim_search import BoundedSearch, BoundedSearchV3, UnboundedSearchV2
-from kai_es.scheduling.rules.wakeups import NoWakeupsV2, TimeRuleWakeups
+from kai_es.scheduling.rules.wakeups import HandoverWakeups, NoWakeupsV2, TimeRuleWakeups
 from kai_es.scheduling.session import Session
 from kai_es.state.incremental_digest import incremental_digest, snapshot_digest
 from kai_es.state.model import ClusterState
@@ -222,6 +226,7 @@ RULES_V1: Final = Rules(
     reclaim_victims=DominantShareReclaimV5(),
     victim_order=NewestFirstV5(),
     move_decisions=MoveInReasonV5(),
+    releasing_capacity=AllReleasingV6(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -243,7 +248,8 @@ RULES_V6: Final = replace(RULES_V5, preemptors=PendingPods(), reclaim_victims=Ka
                           replacement=ReplaceVictims(), victim_order=ReverseTaskOrder(),
                           move_decisions=MoveAsDecision())
 #: kai-es/v7: the clocks KAI keeps on a PodGroup
-RULES_V7: Final = replace(RULES_V6, preemption_delay=HandoverPreemptionDelay())
+RULES_V7: Final = replace(RULES_V6, preemption_delay=HandoverPreemptionDelay(),
+                          releasing_capacity=StuckReleasingHeld(), wakeups=HandoverWakeups())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

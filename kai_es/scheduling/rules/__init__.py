@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.preemptors import Preemptors
     from kai_es.scheduling.rules.queue_order import QueueOrder
     from kai_es.scheduling.rules.reclaim_victims import ReclaimVictims
+    from kai_es.scheduling.rules.releasing_capacity import ReleasingCapacity
     from kai_es.scheduling.rules.replacement import Replacement
     from kai_es.scheduling.rules.staleness import Staleness
     from kai_es.scheduling.rules.topology_placement import TopologyPlacement
@@ -74,3 +75,5 @@ class Rules:
     victim_order: VictimOrder
     #: how a move is announced
     move_decisions: MoveDecisions
+    #: what pipelining may count on: the capacity of pods being released (the cycle's Plan)
+    releasing_capacity: ReleasingCapacity

@@ -3,7 +3,10 @@ may change a cycle's decisions though nothing new was logged — a reason for th
 run a cycle then.
 
 - `NoWakeupsV2` (kai-es/v1, v2: no time rules): none.
-- `TimeRuleWakeups` (kai-es/v3 on): `due_times_ns`.
+- `TimeRuleWakeups` (kai-es/v3 to v6): `due_times_ns`.
+- `HandoverWakeups` (kai-es/v7 on): as v3, a preemption delay's end counted from the PodGroup's
+  last-eviction timestamp too, and, while pods wait, the moments releasing pods become stuck
+  (`rules.releasing_capacity`).
 
 Contract: pure functions of the folded state and the config.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from kai_es.events.timefmt import parse_signed_duration
+from kai_es.events.timefmt import parse_duration, parse_signed_duration
 from kai_es.scheduling.rules.min_runtime import job_started_ns
 from kai_es.scheduling.rules.preemption_delay import may_trigger_evictions_from_ns
 from kai_es.scheduling.rules.staleness import stale_deadline_ns
@@ -41,14 +44,22 @@ class TimeRuleWakeups:
         return due_times_ns(state, config)
 
 
-def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
+class HandoverWakeups:
+    __slots__ = ()
+
+    def due_times_ns(self, state: ClusterState, config: SchedulerConfig) -> list[int]:
+        return due_times_ns(state, config, v7=True)
+
+
+def due_times_ns(state: ClusterState, config: SchedulerConfig, *, v7: bool = False) -> list[int]:
     """Sorted times at which a time rule may change a cycle's decisions though nothing new was
     logged: stale gangs' eviction deadlines (every gang in `state.gangs_below_minimum`: under
     kai-es/v4, gangs short in a leaf sub-group too); and, while pods wait, the ends of pending
     jobs' preemption delays and of running jobs' min-runtimes: every value set on the victim's
     own queue chain and the config's defaults, a superset of what either reclaim resolution
     ("lca" or "queue") and preempt can resolve, since each of them picks a value on that chain
-    or a default."""
+    or a default. `v7`: delays counted from the PodGroup's last-eviction timestamp too, and the
+    first moment each Running pod being deleted is stuck releasing, while pods wait."""
     out: set[int] = set()
     actions = set(config.action_list)
     if "stalegangeviction" in actions:
@@ -62,7 +73,7 @@ def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
         for key in sorted(state.jobs):
             job = state.jobs[key]
             if job.pending:
-                start = may_trigger_evictions_from_ns(state, job, handover=state.handover_stamps)
+                start = may_trigger_evictions_from_ns(state, job, handover=v7)
                 if start:
                     out.add(start)
             if job.occupying and job.preemptible:
@@ -70,6 +81,14 @@ def due_times_ns(state: ClusterState, config: SchedulerConfig) -> list[int]:
                 for runtime in (*defaults, *_chain_values(state, job.queue)):
                     if runtime > 0 and started > 0:
                         out.add(started + runtime)
+    if v7 and state.pending_jobs:
+        threshold = parse_duration(config.stuck_in_releasing_threshold)
+        for node in state.nodes.values():
+            if node.releasing_pods:
+                for key in node.pods:
+                    spec = state.pods[key].spec
+                    if spec.terminating and spec.deletion_ns:
+                        out.add(spec.deletion_ns + threshold + 1)  # stuck once more than the threshold
     return sorted(out)
 
 
