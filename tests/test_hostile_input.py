@@ -298,3 +298,17 @@ def test_whatif_edits_go_through_the_queue_rules() -> None:
     _one_error(_cli("whatif", str(GOLDEN), "--set", "queue.team-a.gpu.quota=8Gi"), "must be a plain number of GPUs")
     _one_error(_cli("whatif", str(GOLDEN), "--set", "queue.team-a.priority=" + "9" * 30),
                "beyond the largest accepted magnitude")
+
+
+def test_a_queue_that_is_its_own_parent_is_refused_naming_the_field(tmp_path: Path) -> None:
+    scenario = tmp_path / "selfish.yaml"
+    scenario.write_text("""apiVersion: kai-es.io/v1alpha1
+kind: Scenario
+metadata: {name: selfish}
+---
+apiVersion: scheduling.run.ai/v2
+kind: Queue
+metadata: {name: q}
+spec: {parentQueue: q}
+""")
+    _one_error(_cli("cycle", str(scenario)), "spec.parentQueue: a Queue cannot be its own parent ('q')")
