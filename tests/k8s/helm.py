@@ -92,6 +92,8 @@ _PATHS = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "Service": ("/api/v1", "services", True),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
 }
 
 

@@ -57,7 +57,7 @@ def test_default_values_render_the_three_processes_and_their_rbac(home: Path) ->
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted(["Namespace", "ServiceAccount", "ServiceAccount", "ConfigMap", "ClusterRole",
                             "ClusterRoleBinding", "Role", "RoleBinding", "Role", "RoleBinding",
-                            "Deployment", "Deployment", "Deployment"])
+                            "Deployment", "Deployment", "Deployment", "NetworkPolicy"])
     deps = deployments(objs)
     assert set(deps) == set(ROLES)
     ids = set()
@@ -347,3 +347,33 @@ def test_grouping_rules_reach_the_informer_and_grow_its_rbac_by_get(home: Path, 
     a, b = deployments(plain), deployments(ruled)
     assert a["informer"]["spec"]["template"] != b["informer"]["spec"]["template"]  # rolls with its rules
     assert a["binder"] == b["binder"]
+
+
+def test_roles_with_standbys_get_a_disruption_budget_over_their_own_pods(home: Path) -> None:
+    """Only a role of more than one replica: a node drain takes one pod of the pair at a time."""
+    objs = render(home, sets={"scheduler.replicas": "2", "informer.replicas": "3"})
+    deps = deployments(objs)
+    budgets = {b["metadata"]["labels"]["app.kubernetes.io/component"]: b for b in by_kind(objs, "PodDisruptionBudget")}
+    assert sorted(budgets) == ["informer", "scheduler"]
+    for role, pdb in budgets.items():
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": deps[role]["spec"]["selector"]}
+        assert pdb["apiVersion"] == "policy/v1"
+    assert not by_kind(render(home, sets={"scheduler.replicas": "2", "podDisruptionBudget.enabled": "false"}),
+                       "PodDisruptionBudget")
+    assert not by_kind(render(home), "PodDisruptionBudget")  # one replica each: none
+
+
+def test_the_network_policy_admits_the_http_port_only(home: Path) -> None:
+    (policy,) = by_kind(render(home), "NetworkPolicy")
+    deps = deployments(render(home))
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= deps["scheduler"]["spec"]["selector"]["matchLabels"].items()
+    assert all(policy["spec"]["podSelector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+               for d in deps.values())
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    (full,) = by_kind(render(home, values=[FULL_VALUES]), "NetworkPolicy")
+    assert full["spec"]["ingress"][0]["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+    (closed,) = by_kind(render(home, sets={"http.enabled": "false"}), "NetworkPolicy")
+    assert closed["spec"]["ingress"] == []  # nothing listens: nothing admitted
+    assert not by_kind(render(home, sets={"networkPolicy.enabled": "false"}), "NetworkPolicy")

@@ -141,7 +141,14 @@ async def test_chart_applied_and_kai_es_binds_as_its_service_account(
         assert (stored["kind"], stored["metadata"]["name"]) == (obj["kind"], obj["metadata"]["name"])
     applied = {o["kind"] for o in objs}
     assert applied == {"CustomResourceDefinition", "Namespace", "ServiceAccount", "ConfigMap", "ClusterRole",
-                       "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service"}
+                       "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service", "NetworkPolicy"}
+    # the disruption budgets of roles with standbys are valid policy/v1 objects too
+    standby = render(tmp_path / "helm-home", release=release, namespace=ns,
+                     sets={"scheduler.replicas": "2", "binder.replicas": "2"})
+    budgets = by_kind(standby, "PodDisruptionBudget")
+    assert len(budgets) == 2
+    for obj in budgets:
+        assert server_side_apply(cp, obj)["spec"]["maxUnavailable"] == 1
     for obj in objs:  # read back: really there
         got = cp.call("GET", object_path(obj))
         assert got["metadata"]["uid"]
