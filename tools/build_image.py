@@ -67,7 +67,7 @@ import tempfile
 import time
 import tomllib
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -389,21 +389,21 @@ def unpack_debs(debs: Sequence[Path], rootfs: Path) -> list[str]:
     stanzas = []
     for deb in debs:
         stanzas.append(_run(["dpkg-deb", "--field", str(deb)]).stdout.strip())
-        proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE)
-        assert proc.stdout is not None
-        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-            for member in tar:
-                name = member.name.removeprefix("./").rstrip("/")
-                if not name or _excluded(name + ("/" if member.isdir() else "")):
-                    continue
-                target = rootfs / name
-                if (member.isfile() or member.issym() or member.islnk()) and target.is_symlink():
-                    target.unlink()
-                member.name = name
-                if member.islnk():
-                    member.linkname = member.linkname.removeprefix("./")
-                tar.extract(member, rootfs, filter="tar")
-        if proc.wait() != 0:
+        with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE) as proc:
+            assert proc.stdout is not None
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+                for member in tar:
+                    name = member.name.removeprefix("./").rstrip("/")
+                    if not name or _excluded(name + ("/" if member.isdir() else "")):
+                        continue
+                    target = rootfs / name
+                    if (member.isfile() or member.issym() or member.islnk()) and target.is_symlink():
+                        target.unlink()
+                    member.name = name
+                    if member.islnk():
+                        member.linkname = member.linkname.removeprefix("./")
+                    tar.extract(member, rootfs, filter="tar")
+        if proc.returncode != 0:
             raise BuildError(f"dpkg-deb --fsys-tarfile {deb} failed")
     return stanzas
 
@@ -560,7 +560,11 @@ class Layer:
     uncompressed_size: int
 
 
-def _walk(rootfs: Path, include: Any) -> list[str]:
+def _in_app_layer(rel: str) -> bool:
+    return rel == APP_PREFIX or rel.startswith(APP_PREFIX + "/")
+
+
+def _walk(rootfs: Path, include: Callable[[str], bool]) -> list[str]:
     names = []
     for dirpath, dirnames, filenames in os.walk(rootfs):
         rel_dir = os.path.relpath(dirpath, rootfs)
@@ -577,7 +581,7 @@ def write_layer(rootfs: Path, names: Sequence[str], blobs: Path, mtime: int) -> 
     raw = blobs / "layer.tmp.tar"
     with open(raw, "wb") as f:
         tee = _HashingWriter(f)
-        with tarfile.open(fileobj=tee, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=tee, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             inodes: dict[tuple[int, int], str] = {}
             for name in names:
                 path = rootfs / name
@@ -784,9 +788,8 @@ def build(out: Path, tag: str | None = None, log: Any = None) -> Image:
         say(f"app installed ({time.monotonic() - t0:.1f}s)")
         blobs = out / LAYOUT_DIR / "blobs" / "sha256"
         blobs.mkdir(parents=True)
-        app = lambda rel: rel == APP_PREFIX or rel.startswith(APP_PREFIX + "/")  # noqa: E731
-        layers = (write_layer(rootfs, _walk(rootfs, lambda rel: not app(rel)), blobs, epoch),
-                  write_layer(rootfs, _walk(rootfs, app), blobs, epoch))
+        layers = (write_layer(rootfs, _walk(rootfs, lambda rel: not _in_app_layer(rel)), blobs, epoch),
+                  write_layer(rootfs, _walk(rootfs, _in_app_layer), blobs, epoch))
         say(f"layers written ({time.monotonic() - t0:.1f}s)")
     config = image_config(layers, created, version, revision(), packages)
     digest, _ = write_layout(out, layers, config, tag)
