@@ -31,7 +31,7 @@ from kai_es import cli_audit, cli_services, cli_whatif
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
-                               packer_option, warn, warn_unimplemented)
+                               packer_option, require_plots, warn, warn_unimplemented)
 from kai_es.cli_common import records as _records, records_from as _records_from
 from kai_es.cli_common import check_out_name as _check_out_name, holds_data as _holds_data, working
 from kai_es.outputs import OutputError, check_log_output, check_report_dir, mark_report_dir
@@ -64,6 +64,7 @@ def main() -> None:
 def simulate(scenario_file: str, log_url: str | None, until: str | None, report_dir: str | None,
              force: bool, packer: str | None) -> None:
     """Run a scenario through the whole pipeline on a simulated cluster."""
+    require_plots("simulate")
     from kai_es.report import plot, plot_fair_share, summarize
     from kai_es.app.simulation import simulate as run_sim
 

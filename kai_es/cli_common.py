@@ -40,6 +40,16 @@ class UserError(click.ClickException):
         err.print(f"[bold red]error:[/] {escape(one_line(text))}", highlight=False)
 
 
+def require_plots(command: str) -> None:
+    """Refuse, before any work, a command whose report has PNG plots where matplotlib is not
+    installed (the `plots` extra; the container image leaves it out)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UserError(f"kai-es {command} draws its report's plots with matplotlib, which is not "
+                        "installed here (the container image leaves it out): pip install 'kai-es[plots]'")
+
+
 def warn(message: str) -> None:
     """One warning line on stderr (never markup)."""
     err.print(f"[bold yellow]warning:[/] {escape(one_line(message))}", highlight=False)

@@ -26,7 +26,7 @@ from rich.text import Text
 from kai_es.app import bulk_fold, open_log
 from kai_es.outputs import OutputError, check_log_output, check_report_dir, mark_report_dir
 from kai_es.cli_common import UserError, check_out_name, choose_packer, console, friendly, \
-    os_error_line, packer_option, records
+    os_error_line, packer_option, records, require_plots
 from kai_es.events import Record
 from kai_es.events.timefmt import format_span, parse_duration
 from kai_es.scheduling.config import config_digest
@@ -64,6 +64,7 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
            out_log: str | None, report_dir: str | None, until: str | None, top: int, force: bool,
            compare_with: str, output: str, packer: str | None) -> None:
     """Re-run the workload recorded in LOG under changed settings; compare with the record."""
+    require_plots("whatif")
     from kai_es.whatif.changes import ChangeError, Changes, apply_changes, parse_set, read_config, read_patch
     from kai_es.whatif.compare import compare
     from kai_es.whatif.plots import plot_allocation, plot_waits
