@@ -89,6 +89,19 @@ async def get_pod(api: client.ApiClient, namespace: str, name: str) -> tuple[int
     return await raw(await core.read_namespaced_pod(name, namespace, _preload_content=False))
 
 
+def running_on(api: client.ApiClient, ns: str, names: Sequence[str], node: str) -> Callable[[], Awaitable[bool]]:
+    """A `wait_for` check: every pod of `names` is Running, each on `node` (asserted)."""
+    async def check() -> bool:
+        for name in names:
+            status, pod = await get_pod(api, ns, name)
+            if status != 200 or pod["status"].get("phase") != "Running":
+                return False
+            assert pod["spec"]["nodeName"] == node, (name, pod["spec"].get("nodeName"))
+        return True
+
+    return check
+
+
 async def wait_for(fn: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = 15.0,
                    interval_s: float = 0.05) -> T:
     """Poll `fn` until it returns something other than None/False; fail after timeout_s."""

@@ -14,7 +14,7 @@ from kai_es.events import payloads as p
 from kai_es.replay import replay
 from kai_es.scheduling.packing import load_packer
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import services_running, create_pod, get_pod, gpu_pod, queue, raw, wait_for
+from tests.k8s.helpers import services_running, create_pod, get_pod, gpu_pod, queue, raw, running_on, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -45,21 +45,14 @@ async def test_a_gang_is_bound_through_the_api_and_the_log_replays(
                                           annotations={"pod-group-name": pg}))
         await create_pod(api, gpu_pod("too-big", ns, gpus=16, queue=qname, labels=pool_label))
 
-        async def running_on_node() -> bool:
-            for i in range(2):
-                status, pod = await get_pod(api, ns, f"worker-{i}")
-                if status != 200 or pod["status"].get("phase") != "Running":
-                    return False
-                assert pod["spec"]["nodeName"] == node
-            return True
-
         async def unschedulable_reported() -> bool:
             return any([isinstance(r.envelope.data, p.PodUnschedulable)
                         and r.envelope.data.name == "too-big" and r.envelope.data.namespace == ns
                         async for r in log.read()])
 
         async with services_running(log, kai_api):
-            await wait_for(running_on_node, "the gang Running on the pool's node", timeout_s=30)
+            await wait_for(running_on(api, ns, ["worker-0", "worker-1"], node), "the gang Running on the pool's node",
+                           timeout_s=30)
             await wait_for(unschedulable_reported, "too-big reported unschedulable", timeout_s=30)
 
         status, big = await get_pod(api, ns, "too-big")

@@ -17,7 +17,7 @@ from kai_es.replay import replay
 from kai_es.scheduling.config import parse_config
 from kai_es.scheduling.packing import load_packer
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import create_pod, create_queue, get_pod, gpu_pod, services_running, wait_for
+from tests.k8s.helpers import create_pod, create_queue, get_pod, gpu_pod, running_on, services_running, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -38,15 +38,7 @@ async def test_only_the_pods_of_the_configured_name_are_scheduled(k8s: K8s, sche
         writer = StatusWriter(kai_api, queue_interval_s=0.2)
         config = parse_config({"schedulerName": name})
         async with services_running(log, kai_api, config, grouping=True, followers=[writer]):
-            async def ours_running() -> bool:
-                for i in range(2):
-                    status, pod = await get_pod(api, ns, f"ours-{i}")
-                    if status != 200 or pod["status"].get("phase") != "Running":
-                        return False
-                    assert pod["spec"]["nodeName"] == node
-                return True
-
-            await wait_for(ours_running, "kai-es's pods Running", timeout_s=30)
+            await wait_for(running_on(api, ns, ["ours-0", "ours-1"], node), "kai-es's pods Running", timeout_s=30)
             await anyio.sleep(1.0)  # a few more cycles: kai-scheduler's pod must stay untouched
         status, kais = await get_pod(api, ns, "kais")
         assert status == 200 and not kais["spec"].get("nodeName")
