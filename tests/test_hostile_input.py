@@ -300,7 +300,7 @@ def test_whatif_edits_go_through_the_queue_rules() -> None:
                "beyond the largest accepted magnitude")
 
 
-def test_a_queue_that_is_its_own_parent_is_refused_naming_the_field(tmp_path: Path) -> None:
+def test_a_scenario_queue_that_is_its_own_parent_is_refused_naming_the_field(tmp_path: Path) -> None:
     scenario = tmp_path / "selfish.yaml"
     scenario.write_text("""apiVersion: kai-es.io/v1alpha1
 kind: Scenario
@@ -311,4 +311,4 @@ kind: Queue
 metadata: {name: q}
 spec: {parentQueue: q}
 """)
-    _one_error(_cli("cycle", str(scenario)), "spec.parentQueue: a Queue cannot be its own parent ('q')")
+    _one_error(_cli("cycle", str(scenario)), "spec.parentQueue: the parent chain never reaches a root queue: q -> q")

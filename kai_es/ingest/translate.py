@@ -738,10 +738,9 @@ def _QUANTITY_SCALE(resource: str) -> Fraction:  # noqa: N802 - table lookup
 
 def check_queue(q: p.QueueObserved) -> None:
     """The rules a Queue must keep across its fields (raises IngestError naming the field): a
-    limit is not below its quota; a Queue is not its own parent. Shared by `queue` and what-if
-    edits of a Queue."""
-    if q.parent and q.parent == q.name:
-        raise IngestError("spec.parentQueue", f"a Queue cannot be its own parent ({q.name!r})")
+    limit is not below its quota. Shared by `queue` and what-if edits of a Queue. (A Queue that
+    is its own parent is a loop of one: the cycle holds its jobs with QueueLoop naming the chain,
+    as it does for longer loops no single object shows.)"""
     for r in ("gpu", "cpu", "memory"):
         res: p.QueueResource = getattr(q, r)
         if res.limit != -1 and res.quota != -1 and res.limit < res.quota:

@@ -36,6 +36,11 @@ def gpu(**fields: Any) -> dict[str, Any]:
     return {"resources": {"gpu": fields}}
 
 
+#: a Queue naming itself as parent passes kai-es's ingest but never runs a job: the cycle holds
+#: its jobs with QueueLoop naming the chain (tests/test_adversarial_objects.py), as for loops no
+#: single object shows; the CRD refuses this one at once
+HELD_BY_THE_CYCLE = frozenset({"its own parent"})
+
 #: (what, object, a fragment of the apiserver's refusal)
 BAD: list[tuple[str, dict[str, Any], str]] = [
     ("quota below -1", _queue("bad-quota", gpu(quota=-2)), "quota must be -1 (unlimited) or >= 0"),
@@ -121,7 +126,10 @@ def _ingest_refuses(obj: dict[str, Any]) -> bool:
 
 @pytest.mark.parametrize(("what", "obj", "says"), BAD, ids=[b[0] for b in BAD])
 async def test_the_apiserver_refuses_what_kai_es_refuses(k8s: K8s, what: str, obj: dict[str, Any], says: str) -> None:
-    assert _ingest_refuses(obj), f"{what}: kai-es's ingest accepts it, so the CRD must not refuse it"
+    if what in HELD_BY_THE_CYCLE:
+        assert obj["spec"]["parentQueue"] == obj["metadata"]["name"]
+    else:
+        assert _ingest_refuses(obj), f"{what}: kai-es's ingest accepts it, so the CRD must not refuse it"
     async with k8s.client() as api:
         status, out = await _create(api, k8s.namespace(), obj)
     assert status == 422, (what, status, out)
