@@ -11,7 +11,9 @@ scheduler places them and its binder binds them onto KWOK GPU nodes.
 Every test first fills the pool with a Deployment so that only part of the gang fits: not one pod
 of the gang binds (each is reported `GangUnsatisfied`). Freeing room (the Deployment scaled
 down) binds the gang's minimum in one cycle, with each sub-group's minimum; pods beyond the
-minimum (elastic) bind only after it. The run's log replays exactly.
+minimum (elastic) bind only after it. The run's log replays exactly. Each test fails when its
+kind's rule is taken out of the podgrouper's table (its kind grouped by the default grouper,
+TrainJob no longer looked through): tried once for each.
 
 If the operators cannot be built or started, every test here FAILS with the logs' tails."""
 
@@ -359,6 +361,44 @@ async def test_a_rayclusters_minimum_binds_first_and_its_elastic_worker_after(op
         cycles = bind_cycles(records, run.ns, names)
         first = {n for n in names if n not in extra}
         assert len({cycles[n] for n in first}) == 1 and cycles[extra[0]] > cycles[next(iter(first))]
+        assert_replays(records)
+
+    await scenario(ops, 8, 7, body)
+
+
+def ray_job(run: Run) -> dict[str, Any]:
+    """KubeRay's RayJob sample: an entrypoint and the RayCluster to run it on (a head and 2
+    one-GPU workers)."""
+    cluster = ray_cluster(run)["spec"]
+    cluster["workerGroupSpecs"][0].update(replicas=2, minReplicas=2, maxReplicas=2)
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob",
+            "metadata": {"name": "job", "labels": {QUEUE_LABEL: run.queue}},
+            "spec": {"entrypoint": "python /home/ray/samples/sample_code.py", "rayClusterSpec": cluster}}
+
+
+async def test_a_rayjobs_cluster_binds_as_one_gang_named_after_the_rayjob(ops: K8s) -> None:
+    """KubeRay makes the RayJob's RayCluster, then its head and 2 workers: grouped by the RayJob
+    (its `status.rayClusterName`), minimum 3; with 1 GPU free none binds, with 2 all three bind
+    in one cycle."""
+    async def body(run: Run) -> None:
+        job = run.create(ray_job(run))
+        await gang_waits(run, 3)
+        await run.fill(6)
+
+        def ray_pods(got: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [x for x in got if "ray.io/node-type" in x["metadata"].get("labels", {})]
+
+        gang = ray_pods(await running(run, lambda got: len(ray_pods(got)) == 3 and all(
+            bound(x, run.nodes) for x in ray_pods(got)), "the RayJob's head and 2 workers Running"))
+        records = await run.records()
+        data = data_in(records, run.ns)
+        pg = f"pg-job-{job['metadata']['uid']}"
+        group = groups_in(data)[pg]
+        assert group.min_member == 3 and group.queue == run.queue
+        assert subgroups(group) == {"headgroup": (1, "", None), "gpu": (2, "", None)}
+        names = {x["metadata"]["name"] for x in gang}
+        assert {podgroup_of(data)[n] for n in names} == {pg}
+        assert len(set(bind_cycles(records, run.ns, names).values())) == 1
         assert_replays(records)
 
     await scenario(ops, 8, 7, body)
