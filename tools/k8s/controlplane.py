@@ -1369,7 +1369,9 @@ class OperatorProcess:
     in group system:masters: the operators' own ClusterRoles are not installed). Leader election
     is off where a flag or its configuration offers it (the MPI operator always elects: its
     Lease is in namespace ``mpi-operator``), metrics are off, its health probes are on a free
-    loopback port. Webhooks: the JobSet, LWS and Trainer managers serve theirs on a free loopback
+    loopback port (the MPI operator's health server is fixed at :8080 on every interface in
+    v0.8.0: one control plane with an MPI operator per machine at a time; a second one's exits,
+    and its start fails with the log). Webhooks: the JobSet, LWS and Trainer managers serve theirs on a free loopback
     port with a certificate of the control plane's CA (their own certificate management is off)
     and the control plane registers them (`webhook_configurations`), as their installs do; KubeRay
     serves none (its default: ENABLE_WEBHOOKS unset); the MPI operator has none. Ready when its
