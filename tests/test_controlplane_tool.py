@@ -138,3 +138,38 @@ def test_the_busybox_images_are_reproducible(tmp_path: Path) -> None:
     with tarfile.open(a) as t:
         manifest = json.load(t.extractfile("manifest.json"))  # type: ignore[arg-type]
     assert sorted(tag for m in manifest for tag in m["RepoTags"]) == sorted([cp_mod.BUSYBOX_IMAGE, cp_mod.PAUSE_IMAGE])
+
+
+def test_the_kubernetes_recipe_is_keyed_by_each_operators_version_and_files() -> None:
+    k = cp_mod.KUBERNETES
+    ops = k.inputs["operators"]
+    bumped = tuple(dataclasses.replace(o, version="v9.9.9") if o.name == "lws" else o for o in ops)
+    more = tuple(dataclasses.replace(o, crds=(*o.crds, "x.yaml")) if o.name == "jobset" else o for o in ops)
+    digests = {k.digest(), dataclasses.replace(k, inputs={**k.inputs, "operators": bumped}).digest(),
+               dataclasses.replace(k, inputs={**k.inputs, "operators": more}).digest()}
+    assert len(digests) == 3
+    # the operators' binaries and files are outputs of the one build, KubeRay's of its own
+    assert {"jobset", "lws", "mpi-operator", "trainer-controller-manager"} <= set(k.outputs)
+    assert "ray-operator" not in k.outputs and cp_mod.KUBERAY_RECIPE.outputs[0] == "ray-operator"
+
+
+def test_an_operator_brings_the_operators_it_needs_first() -> None:
+    assert cp_mod._with_needs(["trainer-controller-manager", "lws"]) == ["jobset", "trainer-controller-manager", "lws"]
+    with pytest.raises(cp_mod.ControlPlaneError, match="no operator"):
+        cp_mod._with_needs(["volcano"])
+
+
+def test_json_patch_adds_and_replaces_as_the_operators_kustomizations_do() -> None:
+    doc = {"metadata": {"name": "a"}, "webhooks": [{"name": "x"}, {"name": "y"}]}
+    out = cp_mod.json_patch(doc, [
+        {"op": "replace", "path": "/webhooks/1", "value": {"name": "y", "objectSelector": {}}},
+        {"op": "add", "path": "/webhooks/0/objectSelector", "value": {"matchLabels": {"k": "v"}}},
+        {"op": "replace", "path": "/metadata/name", "value": "b"},
+    ])
+    assert out == {"metadata": {"name": "b"}, "webhooks": [
+        {"name": "x", "objectSelector": {"matchLabels": {"k": "v"}}}, {"name": "y", "objectSelector": {}}]}
+    assert doc["metadata"]["name"] == "a"  # not changed in place
+    with pytest.raises(cp_mod.ControlPlaneError, match="unsupported"):
+        cp_mod.json_patch(doc, [{"op": "remove", "path": "/metadata"}])
+    with pytest.raises(cp_mod.ControlPlaneError, match="not there"):
+        cp_mod.json_patch(doc, [{"op": "replace", "path": "/metadata/labels", "value": {}}])

@@ -130,7 +130,14 @@ def scheduler_kubeconfig(k8s: K8s) -> Path:
     """A kubeconfig for the least-privilege identity (user kai-es-scheduler), bound to the
     ClusterRole in deploy/rbac/clusterrole.yaml and nothing else; waits until the authorizer
     has the binding."""
-    cp = k8s.cp
+    grant_scheduler_roles(k8s.cp)
+    return Path(k8s.scheduler_kubeconfig)
+
+
+def grant_scheduler_roles(cp: Any) -> None:
+    """Bind the scheduler's identity to deploy/rbac's roles (the ClusterRole, the reservation
+    namespace's and the leader-election namespace's Roles) on control plane `cp`, and wait
+    until the authorizer has the bindings."""
     role = yaml.safe_load(CLUSTER_ROLE.read_text())
     cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role, ok=(201, 409))
     binding = {
@@ -171,7 +178,6 @@ def scheduler_kubeconfig(k8s: K8s) -> Path:
         if time.monotonic() > deadline:
             pytest.fail("the scheduler's ClusterRoleBinding never took effect", pytrace=False)
         time.sleep(0.05)
-    return Path(k8s.scheduler_kubeconfig)
 
 
 @pytest.fixture(autouse=True)

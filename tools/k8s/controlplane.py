@@ -27,6 +27,11 @@ controllers in CONTROLLERS — Deployments, ReplicaSets, StatefulSets, Jobs, Cro
 collector, namespaces, service accounts and their tokens (not node health: KWOK fakes it) — without leader election,
 its secure port on a free loopback port; it is healthy about 0.5 s after its start.
 
+``ControlPlane(operators=("jobset", "lws", "ray-operator", "mpi-operator",
+"trainer-controller-manager"))`` also runs those operators (OPERATORS; ``OperatorProcess`` says
+how: their own CRDs and webhooks, each as a process of the control plane), after installing their
+CRDs; a test module that wants them starts a control plane of its own, so others do not pay.
+
 ``ControlPlane(real_node=True)`` also runs a real node (``RealNode``): the kubelet built here with
 Debian's containerd and runc (root; REAL_NODE_PACKAGES), a CNI bridge, and busybox images made
 from busybox-static and imported into containerd; Ready about 2 s after the kubelet starts. Its
@@ -35,10 +40,14 @@ docstring lists what this kind of machine refuses and how each refusal is met.
 Nothing here is downloaded prebuilt: the Go module proxy serves the sources and the local Go
 toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
 
-* kube-apiserver, kube-controller-manager and kubelet v1.36.5 — in ONE ``go build`` (the
-  packages they share compile once) in a throwaway module that requires ``k8s.io/kubernetes``
-  and ``replace``-s each staging module it requires with the published ``v0.36.5`` module (the
-  ``go install pkg@version`` shortcut is refused for modules with replace directives);
+* kube-apiserver, kube-controller-manager and kubelet v1.36.5 and the operators of
+  SHARED_OPERATORS (JobSet v0.12.0, LeaderWorkerSet v0.9.0, the MPI operator v0.8.0, Kubeflow
+  Trainer v2.3.0) — in ONE ``go build`` (the packages they share compile once) in a throwaway
+  module that requires ``k8s.io/kubernetes`` and the operators and ``replace``-s each staging
+  module kubernetes requires with the published ``v0.36.5`` module (the ``go install
+  pkg@version`` shortcut is refused for modules with replace directives); the operators' CRDs and
+  webhook manifests are copied from the module cache;
+* KubeRay's ray-operator v1.6.2 — in a module of its own (KUBERAY says why);
 * etcd v3.6.8 — the same way (its server module replaces its sibling modules);
 * KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
   (v0.8.0 has no built-in stages).
@@ -46,7 +55,8 @@ toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
   tests; the CLI's ``fetch`` builds it too, so a fresh CI machine gets it).
 
 Binaries land in ``${KAI_ES_CACHE:-~/.cache/kai-es}/k8s/<component>-<version>/`` (outside the
-repo; the three Kubernetes commands in ``kubernetes-v1.36.5/``), built into a staging directory
+repo; the three Kubernetes commands and the shared operators in
+``kubernetes-operators-v1.36.5/``), built into a staging directory
 and moved in. A marker holding the component's recipe digest (a ``Recipe``: version, outputs,
 the build function's source and every constant and helper it reads) is written last, so an
 interrupted build or a changed recipe is redone and a complete one is skipped; a change to one
@@ -62,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import hashlib
@@ -107,6 +118,84 @@ KWOK_STAGES = (
     "kustomize/stage/pod/fast/pod-ready.yaml",
     "kustomize/stage/pod/fast/pod-delete.yaml",
 )
+
+
+@dataclass(frozen=True)
+class Operator:
+    """A Kubernetes operator built from the Go module proxy at a pinned version and run by the
+    control plane (``ControlPlane(operators=...)``) with the CRDs of its own module."""
+
+    name: str  # its binary's name in the component dir, and its key in OPERATORS
+    module: str
+    version: str
+    package: str  # its main package
+    #: files of the module copied next to the binary: its CRDs ...
+    crds: tuple[str, ...]
+    #: ... kubebuilder's webhook manifest ("": it registers none), of which the control plane
+    #: registers the webhooks for the operator's own API groups (`webhook_configurations`) ...
+    webhooks: str = ""
+    #: ... the JSON patches its kustomization applies to them: (webhook configuration kind, file)
+    #: (JobSet's and LWS's scope their pod webhooks to their own pods with an objectSelector) ...
+    webhook_patches: tuple[tuple[str, str], ...] = ()
+    #: ... and other objects its install creates (Kubeflow Trainer's training runtimes)
+    manifests: tuple[str, ...] = ()
+    #: operators whose CRDs and controllers this one needs (the trainer makes JobSets)
+    needs: tuple[str, ...] = ()
+
+    def cached(self, rel: str) -> str:
+        """Where a copied module file lands, relative to the component dir."""
+        return f"operators/{self.name}/{Path(rel).name}"
+
+    def files(self) -> tuple[str, ...]:
+        return tuple(self.cached(f) for f in self.module_files())
+
+    def module_files(self) -> tuple[str, ...]:
+        """Every file the build copies out of the module."""
+        return (*self.crds, *((self.webhooks,) if self.webhooks else ()),
+                *(f for _, f in self.webhook_patches), *self.manifests)
+
+
+#: Operators built in the Kubernetes commands' module, by the same `go build` (the k8s.io
+#: packages they share with kube-apiserver and the rest compile once). Minimal version selection
+#: raises their k8s.io modules to the staging v0.36.5 and controller-runtime to the newest they
+#: ask for (v0.24.1); each is the newest version the Go module proxy serves whose sources
+#: compile that way (lws v0.10.0's zip is refused; jobset's, lws's and the MPI operator's version
+#: lists are refused, explicit versions answer).
+JOBSET = Operator(
+    "jobset", "sigs.k8s.io/jobset", "v0.12.0", "sigs.k8s.io/jobset",
+    ("config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",),
+    webhooks="config/components/webhook/manifests.yaml",
+    webhook_patches=(("MutatingWebhookConfiguration", "config/components/webhook/patches/mutating-patch.yaml"),
+                     ("ValidatingWebhookConfiguration", "config/components/webhook/patches/validating-patch.yaml")))
+LWS = Operator(
+    "lws", "sigs.k8s.io/lws", "v0.9.0", "sigs.k8s.io/lws/cmd",
+    ("config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+     "config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml"),
+    webhooks="config/webhook/manifests.yaml",
+    webhook_patches=(("MutatingWebhookConfiguration", "config/webhook/mutating-patch.yaml"),
+                     ("ValidatingWebhookConfiguration", "config/webhook/validating-patch.yaml")))
+MPI_OPERATOR = Operator(
+    "mpi-operator", "github.com/kubeflow/mpi-operator", "v0.8.0",
+    "github.com/kubeflow/mpi-operator/cmd/mpi-operator", ("manifests/base/kubeflow.org_mpijobs.yaml",))
+TRAINER = Operator(
+    "trainer-controller-manager", "github.com/kubeflow/trainer/v2", "v2.3.0",
+    "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
+    ("manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml",
+     "manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml",
+     "manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml"),
+    webhooks="manifests/base/webhook/manifests.yaml",
+    webhook_patches=(("MutatingWebhookConfiguration", "manifests/base/webhook/patch_mutating.yaml"),
+                     ("ValidatingWebhookConfiguration", "manifests/base/webhook/patch_validating.yaml")),
+    manifests=("manifests/base/runtimes/torch_distributed.yaml",), needs=("jobset",))
+SHARED_OPERATORS = (JOBSET, LWS, MPI_OPERATOR, TRAINER)
+#: KubeRay's newest served ray-operator (v1.6.2; v1.7.0's zip is refused) is written against
+#: controller-runtime v0.22, whose webhook builder v0.24 changed (`NewWebhookManagedBy` takes
+#: the object): it cannot join the shared module, so it builds in a module of its own.
+KUBERAY = Operator(
+    "ray-operator", "github.com/ray-project/kuberay/ray-operator", "v1.6.2",
+    "github.com/ray-project/kuberay/ray-operator",
+    tuple(f"config/crd/bases/ray.io_{p}.yaml" for p in ("rayclusters", "rayjobs", "rayservices", "raycronjobs")))
+OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY)}
 
 #: kube-controller-manager's --controllers: what makes user-written workloads run (Deployment ->
 #: ReplicaSet -> Pods, Jobs, CronJobs, StatefulSets, finished-Job TTLs), the garbage collector
@@ -163,9 +252,30 @@ def component_dir(component: str, version: str) -> Path:
     return cache_root() / "k8s" / f"{component}-{version}"
 
 
+#: The component the Kubernetes commands and SHARED_OPERATORS are built into (its own directory
+#: name: a checkout without the operators keeps its cached `kubernetes-<version>`).
+KUBERNETES_COMPONENT = "kubernetes-operators"
+
+
 def kube_bin(command: str) -> Path:
     """One of KUBE_COMMANDS, all built together into one component dir."""
-    return component_dir("kubernetes", KUBE_VERSION) / command
+    return component_dir(KUBERNETES_COMPONENT, KUBE_VERSION) / command
+
+
+def operator_dir(op: Operator) -> Path:
+    """The component dir an operator's binary and files are in."""
+    if op in SHARED_OPERATORS:
+        return component_dir(KUBERNETES_COMPONENT, KUBE_VERSION)
+    return component_dir(op.name, op.version)
+
+
+def operator_bin(op: Operator) -> Path:
+    return operator_dir(op) / op.name
+
+
+def operator_file(op: Operator, rel: str) -> Path:
+    """One of `op`'s module files (a CRD, its webhook manifest...), as cached."""
+    return operator_dir(op) / op.cached(rel)
 
 
 def apiserver_bin() -> Path:
@@ -272,6 +382,9 @@ def _canonical(value: Any) -> Any:
         return {str(k): _canonical(v) for k, v in value.items()}
     if inspect.isfunction(value) or inspect.isclass(value):
         return inspect.getsource(value)
+    if dataclasses.is_dataclass(value):
+        return {"class": type(value).__name__,
+                **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}}
     raise TypeError(f"a build recipe's input must be data or a function, not {type(value).__name__}")
 
 
@@ -355,22 +468,51 @@ def _kube_version_ldflags() -> list[str]:
 
 
 def _build_kubernetes(b: _Builder, out_dir: Path, workdir: Path) -> None:
-    """KUBE_COMMANDS from one throwaway module and ONE `go build`, so the packages they share
-    (client-go, apiserver, component-base...) compile once and link into each binary."""
+    """KUBE_COMMANDS and SHARED_OPERATORS from one throwaway module and ONE `go build`, so the
+    packages they share (client-go, apimachinery, apiserver, component-base...) compile once and
+    link into each binary."""
     b.run([b.go, "mod", "init", "kai-es.local/build/kubernetes"], workdir)
     info = b.download(f"k8s.io/kubernetes@{KUBE_VERSION}", workdir)
     gomod = Path(info["GoMod"]).read_text()
     args = [b.go, "mod", "edit", f"-require=k8s.io/kubernetes@{KUBE_VERSION}"]
+    args += [f"-require={op.module}@{op.version}" for op in SHARED_OPERATORS]
     for mod in _staging_replaces(gomod):
         args.append(f"-replace={mod}={mod}@{STAGING_VERSION}")
     b.run(args, workdir)
-    packages = [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS]
+    packages = [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS] + [op.package for op in SHARED_OPERATORS]
     _write_tools_go(workdir, *packages)
     b.run([b.go, "mod", "tidy"], workdir)
     ldflags = "-s -w " + " ".join(_kube_version_ldflags())
     # `-o DIR/` with several main packages writes one executable per package into DIR
     b.run([b.go, "build", "-trimpath", "-ldflags", ldflags, "-o", f"{out_dir}{os.sep}", *packages],
           workdir, env={"CGO_ENABLED": "0"})  # fmt: skip
+    _place_operators(b, out_dir, workdir, SHARED_OPERATORS)
+
+
+def _place_operators(b: _Builder, out_dir: Path, workdir: Path, operators: Sequence[Operator]) -> None:
+    """Name each operator's executable after it (`go build -o DIR/` names it after its package's
+    last element: lws's is `cmd`) and copy its files out of the module cache."""
+    for op in operators:
+        built = out_dir / Path(op.package).name
+        if built.name != op.name:
+            built.rename(out_dir / op.name)
+        mod_dir = Path(b.download(f"{op.module}@{op.version}", workdir)["Dir"])
+        for rel in op.module_files():
+            dst = out_dir / op.cached(rel)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(mod_dir / rel, dst)
+            dst.chmod(0o644)  # the module cache is read-only
+
+
+def _build_kuberay(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    """KubeRay's operator in a module of its own (see KUBERAY), at the versions its go.mod asks."""
+    b.run([b.go, "mod", "init", "kai-es.local/build/kuberay"], workdir)
+    b.run([b.go, "mod", "edit", f"-require={KUBERAY.module}@{KUBERAY.version}"], workdir)
+    _write_tools_go(workdir, KUBERAY.package)
+    b.run([b.go, "mod", "tidy"], workdir)
+    b.run([b.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", f"{out_dir}{os.sep}", KUBERAY.package],
+          workdir, env={"CGO_ENABLED": "0"})  # fmt: skip
+    _place_operators(b, out_dir, workdir, (KUBERAY,))
 
 
 def _build_etcd(b: _Builder, out_dir: Path, workdir: Path) -> None:
@@ -440,9 +582,17 @@ def _build_helm_into(b: _Builder, out_dir: Path, workdir: Path) -> None:
 #: Every inputs mapping names what its build reads besides its own source; `_Builder` (the go
 #: environment: GOTOOLCHAIN, GOFLAGS) is an input of each.
 KUBERNETES = Recipe(
-    "kubernetes", KUBE_VERSION, KUBE_COMMANDS, _build_kubernetes,
+    KUBERNETES_COMPONENT, KUBE_VERSION,
+    (*KUBE_COMMANDS, *(o.name for o in SHARED_OPERATORS), *(f for o in SHARED_OPERATORS for f in o.files())),
+    _build_kubernetes,
     {"builder": _Builder, "staging_version": STAGING_VERSION, "unpublished": UNPUBLISHED_STAGING,
-     "helpers": (_staging_replaces, _write_tools_go, _kube_version_ldflags)},
+     "operators": SHARED_OPERATORS, "operator": Operator,
+     "helpers": (_staging_replaces, _write_tools_go, _kube_version_ldflags, _place_operators)},
+)  # fmt: skip
+KUBERAY_RECIPE = Recipe(
+    KUBERAY.name, KUBERAY.version, (KUBERAY.name, *KUBERAY.files()), _build_kuberay,
+    {"builder": _Builder, "operator": KUBERAY, "operator_class": Operator,
+     "helpers": (_write_tools_go, _place_operators)},
 )  # fmt: skip
 ETCD = Recipe(
     "etcd", ETCD_VERSION, ("etcd",), _build_etcd,
@@ -455,6 +605,8 @@ KWOK = Recipe(
 HELM = Recipe("helm", HELM_VERSION, ("helm",), _build_helm_into, digest_override=_helm_recipe_digest)
 #: What the control plane runs (`fetch`); helm is separate (`fetch_helm`).
 CONTROL_PLANE_RECIPES = (ETCD, KWOK, KUBERNETES)
+#: Operators built apart from the control plane (`fetch_operators`): KubeRay's module.
+SEPARATE_OPERATOR_RECIPES = {KUBERAY.name: KUBERAY_RECIPE}
 
 
 def _fetch_one(recipe: Recipe, *, quiet: bool) -> Path:
@@ -512,6 +664,36 @@ def fetch_helm(*, quiet: bool = True) -> Path:
     return _fetch_one(HELM, quiet=quiet)
 
 
+def fetch_operators(names: Sequence[str] = tuple(OPERATORS), *, quiet: bool = True) -> dict[str, Path]:
+    """Build (or find cached) the operators `names` (keys of OPERATORS) and what they need;
+    return their binaries. The shared ones come with the control plane's `fetch`."""
+    fetch(quiet=quiet)
+    out = {}
+    for name in _with_needs(names):
+        recipe = SEPARATE_OPERATOR_RECIPES.get(name)
+        if recipe is not None:
+            _fetch_one(recipe, quiet=quiet)
+        out[name] = operator_bin(OPERATORS[name])
+    return out
+
+
+def _with_needs(names: Sequence[str]) -> list[str]:
+    """`names` and the operators they need, each once, needed ones first."""
+    out: list[str] = []
+
+    def add(name: str) -> None:
+        if name not in OPERATORS:
+            raise ControlPlaneError(f"no operator {name!r} (known: {', '.join(OPERATORS)})")
+        for need in OPERATORS[name].needs:
+            add(need)
+        if name not in out:
+            out.append(name)
+
+    for name in names:
+        add(name)
+    return out
+
+
 def is_fetched() -> bool:
     return all(r.is_built() for r in CONTROL_PLANE_RECIPES)
 
@@ -541,6 +723,8 @@ class Credentials:
     sa_pub: Path  # and its public half (--service-account-key-file)
     kcm_cert: Path  # kube-controller-manager's serving certificate (its /healthz), same CA
     kcm_key: Path
+    webhook_cert: Path  # the operators' webhook servers' (the apiserver calls them), same CA
+    webhook_key: Path
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -559,11 +743,13 @@ def make_credentials(directory: Path, *, hosts: Sequence[str] = ("127.0.0.1", "l
         serving_cert=directory / "apiserver.crt", serving_key=directory / "apiserver.key",
         sa_key=directory / "sa.key", sa_pub=directory / "sa.pub",
         kcm_cert=directory / "controller-manager.crt", kcm_key=directory / "controller-manager.key",
+        webhook_cert=directory / "webhooks.crt", webhook_key=directory / "webhooks.key",
     )  # fmt: skip
     serving = [
         _Serving(creds.serving_cert, creds.serving_key, "kube-apiserver",
                  (*hosts, "kubernetes", "kubernetes.default", "kubernetes.default.svc")),
         _Serving(creds.kcm_cert, creds.kcm_key, "kube-controller-manager", tuple(hosts)),
+        _Serving(creds.webhook_cert, creds.webhook_key, "kai-es-operator-webhooks", tuple(hosts)),
     ]  # fmt: skip
     try:
         import cryptography  # noqa: F401
@@ -727,14 +913,14 @@ class _Proc:
         self._log_fh: IO[bytes] | None = None
         self.log_start = 0
 
-    def start(self, cmd: Sequence[str], cwd: Path) -> None:
+    def start(self, cmd: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None) -> None:
         self._log_fh = open(self.log_path, "ab")
         self._log_fh.write(f"--- starting: {' '.join(cmd)}\n".encode())
         self._log_fh.flush()
         self.log_start = self._log_fh.tell()
         self.proc = subprocess.Popen(
             list(cmd), stdin=subprocess.DEVNULL, stdout=self._log_fh, stderr=subprocess.STDOUT,
-            cwd=cwd, env=_child_env(), start_new_session=True,
+            cwd=cwd, env={**_child_env(), **(env or {})}, start_new_session=True,
             # SIGKILL, not SIGTERM: a SIGTERMed apiserver whose etcd dies at the same moment was
             # seen to hang for minutes, and nothing here needs a graceful stop
             preexec_fn=pdeathsig_preexec(signal.SIGKILL) if self.die_with_parent else None,
@@ -1113,6 +1299,180 @@ class HttpError(ControlPlaneError):
         self.body = body
 
 
+# --------------------------------------------------------------------------------------------
+# Operators: each a process of the control plane, with its CRDs and webhooks installed
+
+
+def _load_yaml_documents(path: Path) -> list[dict[str, Any]]:
+    import yaml  # pyyaml, a kai-es dependency: only the operators' manifests need it here
+
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def json_patch(doc: Any, ops: Sequence[Mapping[str, Any]]) -> Any:
+    """`doc` with RFC 6902 `add` and `replace` operations applied (what the operators'
+    kustomizations use on their webhook manifests); any other operation raises."""
+    doc = json.loads(json.dumps(doc))
+    for op in ops:
+        if op.get("op") not in ("add", "replace"):
+            raise ControlPlaneError(f"unsupported JSON patch operation {op.get('op')!r}")
+        parts = [t.replace("~1", "/").replace("~0", "~") for t in str(op["path"]).split("/")[1:]]
+        if not parts:
+            raise ControlPlaneError("a JSON patch of the whole document")
+        parent = doc
+        for t in parts[:-1]:
+            parent = parent[int(t)] if isinstance(parent, list) else parent[t]
+        last, value = parts[-1], json.loads(json.dumps(op["value"]))
+        if isinstance(parent, list):
+            if op["op"] == "add":
+                parent.insert(len(parent) if last == "-" else int(last), value)
+            else:
+                parent[int(last)] = value
+        else:
+            if op["op"] == "replace" and last not in parent:
+                raise ControlPlaneError(f"JSON patch replaces {op['path']}, which is not there")
+            parent[last] = value
+    return doc
+
+
+def webhook_configurations(op: Operator, url_base: str, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """`op`'s webhook configurations as its install makes them (its kustomization's patches
+    applied), each webhook called at `url_base` + its path (the operator runs on this machine,
+    not behind a Service) with `ca_bundle`, each configuration named after the operator (every
+    kubebuilder project calls its own `mutating-webhook-configuration`)."""
+    import base64
+
+    if not op.webhooks:
+        return []
+    patches = {kind: [o for d in _load_yaml_documents(operator_file(op, f)) for o in
+                      (d if isinstance(d, list) else [d])] for kind, f in op.webhook_patches}
+    out = []
+    for doc in _load_yaml_documents(operator_file(op, op.webhooks)):
+        kind = doc["kind"]
+        doc = json_patch(doc, patches.get(kind, []))
+        doc["metadata"] = {"name": f"{op.name}-{doc['metadata']['name']}"}
+        for hook in doc.get("webhooks") or []:
+            path = hook["clientConfig"]["service"].get("path", "")
+            hook["clientConfig"] = {"url": url_base + path, "caBundle": base64.b64encode(ca_bundle).decode()}
+        out.append(doc)
+    return out
+
+
+def _yaml_list(raw: Any) -> list[dict[str, Any]]:
+    return [raw] if isinstance(raw, dict) else list(raw or [])
+
+
+class OperatorProcess:
+    """One operator (an `Operator` of OPERATORS) run by a ControlPlane on 127.0.0.1.
+
+    It talks to the apiserver through a kubeconfig of its own user (``kai-es-operator:<name>``,
+    in group system:masters: the operators' own ClusterRoles are not installed). Leader election
+    is off where a flag or its configuration offers it (the MPI operator always elects: its
+    Lease is in namespace ``mpi-operator``), metrics are off, its health probes are on a free
+    loopback port (the MPI operator's health server is fixed at :8080 on every interface in
+    v0.8.0: one control plane with an MPI operator per machine at a time; a second one's exits,
+    and its start fails with the log). Webhooks: the JobSet, LWS and Trainer managers serve theirs on a free loopback
+    port with a certificate of the control plane's CA (their own certificate management is off)
+    and the control plane registers them (`webhook_configurations`), as their installs do; KubeRay
+    serves none (its default: ENABLE_WEBHOOKS unset); the MPI operator has none. Ready when its
+    /readyz answers 200 (the MPI operator: when it holds its Lease) and its webhooks are
+    registered."""
+
+    def __init__(self, cp: "ControlPlane", op: Operator, die_with_parent: bool, taken: set[int]) -> None:
+        self.cp = cp
+        self.op = op
+        self.dir = cp.data_dir / "operators" / op.name
+        self.proc = _Proc(op.name, cp.data_dir / f"{op.name}.log", die_with_parent)
+        self.user = User(f"kai-es-operator:{op.name}", secrets.token_hex(16), ("system:masters",))
+
+        def port() -> int:
+            n = int(free_port())
+            while n in taken:
+                n = int(free_port())
+            taken.add(n)
+            return n
+
+        self.probe_port, self.webhook_port, self.status_port = port(), port(), port()
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def cert_dir(self) -> Path:
+        """The webhook server's tls.crt and tls.key (controller-runtime's names). TMPDIR is
+        the operator's dir, so the default `$TMPDIR/k8s-webhook-server/serving-certs` (the
+        trainer's: it takes no certDir) is this."""
+        return self.dir / "k8s-webhook-server" / "serving-certs"
+
+    def _write_files(self) -> None:
+        creds = self.cp.creds
+        assert creds is not None
+        self.cert_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(creds.webhook_cert, self.cert_dir / "tls.crt")
+        _write_private(self.cert_dir / "tls.key", creds.webhook_key.read_bytes())
+        self.kubeconfig.write_text(_kubeconfig(self.cp.base_url, creds.ca_cert, self.user))
+        webhook = {"port": self.webhook_port, "host": "127.0.0.1"}
+        common: dict[str, Any] = {
+            "leaderElection": {"leaderElect": False}, "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{self.probe_port}"},
+            "webhook": {**webhook, "certDir": str(self.cert_dir)},
+        }  # fmt: skip
+        config: dict[str, Any] | None = None
+        if self.op is JOBSET:
+            config = {"apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration", **common,
+                      "internalCertManagement": {"enable": False}}
+        elif self.op is LWS:
+            config = {"apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration", **common,
+                      "internalCertManagement": {"enable": False}}
+        elif self.op is TRAINER:
+            config = {"apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",
+                      **common, "webhook": webhook, "certManagement": {"enable": False},
+                      "statusServer": {"port": self.status_port}}
+        if config is not None:
+            (self.dir / "config.yaml").write_text(json.dumps(config, indent=2) + "\n")
+
+    def command(self) -> list[str]:
+        binary = str(operator_bin(self.op))
+        if self.op is MPI_OPERATOR:
+            return [binary, f"--kubeConfig={self.kubeconfig}", f"--lock-namespace={MPI_OPERATOR_LOCK[0]}"]
+        if self.op is KUBERAY:
+            return [binary, "--metrics-addr=0", f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+                    "--enable-leader-election=false", "--log-stdout-encoder=console"]
+        return [binary, f"--config={self.dir / 'config.yaml'}"]
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_files()
+        if self.op is MPI_OPERATOR:
+            self.cp.create_namespace(MPI_OPERATOR_LOCK[0])
+        self.proc.start(self.command(), cwd=self.dir,
+                        env={"KUBECONFIG": str(self.kubeconfig), "TMPDIR": str(self.dir)})
+
+    def ready(self) -> bool:
+        self.proc.check_alive()
+        if self.op is MPI_OPERATOR:
+            ns, name = MPI_OPERATOR_LOCK
+            status, lease = self.cp.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}")
+            return status == 200 and bool((lease.get("spec") or {}).get("holderIdentity"))
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.probe_port}/readyz", timeout=1) as r:
+                return bool(r.status == 200)
+        except (OSError, ValueError):
+            return False
+
+    def register_webhooks(self) -> None:
+        assert self.cp.creds is not None
+        for cfg in webhook_configurations(self.op, f"https://127.0.0.1:{self.webhook_port}",
+                                          self.cp.creds.ca_cert.read_bytes()):
+            plural = cfg["kind"].lower() + "s"
+            self.cp.call("POST", f"/apis/admissionregistration.k8s.io/v1/{plural}", cfg, ok=(201,))
+
+
+#: The MPI operator's leader-election Lease (namespace, name): it always elects a leader.
+MPI_OPERATOR_LOCK = ("mpi-operator", "mpi-operator")
+
+
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + KWOK on 127.0.0.1, with generated
     certificates and tokens.
@@ -1130,6 +1490,10 @@ class ControlPlane:
     (default CONTROLLERS: the workload controllers, the garbage collector, namespaces, service
     accounts and their tokens), as user system:kube-controller-manager and each
     controller under its own service account, as a kubeadm cluster does.
+
+    ``operators`` (keys of OPERATORS) are started last, with their CRDs, webhooks and the
+    objects their installs create (`OperatorProcess`); :attr:`operators` maps each name (the
+    ones they need included) to its process.
     """
 
     def __init__(
@@ -1143,6 +1507,7 @@ class ControlPlane:
         controllers: Sequence[str] = CONTROLLERS,
         real_node: bool = False,
         real_node_labels: Mapping[str, str] | None = None,
+        operators: Sequence[str] = (),
     ) -> None:
         if data_dir is None:
             base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
@@ -1180,6 +1545,11 @@ class ControlPlane:
         if real_node:
             node_user = User(f"system:node:{REAL_NODE_NAME}", secrets.token_hex(16), ("system:nodes",))
             self.real_node = RealNode(self, REAL_NODE_NAME, node_user, real_node_labels or {}, die_with_parent)
+        #: the operators (keys of OPERATORS, and the ones they need) this control plane runs,
+        #: started after KWOK (OperatorProcess), in the order they need each other
+        taken = {self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.controller_manager_port}
+        self.operators = {name: OperatorProcess(self, OPERATORS[name], die_with_parent, taken)
+                          for name in _with_needs(operators)}
         self.creds: Credentials | None = None
         self._ssl: ssl.SSLContext | None = None
         self.last_start_seconds: float | None = None
@@ -1220,7 +1590,8 @@ class ControlPlane:
         if self.controllers:
             procs.append(self.controller_manager)
         procs.append(self.kwok)
-        return procs + (self.real_node.processes() if self.real_node else [])
+        procs += self.real_node.processes() if self.real_node else []
+        return procs + [o.proc for o in self.operators.values()]
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -1231,14 +1602,15 @@ class ControlPlane:
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         try:
-            fetch()
+            fetch_operators(tuple(self.operators)) if self.operators else fetch()
         except FetchError as e:
             raise StartError(f"could not build the control plane binaries: {e}") from e
         if self.creds is None:
             self.creds = make_credentials(self.data_dir / "pki")
             tokens = self.data_dir / "tokens.csv"
             users = (self.admin, self.scheduler, self.controller_manager_user,
-                     *([self.real_node.user] if self.real_node else []))
+                     *([self.real_node.user] if self.real_node else []),
+                     *(o.user for o in self.operators.values()))
             _write_private(tokens, "".join(  # token,user,uid[,"groups"]
                 f'{u.token},{u.name},{u.name}' + (f',"{",".join(u.groups)}"' if u.groups else "") + "\n"
                 for u in users).encode())  # fmt: skip
@@ -1259,6 +1631,8 @@ class ControlPlane:
                 self.last_controller_manager_seconds = time.monotonic() - t_cm
             if self.real_node:
                 self.real_node.start(deadline)
+            if self.operators:
+                self._start_operators(deadline)
         except BaseException:
             self.stop()
             raise
@@ -1400,16 +1774,64 @@ class ControlPlane:
         """Stop KWOK, the controller-manager and a real node's kubelet (then its containers and
         containerd), then the apiserver (which would otherwise wait out their watches), then
         etcd. Idempotent."""
+        for operator in self.operators.values():
+            operator.proc.terminate()
         self.kwok.terminate()
         self.controller_manager.terminate()
         if self.real_node:
             self.real_node.terminate()
+        for operator in self.operators.values():
+            operator.proc.stop(timeout_s=5)
         self.kwok.stop(timeout_s=5)
         self.controller_manager.stop(timeout_s=5)
         if self.real_node:
             self.real_node.stop()
         self.apiserver.stop(timeout_s=5)
         self.etcd.stop(timeout_s=10)
+
+    def _start_operators(self, deadline: float) -> None:
+        """Each operator's CRDs, then the operators (at once), until every one is ready; then
+        their webhooks and the objects their installs create (the trainer's runtimes)."""
+        self.install_crds([crd for o in self.operators.values() for rel in o.op.crds
+                           for crd in _load_yaml_documents(operator_file(o.op, rel))],
+                          timeout_s=max(1.0, deadline - time.monotonic()))
+        for operator in self.operators.values():
+            operator.start()
+        waiting = list(self.operators.values())
+        while waiting:
+            waiting = [o for o in waiting if not o.ready()]
+            if waiting and time.monotonic() > deadline:
+                raise StartError("operators not ready in time: " + "; ".join(
+                    f"{o.op.name} ({o.proc.log_path}):\n{o.proc.tail()}" for o in waiting))
+            time.sleep(0.1)
+        for operator in self.operators.values():
+            operator.register_webhooks()
+        for operator in self.operators.values():
+            for rel in operator.op.manifests:
+                for obj in _load_yaml_documents(operator_file(operator.op, rel)):
+                    self.create_object(obj)
+
+    def create_object(self, obj: Mapping[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """POST an object of a built-in kind or of a CRD installed here, by its apiVersion and
+        kind (the resource name from the apiserver's discovery); retries briefly while a webhook
+        the control plane just registered is not yet called (connection refused) or a new CRD
+        is not yet served."""
+        group_version, kind = str(obj["apiVersion"]), str(obj["kind"])
+        base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+        resources = self.call("GET", base)["resources"]
+        res = next((r for r in resources if r["kind"] == kind and "/" not in r["name"]), None)
+        if res is None:
+            raise ControlPlaneError(f"{group_version} serves no {kind}")
+        ns = namespace or (obj.get("metadata") or {}).get("namespace") or "default"
+        path = f"{base}/namespaces/{ns}/{res['name']}" if res["namespaced"] else f"{base}/{res['name']}"
+        deadline = time.monotonic() + 15
+        while True:
+            status, out = self.request("POST", path, obj)
+            if status == 201:
+                return dict(out)
+            if status not in (404, 429, 500, 503) or time.monotonic() > deadline:
+                raise HttpError(status, out if isinstance(out, str) else json.dumps(out), f"POST {path}")
+            time.sleep(0.1)
 
     def restart_apiserver(self, timeout_s: float = 60.0, *, graceful: bool = False) -> float:
         """Stop and start kube-apiserver on the same port and etcd; return seconds taken.
@@ -1607,7 +2029,8 @@ def run_busybox_pod(cp: ControlPlane, name: str, script: str, timeout_s: float =
 
 def _cmd_run(args: argparse.Namespace) -> int:
     cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port,
-                      controller_manager=args.controller_manager, real_node=args.real_node)
+                      controller_manager=args.controller_manager, real_node=args.real_node,
+                      operators=[o for o in args.operators.split(",") if o])
     with stop_signals_as_keyboard_interrupt():
         try:
             try:
@@ -1659,6 +2082,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     try:
         paths = fetch(quiet=False)
         paths["helm"] = fetch_helm(quiet=False)
+        paths.update(fetch_operators(quiet=False))
     except FetchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -1688,6 +2112,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--real-node", action="store_true",
                    help=f"also a kubelet with containerd + runc (root; Debian packages "
                         f"{', '.join(REAL_NODE_PACKAGES)}), and run a busybox pod on it")
+    r.add_argument("--operators", default="",
+                   help=f"comma-separated operators to run too (of: {', '.join(OPERATORS)})")
     r.set_defaults(func=_cmd_run)
     args = p.parse_args(argv)
     return int(args.func(args))
