@@ -90,3 +90,14 @@ def procs() -> Iterator[list[Any]]:
     finally:
         for proc in started:
             proc.kill9()
+
+
+@pytest.fixture(scope="session")
+def kai_es_image(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The kai-es image built once per session from this checkout (tools/build_image.py
+    `Image`, default tag), for the tests that run it (tests/test_image.py,
+    tests/k8s/test_image_on_node.py). The build needs root (chroot): without it this FAILS."""
+    if os.geteuid() != 0:
+        pytest.fail("building the image (chroot) and running it (runc, containerd) need root")
+    img = load_tool_module("kai_es_tools_build_image", Path(__file__).resolve().parents[1] / "tools" / "build_image.py")
+    return img.build(tmp_path_factory.mktemp("image") / "out")

@@ -66,11 +66,9 @@ def _unpack(layout: Path, rootfs: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
-    if os.geteuid() != 0:
-        pytest.fail("building the image (chroot) and running it (runc, containerd) need root")
+def built(tmp_path_factory: pytest.TempPathFactory, kai_es_image: Any) -> Iterator[Built]:
     work = tmp_path_factory.mktemp("image")
-    first = img.build(work / "a")
+    first = kai_es_image  # the session's build (tests/conftest.py), shared with the on-node test
     second = img.build(work / "b")
     _unpack(first.layout, work / "rootfs")
     yield Built(first, second, work / "rootfs", work)

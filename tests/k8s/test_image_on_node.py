@@ -24,7 +24,6 @@ from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.oneshot import one_cycle
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.packing import load_packer
-from tests.conftest import load_tool_module
 from tests.k8s.conftest import started_control_plane
 from tests.k8s.helpers import create_pod, create_queue, get_pod, raw, services_running, wait_for
 
@@ -33,18 +32,16 @@ VALUES = yaml.safe_load((ROOT / "deploy" / "helm" / "kai-es" / "values.yaml").re
 SCENARIO = ROOT / "tests" / "scenarios" / "fractional-sharing.yaml"
 POOL_LABEL = "kai.scheduler/node-pool"
 POOL = "real"
-TAG = "kai-es.local/kai-es:on-node"
 
 
 @pytest.fixture(scope="module")
-def node_with_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    img: Any = load_tool_module("kai_es_tools_build_image", ROOT / "tools" / "build_image.py")
-    image = img.build(tmp_path_factory.mktemp("image") / "out", tag=TAG)
+def node_with_image(kai_es_image: Any) -> Iterator[tuple[Any, str]]:
+    """The real node's control plane with the session's image (tests/conftest.py) imported."""
     with started_control_plane(real_node=True, real_node_labels={POOL_LABEL: POOL}) as cp:
-        cp.real_node._ctr("images", "import", str(image.archive), timeout=300)  # noqa: SLF001
+        cp.real_node._ctr("images", "import", str(kai_es_image.archive), timeout=300)  # noqa: SLF001
         listed = cp.real_node._ctr("images", "list", "-q")  # noqa: SLF001
-        assert TAG in listed.split(), listed
-        yield cp
+        assert kai_es_image.tag in listed.split(), listed
+        yield cp, kai_es_image.tag
 
 
 def _container_output(log_file: Path) -> str:
@@ -58,11 +55,11 @@ def _container_output(log_file: Path) -> str:
     return "".join(out)
 
 
-async def test_the_image_runs_a_cycle_on_the_real_node_as_the_chart_runs_it(node_with_image: Any,
+async def test_the_image_runs_a_cycle_on_the_real_node_as_the_chart_runs_it(node_with_image: tuple[Any, str],
                                                                          tmp_path: Path) -> None:
     from kai_es.adapters.kubernetes.client import api_client
 
-    cp = node_with_image
+    cp, image = node_with_image
     tag = uuid.uuid4().hex[:8]
     ns, name, qname = "default", f"kai-es-cycle-{tag}", f"q-{tag}"
     log = MemoryEventLog()
@@ -80,7 +77,7 @@ async def test_the_image_runs_a_cycle_on_the_real_node_as_the_chart_runs_it(node
                 "schedulerName": "kai-scheduler", "restartPolicy": "Never",
                 "securityContext": VALUES["podSecurityContext"],
                 "containers": [{
-                    "name": "main", "image": TAG, "imagePullPolicy": "Never",
+                    "name": "main", "image": image, "imagePullPolicy": "Never",
                     "args": ["cycle", "/etc/kai-es/scenario.yaml", "--output", "json"],
                     "securityContext": VALUES["securityContext"],
                     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
