@@ -208,9 +208,15 @@ class Plan:
         if self.operations:
             raise RuntimeError("Plan.hold after an operation")
         pod = self.state.pods[pod_key]
+        node, devices = self._where(pod_key)
+        self.future.apply_placed(node, devices, self.shape(pod.spec), 1)
+
+    def _where(self, pod_key: str) -> tuple[int, tuple[int, ...]]:
+        """The node index of an occupying pod and its devices' indices in the tables."""
+        pod = self.state.pods[pod_key]
         node = self.node_index[pod.node]
         base = self.idle.gpu_start[node]
-        self.future.apply_placed(node, tuple(base + d for d in pod.devices), self.shape(pod.spec), 1)
+        return node, tuple(base + d for d in pod.devices)
 
     def _announce(self, op: Announced, sign: int) -> None:
         for listener in self.listeners:
@@ -221,9 +227,7 @@ class Plan:
         """Evict an occupying pod: its capacity becomes future capacity (a capacity-growing
         operation: `epoch` moves on, and what was remembered as not fitting is forgotten)."""
         pod = self.state.pods[pod_key]
-        node = self.node_index[pod.node]
-        base = self.idle.gpu_start[node]
-        devices = tuple(base + d for d in pod.devices)
+        node, devices = self._where(pod_key)
         op = Eviction(pod_key, node, devices, self.shape(pod.spec), action, preemptor, reason, dict(numbers or {}))
         self.future.apply_placed(node, devices, op.shape, -1)
         self.operations.append(op)

@@ -99,6 +99,9 @@ async def test_stale_time_is_written_read_back_unchanged_and_cleared(k8s: K8s, s
 
             await wait_for(whole, "the gang's start written and its stale time removed", timeout_s=30)
             assert (await annotations(api, ns, handed)).get(STALE) == kai_stale  # still stale: kept
+        # the control plane is shared: a gang stale since KAI's time would be evicted by the next
+        # test's scheduler (rightly), so the pods go with this test
+        await client.CoreV1Api(api).delete_collection_namespaced_pod(ns, grace_period_seconds=0)
 
     records = [r async for r in log.read()]
     state = ClusterState()

@@ -131,9 +131,9 @@ class StatusWriter:
         self._queues_at = 0.0
         #: the config in force writes the PodGroup times back (kai-es/v7 on)
         self._handover = False
-        #: podgroups whose stale timestamp this writer wrote or saw on the object, and the
-        #: value (None: removed); those its fold saw stale
-        self._stale_stamp: dict[str, str | None] = {}
+        #: podgroups whose stale timestamp this writer wrote or saw on the object (absent: none
+        #: or removed), and those its fold saw stale
+        self._stale_stamp: dict[str, str] = {}
         self._seen_stale: set[str] = set()
         self.writes = 0
         self.skipped_duplicates = 0
@@ -157,8 +157,8 @@ class StatusWriter:
             group_key = pod_key(data.namespace, data.name)
             if data.stale_timestamp_ns is not None:
                 self._stale_stamp[group_key] = _seconds(data.stale_timestamp_ns)
-            elif group_key in self._stale_stamp:
-                self._stale_stamp[group_key] = None
+            else:
+                self._stale_stamp.pop(group_key, None)
         if isinstance(data, p.PodUnschedulable):
             self._unschedulable(env.id, data, when)
         elif isinstance(data, p.PodBound):
@@ -243,7 +243,10 @@ class StatusWriter:
             else:
                 continue  # not running yet, never seen stale: the time it carries may be its own
             if have != want:
-                self._stale_stamp[key] = want
+                if want is None:
+                    del self._stale_stamp[key]
+                else:
+                    self._stale_stamp[key] = want
                 self._annotate(group, STALE_TIMESTAMP_ANNOTATION, want)
 
     def _unschedulable(self, record_id: str, data: p.PodUnschedulable, when: str) -> None:

@@ -16,6 +16,7 @@ only the cycle's Plan, before any operation.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from kai_es.events.timefmt import parse_duration
@@ -49,11 +50,9 @@ class StuckReleasingHeld:
         return stuck
 
 
-def stuck_releasing(state: ClusterState, now_ns: int, threshold_ns: int) -> list[str]:
-    """The Running pods being deleted since more than `threshold_ns` before `now_ns`, by key
-    (only nodes that hold a releasing pod are looked at; a pod whose deletion time is not known,
-    0, observed by an older informer, is not stuck)."""
-    out: list[str] = []
+def deleting_pods(state: ClusterState) -> Iterator[tuple[str, int]]:
+    """(key, deletion time) of each Releasing Running pod whose deletion time is known (only
+    nodes that hold a releasing pod are looked at; 0, from an older informer, is not known)."""
     pods = state.pods
     for node in state.nodes.values():
         if not node.releasing_pods:
@@ -61,7 +60,10 @@ def stuck_releasing(state: ClusterState, now_ns: int, threshold_ns: int) -> list
         for key in node.pods:
             pod = pods[key]
             spec = pod.spec
-            if pod.status == "Releasing" and spec.terminating and spec.phase == "Running" and \
-                    spec.deletion_ns and now_ns - spec.deletion_ns > threshold_ns:
-                out.append(key)
-    return sorted(out)
+            if pod.status == "Releasing" and spec.terminating and spec.phase == "Running" and spec.deletion_ns:
+                yield key, spec.deletion_ns
+
+
+def stuck_releasing(state: ClusterState, now_ns: int, threshold_ns: int) -> list[str]:
+    """The Running pods being deleted since more than `threshold_ns` before `now_ns`, by key."""
+    return sorted(key for key, deleted in deleting_pods(state) if now_ns - deleted > threshold_ns)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from kai_es.events.timefmt import parse_duration, parse_signed_duration
 from kai_es.scheduling.rules.min_runtime import job_started_ns
 from kai_es.scheduling.rules.preemption_delay import may_trigger_evictions_from_ns
+from kai_es.scheduling.rules.releasing_capacity import deleting_pods
 from kai_es.scheduling.rules.staleness import stale_deadline_ns
 from kai_es.state.model import ClusterState
 
@@ -83,12 +84,7 @@ def due_times_ns(state: ClusterState, config: SchedulerConfig, *, v7: bool = Fal
                         out.add(started + runtime)
     if v7 and state.pending_jobs:
         threshold = parse_duration(config.stuck_in_releasing_threshold)
-        for node in state.nodes.values():
-            if node.releasing_pods:
-                for key in node.pods:
-                    spec = state.pods[key].spec
-                    if spec.terminating and spec.deletion_ns:
-                        out.add(spec.deletion_ns + threshold + 1)  # stuck once more than the threshold
+        out.update(deleted + threshold + 1 for _, deleted in deleting_pods(state))  # stuck once past it
     return sorted(out)
 
 

@@ -50,7 +50,7 @@ def track_stale(state: ClusterState, job: Job) -> None:
     stale = job.succeeded == 0 and 0 < job.occupying and (
         job.occupying < job.min_member or (state.subgroup_stale and bool(job.leaves_below_minimum())))
     stamp = None
-    if state.handover_stamps and job.spec is not None and job.spec.stale_timestamp_ns is not None:
+    if stale and state.handover_stamps and job.spec is not None and job.spec.stale_timestamp_ns is not None:
         stamp = max(1, min(job.spec.stale_timestamp_ns, state.event_ns))  # 0 is "not stale"
     if stale and not job.stale_since_ns:
         job.stale_since_ns = state.event_ns if stamp is None else stamp
