@@ -38,10 +38,11 @@ RULE_OF = {
 
 def _without(monkeypatch: pytest.MonkeyPatch, rule: str, old: object) -> None:
     """Policy kai-es/v6, and every later version that kept v6's class of the rule (the
-    scenarios run the default version), with that one rule put back to its kai-es/v5 class."""
+    scenarios run the default version; a later refinement of the class counts), with that one
+    rule put back to its kai-es/v5 class."""
     new = type(getattr(policy.POLICIES["kai-es/v6"].rules, rule))
     for version, value in sorted(policy.POLICIES.items()):
-        if type(getattr(value.rules, rule)) is new:
+        if isinstance(getattr(value.rules, rule), new):
             monkeypatch.setitem(policy.POLICIES, version,  # type: ignore[arg-type]
                                 dataclasses.replace(value, rules=dataclasses.replace(value.rules, **{rule: old})))
 

@@ -46,6 +46,16 @@ def _cycle(path: Path, engine: str = "native", text: str | None = None) -> dict[
     return one_cycle(scenario, load_packer(engine))  # type: ignore[arg-type]
 
 
+def _without(monkeypatch: pytest.MonkeyPatch, rule: str, old: object) -> None:
+    """Policy kai-es/v7, and every later version that kept v7's class of the rule (the
+    scenarios run the default version), with that one rule put back to its older class."""
+    new = type(getattr(policy.POLICIES["kai-es/v7"].rules, rule))
+    for version, value in sorted(policy.POLICIES.items()):
+        if isinstance(getattr(value.rules, rule), new):
+            monkeypatch.setitem(policy.POLICIES, version,  # type: ignore[arg-type]
+                                dataclasses.replace(value, rules=dataclasses.replace(value.rules, **{rule: old})))
+
+
 def _as_v6(path: Path) -> str:
     text = path.read_text()
     if "scheduler: {actions: [allocate, preempt]}" in text:
@@ -60,8 +70,10 @@ def test_a_gang_kai_found_stale_is_evicted_when_its_grace_is_over_not_restarted(
         engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     check(_cycle(STALE, engine), expectations(STALE))
     # the fold rule removed: the clock starts again when kai-es first sees the gang
-    monkeypatch.setitem(versions.FOLD_RULES, "kai-es/v7",  # type: ignore[arg-type]
-                        dataclasses.replace(versions.FOLD_RULES["kai-es/v7"], handover_stamps=False))
+    for version, rules in sorted(versions.FOLD_RULES.items()):  # v7 and every later version
+        if rules.handover_stamps:
+            monkeypatch.setitem(versions.FOLD_RULES, version,  # type: ignore[arg-type]
+                                dataclasses.replace(rules, handover_stamps=False))
     with pytest.raises(AssertionError):
         check(_cycle(STALE, engine), expectations(STALE))
 
@@ -69,10 +81,7 @@ def test_a_gang_kai_found_stale_is_evicted_when_its_grace_is_over_not_restarted(
 @pytest.mark.parametrize("engine", ["native", "reference"])
 def test_kai_s_last_eviction_re_arms_the_preemption_delay(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     check(_cycle(DELAY, engine), expectations(DELAY))
-    v7 = policy.POLICIES["kai-es/v7"]
-    monkeypatch.setitem(policy.POLICIES, "kai-es/v7",  # type: ignore[arg-type]
-                        dataclasses.replace(v7, rules=dataclasses.replace(v7.rules,
-                                                                          preemption_delay=PodGroupPreemptionDelay())))
+    _without(monkeypatch, "preemption_delay", PodGroupPreemptionDelay())
     with pytest.raises(AssertionError):
         check(_cycle(DELAY, engine), expectations(DELAY))
 
@@ -229,9 +238,7 @@ def test_a_pod_deleted_long_ago_that_still_runs_is_not_pipelined_onto(
     check(outcome, expectations(STUCK))
     completed = [d for d in outcome["decisions"] if d["type"] == "kai.scheduler.cycle.completed"]
     assert completed[0]["data"]["stuck_releasing"] == ["default/old"] and completed[0]["schemaversion"] == 2
-    v7 = policy.POLICIES["kai-es/v7"]
-    monkeypatch.setitem(policy.POLICIES, "kai-es/v7",  # type: ignore[arg-type]
-                        dataclasses.replace(v7, rules=dataclasses.replace(v7.rules, releasing_capacity=AllReleasingV6())))
+    _without(monkeypatch, "releasing_capacity", AllReleasingV6())
     with pytest.raises(AssertionError):
         check(_cycle(STUCK, engine), expectations(STUCK))
 

@@ -15,7 +15,9 @@ from typing import Any, Literal
 import msgspec
 
 Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
-Preemptibility = Literal["", "preemptible", "non-preemptible"]
+#: "semi-preemptible" (KAI's semi-preemptible design): non-preemptible up to the minimum shape
+#: (minMember, each leaf sub-group's minMember), preemptible above it; policy kai-es/v8 on
+Preemptibility = Literal["", "preemptible", "non-preemptible", "semi-preemptible"]
 
 
 class Payload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True,

@@ -28,6 +28,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 QUEUE_LABEL = "kai.scheduler/queue"
 PODGROUP_ANNOTATION = "pod-group-name"
 PREEMPTIBILITY_LABEL = "kai.scheduler/preemptibility"
+#: the values of `kai.scheduler/preemptibility` and `spec.preemptibility` ("": the priority decides)
+PREEMPTIBILITY_MODES = ("", "preemptible", "non-preemptible", "semi-preemptible")
 SUBGROUP_LABEL = "kai.scheduler/subgroup-name"
 TASK_PRIORITY_LABEL = "kai.scheduler/task-priority"
 GPU_GROUP_LABEL = "runai-gpu-group"
@@ -627,9 +629,9 @@ def pod(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.PodObserved:
     if phase not in ("Pending", "Running", "Succeeded", "Failed", "Unknown"):
         raise IngestError("status.phase", f"unknown phase {phase!r}")
     preempt = labels.get(PREEMPTIBILITY_LABEL, "")
-    if preempt not in ("", "preemptible", "non-preemptible"):
+    if preempt not in PREEMPTIBILITY_MODES:
         raise IngestError(f"metadata.labels[{PREEMPTIBILITY_LABEL}]",
-                          f"must be preemptible or non-preemptible, got {preempt!r}")
+                          f"must be preemptible, non-preemptible or semi-preemptible, got {preempt!r}")
     priority = _get(obj, "spec.priority")
     owners = _list(obj, "metadata.ownerReferences")
     owner = None
@@ -804,8 +806,9 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
             raise IngestError("spec.minSubGroup", f"minSubGroup ({min_subgroup}) exceeds the number of "
                                                   f"direct child sub-groups ({roots})")
     preempt = _get(obj, "spec.preemptibility", "")
-    if preempt not in ("", "preemptible", "non-preemptible"):
-        raise IngestError("spec.preemptibility", f"must be preemptible or non-preemptible, got {preempt!r}")
+    if preempt not in PREEMPTIBILITY_MODES:
+        raise IngestError("spec.preemptibility",
+                          f"must be preemptible, non-preemptible or semi-preemptible, got {preempt!r}")
     grace = _get(obj, "spec.stalenessGracePeriod")
     delay = _get(obj, "spec.preemptionDelay")
     annotations = _map(obj, "metadata.annotations")

@@ -94,6 +94,15 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     `stuckInReleasingThreshold` (2m) is stuck releasing: nothing is pipelined onto its capacity,
     and the cycle names it (`rules.releasing_capacity.StuckReleasingHeld`).
 
+- `kai-es/v8`: v7's rules, and semi-preemptible jobs (`kai.scheduler/preemptibility:
+  semi-preemptible`, KAI's semi-preemptible design): the pods a job needs to stay at its
+  minimum shape are non-preemptible — in its queues' non-preemptible allocation, placed within
+  their quotas, no victim — and the pods above it preemptible extras
+  (`rules.semi_preemptible.CoreKeptInQuota`; before, such a job is a preemptible one);
+  - a victim job taken below its minimum comes back whole or not at all, and then its pods
+    still running go with it (`rules.replacement.ReplaceWholeGangs`; v6 and v7 could put back
+    a surplus pod alone and leave a fragment that runs until it is evicted as stale).
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -141,7 +150,8 @@ from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, StuckRele
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
 from kai_es.scheduling.rules.reclaim_victims import DominantShareReclaimV5, KaiReclaimStrategies
-from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims, ReplaceVictims
+from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims, ReplaceVictims, ReplaceWholeGangs
+from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
 from kai_es.scheduling.rules.staleness import SubGroupStaleness, TopLevelStalenessV3
 from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
@@ -227,6 +237,7 @@ RULES_V1: Final = Rules(
     victim_order=NewestFirstV5(),
     move_decisions=MoveInReasonV5(),
     releasing_capacity=AllReleasingV6(),
+    semi_preemptible=SemiAsPreemptibleV7(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -250,6 +261,8 @@ RULES_V6: Final = replace(RULES_V5, preemptors=PendingPods(), reclaim_victims=Ka
 #: kai-es/v7: the clocks KAI keeps on a PodGroup
 RULES_V7: Final = replace(RULES_V6, preemption_delay=HandoverPreemptionDelay(),
                           releasing_capacity=StuckReleasingHeld(), wakeups=HandoverWakeups())
+#: kai-es/v8: semi-preemptible jobs
+RULES_V8: Final = replace(RULES_V7, semi_preemptible=CoreKeptInQuota(), replacement=ReplaceWholeGangs())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -283,9 +296,12 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v7", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V7, FOLD_RULES["kai-es/v7"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v8", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V8, FOLD_RULES["kai-es/v8"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v7"
+CURRENT_POLICY: Final = "kai-es/v8"
 
 
 def policy_for(version: str) -> PolicyVersion:

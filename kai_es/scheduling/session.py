@@ -15,6 +15,10 @@ Contract:
   rollback moves it back, so accounting always equals "state + the Plan's operations". Each such
   change drops the cached order keys along that queue chain (the order cache never outlives the
   accounting it was computed from).
+- Non-preemptible allocation: the reducer's (non-preemptible jobs), and under a version whose
+  `rules.semi_preemptible` keeps cores, each semi-preemptible job's core (the pods it needs
+  for its minimum shape among those occupying on the Plan), kept up to date as the Plan
+  places and evicts its pods.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from kai_es.scheduling import framework as fw
 from kai_es.scheduling.fairshare import RESOURCES, parent_loops, pod_request
 from kai_es.scheduling.gang import Minimum, minimum
 from kai_es.scheduling.plan import Announced, Entry, Plan
+from kai_es.scheduling.rules.semi_preemptible import surplus
 from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 from kai_es.state.quantities import ZERO, Vector, add, device_milli_on, scale
@@ -142,6 +147,12 @@ class Session:
         self.unschedulable: dict[str, list[Reason]] = {}
         #: queue name -> (order key, candidate) for its subtree; see `pick`
         self.order_cache: dict[str, tuple[tuple[object, ...] | None, Candidate | None]] = {}
+        #: whether semi-preemptible jobs keep a non-preemptible core (`rules.semi_preemptible`);
+        #: then each such job's core as counted in its queues, and what each of their pods
+        #: placed by the Plan holds
+        self.keeps_core = rules.semi_preemptible.keeps_core
+        self.cores: dict[str, Vector] = {}
+        self._placed_use: dict[str, Vector] = {}
         self._build_queues()
 
     # -- setup ------------------------------------------------------------------------------
@@ -188,6 +199,9 @@ class Session:
             for anc in node.chain:
                 anc.allocated = add(anc.allocated, own)
                 anc.nonpreemptible = add(anc.nonpreemptible, np)
+        if self.keeps_core:
+            for key in sorted(st.semi_jobs):
+                self._recount_core(st.jobs[key])
         shares = self.rules.fair_share_division.shares(st, self.config, self.now_ns)
         for name, node in self.queues.items():
             node.fair = (shares["gpu"][name].fair_share, shares["cpu"][name].fair_share,
@@ -217,6 +231,40 @@ class Session:
             if not job.preemptible:
                 q.nonpreemptible = add(q.nonpreemptible, delta)
             cache.pop(q.name, None)
+        if job.semi and self.keeps_core:
+            if isinstance(op, Entry):
+                if sign > 0:
+                    self._placed_use[op.pod_key] = used
+                else:
+                    self._placed_use.pop(op.pod_key, None)
+            self._recount_core(job)
+
+    def _recount_core(self, job: Job) -> None:
+        """Bring `job`'s core (`rules.semi_preemptible`) in its queues' non-preemptible
+        allocation up to date with the Plan: its occupying pods not evicted, and those placed."""
+        leaf = self.queues.get(job.queue)
+        if leaf is None:
+            return
+        pods, evicted, placed = self.state.pods, self.plan.evicted_pods, self._placed_use
+        occupying = [pods[k] for k in sorted(job.members)
+                     if (pods[k].status in OCCUPYING and k not in evicted) or k in placed]
+        extras = {pod.key for pod in surplus(job, self.rules.victim_order.order(occupying), occupying)}
+        core = ZERO
+        for pod in occupying:
+            if pod.key in extras:
+                continue
+            use = placed.get(pod.key)
+            if use is None:
+                use = (pod.milli_gpu, pod.spec.requests.milli_cpu, pod.spec.requests.memory_bytes)
+            core = add(core, use)
+        before = self.cores.get(job.key, ZERO)
+        if core == before:
+            return
+        self.cores[job.key] = core
+        delta = add(core, scale(before, -1))
+        for q in leaf.chain:
+            q.nonpreemptible = add(q.nonpreemptible, delta)
+            self.order_cache.pop(q.name, None)
 
     # -- order ------------------------------------------------------------------------------
 
@@ -298,7 +346,21 @@ class Session:
 
     # -- rules ------------------------------------------------------------------------------
 
+    def quota_bound(self, job: Job) -> bool:
+        """Whether what `job` places now must fit its queues' quotas (non-preemptible
+        allocation): a non-preemptible job's pods, and (`rules.semi_preemptible`) a
+        semi-preemptible job's pods that restore its minimum shape — its gang minimum as last
+        chosen (`gang`), where it has one — not its extras."""
+        if not job.preemptible:
+            return True
+        if not (job.semi and self.keeps_core):
+            return False
+        need = self.gang.get(job.key)
+        has_minimum = job.min_member > 0 or bool(job.spec is not None and job.spec.subgroups)
+        return need is not None and bool(need.pods) and has_minimum
+
     def limits(self, leaf: QueueNode, job: Job, request: Vector) -> list[Reason]:
+        bound = self.quota_bound(job)
         for q in leaf.chain:
             for r, resource in enumerate(RESOURCES):
                 if request[r] <= 0:
@@ -309,9 +371,10 @@ class Session:
                         f"{format_quantity(resource, request[r])}, allocated {format_quantity(resource, q.allocated[r])}, "
                         f"limit {format_quantity(resource, q.limit[r])}"),
                         numbers={"requested": request[r], "allocated": q.allocated[r], "limit": q.limit[r]})]
-                if not job.preemptible and q.quota[r] >= 0 and q.nonpreemptible[r] + request[r] > q.quota[r]:
+                if bound and q.quota[r] >= 0 and q.nonpreemptible[r] + request[r] > q.quota[r]:
+                    what = "non-preemptible job" if not job.preemptible else "semi-preemptible job's minimum"
                     return [Reason(code=fw.NON_PREEMPTIBLE_OVER_QUOTA, message=(
-                        f"non-preemptible job may not take queue {q.name} over its {resource} quota: "
+                        f"{what} may not take queue {q.name} over its {resource} quota: "
                         f"requested {format_quantity(resource, request[r])}, non-preemptible allocated "
                         f"{format_quantity(resource, q.nonpreemptible[r])}, quota {format_quantity(resource, q.quota[r])}"),
                         numbers={"requested": request[r], "allocated": q.nonpreemptible[r], "quota": q.quota[r]})]

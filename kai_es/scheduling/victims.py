@@ -6,7 +6,9 @@ Contract:
 - Victims come in *units*: an elastic job above its minimum offers its surplus pods one at a
   time (in the version's victim order, `rules.victim_order`); a job at its minimum offers all its occupying pods as one unit (a gang
   loses all its pods or none — but with `whole_units=False`, consolidation's, whose victims are
-  re-placed, only the pods of a unit that are in the way are kept). Units are ordered cheapest
+  re-placed, only the pods of a unit that are in the way are kept); a semi-preemptible job
+  whose core is kept (`rules.semi_preemptible`) offers only its extras, one pod at a time, never
+  the pods of its minimum shape. Units are ordered cheapest
   first (`keyed_units`): lower job priority, newer job, then uid, then pod key.
 - `admit(unit)` (the action's rule, evaluated on the Plan's current accounting) decides whether
   a unit may be taken; the search never takes a unit it refuses.
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Announced, Entry, Eviction
+from kai_es.scheduling.rules.semi_preemptible import surplus as semi_surplus
 from kai_es.scheduling.session import Session
 from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
@@ -76,6 +79,7 @@ def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
     state, evicted = session.state, session.plan.evicted_pods
     now = session.now_ns
     order = session.rules.victim_order.order
+    keeps_core = session.keeps_core
     out: list[tuple[tuple[object, ...], Unit]] = []
     for job in jobs:
         pods = [state.pods[k] for k in sorted(job.members)]
@@ -86,10 +90,15 @@ def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
         if backoff and any(pod.eviction_refused_ns and now < pod.eviction_refused_ns + EVICTION_REFUSED_BACKOFF_NS
                            for pod in pods):
             continue
-        occupying = sum(1 for pod in pods if pod.status in ("Running", "Binding", "Releasing"))
-        surplus = occupying - job.min_member
         newest_first = order(running)  # the version's victim order: the first to go first
         base = (job.priority, -job.created_ns, job.uid)
+        if job.semi and keeps_core:
+            held = [pod for pod in pods if pod.status in ("Running", "Binding", "Releasing")]
+            for i, pod in enumerate(semi_surplus(job, newest_first, held)):
+                out.append(((*base, 0, i, pod.key), Unit(job, (pod,), surplus=True)))
+            continue
+        occupying = sum(1 for pod in pods if pod.status in ("Running", "Binding", "Releasing"))
+        surplus = occupying - job.min_member
         if surplus > 0:
             for i, pod in enumerate(newest_first[:surplus]):
                 out.append(((*base, 0, i, pod.key), Unit(job, (pod,), surplus=True)))

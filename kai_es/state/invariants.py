@@ -78,6 +78,8 @@ def check(state: ClusterState, *, strict: bool = True) -> list[str]:
     if state.gangs_below_minimum != {k for k, j in state.jobs.items() if j.stale_since_ns} \
             or rebuilt.gangs_below_minimum != state.gangs_below_minimum:
         out.append("stale gang index differs from recomputed")
+    if state.semi_jobs != {k for k, j in state.jobs.items() if j.semi} or rebuilt.semi_jobs != state.semi_jobs:
+        out.append("semi-preemptible job index differs from recomputed")
     return out
 
 

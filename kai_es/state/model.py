@@ -141,6 +141,10 @@ class Job:
     pending: list[PendingPod] = field(default_factory=list)
     occupying: int = 0
     preemptible: bool = True
+    #: the job says `semi-preemptible` (then `preemptible` too): under policy kai-es/v8 its
+    #: minimum shape is kept as non-preemptible (`kai_es.scheduling.rules.semi_preemptible`).
+    #: Derived from the spec and the first member by `refresh_job`; never snapshotted
+    semi: bool = False
     index_key: PendingJob | None = None
     #: kept only under a config whose policy version times jobs (`ClusterState.timed`, kai-es/v3
     #: on): when a pod of the job was last decided evicted (preemption delay's anchor); since
@@ -243,6 +247,10 @@ class ClusterState:
     #: gang rules look at those and not at every job. Kept by `track_stale` and job removal;
     #: rebuilt by `restore`, never snapshotted.
     gangs_below_minimum: set[str] = field(default_factory=set)
+    #: the keys of the jobs that say `semi-preemptible` (`Job.semi`), so a cycle finds them
+    #: without scanning every job. Kept by `refresh_job` and job removal; rebuilt by `restore`,
+    #: never snapshotted.
+    semi_jobs: set[str] = field(default_factory=set)
     #: change tracking for caches derived from node usage (not part of the snapshot or digest):
     #: nodes whose usage changed since a cache last looked, and a counter bumped whenever the
     #: set of nodes or a node's spec changes.

@@ -49,6 +49,8 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v5": _SUBGROUPS,
     "kai-es/v6": _SUBGROUPS,
     "kai-es/v7": _HANDOVER,
+    # semi-preemptible jobs change no fold: the reducer counts them preemptible (`Job.semi`)
+    "kai-es/v8": _HANDOVER,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}

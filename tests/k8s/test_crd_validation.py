@@ -46,6 +46,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("quota below -1", _queue("bad-quota", gpu(quota=-2)), "quota must be -1 (unlimited) or >= 0"),
     ("quota between -1 and 0", _queue("bad-quota-frac", gpu(quota=-0.5)), "quota must be -1"),
     ("limit below -1", _queue("bad-limit", gpu(limit=-3)), "limit must be -1 (unlimited) or >= 0"),
+    ("a misspelled preemptibility", _podgroup({"minMember": 1, "preemptibility": "semi"}), "Unsupported value"),
     ("limit below quota", _queue("bad-limit-quota", gpu(quota=8, limit=4)), "limit must not be below quota"),
     ("limit below the default quota? no: 0", _queue("bad-limit-frac", gpu(quota=2.5, limit=2)), "limit must not be below quota"),
     ("a negative over-quota weight", _queue("bad-weight", gpu(overQuotaWeight=-1)), "overQuotaWeight"),
@@ -90,6 +91,7 @@ GOOD: list[tuple[str, dict[str, Any]]] = [
                                                 {"name": "c", "parent": "a", "minMember": 1}]})),
     ("elastic sub-groups", _podgroup({"minMember": 0, "subGroups": [{"name": "w", "minMember": 0}]})),
     ("a never-stale gang", _podgroup({"minMember": 2, "stalenessGracePeriod": "-1s", "preemptionDelay": "5m"})),
+    ("semi-preemptible (kai-es/v8)", _podgroup({"minMember": 2, "preemptibility": "semi-preemptible"})),
     ("a Topology", _topology([{"nodeLabel": "zone"}, {"nodeLabel": "rack"}])),
 ]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kai_es.events.timefmt import parse_duration, parse_signed_duration
-from kai_es.ingest.translate import NODE_POOL_LABEL, PREEMPTIBILITY_LABEL, QUEUE_LABEL, IngestError
+from kai_es.ingest.translate import NODE_POOL_LABEL, PREEMPTIBILITY_LABEL, PREEMPTIBILITY_MODES, QUEUE_LABEL, IngestError
 
 Obj = Mapping[str, Any]
 
@@ -291,7 +291,7 @@ def preemptibility_of(lookup: Sequence[Obj], pod: Obj) -> str:
     pod's; an invalid value is skipped, as KAI skips it."""
     for obj in (*lookup, pod):
         value = labels(obj).get(PREEMPTIBILITY_LABEL)
-        if value in ("", "preemptible", "non-preemptible"):
+        if value in PREEMPTIBILITY_MODES:
             return value  # (KAI reads "" as valid: the priority decides)
     return ""
 

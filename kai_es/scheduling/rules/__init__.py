@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.reclaim_victims import ReclaimVictims
     from kai_es.scheduling.rules.releasing_capacity import ReleasingCapacity
     from kai_es.scheduling.rules.replacement import Replacement
+    from kai_es.scheduling.rules.semi_preemptible import SemiPreemptible
     from kai_es.scheduling.rules.staleness import Staleness
     from kai_es.scheduling.rules.topology_placement import TopologyPlacement
     from kai_es.scheduling.rules.victim_eligibility import VictimEligibility
@@ -77,3 +78,5 @@ class Rules:
     move_decisions: MoveDecisions
     #: what pipelining may count on: the capacity of pods being released (the cycle's Plan)
     releasing_capacity: ReleasingCapacity
+    #: whether a semi-preemptible job's minimum shape is non-preemptible (Session, victims)
+    semi_preemptible: SemiPreemptible

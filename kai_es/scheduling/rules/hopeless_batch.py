@@ -58,9 +58,11 @@ class HopelessBatchV1:
             if pod.backoff_until_ns > allocator.now_ns or pod.bind_final_message:
                 return
             request = pod_request(pod.spec, allocator.session.gpu_memory_hint)
+            # a one-pod job's pod is its minimum: a semi-preemptible one's counts in quota
+            bound = not job.preemptible or (job.semi and allocator.session.keeps_core and job.min_member > 0)
             for q in leaf.chain:
                 for r in (0, 1, 2):
-                    if request[r] > 0 and (q.limit[r] >= 0 or (not job.preemptible and q.quota[r] >= 0)):
+                    if request[r] > 0 and (q.limit[r] >= 0 or (bound and q.quota[r] >= 0)):
                         return
             if eligibility.is_dynamic(pod.spec) or pod.spec.claims or pod.spec.config_maps:
                 return

@@ -143,7 +143,7 @@ def _could_yield(victim: QueueNode) -> bool:
     return False
 
 
-def _open_sides(leaf: QueueNode, job: Job, request: Vector, victim: QueueNode
+def _open_sides(leaf: QueueNode, job: Job, request: Vector, victim: QueueNode, bound: bool
                 ) -> tuple[QueueNode, QueueNode] | None:
     """(the reclaimer's side, the victim's side) when `leaf` may reclaim from `victim`'s side at
     all: they differ, and the reclaimer's queues below their common ancestor stay within fair
@@ -152,7 +152,7 @@ def _open_sides(leaf: QueueNode, job: Job, request: Vector, victim: QueueNode
     if found is None:
         return None
     chain, mine, theirs = found
-    return (mine, theirs) if _chain_within(chain, job, request) else None
+    return (mine, theirs) if _chain_within(chain, request, bound) else None
 
 
 def _side_may_yield(mine: QueueNode, theirs: QueueNode, request: Vector, held: list[int],
@@ -177,16 +177,16 @@ def _mine_now(mine: QueueNode, request: Vector) -> tuple[bool, tuple[int, int]]:
     return _owed(mine, request), dominant_share(_plus(mine.allocated, request), mine.fair)
 
 
-def _chain_within(chain: tuple[QueueNode, ...], job: Job, request: Vector) -> bool:
+def _chain_within(chain: tuple[QueueNode, ...], request: Vector, bound: bool) -> bool:
     """The reclaiming side's queues below the common ancestor stay within their fair share with
-    the job (a non-preemptible job: within quota too)."""
+    the job's `request` (`bound`, `Session.quota_bound`: within quota too)."""
     for q in chain:
         for r in (0, 1, 2):
             if request[r] <= 0:
                 continue
             if q.allocated[r] + request[r] > q.fair[r]:
                 return False
-            if not job.preemptible and 0 <= q.quota[r] < q.nonpreemptible[r] + request[r]:
+            if bound and 0 <= q.quota[r] < q.nonpreemptible[r] + request[r]:
                 return False
     return True
 
@@ -254,7 +254,7 @@ class _DominantShareJudge:
         for depth, mine in enumerate(chain):
             siblings = mine.parent.children if mine.parent is not None else self.session.roots
             sides = [(side, under[id(side)]) for side in siblings if side is not mine and id(side) in under]
-            if not sides or not _chain_within(chain[:depth + 1], job, request):
+            if not sides or not _chain_within(chain[:depth + 1], request, self.session.quota_bound(job)):
                 continue
             mine_now = _mine_now(mine, request)
             for side, leaves in sides:
@@ -284,9 +284,10 @@ class _DominantShareJudge:
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         queues = self.session.queues
+        bound = self.session.quota_bound(job)
 
         def admit(unit: Unit) -> bool:
-            sides = _open_sides(leaf, job, request, queues[unit.job.queue])
+            sides = _open_sides(leaf, job, request, queues[unit.job.queue], bound)
             if sides is None:
                 return False
             mine, theirs = sides

@@ -10,7 +10,14 @@ placed; and `relocate`, the re-placement of evicted pods that consolidation shar
   then priority, age, uid), each job's surplus pods one at a time and its gang whole: a victim
   that still fits where it runs, on its own devices, stays (its eviction is undone,
   `Plan.unevict`); else one whose pods all fit elsewhere on idle capacity moves (`relocate`);
-  only the rest are evicted.
+  only the rest are evicted. Its flaw: a surplus pod put back while its job's gang stays
+  evicted leaves a fragment below the job's minimum, running until stalegangeviction takes it
+  (an elastic gang with minMember 3 of 4 pods left with 1).
+- `ReplaceWholeGangs` (kai-es/v8 on): as `ReplaceVictims`, but a victim job the evictions take
+  below its minimum comes back whole or not at all, as KAI re-places a victim job: all its
+  evicted pods back where they run, else all moved elsewhere on idle capacity, else it stays
+  evicted and so do its pods still running (evicted with it, the reason saying so); a job left
+  at its minimum has its surplus pods tried one at a time, as before.
 
 Contract: pure; writes only the Session's Plan.
 """
@@ -21,6 +28,7 @@ from typing import Protocol
 
 from kai_es.scheduling.plan import Eviction
 from kai_es.scheduling.session import Session
+from kai_es.state.model import Job
 from kai_es.state.quantities import ZERO
 
 
@@ -68,9 +76,57 @@ class ReplaceVictims:
         replace_victims(session, start)
 
 
-def replace_victims(session: Session, start: int) -> None:
+class ReplaceWholeGangs(ReplaceVictims):
+    """`ReplaceVictims` refined (see module docstring)."""
+
+    __slots__ = ()
+
+    def settle(self, session: Session, start: int) -> None:
+        replace_victims(session, start, whole_gangs=True)
+
+
+def _occupying_after(session: Session, job: Job) -> int:
+    """How many of `job`'s pods occupy once the Plan's evictions are done."""
+    pods, evicted = session.state.pods, session.plan.evicted_pods
+    return sum(1 for k in job.members if pods[k].status in ("Running", "Binding", "Releasing") and k not in evicted)
+
+
+def _put_back(session: Session, ops: list[Eviction]) -> bool:
+    """Undo the evictions `ops` together, else move all their pods elsewhere (`relocate`);
+    False, with the Plan as before, when neither can be done."""
+    plan = session.plan
+    checkpoint = plan.checkpoint()
+    if all(plan.unevict(op) for op in ops):
+        return True
+    plan.rollback(checkpoint)
+    moves = relocate(session, ops)
+    if moves is None:
+        return False
+    names = plan.names
+    for op, node in moves:
+        session.rules.move_decisions.announce(
+            op, names[node], f"moved from node {names[op.node]} to node {names[node]} instead of evicted: {op.reason}",
+            op.reason)
+    return True
+
+
+def _evict_the_rest(session: Session, job: Job, ops: list[Eviction]) -> None:
+    """`job` stays below its minimum: its pods still running are evicted with it."""
+    plan, pods = session.plan, session.state.pods
+    first = ops[0]
+    for key in sorted(job.members):
+        pod = pods[key]
+        if pod.status in ("Running", "Binding") and key not in plan.evicted_pods and pod.node in plan.node_index:
+            plan.evict(key, first.action, first.preemptor,
+                       f"{first.reason}; job {job.key} is left below its minimum of {job.min_member} pods, "
+                       f"so its other running pods go with it", dict(first.numbers))
+
+
+def replace_victims(session: Session, start: int, whole_gangs: bool = False) -> None:
     """`ReplaceVictims` (see module docstring): of the evictions after checkpoint `start`, undo
-    those whose pods fit back where they run, move those that fit elsewhere, keep the rest."""
+    those whose pods fit back where they run, move those that fit elsewhere, keep the rest;
+    `whole_gangs` (`ReplaceWholeGangs`): a job taken below its minimum comes back whole or its
+    remaining pods go too."""
     plan, state, queues = session.plan, session.state, session.queues
     by_job: dict[str, list[Eviction]] = {}
     for op in plan.operations[start:]:
@@ -94,6 +150,14 @@ def replace_victims(session: Session, start: int) -> None:
     for key in sorted(by_job, key=job_order):
         job = state.jobs[key]
         ops = by_job[key]
+        if whole_gangs:
+            if _occupying_after(session, job) < job.min_member:
+                if not _put_back(session, ops):
+                    _evict_the_rest(session, job, ops)
+                continue
+            for op in ops:
+                _put_back(session, [op])
+            continue
         # the job's surplus pods (evicted first, one by one), then its gang as one
         surplus = max(0, job.occupying - job.min_member)
         units = [[op] for op in ops[:surplus]]

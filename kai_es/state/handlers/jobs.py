@@ -146,7 +146,16 @@ def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
     if created is None:
         created = min(pods[m].spec.created_ns for m in members)
     priority = resolve_priority(state, class_name, explicit)
-    preemptible = (mode == "preemptible") if mode else priority < NON_PREEMPTIBLE_PRIORITY
+    # a semi-preemptible job is preemptible above its minimum shape: the reducer counts it as
+    # preemptible; the cycle's rule (`rules.semi_preemptible`) keeps its minimum in quota
+    preemptible = (mode != "non-preemptible") if mode else priority < NON_PREEMPTIBLE_PRIORITY
+    semi = mode == "semi-preemptible"
+    if semi != job.semi:
+        job.semi = semi
+        if semi:
+            state.semi_jobs.add(job.key)
+        else:
+            state.semi_jobs.discard(job.key)
     if queue != job.queue or preemptible != job.preemptible:
         # job.occupying counts the members that occupy: skip the scan when there are none
         occupying = [pods[m] for m in members if pods[m].status in OCCUPYING] if job.occupying else []
@@ -183,6 +192,7 @@ def refresh_or_drop_job(state: ClusterState, job: Job) -> None:
         del state.jobs[job.key]
         state.stale_jobs.add(job.key)
         state.gangs_below_minimum.discard(job.key)
+        state.semi_jobs.discard(job.key)
     else:
         refresh_job(state, job)
 
