@@ -28,7 +28,8 @@ from kai_es.scenario import load_scenario, load_scenario_text
 from kai_es.scheduling import policy
 from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.rules.replacement import ReplaceVictims
-from kai_es.scheduling.rules.semi_preemptible import SemiAsPreemptibleV7, surplus
+from kai_es.scheduling.gang import surplus
+from kai_es.scheduling.rules.semi_preemptible import SemiAsPreemptibleV7
 from kai_es.state.model import Job, PodState
 from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
 from tests.test_cycle_scenarios import check, expectations
@@ -62,12 +63,13 @@ def _under(path: Path, version: str) -> str:
     (WHOLE_GANG, "replacement", ReplaceVictims()),
 ], ids=lambda v: v.stem if isinstance(v, Path) else "")
 @pytest.mark.parametrize("engine", ["native", "reference"])
-def test_each_scenario_needs_its_rule(path: Path, field: str, old: object, engine: str,
+def test_each_scenario_needs_its_rule(path: Path, field: str, old: Any, engine: str,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     check(_cycle(path, engine), expectations(path))
     v8 = policy.POLICIES["kai-es/v8"]
-    monkeypatch.setitem(policy.POLICIES, "kai-es/v8",  # type: ignore[arg-type]
-                        dataclasses.replace(v8, rules=dataclasses.replace(v8.rules, **{field: old})))
+    changed: dict[str, Any] = {field: old}
+    monkeypatch.setitem(policy.POLICIES, "kai-es/v8",
+                        dataclasses.replace(v8, rules=dataclasses.replace(v8.rules, **changed)))
     with pytest.raises(AssertionError):
         check(_cycle(path, engine), expectations(path))
 
@@ -277,7 +279,7 @@ def test_the_label_and_the_podgroup_field_are_read_and_a_misspelling_is_refused_
         "semi-preemptible"
     with pytest.raises(tr.IngestError, match=r"preemptibility.*semi-preemptible, got 'semi'"):
         tr.pod(_pod_obj(**{"kai.scheduler/preemptibility": "semi"}))
-    group = {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+    group: dict[str, Any] = {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
              "metadata": {"name": "g", "namespace": "d", "uid": "u"},
              "spec": {"queue": "q", "minMember": 2, "preemptibility": "semi-preemptible"}}
     assert tr.podgroup(group).preemptibility == "semi-preemptible"

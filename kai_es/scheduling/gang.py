@@ -9,6 +9,8 @@ Rules:
   the PodGroup's own `minSubGroup` says how many top-level sub-groups must be (all when unset). The job's own `minMember` then tops the set up
   with further pending pods in task order.
 An empty minimum means the job is at its minimum: further pods are elastic extras.
+`surplus`: which of a job's occupying pods it can lose and keep its minimum shape (a
+semi-preemptible job's extras, `rules.semi_preemptible`).
 
 Contract: pure; the result lists pods in task order, or names why the minimum cannot exist.
 """
@@ -90,3 +92,32 @@ def _subgroups(groups: Sequence[SubGroup], pending: Sequence[PodState],
     children.setdefault("", [])
     result = solve(root) if children[""] else []
     return result
+
+
+def surplus(job: Job, ordered: Sequence[PodState], occupying: Sequence[PodState]) -> list[PodState]:
+    """The pods of `ordered` (pods of `job` a search may take, the first to go first) that the
+    job can lose, taken in that order, and keep its minimum shape: at least `minMember` of
+    `occupying` (its occupying pods, `ordered` among them) and, in each leaf sub-group, at least
+    that sub-group's `minMember`. A pod that would break a leaf's minimum is skipped, and later
+    pods are still considered."""
+    total = len(occupying)
+    groups = job.spec.subgroups if job.spec is not None else []
+    parents = {sg.parent for sg in groups}
+    leaf_min = {sg.name: sg.min_member for sg in groups if sg.name not in parents}
+    counts: dict[str, int] = {}
+    if leaf_min:
+        for pod in occupying:
+            counts[pod.spec.subgroup] = counts.get(pod.spec.subgroup, 0) + 1
+    out: list[PodState] = []
+    for pod in ordered:
+        if total <= job.min_member:
+            break
+        group = pod.spec.subgroup
+        need = leaf_min.get(group)
+        if need is not None:
+            if counts[group] <= need:
+                continue
+            counts[group] -= 1
+        total -= 1
+        out.append(pod)
+    return out

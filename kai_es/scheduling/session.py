@@ -31,9 +31,8 @@ from sortedcontainers import SortedList
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.fairshare import RESOURCES, parent_loops, pod_request
-from kai_es.scheduling.gang import Minimum, minimum
+from kai_es.scheduling.gang import Minimum, minimum, surplus
 from kai_es.scheduling.plan import Announced, Entry, Plan
-from kai_es.scheduling.rules.semi_preemptible import surplus
 from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 from kai_es.state.quantities import ZERO, Vector, add, device_milli_on, scale

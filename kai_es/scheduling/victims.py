@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Announced, Entry, Eviction
-from kai_es.scheduling.rules.semi_preemptible import surplus as semi_surplus
+from kai_es.scheduling.gang import surplus as semi_surplus
 from kai_es.scheduling.session import Session
 from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
