@@ -143,7 +143,8 @@ events = _events()
 def records(payloads: list[p.Payload]) -> list[Record]:
     out = []
     for i, payload in enumerate(payloads):
-        env = make_envelope(payload, event_id=f"e{i}", source="t", subject="s", logicaltime=10 * i)
+        env = make_envelope(payload, event_id=f"e{i}", source="t", subject="s", logicaltime=10 * i,
+                            policyversion=VERSIONED.get(id(payload)))
         out.append(Record(i * 2 + 1, decode(encode(env))))  # sparse positions, like Kafka
     return out
 
@@ -389,6 +390,18 @@ SCRIPT += [
     p.BindingDecided(**_ref("p14"), node="n0", podgroup="pg-p14", queue="q0"),
     p.PodBindFailed(**_ref("p14"), node="n0", decision_id="d", message="no", final=True),
     _pod("p14", podgroup="pg-p14", implicit_podgroup=True, task_priority=1),  # clears the final verdict
+]
+_OWNER = p.OwnerRef(kind="ReplicaSet", name="rs", uid="rs-u")
+_MOVE = p.EvictionDecided(**_ref("p15"), node="n0", podgroup="pg-p15", queue="q0", action="consolidation",
+                          reason="moved", to_node="n1")
+#: decisions `records` stamps with a policy version (id -> version): a move under kai-es/v8 holds
+#: room for the moved pod's replacement (`ClusterState.move_holds`)
+VERSIONED: dict[int, str] = {id(_MOVE): "kai-es/v8"}
+SCRIPT += [
+    _pod("p15", podgroup="pg-p15", implicit_podgroup=True, node_name="n0", phase="Running", owner=_OWNER),
+    _MOVE,  # a hold for rs's next pod
+    _pod("p16", podgroup="pg-p16", implicit_podgroup=True, owner=_OWNER),  # takes it: nominated to n1
+    _MOVE,  # p15 is Releasing already: ignored
 ]
 
 

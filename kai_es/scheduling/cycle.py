@@ -71,6 +71,7 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     plan = Plan(state, packer, strategy_of(config, state), verify=verify)
     now = started.envelope.logicaltime
     stuck = policy.rules.releasing_capacity.hold(state, plan, now, config)
+    policy.rules.move_holds.reserve(state, plan, now)
     session = Session(state, plan, now, policy.rules, config)
     unschedulable = session.unschedulable
     for name in config.action_list:

@@ -211,6 +211,26 @@ class Plan:
         node, devices = self._where(pod_key)
         self.future.apply_placed(node, devices, self.shape(pod.spec), 1)
 
+    def reserve(self, spec: PodObserved, node: str) -> bool:
+        """Keep idle capacity for one task of `spec`'s shape used on `node` for this plan (the
+        room held for a moved pod's replacement: `rules.move_holds`), on the devices the packer
+        picks there. Only before the first operation, like `hold`. False, with nothing held,
+        when the node is unknown or the shape no longer fits its idle capacity."""
+        if self.operations:
+            raise RuntimeError("Plan.reserve after an operation")
+        index = self.node_index.get(node)
+        if index is None:
+            return False
+        shape = self.shape(spec)
+        only = array("q", bytes(8 * len(self.nodes)))
+        only[index] = 1
+        now = self._place_idle(shape, only)
+        if not now.placed or not self.future.can_take(now.node, now.devices, shape):
+            return False
+        self.future.apply_placed(now.node, now.devices, shape, 1)
+        self.idle.apply_placed(now.node, now.devices, shape, 1)
+        return True
+
     def _where(self, pod_key: str) -> tuple[int, tuple[int, ...]]:
         """The node index of an occupying pod and its devices' indices in the tables."""
         pod = self.state.pods[pod_key]

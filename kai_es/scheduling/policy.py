@@ -101,7 +101,11 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   (`rules.semi_preemptible.CoreKeptInQuota`; before, such a job is a preemptible one);
   - a victim job taken below its minimum comes back whole or not at all, and then its pods
     still running go with it (`rules.replacement.ReplaceWholeGangs`; v6 and v7 could put back
-    a surplus pod alone and leave a fragment that runs until it is evicted as stale).
+    a surplus pod alone and leave a fragment that runs until it is evicted as stale);
+  - the room a consolidation move made is held for the moved pod's replacement (same owner,
+    same requests) until it arrives, and it is nominated there (the fold rule `holds_moves`,
+    `rules.move_holds.HoldMovedRoom`; before, the replacement competed for it with every
+    pending pod).
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
@@ -141,6 +145,7 @@ from kai_es.scheduling.rules.hopeless_batch import HopelessBatchV1, NoHopelessBa
 from kai_es.scheduling.rules.leaving_pods import EvictedPodsLeave, LeavingPodsStayV3
 from kai_es.scheduling.rules.min_runtime import NoMinRuntimeV2, QueueMinRuntime
 from kai_es.scheduling.rules.move_decisions import MoveAsDecision, MoveInReasonV5
+from kai_es.scheduling.rules.move_holds import HoldMovedRoom, NoMoveHoldsV7
 from kai_es.scheduling.rules.preemption_delay import (
     HandoverPreemptionDelay,
     NoPreemptionDelayV2,
@@ -157,7 +162,7 @@ from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIg
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
 from kai_es.scheduling.rules.victim_order import NewestFirstV5, ReverseTaskOrder
 from kai_es.scheduling.rules.victim_search import BoundedSearch, BoundedSearchV3, UnboundedSearchV2
-from kai_es.scheduling.rules.wakeups import HandoverWakeups, NoWakeupsV2, TimeRuleWakeups
+from kai_es.scheduling.rules.wakeups import HandoverWakeups, HoldingWakeups, NoWakeupsV2, TimeRuleWakeups
 from kai_es.scheduling.session import Session
 from kai_es.state.incremental_digest import incremental_digest, snapshot_digest
 from kai_es.state.model import ClusterState
@@ -238,6 +243,7 @@ RULES_V1: Final = Rules(
     move_decisions=MoveInReasonV5(),
     releasing_capacity=AllReleasingV6(),
     semi_preemptible=SemiAsPreemptibleV7(),
+    move_holds=NoMoveHoldsV7(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -262,7 +268,8 @@ RULES_V6: Final = replace(RULES_V5, preemptors=PendingPods(), reclaim_victims=Ka
 RULES_V7: Final = replace(RULES_V6, preemption_delay=HandoverPreemptionDelay(),
                           releasing_capacity=StuckReleasingHeld(), wakeups=HandoverWakeups())
 #: kai-es/v8: semi-preemptible jobs
-RULES_V8: Final = replace(RULES_V7, semi_preemptible=CoreKeptInQuota(), replacement=ReplaceWholeGangs())
+RULES_V8: Final = replace(RULES_V7, semi_preemptible=CoreKeptInQuota(), replacement=ReplaceWholeGangs(),
+                          move_holds=HoldMovedRoom(), wakeups=HoldingWakeups())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

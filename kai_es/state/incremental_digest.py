@@ -10,7 +10,7 @@ where H(...) is the sha256 of the triple's deterministic msgpack encoding (msgsp
 the canonical JSON and as unambiguous), read as a big-endian integer.
 The entities are every node, pod, job and queue, each queue's pending-jobs index, each priority
 class, topology, resync seen-set, namespace, PersistentVolumeClaim, PersistentVolume and
-ConfigMap, each in the canonical form a snapshot holds (`kai_es.state.snapshot`); the header holds the rest of the snapshot (format, position, logical
+ConfigMap, and each owner's move holds (kai-es/v8), each in the canonical form a snapshot holds (`kai_es.state.snapshot`); the header holds the rest of the snapshot (format, position, logical
 time, record and cycle counters, config and its digest, rejected and ignored counts). So it
 covers exactly what the full digest covers, derived indexes included: states with equal
 snapshots have equal digests, and states whose snapshots differ have different ones unless
@@ -154,6 +154,10 @@ def _config_map(state: ClusterState, key: str) -> object | None:
     return True if key in state.config_maps else None
 
 
+def _move_hold(state: ClusterState, key: str) -> object | None:
+    return state.move_holds.get(key)  # the holds of one owner, in decision order
+
+
 #: (kind, the `ClusterState` stale set marking it, its canonical form by key (None: absent),
 #: all its keys)
 KINDS: Final[tuple[tuple[str, str, FormOf, Callable[[ClusterState], Iterable[str]]], ...]] = (
@@ -169,6 +173,7 @@ KINDS: Final[tuple[tuple[str, str, FormOf, Callable[[ClusterState], Iterable[str
     ("claim", "stale_claims", _claim, lambda s: s.claims),
     ("volume", "stale_volumes", _volume, lambda s: s.volumes),
     ("configmap", "stale_config_maps", _config_map, lambda s: s.config_maps),
+    ("movehold", "stale_move_holds", _move_hold, lambda s: s.move_holds),
 )
 #: the names of the stale sets, one per kind
 STALE_SETS: Final = tuple(k[1] for k in KINDS)
@@ -263,6 +268,7 @@ def snapshot_digest(snap: Snapshot) -> str:
     total += sum(h("claim", pod_key(c.namespace, c.name), c) for c in snap.claims)
     total += sum(h("volume", v.name, v) for v in snap.volumes)
     total += sum(h("configmap", key, True) for key in snap.config_maps)
+    total += sum(h("movehold", key, holds) for key, holds in snap.move_holds.items())
     return _render(total)
 
 

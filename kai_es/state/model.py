@@ -11,15 +11,18 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
+import msgspec
 from sortedcontainers import SortedList
 
 from kai_es.events.payloads import (
     ClaimObserved,
+    GpuRequest,
     NodeObserved,
     PodGroupObserved,
     PodObserved,
+    PodResources,
     QueueObserved,
     VolumeObserved,
 )
@@ -120,6 +123,26 @@ class PodState:
     def milli_gpu(self) -> int:
         """Total milli-GPU this pod holds while occupying (device share × devices)."""
         return self.device_milli * len(self.devices)
+
+
+#: how long the room a move made is held for the moved pod's replacement (kai-es/v8)
+MOVE_HOLD_NS: Final = 120 * 1_000_000_000
+
+
+class MoveHold(msgspec.Struct, frozen=True, kw_only=True):
+    """Room a consolidation move made on `node` for pod `pod` (its key), held for the pod its
+    controller creates in its place (same owner, same requests) until that pod arrives or
+    `MOVE_HOLD_NS` after the move was decided (`decided_ns`). Policy kai-es/v8 on."""
+
+    pod: str
+    node: str
+    requests: PodResources
+    gpu: GpuRequest
+    scalar_requests: dict[str, int] = {}
+    decided_ns: int
+
+    def live(self, now_ns: int) -> bool:
+        return now_ns - self.decided_ns <= MOVE_HOLD_NS
 
 
 @dataclass(slots=True)
@@ -251,6 +274,9 @@ class ClusterState:
     #: without scanning every job. Kept by `refresh_job` and job removal; rebuilt by `restore`,
     #: never snapshotted.
     semi_jobs: set[str] = field(default_factory=set)
+    #: room held for moved pods' replacements: owner key ("<namespace>/<kind>/<name>" of the
+    #: moved pod's owner) -> the holds for its pods, in decision order (`MoveHold`; kai-es/v8)
+    move_holds: dict[str, list[MoveHold]] = field(default_factory=dict)
     #: change tracking for caches derived from node usage (not part of the snapshot or digest):
     #: nodes whose usage changed since a cache last looked, and a counter bumped whenever the
     #: set of nodes or a node's spec changes.
@@ -278,6 +304,7 @@ class ClusterState:
     stale_claims: set[str] = field(default_factory=set)
     stale_volumes: set[str] = field(default_factory=set)
     stale_config_maps: set[str] = field(default_factory=set)
+    stale_move_holds: set[str] = field(default_factory=set)
     hashes: EntityHashes = field(default_factory=EntityHashes)
     #: derived from `config` (not snapshotted: `restore` derives them again): whether jobs are
     #: timed (their policy version is kai-es/v3 or later), and the time-based fair share's usage

@@ -23,7 +23,7 @@ from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
 from kai_es.state import reducer as r
 from kai_es.state.handlers import jobs, occupancy
-from kai_es.state.model import OCCUPYING, ClusterState, Job, NodeState, PodState, QueueState
+from kai_es.state.model import OCCUPYING, ClusterState, Job, MoveHold, NodeState, PodState, QueueState
 
 SNAPSHOT_FORMAT = 1
 
@@ -133,6 +133,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     config_maps: list[str] = []
     capacity_usage: dict[str, list[str]] = {}
     capacity_since_ns: int = 0
+    move_holds: dict[str, list[MoveHold]] = {}
 
 
 def usage_form(buckets: dict[int, list[int]]) -> dict[str, list[str]]:
@@ -233,6 +234,7 @@ def snapshot(state: ClusterState) -> Snapshot:
         volumes=[state.volumes[k] for k in sorted(state.volumes)],
         config_maps=sorted(state.config_maps),
         capacity_usage=usage_form(state.capacity_usage), capacity_since_ns=state.capacity_since_ns,
+        move_holds={k: list(v) for k, v in sorted(state.move_holds.items())},
     )
 
 
@@ -271,6 +273,7 @@ def restore(snap: Snapshot) -> ClusterState:
         claims={r.pod_key(c.namespace, c.name): c for c in snap.claims},
         volumes={v.name: v for v in snap.volumes}, config_maps=set(snap.config_maps),
         capacity_usage=usage_of(snap.capacity_usage), capacity_since_ns=snap.capacity_since_ns,
+        move_holds={k: list(v) for k, v in snap.move_holds.items()},
     )
     r.derive_config_flags(st)
     for q in snap.queues:

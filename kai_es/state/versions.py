@@ -13,6 +13,9 @@ reducer sits below the scheduler, so it is kept at the reducer's layer).
   `kai.scheduler/stale-podgroup-timestamp` when that is set (the time KAI, or kai-es, wrote
   when it found the gang stale), and a stale gang whose PodGroup states another second than
   the one kept is stale since that one (kai-es/v7 on; the config in force).
+- `holds_moves`: a move (EvictionDecided with `to_node`) holds its room for the moved pod's
+  replacement, which is nominated there when it arrives (`kai_es.state.handlers.move_holds`;
+  kai-es/v8 on; the decision's own `policyversion`).
 
 A version this build does not know folds as the newest (the scheduler rejects a config naming
 one before it is applied); a log with no version at all (None) folds as the first logs did.
@@ -31,6 +34,7 @@ class FoldRules:
     stale_subgroups: bool
     pipelined_nominates: bool
     handover_stamps: bool = False
+    holds_moves: bool = False
 
 
 _FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
@@ -39,6 +43,8 @@ _TIMED: Final = FoldRules(keeps_times=True, stale_subgroups=False, pipelined_nom
 _SUBGROUPS: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True)
 _HANDOVER: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
                              handover_stamps=True)
+_HOLDING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
+                            handover_stamps=True, holds_moves=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {
@@ -49,12 +55,13 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v5": _SUBGROUPS,
     "kai-es/v6": _SUBGROUPS,
     "kai-es/v7": _HANDOVER,
-    # semi-preemptible jobs change no fold: the reducer counts them preemptible (`Job.semi`)
-    "kai-es/v8": _HANDOVER,
+    # semi-preemptible jobs change no fold (the reducer counts them preemptible, `Job.semi`);
+    # a move's room is held for the moved pod's replacement
+    "kai-es/v8": _HOLDING,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}
-_NEWEST: Final = _HANDOVER
+_NEWEST: Final = _HOLDING
 
 
 def fold_rules(version: object) -> FoldRules:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.leaving_pods import LeavingPods
     from kai_es.scheduling.rules.min_runtime import MinRuntime
     from kai_es.scheduling.rules.move_decisions import MoveDecisions
+    from kai_es.scheduling.rules.move_holds import MoveHolds
     from kai_es.scheduling.rules.preemption_delay import PreemptionDelay
     from kai_es.scheduling.rules.preemptors import Preemptors
     from kai_es.scheduling.rules.queue_order import QueueOrder
@@ -80,3 +81,5 @@ class Rules:
     releasing_capacity: ReleasingCapacity
     #: whether a semi-preemptible job's minimum shape is non-preemptible (Session, victims)
     semi_preemptible: SemiPreemptible
+    #: the room moves made, held for the moved pods' replacements (the cycle's Plan)
+    move_holds: MoveHolds

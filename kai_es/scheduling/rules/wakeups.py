@@ -7,6 +7,8 @@ run a cycle then.
 - `HandoverWakeups` (kai-es/v7 on): as v3, a preemption delay's end counted from the PodGroup's
   last-eviction timestamp too, and, while pods wait, the moments releasing pods become stuck
   (`rules.releasing_capacity`).
+- `HoldingWakeups` (kai-es/v8 on): as v7, and, while pods wait, the moments holds of room for
+  moved pods' replacements expire (`rules.move_holds`).
 
 Contract: pure functions of the folded state and the config.
 """
@@ -20,7 +22,7 @@ from kai_es.scheduling.rules.min_runtime import job_started_ns
 from kai_es.scheduling.rules.preemption_delay import may_trigger_evictions_from_ns
 from kai_es.scheduling.rules.releasing_capacity import deleting_pods
 from kai_es.scheduling.rules.staleness import stale_deadline_ns
-from kai_es.state.model import ClusterState
+from kai_es.state.model import MOVE_HOLD_NS, ClusterState
 
 if TYPE_CHECKING:
     from kai_es.scheduling.config import SchedulerConfig
@@ -50,6 +52,18 @@ class HandoverWakeups:
 
     def due_times_ns(self, state: ClusterState, config: SchedulerConfig) -> list[int]:
         return due_times_ns(state, config, v7=True)
+
+
+class HoldingWakeups:
+    __slots__ = ()
+
+    def due_times_ns(self, state: ClusterState, config: SchedulerConfig) -> list[int]:
+        out = due_times_ns(state, config, v7=True)
+        if state.pending_jobs and state.move_holds:
+            ends = {h.decided_ns + MOVE_HOLD_NS + 1 for key in sorted(state.move_holds)
+                    for h in state.move_holds[key]}  # expired once past it
+            out = sorted(set(out) | ends)
+        return out
 
 
 def due_times_ns(state: ClusterState, config: SchedulerConfig, *, v7: bool = False) -> list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.state.handlers.jobs import set_pending
+from kai_es.state.handlers.move_holds import add_hold, drop_expired
 from kai_es.state.handlers.occupancy import occupy
 from kai_es.state.handlers.pods import set_status
 from kai_es.state.keys import pod_key
@@ -17,6 +18,8 @@ from kai_es.state.versions import fold_rules
 
 def cycle_started(state: ClusterState, env: Envelope) -> None:
     state.cycle = env.data.cycle
+    if state.move_holds:
+        drop_expired(state, env.logicaltime)
 
 
 def cycle_completed(state: ClusterState, env: Envelope) -> None:
@@ -56,6 +59,8 @@ def eviction_decided(state: ClusterState, env: Envelope) -> None:
         return
     pod.decision_id = env.id  # the pod is marked by set_status
     set_status(state, pod, "Releasing")
+    if data.to_node and fold_rules(env.policyversion).holds_moves:
+        add_hold(state, pod, data.to_node, env.logicaltime)
     if state.timed:
         job = state.jobs[pod.job_key]
         job.last_evicted_ns = env.logicaltime

@@ -9,6 +9,7 @@ from kai_es.events import payloads as p
 from kai_es.ingest import bounds
 from kai_es.state.handlers.accounting import count_subgroup
 from kai_es.state.handlers.jobs import job_for, refresh_job, refresh_or_drop_job, set_pending, track_stale
+from kai_es.state.handlers.move_holds import claim_hold
 from kai_es.state.handlers.occupancy import index_labels, occupy, release, releasing
 from kai_es.state.handlers.seen import mark_seen
 from kai_es.state.keys import pod_key
@@ -75,6 +76,8 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         state.pods[key] = pod
         job.members.add(key)
         refresh_job(state, job)
+        if state.move_holds:
+            claim_hold(state, pod, env.logicaltime)
         if spec.labels or spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity \
                 or spec.preferred_pod_anti_affinity:
             index_labels(state, pod, +1)
