@@ -28,7 +28,7 @@ from kai_es.ingest.bounds import MAX_DURATION_NS
 from kai_es.ingest.groupers import CHAIN_ONLY, TABLE
 from kai_es.ingest.groupers.rules import GroupingRule
 from kai_es.ingest.names import SCHEDULER_NAME, scheduler_name_problem
-from kai_es.scheduling.policy import CURRENT_POLICY, ActionName, config_actions
+from kai_es.scheduling.policy import CURRENT_POLICY, ActionName, config_actions, reclaims_by_queue_priority
 
 class _Cfg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
     pass
@@ -135,6 +135,11 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     #: releasing: its capacity is not pipelined onto (KAI's `--stuck-in-releasing-threshold`;
     #: read by kai-es/v7's `rules.releasing_capacity.StuckReleasingHeld`)
     stuck_in_releasing_threshold: str = "2m"
+    #: reclaim may also take in-quota resources of a queue of strictly lower priority than the
+    #: reclaiming one, which stays within its deserved quota (KAI's proportion argument
+    #: `queuePriorityInQuotaReclaim`, off by default; policy kai-es/v8 on:
+    #: `rules.reclaim_victims.QueuePriorityInQuota`)
+    queue_priority_in_quota_reclaim: bool = False
 
     @property
     def action_list(self) -> list[ActionName]:
@@ -184,6 +189,9 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
             raise msgspec.ValidationError("must be >= 0 - at `$.stateDigestEvery`")
         # what depends on the policy version is the registry's to check and default
         actions = config_actions(self.policy_version, self.actions)
+        if self.queue_priority_in_quota_reclaim and not reclaims_by_queue_priority(self.policy_version):
+            raise msgspec.ValidationError(f"policy {self.policy_version} has no in-quota reclaim by queue "
+                                          "priority (kai-es/v8 on) - at `$.queuePriorityInQuotaReclaim`")
         if actions is not self.actions:
             msgspec.structs.force_setattr(self, "actions", actions)
 
@@ -210,6 +218,7 @@ _OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
     ("", "grouping"): [],
     ("", "schedulerName"): SCHEDULER_NAME,
     ("", "stuckInReleasingThreshold"): "2m",
+    ("", "queuePriorityInQuotaReclaim"): False,
 }
 
 

@@ -105,7 +105,10 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   - the room a consolidation move made is held for the moved pod's replacement (same owner,
     same requests) until it arrives, and it is nominated there (the fold rule `holds_moves`,
     `rules.move_holds.HoldMovedRoom`; before, the replacement competed for it with every
-    pending pod).
+    pending pod);
+  - `queuePriorityInQuotaReclaim: true` (off by default, as in KAI) lets reclaim also take
+    in-quota resources of a strictly lower-priority queue while the reclaiming one stays within
+    its deserved quota (`rules.reclaim_victims.QueuePriorityInQuota`).
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
@@ -154,7 +157,7 @@ from kai_es.scheduling.rules.preemption_delay import (
 from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, StuckReleasingHeld
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
-from kai_es.scheduling.rules.reclaim_victims import DominantShareReclaimV5, KaiReclaimStrategies
+from kai_es.scheduling.rules.reclaim_victims import DominantShareReclaimV5, KaiReclaimStrategies, QueuePriorityInQuota
 from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims, ReplaceVictims, ReplaceWholeGangs
 from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
 from kai_es.scheduling.rules.staleness import SubGroupStaleness, TopLevelStalenessV3
@@ -269,7 +272,8 @@ RULES_V7: Final = replace(RULES_V6, preemption_delay=HandoverPreemptionDelay(),
                           releasing_capacity=StuckReleasingHeld(), wakeups=HandoverWakeups())
 #: kai-es/v8: semi-preemptible jobs
 RULES_V8: Final = replace(RULES_V7, semi_preemptible=CoreKeptInQuota(), replacement=ReplaceWholeGangs(),
-                          move_holds=HoldMovedRoom(), wakeups=HoldingWakeups())
+                          move_holds=HoldMovedRoom(), wakeups=HoldingWakeups(),
+                          reclaim_victims=QueuePriorityInQuota())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -322,6 +326,12 @@ def policy_for(version: str) -> PolicyVersion:
 def state_digest(version: str, state: ClusterState) -> str:
     """The state digest of `state` as policy `version` computes it (raises `UnknownPolicy`)."""
     return policy_for(version).state_digest(state)
+
+
+def reclaims_by_queue_priority(version: str) -> bool:
+    """Whether policy `version` (a known one; else False) honours `queuePriorityInQuotaReclaim`."""
+    found = POLICIES.get(version)
+    return found is not None and found.rules.reclaim_victims.honours_queue_priority
 
 
 def config_actions(version: str, actions: list[ActionName] | None) -> list[ActionName]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kai_es.scheduling.actions.preempting import PreemptingAction, reason_numbers
+from kai_es.scheduling.rules.reclaim_victims import sides
 from kai_es.scheduling.session import QueueNode, Session
 from kai_es.scheduling.victims import Unit
 from kai_es.state.model import Job
@@ -65,6 +66,13 @@ class Reclaim(PreemptingAction):
             message = (f"reclaimed for job {job.key} of queue {leaf.name} (at {leaf.allocated[0] / 1000:g} of "
                        f"{leaf.fair[0] / 1000:g} GPU fair share): queue {theirs.name} holds "
                        f"{theirs.allocated[0] / 1000:g} GPU over its fair share {theirs.fair[0] / 1000:g}")
+            found = sides(leaf, theirs) if theirs.allocated[0] <= theirs.fair[0] else None
+            if found is not None and found[2].priority < found[1].priority:
+                # not over its fair share: taken by queue priority (queuePriorityInQuotaReclaim)
+                _, mine, side = found
+                message = (f"reclaimed for job {job.key} of queue {leaf.name}, within its deserved quota: queue "
+                           f"{side.name} (priority {side.priority}) is of lower priority than queue {mine.name} "
+                           f"(priority {mine.priority}), so its in-quota resources may be reclaimed")
             numbers = {**reason_numbers("reclaimer_queue", leaf.allocated, leaf.fair),
                        **reason_numbers("victim_queue", theirs.allocated, theirs.fair),
                        "requested_milli_gpu": request[0]}

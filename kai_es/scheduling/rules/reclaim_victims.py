@@ -38,6 +38,11 @@ a common parent: their roots), the *sides*.
     is not counted, as KAI's allowConsolidatingReclaim, on by default).
   An elastic victim offers its surplus pods one at a time and its gang as one victim, as KAI
   splits a victim's tasks.
+- `QueuePriorityInQuota` (kai-es/v8 on): `KaiReclaimStrategies`, and with the config's
+  `queuePriorityInQuotaReclaim` (KAI's proportion argument, off by default) a third strategy:
+  a victim whose side has a strictly lower queue priority than the reclaiming side is taken,
+  in quota or not, while the reclaiming side stays within its deserved quota with the job (its
+  queues are candidates on the same terms). The saturation bound still holds.
 
 Contract: pure; integers only (ratios compared by cross-multiplication); reads the Session's
 accounting, writes nothing.
@@ -81,6 +86,11 @@ class ReclaimJudge(Protocol):
 
 
 class ReclaimVictims(Protocol):
+    #: whether the config's `queuePriorityInQuotaReclaim` is honoured (else a config setting it
+    #: is refused)
+    @property
+    def honours_queue_priority(self) -> bool: ...
+
     def judge(self, session: Session) -> ReclaimJudge:
         """The judge for one run of the reclaim action."""
 
@@ -219,6 +229,7 @@ def _why_over_fair(leaf: QueueNode, request: Vector, every_resource: bool = Fals
 
 class DominantShareReclaimV5:
     __slots__ = ()
+    honours_queue_priority = False
 
     def judge(self, session: Session) -> ReclaimJudge:
         return _DominantShareJudge(session)
@@ -387,14 +398,32 @@ def _minus(a: Vector, b: Vector) -> Vector:
 
 class KaiReclaimStrategies:
     __slots__ = ()
+    honours_queue_priority = False
 
     def judge(self, session: Session) -> ReclaimJudge:
         return _KaiJudge(session)
 
 
+class QueuePriorityInQuota(KaiReclaimStrategies):
+    __slots__ = ()
+    honours_queue_priority = True
+
+    def judge(self, session: Session) -> ReclaimJudge:
+        config = session.config
+        return _KaiJudge(session, by_priority=config is not None and config.queue_priority_in_quota_reclaim)
+
+
+def by_queue_priority(mine: QueueNode, theirs: QueueNode, with_job: Vector) -> bool:
+    """The in-quota reclaim by queue priority: side `theirs` has a strictly lower priority than
+    the reclaiming side `mine`, which stays within its deserved quota with the job (`with_job`)."""
+    return theirs.priority < mine.priority and within_quota(mine, with_job)
+
+
 class _KaiJudge:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, by_priority: bool = False) -> None:
         self.session = session
+        #: `queuePriorityInQuotaReclaim` in force (`QueuePriorityInQuota`)
+        self.by_priority = by_priority
 
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
         return all(leaf.allocated[r] + request[r] <= leaf.fair[r] for r in (0, 1, 2))
@@ -408,6 +437,8 @@ class _KaiJudge:
         if found is None:
             return False
         _, mine, theirs = found
+        if self.by_priority and by_queue_priority(mine, theirs, _plus(mine.allocated, request)):
+            return True
         if not within_quota(mine, _plus(mine.allocated, request)):
             return above_allocatable(theirs, theirs.allocated)
         under = False
@@ -446,7 +477,8 @@ class _KaiJudge:
             with_job = mine_with_job.get(id(mine))
             if with_job is None:
                 with_job = mine_with_job[id(mine)] = _plus(mine.allocated, request)
-            if not strategy_allows(mine, theirs, with_job, theirs.allocated):
+            if not strategy_allows(mine, theirs, with_job, theirs.allocated) and \
+                    not (self.by_priority and by_queue_priority(mine, theirs, with_job)):
                 return False
             # the saturation bound with this victim taken (victims only lower the victim side:
             # a victim that breaks it here breaks it in every scenario that holds it)
