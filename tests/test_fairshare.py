@@ -198,6 +198,6 @@ def test_fairshare_command_divides_whole_gpus_and_says_its_units(tmp_path: Path)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["units"]["gpu"] == "milli-GPU" and report["divisionUnit"]["gpu"] == 1000
-    assert report["policyVersion"] == "kai-es/v7"  # the default: whole GPUs since v2
+    assert report["policyVersion"] == "kai-es/v8"  # the default: whole GPUs since v2
     fair = {q: report["queues"][q]["resources"]["gpu"]["fairShare"] for q in ("a", "b")}
     assert fair == {"a": 3000, "b": 8000}

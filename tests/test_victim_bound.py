@@ -43,7 +43,7 @@ V4_DEFAULT = ["allocate", "consolidation", "reclaim", "preempt", "stalegangevict
 
 def test_v3_runs_every_action_it_has_by_default_and_v2_keeps_allocate() -> None:
     assert parse_config({"policyVersion": "kai-es/v3"}).action_list == V3_DEFAULT
-    assert parse_config({}).policy_version == "kai-es/v7"  # v5 to v7 run v4's actions
+    assert parse_config({}).policy_version == "kai-es/v8"  # v5 to v8 run v4's actions
     assert parse_config({}).action_list == V4_DEFAULT
     assert parse_config({"policyVersion": "kai-es/v2"}).action_list == ["allocate"]
     # a config listing no actions and one listing the defaults are the same configuration
@@ -252,7 +252,8 @@ def test_reclaim_side_walk_equals_the_pairwise_rules(forest: tuple[list[QueueNod
     queues = {q.name: q for q in leaves}
     session = SimpleNamespace(
         plan=SimpleNamespace(operations=[]), queues=queues, roots=roots,
-        state=SimpleNamespace(victim_jobs={q.name: {0: {f"job-{q.name}"}} for q in leaves}))
+        state=SimpleNamespace(victim_jobs={q.name: {0: {f"job-{q.name}"}} for q in leaves}),
+        quota_bound=lambda job: not job.preemptible)
     job = SimpleNamespace(preemptible=preemptible)
     walked = DominantShareReclaimV5().judge(session).victim_buckets(leaf, job, request)  # type: ignore[arg-type]
     pairwise = []
@@ -262,7 +263,7 @@ def test_reclaim_side_walk_equals_the_pairwise_rules(forest: tuple[list[QueueNod
             continue
         chain, mine, theirs = sides
         held = [r for r in (0, 1, 2) if request[r] > 0 and victim.allocated[r] - victim.nonpreemptible[r] > 0]
-        if rv._chain_within(chain, job, request) and rv._side_may_yield(mine, theirs, request, held):  # type: ignore[arg-type]
+        if rv._chain_within(chain, request, not preemptible) and rv._side_may_yield(mine, theirs, request, held):  # type: ignore[arg-type]
             pairwise.append((victim.name, 0))
     assert walked == sorted(pairwise)
 
