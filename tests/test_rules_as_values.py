@@ -68,5 +68,6 @@ def test_each_version_differs_from_the_previous_by_named_rules() -> None:
         "kai-es/v6": ["fair_share_division", "move_decisions", "preemptors", "reclaim_victims", "replacement",
                       "victim_order"],
         "kai-es/v7": ["preemption_delay", "releasing_capacity", "wakeups"],
-        "kai-es/v8": ["move_holds", "reclaim_victims", "replacement", "semi_preemptible", "wakeups"],
+        "kai-es/v8": ["move_holds", "reclaim_victims", "replacement", "search_backoff", "semi_preemptible",
+                      "wakeups"],
     }

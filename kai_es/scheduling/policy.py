@@ -108,7 +108,10 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     pending pod);
   - `queuePriorityInQuotaReclaim: true` (off by default, as in KAI) lets reclaim also take
     in-quota resources of a strictly lower-priority queue while the reclaiming one stays within
-    its deserved quota (`rules.reclaim_victims.QueuePriorityInQuota`).
+    its deserved quota (`rules.reclaim_victims.QueuePriorityInQuota`);
+  - a job whose victim searches keep failing waits before the next, 1 s doubling to 60 s (the
+    fold rule `backs_off_searches`, `rules.search_backoff.FailedSearchesBackOff`; before, every
+    cycle searched again for it).
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
@@ -159,6 +162,7 @@ from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
 from kai_es.scheduling.rules.reclaim_victims import DominantShareReclaimV5, KaiReclaimStrategies, QueuePriorityInQuota
 from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims, ReplaceVictims, ReplaceWholeGangs
+from kai_es.scheduling.rules.search_backoff import FailedSearchesBackOff, NoSearchBackoffV7
 from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
 from kai_es.scheduling.rules.staleness import SubGroupStaleness, TopLevelStalenessV3
 from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
@@ -247,6 +251,7 @@ RULES_V1: Final = Rules(
     releasing_capacity=AllReleasingV6(),
     semi_preemptible=SemiAsPreemptibleV7(),
     move_holds=NoMoveHoldsV7(),
+    search_backoff=NoSearchBackoffV7(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -273,7 +278,7 @@ RULES_V7: Final = replace(RULES_V6, preemption_delay=HandoverPreemptionDelay(),
 #: kai-es/v8: semi-preemptible jobs
 RULES_V8: Final = replace(RULES_V7, semi_preemptible=CoreKeptInQuota(), replacement=ReplaceWholeGangs(),
                           move_holds=HoldMovedRoom(), wakeups=HoldingWakeups(),
-                          reclaim_victims=QueuePriorityInQuota())
+                          reclaim_victims=QueuePriorityInQuota(), search_backoff=FailedSearchesBackOff())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

@@ -176,6 +176,10 @@ class Job:
     last_evicted_ns: int = 0
     stale_since_ns: int = 0
     succeeded: int = 0
+    #: kai-es/v8 on (`rules.search_backoff`): the job's consecutive failed victim searches and
+    #: the time before which none is tried again (0, 0: none failed since it last had a pod placed)
+    search_failures: int = 0
+    search_retry_ns: int = 0
     #: sub-group label (`PodObserved.subgroup`, non-empty) -> how many of the job's pods with it
     #: occupy (a name is deleted when its count drops to 0). Kept by the reducer wherever
     #: `occupying` changes or an occupying pod's label does; derived: rebuilt by `restore`,

@@ -86,6 +86,8 @@ class TimedJobSnap(JobSnap, frozen=True, kw_only=True, omit_defaults=True):
     last_evicted_ns: int = 0
     stale_since_ns: int = 0
     succeeded: int = 0
+    search_failures: int = 0
+    search_retry_ns: int = 0
 
 
 class QueueSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,7 +149,8 @@ def usage_of(form: dict[str, list[str]]) -> dict[int, list[int]]:
 
 def job_form(j: JobSnap) -> JobSnap:
     """The canonical form of a decoded job snapshot (a plain JobSnap when it has no times)."""
-    if isinstance(j, TimedJobSnap) and not (j.last_evicted_ns or j.stale_since_ns or j.succeeded):
+    if isinstance(j, TimedJobSnap) and not (j.last_evicted_ns or j.stale_since_ns or j.succeeded
+                                            or j.search_failures or j.search_retry_ns):
         return JobSnap(**{f: getattr(j, f) for f in JobSnap.__struct_fields__})
     return j
 
@@ -183,9 +186,10 @@ def pod_snap(x: PodState) -> PodSnap:
 
 def job_snap(j: Job) -> JobSnap:
     """The canonical form of one job (members sorted, pending pods in their order)."""
-    if j.last_evicted_ns or j.stale_since_ns or j.succeeded:
+    if j.last_evicted_ns or j.stale_since_ns or j.succeeded or j.search_failures or j.search_retry_ns:
         return TimedJobSnap(**_job_fields(j), last_evicted_ns=j.last_evicted_ns,
-                            stale_since_ns=j.stale_since_ns, succeeded=j.succeeded)
+                            stale_since_ns=j.stale_since_ns, succeeded=j.succeeded,
+                            search_failures=j.search_failures, search_retry_ns=j.search_retry_ns)
     return JobSnap(**_job_fields(j))
 
 
@@ -292,6 +296,7 @@ def restore(snap: Snapshot) -> ClusterState:
         if isinstance(j, TimedJobSnap):
             job = st.jobs[j.key]
             job.last_evicted_ns, job.stale_since_ns, job.succeeded = j.last_evicted_ns, j.stale_since_ns, j.succeeded
+            job.search_failures, job.search_retry_ns = j.search_failures, j.search_retry_ns
             if job.stale_since_ns:
                 st.gangs_below_minimum.add(j.key)
     for ps in snap.pods:

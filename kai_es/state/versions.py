@@ -16,6 +16,9 @@ reducer sits below the scheduler, so it is kept at the reducer's layer).
 - `holds_moves`: a move (EvictionDecided with `to_node`) holds its room for the moved pod's
   replacement, which is nominated there when it arrives (`kai_es.state.handlers.move_holds`;
   kai-es/v8 on; the decision's own `policyversion`).
+- `backs_off_searches`: a PodUnschedulable whose reason carries `retry_at_ns` (a failed victim
+  search) keeps it and `search_failures` on the pod's job, until a pod of the job is placed
+  (`kai_es.scheduling.rules.search_backoff`; kai-es/v8 on; the decision's own `policyversion`).
 
 A version this build does not know folds as the newest (the scheduler rejects a config naming
 one before it is applied); a log with no version at all (None) folds as the first logs did.
@@ -35,6 +38,7 @@ class FoldRules:
     pipelined_nominates: bool
     handover_stamps: bool = False
     holds_moves: bool = False
+    backs_off_searches: bool = False
 
 
 _FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
@@ -44,7 +48,7 @@ _SUBGROUPS: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_
 _HANDOVER: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
                              handover_stamps=True)
 _HOLDING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
-                            handover_stamps=True, holds_moves=True)
+                            handover_stamps=True, holds_moves=True, backs_off_searches=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {

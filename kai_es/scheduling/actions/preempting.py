@@ -159,7 +159,7 @@ class PreemptingAction:
             return None
         scenario = (buckets, *self._scenario(leaf, job, pods, request, shapes))
         if scenario in self.failed_scenarios:
-            self.refuse(job, *self.search_failed(leaf, job, request))
+            self.refuse(job, *self._failed_search(leaf, job, request))
             return None
         if self._room is None:
             self._room = RoomBound(self.session)
@@ -238,6 +238,15 @@ class PreemptingAction:
                 f"placement tries) makes no room for job {job.key}",
                 {"requested_milli_gpu": request[0], "requested_milli_cpu": request[1]})
 
+    def _failed_search(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
+        """`search_failed`'s reason, with when the next search may be (`rules.search_backoff`)."""
+        message, numbers = self.search_failed(leaf, job, request)
+        backoff = self.session.rules.search_backoff.after_failure(job, self.session.now_ns)
+        if not backoff:
+            return message, numbers
+        return (f"{message}; the next search is not before {rfc3339(backoff['retry_at_ns'])}",
+                {**numbers, **backoff})
+
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         """Called when the search placed `job` with the evictions after checkpoint `start`: the
         action's last word on the attempt (False: it is rolled back, as a failed search). Here:
@@ -264,6 +273,12 @@ class PreemptingAction:
             delayed = delay.delayed_until_ns(self.state, job, now)
             if delayed:
                 self._explain_delay(job, delayed)
+                continue
+            backing_off = self.session.rules.search_backoff.waiting_until(job, now)
+            if backing_off:
+                self.refuse(job, f"the last {job.search_failures} searches for job {job.key} found no room; the "
+                                 f"next is not before {rfc3339(backing_off)}",
+                            {"search_failures": job.search_failures, "retry_at_ns": backing_off})
                 continue
             key = self.session.key(leaf, (0, 0, 0))
             out.append(((key, -job.priority, job.created_ns, job.uid, job.key), leaf, job))
@@ -384,7 +399,7 @@ class PreemptingAction:
             evictions = None
         if evictions is None:
             rules.victim_search.failed(self, memo)
-            self.refuse(job, *self.search_failed(leaf, job, request))
+            self.refuse(job, *self._failed_search(leaf, job, request))
             return False
         entries = list(placed)  # what the last successful place() put on the Plan
         if gang and any(e.pipelined for e in entries):

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.reclaim_victims import ReclaimVictims
     from kai_es.scheduling.rules.releasing_capacity import ReleasingCapacity
     from kai_es.scheduling.rules.replacement import Replacement
+    from kai_es.scheduling.rules.search_backoff import SearchBackoff
     from kai_es.scheduling.rules.semi_preemptible import SemiPreemptible
     from kai_es.scheduling.rules.staleness import Staleness
     from kai_es.scheduling.rules.topology_placement import TopologyPlacement
@@ -83,3 +84,5 @@ class Rules:
     semi_preemptible: SemiPreemptible
     #: the room moves made, held for the moved pods' replacements (the cycle's Plan)
     move_holds: MoveHolds
+    #: reclaim, preempt, consolidation: whether a job whose searches fail waits before the next
+    search_backoff: SearchBackoff

@@ -8,7 +8,8 @@ run a cycle then.
   last-eviction timestamp too, and, while pods wait, the moments releasing pods become stuck
   (`rules.releasing_capacity`).
 - `HoldingWakeups` (kai-es/v8 on): as v7, and, while pods wait, the moments holds of room for
-  moved pods' replacements expire (`rules.move_holds`).
+  moved pods' replacements expire (`rules.move_holds`) and pending jobs' search back-offs end
+  (`rules.search_backoff`).
 
 Contract: pure functions of the folded state and the config.
 """
@@ -22,6 +23,7 @@ from kai_es.scheduling.rules.min_runtime import job_started_ns
 from kai_es.scheduling.rules.preemption_delay import may_trigger_evictions_from_ns
 from kai_es.scheduling.rules.releasing_capacity import deleting_pods
 from kai_es.scheduling.rules.staleness import stale_deadline_ns
+from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import MOVE_HOLD_NS, ClusterState
 
 if TYPE_CHECKING:
@@ -59,11 +61,17 @@ class HoldingWakeups:
 
     def due_times_ns(self, state: ClusterState, config: SchedulerConfig) -> list[int]:
         out = due_times_ns(state, config, v7=True)
+        ends: set[int] = set()
         if state.pending_jobs and state.move_holds:
-            ends = {h.decided_ns + MOVE_HOLD_NS + 1 for key in sorted(state.move_holds)
-                    for h in state.move_holds[key]}  # expired once past it
-            out = sorted(set(out) | ends)
-        return out
+            ends |= {h.decided_ns + MOVE_HOLD_NS + 1 for key in sorted(state.move_holds)
+                     for h in state.move_holds[key]}  # expired once past it
+        if state.pending_jobs and set(config.action_list) & {"reclaim", "preempt", "consolidation"}:
+            for name in sorted(state.pending_jobs):
+                for index_key in state.pending_jobs[name]:
+                    retry = state.jobs[job_key_of_index(index_key)].search_retry_ns
+                    if retry:
+                        ends.add(retry)
+        return sorted(set(out) | ends) if ends else out
 
 
 def due_times_ns(state: ClusterState, config: SchedulerConfig, *, v7: bool = False) -> list[int]:

@@ -36,6 +36,15 @@ def binding_decided(state: ClusterState, env: Envelope) -> None:
     pod.last_unschedulable = ""
     occupy(state, pod, data.node, data.gpu_devices, data.gpu_groups, "Binding")
     set_pending(state, pod, False)
+    _searches_succeeded(state, pod.job_key)
+
+
+def _searches_succeeded(state: ClusterState, job_key: str) -> None:
+    """A pod of the job was placed: its failed searches are forgotten (`backs_off_searches`)."""
+    job = state.jobs.get(job_key)
+    if job is not None and (job.search_failures or job.search_retry_ns):
+        job.search_failures = job.search_retry_ns = 0
+        state.stale_jobs.add(job.key)
 
 
 def pod_pipelined(state: ClusterState, env: Envelope) -> None:
@@ -49,6 +58,7 @@ def pod_pipelined(state: ClusterState, env: Envelope) -> None:
     # (logs written before reservations existed must fold to the state they recorded)
     if fold_rules(env.policyversion).pipelined_nominates and pod.status == "Pending":
         pod.nominated_node = data.node
+    _searches_succeeded(state, pod.job_key)
 
 
 def eviction_decided(state: ClusterState, env: Envelope) -> None:
@@ -75,6 +85,24 @@ def pod_unschedulable(state: ClusterState, env: Envelope) -> None:
         return
     state.stale_pods.add(pod.key)
     pod.last_unschedulable = reasons_fingerprint(data.reasons)
+    if state.timed and fold_rules(env.policyversion).backs_off_searches:
+        _search_failed(state, pod.job_key, data.reasons)
+
+
+def _search_failed(state: ClusterState, job_key: str, reasons: list[p.Reason]) -> None:
+    """Keep the most failed searches a reason of the verdict states, and its retry time, on the
+    job (`backs_off_searches`)."""
+    job = state.jobs.get(job_key)
+    best: tuple[int, int] | None = None
+    for r in reasons:
+        retry = r.numbers.get("retry_at_ns")
+        failures = r.numbers.get("search_failures")
+        if retry is not None and failures is not None and (best is None or (failures, retry) > best):
+            best = (failures, retry)
+    if job is None or best is None or best == (job.search_failures, job.search_retry_ns):
+        return
+    job.search_failures, job.search_retry_ns = best
+    state.stale_jobs.add(job.key)
 
 
 def reasons_fingerprint(reasons: list[p.Reason]) -> str:
