@@ -8,7 +8,9 @@ Contract:
   loses all its pods or none — but with `whole_units=False`, consolidation's, whose victims are
   re-placed, only the pods of a unit that are in the way are kept); a semi-preemptible job
   whose core is kept (`rules.semi_preemptible`) offers only its extras, one pod at a time, never
-  the pods of its minimum shape. Units are ordered cheapest
+  the pods of its minimum shape; and (kai-es/v8 on) a job's occupying pods leave out those the
+  Plan evicted already, so an earlier action's victims do not count towards its surplus again.
+  Units are ordered cheapest
   first (`keyed_units`): lower job priority, newer job, then uid, then pod key.
 - `admit(unit)` (the action's rule, evaluated on the Plan's current accounting) decides whether
   a unit may be taken; the search never takes a unit it refuses.
@@ -92,12 +94,15 @@ def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
             continue
         newest_first = order(running)  # the version's victim order: the first to go first
         base = (job.priority, -job.created_ns, job.uid)
+        # kai-es/v8 on (`keeps_core`): what a job holds leaves out the pods this Plan evicted
+        # already (an earlier action's victims), so its surplus is not offered twice
+        held = [pod for pod in pods if pod.status in ("Running", "Binding", "Releasing")
+                and not (keeps_core and pod.key in evicted)]
         if job.semi and keeps_core:
-            held = [pod for pod in pods if pod.status in ("Running", "Binding", "Releasing")]
             for i, pod in enumerate(semi_surplus(job, newest_first, held)):
                 out.append(((*base, 0, i, pod.key), Unit(job, (pod,), surplus=True)))
             continue
-        occupying = sum(1 for pod in pods if pod.status in ("Running", "Binding", "Releasing"))
+        occupying = len(held)
         surplus = occupying - job.min_member
         if surplus > 0:
             for i, pod in enumerate(newest_first[:surplus]):
