@@ -262,20 +262,27 @@ def _container_requests(c: Obj, path: str) -> dict[str, int]:
     lim = _get(c, "resources.limits") or {}
     if not isinstance(req, Mapping) or not isinstance(lim, Mapping):
         raise IngestError(f"{path}.resources", "requests and limits must be maps")
+    merged = {str(k): v for k, v in lim.items()}
+    merged.update({str(k): v for k, v in req.items()})
+    return _amounts(merged, f"{path}.resources.requests")
+
+
+def _amounts(raw: Mapping[str, Any], where: str) -> dict[str, int]:
+    """A resource list (`where` names it) by resource name, in the units of `_container_requests`."""
     out: dict[str, int] = {}
-    for resource in sorted({str(k) for k in req} | {str(k) for k in lim}):
+    for resource in sorted(raw):
         if resource == "pods":
             continue
-        raw = req.get(resource, lim.get(resource))
-        where = f"{path}.resources.requests[{resource}]" if "/" in resource else f"{path}.resources.requests.{resource}"
+        at = f"{where}[{resource}]" if "/" in resource else f"{where}.{resource}"
+        value = raw[resource]
         if _whole_only(resource):
-            amount = _whole(raw, resource, where)
+            amount = _whole(value, resource, at)
         else:
-            amount = _milli(raw, where) if resource == "cpu" else _units(raw, where)
+            amount = _milli(value, at) if resource == "cpu" else _units(value, at)
         problem = bounds.quantity_problem(resource, amount,
                                           bounds.MAX_POD_GPUS if resource == GPU_RESOURCE else bounds.MAX_QUANTITY)
         if problem:
-            raise IngestError(where, problem)
+            raise IngestError(at, problem)
         out[resource] = amount
     return out
 
@@ -302,20 +309,92 @@ def _whole(raw: Any, resource: str, where: str) -> int:
     return value.numerator
 
 
+def _status_requests(raw: Any, path: str) -> dict[str, int]:
+    """A container status's resource list (`resources.requests` or `allocatedResources`)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise IngestError(path, "must be a map")
+    return _amounts({str(k): v for k, v in raw.items()}, path)
+
+
+def _resize_infeasible(obj: Obj) -> bool:
+    """The pod's `PodResizePending` condition says `Infeasible` (the kubelet will not resize it)."""
+    for c in _list(obj, "status.conditions"):
+        if isinstance(c, Mapping) and c.get("type") == "PodResizePending":
+            return c.get("reason") == "Infeasible"
+    return False
+
+
+def _effective_requests(obj: Obj, c: Obj, path: str, statuses: Mapping[str, tuple[Obj, str]]) -> dict[str, int]:
+    """A container's requests as the node accounts them during an in-place resize (Kubernetes'
+    effective requests): once its status reports `resources`, per resource the largest of the
+    spec, the actuated (`status…resources.requests`) and the allocated (`allocatedResources`)
+    amounts — and, when the resize is infeasible, of the last two only. Without a status: the spec."""
+    spec = _container_requests(c, path)
+    found = statuses.get(str(c.get("name", "")))
+    if found is None:
+        return spec
+    status, where = found
+    resources = status.get("resources")
+    if resources is None:
+        return spec
+    if not isinstance(resources, Mapping):
+        raise IngestError(f"{where}.resources", "must be a map")
+    actuated = _status_requests(resources.get("requests"), f"{where}.resources.requests")
+    allocated = _status_requests(status.get("allocatedResources"), f"{where}.allocatedResources")
+    lists = (actuated, allocated) if _resize_infeasible(obj) else (spec, actuated, allocated)
+    out: dict[str, int] = {}
+    for each in lists:
+        for k, v in each.items():
+            out[k] = max(out.get(k, 0), v)
+    return out
+
+
+def _container_statuses(obj: Obj) -> dict[str, tuple[Obj, str]]:
+    """Container name -> (its status, where it is), of `status.containerStatuses` and
+    `status.initContainerStatuses`."""
+    out: dict[str, tuple[Obj, str]] = {}
+    for field in ("containerStatuses", "initContainerStatuses"):
+        for i, cs in enumerate(_list(obj, f"status.{field}")):
+            if isinstance(cs, Mapping) and isinstance(cs.get("name"), str):
+                out.setdefault(cs["name"], (cs, f"status.{field}[{i}]"))
+    return out
+
+
 def _pod_requests(obj: Obj) -> tuple[int, int, int, dict[str, int]]:
-    """(milli-CPU, memory bytes, whole GPUs, other resources) a pod needs on its node: the sum
-    over containers, at least the largest init container, plus `spec.overhead`."""
+    """(milli-CPU, memory bytes, whole GPUs, other resources) a pod needs on its node, as
+    Kubernetes computes it: the sum over containers and sidecars (init containers with
+    `restartPolicy: Always`), at least what each other init container needs beside the
+    sidecars started before it, plus `spec.overhead`. A container (or sidecar) being resized in
+    place counts its effective requests (`_effective_requests`)."""
+    statuses = _container_statuses(obj)
     total: dict[str, int] = {}
     for i, c in enumerate(_list(obj, "spec.containers")):
         if not isinstance(c, Mapping):
             raise IngestError(f"spec.containers[{i}]", "must be a map")
-        for k, v in _container_requests(c, f"spec.containers[{i}]").items():
+        for k, v in _effective_requests(obj, c, f"spec.containers[{i}]", statuses).items():
             total[k] = total.get(k, 0) + v
+    sidecars: dict[str, int] = {}
+    init_max: dict[str, int] = {}
     for i, c in enumerate(_list(obj, "spec.initContainers")):
         if not isinstance(c, Mapping):
             raise IngestError(f"spec.initContainers[{i}]", "must be a map")
-        for k, v in _container_requests(c, f"spec.initContainers[{i}]").items():
-            total[k] = max(total.get(k, 0), v)
+        path = f"spec.initContainers[{i}]"
+        if c.get("restartPolicy") == "Always":  # a sidecar: runs beside the containers
+            requests = _effective_requests(obj, c, path, statuses)
+            for k, v in requests.items():
+                total[k] = total.get(k, 0) + v
+                sidecars[k] = sidecars.get(k, 0) + v
+            running = dict(sidecars)
+        else:
+            running = dict(sidecars)
+            for k, v in _container_requests(c, path).items():
+                running[k] = running.get(k, 0) + v
+        for k, v in running.items():
+            init_max[k] = max(init_max.get(k, 0), v)
+    for k, v in init_max.items():
+        total[k] = max(total.get(k, 0), v)
     overhead = _get(obj, "spec.overhead", {}) or {}
     if not isinstance(overhead, Mapping):
         raise IngestError("spec.overhead", "must be a map")
