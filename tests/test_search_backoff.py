@@ -130,5 +130,10 @@ def test_the_fold_keeps_the_count_until_a_pod_of_the_job_is_placed() -> None:
     assert state.jobs["d/g"].search_failures == 0  # a v7 decision: no back-off
     feed(p.PodUnschedulable(namespace="d", name="x", uid="u", podgroup="g", queue="q", reasons=[failed]), "kai-es/v8")
     assert (state.jobs["d/g"].search_failures, state.jobs["d/g"].search_retry_ns) == (3, 9 * SEC)
+    for huge in ({"search_failures": 2**70, "retry_at_ns": SEC}, {"search_failures": 4, "retry_at_ns": 2**128},
+                 {"search_failures": -1, "retry_at_ns": -5}):  # not what a scheduler writes: ignored
+        feed(p.PodUnschedulable(namespace="d", name="x", uid="u", podgroup="g", queue="q",
+                                reasons=[p.Reason(code="ReclaimNotPossible", message="m", numbers=huge)]), "kai-es/v8")
+        assert (state.jobs["d/g"].search_failures, state.jobs["d/g"].search_retry_ns) == (3, 9 * SEC)
     feed(p.BindingDecided(namespace="d", name="x", uid="u", node="n", podgroup="g", queue="q"), "kai-es/v8")
     assert (state.jobs["d/g"].search_failures, state.jobs["d/g"].search_retry_ns) == (0, 0)

@@ -97,7 +97,9 @@ def _search_failed(state: ClusterState, job_key: str, reasons: list[p.Reason]) -
     for r in reasons:
         retry = r.numbers.get("retry_at_ns")
         failures = r.numbers.get("search_failures")
-        if retry is not None and failures is not None and (best is None or (failures, retry) > best):
+        if retry is None or failures is None or not (0 < retry < 2**63 and 0 < failures < 2**31):
+            continue  # not a failed search's numbers (or not ones a scheduler writes)
+        if best is None or (failures, retry) > best:
             best = (failures, retry)
     if job is None or best is None or best == (job.search_failures, job.search_retry_ns):
         return
