@@ -259,7 +259,9 @@ def test_semi_preemptible_workloads_converge_and_replay(seed: int) -> None:
         pod = pod.priority_class(rng.choice(["train", "train", "build"]))
         docs.append(pod.annotate("kai-es.io/submit-after", f"{rng.randint(1, 20)}s").obj())
     text = scenario_text(*docs, settings={"scheduler": {}, "simulation": {"until": "90s", "cyclePeriod": "1s"}})
-    _converges_and_never_goes_back_and_forth(text)
+    # a gang victim is taken whole: it may leave its queue below its fair share, which then
+    # takes back once (as KAI would); more changes of direction would be a ping-pong
+    _converges_and_never_goes_back_and_forth(text, reversals=1)
     log = MemoryEventLog()
     anyio.run(lambda: simulate(load_scenario_text(text, "semi.yaml"), log, load_packer("native")))
     assert replay(log._records, load_packer("native")).ok  # noqa: SLF001 - the whole log

@@ -107,7 +107,10 @@ def test_every_action_of_v4_converges_and_never_goes_back_and_forth(text: str) -
     _converges_and_never_goes_back_and_forth(text)
 
 
-def _converges_and_never_goes_back_and_forth(text: str) -> None:
+def _converges_and_never_goes_back_and_forth(text: str, reversals: int = 0) -> None:
+    """`reversals`: how often reclaim between two queues of the same quota and weight may change
+    direction (0: never; a gang taken whole can leave its queue below its fair share, and it
+    takes back once — a second reversal is a ping-pong)."""
     envelopes = _run(text)
     evictions = [(e.logicaltime, e.data) for e in envelopes if isinstance(e.data, p.EvictionDecided)]
     stale = [d for _, d in evictions if d.action == "stalegangeviction"]
@@ -124,12 +127,19 @@ def _converges_and_never_goes_back_and_forth(text: str) -> None:
     params = {d["metadata"]["name"]: (d["spec"]["resources"]["gpu"]["quota"],
                                       d["spec"]["resources"]["gpu"]["overQuotaWeight"])
               for d in yaml.safe_load_all(text) if d and d.get("kind") == "Queue"}
-    directions = set()
+    last: dict[frozenset[str], tuple[str, str]] = {}
+    changes: dict[frozenset[str], int] = {}
     for _, data in evictions:
-        if data.action == "reclaim":
-            directions.add((_reclaimer(data), data.queue))
-    back_and_forth = {(a, b) for a, b in directions if (b, a) in directions and params[a] == params[b]}
-    assert not back_and_forth, directions
+        if data.action != "reclaim":
+            continue
+        way = (_reclaimer(data), data.queue)
+        pair = frozenset(way)
+        if params[way[0]] != params[way[1]]:
+            continue
+        if pair in last and last[pair] != way:
+            changes[pair] = changes.get(pair, 0) + 1
+        last[pair] = way
+    assert all(n <= reversals for n in changes.values()), changes
     # every eviction is for a preemptor the same cycle places, and no pod is placed twice in it
     placed: dict[int | None, list[str]] = {}
     for e in envelopes:
