@@ -24,6 +24,7 @@ in bytes, times in ns since the epoch):
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -317,6 +318,17 @@ def _cut(state: ClusterState, subject: _Subject, record: Record,
     return _Cut(env.data.cycle, record.position, env.logicaltime, pending, numbers)
 
 
+#: reason numbers that change with each failed search while the verdict stays the same
+#: (`rules.search_backoff`): consecutive cycles differing only in them are one wait
+_BACKOFF_NUMBERS = re.compile(r",?(retry_at_ns|search_failures)=-?\d+")
+
+
+def _without_backoff(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    if key[0] == "pending" and len(key) > 1:
+        return ("pending", _BACKOFF_NUMBERS.sub("", key[1]))
+    return key
+
+
 def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run], announced: dict[str, list[p.Reason]]) -> None:
     """Fold a completed cycle's verdict on the subject into the timeline (collapsing)."""
     kinds: Counter[tuple[Any, ...]] = Counter()
@@ -346,14 +358,15 @@ def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run], announced: dict[st
         detail[k]["pods"].append(key)
     if not kinds:
         return
-    run_key = tuple(sorted(kinds.items()))
-    verdicts = [detail[k] for k in sorted(detail)]
+    run_key = tuple(sorted((_without_backoff(k), n) for k, n in kinds.items()))
+    verdicts = [detail[k] for k in sorted(detail, key=_without_backoff)]
     last_entry = entries[-1] if entries else None
     if isinstance(last_entry, _Run) and last_entry.key == run_key:
         last_entry.cycles += 1
         last_entry.last = cut
         for old, new in zip(last_entry.verdicts, verdicts):
             old["recorded"] = old.get("recorded", False) or new.get("recorded", False)
+            old["reasons"] = new["reasons"]  # a search back-off's numbers move on: the latest
         return
     entries.append(_Run(run_key, verdicts, cut, cut))
 

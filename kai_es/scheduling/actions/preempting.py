@@ -274,12 +274,6 @@ class PreemptingAction:
             if delayed:
                 self._explain_delay(job, delayed)
                 continue
-            backing_off = self.session.rules.search_backoff.waiting_until(job, now)
-            if backing_off:
-                self.refuse(job, f"the last {job.search_failures} searches for job {job.key} found no room; the "
-                                 f"next is not before {rfc3339(backing_off)}",
-                            {"search_failures": job.search_failures, "retry_at_ns": backing_off})
-                continue
             key = self.session.key(leaf, (0, 0, 0))
             out.append(((key, -job.priority, job.created_ns, job.uid, job.key), leaf, job))
         out.sort(key=lambda item: item[0])
@@ -347,6 +341,12 @@ class PreemptingAction:
         rules = self.session.rules
         covered = rules.victim_search.plan(self, leaf, job, pods, request, shapes)
         if covered is None:
+            return False
+        backing_off = rules.search_backoff.waiting_until(job, self.session.now_ns)
+        if backing_off:  # the search itself waits (`rules.search_backoff`); the checks before it did not
+            self.refuse(job, f"the last {job.search_failures} searches for job {job.key} found no room; the "
+                             f"next is not before {rfc3339(backing_off)}",
+                        {"search_failures": job.search_failures, "retry_at_ns": backing_off})
             return False
         on_nodes, units, memo = covered
         placed: list[Entry] = []

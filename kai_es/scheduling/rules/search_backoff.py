@@ -6,8 +6,9 @@ every cycle (KAI #2301's complaint: the same hopeless search, cycle after cycle)
   ran and found no room (its reason, `…NotPossible`, carries `search_failures` — the job's
   consecutive failed searches — and `retry_at_ns`) keeps the job out of those actions' searches
   until that time: 1 s after the first failure, doubling with each further one up to 60 s. While
-  it waits, each action says so (the same reason code, with those numbers: "the next search is
-  not before …"). The fold keeps the two numbers on the job (fold rule `backs_off_searches`)
+  it waits, an action that gets as far as searching for it says so instead (the same reason
+  code, with those numbers: "the next search is not before …"); its cheaper refusals (no
+  victim, no node with room, a queue over its fair share) are said as before. The fold keeps the two numbers on the job (fold rule `backs_off_searches`)
   and forgets them once a pod of the job is placed; the scheduler wakes at `retry_at_ns`.
 
 Contract: pure functions of the folded job and the cycle's time.
