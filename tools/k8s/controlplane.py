@@ -227,7 +227,7 @@ CONTROLLERS = (
 #: Added for a control plane with a real node: the kubelet mounts every pod's projected
 #: ServiceAccount token volume with the namespace's `kube-root-ca.crt` ConfigMap, which this
 #: controller publishes (a pod whose ConfigMap is missing never starts).
-REAL_NODE_CONTROLLERS = ("root-ca-cert-publisher",)
+REAL_NODE_CONTROLLERS = ("root-ca-certificate-publisher-controller",)
 
 #: The node `ControlPlane(real_node=True)` registers (a kubelet; KWOK leaves it alone).
 REAL_NODE_NAME = "real-node-0"
@@ -1169,7 +1169,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         (d / "cni" / "net.d" / "10-kai-es.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "kai-es",
             "plugins": [{"type": "bridge", "bridge": POD_BRIDGE, "isGateway": True, "ipMasq": False,
+                         # a default route via the bridge: pods reach the host's address (the
+                         # apiserver's, ControlPlane.in_cluster_env), not only the pod subnet
                          "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                                  "routes": [{"dst": "0.0.0.0/0"}],
                                   "dataDir": str(d / "cni" / "ipam")}}],
         }, indent=2) + "\n")  # fmt: skip
         assert self.cp.creds is not None
