@@ -7,9 +7,11 @@ What it proves, in order (the tests share the module's one install and run in fi
   default kube-scheduler (built with the Kubernetes commands, `ControlPlane(real_node=True)` runs
   it) onto the real node, started by the kubelet with the chart's security context, turned Ready
   by their `/readyz` probes, and elect one leader per role (the Leases name one pod each); the
-  event log is the embedded file log on a hostPath volume all six mount
-  (`eventLog.file`); the pods reach the apiserver at the host's address (`in_cluster_env`: there
-  is no kube-proxy here) with the projected ServiceAccount tokens the kubelet mounts;
+  pods reach the apiserver at the host's address (`in_cluster_env`: there is no kube-proxy here)
+  with the projected ServiceAccount tokens the kubelet mounts. Both log backends, each its own
+  install on its own control plane (the module's fixture is parametrized; one real node at a
+  time): the embedded file log on a hostPath volume all six pods mount (`eventLog.file`), and
+  Kafka (the test broker, listening on the host's address: `eventLog.url`);
 - real containers scheduled by the installed kai-es run to completion on the node: a PodGroup
   gang of 4 in a Queue, a batch Job, and a fractional-GPU pod whose reservation pod (the binder's
   `--reservation-image`, a busybox image on the node) actually starts: the real node advertises
@@ -49,6 +51,7 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.replay import replay
 from kai_es.scheduling.packing import load_packer
+from tests.conftest import KafkaBroker, broker_mod
 from tests.k8s.conftest import CRD_DIR, cp_mod
 from tests.k8s.helm import CHART, helm
 from tests.k8s.helpers import queue
@@ -66,6 +69,8 @@ RUN_AS = 10001  # the chart's podSecurityContext.runAsUser/runAsGroup
 #: the real node's fake GPUs (status capacity), enough for one reservation pod
 NODE_GPUS = 1
 WORKLOADS = "work"  # the namespace of the workloads
+#: the log backends the chart is installed with, one install each
+LOGS = ("file", "kafka")
 
 
 def _wait(fn: Callable[[], T | None], what: str, timeout_s: float, cp: Any, interval_s: float = 0.2) -> T:
@@ -96,7 +101,8 @@ class Install:
     values: Path  # the values file of the install
     image_repo: str
     image_tag: str
-    log_file: Path  # the event log, on the host (the hostPath volume)
+    log: str  # "file" or "kafka"
+    log_url: str  # the event log as this process opens it: the file on the host, or kafka://
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -142,7 +148,7 @@ class Install:
     def records(self) -> list[Record]:
         """The whole event log as written so far (read-only: a torn last line is ignored)."""
         async def read() -> list[Record]:
-            events = open_log(str(self.log_file), readonly=True)
+            events = open_log(self.log_url, readonly=True)
             try:
                 return [r async for r in events.read()]
             finally:
@@ -168,10 +174,34 @@ def _workload_pod(name: str, qname: str, script: str, *, annotations: dict[str, 
 
 
 @pytest.fixture(scope="module")
-def installed(kai_es_image: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
+def kafka_on_host() -> Iterator[Any]:
+    """A Kafka broker the pods can reach: listening on every address, advertising the host's
+    (the one the real node's pods route to). Started only for the Kafka variant."""
+    host = cp_mod.host_ip()
+    port, controller = cp_mod.free_port(), cp_mod.free_port()
+    broker = KafkaBroker(port, controller_port=controller, properties={
+        "listeners": f"PLAINTEXT://0.0.0.0:{port},CONTROLLER://127.0.0.1:{controller}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}"})
+    try:
+        broker.start(timeout_s=180)
+    except broker_mod.BrokerError as e:
+        broker.close()
+        pytest.fail(f"could not start the Kafka broker for the chart's pods: {e}", pytrace=False)
+    try:
+        yield f"{host}:{port}"
+    finally:
+        broker.close()
+
+
+@pytest.fixture(scope="module", params=LOGS)
+def installed(request: pytest.FixtureRequest, kai_es_image: Any,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
     """A real-node control plane (with kube-scheduler; NOT what KAI installs: the chart brings
     its CRDs and the reservation namespace itself), the image imported and tagged twice, the
-    node given fake GPUs, and `helm install` of the chart with the file log on a hostPath."""
+    node given fake GPUs, and `helm install` of the chart with the file log on a hostPath or
+    with Kafka (`request.param`)."""
+    log: str = request.param
+    bootstrap = request.getfixturevalue("kafka_on_host") if log == "kafka" else ""
     cp = cp_mod.ControlPlane(real_node=True)
     try:
         cp.start(timeout_s=180)
@@ -203,16 +233,22 @@ def installed(kai_es_image: Any, tmp_path_factory: pytest.TempPathFactory) -> It
                 content_type="application/merge-patch+json", ok=(200,))
         _wait(lambda: cp.call("GET", f"/api/v1/nodes/{node}")["status"].get("allocatable", {}).get("nvidia.com/gpu")
               == str(NODE_GPUS), "the node's fake GPUs in its allocatable", 30, cp)
-        host_log_dir = cp.data_dir / "event-log"
-        host_log_dir.mkdir()
-        os.chown(host_log_dir, RUN_AS, RUN_AS)
+        if log == "file":
+            host_log_dir = cp.data_dir / "event-log"
+            host_log_dir.mkdir()
+            os.chown(host_log_dir, RUN_AS, RUN_AS)
+            log_url = str(host_log_dir / "events.jsonl")
+            event_log = {"file": {"path": f"{LOG_DIR_IN_POD}/events.jsonl",
+                                  "volume": {"hostPath": {"path": str(host_log_dir), "type": "Directory"}}}}
+        else:
+            log_url = f"kafka://{bootstrap}/kai-es-chart-{uuid.uuid4().hex[:8]}"
+            event_log = {"url": log_url}
         home = tmp_path_factory.mktemp("helm-home")
         values = home / "values.yaml"
         small = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}
         values.write_text(yaml.safe_dump({
             "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-            "eventLog": {"file": {"path": f"{LOG_DIR_IN_POD}/events.jsonl",
-                                  "volume": {"hostPath": {"path": str(host_log_dir), "type": "Directory"}}}},
+            "eventLog": event_log,
             # no kube-proxy here: the pods reach the apiserver at the host's address
             "extraEnv": cp.in_cluster_env(),
             "nodeSelector": {"kubernetes.io/hostname": node},
@@ -220,8 +256,8 @@ def installed(kai_es_image: Any, tmp_path_factory: pytest.TempPathFactory) -> It
             "scheduler": {"replicas": REPLICAS, "resources": small, "period": "200ms"},
             "binder": {"replicas": REPLICAS, "resources": small, "reservationImage": cp_mod.PAUSE_IMAGE},
         }))
-        inst = Install(cp=cp, home=home, values=values, image_repo=repo, image_tag=tag,
-                       log_file=host_log_dir / "events.jsonl")
+        inst = Install(cp=cp, home=home, values=values, image_repo=repo, image_tag=tag, log=log,
+                       log_url=log_url)
         t0 = time.monotonic()
         out = inst.helm("install", RELEASE, str(CHART), "--create-namespace", "-f", str(values))
         assert f"kai-es places the pods whose spec.schedulerName is \"kai-scheduler\"" in out, out
@@ -232,7 +268,7 @@ def installed(kai_es_image: Any, tmp_path_factory: pytest.TempPathFactory) -> It
         cp.create_namespace(WORKLOADS)
         cp.call("POST", "/apis/scheduling.run.ai/v2/queues", queue(f"q-{inst.tag}"), ok=(201,))
         yield inst
-        print("\nmeasured: " + ", ".join(f"{k} {v:.1f}s" for k, v in inst.timings.items()))
+        print(f"\nmeasured ({log} log): " + ", ".join(f"{k} {v:.1f}s" for k, v in inst.timings.items()))
     finally:
         cp.close()
 
@@ -272,12 +308,12 @@ def test_six_pods_ready_on_the_real_node_with_one_leader_per_role(installed: Ins
         (status,) = x["status"]["containerStatuses"]
         assert status["ready"] and status["restartCount"] == 0, (x["metadata"]["name"], status)
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
-        assert LOG_DIR_IN_POD in mounts
+        assert (LOG_DIR_IN_POD in mounts) == (inst.log == "file"), mounts
         # with leader election every role has a Kubernetes identity: the projected token the
         # ServiceAccount admission plugin adds and the kubelet mounts
         assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts, mounts
-    # the log: one file on the host, written by the leaders (their claims and the informer's
-    # first listing of the cluster)
+    # the log (one file on the host, or the topic), written by the leaders: the scheduler's
+    # configuration and the informer's first listing of the cluster
     records = inst.records()
     assert any(isinstance(r.envelope.data, p.ConfigApplied) for r in records)
     assert any(isinstance(r.envelope.data, p.NodeObserved) and r.envelope.data.name == cp.real_node.name
@@ -452,7 +488,7 @@ def test_helm_uninstall_leaves_only_what_the_readme_says_it_keeps(installed: Ins
     assert cp.request("GET", "/api/v1/namespaces/kai-resource-reservation")[0] == 200
     leases = cp.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases")["items"]
     assert sorted(x["metadata"]["name"] for x in leases) == sorted(f"{RELEASE}-{r}" for r in ROLES)
-    assert inst.log_file.stat().st_size > 0
+    assert inst.records()  # the log stays (its file, or its Kafka topic)
     # and the node runs no container of kai-es any more (exited ones wait for the kubelet's
     # container garbage collection)
     ours_ids = {line.split()[0] for line in cp.real_node._ctr("containers", "ls").splitlines()[1:]  # noqa: SLF001
