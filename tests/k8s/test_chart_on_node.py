@@ -79,9 +79,10 @@ def _wait(fn: Callable[[], T | None], what: str, timeout_s: float, cp: Any, inte
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
-        last = fn()
-        if last is not None and last is not False:
-            return last
+        got = fn()
+        if got is not None and got is not False:
+            return got
+        last = got
         time.sleep(interval_s)
     pods = cp.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
     states = {x["metadata"]["name"]: (x["spec"].get("nodeName"), x["status"].get("phase"),
@@ -233,6 +234,7 @@ def installed(request: pytest.FixtureRequest, kai_es_image: Any,
                 content_type="application/merge-patch+json", ok=(200,))
         _wait(lambda: cp.call("GET", f"/api/v1/nodes/{node}")["status"].get("allocatable", {}).get("nvidia.com/gpu")
               == str(NODE_GPUS), "the node's fake GPUs in its allocatable", 30, cp)
+        event_log: dict[str, Any]
         if log == "file":
             host_log_dir = cp.data_dir / "event-log"
             host_log_dir.mkdir()
@@ -312,6 +314,16 @@ def test_six_pods_ready_on_the_real_node_with_one_leader_per_role(installed: Ins
         # with leader election every role has a Kubernetes identity: the projected token the
         # ServiceAccount admission plugin adds and the kubelet mounts
         assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts, mounts
+    # the kernel's view of each container's main process: the chart's security context, applied
+    tasks = {t[0]: int(t[1]) for t in (line.split() for line in cp.real_node._ctr(  # noqa: SLF001
+        "tasks", "ls").splitlines()[1:]) if len(t) >= 3 and t[2] == "RUNNING"}
+    for x in pods:
+        cid = x["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+        status_lines = dict(line.split(":\t", 1) for line in
+                            Path(f"/proc/{tasks[cid]}/status").read_text().splitlines() if ":\t" in line)
+        assert status_lines["Uid"].split()[:2] == [str(RUN_AS)] * 2, status_lines["Uid"]
+        assert status_lines["CapEff"] == "0000000000000000" and status_lines["NoNewPrivs"] == "1"
+        assert status_lines["Seccomp"] == "2", status_lines["Seccomp"]  # RuntimeDefault: a filter
     # the log (one file on the host, or the topic), written by the leaders: the scheduler's
     # configuration and the informer's first listing of the cluster
     records = inst.records()
