@@ -282,7 +282,8 @@ def _phase(cp: Any, name: str, namespace: str = WORKLOADS) -> tuple[str | None, 
 
 def _bound_once(inst: Install, names: Sequence[str]) -> None:
     """Each pod of `names` (in WORKLOADS) was decided once and bound once by kai-es, onto the node
-    the pod names, per the log; and the whole log replays exactly."""
+    the pod names, per the log; no pod in the log was decided or bound twice; and the whole log
+    replays exactly."""
     records = inst.records()
     pods = {n: inst.cp.call("GET", f"/api/v1/namespaces/{WORKLOADS}/pods/{n}") for n in names}
     uids = {pod["metadata"]["uid"]: n for n, pod in pods.items()}
@@ -292,6 +293,9 @@ def _bound_once(inst: Install, names: Sequence[str]) -> None:
         node = pods[name]["spec"]["nodeName"]
         assert [k for k in decided if k[0] == uid] == [(uid, node)] and decided[(uid, node)] == 1, (name, decided)
         assert [k for k in bound if k[0] == uid] == [(uid, node)] and bound[(uid, node)] == 1, (name, bound)
+    # and no pod at all, of any test so far, was decided or bound twice
+    assert [k for k, n in decided.items() if n > 1] == [] and len({u for u, _ in decided}) == len(decided)
+    assert [k for k, n in bound.items() if n > 1] == [] and len({u for u, _ in bound}) == len(bound)
     result = replay(records, load_packer("native"))
     assert result.ok, result.divergence
 

@@ -2181,6 +2181,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 print(f"node {cp.real_node.name} Ready ({cp.real_node.node_ip}); pod default/hello "
                       f"{pod['status']['phase']} in {time.monotonic() - t0:.1f}s, podIP "
                       f"{pod['status'].get('podIP')}, log:\n{log}", file=sys.stderr, end="")
+                env = " ".join(f"{e['name']}={e['value']}" for e in cp.in_cluster_env())
+                print(f"pods reach the apiserver with {env} (no kube-proxy; e.g. helm's extraEnv); "
+                      f"kube-scheduler places pods naming no scheduler", file=sys.stderr)
             print(f"server={cp.base_url}", flush=True)
             print(f"kubeconfig={cp.kubeconfig}", flush=True)
             print(f"scheduler_kubeconfig={cp.scheduler_kubeconfig}", flush=True)
