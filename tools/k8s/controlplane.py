@@ -1508,6 +1508,13 @@ class ControlPlane:
     ``operators`` (keys of OPERATORS) are started last, with their CRDs, webhooks and the
     objects their installs create (`OperatorProcess`); :attr:`operators` maps each name (the
     ones they need included) to its process.
+
+    ``real_node`` adds a kubelet (`RealNode`) and makes the control plane one pods can use:
+    the apiserver on every address with the host's in its certificate (`in_cluster_env`), the
+    ServiceAccount admission plugin (pods get projected tokens; `create_namespace` waits for the
+    namespace's `default` ServiceAccount), the root CA publisher (REAL_NODE_CONTROLLERS), and
+    ``kube_scheduler`` (default: with a real node) the default kube-scheduler, as user
+    system:kube-scheduler, for the pods that name no scheduler.
     """
 
     def __init__(
@@ -1559,7 +1566,8 @@ class ControlPlane:
         #: default with a real node only: KWOK nodes' pods are the tests' and kai-es's
         self.kube_scheduler: _Proc | None = None
         self.kube_scheduler_user = User("system:kube-scheduler", secrets.token_hex(16))
-        if real_node if kube_scheduler is None else kube_scheduler:
+        run_kube_scheduler = real_node if kube_scheduler is None else kube_scheduler
+        if run_kube_scheduler:
             self.kube_scheduler = _Proc("kube-scheduler", self.data_dir / "kube-scheduler.log", die_with_parent)
         self.kube_scheduler_port = free_port()
         while self.kube_scheduler_port in {self.apiserver_port, self.etcd_port, self.etcd_peer_port,
