@@ -75,7 +75,8 @@ LOGS = ("file", "kafka")
 
 def _wait(fn: Callable[[], T | None], what: str, timeout_s: float, cp: Any, interval_s: float = 0.2) -> T:
     """Poll `fn` until it returns something other than None/False; on timeout FAIL with the
-    kubelet's and the chart's pods' state."""
+    chart's pods' state and their containers' last log lines, and the kubelet's and
+    kube-scheduler's log tails."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
@@ -88,8 +89,12 @@ def _wait(fn: Callable[[], T | None], what: str, timeout_s: float, cp: Any, inte
     states = {x["metadata"]["name"]: (x["spec"].get("nodeName"), x["status"].get("phase"),
                                       [c.get("state") for c in x["status"].get("containerStatuses") or []])
               for x in pods}
+    logs = "".join(f"--- {f.parent.parent.name}/{f.parent.name}/{f.name}:\n"
+                   + "\n".join(f.read_text(errors="replace").splitlines()[-6:]) + "\n"
+                   for f in sorted(cp.real_node.pod_logs.glob(f"{NAMESPACE}_*/*/*.log")))
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})\nchart pods: "
-                         f"{json.dumps(states)[:3000]}\nkubelet log tail:\n{cp.real_node.kubelet.tail(40)}\n"
+                         f"{json.dumps(states)[:3000]}\ntheir logs:\n{logs[-6000:]}\n"
+                         f"kubelet log tail:\n{cp.real_node.kubelet.tail(40)}\n"
                          f"kube-scheduler log tail:\n{cp.kube_scheduler.tail(20) if cp.kube_scheduler else ''}")
 
 
@@ -111,7 +116,7 @@ class Install:
         return helm(*args, "--namespace", NAMESPACE, "--kubeconfig", str(self.cp.kubeconfig), home=self.home).stdout
 
     def pods(self, role: str | None = None) -> list[dict[str, Any]]:
-        """The chart's live pods (of `role`), deleting ones left out."""
+        """The chart's pods (of `role`), those being deleted left out."""
         sel = f"app.kubernetes.io/instance={RELEASE}" + (f",app.kubernetes.io/component={role}" if role else "")
         items = self.cp.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={sel}")["items"]
         return [x for x in items if not x["metadata"].get("deletionTimestamp")]
@@ -262,7 +267,7 @@ def installed(request: pytest.FixtureRequest, kai_es_image: Any,
                        log_url=log_url)
         t0 = time.monotonic()
         out = inst.helm("install", RELEASE, str(CHART), "--create-namespace", "-f", str(values))
-        assert f"kai-es places the pods whose spec.schedulerName is \"kai-scheduler\"" in out, out
+        assert "kai-es places the pods whose spec.schedulerName is \"kai-scheduler\"" in out, out
         _wait(lambda: inst.all_ready(f"{repo}:{tag}"), "the chart's six pods Ready on the real node", 240, cp)
         inst.timings["install to all Ready"] = time.monotonic() - t0
         _wait(inst.leaders, "one leader per role", 60, cp)
