@@ -282,6 +282,8 @@ def test_rbac_and_crds_are_the_files_in_deploy(home: Path) -> None:
     ({"serviceAccount.create": "false", "serviceAccount.name": "x"}, "serviceAccount.schedulerName: the existing"),
     ({"http.enabled": "false", "metrics.serviceMonitor.enabled": "true"}, "need http.enabled"),
     ({"metrics.serviceMonitor.interval": "often"}, "at '/metrics/serviceMonitor/interval'"),
+    ({"eventLog.file.path": "events.jsonl"}, "at '/eventLog/file/path'"),
+    ({"eventLog.file.path": "/var/lib/kai-es/events.jsonl"}, "eventLog.file.path needs eventLog.file.volume"),
 ])
 def test_wrong_values_stop_the_render_with_a_message(home: Path, sets: dict[str, str], message: str) -> None:
     args = ["template", "kai-es", str(CHART)]
@@ -295,6 +297,21 @@ def test_the_templates_refuse_a_non_kafka_log_even_without_the_schema(home: Path
     run = helm("template", "kai-es", str(CHART), "--skip-schema-validation", "--set",
                "eventLog.url=/var/log/kai-es.jsonl", home=home, check=False)
     assert run.returncode != 0 and "expected kafka://host:port/topic" in run.stderr, run.stderr
+
+
+def test_the_file_log_is_one_volume_every_role_mounts(home: Path) -> None:
+    """eventLog.file: each role's --log is the path, in the directory where the volume is
+    mounted; no Kafka URL or transactional id is left in the args."""
+    objs = render(home, sets={"eventLog.file.path": "/var/lib/kai-es/events.jsonl",
+                              "eventLog.file.volume.hostPath.path": "/srv/kai-es",
+                              "eventLog.file.volume.hostPath.type": "Directory"})
+    for role, deploy in deployments(objs).items():
+        c, pod = container(deploy), deploy["spec"]["template"]["spec"]
+        assert c["args"][c["args"].index("--log") + 1] == "/var/lib/kai-es/events.jsonl", role
+        assert not any("kafka://" in a for a in c["args"]), c["args"]
+        assert {"name": "event-log", "mountPath": "/var/lib/kai-es"} in c["volumeMounts"]
+        assert {"name": "event-log", "hostPath": {"path": "/srv/kai-es", "type": "Directory"}} in pod["volumes"]
+        parse_cli_args(c["args"])
 
 
 def test_values_schema_config_part_is_generated_from_kai_es() -> None:

@@ -35,12 +35,18 @@ CRDs; a test module that wants them starts a control plane of its own, so others
 ``ControlPlane(real_node=True)`` also runs a real node (``RealNode``): the kubelet built here with
 Debian's containerd and runc (root; REAL_NODE_PACKAGES), a CNI bridge, and busybox images made
 from busybox-static and imported into containerd; Ready about 2 s after the kubelet starts. Its
-docstring lists what this kind of machine refuses and how each refusal is met.
+docstring lists what this kind of machine refuses and how each refusal is met. Such a control
+plane is one pods can use as a cluster: kube-scheduler runs too (the default scheduler, for pods
+such as a Helm chart's own; ``kube_scheduler=`` overrides), the apiserver listens on every
+address and its certificate names the host's (pods reach it at ``in_cluster_env()``: there is no
+kube-proxy for the ``kubernetes`` Service), the ServiceAccount admission plugin gives pods their
+projected tokens (namespaces wait for their ``default`` ServiceAccount), and the
+controller-manager also publishes ``kube-root-ca.crt`` (REAL_NODE_CONTROLLERS).
 
 Nothing here is downloaded prebuilt: the Go module proxy serves the sources and the local Go
 toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
 
-* kube-apiserver, kube-controller-manager and kubelet v1.36.5 and the operators of
+* kube-apiserver, kube-controller-manager, kubelet and kube-scheduler v1.36.5 and the operators of
   SHARED_OPERATORS (JobSet v0.12.0, LeaderWorkerSet v0.9.0, the MPI operator v0.8.0, Kubeflow
   Trainer v2.3.0) — in ONE ``go build`` (the packages they share compile once) in a throwaway
   module that requires ``k8s.io/kubernetes`` and the operators and ``replace``-s each staging
@@ -55,7 +61,7 @@ toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
   tests; the CLI's ``fetch`` builds it too, so a fresh CI machine gets it).
 
 Binaries land in ``${KAI_ES_CACHE:-~/.cache/kai-es}/k8s/<component>-<version>/`` (outside the
-repo; the three Kubernetes commands and the shared operators in
+repo; the four Kubernetes commands and the shared operators in
 ``kubernetes-operators-v1.36.5/``), built into a staging directory
 and moved in. A marker holding the component's recipe digest (a ``Recipe``: version, outputs,
 the build function's source and every constant and helper it reads) is written last, so an
@@ -104,7 +110,7 @@ STAGING_VERSION = "v0.36.5"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
 #: Built together from one module at KUBE_VERSION, by one `go build`.
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kubelet")
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kubelet", "kube-scheduler")
 #: Helm renders and lints the chart in deploy/helm/ (tests/k8s/test_helm_chart.py).
 HELM_VERSION = "v3.22.0"
 
@@ -217,6 +223,11 @@ CONTROLLERS = (
     "garbage-collector-controller", "namespace-controller",
     "serviceaccount-controller", "serviceaccount-token-controller",
 )  # fmt: skip
+
+#: Added for a control plane with a real node: the kubelet mounts every pod's projected
+#: ServiceAccount token volume with the namespace's `kube-root-ca.crt` ConfigMap, which this
+#: controller publishes (a pod whose ConfigMap is missing never starts).
+REAL_NODE_CONTROLLERS = ("root-ca-certificate-publisher-controller",)
 
 #: The node `ControlPlane(real_node=True)` registers (a kubelet; KWOK leaves it alone).
 REAL_NODE_NAME = "real-node-0"
@@ -649,7 +660,7 @@ def _fetch_one(recipe: Recipe, *, quiet: bool) -> Path:
 
 
 def fetch(*, quiet: bool = True) -> dict[str, Path]:
-    """Build (or find cached) etcd, KWOK, kube-apiserver, kube-controller-manager and kubelet;
+    """Build (or find cached) etcd, KWOK, kube-apiserver, kube-controller-manager, kubelet and kube-scheduler;
     return their paths.
 
     Idempotent and cheap when the cache is complete; safe against concurrent callers (flock).
@@ -1158,7 +1169,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         (d / "cni" / "net.d" / "10-kai-es.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "kai-es",
             "plugins": [{"type": "bridge", "bridge": POD_BRIDGE, "isGateway": True, "ipMasq": False,
+                         # a default route via the bridge: pods reach the host's address (the
+                         # apiserver's, ControlPlane.in_cluster_env), not only the pod subnet
                          "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                                  "routes": [{"dst": "0.0.0.0/0"}],
                                   "dataDir": str(d / "cni" / "ipam")}}],
         }, indent=2) + "\n")  # fmt: skip
         assert self.cp.creds is not None
@@ -1494,6 +1508,13 @@ class ControlPlane:
     ``operators`` (keys of OPERATORS) are started last, with their CRDs, webhooks and the
     objects their installs create (`OperatorProcess`); :attr:`operators` maps each name (the
     ones they need included) to its process.
+
+    ``real_node`` adds a kubelet (`RealNode`) and makes the control plane one pods can use:
+    the apiserver on every address with the host's in its certificate (`in_cluster_env`), the
+    ServiceAccount admission plugin (pods get projected tokens; `create_namespace` waits for the
+    namespace's `default` ServiceAccount), the root CA publisher (REAL_NODE_CONTROLLERS), and
+    ``kube_scheduler`` (default: with a real node) the default kube-scheduler, as user
+    system:kube-scheduler, for the pods that name no scheduler.
     """
 
     def __init__(
@@ -1507,6 +1528,7 @@ class ControlPlane:
         controllers: Sequence[str] = CONTROLLERS,
         real_node: bool = False,
         real_node_labels: Mapping[str, str] | None = None,
+        kube_scheduler: bool | None = None,
         operators: Sequence[str] = (),
     ) -> None:
         if data_dir is None:
@@ -1529,6 +1551,8 @@ class ControlPlane:
             self.controller_manager_port = free_port()
         self.extra_apiserver_flags = tuple(extra_apiserver_flags)
         self.controllers = tuple(controllers) if controller_manager else ()
+        if real_node and self.controllers:
+            self.controllers += tuple(c for c in REAL_NODE_CONTROLLERS if c not in self.controllers)
         self.admin = User(ADMIN_USER, secrets.token_hex(16), ("system:masters",))
         self.scheduler = User(SCHEDULER_USER, secrets.token_hex(16), (SCHEDULER_GROUP,))
         # the name the bootstrap RBAC policy binds ClusterRole system:kube-controller-manager to
@@ -1538,6 +1562,20 @@ class ControlPlane:
         self.controller_manager = _Proc(
             "kube-controller-manager", self.data_dir / "kube-controller-manager.log", die_with_parent)
         self.kwok = _Proc("kwok", self.data_dir / "kwok.log", die_with_parent)
+        #: the default scheduler (pods naming no schedulerName, e.g. a Helm chart's own), run by
+        #: default with a real node only: KWOK nodes' pods are the tests' and kai-es's
+        self.kube_scheduler: _Proc | None = None
+        self.kube_scheduler_user = User("system:kube-scheduler", secrets.token_hex(16))
+        run_kube_scheduler = real_node if kube_scheduler is None else kube_scheduler
+        if run_kube_scheduler:
+            self.kube_scheduler = _Proc("kube-scheduler", self.data_dir / "kube-scheduler.log", die_with_parent)
+        self.kube_scheduler_port = free_port()
+        while self.kube_scheduler_port in {self.apiserver_port, self.etcd_port, self.etcd_peer_port,
+                                           self.controller_manager_port}:
+            self.kube_scheduler_port = free_port()
+        #: with a real node, the address pods reach the apiserver at (the host's, see
+        #: `in_cluster_env`); None otherwise
+        self.pod_api_host: str | None = None
         self.last_controller_manager_seconds: float | None = None
         #: a kubelet with containerd (RealNode), as user system:node:<name> in group system:nodes,
         #: authorized by the apiserver's Node authorizer
@@ -1547,7 +1585,8 @@ class ControlPlane:
             self.real_node = RealNode(self, REAL_NODE_NAME, node_user, real_node_labels or {}, die_with_parent)
         #: the operators (keys of OPERATORS, and the ones they need) this control plane runs,
         #: started after KWOK (OperatorProcess), in the order they need each other
-        taken = {self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.controller_manager_port}
+        taken = {self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.controller_manager_port,
+                 self.kube_scheduler_port}
         self.operators = {name: OperatorProcess(self, OPERATORS[name], die_with_parent, taken)
                           for name in _with_needs(operators)}
         self.creds: Credentials | None = None
@@ -1581,6 +1620,21 @@ class ControlPlane:
         return self.data_dir / "controller-manager.kubeconfig"
 
     @property
+    def kube_scheduler_kubeconfig(self) -> Path:
+        return self.data_dir / "kube-scheduler.kubeconfig"
+
+    def in_cluster_env(self) -> list[dict[str, str]]:
+        """The environment a pod on the real node needs to reach this apiserver with the
+        in-cluster config: KUBERNETES_SERVICE_HOST/PORT naming the host's address (which the
+        serving certificate names) instead of the `kubernetes` Service's ClusterIP, which
+        nothing routes here (no kube-proxy). A container's own env wins over the kubelet's
+        service variables. On a real cluster kube-proxy routes the ClusterIP: not needed."""
+        if self.pod_api_host is None:
+            raise ControlPlaneError("in_cluster_env: only a started control plane with a real node has one")
+        return [{"name": "KUBERNETES_SERVICE_HOST", "value": self.pod_api_host},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.apiserver_port)}]
+
+    @property
     def ca_cert(self) -> Path:
         return self.data_dir / "pki" / "ca.crt"
 
@@ -1590,6 +1644,7 @@ class ControlPlane:
         if self.controllers:
             procs.append(self.controller_manager)
         procs.append(self.kwok)
+        procs += [self.kube_scheduler] if self.kube_scheduler else []
         procs += self.real_node.processes() if self.real_node else []
         return procs + [o.proc for o in self.operators.values()]
 
@@ -1605,20 +1660,23 @@ class ControlPlane:
             fetch_operators(tuple(self.operators)) if self.operators else fetch()
         except FetchError as e:
             raise StartError(f"could not build the control plane binaries: {e}") from e
+        if self.real_node:
+            RealNode.preflight()  # before anything starts
+            self.pod_api_host = host_ip()
         if self.creds is None:
-            self.creds = make_credentials(self.data_dir / "pki")
+            hosts = ("127.0.0.1", "localhost", *([self.pod_api_host] if self.pod_api_host else []))
+            self.creds = make_credentials(self.data_dir / "pki", hosts=hosts)
             tokens = self.data_dir / "tokens.csv"
-            users = (self.admin, self.scheduler, self.controller_manager_user,
+            users = (self.admin, self.scheduler, self.controller_manager_user, self.kube_scheduler_user,
                      *([self.real_node.user] if self.real_node else []),
                      *(o.user for o in self.operators.values()))
             _write_private(tokens, "".join(  # token,user,uid[,"groups"]
                 f'{u.token},{u.name},{u.name}' + (f',"{",".join(u.groups)}"' if u.groups else "") + "\n"
                 for u in users).encode())  # fmt: skip
             for path, user in ((self.kubeconfig, self.admin), (self.scheduler_kubeconfig, self.scheduler),
-                               (self.controller_manager_kubeconfig, self.controller_manager_user)):
+                               (self.controller_manager_kubeconfig, self.controller_manager_user),
+                               (self.kube_scheduler_kubeconfig, self.kube_scheduler_user)):
                 path.write_text(_kubeconfig(self.base_url, self.creds.ca_cert, user))
-        if self.real_node:
-            RealNode.preflight()  # before anything starts
         try:
             self._start_etcd(deadline)
             self._start_apiserver(deadline)
@@ -1626,10 +1684,16 @@ class ControlPlane:
                 t_cm = time.monotonic()
                 self.controller_manager.start(self.controller_manager_command(), cwd=self.data_dir)
             self._start_kwok()  # while the controller-manager builds its controllers
+            if self.kube_scheduler:
+                self.kube_scheduler.start(self.kube_scheduler_command(), cwd=self.data_dir)
             if self.controllers:
                 self._wait_controller_manager(deadline)
                 self.last_controller_manager_seconds = time.monotonic() - t_cm
+            if self.kube_scheduler:
+                self._wait_kube_scheduler(deadline)
             if self.real_node:
+                if self.controllers:
+                    self.wait_default_service_account("default", deadline)
                 self.real_node.start(deadline)
             if self.operators:
                 self._start_operators(deadline)
@@ -1667,7 +1731,9 @@ class ControlPlane:
         return [
             str(apiserver_bin()),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            # with a real node, pods reach it at the host's address (in_cluster_env): all addresses
+            *(("--bind-address=0.0.0.0", f"--advertise-address={self.pod_api_host}") if self.pod_api_host
+              else ("--bind-address=127.0.0.1", "--advertise-address=127.0.0.1")),
             f"--secure-port={self.apiserver_port}",
             f"--cert-dir={self.data_dir / 'pki'}",
             f"--tls-cert-file={c.serving_cert}", f"--tls-private-key-file={c.serving_key}",
@@ -1681,9 +1747,12 @@ class ControlPlane:
             f"--service-account-signing-key-file={c.sa_key}",
             "--api-audiences=https://kubernetes.default.svc",
             "--service-cluster-ip-range=10.96.0.0/16",
-            # No controller-manager: pods would need a default ServiceAccount, and new nodes
-            # would keep their not-ready taint.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            # New nodes would keep their not-ready taint (no node-lifecycle controller). Pods get
+            # a ServiceAccount and its projected token only with a real node (whose kubelet mounts
+            # it): the ServiceAccount plugin refuses pods until their namespace's `default`
+            # ServiceAccount exists, which KWOK-only tests never wait for.
+            "--disable-admission-plugins=" + ("TaintNodesByCondition" if self.real_node
+                                              else "ServiceAccount,TaintNodesByCondition"),
             "--endpoint-reconciler-type=none",
             "--profiling=false",
             "--anonymous-auth=false",
@@ -1758,6 +1827,57 @@ class ControlPlane:
                     f"/healthz: {last[-500:]!r}); log tail:\n{self.controller_manager.tail()}")
             time.sleep(0.1)
 
+    def kube_scheduler_command(self) -> list[str]:
+        """kube-scheduler as user system:kube-scheduler (the bootstrap policy's binding), its
+        secure port (/healthz) on loopback with the controller-manager's certificate, no leader
+        election."""
+        assert self.creds is not None
+        c, kubeconfig = self.creds, self.kube_scheduler_kubeconfig
+        return [
+            str(kube_bin("kube-scheduler")),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            "--authentication-skip-lookup=true",
+            "--bind-address=127.0.0.1", f"--secure-port={self.kube_scheduler_port}",
+            f"--tls-cert-file={c.kcm_cert}", f"--tls-private-key-file={c.kcm_key}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "-v=1",
+        ]  # fmt: skip
+
+    def _wait_kube_scheduler(self, deadline: float) -> None:
+        """Until kube-scheduler's /readyz answers ok (its informers synced)."""
+        assert self.kube_scheduler is not None
+        url = f"https://127.0.0.1:{self.kube_scheduler_port}/readyz"
+        last = ""
+        while True:
+            self.kube_scheduler.check_alive()
+            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.admin_token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=2, context=self.ssl_context()) as r:
+                    if r.status == 200:
+                        return
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}: {e.read().decode('utf-8', 'replace')[:300]}"
+            except OSError as e:
+                last = str(e)
+            if time.monotonic() > deadline:
+                raise StartError(f"kube-scheduler not ready in time (last /readyz: {last!r}); log tail:\n"
+                                 f"{self.kube_scheduler.tail()}")
+            time.sleep(0.1)
+
+    def wait_default_service_account(self, namespace: str, deadline: float) -> None:
+        """Until the serviceaccount controller has made `namespace`'s `default` ServiceAccount
+        (with the ServiceAccount admission plugin, a pod naming none is refused before)."""
+        while True:
+            status, _ = self.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+            if status == 200:
+                return
+            if time.monotonic() > deadline:
+                raise StartError(f"no ServiceAccount {namespace}/default in time (HTTP {status}); "
+                                 f"controller-manager log tail:\n{self.controller_manager.tail()}")
+            time.sleep(0.05)
+
     def _start_kwok(self) -> None:
         cmd = [
             str(kwok_bin()), f"--kubeconfig={self.kubeconfig}",
@@ -1778,11 +1898,15 @@ class ControlPlane:
             operator.proc.terminate()
         self.kwok.terminate()
         self.controller_manager.terminate()
+        if self.kube_scheduler:
+            self.kube_scheduler.terminate()
         if self.real_node:
             self.real_node.terminate()
         for operator in self.operators.values():
             operator.proc.stop(timeout_s=5)
         self.kwok.stop(timeout_s=5)
+        if self.kube_scheduler:
+            self.kube_scheduler.stop(timeout_s=5)
         self.controller_manager.stop(timeout_s=5)
         if self.real_node:
             self.real_node.stop()
@@ -1991,9 +2115,14 @@ class ControlPlane:
             time.sleep(0.05)
 
     def create_namespace(self, name: str) -> None:
+        """Create namespace `name` (existing is fine); with a real node (ServiceAccount admission
+        on) and a controller-manager, also wait for its `default` ServiceAccount, so a pod can be
+        created in it at once."""
         self.call("POST", "/api/v1/namespaces",
                   {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
                   ok=(201, 409))  # fmt: skip
+        if self.real_node and self.controllers:
+            self.wait_default_service_account(name, time.monotonic() + 30)
 
     def __repr__(self) -> str:
         state = "running" if self.apiserver.running() else "stopped"
@@ -2060,6 +2189,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 print(f"node {cp.real_node.name} Ready ({cp.real_node.node_ip}); pod default/hello "
                       f"{pod['status']['phase']} in {time.monotonic() - t0:.1f}s, podIP "
                       f"{pod['status'].get('podIP')}, log:\n{log}", file=sys.stderr, end="")
+                env = " ".join(f"{e['name']}={e['value']}" for e in cp.in_cluster_env())
+                print(f"pods reach the apiserver with {env} (no kube-proxy; e.g. helm's extraEnv); "
+                      f"kube-scheduler places pods naming no scheduler", file=sys.stderr)
             print(f"server={cp.base_url}", flush=True)
             print(f"kubeconfig={cp.kubeconfig}", flush=True)
             print(f"scheduler_kubeconfig={cp.scheduler_kubeconfig}", flush=True)

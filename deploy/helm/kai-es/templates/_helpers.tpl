@@ -78,9 +78,18 @@ id fences the old one (kai_es/adapters/kafka_log.py, "Fencing"). It defaults to
 kai-es-<role>.<topic>, so two installs pointed at one topic by mistake fence each other instead
 of interleaving their writes. Usage: include "kai-es.logUrl" (dict "root" $ "role" "binder") */}}
 {{- define "kai-es.logUrl" -}}
+{{- with .root.Values.eventLog.file.path -}}
+{{- if not (hasPrefix "/" .) -}}
+{{- fail (printf "eventLog.file.path %q: an absolute path in the pods (its directory is the volume's mount point)" .) -}}
+{{- end -}}
+{{- if not $.root.Values.eventLog.file.volume -}}
+{{- fail "eventLog.file.path needs eventLog.file.volume: a volume every pod of the three roles mounts (three pods cannot share an emptyDir)" -}}
+{{- end -}}
+{{- . -}}
+{{- else -}}
 {{- $url := required "eventLog.url is required: kafka://host:port[,host:port...]/topic" .root.Values.eventLog.url -}}
 {{- if not (hasPrefix "kafka://" $url) -}}
-{{- fail (printf "eventLog.url %q: the chart runs kai-es over Apache Kafka; expected kafka://host:port/topic (a file log cannot be shared by three pods)" $url) -}}
+{{- fail (printf "eventLog.url %q: expected kafka://host:port/topic (for the embedded file log, set eventLog.file.path and eventLog.file.volume)" $url) -}}
 {{- end -}}
 {{- if contains "transactional_id=" $url -}}
 {{- fail "eventLog.url must not carry ?transactional_id=: each role gets its own (see eventLog.transactionalIdPrefix)" -}}
@@ -93,6 +102,7 @@ of interleaving their writes. Usage: include "kai-es.logUrl" (dict "root" $ "rol
 {{- $query = append $query "create=false" -}}
 {{- end -}}
 {{- printf "%s%s%s" $url (ternary "&" "?" (contains "?" $url)) (join "&" $query) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* image reference */}}

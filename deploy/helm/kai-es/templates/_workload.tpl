@@ -130,6 +130,10 @@ spec:
           volumeMounts:
             - name: tmp
               mountPath: /tmp
+            {{- with $root.Values.eventLog.file.path }}
+            - name: event-log
+              mountPath: {{ dir . }}
+            {{- end }}
             {{- if $root.Values.eventLog.tlsSecret }}
             - name: kafka-tls
               mountPath: /etc/kai-es/kafka-tls
@@ -142,6 +146,10 @@ spec:
         - name: tmp
           emptyDir:
             sizeLimit: 64Mi
+        {{- if $root.Values.eventLog.file.path }}
+        - name: event-log
+          {{- toYaml $root.Values.eventLog.file.volume | nindent 10 }}
+        {{- end }}
         {{- with $root.Values.eventLog.tlsSecret }}
         - name: kafka-tls
           secret:
