@@ -244,8 +244,9 @@ class PreemptingAction:
         backoff = self.session.rules.search_backoff.after_failure(job, self.session.now_ns)
         if not backoff:
             return message, numbers
-        return (f"{message}; the next search is not before {rfc3339(backoff['retry_at_ns'])}",
-                {**numbers, **backoff})
+        # the words stay the same from one failure to the next (a pod's Event and condition
+        # change only with the verdict); the numbers say how many and until when
+        return f"{message}; further searches for it back off", {**numbers, **backoff}
 
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         """Called when the search placed `job` with the evictions after checkpoint `start`: the
@@ -344,8 +345,8 @@ class PreemptingAction:
             return False
         backing_off = rules.search_backoff.waiting_until(job, self.session.now_ns)
         if backing_off:  # the search itself waits (`rules.search_backoff`); the checks before it did not
-            self.refuse(job, f"the last {job.search_failures} searches for job {job.key} found no room; the "
-                             f"next is not before {rfc3339(backing_off)}",
+            self.refuse(job, f"its last searches for job {job.key} found no room, and the next waits (its "
+                             "numbers say until when)",
                         {"search_failures": job.search_failures, "retry_at_ns": backing_off})
             return False
         on_nodes, units, memo = covered
