@@ -85,8 +85,8 @@ def test_failed_searches_back_off_doubling_and_say_until_when() -> None:
     for t, k, retry in failed:
         assert retry == t + backoff_ns(k)
     assert [t - start for t, _, _ in failed] == [0, 1 * SEC, 3 * SEC, 7 * SEC, 15 * SEC, 31 * SEC, 63 * SEC]
-    waiting = [r for _, reasons in verdicts for r in reasons if r.message.startswith("reclaim: its last searches")]
-    assert waiting and waiting[0].numbers["retry_at_ns"] > waiting[0].numbers["search_failures"] > 0
+    # the cycle at 2 s (tick's arrival) skips the search and repeats the verdict: nothing new is said
+    assert [t - start for t, _ in verdicts] == [t - start for t, _, _ in failed]
     # the words stay the same from one failed search to the next (one Event per verdict)
     words = {r.message for _, reasons in verdicts for r in reasons if "retry_at_ns" in r.numbers
              and "requested_milli_gpu" in r.numbers}

@@ -58,6 +58,9 @@ from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
 
 
+#: what a failed search's reason adds under `rules.search_backoff` (the same words at each failure)
+BACKING_OFF = "further searches for it back off"
+
 class PreemptingAction:
     """Base of reclaim and preempt: `victim_jobs`, `admit` and `why` make the difference."""
 
@@ -246,7 +249,7 @@ class PreemptingAction:
             return message, numbers
         # the words stay the same from one failure to the next (a pod's Event and condition
         # change only with the verdict); the numbers say how many and until when
-        return f"{message}; further searches for it back off", {**numbers, **backoff}
+        return f"{message}; {BACKING_OFF}", {**numbers, **backoff}
 
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         """Called when the search placed `job` with the evictions after checkpoint `start`: the
@@ -344,10 +347,12 @@ class PreemptingAction:
         if covered is None:
             return False
         backing_off = rules.search_backoff.waiting_until(job, self.session.now_ns)
-        if backing_off:  # the search itself waits (`rules.search_backoff`); the checks before it did not
-            self.refuse(job, f"its last searches for job {job.key} found no room, and the next waits (its "
-                             "numbers say until when)",
-                        {"search_failures": job.search_failures, "retry_at_ns": backing_off})
+        if backing_off:
+            # the search itself waits (`rules.search_backoff`; the checks before it did not): the
+            # job is told what its last search found, word for word, so its verdict stands
+            message, numbers = self.search_failed(leaf, job, request)
+            self.refuse(job, f"{message}; {BACKING_OFF}",
+                        {**numbers, "search_failures": job.search_failures, "retry_at_ns": backing_off})
             return False
         on_nodes, units, memo = covered
         placed: list[Entry] = []

@@ -6,11 +6,12 @@ every cycle (KAI #2301's complaint: the same hopeless search, cycle after cycle)
   ran and found no room (its reason, `…NotPossible`, carries `search_failures` — the job's
   consecutive failed searches — and `retry_at_ns`) keeps the job out of those actions' searches
   until that time: 1 s after the first failure, doubling with each further one up to 60 s. While
-  it waits, an action that gets as far as searching for it says so instead (the same reason
-  code, with those numbers); its cheaper refusals (no victim, no node with room, a queue over
-  its fair share) are said as before. The reasons' words do not change from one failure to the
-  next ("further searches for it back off"), so the pod's FailedScheduling Event and condition
-  are written once, not at each retry; the numbers (in the log, `kai-es explain`) say when. The fold keeps the two numbers on the job (fold rule `backs_off_searches`)
+  it waits, an action that gets as far as searching for it repeats what its last search found,
+  word for word and number for number, instead of searching; its cheaper refusals (no victim,
+  no node with room, a queue over its fair share) are said as before. The reasons' words do not
+  change from one failure to the next ("further searches for it back off"), so the pod's
+  FailedScheduling Event and condition are written once, not at each retry; the numbers (in the
+  log, `kai-es explain`) say how many searches failed and when the next is. The fold keeps the two numbers on the job (fold rule `backs_off_searches`)
   and forgets them once a pod of the job is placed; the scheduler wakes at `retry_at_ns`.
 
 Contract: pure functions of the folded job and the cycle's time.
