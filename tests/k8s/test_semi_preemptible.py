@@ -78,6 +78,8 @@ async def test_a_semi_preemptible_core_is_placed_within_quota_and_its_extras_ove
         for i in range(3):
             status, pod = await raw(await core.read_namespaced_pod(f"batch-{i}", ns, _preload_content=False))
             assert status == 200 and not pod["spec"].get("nodeName"), pod["spec"].get("nodeName")
+        # the control plane is shared: the next tests' schedulers must not find these pods waiting
+        await core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     records = [r async for r in log.read()]
     modes = {d.name: d.preemptibility for d in (r.envelope.data for r in records)
              if isinstance(d, (p.PodGroupObserved, p.PodObserved)) and d.namespace == ns}
