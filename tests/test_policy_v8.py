@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kai_es.adapters.memory_log import MemoryEventLog
@@ -239,6 +239,8 @@ def test_a_placed_core_fits_its_queue_s_quota(drawn: tuple[str, dict[str, tuple[
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32))
+@example(3559188)  # a gang reclaimed whole while its extra pod was placed on its own freed room: a loop
+@example(9508791)  # a gang taken whole: its queue takes back once
 def test_semi_preemptible_workloads_converge_and_replay(seed: int) -> None:
     """Multi-cycle: elastic gangs, semi-preemptible or not, beside single pods reach a fixed
     point (no evictions after convergence, no ping-pong, no gang left stale, every eviction's

@@ -301,8 +301,10 @@ class Session:
     def _minimum_of(self, job: Job, pending: list[PodState]) -> tuple[Minimum, list[PodState]]:
         """The job's gang minimum among `pending` (recorded in `gang`) and the pods to try now:
         the minimum, or one pod when the job is at its minimum."""
+        # kai-es/v8 on (`keeps_core`): a pod this Plan evicted holds no place in its gang any more
+        evicted = self.plan.evicted_pods if self.keeps_core else ()
         occupying = [self.state.pods[m] for m in sorted(job.members)
-                     if self.state.pods[m].status in OCCUPYING or m in self.placed_pods]
+                     if (self.state.pods[m].status in OCCUPYING and m not in evicted) or m in self.placed_pods]
         need = minimum(job, pending, occupying)
         self.gang[job.key] = need
         return need, list(need.pods) or pending[:1]
