@@ -23,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -150,6 +151,9 @@ class Session:
         #: then each such job's core as counted in its queues, and what each of their pods
         #: placed by the Plan holds
         self.keeps_core = rules.semi_preemptible.keeps_core
+        #: whether a pod this Plan evicted still counts as its job's (`occupying_on_plan`): until
+        #: kai-es/v7 it does; kai-es/v8, which brought the kept cores, counts the Plan's evictions
+        self.counts_evictions = self.keeps_core
         self.cores: dict[str, Vector] = {}
         self._placed_use: dict[str, Vector] = {}
         self._build_queues()
@@ -244,9 +248,8 @@ class Session:
         leaf = self.queues.get(job.queue)
         if leaf is None:
             return
-        pods, evicted, placed = self.state.pods, self.plan.evicted_pods, self._placed_use
-        occupying = [pods[k] for k in sorted(job.members)
-                     if (pods[k].status in OCCUPYING and k not in evicted) or k in placed]
+        placed = self._placed_use
+        occupying = self.occupying_on_plan(job, placed)
         extras = {pod.key for pod in surplus(job, self.rules.victim_order.order(occupying), occupying)}
         core = ZERO
         for pod in occupying:
@@ -298,14 +301,18 @@ class Session:
             return None
         return chosen, self.request_of(chosen)
 
+    def occupying_on_plan(self, job: Job, placed: Container[str] = ()) -> list[PodState]:
+        """`job`'s pods that hold a place, by key: occupying in the state — and, when
+        `counts_evictions` (kai-es/v8 on), not evicted by this Plan — or in `placed`."""
+        pods = self.state.pods
+        evicted: Container[str] = self.plan.evicted_pods if self.counts_evictions else ()
+        return [pods[k] for k in sorted(job.members)
+                if (pods[k].status in OCCUPYING and k not in evicted) or k in placed]
+
     def _minimum_of(self, job: Job, pending: list[PodState]) -> tuple[Minimum, list[PodState]]:
         """The job's gang minimum among `pending` (recorded in `gang`) and the pods to try now:
         the minimum, or one pod when the job is at its minimum."""
-        # kai-es/v8 on (`keeps_core`): a pod this Plan evicted holds no place in its gang any more
-        evicted = self.plan.evicted_pods if self.keeps_core else ()
-        occupying = [self.state.pods[m] for m in sorted(job.members)
-                     if (self.state.pods[m].status in OCCUPYING and m not in evicted) or m in self.placed_pods]
-        need = minimum(job, pending, occupying)
+        need = minimum(job, pending, self.occupying_on_plan(job, self.placed_pods))
         self.gang[job.key] = need
         return need, list(need.pods) or pending[:1]
 

@@ -94,10 +94,9 @@ def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
             continue
         newest_first = order(running)  # the version's victim order: the first to go first
         base = (job.priority, -job.created_ns, job.uid)
-        # kai-es/v8 on (`keeps_core`): what a job holds leaves out the pods this Plan evicted
-        # already (an earlier action's victims), so its surplus is not offered twice
-        held = [pod for pod in pods if pod.status in ("Running", "Binding", "Releasing")
-                and not (keeps_core and pod.key in evicted)]
+        # kai-es/v8 on: without the pods this Plan evicted already (an earlier action's victims),
+        # so its surplus is not offered twice
+        held = session.occupying_on_plan(job)
         if job.semi and keeps_core:
             for i, pod in enumerate(semi_surplus(job, newest_first, held)):
                 out.append(((*base, 0, i, pod.key), Unit(job, (pod,), surplus=True)))

@@ -15,7 +15,7 @@ import contextlib
 import gc
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,18 +92,20 @@ class K8s:
 
 
 @contextlib.contextmanager
-def started_control_plane(**options: Any) -> Iterator[Any]:
-    """A started control plane (ControlPlane(**options)) with what KAI installs (`install_kai`),
-    closed after; if it cannot start, the test FAILS with the components' log tails."""
+def started_control_plane(*, prepare: Callable[[Any], None] | None = None,
+                          what: str = "the Kubernetes test control plane", timeout_s: float = 120,
+                          **options: Any) -> Iterator[Any]:
+    """A started control plane (ControlPlane(**options)) made ready by `prepare` (default: what
+    KAI installs, `install_kai`), closed after; if it cannot start or `prepare` raises a
+    ControlPlaneError, the test FAILS naming `what`, with the components' log tails."""
     cp = cp_mod.ControlPlane(**options)
     try:
-        cp.start(timeout_s=120)
-        install_kai(cp)
+        cp.start(timeout_s=timeout_s)
+        (prepare or install_kai)(cp)
     except cp_mod.ControlPlaneError as e:
         tails = cp.log_tails()
         cp.close()
-        pytest.fail(f"could not start the Kubernetes test control plane: {e}\n{tails}",
-                    pytrace=False)
+        pytest.fail(f"could not start {what}: {e}\n{tails}", pytrace=False)
     try:
         yield cp
     finally:

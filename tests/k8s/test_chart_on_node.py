@@ -52,7 +52,7 @@ from kai_es.events import payloads as p
 from kai_es.replay import replay
 from kai_es.scheduling.packing import load_packer
 from tests.conftest import KafkaBroker, broker_mod
-from tests.k8s.conftest import CRD_DIR, cp_mod
+from tests.k8s.conftest import CRD_DIR, cp_mod, started_control_plane
 from tests.k8s.helm import CHART, helm
 from tests.k8s.helpers import queue
 
@@ -208,25 +208,21 @@ def installed(request: pytest.FixtureRequest, kai_es_image: Any,
     with Kafka (`request.param`)."""
     log: str = request.param
     bootstrap = request.getfixturevalue("kafka_on_host") if log == "kafka" else ""
-    cp = cp_mod.ControlPlane(real_node=True)
-    try:
-        cp.start(timeout_s=180)
+    repo, _, tag = kai_es_image.tag.rpartition(":")
+
+    def with_image(cp: Any) -> None:
         if cp.kube_scheduler is None:
             raise cp_mod.ControlPlaneError("the real-node control plane runs no kube-scheduler")
         cp.real_node._ctr("images", "import", str(kai_es_image.archive), timeout=300)  # noqa: SLF001
-        repo, _, tag = kai_es_image.tag.rpartition(":")
         cp.real_node._ctr("images", "tag", "--force", kai_es_image.tag,  # noqa: SLF001
                           f"{repo}:{tag}{UPGRADED_TAG_SUFFIX}")
         listed = cp.real_node._ctr("images", "list", "-q").split()  # noqa: SLF001
         for ref in (kai_es_image.tag, f"{repo}:{tag}{UPGRADED_TAG_SUFFIX}", cp_mod.PAUSE_IMAGE):
             if ref not in listed:
                 raise cp_mod.ControlPlaneError(f"image {ref} not in the node's containerd: {listed}")
-    except cp_mod.ControlPlaneError as e:
-        tails = cp.log_tails()
-        cp.close()
-        pytest.fail(f"could not start the real-node control plane with the kai-es image: {e}\n{tails}",
-                    pytrace=False)
-    try:
+
+    with started_control_plane(real_node=True, prepare=with_image, timeout_s=180,
+                               what="the real-node control plane with the kai-es image") as cp:
         node = cp.real_node.name
         # fake GPUs: extended resources in the node's status (the kubelet keeps what it does not
         # manage) and the GPU labels kai-es reads
@@ -276,8 +272,6 @@ def installed(request: pytest.FixtureRequest, kai_es_image: Any,
         cp.call("POST", "/apis/scheduling.run.ai/v2/queues", queue(f"q-{inst.tag}"), ok=(201,))
         yield inst
         print(f"\nmeasured ({log} log): " + ", ".join(f"{k} {v:.1f}s" for k, v in inst.timings.items()))
-    finally:
-        cp.close()
 
 
 def _phase(cp: Any, name: str, namespace: str = WORKLOADS) -> tuple[str | None, str | None]:

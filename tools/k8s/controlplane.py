@@ -1810,14 +1810,7 @@ class ControlPlane:
         last = ""
         while True:
             self.controller_manager.check_alive()
-            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.admin_token}"})
-            try:
-                with urllib.request.urlopen(req, timeout=2, context=self.ssl_context()) as r:
-                    last = r.read().decode("utf-8", "replace")
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}: {e.read().decode('utf-8', 'replace')[:300]}"
-            except OSError as e:
-                last = str(e)
+            _, last = self._probe(url)
             missing = [n for n in self.controllers if f"[+]{n} ok" not in last]
             if not missing:
                 return
@@ -1849,22 +1842,27 @@ class ControlPlane:
         """Until kube-scheduler's /readyz answers ok (its informers synced)."""
         assert self.kube_scheduler is not None
         url = f"https://127.0.0.1:{self.kube_scheduler_port}/readyz"
-        last = ""
         while True:
             self.kube_scheduler.check_alive()
-            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.admin_token}"})
-            try:
-                with urllib.request.urlopen(req, timeout=2, context=self.ssl_context()) as r:
-                    if r.status == 200:
-                        return
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}: {e.read().decode('utf-8', 'replace')[:300]}"
-            except OSError as e:
-                last = str(e)
+            status, last = self._probe(url)
+            if status == 200:
+                return
             if time.monotonic() > deadline:
                 raise StartError(f"kube-scheduler not ready in time (last /readyz: {last!r}); log tail:\n"
                                  f"{self.kube_scheduler.tail()}")
             time.sleep(0.1)
+
+    def _probe(self, url: str) -> tuple[int | None, str]:
+        """(HTTP status, body or error) of a GET of a component's health endpoint, as admin
+        (None: no answer)."""
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.admin_token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=2, context=self.ssl_context()) as r:
+                return int(r.status), r.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            return e.code, f"HTTP {e.code}: {e.read().decode('utf-8', 'replace')[:300]}"
+        except OSError as e:
+            return None, str(e)
 
     def wait_default_service_account(self, namespace: str, deadline: float) -> None:
         """Until the serviceaccount controller has made `namespace`'s `default` ServiceAccount

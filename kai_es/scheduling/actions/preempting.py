@@ -241,10 +241,13 @@ class PreemptingAction:
                 f"placement tries) makes no room for job {job.key}",
                 {"requested_milli_gpu": request[0], "requested_milli_cpu": request[1]})
 
-    def _failed_search(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
-        """`search_failed`'s reason, with when the next search may be (`rules.search_backoff`)."""
+    def _failed_search(self, leaf: QueueNode, job: Job, request: Vector,
+                       backoff: dict[str, int] | None = None) -> tuple[str, dict[str, int]]:
+        """`search_failed`'s reason, with the back-off's numbers (`rules.search_backoff`):
+        `backoff`, else those a failure now sets."""
         message, numbers = self.search_failed(leaf, job, request)
-        backoff = self.session.rules.search_backoff.after_failure(job, self.session.now_ns)
+        if backoff is None:
+            backoff = self.session.rules.search_backoff.after_failure(job, self.session.now_ns)
         if not backoff:
             return message, numbers
         # the words stay the same from one failure to the next (a pod's Event and condition
@@ -350,9 +353,8 @@ class PreemptingAction:
         if backing_off:
             # the search itself waits (`rules.search_backoff`; the checks before it did not): the
             # job is told what its last search found, word for word, so its verdict stands
-            message, numbers = self.search_failed(leaf, job, request)
-            self.refuse(job, f"{message}; {BACKING_OFF}",
-                        {**numbers, "search_failures": job.search_failures, "retry_at_ns": backing_off})
+            self.refuse(job, *self._failed_search(leaf, job, request, {
+                "search_failures": job.search_failures, "retry_at_ns": backing_off}))
             return False
         on_nodes, units, memo = covered
         placed: list[Entry] = []

@@ -8,7 +8,7 @@ replacement in the cycles after the move.
   move), each live hold's room is kept used on its node, so nothing else is placed there.
 
 Contract: a pure function of the folded state and the cycle's time; it changes only the
-cycle's Plan, before any operation, and returns the keys of the moved pods whose room it held.
+cycle's Plan, before any operation.
 """
 
 from __future__ import annotations
@@ -23,22 +23,21 @@ if TYPE_CHECKING:
 
 
 class MoveHolds(Protocol):
-    def reserve(self, state: ClusterState, plan: Plan, now_ns: int) -> list[str]:
-        """Hold in `plan` the room kept for moved pods' replacements; the moved pods' keys."""
+    def reserve(self, state: ClusterState, plan: Plan, now_ns: int) -> None:
+        """Hold in `plan` the room kept for moved pods' replacements."""
 
 
 class NoMoveHoldsV7:
     __slots__ = ()
 
-    def reserve(self, state: ClusterState, plan: Plan, now_ns: int) -> list[str]:
-        return []
+    def reserve(self, state: ClusterState, plan: Plan, now_ns: int) -> None:
+        return None
 
 
 class HoldMovedRoom:
     __slots__ = ()
 
-    def reserve(self, state: ClusterState, plan: Plan, now_ns: int) -> list[str]:
-        held = []
+    def reserve(self, state: ClusterState, plan: Plan, now_ns: int) -> None:
         for key in sorted(state.move_holds):
             namespace = key.split("/", 1)[0]
             for hold in state.move_holds[key]:
@@ -47,6 +46,4 @@ class HoldMovedRoom:
                 # the shape is all a reservation needs of the pod to come
                 spec = p.PodObserved(namespace=namespace, name=hold.pod.split("/", 1)[1], uid="", podgroup="",
                                      requests=hold.requests, gpu=hold.gpu, scalar_requests=hold.scalar_requests)
-                if plan.reserve(spec, hold.node):
-                    held.append(hold.pod)
-        return held
+                plan.reserve(spec, hold.node)  # (room taken meanwhile: nothing to hold)

@@ -61,12 +61,16 @@ def move_victims(session: Session, start: int) -> None:
     for op in plan.operations[start:]:
         if isinstance(op, Eviction) and not op.undone:
             by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
-    names = plan.names
-    announce = session.rules.move_decisions.announce
     for ops in by_job.values():
-        for op, node in relocate(session, ops) or ():
-            announce(op, names[node], f"moved from node {names[op.node]} to node {names[node]} instead of evicted: "
-                     f"{op.reason}", op.reason)
+        _announce_moves(session, relocate(session, ops) or [])
+
+
+def _announce_moves(session: Session, moves: list[tuple[Eviction, int]]) -> None:
+    """Announce each relocated victim as a move (`rules.move_decisions`), its reason saying so."""
+    names, announce = session.plan.names, session.rules.move_decisions.announce
+    for op, node in moves:
+        announce(op, names[node], f"moved from node {names[op.node]} to node {names[node]} instead of evicted: "
+                 f"{op.reason}", op.reason)
 
 
 class ReplaceVictims:
@@ -85,12 +89,6 @@ class ReplaceWholeGangs(ReplaceVictims):
         replace_victims(session, start, whole_gangs=True)
 
 
-def _occupying_after(session: Session, job: Job) -> int:
-    """How many of `job`'s pods occupy once the Plan's evictions are done."""
-    pods, evicted = session.state.pods, session.plan.evicted_pods
-    return sum(1 for k in job.members if pods[k].status in ("Running", "Binding", "Releasing") and k not in evicted)
-
-
 def _put_back(session: Session, ops: list[Eviction]) -> bool:
     """Undo the evictions `ops` together, else move all their pods elsewhere (`relocate`);
     False, with the Plan as before, when neither can be done."""
@@ -102,11 +100,7 @@ def _put_back(session: Session, ops: list[Eviction]) -> bool:
     moves = relocate(session, ops)
     if moves is None:
         return False
-    names = plan.names
-    for op, node in moves:
-        session.rules.move_decisions.announce(
-            op, names[node], f"moved from node {names[op.node]} to node {names[node]} instead of evicted: {op.reason}",
-            op.reason)
+    _announce_moves(session, moves)
     return True
 
 
@@ -145,13 +139,11 @@ def replace_victims(session: Session, start: int, whole_gangs: bool = False) -> 
             found = queue_keys[job.queue] = session.key(leaf, ZERO) if leaf is not None else ()
         return (found, -job.priority, job.created_ns, job.uid, key)
 
-    names = plan.names
-    announce = session.rules.move_decisions.announce
     for key in sorted(by_job, key=job_order):
         job = state.jobs[key]
         ops = by_job[key]
         if whole_gangs:
-            if _occupying_after(session, job) < job.min_member:
+            if len(session.occupying_on_plan(job)) < job.min_member:
                 if not _put_back(session, ops):
                     _evict_the_rest(session, job, ops)
                 continue
@@ -164,13 +156,7 @@ def replace_victims(session: Session, start: int, whole_gangs: bool = False) -> 
         if ops[surplus:]:
             units.append(ops[surplus:])
         for unit in units:
-            checkpoint = plan.checkpoint()
-            if all(plan.unevict(op) for op in unit):
-                continue
-            plan.rollback(checkpoint)
-            for op, node in relocate(session, unit) or ():
-                announce(op, names[node], f"moved from node {names[op.node]} to node {names[node]} instead of "
-                         f"evicted: {op.reason}", op.reason)
+            _put_back(session, unit)
 
 
 def relocate(session: Session, ops: list[Eviction]) -> list[tuple[Eviction, int]] | None:

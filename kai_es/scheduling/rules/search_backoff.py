@@ -11,8 +11,9 @@ every cycle (KAI #2301's complaint: the same hopeless search, cycle after cycle)
   no node with room, a queue over its fair share) are said as before. The reasons' words do not
   change from one failure to the next ("further searches for it back off"), so the pod's
   FailedScheduling Event and condition are written once, not at each retry; the numbers (in the
-  log, `kai-es explain`) say how many searches failed and when the next is. The fold keeps the two numbers on the job (fold rule `backs_off_searches`)
-  and forgets them once a pod of the job is placed; the scheduler wakes at `retry_at_ns`.
+  log, `kai-es explain`) say how many searches failed and when the next is. The fold keeps the
+  two numbers on the job (fold rule `backs_off_searches`) and forgets them once a pod of the job
+  is placed; the scheduler wakes at `retry_at_ns`.
 
 Contract: pure functions of the folded job and the cycle's time.
 """

@@ -12,7 +12,7 @@ from kai_es.state.handlers.move_holds import add_hold, drop_expired
 from kai_es.state.handlers.occupancy import occupy
 from kai_es.state.handlers.pods import set_status
 from kai_es.state.keys import pod_key
-from kai_es.state.model import ClusterState
+from kai_es.state.model import ClusterState, Job
 from kai_es.state.versions import fold_rules
 
 
@@ -36,15 +36,15 @@ def binding_decided(state: ClusterState, env: Envelope) -> None:
     pod.last_unschedulable = ""
     occupy(state, pod, data.node, data.gpu_devices, data.gpu_groups, "Binding")
     set_pending(state, pod, False)
-    _searches_succeeded(state, pod.job_key)
+    job = state.jobs[pod.job_key]
+    if job.search_retry_ns:  # (a check per bind: the fold's hot path)
+        _searches_succeeded(state, job)
 
 
-def _searches_succeeded(state: ClusterState, job_key: str) -> None:
+def _searches_succeeded(state: ClusterState, job: Job) -> None:
     """A pod of the job was placed: its failed searches are forgotten (`backs_off_searches`)."""
-    job = state.jobs.get(job_key)
-    if job is not None and (job.search_failures or job.search_retry_ns):
-        job.search_failures = job.search_retry_ns = 0
-        state.stale_jobs.add(job.key)
+    job.search_failures = job.search_retry_ns = 0
+    state.stale_jobs.add(job.key)
 
 
 def pod_pipelined(state: ClusterState, env: Envelope) -> None:
@@ -58,7 +58,9 @@ def pod_pipelined(state: ClusterState, env: Envelope) -> None:
     # (logs written before reservations existed must fold to the state they recorded)
     if fold_rules(env.policyversion).pipelined_nominates and pod.status == "Pending":
         pod.nominated_node = data.node
-    _searches_succeeded(state, pod.job_key)
+    job = state.jobs[pod.job_key]
+    if job.search_retry_ns:
+        _searches_succeeded(state, job)
 
 
 def eviction_decided(state: ClusterState, env: Envelope) -> None:

@@ -192,7 +192,8 @@ def refresh_or_drop_job(state: ClusterState, job: Job) -> None:
         del state.jobs[job.key]
         state.stale_jobs.add(job.key)
         state.gangs_below_minimum.discard(job.key)
-        state.semi_jobs.discard(job.key)
+        if job.semi:
+            state.semi_jobs.discard(job.key)
     else:
         refresh_job(state, job)
 
