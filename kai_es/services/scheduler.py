@@ -6,9 +6,9 @@ Contract:
   `run_cycle`, and appends the decisions plus CycleCompleted in one atomic append.
 - `has_work()` is true when something other than the scheduler's own events arrived after the
   last cycle's cut (including what another writer appended while that cycle ran), a bind
-  back-off has expired, or (policy kai-es/v3) a time rule came due since the last cycle (a stale
-  gang's grace period, a preemption delay or a min-runtime ended); the shell never runs a cycle
-  that has nothing new to look at (so an idle cluster writes nothing).
+  back-off expired since the last cycle, or (policy kai-es/v3) a time rule came due since the
+  last cycle (a stale gang's grace period, a preemption delay or a min-runtime ended); the shell
+  never runs a cycle that has nothing new to look at (so an idle cluster writes nothing).
 - Optional snapshots (`snapshots=` a `kai_es.services.snapshotting.SnapshotStore`): every
   `snapshot_every` cycles, on a cycle whose CycleCompleted carries a `statedigest`, the state at
   the cut is saved after the decisions are in the log; `start()` restores the newest snapshot
@@ -116,7 +116,10 @@ class SchedulerService:
         now = self.clock.now_ns()
         if any(self._last_cycle_ns < t <= now for t in self._due_times()):
             return True
-        return any(0 < pod.backoff_until_ns <= now and pod.status == "Pending"
+        # a back-off that expired since the last cycle (one that expired before it was that
+        # cycle's to act on: counting it again would cycle every period while nothing changes)
+        last = self._last_cycle_ns
+        return any(last < pod.backoff_until_ns <= now and pod.status == "Pending"
                    for pod in self.state.pods.values())
 
     def next_backoff_ns(self) -> int | None:
