@@ -296,6 +296,33 @@ class _Replayer:
         return result
 
 
+class IncrementalReplay:
+    """`replay` fed one record at a time, for a check that runs beside the writers (a
+    deterministic simulation run checks its log after every step). `state` is the state after the
+    last record fed; `feed` returns False once a divergence is found (then `divergence` says it)."""
+
+    def __init__(self, packer: Packer) -> None:
+        self._replayer = _Replayer(packer, None, Share(), None)
+
+    @property
+    def state(self) -> ClusterState:
+        return self._replayer.state
+
+    @property
+    def divergence(self) -> Divergence | None:
+        return self._replayer.result.divergence
+
+    def feed(self, record: Record) -> bool:
+        if self._replayer.result.divergence is not None:
+            return False
+        self._replayer.result.last_position = record.position
+        return self._replayer.step(record) or self._replayer.result.divergence is None
+
+    def finish(self) -> ReplayResult:
+        """The result as `replay` gives it for the records fed (the log's end reached)."""
+        return self._replayer.finish(at_end=True)
+
+
 def replay(records: Iterable[Record], packer: Packer, *, override: SchedulerConfig | None = None,
            progress: Callable[[int], None] | None = None, share: Share = Share()) -> ReplayResult:
     """Replay decoded `records` (see module docstring)."""

@@ -18,6 +18,9 @@ Contract:
   failed precondition would); `"retryable"` refuses it as a PodDisruptionBudget does (a 429 that
   may pass later). A pod annotated `kai-es.io/refuse-bind: "true"` refuses every bind (as a
   webhook or a kubelet that never admits it would).
+- `delete_pod` deletes a pod as a user would (its controller recreates it, as after an
+  eviction); `delete_node` deletes a node and, as the pod garbage collector does, the pods bound
+  to it (recreated likewise). Both report the deletions as a watch would.
 - Time only moves through `advance(now)`; everything is deterministic.
 """
 
@@ -223,6 +226,44 @@ class SimCluster:
         out += [ObjectChange("Pod", "ADDED", copy.deepcopy(i.obj)) for i in self.pods.values()]
         self._changes.clear()
         return out
+
+    def objects_of(self, kind: str) -> tuple[dict[str, Any], ...]:
+        """Every object of `kind` that exists now (copies, with `kind` set), as a relist returns
+        them; pending changes stay pending."""
+        if kind == "Node":
+            objs = list(self.nodes.values())
+        elif kind == "Pod":
+            objs = [i.obj for i in self.pods.values()]
+        else:
+            objs = [o for (k, _), o in self.others.items() if k == kind]
+        out = []
+        for obj in objs:
+            item = copy.deepcopy(obj)
+            item.setdefault("kind", kind)
+            out.append(item)
+        return tuple(out)
+
+    def delete_pod(self, key: str) -> bool:
+        """Delete pod `namespace/name` (see the module contract); False when there is none."""
+        info = self.pods.pop(key, None)
+        if info is None:
+            return False
+        self._free(info)
+        self._report("Pod", "DELETED", info.obj)
+        if info.recreate:
+            self._recreate(info)
+        return True
+
+    def delete_node(self, name: str) -> bool:
+        """Delete node `name` and the pods bound to it (see the module contract)."""
+        node = self.nodes.pop(name, None)
+        if node is None:
+            return False
+        self._report("Node", "DELETED", node)
+        for key in [k for k, i in self.pods.items() if i.node == name]:
+            self.delete_pod(key)
+        del self.node_use[name]
+        return True
 
     def drain_changes(self) -> list[ObjectChange]:
         out, self._changes = self._changes, []
