@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -16,7 +17,7 @@ from kai_es.events.factory import make_envelope
 from kai_es.ports import ActionOutcome
 from kai_es.scenario import load_scenario, load_scenario_text
 from kai_es.scheduling.packing import load_packer
-from kai_es.services.binder import MAX_BIND_FAILURES, BinderService
+from kai_es.services.binder import EVICT_RETRY_DELAYS_NS, MAX_BIND_FAILURES, BinderService
 from kai_es.sim.cluster import SimCluster
 from kai_es.app.simulation import simulate
 from kai_es.state import fold
@@ -178,22 +179,90 @@ async def test_a_retryable_refusal_is_retried_with_bounded_backoff_then_reported
     actuator = _RefusingActuator(retryable=True)
     clock = SimClock(0)
     binder = BinderService(log, actuator, clock, evict_retry_delays_ns=(10, 20, 40))  # type: ignore[arg-type]
-    assert await binder.step() == 1
-    assert len(actuator.evictions) == 4  # the first try and one per delay, then it gives up
-    assert clock.now_ns() == 70  # it waited each delay in turn
+    tries_at = []
+    for t in range(0, 200):  # a step every ns: the tries come after each delay, no sooner
+        clock.advance_to(t)
+        if await binder.step():
+            tries_at.append(t)
+    assert tries_at == [0, 10, 30, 70]  # the first try and one per delay, then it gives up
+    assert len(actuator.evictions) == 4
     [out] = [r.envelope.data for r in await _records(log)][1:]
     assert isinstance(out, p.PodEvictionFailed) and out.retryable is True
+    assert not binder.pending and binder.next_retry_ns() is None
 
 
 async def test_a_retryable_refusal_that_passes_on_a_retry_is_an_eviction() -> None:
     log = MemoryEventLog()
     await log.append([_eviction()])
     actuator = _RefusingActuator(retryable=True, refusals=2)
-    binder = BinderService(log, actuator, SimClock(0), evict_retry_delays_ns=(1, 1, 1))  # type: ignore[arg-type]
-    assert await binder.step() == 1
+    clock = SimClock(0)
+    binder = BinderService(log, actuator, clock, evict_retry_delays_ns=(1, 1, 1))  # type: ignore[arg-type]
+    assert await binder.step() == 1 and binder.next_retry_ns() == 1
+    assert [r.envelope.data for r in await _records(log)][1:] == []  # no outcome while it waits
+    assert await binder.step() == 0  # not yet: its time has not come
+    for t in (1, 2):
+        clock.advance_to(t)
+        assert await binder.step() == 1
     assert len(actuator.evictions) == 3
     [out] = [r.envelope.data for r in await _records(log)][1:]
     assert isinstance(out, p.PodEvicted) and out.decision_id == "e-1"
+
+
+class _RefusesOneEviction:
+    """Binds everything; refuses the eviction of pod `refused` as retryable, every time."""
+
+    def __init__(self, refused: str) -> None:
+        self.refused = refused
+        self.calls: list[str] = []
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpu_devices: Any = (),
+                   gpu_groups: Any = ()) -> ActionOutcome:
+        self.calls.append(f"bind {name}")
+        return ActionOutcome(ok=True)
+
+    async def evict(self, namespace: str, name: str, uid: str) -> ActionOutcome:
+        self.calls.append(f"evict {name}")
+        if name == self.refused:
+            return ActionOutcome(ok=False, retryable=True, message="Cannot evict pod as it would violate the pod's disruption budget.")
+        return ActionOutcome(ok=True)
+
+
+async def test_a_refused_eviction_waiting_for_its_retry_holds_up_no_other_decision() -> None:
+    # Reclaim evicts two victims and binds the preemptor elsewhere; a PodDisruptionBudget
+    # refuses one victim for now. The other eviction and the bind are performed and their
+    # outcomes appended at once; the refused one waits (about 3.5 s by default) alone.
+    log = MemoryEventLog()
+    def eviction(name: str) -> Envelope:
+        return make_envelope(p.EvictionDecided(namespace="default", name=name, uid=f"uid-{name}", node="n",
+                                               podgroup="g", queue="team-b", action="reclaim", reason="test"),
+                             event_id=f"e-{name}", source="t", subject=f"pod/default/{name}", logicaltime=1)
+    bind = make_envelope(p.BindingDecided(namespace="default", name="preemptor", uid="uid-p", node="m",
+                                          podgroup="gp", queue="team-a"),
+                         event_id="b-1", source="t", subject="pod/default/preemptor", logicaltime=1)
+    await log.append([eviction("guarded"), eviction("free"), bind])
+    actuator = _RefusesOneEviction("guarded")
+    clock = SimClock(1)
+    binder = BinderService(log, actuator, clock)  # type: ignore[arg-type]  # the default delays
+    assert await binder.step() == 3
+    outcomes = [r.envelope.data for r in await _records(log)][3:]
+    assert [type(o).__name__ for o in outcomes] == ["PodEvicted", "PodBound"]
+    assert clock.now_ns() == 1  # nobody slept
+    assert list(binder.pending) == ["e-guarded"] and binder.next_retry_ns() == 1 + EVICT_RETRY_DELAYS_NS[0]
+    # a decision that comes while it waits is performed at once too
+    await log.append([make_envelope(p.BindingDecided(namespace="default", name="late", uid="uid-l", node="m",
+                                                     podgroup="gl", queue="team-a"),
+                                    event_id="b-2", source="t", subject="pod/default/late", logicaltime=2)])
+    assert await binder.step() == 1
+    assert isinstance([r.envelope.data for r in await _records(log)][-1], p.PodBound)
+    t = 1
+    for delay in EVICT_RETRY_DELAYS_NS:
+        t += delay
+        clock.advance_to(t)
+        assert await binder.step() == 1
+    last = [r.envelope.data for r in await _records(log)][-1]
+    assert isinstance(last, p.PodEvictionFailed) and last.decision_id == "e-guarded" and last.retryable
+    assert actuator.calls.count("evict guarded") == 1 + len(EVICT_RETRY_DELAYS_NS)
+    assert not binder.pending
 
 
 def _bind_decision(event_id: str) -> Envelope:

@@ -129,6 +129,8 @@ async def drive(events: EventLog, cluster: Cluster, actuator: ClusterActuator, i
             next_cycle = now + period
             if await binder.step():
                 await informer.pump_pending()
+        elif (retry := binder.next_retry_ns()) is not None and retry <= now and await binder.step():
+            await informer.pump_pending()  # a refused eviction tried again
         if progress is not None:
             progress(now - start, (stop_at - start) if stop_at is not None else None)
         # what the binder's actions caused (an evicted pod's replacement, ...) is new input: the
@@ -144,6 +146,9 @@ async def drive(events: EventLog, cluster: Cluster, actuator: ClusterActuator, i
         backoff = scheduler.next_backoff_ns()
         if backoff is not None:
             candidates.append(max(backoff, next_cycle))
+        retry = binder.next_retry_ns()
+        if retry is not None:
+            candidates.append(max(retry, now + 1))
         if not candidates:
             if stop_at is not None and stop_at > now:
                 clock.advance_to(stop_at)  # nothing more happens, but the run lasts until its limit

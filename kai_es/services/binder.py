@@ -12,7 +12,10 @@ Contract:
   the cluster answers "already done".
 - A failed eviction is not an eviction: a refusal is recorded as PodEvictionFailed (the pod keeps
   running), never as PodEvicted. A retryable refusal (e.g. a PodDisruptionBudget's 429) is tried
-  again after each delay of `evict_retry_delays_ns` before it is recorded.
+  again after each delay of `evict_retry_delays_ns` before it is recorded; it waits without
+  holding up anything: the refused decision stays pending (no outcome) while the batch's other
+  outcomes are appended, and a later step whose time has come tries it again (`next_retry_ns`).
+  A restarted binder starts its tries again.
 - A bind that fails `MAX_BIND_FAILURES` times in a row for the same pod (uid), counted from the
   outcomes in the log, is recorded with `final=True`: the scheduler stops picking that pod.
 - The outcome's id is uuid5(decision id), so even a crash between performing and appending
@@ -101,6 +104,9 @@ class BinderService:
         self.done: OrderedDict[str, None] = OrderedDict()
         #: decisions read without an outcome yet, in log order
         self.pending: dict[str, Record] = {}
+        #: decision id -> (tries made, when the next may be made) of pending evictions refused as
+        #: retryable
+        self.retrying: dict[str, tuple[int, int]] = {}
         self.performed = 0
         self.resumed_from: int | None = None  # the position a saved progress let us start at
         self._count_failures_from = 0
@@ -110,6 +116,7 @@ class BinderService:
 
     def _mark_done(self, decision_id: str) -> None:
         self.pending.pop(decision_id, None)
+        self.retrying.pop(decision_id, None)
         self.done[decision_id] = None
         self.done.move_to_end(decision_id)
         if len(self.done) > DONE_WINDOW:
@@ -191,10 +198,17 @@ class BinderService:
             self.position = record.position + 1
             self._read_since_save += 1
 
+    def next_retry_ns(self) -> int | None:
+        """When the earliest refused eviction waiting for its next try may be tried (None: none
+        is waiting)."""
+        return min((at for _, at in self.retrying.values()), default=None)
+
     async def perform_batch(self) -> int:
-        """Perform every pending decision, then append all their outcomes in ONE atomic append
-        (see the module contract); returns how many it performed."""
-        todo = list(self.pending.values())
+        """Perform every pending decision that is not waiting for a retry, then append all the
+        outcomes they have in ONE atomic append (see the module contract); returns how many
+        decisions it tried."""
+        now = self.clock.now_ns()
+        todo = [r for r in self.pending.values() if self.retrying.get(r.envelope.id, (0, now))[1] <= now]
         if not todo:
             if self._read_since_save >= PROGRESS_EVERY:
                 await self.save_progress()
@@ -213,16 +227,18 @@ class BinderService:
             async with anyio.create_task_group() as tg:
                 for i, record in enumerate(todo):
                     tg.start_soon(one, i, record)
-        done = [o for o in outcomes if o is not None]
-        assert len(done) == len(todo)
-        await self.events.append(done)
-        for record in todo:
+        answered = [(record, o) for record, o in zip(todo, outcomes) if o is not None]
+        if answered:
+            await self.events.append([o for _, o in answered])
+        for record, _ in answered:
             self._mark_done(record.envelope.id)
-        self.performed += len(todo)
+        self.performed += len(answered)
         await self.save_progress()
         return len(todo)
 
-    async def _perform(self, record: Record) -> Envelope:
+    async def _perform(self, record: Record) -> Envelope | None:
+        """The outcome of one try of `record`'s decision, or None: an eviction refused as
+        retryable that will be tried again (`retrying`)."""
         env = record.envelope
         data = env.data
         now = max(self.clock.now_ns(), env.logicaltime)
@@ -243,13 +259,14 @@ class BinderService:
                                                  message=result.message, final=final),
                                  **common)  # type: ignore[arg-type]
         assert isinstance(data, p.EvictionDecided)
+        tries = self.retrying.get(env.id, (0, 0))[0] + 1
         result = await self.actuator.evict(data.namespace, data.name, data.uid)
-        for delay in self.evict_retry_delays_ns:
-            if result.ok or not result.retryable:
-                break
-            log.info("evict %s/%s refused, retrying: %s", data.namespace, data.name, result.message)
-            await self.clock.sleep_until(self.clock.now_ns() + delay)
-            result = await self.actuator.evict(data.namespace, data.name, data.uid)
+        if not result.ok and result.retryable and tries <= len(self.evict_retry_delays_ns):
+            delay = self.evict_retry_delays_ns[tries - 1]
+            log.info("evict %s/%s refused, trying again in %.1f s: %s", data.namespace, data.name,
+                     delay / 1e9, result.message)
+            self.retrying[env.id] = (tries, self.clock.now_ns() + delay)
+            return None
         if not result.ok:
             log.warning("evict %s/%s failed: %s", data.namespace, data.name, result.message)
             return make_envelope(p.PodEvictionFailed(namespace=data.namespace, name=data.name, uid=data.uid,
