@@ -238,13 +238,23 @@ static int hex_digit(unsigned char ch)
     return -1;
 }
 
+/* zlib.crc32(b"+"): where the CRC of a '+' line starts from. */
+#define CRC_OF_PLUS 0x7EBE16CDu
+
 /* The reason a terminated line of `length` bytes (its last byte is the '\n',
  * length >= 1) is not valid, or KAI_FRAME_OK.  Reads only line[0, length). */
 static int32_t check_line(const unsigned char *line, int64_t length, int fast)
 {
     uint32_t expected = 0;
+    uint32_t seed;
     int i;
-    if (length < KAI_FRAME_MIN_LINE || line[KAI_FRAME_HEAD - 1] != '\t')
+    if (length < KAI_FRAME_MIN_LINE)
+        return KAI_FRAME_NO_FRAME;
+    if (line[KAI_FRAME_HEAD - 1] == '\t')
+        seed = 0;
+    else if (line[KAI_FRAME_HEAD - 1] == '+')
+        seed = CRC_OF_PLUS;
+    else
         return KAI_FRAME_NO_FRAME;
     for (i = 0; i < KAI_FRAME_HEAD - 1; i++) {
         int v = hex_digit(line[i]);
@@ -252,8 +262,8 @@ static int32_t check_line(const unsigned char *line, int64_t length, int fast)
             return KAI_FRAME_BAD_HEX;
         expected = expected << 4 | (uint32_t)v;
     }
-    /* the body: after the tab, before the '\n' */
-    if (crc32_update(0, line + KAI_FRAME_HEAD, (size_t)(length - KAI_FRAME_MIN_LINE), fast) != expected)
+    /* the body: after the separator, before the '\n' */
+    if (crc32_update(seed, line + KAI_FRAME_HEAD, (size_t)(length - KAI_FRAME_MIN_LINE), fast) != expected)
         return KAI_FRAME_CRC_MISMATCH;
     return KAI_FRAME_OK;
 }
@@ -266,6 +276,8 @@ int64_t kai_frame_index(const unsigned char *buf, int64_t len, int64_t base,
     int64_t pos = 0;  /* start of the next line, relative to buf */
     int64_t end = 0;  /* end of the line being looked at */
     int64_t n = 0;
+    int64_t committed = 0;
+    int64_t committed_end = 0;
     int32_t reason = KAI_FRAME_OK;
     int fast;
 
@@ -286,10 +298,16 @@ int64_t kai_frame_index(const unsigned char *buf, int64_t len, int64_t base,
         if (reason != KAI_FRAME_OK)
             break;
         offsets[n++] = base + pos;
+        if (buf[pos + KAI_FRAME_HEAD - 1] == '\t') {
+            committed = n;
+            committed_end = end;
+        }
         pos = end;
     }
     stop->offset = base + pos;
     stop->line_end = reason == KAI_FRAME_OK ? base + pos : base + end;
+    stop->committed = committed;
+    stop->committed_end = base + committed_end;
     stop->reason = reason;
     return n;
 }
@@ -305,7 +323,8 @@ int64_t kai_frame_check(const unsigned char *buf, int64_t len, const int64_t *st
         /* in this order, so that e - s cannot overflow */
         if (s < 0 || e > len || e < s || e - s < KAI_FRAME_MIN_LINE)
             return i;
-        if (buf[s + KAI_FRAME_HEAD - 1] != '\t' || buf[e - 1] != '\n')
+        if ((buf[s + KAI_FRAME_HEAD - 1] != '\t' && buf[s + KAI_FRAME_HEAD - 1] != '+') ||
+            buf[e - 1] != '\n')
             return i;
     }
     return n;

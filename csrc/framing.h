@@ -4,11 +4,15 @@
  * The embedded event log (kai_es/adapters/file_log.py) holds one event per
  * line, framed as
  *
- *     <8 hex digits: CRC-32 of BODY> '\t' BODY '\n'
+ *     <8 hex digits: CRC-32 of BODY> '\t' BODY '\n'     (ends a batch)
+ *     <8 hex digits: CRC-32 of '+' BODY> '+' BODY '\n'   (the batch goes on)
  *
  * where the CRC is zlib's CRC-32 (reflected polynomial 0xEDB88320, initial
  * value and final xor 0xFFFFFFFF; what Python's zlib.crc32 returns) and the
- * hex digits may be lower or upper case.  kai_frame_index() walks a buffer of
+ * hex digits may be lower or upper case.  One append is one BATCH: zero or
+ * more '+' lines and one '\t' line, so a reader (and a writer recovering
+ * from a crash mid-append) can tell a whole append from a torn one; a log
+ * written before batches existed has only '\t' lines, each a batch of one.  kai_frame_index() walks a buffer of
  * such lines, records where each valid line starts and stops at the first
  * line that is not valid, saying why; kai_frame_check() takes a cheap second
  * look at lines indexed earlier.  The pure-Python twins in
@@ -31,11 +35,12 @@
  * is the reason):
  *   1 NOT_TERMINATED  it ends with '\n' (a buffer that ends mid-line: a torn
  *                     tail, or another writer's append in progress);
- *   2 NO_FRAME        L >= 10 (8 digits, the tab, the '\n'; the body may be
- *                     empty) and byte 8 is '\t';
+ *   2 NO_FRAME        L >= 10 (8 digits, the separator, the '\n'; the body
+ *                     may be empty) and byte 8 is '\t' or '+';
  *   3 BAD_HEX         bytes 0..7 are each one of 0-9, a-f, A-F;
- *   4 CRC_MISMATCH    the CRC-32 of bytes 9..L-2 (the body, without the tab
- *                     and the '\n') equals the number those 8 digits spell.
+ *   4 CRC_MISMATCH    the CRC-32 of bytes 9..L-2 (the body, without the
+ *                     separator and the '\n'), preceded by the '+' on a '+'
+ *                     line, equals the number those 8 digits spell.
  *
  * kai_frame_index(buf, len, base, offsets, cap, stop)
  *   Walks the lines of buf[0, len) from the start.  For each valid line, in
@@ -52,7 +57,13 @@
  *     line_end  reason != OK: base + the end of that invalid line (past its
  *               '\n', or base + len if it is not terminated), so a caller can
  *               tell a bad LAST line (line_end == base + len) from a bad line
- *               in the middle; reason == OK: equal to offset.
+ *               in the middle; reason == OK: equal to offset;
+ *     committed the number of the n lines up to and including the last '\t'
+ *               line among them (0 if none: every line read continues a
+ *               batch that has not ended yet);
+ *     committed_end  base + the end of that line (base if committed == 0).
+ *   Which lines a reader may hand out (whole batches only) is the caller's
+ *   business: kai_es/adapters/framing.py keeps only whole batches.
  *   Returns KAI_FRAME_EINVAL (*stop untouched) if stop is NULL, len, base or
  *   cap is negative, base + len overflows int64_t, len exceeds SIZE_MAX, or
  *   buf (offsets) is NULL while len (cap) is positive.
@@ -62,7 +73,8 @@
  *   line i is [starts[i], starts[i + 1]) (starts has n + 1 entries).
  *   Returns the first i whose line no longer looks like a verified line --
  *   it does not lie inside buf[0, len), it is shorter than
- *   KAI_FRAME_MIN_LINE, its byte 8 is not '\t' or its last byte is not '\n'
+ *   KAI_FRAME_MIN_LINE, its byte 8 is not '\t' or '+' or its last byte is
+ *   not '\n'
  *   -- or n if none; KAI_FRAME_EINVAL if len or n is negative, starts is
  *   NULL, or buf is NULL while len is positive.  The CRC is not recomputed.
  *
@@ -88,7 +100,7 @@ extern "C" {
 #endif
 
 /* CDEF-BEGIN */
-#define KAI_FRAME_ABI_VERSION 1
+#define KAI_FRAME_ABI_VERSION 2
 #define KAI_FRAME_HEAD 9
 #define KAI_FRAME_MIN_LINE 10
 
@@ -107,6 +119,8 @@ enum kai_frame_reason {
 typedef struct kai_frame_stop {
     int64_t offset;    /* base + end of the valid lines indexed by this call */
     int64_t line_end;  /* reason != OK: base + end of the invalid line; else offset */
+    int64_t committed;      /* lines of this call up to the last that ends a batch */
+    int64_t committed_end;  /* base + end of that line; base if committed == 0 */
     int32_t reason;    /* enum kai_frame_reason */
 } kai_frame_stop;
 

@@ -49,14 +49,14 @@ def is_event_log(path: str | os.PathLike[str]) -> bool:
     if not head:
         return True
     line = head.split(b"\n", 1)[0]
-    if len(line) < 10 or line[8:9] != b"\t":
+    if len(line) < 10 or line[8:9] not in (b"\t", b"+"):  # the end of a batch, or a batch going on
         return False
     try:
         crc = int(line[:8], 16)
     except ValueError:
         return False
     body = line[9:]
-    if zlib.crc32(body) != crc:
+    if zlib.crc32(body, 0 if line[8:9] == b"\t" else zlib.crc32(b"+")) != crc:
         return False
     try:
         decode(body)

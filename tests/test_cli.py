@@ -43,8 +43,8 @@ def test_events_filters_by_type_and_subject(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in run.stdout.splitlines()]
     # what the filters should keep, read off the log itself
     wanted = [line for line in Path(log).read_text().splitlines()
-              if fnmatch.fnmatchcase(json.loads(line.split("\t", 1)[1])["type"], "kai.scheduler.pod.*")
-              and fnmatch.fnmatchcase(json.loads(line.split("\t", 1)[1])["subject"], "pod/default/train-*")]
+              if fnmatch.fnmatchcase(json.loads(line[9:])["type"], "kai.scheduler.pod.*")
+              and fnmatch.fnmatchcase(json.loads(line[9:])["subject"], "pod/default/train-*")]
     assert len(rows) == len(wanted) > 0
     # the quickstart's gang is bound, evicted by reclaim (kai-es/v6) and bound again
     assert {r["event"]["type"] for r in rows} >= {"kai.scheduler.pod.bindingdecided", "kai.scheduler.pod.evictiondecided"}

@@ -1,5 +1,6 @@
 """Deterministic simulation testing (`kai_es.app.dst`): the real informer, scheduler and binder
-over the memory log and the simulated cluster, faults from one seed, invariants after every step.
+over the memory log (or the file log, torn appends included) and the simulated cluster, faults
+from one seed, invariants after every step.
 
 Hypothesis picks the seeds and the fault mixes (CI runs `max_examples` of each: see the
 settings below); `tools/dst.py --seeds N` is the long soak. Each invariant is shown to catch a
@@ -7,8 +8,10 @@ bug planted in the real code it guards, and one seed always gives the same log, 
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -16,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from kai_es.adapters import file_log
 from kai_es.app.dst import DstReport, DstSettings, run_seed
 from kai_es.scheduling.packing import load_packer
 from kai_es.services import binder as binder_module
@@ -65,11 +69,57 @@ def test_one_seed_gives_one_log_byte_for_byte() -> None:
     assert other.log_digest != first.log_digest
 
 
-def test_the_default_mix_injects_every_fault_over_a_few_seeds() -> None:
+_LOGS = itertools.count()
+
+
+def _run_on_file(seed: int, mix: FaultMix | None, directory: Path) -> DstReport:
+    return _run(seed, mix, log_path=directory / f"seed-{seed}-{next(_LOGS)}.log")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**64 - 1), torn=st.integers(20, 300),
+       mix=st.one_of(st.just(FaultMix()), mixes))
+def test_every_invariant_holds_on_the_file_log_with_torn_appends(
+        seed: int, torn: int, mix: FaultMix, tmp_path: Path) -> None:
+    mix = FaultMix({**mix.rates, "torn_append": torn})
+    report = _run_on_file(seed, mix, tmp_path)
+    event(f"torn appends: {'none' if not report.faults.get('torn_append') else 'some'}")
+    assert report.ok, f"seed {seed}, mix {dict(mix.rates)}: {report.violations}"
+    assert report.settled and report.cycles > 0 and report.decisions > 0
+
+
+def test_torn_appends_happen_on_the_file_log_only(tmp_path: Path) -> None:
+    mix = FaultMix({"torn_append": 200})
+    on_file = [_run_on_file(seed, mix, tmp_path) for seed in range(5)]
+    assert all(r.ok for r in on_file), [r.violations for r in on_file]
+    assert sum(r.faults.get("torn_append", 0) for r in on_file) > 5
+    assert {"torn_append@informer", "torn_append@scheduler", "torn_append@binder"} <= set().union(*(r.faults for r in on_file))
+    in_memory = _run(0, mix)
+    assert in_memory.ok and "torn_append" not in in_memory.faults
+    # without faults, the file log and the memory log hold the same records, byte for byte
+    assert _run_on_file(4, FaultMix({}), tmp_path).log_digest == _run(4, FaultMix({})).log_digest
+
+
+def test_a_file_log_whose_appends_are_not_batches_is_caught_by_a_torn_cycle(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The planted bug: every line of an append ends a batch (as before batches), so a scheduler
+    that dies mid-append leaves part of its cycle that every reader takes for whole."""
+    monkeypatch.setattr(file_log, "frame_batch", lambda bodies: [file_log.frame(b) for b in bodies])
+    found = []
+    for seed in range(40):
+        found += [v for v in _run_on_file(seed, FaultMix({"torn_append": 150}), tmp_path).violations
+                  if "missing" in v or "replay" in v]
+        if found:
+            break
+    assert found
+
+
+def test_the_default_mix_injects_every_fault_over_a_few_seeds(tmp_path: Path) -> None:
     seen: set[str] = set()
     fenced = 0
-    for seed in range(40):
-        report = _run(seed)
+    for seed in range(40):  # every fourth over the file log: a torn append needs a file
+        report = _run_on_file(seed, None, tmp_path) if seed % 4 == 3 else _run(seed)
         assert report.ok, (seed, report.violations)
         seen |= {k for k in report.faults if "@" not in k}
         fenced += report.fenced

@@ -179,6 +179,58 @@ def test_bad_arguments_are_rejected_before_the_boundary(indexer: LineIndexer) ->
         indexer.check(A, array("i", [0, len(A)]))
 
 
+P1 = frame(b'{"p":1}', more=True)
+P2 = frame(b'{"pp":2}', more=True)
+
+
+def test_plus_lines_known_answers() -> None:
+    body = b'{"p":1}'
+    assert P1 == b"%08x+%s\n" % (zlib.crc32(b"+" + body), body)
+    assert frame(body) == b"%08x\t%s\n" % (zlib.crc32(body), body)
+    assert P1[:8] != frame(body)[:8]  # a tab line turned into a "+" line (or back) does not verify
+
+
+def test_whole_batches_only(indexer: LineIndexer) -> None:
+    batch = P1 + P2 + A
+    assert index(indexer, batch) == ([0, len(P1), len(P1 + P2)], FrameScan(3, len(batch), len(batch), Reason.OK))
+    # the buffer ends inside a batch: nothing of it, NOT_TERMINATED from the batch's start
+    assert index(indexer, P1 + P2) == ([], FrameScan(0, 0, len(P1 + P2), Reason.NOT_TERMINATED))
+    buf = B + P1 + P2
+    assert index(indexer, buf) == ([0], FrameScan(1, len(B), len(buf), Reason.NOT_TERMINATED))
+    buf = B + P1 + P2[:-3]  # and with its last line cut short too
+    assert index(indexer, buf) == ([0], FrameScan(1, len(B), len(buf), Reason.NOT_TERMINATED))
+    # a bad line inside a batch: the scan stops at the batch's start, line_end past the bad line
+    bad = bytearray(P2)
+    bad[12] ^= 1
+    buf = B + P1 + bytes(bad) + A
+    assert index(indexer, buf) == ([0], FrameScan(1, len(B), len(B + P1 + P2), Reason.CRC_MISMATCH))
+    swapped = P2[:8] + b"\t" + P2[9:]  # the separator flipped: the CRC no longer matches
+    assert index(indexer, B + swapped + A) == ([0], FrameScan(1, len(B), len(B + P2), Reason.CRC_MISMATCH))
+    # cap counts lines read: hit mid-batch, the batch is left for the next call
+    buf = B + P1 + P2 + A
+    assert index(indexer, buf, cap=2) == ([0], FrameScan(1, len(B), len(B), Reason.OK))
+    assert index(indexer, buf, cap=1) == ([0], FrameScan(1, len(B), len(B), Reason.OK))
+    assert index(indexer, buf, start=len(B), cap=2) == ([], FrameScan(0, len(B), len(B), Reason.OK))
+    assert index(indexer, buf, start=len(B), cap=3, base=10) == (
+        [10 + len(B), 10 + len(B + P1), 10 + len(B + P1 + P2)], FrameScan(3, 10 + len(buf), 10 + len(buf), Reason.OK))
+    assert indexer.check(buf, array("q", [0, len(B), len(B + P1), len(B + P1 + P2), len(buf)])) == 4
+
+
+def test_batches_longer_than_a_native_chunk() -> None:
+    plus, end = frame(b"", more=True), frame(b"")
+    n = 2 * framing._CHUNK + 17
+    whole = end + plus * n + end
+    native, twin = index(_native(), whole), index(_TWIN, whole)
+    assert native == twin
+    assert native[1] == FrameScan(n + 2, len(whole), len(whole), Reason.OK)
+    torn = end + plus * n
+    native, twin = index(_native(), torn), index(_TWIN, torn)
+    assert native == twin == ([0], FrameScan(1, len(end), len(torn), Reason.NOT_TERMINATED))
+    for cap in (framing._CHUNK + 3, n + 1, n + 2):
+        assert index(_native(), whole, cap=cap) == index(_TWIN, whole, cap=cap)
+    assert index(_TWIN, whole, cap=n + 1)[1] == FrameScan(1, len(end), len(end), Reason.OK)
+
+
 def test_native_chunks_agree_past_the_chunk_size() -> None:
     line = frame(b"")
     n = 2 * framing._CHUNK + 17
@@ -196,7 +248,7 @@ def test_check_known_answers(indexer: LineIndexer) -> None:
     assert indexer.check(buf, array("q")) == 0
     assert indexer.check(buf, array("q", [0, len(A) + 1, len(buf)])) == 0  # no newline before len(A) + 1
     assert indexer.check(buf, array("q", [0, len(A), len(buf) + 1])) == 1  # past the buffer
-    assert indexer.check(buf, array("q", [1, len(A)])) == 0  # no tab at byte 8
+    assert indexer.check(buf, array("q", [1, len(A)])) == 0  # no tab or "+" at byte 8
     assert indexer.check(buf, array("q", [-5, len(A)])) == 0
     assert indexer.check(buf, array("q", [len(A), 0])) == 0  # backwards
     assert indexer.check(buf, array("q", [0, len(A), -(2**63)])) == 1
@@ -207,19 +259,21 @@ def test_check_known_answers(indexer: LineIndexer) -> None:
 
 @st.composite
 def framed_buffers(draw: st.DrawFn) -> bytes:
-    """Valid lines with now and then a damaged one, and maybe a torn tail."""
+    """Valid lines of batches with now and then a damaged one, and maybe a torn tail."""
     bodies = st.binary(max_size=90).map(lambda b: b.replace(b"\n", b" "))
     parts: list[bytes] = []
     for body in draw(st.lists(bodies, max_size=8)):
-        line = bytearray(frame(body))
-        kind = draw(st.sampled_from(["ok"] * 6 + ["flip", "hex", "tab", "short", "upper", "newline"]))
+        line = bytearray(frame(body, more=draw(st.booleans())))
+        kind = draw(st.sampled_from(["ok"] * 6 + ["flip", "hex", "tab", "short", "upper", "newline", "swap"]))
         if kind == "flip":  # any byte of the line, the frame or the newline included
             i = draw(st.integers(0, len(line) - 1))
             line[i] ^= 1 << draw(st.integers(0, 7))
         elif kind == "hex":
             line[draw(st.integers(0, 7))] = draw(st.sampled_from(b"gxG -+_\t\n\x00\xff"))
         elif kind == "tab":
-            line[8] = draw(st.sampled_from(b" x\n0"))
+            line[8] = draw(st.sampled_from(b" x\n0-"))
+        elif kind == "swap":  # "+" for a tab or the other way round, the CRC left as it was
+            line[8] = 0x2B if line[8] == 0x09 else 0x09
         elif kind == "short":
             line = bytearray(line[:draw(st.integers(0, 9))] + b"\n")
         elif kind == "upper":
@@ -228,7 +282,7 @@ def framed_buffers(draw: st.DrawFn) -> bytes:
             line.insert(draw(st.integers(0, len(line) - 1)), 0x0A)
         parts.append(bytes(line))
     if draw(st.booleans()):
-        tail = frame(draw(bodies))
+        tail = frame(draw(bodies), more=draw(st.booleans()))
         parts.append(tail[:draw(st.integers(0, len(tail) - 1))])
     return b"".join(parts)
 
@@ -241,7 +295,7 @@ any_buffers = st.one_of(framed_buffers(), framed_buffers(), st.binary(max_size=2
 def test_native_agrees_with_twin(buf: bytes, data: st.DataObject) -> None:
     start = data.draw(st.integers(0, len(buf)))
     base = data.draw(st.sampled_from([0, 1, 4096, 2**40]))
-    cap = data.draw(st.sampled_from([None, 0, 1, 2, 3]))
+    cap = data.draw(st.sampled_from([None, 0, 1, 2, 3, 5]))
     expected = index(_TWIN, buf, start=start, base=base, cap=cap)
     assert index(_native(), buf, start=start, base=base, cap=cap) == expected
     offsets, scan = expected
@@ -250,11 +304,20 @@ def test_native_agrees_with_twin(buf: bytes, data: st.DataObject) -> None:
     ends = [*offsets[1:], scan.stop]
     for s, e in zip(offsets, ends):
         line = buf[s - base:e - base]
-        assert line.endswith(b"\n") and line[8:9] == b"\t"
-        assert int(line[:8], 16) == zlib.crc32(line[9:-1])
+        assert line.endswith(b"\n") and line[8:9] in (b"\t", b"+")
+        assert int(line[:8], 16) == zlib.crc32(line[9:-1], 0 if line[8:9] == b"\t" else zlib.crc32(b"+"))
+    if offsets:  # only whole batches: the last line handed out ends one
+        assert buf[scan.stop - base - 1:scan.stop - base] == b"\n" and buf[offsets[-1] - base + 8] == 0x09
+    # between stop and the bad line (or the buffer's end) lie only "+" lines that verify
+    rest = buf[scan.stop - base:scan.line_end - base]
+    pending = [ln + b"\n" for ln in rest.split(b"\n")[:-1]]  # its terminated lines
+    if scan.reason not in (Reason.OK, Reason.NOT_TERMINATED):
+        pending = pending[:-1]  # the bad line itself
+    for ln in pending:
+        assert ln[8:9] == b"+" and int(ln[:8], 16) == zlib.crc32(ln[9:-1], zlib.crc32(b"+"))
     if scan.reason is Reason.OK:
         assert scan.line_end == scan.stop
-        assert scan.stop == base + len(buf) or scan.count == cap
+        assert scan.stop == base + len(buf) or (cap is not None and scan.count <= cap)
     # the lines just indexed pass the re-check, in C and in Python
     starts = array("q", [o - base for o in offsets] + [scan.stop - base])
     assert _native().check(buf, starts) == check_frames_py(buf, starts) == len(offsets)

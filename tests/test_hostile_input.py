@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.clock import SimClock
 from kai_es.adapters.ids import SeededIds
 from kai_es.adapters.memory_log import MemoryEventLog
@@ -79,6 +82,21 @@ def test_an_event_log_is_replaced_only_with_force(tmp_path: Path) -> None:
     assert log.read_bytes() == GOLDEN.read_bytes()
     run = _cli("simulate", "examples/quickstart.yaml", "--log", str(log), "--force", "--report", str(tmp_path / "r"))
     assert run.returncode == 0, run.stderr
+    # a log whose first append held many records starts with a "+" line: still a kai-es event
+    # log, replaced with --force and only with it
+    records = list(FileEventLog(GOLDEN, readonly=True).scan(0, 3))
+    log.unlink()
+    anyio.run(FileEventLog(log).append, [r.envelope for r in records])
+    assert log.read_bytes()[8:9] == b"+"
+    _one_error(_cli("simulate", "examples/quickstart.yaml", "--log", str(log), "--report", str(tmp_path / "r")),
+               "pass --force")
+    run = _cli("simulate", "examples/quickstart.yaml", "--log", str(log), "--force", "--report", str(tmp_path / "r"))
+    assert run.returncode == 0, run.stderr
+    forged = tmp_path / "forged.log"  # a "+" line whose CRC is a tab line's is not one
+    body = log.read_bytes().split(b"\n", 1)[0][9:]
+    forged.write_bytes(b"%08x+%s\n" % (zlib.crc32(body), body))
+    _one_error(_cli("simulate", "examples/quickstart.yaml", "--log", str(forged), "--force",
+                    "--report", str(tmp_path / "r")), "not a kai-es event log")
 
 
 def test_a_report_directory_holding_someone_elses_files_is_refused(tmp_path: Path) -> None:

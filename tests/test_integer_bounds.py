@@ -164,7 +164,7 @@ def test_the_scheduler_process_keeps_scheduling_with_a_huge_quota(tmp_path: Path
                           "--report", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     # the cluster's observations, as an informer appends them: the scheduler has work
-    bodies = [line.split(b"\t", 1)[1] for line in recorded.read_bytes().splitlines()]
+    bodies = [line[9:] for line in recorded.read_bytes().splitlines()]
     first_cycle = next(i for i, b in enumerate(bodies) if b'"kai.scheduler.cycle.started"' in b)
     observed = [b for b in bodies[:first_cycle] if b'"type":"kai.cluster.' in b]
     log = tmp_path / "live.log"
@@ -204,7 +204,7 @@ def _int_leaves(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return []
 
 
-BODIES = [line.split(b"\t", 1)[1] for line in GOLDEN.read_bytes().splitlines()]
+BODIES = [line[9:] for line in GOLDEN.read_bytes().splitlines()]
 LEAVES = [(i, path) for i, body in enumerate(BODIES) for path in _int_leaves(json.loads(body))]
 
 

@@ -3,11 +3,14 @@
     python3 tools/dst.py --seeds 1000                 # seeds 0..999, the default fault mix
     python3 tools/dst.py --seeds 200 --start 5000 --mix crash=60,lose_watch=100
     python3 tools/dst.py --seeds 1 --start 14 -v      # one seed again, with its violations in full
+    python3 tools/dst.py --seeds 200 --file-log runs/ # over the file log, torn appends included
 
 Each seed is a whole run: its own workload (`kai_es.sim.workload`), its own faults, every
 invariant checked after every step, a settle phase and a replay from scratch. A failing seed is
 printed with the command that reproduces it (the same seed and mix give the same log, byte for
-byte). Exit status 1 when any seed failed. The summary says how many seeds, steps, cycles and
+byte). With `--file-log DIR` each seed runs over a new file log, DIR/seed-N.log (the
+`torn_append` fault needs a file); a passing seed's log is removed, a failing one's is kept for
+`kai-es replay`/`explain`. Exit status 1 when any seed failed. The summary says how many seeds, steps, cycles and
 faults (by kind) the soak covered and how fast.
 """
 
@@ -38,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"(kinds: {', '.join(FAULT_KINDS)})")
     parser.add_argument("--packer", choices=("native", "reference"), default="native")
     parser.add_argument("--horizon", type=int, default=90, help="seconds of simulated time with faults")
+    parser.add_argument("--file-log", type=Path, metavar="DIR",
+                        help="run each seed over a new file log DIR/seed-N.log (kept when it fails)")
     parser.add_argument("-v", "--verbose", action="store_true", help="every violation of a failing seed")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.start < 0 or args.horizon < 1:
@@ -53,8 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[int] = []
     steps = cycles = 0
     t0 = time.monotonic()
+    if args.file_log is not None:
+        args.file_log.mkdir(parents=True, exist_ok=True)
     for seed in range(args.start, args.start + args.seeds):
-        report = anyio.run(lambda: run_seed(seed, packer, mix=mix, settings=settings))  # noqa: B023
+        log_path = None if args.file_log is None else args.file_log / f"seed-{seed}.log"
+        if log_path is not None and log_path.exists():
+            parser.error(f"{log_path} exists: remove it or choose another --file-log directory")
+        report = anyio.run(lambda: run_seed(seed, packer, mix=mix, settings=settings,  # noqa: B023
+                                            log_path=log_path))  # noqa: B023
+        if log_path is not None and report.ok:
+            log_path.unlink()
         steps += report.steps
         cycles += report.cycles
         faults.update({k: v for k, v in report.faults.items() if "@" not in k})
@@ -63,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed}: {len(report.violations)} violation(s); first: {report.violations[0]}")
             for line in report.violations[1:] if args.verbose else ():
                 print(f"    {line}")
+            file_log = "" if args.file_log is None else f" --file-log {args.file_log}"
+            if log_path is not None:
+                print(f"    its log: {log_path}")
             print(f"    reproduce: python3 tools/dst.py --seeds 1 --start {seed} --mix {args.mix} "
-                  f"--packer {args.packer} --horizon {args.horizon} -v")
+                  f"--packer {args.packer} --horizon {args.horizon}{file_log} -v")
     took = time.monotonic() - t0
     print(f"{args.seeds} seeds ({args.start}..{args.start + args.seeds - 1}) in {took:.1f} s "
           f"({args.seeds / took * 3600:.0f} seeds/hour): {steps} steps, {cycles} cycles, "

@@ -23,13 +23,12 @@ import json
 import random
 import subprocess
 import sys
-import zlib
 from array import array
 from pathlib import Path
 
 import anyio
 
-from kai_es.adapters.file_log import FileEventLog
+from kai_es.adapters.file_log import FileEventLog, frame
 from kai_es.scenario import load_scenario
 from kai_es.scheduling.packing import Placement, Strategy, TaskShape, load_packer
 from kai_es.scheduling.packing.model import PackTable
@@ -98,7 +97,7 @@ def main() -> None:
                 event["data"]["node"] = "node-b" if event["data"]["node"] == "node-a" else "node-a"
                 body = json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
                 changed = True
-        out.append(b"%08x\t%s\n" % (zlib.crc32(body), body))
+        out.append(frame(body, more=line[8:9] == b"+"))  # the same batches, each line re-framed
     assert changed
     (GOLDEN / "quickstart.altered.events.jsonl").write_bytes(b"".join(out))
     seed = write_nondeterministic(log, GOLDEN / "quickstart.nondeterministic.events.jsonl")

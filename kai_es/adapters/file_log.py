@@ -1,31 +1,39 @@
 """The embedded default EventLog: one append-only file, one event per line.
 
-Line format: `<crc32 of the JSON, 8 hex digits>\\t<canonical JSON envelope>\\n` (written in lowercase;
-either case is read).
+Line format: `<crc32 of the JSON, 8 hex digits>\\t<canonical JSON envelope>\\n` for the last record
+of an append, `<crc32 of "+" and the JSON, 8 hex digits>+<canonical JSON envelope>\\n` for the
+others (written in lowercase; either case is read): one append is one batch, so a reader can tell
+a whole append from one a crash cut short after some of its lines. A log written before batches
+existed has only tab lines, each a batch of one, and reads as it always did.
 The position of a record is its 0-based line number.
 
 Contract:
 - An append writes its whole batch with one `write` under an exclusive `flock`, so concurrent
   appenders (other processes too) never interleave and positions stay dense.
-- On open, a torn last line (bytes after the last newline) is a crash mid-write: it is reported
-  (`recovered`) and truncated by a writer; a read-only opener ignores it without changing the
-  file (and says so in `recovered`). Only an unterminated last line is torn: an append writes
-  whole lines, so a newline-terminated line that does not verify (a flipped bit, a bad CRC) is
-  corruption wherever it is, the last line included, and `CorruptLogError` names its position.
+- A batch is all or nothing: no reader hands out a record of a batch whose last line is not in
+  the file, so a consumer never sees part of an append (half of a cycle's decisions, part of a
+  gang's binds).
+- On open, a torn last batch (bytes after the last newline, or whole lines of a batch whose last
+  line is missing) is a crash mid-write: it is reported (`recovered`) and truncated to the
+  batch's start by a writer; a read-only opener ignores it without changing the file (and says so
+  in `recovered`). Only an unfinished last batch is torn: an append writes whole lines, so a
+  newline-terminated line that does not verify (a flipped bit, a bad CRC) is corruption wherever
+  it is, the last line included, and `CorruptLogError` names the position of its batch.
   A writer truncates only under the append lock, after looking again: what looked torn may have
   been another writer's append in progress. An append that finds a torn last line under the lock
   (a writer crashed after this log was opened) truncates it the same way before writing.
 - Lines appended by other processes are indexed when this log next looks (`end_position`, a
   read, an append); a last line another writer is still appending is indexed by a later look.
 - Every line is verified (frame and CRC) once, when it is indexed; reads hand out views of a
-  read-only `mmap` of the file and report a file that changed after it was verified.
+  read-only `mmap` of the file and report a file that changed after it was verified. Reads of
+  older lines (before the newest `dense_lines` or so) index their stretch of the file again, CRC
+  included (`kai_es.adapters.offset_index`): the index's memory does not grow with the log.
 
 Indexing is `kai_es.adapters.framing` (C, or its pure-Python twin when the C is not built).
 """
 
 from __future__ import annotations
 
-import bisect
 import fcntl
 import logging
 import mmap
@@ -36,13 +44,18 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
 import anyio
 
 from kai_es.adapters.framing import HEAD, LineIndexer, Reason, default_indexer
+from kai_es.adapters.offset_index import DENSE_LINES, MARK_EVERY, IndexChanged, OffsetIndex
 from kai_es.events import DecodeError, Envelope, Record, decode, encode
 
 log = logging.getLogger(__name__)
+
+#: the most lines a read gets the offsets of at once
+_READ_CHUNK = 1 << 16
 
 
 class CorruptLogError(Exception):
@@ -66,25 +79,41 @@ class TornTail:
     reason: str
 
 
-def frame(body: bytes) -> bytes:
-    """One line of the file for a canonical envelope body."""
+_CRC_OF_PLUS = zlib.crc32(b"+")
+
+
+def frame(body: bytes, *, more: bool = False) -> bytes:
+    """One line of the file for a canonical envelope body: the last of its batch, or (`more`) one
+    another line of the same batch follows."""
+    if more:
+        return b"%08x+%s\n" % (zlib.crc32(body, _CRC_OF_PLUS), body)
     return b"%08x\t%s\n" % (zlib.crc32(body), body)
+
+
+def frame_batch(bodies: Sequence[bytes]) -> list[bytes]:
+    """The lines of one batch (one append) of canonical envelope bodies, in order."""
+    last = len(bodies) - 1
+    return [frame(body, more=i < last) for i, body in enumerate(bodies)]
 
 
 class FileEventLog:
     """EventLog over a local file (see module docstring for the format and guarantees).
 
-    `indexer` verifies and indexes the lines (default: `framing.default_indexer()`, the C one)."""
+    `indexer` verifies and indexes the lines (default: `framing.default_indexer()`, the C one);
+    `dense_lines` and `mark_every` size the offset index (`kai_es.adapters.offset_index`: the
+    offsets of the newest lines, marks for the older ones, so its memory does not grow with the
+    log)."""
 
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False,
                  fsync: bool = False, poll_interval_s: float = 0.05,
-                 indexer: LineIndexer | None = None) -> None:
+                 indexer: LineIndexer | None = None, dense_lines: int = DENSE_LINES,
+                 mark_every: int = MARK_EVERY) -> None:
         self.path = Path(path)
         self.readonly = readonly
         self.fsync = fsync
         self.poll_interval_s = poll_interval_s
         self._indexer = default_indexer() if indexer is None else indexer
-        self._offsets: array[int] = array("q")
+        self._index = OffsetIndex(self._indexer, dense_lines=dense_lines, mark_every=mark_every)
         self._indexed_size = 0
         # A read-only map of the file from byte 0, covering at least the lines indexed when it was
         # made; replaced (never closed: views handed out keep an old one alive) when it is too short.
@@ -96,6 +125,7 @@ class FileEventLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.touch()
         self._scan_from(0, at_open=True)
+        self._compact()
         self._appended = anyio.Event()
 
     # -- index maintenance ------------------------------------------------------------------
@@ -124,15 +154,18 @@ class FileEventLog:
         if region is None:
             return
         m, base = region
-        scan = self._indexer.index(m, self._offsets, start=start - base, base=base)
+        scan = self._indexer.index(m, self._index.dense, start=start - base, base=base)
         self._indexed_size = scan.stop
         if scan.reason is Reason.OK:
             if base == 0:
                 self._map = m  # it covers every indexed line: reads need not map the file again
             return
-        position = len(self._offsets)
+        position = self._index.count
         if scan.line_end != base + len(m) or scan.reason is not Reason.NOT_TERMINATED:
-            raise CorruptLogError(self.path, position, scan.reason.message)
+            # name the line that does not verify, not the start of the batch holding it
+            before = m[scan.stop - base:scan.line_end - base - 1].count(b"\n")
+            where = f" (in the append that starts at position {position})" if before else ""
+            raise CorruptLogError(self.path, position + before, scan.reason.message + where)
         if scan.reason is Reason.NOT_TERMINATED and not (at_open or locked):
             return
         torn = TornTail(position, scan.stop, scan.line_end - scan.stop, scan.reason.message)
@@ -172,7 +205,13 @@ class FileEventLog:
         if size > self._indexed_size:
             self._scan_from(self._indexed_size, locked=locked)
             size = max(size, self._indexed_size)
+            self._compact()
         return size
+
+    def _compact(self) -> None:
+        """Keep the offset index's memory bounded (`kai_es.adapters.offset_index`)."""
+        if self._index.needs_compaction:
+            self._index.compact(self._readable(self._indexed_size))
 
     def _readable(self, end: int) -> mmap.mmap:
         """A map of the file from byte 0 that covers byte offsets [0, end)."""
@@ -181,13 +220,10 @@ class FileEventLog:
             region = self._map_from(0)
             if region is None or len(region[0]) < end:
                 size = 0 if region is None else len(region[0])
-                raise CorruptLogError(self.path, self._first_line_past(size), "the file changed after it was verified")
+                raise CorruptLogError(self.path, self._index.first_line_past(size),
+                                      "the file changed after it was verified")
             m = self._map = region[0]
         return m
-
-    def _first_line_past(self, size: int) -> int:
-        """The position of the first indexed line that does not end within the first `size` bytes."""
-        return max(0, bisect.bisect_right(self._offsets, size) - 1)
 
     # -- EventLog -----------------------------------------------------------------------------
 
@@ -196,30 +232,37 @@ class FileEventLog:
             raise PermissionError(f"{self.path} was opened read-only")
         if not events:
             return []
-        frames = [frame(encode(e)) for e in events]
+        frames = frame_batch([encode(e) for e in events])
         blob = b"".join(frames)
         with open(self.path, "ab") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
                 self._refresh(locked=True)
-                start_pos = len(self._offsets)
+                start_pos = self._index.count
                 offset = self._indexed_size
-                f.write(blob)
-                f.flush()
+                self._write(f, blob)
                 if self.fsync:
                     os.fsync(f.fileno())
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         positions = []
+        dense = self._index.dense
         for fr in frames:
-            positions.append(len(self._offsets))
-            self._offsets.append(offset)
+            positions.append(self._index.count)
+            dense.append(offset)
             offset += len(fr)
         self._indexed_size = offset
+        self._compact()
         self._appended.set()
         self._appended = anyio.Event()
         assert positions[0] == start_pos
         return positions
+
+    def _write(self, f: BinaryIO, blob: bytes) -> None:
+        """The one write of an append, under the lock (a seam: the simulation tests cut it short
+        to tear an append, `kai_es.sim.faulty.TearingFileLog`)."""
+        f.write(blob)
+        f.flush()
 
     def scan(self, from_position: int = 0, end: int | None = None) -> Iterator[Record]:
         """Synchronous read of records [from_position, end) — the fast path for folds."""
@@ -243,7 +286,7 @@ class FileEventLog:
     def record_count(self) -> int:
         """The number of complete records now in the file (other processes' appends included)."""
         self._refresh()
-        return len(self._offsets)
+        return self._index.count
 
     def _frames(self, from_position: int, end: int | None) -> Iterator[tuple[int, memoryview]]:
         """(position, body view) of every line in [from_position, end); no copies.
@@ -254,28 +297,32 @@ class FileEventLog:
         here; a file now shorter than the lines read, or a line whose newline or frame is no
         longer where the index says, means the file changed under us, which is reported."""
         size = self._refresh()
-        offsets = self._offsets
-        stop = len(offsets) if end is None else min(end, len(offsets))
+        index = self._index
+        stop = index.count if end is None else min(end, index.count)
         pos = max(0, from_position)
-        if pos >= stop:
-            return
-        last = offsets[stop] if stop < len(offsets) else self._indexed_size  # end of line stop - 1
-        if size < last:  # reading the map past the end of the file would crash (SIGBUS)
-            raise CorruptLogError(self.path, max(pos, self._first_line_past(size)),
-                                  "the file changed after it was verified")
-        m = self._readable(last)
-        starts = offsets[pos:stop]
-        starts.append(last)
-        good = pos + self._indexer.check(m, starts)
-        view = memoryview(m)
-        for p, s, e in zip(range(pos, good), starts, islice(starts, 1, None)):
-            yield p, view[s + HEAD:e - 1]
-        if good < stop:
-            raise CorruptLogError(self.path, good, "the file changed after it was verified")
+        while pos < stop:  # a stretch at a time: the offsets of a whole log are not held at once
+            chunk = min(stop, pos + _READ_CHUNK)
+            extent = index.extent(chunk, self._indexed_size)
+            if size < extent:  # reading the map past the end of the file would crash (SIGBUS)
+                raise CorruptLogError(self.path, max(pos, index.first_line_past(size)),
+                                      "the file changed after it was verified")
+            m = self._readable(extent)
+            try:
+                starts = index.starts(m, pos, chunk, self._indexed_size)
+            except IndexChanged as exc:
+                raise CorruptLogError(self.path, max(pos, exc.position), "the file changed after it was verified") from None
+            good = pos + self._indexer.check(m, starts)
+            view = memoryview(m)
+            for p, s, e in zip(range(pos, good), starts, islice(starts, 1, None)):
+                yield p, view[s + HEAD:e - 1]
+            if good < chunk:
+                raise CorruptLogError(self.path, good, "the file changed after it was verified")
+            pos = chunk
 
     async def read(self, from_position: int = 0, *, follow: bool = False) -> AsyncIterator[Record]:
         pos = max(0, from_position)
-        end = len(self._offsets)
+        self._refresh()  # without follow, the end is what is in the file now, others' appends too
+        end = self._index.count
         while True:
             limit = pos + 4096 if follow else min(end, pos + 4096)
             batch = list(self.scan(pos, limit))
@@ -294,7 +341,7 @@ class FileEventLog:
 
     async def end_position(self) -> int:
         self._refresh()
-        return len(self._offsets)
+        return self._index.count
 
     async def claim_writer(self) -> None:
         """No writer identities here: nothing to claim."""

@@ -1,9 +1,14 @@
 """Indexing the lines of the file event log: a C fast path and its pure-Python twin.
 
-A line of the log is `<8 hex digits: CRC-32 of BODY>\\t<BODY>\\n` (`kai_es.adapters.file_log`).
-Indexing a buffer of such lines means: walk them from a start offset, record where each valid
-line begins, and stop at the first line that is not valid, saying why (`Reason`) and where it
-ends, so the caller can tell a torn last line from corruption in the middle.
+A line of the log is `<8 hex digits: CRC-32 of BODY>\\t<BODY>\\n`, which ends a batch, or
+`<8 hex digits: CRC-32 of "+" BODY>+<BODY>\\n`, which another line of the same batch follows
+(`kai_es.adapters.file_log`: one append is one batch). Indexing a buffer of such lines means:
+walk them from a start offset, record where each valid line of a WHOLE batch begins, and stop at
+the first line that is not valid, saying why (`Reason`) and where it ends, so the caller can tell
+a torn last batch from corruption in the middle. The lines of a batch that has not ended are
+never handed out: a buffer that ends inside a batch ends NOT_TERMINATED at the batch's start (a
+torn append, or another writer's append in progress), and an invalid line inside a batch stops
+the scan at the batch's start (the batch is not whole, so none of it counts).
 
 Two indexers give identical answers:
 
@@ -55,12 +60,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NATIVE_MODULE = "kai_es._native._framing"
-ABI_VERSION = 1
+ABI_VERSION = 2
 
-HEAD = 9  # 8 hex digits and a tab
+HEAD = 9  # 8 hex digits and the separator: a tab (the batch ends) or "+" (it goes on)
 MIN_LINE = 10  # the head and the newline: an empty body
 _INT64_MAX = (1 << 63) - 1
 _CHUNK = 1 << 16  # offsets handed back by one native call
+_ENDS = 0x09  # b"\\t": the line ends its batch
+_GOES_ON = 0x2B  # b"+": the batch goes on
+_CRC_OF_PLUS = zlib.crc32(b"+")  # where the CRC of a "+" line starts from
 
 Buffer = bytes | bytearray | mmap.mmap
 """What the indexers read: anything with `find` (the twin needs it) and the buffer protocol."""
@@ -82,7 +90,7 @@ class Reason(enum.IntEnum):
 
 _MESSAGES = {
     Reason.OK: "ok",
-    Reason.NOT_TERMINATED: "line is not terminated (write was cut short)",
+    Reason.NOT_TERMINATED: "the last append is not complete (write was cut short)",
     Reason.NO_FRAME: "line has no CRC frame",
     Reason.BAD_HEX: "CRC field is not hexadecimal",
     Reason.CRC_MISMATCH: "CRC mismatch",
@@ -93,10 +101,15 @@ _MESSAGES = {
 class FrameScan:
     """Where an index call stopped; byte offsets are absolute (`base` added)."""
 
-    count: int  # valid lines appended to the offsets
-    stop: int  # the end of those lines: where the first invalid (or unread) line starts
+    count: int  # valid lines of whole batches appended to the offsets
+    stop: int  # the end of those lines: where the first invalid line, or the batch holding it, starts
     line_end: int  # reason != OK: the end of that invalid line (past its newline, or the buffer's end)
-    reason: Reason  # OK: the buffer is exhausted (stop == its end) or `cap` lines were indexed
+    reason: Reason  # OK: the buffer is exhausted (stop == its end) or `cap` lines were read
+
+    # A buffer that ends inside a batch (its last valid line is a "+" line) is NOT_TERMINATED with
+    # `stop` at the batch's start and `line_end` at the buffer's end. `cap` counts lines read, so a
+    # call that hits it mid-batch returns fewer lines (stop at the batch's start); a batch longer
+    # than `cap` is never handed out: give a larger cap (None: no limit).
 
 
 class NativeIndexerUnavailable(ImportError):
@@ -104,7 +117,8 @@ class NativeIndexerUnavailable(ImportError):
 
 
 class LineIndexer(Protocol):
-    """Appends the start of every valid line of `buf[start:]` to `offsets`, as `base + index`."""
+    """Appends the start of every valid line of the whole batches of `buf[start:]` to `offsets`,
+    as `base + index` (see `FrameScan`)."""
 
     @property
     def kind(self) -> str: ...
@@ -143,14 +157,36 @@ _HEX8 = re.compile(rb"[0-9a-fA-F]{8}")
 
 def _line_reason(buf: Buffer, view: memoryview, start: int, end: int) -> Reason:
     """Why the terminated line buf[start:end] (its last byte is the newline) is not valid."""
-    if end - start < MIN_LINE or buf[start + HEAD - 1] != 0x09:  # b"\t"
+    if end - start < MIN_LINE:
+        return Reason.NO_FRAME
+    separator = buf[start + HEAD - 1]
+    if separator == _ENDS:
+        seed = 0
+    elif separator == _GOES_ON:
+        seed = _CRC_OF_PLUS
+    else:
         return Reason.NO_FRAME
     digits = buf[start:start + HEAD - 1]
     if _HEX8.fullmatch(digits) is None:
         return Reason.BAD_HEX
-    if zlib.crc32(view[start + HEAD:end - 1]) != int(digits, 16):
+    if zlib.crc32(view[start + HEAD:end - 1], seed) != int(digits, 16):
         return Reason.CRC_MISMATCH
     return Reason.OK
+
+
+def _whole_batches(offsets: array[int], first: int, read: int, committed: int, committed_end: int,
+                   scan: FrameScan, exhausted: bool) -> FrameScan:
+    """`scan` (of `read` lines appended to `offsets` from index `first`) cut back to its whole
+    batches: the first `committed` lines, which end at `committed_end`; `exhausted`: the scan
+    stopped at the buffer's end with reason OK."""
+    if committed == read:
+        return scan
+    del offsets[first + committed:]
+    if scan.reason is not Reason.OK:
+        return FrameScan(committed, committed_end, scan.line_end, scan.reason)
+    if exhausted:  # the buffer ends inside a batch
+        return FrameScan(committed, committed_end, scan.stop, Reason.NOT_TERMINATED)
+    return FrameScan(committed, committed_end, committed_end, Reason.OK)  # `cap` hit mid-batch
 
 
 def index_frames_py(buf: Buffer, offsets: array[int], *, start: int = 0, base: int = 0,
@@ -162,33 +198,43 @@ def index_frames_py(buf: Buffer, offsets: array[int], *, start: int = 0, base: i
     _check_args(buf, offsets, start, base, cap)
     limit = sys.maxsize if cap is None else cap
     length = len(buf)
+    first = len(offsets)
     pos = start
-    count = 0
+    count = committed = 0
+    committed_end = base + start
+    scan: FrameScan | None = None
     with memoryview(buf) as view:
         while pos < length and count < limit:
             newline = buf.find(b"\n", pos)
             if newline < 0:
-                return FrameScan(count, base + pos, base + length, Reason.NOT_TERMINATED)
+                scan = FrameScan(count, base + pos, base + length, Reason.NOT_TERMINATED)
+                break
             end = newline + 1
             reason = _line_reason(buf, view, pos, end)
             if reason is not Reason.OK:
-                return FrameScan(count, base + pos, base + end, reason)
+                scan = FrameScan(count, base + pos, base + end, reason)
+                break
             offsets.append(base + pos)
             count += 1
+            if buf[pos + HEAD - 1] == _ENDS:
+                committed, committed_end = count, base + end
             pos = end
-    return FrameScan(count, base + pos, base + pos, Reason.OK)
+    if scan is None:
+        scan = FrameScan(count, base + pos, base + pos, Reason.OK)
+    return _whole_batches(offsets, first, count, committed, committed_end, scan, pos == length)
 
 
 def check_frames_py(buf: Buffer, starts: array[int]) -> int:
     """The executable specification of `kai_frame_check`: the first i whose line
-    [starts[i], starts[i + 1]) is not inside `buf`, is shorter than MIN_LINE, or has no tab at
-    byte 8 or no newline at its end; len(starts) - 1 if none. The CRC is not recomputed."""
+    [starts[i], starts[i + 1]) is not inside `buf`, is shorter than MIN_LINE, or has no tab or
+    "+" at byte 8 or no newline at its end; len(starts) - 1 if none. The CRC is not recomputed."""
     _check_offsets("starts", starts)
     length = len(buf)
     n = max(0, len(starts) - 1)
     for i in range(n):
         s, e = starts[i], starts[i + 1]
-        if s < 0 or e > length or e - s < MIN_LINE or buf[s + HEAD - 1] != 0x09 or buf[e - 1] != 0x0A:
+        if s < 0 or e > length or e - s < MIN_LINE or buf[s + HEAD - 1] not in (_ENDS, _GOES_ON) \
+                or buf[e - 1] != 0x0A:
             return i
     return n
 
@@ -257,7 +303,9 @@ class NativeIndexer:
         chunk = min(_CHUNK, limit, (length - start) // MIN_LINE + 1)
         out = ffi.new("int64_t[]", chunk)
         stop = ffi.new("kai_frame_stop *")
-        count = 0
+        first = len(offsets)
+        count = committed = 0
+        committed_end = base + start
         pos = start
         # The buffer stays exported (an mmap cannot be closed) until the C calls are done; the
         # GIL is released during each call.
@@ -267,11 +315,14 @@ class NativeIndexer:
                 if n < 0:  # the arguments were checked above: this is a bug
                     raise ValueError(f"kai_frame_index rejected its arguments (code {n})")
                 offsets.frombytes(ffi.buffer(out, 8 * n))
+                if stop.committed > 0:
+                    committed, committed_end = count + int(stop.committed), int(stop.committed_end)
                 count += n
                 pos = int(stop.offset) - base
                 if stop.reason != Reason.OK or pos == length or count == limit:
                     break
-        return FrameScan(count, int(stop.offset), int(stop.line_end), Reason(stop.reason))
+        scan = FrameScan(count, int(stop.offset), int(stop.line_end), Reason(stop.reason))
+        return _whole_batches(offsets, first, count, committed, committed_end, scan, pos == length)
 
     def check(self, buf: Buffer, starts: array[int]) -> int:
         _check_offsets("starts", starts)

@@ -2,7 +2,10 @@
 process, over the memory log and the simulated cluster, on simulated time, with faults drawn
 from one seed (FoundationDB's and TigerBeetle's simulation testing, for kai-es).
 
-A run (`run_seed`) steps the three processes in an order the seed shuffles, injects the faults
+A run (`run_seed`) is over the memory log, or (`log_path`) over the file log at that path: each
+process instance opens its own `FileEventLog` on the file, as separate processes do, and the
+`torn_append` fault leaves part of an append in the file when its writer dies.
+It steps the three processes in an order the seed shuffles, injects the faults
 of `kai_es.sim.faults` through the ports of `kai_es.sim.faulty`, restarts a crashed process
 after a pause from what outlives it (the log, the scheduler's newest snapshot, the binder's
 saved progress; the informer relists), lets a paused scheduler's standby take over and fences
@@ -29,12 +32,15 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kai_es.adapters.clock import SimClock
 from kai_es.adapters.ids import SeededIds
+from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import Record, encode
+from kai_es.ports import EventLog
 from kai_es.events import payloads as p
 from kai_es.replay import IncrementalReplay, describe, replay
 from kai_es.scenario import Scenario, load_scenario_text
@@ -46,7 +52,7 @@ from kai_es.services.scheduler import SchedulerService
 from kai_es.sim.cluster import SimCluster
 from kai_es.sim.faults import Crash, FaultMix, FaultPlan
 from kai_es.sim.faulty import (FaultyActuator, FaultyLog, LossyWatch, MemoryBlobStore, MemorySnapshotStore,
-                               WriterEpochs, WriterFenced)
+                               TearingFileLog, WriterEpochs, WriterFenced)
 from kai_es.sim.workload import workload
 from kai_es.state.model import OCCUPYING
 
@@ -115,7 +121,7 @@ class Checker:
         if len(self.violations) < 50:
             self.violations.append(message)
 
-    async def check(self, log: MemoryEventLog) -> None:
+    async def check(self, log: EventLog) -> None:
         async for record in log.read(self.read_to + 1):
             self.read_to = record.position
             self._record(record)
@@ -216,10 +222,18 @@ class Checker:
 
 class _Run:
     def __init__(self, seed: int, scenario: Scenario, mix: FaultMix, packer: Packer,
-                 settings: DstSettings, config: SchedulerConfig | None) -> None:
+                 settings: DstSettings, config: SchedulerConfig | None, log_path: Path | None) -> None:
         self.seed, self.scenario, self.packer, self.settings = seed, scenario, packer, settings
         self.config = config or scenario.config
-        self.log = MemoryEventLog()
+        self.log_path = log_path
+        self.log: EventLog
+        if log_path is None:
+            self.log = MemoryEventLog()
+        else:  # the checker's reader; every process instance opens a writer of its own
+            if log_path.exists():
+                raise FileExistsError(f"{log_path} exists: a simulation run writes a new log")
+            FileEventLog(log_path)
+            self.log = FileEventLog(log_path, readonly=True)
         self.clock = SimClock(scenario.start_ns)
         self.cluster = SimCluster(scenario, scenario.start_ns)
         self.plan = FaultPlan(seed, mix)
@@ -243,7 +257,8 @@ class _Run:
     # -- processes ----------------------------------------------------------------------------
 
     def _log_for(self, role: str) -> FaultyLog:
-        return FaultyLog(self.log, self.plan, role, self.writers,
+        inner = self.log if self.log_path is None else TearingFileLog(self.log_path, self.plan)
+        return FaultyLog(inner, self.plan, role, self.writers,
                          interleave=self._interleave if role == "binder" else None)
 
     async def _start(self, role: str) -> None:
@@ -368,6 +383,9 @@ class _Run:
                 candidates.append(max(backoff, self.next_cycle))
         if self.zombie is not None and self.zombie[1] > now:
             candidates.append(self.zombie[1])
+        retry = None if self.binder is None else self.binder.next_retry_ns()
+        if retry is not None:
+            candidates.append(retry)
         if faulting:  # faults need chances even when nothing is due
             candidates.append(now + self.plan.between(SECOND // 10, 2 * SECOND))
         target = min(candidates) if candidates else now + SECOND
@@ -420,16 +438,17 @@ class _Run:
         report.faults = dict(sorted(self.plan.injected.items()))
         report.starts = dict(sorted(self.starts.items()))
         report.violations = list(self.checker.violations)
-        report.log_digest = hashlib.sha256(b"".join(self.log.raw_lines())).hexdigest()
+        bodies = [encode(r.envelope) async for r in self.log.read(0)]
+        report.log_digest = hashlib.sha256(b"".join(bodies)).hexdigest()
         return report
 
 
 async def run_seed(seed: int, packer: Packer, *, mix: FaultMix | None = None,
                    scenario: Scenario | None = None, settings: DstSettings = DstSettings(),
-                   config: SchedulerConfig | None = None) -> DstReport:
+                   config: SchedulerConfig | None = None, log_path: Path | None = None) -> DstReport:
     """One run (module docstring) of `scenario` (default: `kai_es.sim.workload.workload(seed)`)
     with the faults of `mix` (default: every fault, `kai_es.sim.faults.DEFAULT_MIX`) drawn from
-    `seed`."""
+    `seed`, over the memory log or (`log_path`, which must not exist) a new file log there."""
     scenario = scenario or load_scenario_text(workload(seed), f"dst-{seed}.yaml")
-    return await _Run(seed, scenario, mix or FaultMix(), packer, settings, config).run()
+    return await _Run(seed, scenario, mix or FaultMix(), packer, settings, config, log_path).run()
 

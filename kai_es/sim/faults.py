@@ -32,16 +32,19 @@ from typing import Literal, TypeVar, get_args
 #: - refuse_eviction: a PodDisruptionBudget refuses an eviction (retryable 429).
 #: - delete_node: the node a bind is going to is deleted just before the bind.
 #: - delete_pod: the pod a bind or an eviction is for is deleted just before it.
+#: - torn_append: on the file log only (a run over the memory log never rolls it), a process dies
+#:   in the middle of an append's write: any prefix of its bytes is in the file, whole lines of it
+#:   too, and the rest never comes.
 FaultKind = Literal["crash", "pause", "duplicate_outcomes", "delay_outcomes", "lose_watch",
                     "api_conflict", "api_throttled", "api_error", "api_timeout", "refuse_eviction",
-                    "delete_node", "delete_pod"]
+                    "delete_node", "delete_pod", "torn_append"]
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
 
 #: the mix `tools/dst.py` and the tests start from: every fault, rare enough that runs progress
 DEFAULT_MIX: Mapping[FaultKind, int] = {
     "crash": 15, "pause": 4, "duplicate_outcomes": 40, "delay_outcomes": 60, "lose_watch": 40,
     "api_conflict": 15, "api_throttled": 20, "api_error": 20, "api_timeout": 20,
-    "refuse_eviction": 60, "delete_node": 4, "delete_pod": 8,
+    "refuse_eviction": 60, "delete_node": 4, "delete_pod": 8, "torn_append": 15,
 }
 
 T = TypeVar("T")

@@ -3,7 +3,9 @@ simulation run (`kai_es.app.dst`) puts between the real services and the memory 
 simulated cluster.
 
 - `FaultyLog`: one process instance's view of the shared log. Crashes before or after an
-  append's records are visible, part-way through a read, at `end_position`; writer identities
+  append's records are visible, part-way through a read, at `end_position`; over the file log,
+  a crash in the middle of an append's write (`torn_append`, through `TearingFileLog`: a prefix
+  of the batch's bytes is left in the file); writer identities
   as Kafka's transactional ids give them (`claim_writer` fences every older instance of the
   role: its next append or `check_writer` raises `WriterFenced`); a binder append kept twice
   (`duplicate_outcomes`) or held while the other processes run (`delay_outcomes`, through the
@@ -25,7 +27,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import BinaryIO
 
+from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.snapshot_codec import decode_stored, encode_stored
 from kai_es.events import Envelope, Record
 from kai_es.ports import ActionOutcome, EventLog, ObjectChange, Relist, StoredSnapshot
@@ -49,6 +54,28 @@ class WriterEpochs:
     def claim(self, role: str) -> int:
         self.epochs[role] += 1
         return self.epochs[role]
+
+
+class TearingFileLog(FileEventLog):
+    """A `FileEventLog` whose append can die in the middle of its write: when `torn_by` names a
+    role, the next append runs as the real one does (the lock, a crashed writer's leftover
+    removed) but writes only a prefix of its bytes (drawn from `plan`, 1 to all but one) and
+    raises `Crash` for that role, the lock freed as a dying process frees it."""
+
+    def __init__(self, path: Path, plan: FaultPlan) -> None:
+        super().__init__(path)
+        self.plan = plan
+        self.torn_by: str | None = None
+
+    def _write(self, f: BinaryIO, blob: bytes) -> None:
+        role, self.torn_by = self.torn_by, None
+        if role is None:
+            super()._write(f, blob)
+            return
+        cut = self.plan.between(1, len(blob) - 1)
+        f.write(blob[:cut])
+        f.flush()
+        raise Crash(role, f"append torn after {cut} of {len(blob)} bytes")
 
 
 class FaultyLog:
@@ -77,6 +104,8 @@ class FaultyLog:
         except WriterFenced:
             self.fenced_appends += 1
             raise
+        if isinstance(self.inner, TearingFileLog) and events and self.plan.roll("torn_append", self.role):
+            self.inner.torn_by = self.role
         positions = await self.inner.append(events)
         if outcomes and self.plan.roll("duplicate_outcomes"):
             await self.inner.append(events)

@@ -3,7 +3,7 @@
 Why: a what-if writes a log of up to a million events that its scheduler and binder read back;
 decoding them, and opening and locking the file for each of tens of thousands of appends, cost
 more than running the scheduler. Here the file is written through one handle in the file log's
-framing (`kai_es.adapters.file_log.frame`: the same bytes a `FileEventLog` writes, so
+framing (`kai_es.adapters.file_log.frame_batch`: the same bytes, one batch per append, a `FileEventLog` writes, so
 `kai-es replay` and every reader open it as usual) and the appended envelopes are kept, so reads
 decode nothing.
 
@@ -21,7 +21,7 @@ import anyio
 
 from pathlib import Path
 
-from kai_es.adapters.file_log import frame
+from kai_es.adapters.file_log import frame_batch
 from kai_es.events import Envelope, Record, encode
 
 
@@ -34,7 +34,7 @@ class RecordingFileLog:
         self._appended = anyio.Event()
 
     async def append(self, events: Sequence[Envelope]) -> list[int]:
-        self._file.write(b"".join(frame(encode(e)) for e in events))
+        self._file.write(b"".join(frame_batch([encode(e) for e in events])))
         start = len(self.records)
         positions = list(range(start, start + len(events)))
         self.records.extend(Record(position, env) for position, env in zip(positions, events))
