@@ -30,6 +30,7 @@ from kai_es import verify_mode
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.scheduling.policy import policy_for
+from kai_es.scheduling.victims import EVICTION_REFUSED_BACKOFF_NS
 from kai_es.services.snapshotting import restore_validated
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
@@ -119,15 +120,26 @@ class SchedulerService:
         # a back-off that expired since the last cycle (one that expired before it was that
         # cycle's to act on: counting it again would cycle every period while nothing changes)
         last = self._last_cycle_ns
-        return any(last < pod.backoff_until_ns <= now and pod.status == "Pending"
-                   for pod in self.state.pods.values())
+        return any(last < t <= now for t in self._backoff_ends())
+
+    def _backoff_ends(self) -> list[int]:
+        """When each back-off ends that may change a cycle's decisions with nothing new logged:
+        a pending pod's bind back-off, and — while some pod waits — a victim's eviction
+        back-off (kai-es/v3 on: a pod whose eviction failed is no victim for
+        `EVICTION_REFUSED_BACKOFF_NS`; a preemptor that only it could make room for must be
+        tried again when that ends, or it waits until something unrelated happens)."""
+        pods = self.state.pods.values()
+        ends = [pod.backoff_until_ns for pod in pods if pod.status == "Pending" and pod.backoff_until_ns]
+        if self.state.pending_jobs:
+            ends += [pod.eviction_refused_ns + EVICTION_REFUSED_BACKOFF_NS for pod in pods
+                     if pod.eviction_refused_ns and pod.status in ("Running", "Binding")]
+        return ends
 
     def next_backoff_ns(self) -> int | None:
-        """The earliest future back-off expiry of a pending pod, or due time of a time rule (a
+        """The earliest future back-off end (`_backoff_ends`) or due time of a time rule (a
         reason to wake up)."""
         now = self.clock.now_ns()
-        times = [pod.backoff_until_ns for pod in self.state.pods.values()
-                 if pod.status == "Pending" and pod.backoff_until_ns > now]
+        times = [t for t in self._backoff_ends() if t > now]
         times += [t for t in self._due_times() if t > now][:1]
         return min(times) if times else None
 
