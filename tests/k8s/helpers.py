@@ -17,6 +17,8 @@ from kai_es.adapters.kubernetes.actuator import KubernetesActuator
 from kai_es.adapters.kubernetes.gpushare import GpuSharing
 from kai_es.adapters.kubernetes.grouping import PodGroupingSource
 from kai_es.adapters.kubernetes.source import KubernetesSource
+from kai_es.app import open_log
+from kai_es.events import Record
 from kai_es.ports import EventLog
 from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.packing import load_packer
@@ -61,6 +63,15 @@ def binding(name: str, namespace: str, uid: str, node: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Binding",
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+
+
+async def log_records(url: str) -> list[Record]:
+    """Every record of the log at `url` (a process's log: Kafka or a file), read-only."""
+    events = open_log(url, readonly=True)
+    try:
+        return [r async for r in events.read()]
+    finally:
+        await events.close()
 
 
 async def raw(resp: Any) -> tuple[int, Any]:

@@ -20,23 +20,13 @@ import anyio
 import pytest
 from kubernetes_asyncio import client
 
-from kai_es.app import open_log
-from kai_es.events import Record
 from kai_es.events import payloads as p
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import create_pod, gpu_pod, queue, raw, wait_for
+from tests.k8s.helpers import create_pod, gpu_pod, log_records, queue, raw, wait_for
 from tests.processes import ROOT, Proc
 
 POOL_LABEL = "kai.scheduler/node-pool"
 NODES, GPUS_PER_NODE = 4, 8
-
-
-async def _records(url: str) -> list[Record]:
-    events = open_log(url, readonly=True)
-    try:
-        return [r async for r in events.read()]
-    finally:
-        await events.close()
 
 
 async def _pods(api: client.ApiClient, ns: str) -> list[dict[str, Any]]:
@@ -145,7 +135,7 @@ async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfi
     assert sum(used.values()) == used_gpus
 
     # the log: one outcome per decision, no pod bound twice, the binder resumed from its progress
-    records = await _records(log)
+    records = await log_records(log)
     outcomes: collections.Counter[str] = collections.Counter()
     bound_by_uid: dict[str, set[str]] = collections.defaultdict(set)
     for r in records:

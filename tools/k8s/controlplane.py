@@ -21,6 +21,8 @@ Library (test fixtures)::
         cp.restart_apiserver()               # same etcd, same port: open watches end, old
                                              # resourceVersions get 410 Gone afterwards
         cp.restart_controller_manager()      # SIGKILL and start again, same port
+        cp.restart_etcd()                    # SIGKILL etcd, start it on the same data
+        cp.restart_kwok()                    # SIGKILL KWOK, start it again (it relists)
 
 The controller-manager (``ControlPlane(controller_manager=False)`` leaves it out) runs the
 controllers in CONTROLLERS — Deployments, ReplicaSets, StatefulSets, Jobs, CronJobs, the garbage
@@ -1762,6 +1764,9 @@ class ControlPlane:
 
     def _start_apiserver(self, deadline: float) -> None:
         self.apiserver.start(self.apiserver_command(), cwd=self.data_dir)
+        self._wait_apiserver_ready(deadline)
+
+    def _wait_apiserver_ready(self, deadline: float) -> None:
         while True:
             self.apiserver.check_alive()
             try:
@@ -1968,6 +1973,27 @@ class ControlPlane:
         else:
             self.apiserver.kill()
         self._start_apiserver(time.monotonic() + timeout_s)
+        return time.monotonic() - t0
+
+    def restart_etcd(self, timeout_s: float = 60.0) -> float:
+        """SIGKILL etcd (a crash) and start it again on the same data dir and ports; return
+        seconds until etcd is healthy and the apiserver (which keeps running, its etcd client
+        reconnecting by itself) answers /readyz again. Open watches may end or stall; writes
+        in the gap fail with 5xx/timeouts, as with a real etcd outage."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        self.etcd.kill()
+        self._start_etcd(deadline)
+        self._wait_apiserver_ready(deadline)
+        return time.monotonic() - t0
+
+    def restart_kwok(self) -> float:
+        """SIGKILL KWOK and start it again; return seconds taken. It relists its nodes and pods,
+        as a kubelet does when it comes back: KWOK was seen to miss a pod's deletion across an
+        etcd restart (the pod stayed Terminating for good), which a kubelet's resync would not."""
+        t0 = time.monotonic()
+        self.kwok.kill()
+        self._start_kwok()
         return time.monotonic() - t0
 
     def restart_controller_manager(self, timeout_s: float = 60.0) -> float:
