@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 import stat
-import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
+from kai_es.adapters.framing import HEAD, Reason, line_reason
 from kai_es.events import DecodeError, decode
 
 #: a file in every report directory kai-es writes, so a later run may replace its files
@@ -49,15 +49,9 @@ def is_event_log(path: str | os.PathLike[str]) -> bool:
     if not head:
         return True
     line = head.split(b"\n", 1)[0]
-    if len(line) < 10 or line[8:9] not in (b"\t", b"+"):  # the end of a batch, or a batch going on
+    if line_reason(line + b"\n") is not Reason.OK:  # the end of a batch, or a batch going on
         return False
-    try:
-        crc = int(line[:8], 16)
-    except ValueError:
-        return False
-    body = line[9:]
-    if zlib.crc32(body, 0 if line[8:9] == b"\t" else zlib.crc32(b"+")) != crc:
-        return False
+    body = line[HEAD:]
     try:
         decode(body)
     except DecodeError:

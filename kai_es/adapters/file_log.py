@@ -48,7 +48,7 @@ from typing import BinaryIO
 
 import anyio
 
-from kai_es.adapters.framing import HEAD, LineIndexer, Reason, default_indexer
+from kai_es.adapters.framing import CRC_OF_PLUS, HEAD, LineIndexer, Reason, default_indexer
 from kai_es.adapters.offset_index import DENSE_LINES, MARK_EVERY, IndexChanged, OffsetIndex
 from kai_es.events import DecodeError, Envelope, Record, decode, encode
 
@@ -79,14 +79,11 @@ class TornTail:
     reason: str
 
 
-_CRC_OF_PLUS = zlib.crc32(b"+")
-
-
 def frame(body: bytes, *, more: bool = False) -> bytes:
     """One line of the file for a canonical envelope body: the last of its batch, or (`more`) one
     another line of the same batch follows."""
     if more:
-        return b"%08x+%s\n" % (zlib.crc32(body, _CRC_OF_PLUS), body)
+        return b"%08x+%s\n" % (zlib.crc32(body, CRC_OF_PLUS), body)
     return b"%08x\t%s\n" % (zlib.crc32(body), body)
 
 

@@ -39,6 +39,9 @@ from kai_es._native import load
 
 __all__ = [
     "ABI_VERSION",
+    "CRC_OF_PLUS",
+    "ENDS",
+    "GOES_ON",
     "HEAD",
     "MIN_LINE",
     "NATIVE_MODULE",
@@ -54,6 +57,7 @@ __all__ = [
     "default_indexer",
     "import_native",
     "index_frames_py",
+    "line_reason",
     "load_indexer",
 ]
 
@@ -66,9 +70,9 @@ HEAD = 9  # 8 hex digits and the separator: a tab (the batch ends) or "+" (it go
 MIN_LINE = 10  # the head and the newline: an empty body
 _INT64_MAX = (1 << 63) - 1
 _CHUNK = 1 << 16  # offsets handed back by one native call
-_ENDS = 0x09  # b"\\t": the line ends its batch
-_GOES_ON = 0x2B  # b"+": the batch goes on
-_CRC_OF_PLUS = zlib.crc32(b"+")  # where the CRC of a "+" line starts from
+ENDS = 0x09  # b"\\t": the line ends its batch
+GOES_ON = 0x2B  # b"+": the batch goes on
+CRC_OF_PLUS = zlib.crc32(b"+")  # where the CRC of a "+" line starts from
 
 Buffer = bytes | bytearray | mmap.mmap
 """What the indexers read: anything with `find` (the twin needs it) and the buffer protocol."""
@@ -155,15 +159,24 @@ def _check_args(buf: Buffer, offsets: array[int], start: int, base: int, cap: in
 _HEX8 = re.compile(rb"[0-9a-fA-F]{8}")
 
 
+def line_reason(line: bytes) -> Reason:
+    """Why one line (with its newline) is not a valid frame; OK if it is. Its batch is not
+    looked at: a valid "+" line is OK alone."""
+    if not line.endswith(b"\n"):
+        return Reason.NOT_TERMINATED
+    with memoryview(line) as view:
+        return _line_reason(line, view, 0, len(line))
+
+
 def _line_reason(buf: Buffer, view: memoryview, start: int, end: int) -> Reason:
     """Why the terminated line buf[start:end] (its last byte is the newline) is not valid."""
     if end - start < MIN_LINE:
         return Reason.NO_FRAME
     separator = buf[start + HEAD - 1]
-    if separator == _ENDS:
+    if separator == ENDS:
         seed = 0
-    elif separator == _GOES_ON:
-        seed = _CRC_OF_PLUS
+    elif separator == GOES_ON:
+        seed = CRC_OF_PLUS
     else:
         return Reason.NO_FRAME
     digits = buf[start:start + HEAD - 1]
@@ -216,7 +229,7 @@ def index_frames_py(buf: Buffer, offsets: array[int], *, start: int = 0, base: i
                 break
             offsets.append(base + pos)
             count += 1
-            if buf[pos + HEAD - 1] == _ENDS:
+            if buf[pos + HEAD - 1] == ENDS:
                 committed, committed_end = count, base + end
             pos = end
     if scan is None:
@@ -233,7 +246,7 @@ def check_frames_py(buf: Buffer, starts: array[int]) -> int:
     n = max(0, len(starts) - 1)
     for i in range(n):
         s, e = starts[i], starts[i + 1]
-        if s < 0 or e > length or e - s < MIN_LINE or buf[s + HEAD - 1] not in (_ENDS, _GOES_ON) \
+        if s < 0 or e > length or e - s < MIN_LINE or buf[s + HEAD - 1] not in (ENDS, GOES_ON) \
                 or buf[e - 1] != 0x0A:
             return i
     return n

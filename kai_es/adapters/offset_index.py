@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 from array import array
 
-from kai_es.adapters.framing import HEAD, Buffer, LineIndexer
+from kai_es.adapters.framing import ENDS, HEAD, Buffer, LineIndexer
 
 __all__ = ["DENSE_LINES", "MARK_EVERY", "IndexChanged", "OffsetIndex"]
 
@@ -32,8 +32,6 @@ __all__ = ["DENSE_LINES", "MARK_EVERY", "IndexChanged", "OffsetIndex"]
 DENSE_LINES = 1 << 16
 #: the fewest lines between two marks of the older lines
 MARK_EVERY = 1024
-
-_ENDS = 0x09  # the separator of the last line of a batch
 
 
 class IndexChanged(Exception):
@@ -76,7 +74,7 @@ class OffsetIndex:
         leaving marks for the older ones. `m` maps the file from byte 0 over the dense lines."""
         dense = self.dense
         cut = len(dense) - self.dense_lines
-        while cut > 0 and m[dense[cut - 1] + HEAD - 1] != _ENDS:  # back to a batch's first line
+        while cut > 0 and m[dense[cut - 1] + HEAD - 1] != ENDS:  # back to a batch's first line
             cut -= 1
         if cut <= 0:
             return  # one batch holds the whole window: keep it
@@ -85,7 +83,7 @@ class OffsetIndex:
             self._mark_pos.append(self.dense_from + i)
             self._mark_byte.append(dense[i])
             i += self.mark_every
-            while i < cut and m[dense[i - 1] + HEAD - 1] != _ENDS:
+            while i < cut and m[dense[i - 1] + HEAD - 1] != ENDS:
                 i += 1
         self.dense = dense[cut:]
         self.dense_from += cut

@@ -18,7 +18,7 @@ Contract:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
@@ -122,18 +122,19 @@ class SchedulerService:
         last = self._last_cycle_ns
         return any(last < t <= now for t in self._backoff_ends())
 
-    def _backoff_ends(self) -> list[int]:
+    def _backoff_ends(self) -> Iterator[int]:
         """When each back-off ends that may change a cycle's decisions with nothing new logged:
         a pending pod's bind back-off, and — while some pod waits — a victim's eviction
         back-off (kai-es/v3 on: a pod whose eviction failed is no victim for
         `EVICTION_REFUSED_BACKOFF_NS`; a preemptor that only it could make room for must be
         tried again when that ends, or it waits until something unrelated happens)."""
-        pods = self.state.pods.values()
-        ends = [pod.backoff_until_ns for pod in pods if pod.status == "Pending" and pod.backoff_until_ns]
-        if self.state.pending_jobs:
-            ends += [pod.eviction_refused_ns + EVICTION_REFUSED_BACKOFF_NS for pod in pods
-                     if pod.eviction_refused_ns and pod.status in ("Running", "Binding")]
-        return ends
+        waiting = bool(self.state.pending_jobs)
+        for pod in self.state.pods.values():
+            if pod.status == "Pending":
+                if pod.backoff_until_ns:
+                    yield pod.backoff_until_ns
+            elif waiting and pod.eviction_refused_ns:
+                yield pod.eviction_refused_ns + EVICTION_REFUSED_BACKOFF_NS
 
     def next_backoff_ns(self) -> int | None:
         """The earliest future back-off end (`_backoff_ends`) or due time of a time rule (a
