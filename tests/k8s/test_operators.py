@@ -507,3 +507,34 @@ def test_the_operators_run_as_built_at_their_pinned_versions(ops: K8s) -> None:
     hooks = {h["metadata"]["name"] for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
              for h in cp.call("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}")["items"]}
     assert {h.split("-", 1)[0] for h in hooks} >= {"jobset", "lws", "trainer"}
+
+
+def test_each_operator_runs_as_its_own_user_with_only_its_installs_role(ops: K8s) -> None:
+    """No operator is in system:masters: the apiserver knows each by its own user, holding only
+    the manager ClusterRole its install ships (what let the tests above run). Each may create
+    what it makes (pods, Jobs, StatefulSets or JobSets), none may write RBAC or
+    delete nodes, and none was refused a request while the tests ran (its log names no
+    `forbidden`)."""
+    cp = ops.cp
+    for name, proc in cp.operators.items():
+        _, review = cp.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                               {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+                               token=proc.user.token)
+        info = review["status"]["userInfo"]
+        assert info["username"] == f"kai-es-operator:{name}"
+        assert "system:masters" not in info.get("groups", []), info
+
+        def may(verb: str, group: str, resource: str) -> bool:
+            sar = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                   "spec": {"user": proc.user.name, "groups": info.get("groups", []),
+                            "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                                   "namespace": "default"}}}
+            out = cp.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", sar)
+            return bool(out["status"].get("allowed"))
+
+        makes = {"jobset": ("batch", "jobs"), "trainer-controller-manager": ("jobset.x-k8s.io", "jobsets"),
+                 "lws": ("apps", "statefulsets")}.get(name, ("", "pods"))
+        assert may("create", *makes), (name, makes)
+        assert not may("create", "rbac.authorization.k8s.io", "clusterroles"), name
+        assert not may("delete", "", "nodes"), name
+        assert "forbidden" not in proc.proc.log_path.read_text(errors="replace").lower(), proc.proc.tail()

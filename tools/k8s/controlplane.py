@@ -205,6 +205,19 @@ KUBERAY = Operator(
     tuple(f"config/crd/bases/ray.io_{p}.yaml" for p in ("rayclusters", "rayjobs", "rayservices", "raycronjobs")))
 OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY)}
 
+#: Each operator's manager ClusterRole as its own install ships it: (file of its module, the
+#: ClusterRole's name in it: the one that install binds to the operator's ServiceAccount). The
+#: control plane binds its rules to the operator's own user (`OperatorProcess`), so an operator
+#: runs with the permissions its install grants and no more. Copied by OPERATOR_ROLES_RECIPE, a
+#: component of its own, so the roles never rebuild an operator's binaries.
+OPERATOR_ROLES: Mapping[str, tuple[str, str]] = {
+    JOBSET.name: ("config/components/rbac/role.yaml", "manager-role"),
+    LWS.name: ("config/rbac/role.yaml", "manager-role"),
+    MPI_OPERATOR.name: ("manifests/base/cluster-role.yaml", "mpi-operator"),
+    TRAINER.name: ("manifests/base/rbac/role.yaml", "kubeflow-trainer-controller-manager"),
+    KUBERAY.name: ("config/rbac/role.yaml", "kuberay-operator"),
+}
+
 #: kube-controller-manager's --controllers: what makes user-written workloads run (Deployment ->
 #: ReplicaSet -> Pods, Jobs, CronJobs, StatefulSets, finished-Job TTLs), the garbage collector
 #: (ownerReferences), namespace deletion, and service accounts with their token Secrets.
@@ -528,6 +541,22 @@ def _build_kuberay(b: _Builder, out_dir: Path, workdir: Path) -> None:
     _place_operators(b, out_dir, workdir, (KUBERAY,))
 
 
+def operator_role_file(name: str) -> Path:
+    """The file holding operator `name`'s manager ClusterRole (OPERATOR_ROLES), as cached."""
+    return OPERATOR_ROLES_RECIPE.dir / name / Path(OPERATOR_ROLES[name][0]).name
+
+
+def _copy_operator_roles(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    """Each OPERATOR_ROLES file from its operator's module (downloaded, not built)."""
+    for name, (rel, _) in sorted(OPERATOR_ROLES.items()):
+        op = OPERATORS[name]
+        src = Path(b.download(f"{op.module}@{op.version}", workdir)["Dir"]) / rel
+        dst = out_dir / name / Path(rel).name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        dst.chmod(0o644)  # the module cache is read-only
+
+
 def _build_etcd(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run([b.go, "mod", "init", "kai-es.local/build/etcd"], workdir)
     info = b.download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}", workdir)
@@ -607,6 +636,11 @@ KUBERAY_RECIPE = Recipe(
     {"builder": _Builder, "operator": KUBERAY, "operator_class": Operator,
      "helpers": (_write_tools_go, _place_operators)},
 )  # fmt: skip
+OPERATOR_ROLES_RECIPE = Recipe(
+    "operator-roles", "1", tuple(f"{n}/{Path(f).name}" for n, (f, _) in sorted(OPERATOR_ROLES.items())),
+    _copy_operator_roles,
+    {"roles": OPERATOR_ROLES, "operators": {n: (OPERATORS[n].module, OPERATORS[n].version) for n in OPERATOR_ROLES}},
+)  # fmt: skip
 ETCD = Recipe(
     "etcd", ETCD_VERSION, ("etcd",), _build_etcd,
     {"builder": _Builder, "helpers": (_sibling_replaces, _write_tools_go)},
@@ -681,6 +715,8 @@ def fetch_operators(names: Sequence[str] = tuple(OPERATORS), *, quiet: bool = Tr
     """Build (or find cached) the operators `names` (keys of OPERATORS) and what they need;
     return their binaries. The shared ones come with the control plane's `fetch`."""
     fetch(quiet=quiet)
+    if names:
+        _fetch_one(OPERATOR_ROLES_RECIPE, quiet=quiet)
     out = {}
     for name in _with_needs(names):
         recipe = SEPARATE_OPERATOR_RECIPES.get(name)
@@ -1382,7 +1418,9 @@ class OperatorProcess:
     """One operator (an `Operator` of OPERATORS) run by a ControlPlane on 127.0.0.1.
 
     It talks to the apiserver through a kubeconfig of its own user (``kai-es-operator:<name>``,
-    in group system:masters: the operators' own ClusterRoles are not installed). Leader election
+    in no group) bound to the manager ClusterRole its own install ships (OPERATOR_ROLES; the
+    control plane creates it as ``kai-es-operator:<name>`` and binds it, `grant_role`), so it
+    can do what its install lets it do and nothing more. Leader election
     is off where a flag or its configuration offers it (the MPI operator always elects: its
     Lease is in namespace ``mpi-operator``), metrics are off, its health probes are on a free
     loopback port (the MPI operator's health server is fixed at :8080 on every interface in
@@ -1399,7 +1437,7 @@ class OperatorProcess:
         self.op = op
         self.dir = cp.data_dir / "operators" / op.name
         self.proc = _Proc(op.name, cp.data_dir / f"{op.name}.log", die_with_parent)
-        self.user = User(f"kai-es-operator:{op.name}", secrets.token_hex(16), ("system:masters",))
+        self.user = User(f"kai-es-operator:{op.name}", secrets.token_hex(16))
 
         def port() -> int:
             n = int(free_port())
@@ -1476,6 +1514,29 @@ class OperatorProcess:
                 return bool(r.status == 200)
         except (OSError, ValueError):
             return False
+
+    def role(self) -> dict[str, Any]:
+        """The operator's manager ClusterRole (OPERATOR_ROLES) as its install ships it, renamed
+        after its user."""
+        rel, name = OPERATOR_ROLES[self.op.name]
+        for doc in _load_yaml_documents(operator_role_file(self.op.name)):
+            if doc.get("kind") == "ClusterRole" and (doc.get("metadata") or {}).get("name") == name:
+                return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                        "metadata": {"name": self.user.name}, "rules": doc.get("rules") or []}
+        raise ControlPlaneError(f"{self.op.name}: no ClusterRole {name!r} in {rel}")
+
+    def grant_role(self) -> None:
+        """Create `role()` and bind it to the operator's user, cluster-wide (its install binds
+        it to its ServiceAccount with a ClusterRoleBinding)."""
+        role = self.role()
+        self.cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", role, ok=(201,))
+        binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": self.user.name},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": self.user.name},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                 "name": self.user.name}]}  # fmt: skip
+        self.cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding, ok=(201,))
 
     def register_webhooks(self) -> None:
         assert self.cp.creds is not None
@@ -1923,6 +1984,7 @@ class ControlPlane:
                            for crd in _load_yaml_documents(operator_file(o.op, rel))],
                           timeout_s=max(1.0, deadline - time.monotonic()))
         for operator in self.operators.values():
+            operator.grant_role()
             operator.start()
         waiting = list(self.operators.values())
         while waiting:
