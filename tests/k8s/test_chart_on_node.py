@@ -23,6 +23,10 @@ What it proves, in order (the tests share the module's one install and run in fi
 - the leading scheduler's container killed (`ctr tasks kill -s SIGKILL`): the standby takes the
   Lease within leaseDuration (+ a retry period); a binder pod deleted: the Deployment replaces
   it; the pods submitted meanwhile are all scheduled, once each;
+- a drain of the node (cordon, evict every pod: what `kubectl drain` does) meets the chart's
+  PodDisruptionBudgets (kube-controller-manager's disruption controller computes them): one pod
+  per role goes at a time, the other is refused while its replacement cannot start, each role
+  keeps a leader throughout;
 - `helm uninstall` leaves nothing of kai-es but what deploy/README.md says it keeps.
 
 The times it measures (install to all Ready, upgrade, failover) are printed (`-s`) and recorded
@@ -486,6 +490,63 @@ def test_scheduler_container_killed_and_binder_pod_deleted_standbys_take_over(in
     assert binder not in {x["metadata"]["name"] for x in pods}
     _wait(lambda: _all_succeeded(cp, more), "the pods submitted while the binder was replaced run", 120, cp)
     _bound_once(inst, [*pending, *more])
+
+
+def _evict(cp: Any, name: str) -> int:
+    """The status of an eviction of the chart's pod `name` (what `kubectl drain` sends)."""
+    status, _ = cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/eviction",
+                           {"apiVersion": "policy/v1", "kind": "Eviction",
+                            "metadata": {"name": name, "namespace": NAMESPACE}})
+    return int(status)
+
+
+def test_a_drain_of_the_node_takes_one_pod_per_role_at_a_time(installed: Install) -> None:
+    """`kubectl drain` of the node, as it does it: cordon, then evict every pod. The chart's
+    PodDisruptionBudgets (maxUnavailable 1 per role) let one pod of each role go and refuse the
+    other (429) while the evicted one's replacement cannot start (the only node is cordoned), so
+    every role keeps a leader. Uncordoned, the replacements start and the budgets then let the
+    rest go, one per role; after it, six pods Ready, one leader per role, and pods submitted are
+    scheduled once each."""
+    inst, cp = installed, installed.cp
+    node = cp.real_node.name
+    image = f"{inst.image_repo}:{inst.image_tag}{UPGRADED_TAG_SUFFIX}"
+    assert inst.all_ready(image) is not None and inst.leaders() is not None
+    budgets = cp.call("GET", f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets")["items"]
+    assert sorted(b["metadata"]["name"] for b in budgets) == sorted(f"{RELEASE}-{r}" for r in ROLES)
+    _wait(lambda: all((cp.call("GET", f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/{RELEASE}-{r}")
+                       ["status"].get("disruptionsAllowed") == 1) for r in ROLES) or None,
+          "each budget to allow one disruption", 60, cp)
+
+    def cordon(on: bool) -> None:
+        cp.call("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": on}},
+                content_type="application/merge-patch+json", ok=(200,))
+
+    t0 = time.monotonic()
+    cordon(True)
+    kept: dict[str, str] = {}
+    for role in ROLES:
+        names = sorted(x["metadata"]["name"] for x in inst.pods(role))
+        answers = {n: _evict(cp, n) for n in names}
+        assert sorted(answers.values()) == [201, 429], (role, answers)  # one goes, the budget keeps one
+        (kept[role],) = [n for n, s in answers.items() if s == 429]
+    # the replacements wait for the node; the kept pods hold (or take) each role's Lease
+    _wait(lambda: all(inst.leader_pod(r) == kept[r] for r in ROLES) or None,
+          "the pods the budgets kept to lead", 15.0 + 20, cp)
+    for role in ROLES:
+        assert _evict(cp, kept[role]) == 429, role  # still refused: its replacement is not Ready
+    cordon(False)
+    _wait(lambda: inst.all_ready(image), "the replacements Ready once the node is uncordoned", 120, cp)
+    # the drain goes on: the budgets now let the kept pods go too, one per role
+    for role in ROLES:
+        _wait(lambda: _evict(cp, kept[role]) == 201 or None, f"the kept {role} pod evicted", 60, cp)
+    pods = _wait(lambda: inst.all_ready(image), "six pods Ready after the drain", 120, cp)
+    assert not set(kept.values()) & {x["metadata"]["name"] for x in pods}
+    _wait(inst.leaders, "one leader per role after the drain", 60, cp)
+    inst.timings["drain, one pod per role at a time"] = time.monotonic() - t0
+    names = [f"after-drain-{i}" for i in range(2)]
+    _submit(cp, f"q-{inst.tag}", names)
+    _wait(lambda: _all_succeeded(cp, names), "the pods submitted after the drain run", 120, cp)
+    _bound_once(inst, names)
 
 
 def test_helm_uninstall_leaves_only_what_the_readme_says_it_keeps(installed: Install) -> None:

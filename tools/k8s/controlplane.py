@@ -241,8 +241,11 @@ CONTROLLERS = (
 
 #: Added for a control plane with a real node: the kubelet mounts every pod's projected
 #: ServiceAccount token volume with the namespace's `kube-root-ca.crt` ConfigMap, which this
-#: controller publishes (a pod whose ConfigMap is missing never starts).
-REAL_NODE_CONTROLLERS = ("root-ca-certificate-publisher-controller",)
+#: controller publishes (a pod whose ConfigMap is missing never starts); and the disruption
+#: controller, which computes a PodDisruptionBudget's `disruptionsAllowed` from its pods' health,
+#: so that a drain of the real node meets the chart's budgets as on a cluster (the KWOK control
+#: planes leave it out: see CONTROLLERS).
+REAL_NODE_CONTROLLERS = ("root-ca-certificate-publisher-controller", "disruption-controller")
 
 #: The node `ControlPlane(real_node=True)` registers (a kubelet; KWOK leaves it alone).
 REAL_NODE_NAME = "real-node-0"
