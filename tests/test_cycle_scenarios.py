@@ -56,6 +56,8 @@ def check(outcome: dict[str, Any], expect: dict[str, dict[str, Any]]) -> None:
             # the NoNodeFits reason carries the per-cause node counts; else the last reason
             numbers = next((r for r in reasons if r["code"] == "NoNodeFits"), reasons[-1])["numbers"]
             assert {k: numbers.get(k) for k in want["numbers"]} == want["numbers"], (pod, numbers)
+        if "movesTo" in want:
+            assert got.get("movesTo") == want["movesTo"], (pod, got)
         if "sameGpuGroupAs" in want:
             assert got["gpuGroups"] and got["gpuGroups"] == pods[want["sameGpuGroupAs"]]["gpuGroups"]
         if "differentGpuGroupFrom" in want:

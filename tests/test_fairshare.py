@@ -10,6 +10,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kai_es.scheduling import policy
 from kai_es.scheduling.fairshare import QueueInput, divide
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,6 +199,6 @@ def test_fairshare_command_divides_whole_gpus_and_says_its_units(tmp_path: Path)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["units"]["gpu"] == "milli-GPU" and report["divisionUnit"]["gpu"] == 1000
-    assert report["policyVersion"] == "kai-es/v8"  # the default: whole GPUs since v2
+    assert report["policyVersion"] == policy.CURRENT_POLICY  # the default: whole GPUs since v2
     fair = {q: report["queues"][q]["resources"]["gpu"]["fairShare"] for q in ("a", "b")}
     assert fair == {"a": 3000, "b": 8000}

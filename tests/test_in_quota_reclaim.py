@@ -41,9 +41,11 @@ def test_a_higher_priority_queue_within_quota_takes_in_quota_resources(
     check(one_cycle(load_scenario(SCENARIO), load_packer(engine)), expectations(SCENARIO))  # type: ignore[arg-type]
     with pytest.raises(AssertionError):  # the flag off (the default)
         check(_cycle(TEXT.replace(", queuePriorityInQuotaReclaim: true", ""), engine), expectations(SCENARIO))
-    v8 = policy.POLICIES["kai-es/v8"]
-    monkeypatch.setitem(policy.POLICIES, "kai-es/v8",  # type: ignore[arg-type]
-                        dataclasses.replace(v8, rules=dataclasses.replace(v8.rules, reclaim_victims=_Ignoring())))
+    for version, value in sorted(policy.POLICIES.items()):  # v8 on: every version that honours it
+        if value.rules.reclaim_victims.honours_queue_priority:
+            monkeypatch.setitem(policy.POLICIES, version,  # type: ignore[arg-type]
+                                dataclasses.replace(value, rules=dataclasses.replace(value.rules,
+                                                                                     reclaim_victims=_Ignoring())))
     with pytest.raises(AssertionError):  # the rule removed (the key still accepted)
         check(_cycle(TEXT, engine), expectations(SCENARIO))
 

@@ -29,6 +29,7 @@ from kai_es.state import ClusterState, invariants
 from kai_es.state.incremental_digest import incremental_digest, recomputed_digest
 from kai_es.state.model import MOVE_HOLD_NS
 from kai_es.state.reducer import apply
+from tests.policy_patch import without
 from tests.builders import MakeNode, MakePod, queue, scenario_text
 
 SEC = 10**9
@@ -96,10 +97,7 @@ def test_the_room_is_held_until_the_replacement_comes_or_the_hold_expires(monkey
     moved = _move_time(envelopes)
     assert bound["greedy"][0] == "n1" and bound["greedy"][1] > moved + MOVE_HOLD_NS, (bound, moved)
     assert replay(log._records, load_packer("native")).ok  # noqa: SLF001
-    v8 = policy.POLICIES["kai-es/v8"]
-    monkeypatch.setitem(policy.POLICIES, "kai-es/v8",  # type: ignore[arg-type]
-                        __import__("dataclasses").replace(v8, rules=__import__("dataclasses").replace(
-                            v8.rules, move_holds=NoMoveHoldsV7())))
+    without(monkeypatch, "kai-es/v8", "move_holds", NoMoveHoldsV7())
     envelopes = _run(text)[0]
     assert _bound(envelopes)["greedy"][1] < _move_time(envelopes) + 5 * SEC
 

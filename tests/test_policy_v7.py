@@ -32,6 +32,7 @@ from kai_es.state import ClusterState, invariants
 from kai_es.state import versions
 from kai_es.state.incremental_digest import incremental_digest, recomputed_digest
 from kai_es.state.reducer import apply
+from tests.policy_patch import without
 from tests.test_cycle_scenarios import check, expectations
 
 SCENARIOS = Path(__file__).parent / "scenarios"
@@ -44,16 +45,6 @@ T0 = 1_767_268_800 * SEC  # 2026-01-01T12:00:00Z
 def _cycle(path: Path, engine: str = "native", text: str | None = None) -> dict[str, Any]:
     scenario = load_scenario(path) if text is None else load_scenario_text(text, path.name)
     return one_cycle(scenario, load_packer(engine))  # type: ignore[arg-type]
-
-
-def _without(monkeypatch: pytest.MonkeyPatch, rule: str, old: object) -> None:
-    """Policy kai-es/v7, and every later version that kept v7's class of the rule (the
-    scenarios run the default version), with that one rule put back to its older class."""
-    new = type(getattr(policy.POLICIES["kai-es/v7"].rules, rule))
-    for version, value in sorted(policy.POLICIES.items()):
-        if isinstance(getattr(value.rules, rule), new):
-            monkeypatch.setitem(policy.POLICIES, version,  # type: ignore[arg-type]
-                                dataclasses.replace(value, rules=dataclasses.replace(value.rules, **{rule: old})))
 
 
 def _as_v6(path: Path) -> str:
@@ -81,7 +72,7 @@ def test_a_gang_kai_found_stale_is_evicted_when_its_grace_is_over_not_restarted(
 @pytest.mark.parametrize("engine", ["native", "reference"])
 def test_kai_s_last_eviction_re_arms_the_preemption_delay(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     check(_cycle(DELAY, engine), expectations(DELAY))
-    _without(monkeypatch, "preemption_delay", PodGroupPreemptionDelay())
+    without(monkeypatch, "kai-es/v7", "preemption_delay", PodGroupPreemptionDelay())
     with pytest.raises(AssertionError):
         check(_cycle(DELAY, engine), expectations(DELAY))
 
@@ -238,7 +229,7 @@ def test_a_pod_deleted_long_ago_that_still_runs_is_not_pipelined_onto(
     check(outcome, expectations(STUCK))
     completed = [d for d in outcome["decisions"] if d["type"] == "kai.scheduler.cycle.completed"]
     assert completed[0]["data"]["stuck_releasing"] == ["default/old"] and completed[0]["schemaversion"] == 2
-    _without(monkeypatch, "releasing_capacity", AllReleasingV6())
+    without(monkeypatch, "kai-es/v7", "releasing_capacity", AllReleasingV6())
     with pytest.raises(AssertionError):
         check(_cycle(STUCK, engine), expectations(STUCK))
 

@@ -31,6 +31,7 @@ from kai_es.scheduling.rules.replacement import ReplaceVictims
 from kai_es.scheduling.gang import surplus
 from kai_es.scheduling.rules.semi_preemptible import SemiAsPreemptibleV7
 from kai_es.state.model import Job, PodState
+from tests.policy_patch import without
 from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
 from tests.test_cycle_scenarios import check, expectations
 from tests.test_reclaim_convergence import _converges_and_never_goes_back_and_forth
@@ -66,10 +67,7 @@ def _under(path: Path, version: str) -> str:
 def test_each_scenario_needs_its_rule(path: Path, field: str, old: Any, engine: str,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     check(_cycle(path, engine), expectations(path))
-    v8 = policy.POLICIES["kai-es/v8"]
-    changed: dict[str, Any] = {field: old}
-    monkeypatch.setitem(policy.POLICIES, "kai-es/v8",
-                        dataclasses.replace(v8, rules=dataclasses.replace(v8.rules, **changed)))
+    without(monkeypatch, "kai-es/v8", field, old)
     with pytest.raises(AssertionError):
         check(_cycle(path, engine), expectations(path))
 

@@ -70,4 +70,5 @@ def test_each_version_differs_from_the_previous_by_named_rules() -> None:
         "kai-es/v7": ["preemption_delay", "releasing_capacity", "wakeups"],
         "kai-es/v8": ["move_holds", "reclaim_victims", "replacement", "search_backoff", "semi_preemptible",
                       "wakeups"],
+        "kai-es/v9": ["consolidation_nodes", "reclaim_victims"],
     }

@@ -23,6 +23,7 @@ from kai_es.scheduling.rules.search_backoff import MAX_BACKOFF_NS, NoSearchBacko
 from kai_es.state import ClusterState, invariants
 from kai_es.state.incremental_digest import incremental_digest, recomputed_digest
 from kai_es.state.reducer import apply
+from tests.policy_patch import without
 
 SEC = 10**9
 #: serve's 2 core pods may not be taken, so train (minMember 6) never finds room: every reclaim
@@ -95,9 +96,7 @@ def test_failed_searches_back_off_doubling_and_say_until_when() -> None:
 
 def test_without_the_rule_or_under_v7_every_cycle_searches(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _failures(_run(_text("kai-es/v7"))) == []
-    v8 = policy.POLICIES["kai-es/v8"]
-    monkeypatch.setitem(policy.POLICIES, "kai-es/v8",  # type: ignore[arg-type]
-                        dataclasses.replace(v8, rules=dataclasses.replace(v8.rules, search_backoff=NoSearchBackoffV7())))
+    without(monkeypatch, "kai-es/v8", "search_backoff", NoSearchBackoffV7())
     assert _failures(_run(_text())) == []
 
 

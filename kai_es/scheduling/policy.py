@@ -113,6 +113,18 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     fold rule `backs_off_searches`, `rules.search_backoff.FailedSearchesBackOff`; before, every
     cycle searched again for it).
 
+- `kai-es/v9`: v8's rules, and reclaim's strategies (maintain fair share, guarantee deserved
+  quota) and saturation bound judge the scenario's final victims, once the job is placed and
+  the victims that fit again are re-placed, on the queues as they were when the search began —
+  KAI's reclaim validator with allowConsolidatingReclaim, its default
+  (`rules.reclaim_victims.FinalVictimsReclaim`; v6–v8 judged each victim as the search took it,
+  so a victim that would have moved was refused when its queue was at its fair share, and a
+  queue with quota could not reclaim room that only a move makes: KAI's
+  consolidation_and_reclaim integration test);
+  - consolidation tries, of the nodes with as much free GPU capacity, first the one holding the
+    cheapest movable victim in the victim order (`rules.consolidation_nodes.CheapestVictimBreaksTies`;
+    before, the first node observed: KAI's consolidation integration test moves the newer job).
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -160,7 +172,9 @@ from kai_es.scheduling.rules.preemption_delay import (
 from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, StuckReleasingHeld
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
-from kai_es.scheduling.rules.reclaim_victims import DominantShareReclaimV5, KaiReclaimStrategies, QueuePriorityInQuota
+from kai_es.scheduling.rules.consolidation_nodes import CheapestVictimBreaksTies, MostFreeFirstV8
+from kai_es.scheduling.rules.reclaim_victims import (DominantShareReclaimV5, FinalVictimsReclaim, KaiReclaimStrategies,
+                                                     QueuePriorityInQuota)
 from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims, ReplaceVictims, ReplaceWholeGangs
 from kai_es.scheduling.rules.search_backoff import FailedSearchesBackOff, NoSearchBackoffV7
 from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
@@ -252,6 +266,7 @@ RULES_V1: Final = Rules(
     semi_preemptible=SemiAsPreemptibleV7(),
     move_holds=NoMoveHoldsV7(),
     search_backoff=NoSearchBackoffV7(),
+    consolidation_nodes=MostFreeFirstV8(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -279,6 +294,10 @@ RULES_V7: Final = replace(RULES_V6, preemption_delay=HandoverPreemptionDelay(),
 RULES_V8: Final = replace(RULES_V7, semi_preemptible=CoreKeptInQuota(), replacement=ReplaceWholeGangs(),
                           move_holds=HoldMovedRoom(), wakeups=HoldingWakeups(),
                           reclaim_victims=QueuePriorityInQuota(), search_backoff=FailedSearchesBackOff())
+#: kai-es/v9: reclaim's strategies judge the final victims, after re-placement (KAI's validator);
+#: consolidation frees, of nodes alike, the one of its cheapest victim
+RULES_V9: Final = replace(RULES_V8, reclaim_victims=FinalVictimsReclaim(),
+                          consolidation_nodes=CheapestVictimBreaksTies())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -315,9 +334,12 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v8", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V8, FOLD_RULES["kai-es/v8"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v9", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V9, FOLD_RULES["kai-es/v9"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v8"
+CURRENT_POLICY: Final = "kai-es/v9"
 
 
 def policy_for(version: str) -> PolicyVersion:

@@ -62,6 +62,8 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     # semi-preemptible jobs change no fold (the reducer counts them preemptible, `Job.semi`);
     # a move's room is held for the moved pod's replacement
     "kai-es/v8": _HOLDING,
+    # reclaim judges its final victims only: no fold changes
+    "kai-es/v9": _HOLDING,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}

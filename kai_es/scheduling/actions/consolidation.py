@@ -11,8 +11,8 @@ Rules:
 - Victims are the running pods of any preemptible job but the preemptor's own, of any queue and
   any priority (they keep their resources, so neither fair share nor priority is at stake; nor
   is min-runtime, as in KAI). They are tried node by node (`bounded_search`: at most
-  `MAX_NODES` nodes that could fit the job with their movable pods gone, the most free GPU
-  capacity first; on each, the cheapest units that free a resource the node lacks). Units
+  `MAX_NODES` nodes that could fit the job with their movable pods gone, in the version's node
+  order, `rules.consolidation_nodes`: the most free GPU capacity first; on each, the cheapest units that free a resource the node lacks). Units
   and effort are the shared search's
   (`kai_es.scheduling.victims`) but for one thing: since every moved pod is re-placed, a gang
   keeps its members however many of them move, so of the units the search chose only the pods
@@ -38,7 +38,7 @@ Rules:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 from kai_es.scheduling.actions.preempting import PreemptingAction
 from kai_es.scheduling.fairshare import RESOURCES, pod_request
@@ -149,7 +149,8 @@ class Consolidation(PreemptingAction):
         table = plan.future
         start, free = table.gpu_start, table.dev_free_milli
         eligible = [n for n in range(len(plan.names)) if any(mask[n] for mask in masks)]
-        ranked = sorted(eligible, key=lambda n: (-sum(free[start[n]:start[n + 1]]), n))
+        ranked = self.session.rules.consolidation_nodes.order(
+            eligible, lambda n: sum(free[start[n]:start[n + 1]]), lambda group: self._cheapest_on(group, job))
         nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]] = []
         specs = plan.nodes
         for n in ranked:
@@ -166,6 +167,19 @@ class Consolidation(PreemptingAction):
             self.failed_scenarios.add(scenario)
             return None
         return {n for n, _, _ in nodes}, self._units_by_node(nodes), scenario
+
+    def _cheapest_on(self, nodes: Sequence[int], job: Job) -> dict[int, tuple[object, ...] | None]:
+        """Each of `nodes`' cheapest movable unit's victim-order key (`keyed_units`; None: none)."""
+        state = self.state
+        node_of = {pod.key: n for n in nodes for pod in self._movable_on(n, job)}
+        jobs = {state.pods[key].job_key for key in node_of}
+        out: dict[int, tuple[object, ...] | None] = dict.fromkeys(nodes)
+        for key, unit in keyed_units(self.session, [state.jobs[k] for k in sorted(jobs)], backoff=True):
+            for pod in unit.pods:  # cheapest first: a node's first unit is its cheapest
+                n = node_of.get(pod.key)
+                if n is not None and out[n] is None:
+                    out[n] = key
+        return out
 
     def _movable_on(self, node: int, job: Job) -> list[PodState]:
         """The pods on `node` a search may move: Running or Binding, of another preemptible job,

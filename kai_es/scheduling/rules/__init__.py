@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kai_es.scheduling.rules.consolidation_nodes import ConsolidationNodes
     from kai_es.scheduling.rules.device_order import DeviceOrder
     from kai_es.scheduling.rules.fair_share_division import FairShareDivision
     from kai_es.scheduling.rules.gang_restoration import GangRestoration
@@ -86,3 +87,5 @@ class Rules:
     move_holds: MoveHolds
     #: reclaim, preempt, consolidation: whether a job whose searches fail waits before the next
     search_backoff: SearchBackoff
+    #: consolidation: which node a search frees first
+    consolidation_nodes: ConsolidationNodes

@@ -43,6 +43,11 @@ a common parent: their roots), the *sides*.
   a victim whose side has a strictly lower queue priority than the reclaiming side is taken,
   in quota or not, while the reclaiming side stays within its deserved quota with the job (its
   queues are candidates on the same terms). The saturation bound still holds.
+- `FinalVictimsReclaim` (kai-es/v9 on): `QueuePriorityInQuota`, but the strategies and the
+  saturation bound judge only the victims still evicted once the job is placed and the victims
+  re-placed, each on its side's allocation as the search began with the victims before it
+  uncounted (KAI's reclaim validator; a moved victim is none, allowConsolidatingReclaim). The
+  search takes any victim of a candidate queue that frees what the job needs.
 
 Contract: pure; integers only (ratios compared by cross-multiplication); reads the Session's
 accounting, writes nothing.
@@ -51,6 +56,7 @@ accounting, writes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from kai_es.scheduling.fairshare import RESOURCES
@@ -527,3 +533,78 @@ class _KaiJudge:
             if why is not None:
                 return why
         return None
+
+
+class FinalVictimsReclaim(QueuePriorityInQuota):
+    """kai-es/v9 on: `QueuePriorityInQuota`'s rules, but KAI's strategies and saturation bound
+    judge the scenario's *final* victims only, once the job is placed and the victims that fit
+    again are re-placed (KAI's reclaim validator runs after the simulation, on the queues as
+    they were when the job's search began, and with allowConsolidatingReclaim, its default, a
+    re-placed victim is no victim). A victim whose side would not pass the strategies may so be
+    taken while the search looks for room, and stays where it runs or moves: v6–v8 refused it
+    then, and a queue at its fair share could not lend a job the room a move would make."""
+
+    __slots__ = ()
+
+    def judge(self, session: Session) -> ReclaimJudge:
+        config = session.config
+        return _FinalVictimsJudge(session, by_priority=config is not None and config.queue_priority_in_quota_reclaim)
+
+
+class _FinalVictimsJudge(_KaiJudge):
+    def __init__(self, session: Session, by_priority: bool = False) -> None:
+        super().__init__(session, by_priority)
+        #: the units the current search took, in the order taken
+        self.taken: list[Unit] = []
+        #: each side's allocation (by id) and the reclaiming side's with the job, as the search began
+        self.before: dict[int, Vector] = {}
+
+    def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
+        queues = self.session.queues
+        self.taken, self.before = [], {}
+
+        def admit(unit: Unit) -> bool:
+            found = sides(leaf, queues[unit.job.queue])
+            if found is None:
+                return False
+            lost = unit.request
+            if not any(lost[r] > 0 and request[r] > 0 for r in (0, 1, 2)):
+                return False  # the victim frees nothing the reclaimer needs
+            _, mine, theirs = found
+            # the accounting before this search's first eviction on either side
+            self.before.setdefault(id(mine), _plus(mine.allocated, request))
+            self.before.setdefault(id(theirs), theirs.allocated)
+            self.taken.append(unit)
+            return True
+
+        return admit
+
+    def settle(self, leaf: QueueNode, job: Job, request: Vector, start: int) -> tuple[str, dict[str, int]] | None:
+        """KAI's validator on the victims still evicted: each, in the order taken, passes a
+        strategy on its side's allocation with it still counted (the victims before it
+        uncounted, from the allocation when the search began); then the saturation bound
+        (`_KaiJudge.settle`) on the accounting with the job placed."""
+        session = self.session
+        ops = session.plan.operations[start:]
+        moved = {op.pod_key for op in ops if isinstance(op, Entry) and op.moved_from >= 0}
+        evicted = {op.pod_key for op in ops if isinstance(op, Eviction) and not op.undone and op.pod_key not in moved}
+        queues = session.queues
+        remaining: dict[int, Vector] = {}
+        for unit in self.taken:
+            pods = tuple(pod for pod in unit.pods if pod.key in evicted)
+            if not pods:
+                continue  # put back where it runs, or moved: no victim
+            found = sides(leaf, queues[unit.job.queue])
+            assert found is not None, "admit took a unit of a queue it may not reclaim from"
+            _, mine, theirs = found
+            with_job = self.before[id(mine)]
+            left = remaining.get(id(theirs), self.before[id(theirs)])
+            if not strategy_allows(mine, theirs, with_job, left) and \
+                    not (self.by_priority and by_queue_priority(mine, theirs, with_job)):
+                return (f"queue {theirs.name} is not above its fair share or quota with job {unit.job.key} "
+                        f"still counted ({_q(0, left[0])} GPU, quota {_q(0, theirs.quota[0])}, fair share "
+                        f"{_q(0, theirs.fair[0])}): its pods may not be reclaimed for queue {mine.name}",
+                        {"allocated_milli_gpu": left[0], "quota_milli_gpu": theirs.quota[0],
+                         "fair_share_milli_gpu": theirs.fair[0]})
+            remaining[id(theirs)] = _minus(left, replace(unit, pods=pods).request)
+        return super().settle(leaf, job, request, start)
