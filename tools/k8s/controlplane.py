@@ -203,7 +203,18 @@ KUBERAY = Operator(
     "ray-operator", "github.com/ray-project/kuberay/ray-operator", "v1.6.2",
     "github.com/ray-project/kuberay/ray-operator",
     tuple(f"config/crd/bases/ray.io_{p}.yaml" for p in ("rayclusters", "rayjobs", "rayservices", "raycronjobs")))
-OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY)}
+#: Kubeflow's training-operator (PyTorchJob, TFJob, XGBoostJob, PaddleJob; v1.8.1, the only
+#: version the Go module proxy serves) is written against controller-runtime v0.17 and the
+#: Kubernetes v0.29 modules: a module of its own too. It also serves MPIJob kubeflow.org/v1 and
+#: MXJob; neither CRD is copied (mpijobs.kubeflow.org is the MPI operator's v2beta1 CRD here)
+#: and `OperatorProcess` enables only the four schemes whose CRDs are.
+TRAINING_OPERATOR = Operator(
+    "training-operator", "github.com/kubeflow/training-operator", "v1.8.1",
+    "github.com/kubeflow/training-operator/cmd/training-operator.v1",
+    tuple(f"manifests/base/crds/kubeflow.org_{p}.yaml" for p in ("pytorchjobs", "tfjobs", "xgboostjobs", "paddlejobs")),
+    webhooks="manifests/base/webhook/manifests.yaml",
+    webhook_patches=(("ValidatingWebhookConfiguration", "manifests/base/webhook/patch.yaml"),))
+OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY, TRAINING_OPERATOR)}
 
 #: kube-controller-manager's --controllers: what makes user-written workloads run (Deployment ->
 #: ReplicaSet -> Pods, Jobs, CronJobs, StatefulSets, finished-Job TTLs), the garbage collector
@@ -528,6 +539,19 @@ def _build_kuberay(b: _Builder, out_dir: Path, workdir: Path) -> None:
     _place_operators(b, out_dir, workdir, (KUBERAY,))
 
 
+def _build_training_operator(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    """Kubeflow's training-operator in a module of its own (see TRAINING_OPERATOR), at the
+    versions its go.mod asks."""
+    op = TRAINING_OPERATOR
+    b.run([b.go, "mod", "init", "kai-es.local/build/training-operator"], workdir)
+    b.run([b.go, "mod", "edit", f"-require={op.module}@{op.version}"], workdir)
+    _write_tools_go(workdir, op.package)
+    b.run([b.go, "mod", "tidy"], workdir)
+    b.run([b.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", f"{out_dir}{os.sep}", op.package],
+          workdir, env={"CGO_ENABLED": "0"})  # fmt: skip
+    _place_operators(b, out_dir, workdir, (op,))
+
+
 def _build_etcd(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run([b.go, "mod", "init", "kai-es.local/build/etcd"], workdir)
     info = b.download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}", workdir)
@@ -607,6 +631,12 @@ KUBERAY_RECIPE = Recipe(
     {"builder": _Builder, "operator": KUBERAY, "operator_class": Operator,
      "helpers": (_write_tools_go, _place_operators)},
 )  # fmt: skip
+TRAINING_OPERATOR_RECIPE = Recipe(
+    TRAINING_OPERATOR.name, TRAINING_OPERATOR.version, (TRAINING_OPERATOR.name, *TRAINING_OPERATOR.files()),
+    _build_training_operator,
+    {"builder": _Builder, "operator": TRAINING_OPERATOR, "operator_class": Operator,
+     "helpers": (_write_tools_go, _place_operators)},
+)  # fmt: skip
 ETCD = Recipe(
     "etcd", ETCD_VERSION, ("etcd",), _build_etcd,
     {"builder": _Builder, "helpers": (_sibling_replaces, _write_tools_go)},
@@ -618,8 +648,8 @@ KWOK = Recipe(
 HELM = Recipe("helm", HELM_VERSION, ("helm",), _build_helm_into, digest_override=_helm_recipe_digest)
 #: What the control plane runs (`fetch`); helm is separate (`fetch_helm`).
 CONTROL_PLANE_RECIPES = (ETCD, KWOK, KUBERNETES)
-#: Operators built apart from the control plane (`fetch_operators`): KubeRay's module.
-SEPARATE_OPERATOR_RECIPES = {KUBERAY.name: KUBERAY_RECIPE}
+#: Operators built apart from the control plane (`fetch_operators`), each in a module of its own.
+SEPARATE_OPERATOR_RECIPES = {KUBERAY.name: KUBERAY_RECIPE, TRAINING_OPERATOR.name: TRAINING_OPERATOR_RECIPE}
 
 
 def _fetch_one(recipe: Recipe, *, quiet: bool) -> Path:
