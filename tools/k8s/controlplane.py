@@ -1385,19 +1385,31 @@ def webhook_configurations(op: Operator, url_base: str, ca_bundle: bytes) -> lis
     """`op`'s webhook configurations as its install makes them (its kustomization's patches
     applied), each webhook called at `url_base` + its path (the operator runs on this machine,
     not behind a Service) with `ca_bundle`, each configuration named after the operator (every
-    kubebuilder project calls its own `mutating-webhook-configuration`)."""
+    kubebuilder project calls its own `mutating-webhook-configuration`). A webhook only for
+    resources of the operator's own API groups whose CRDs it does not install (the
+    training-operator's MXJob one) is left out: nothing would call it."""
     import base64
 
     if not op.webhooks:
         return []
     patches = {kind: [o for d in _load_yaml_documents(operator_file(op, f)) for o in
                       (d if isinstance(d, list) else [d])] for kind, f in op.webhook_patches}
+    served = {(crd["spec"]["group"], crd["spec"]["names"]["plural"])
+              for rel in op.crds for crd in _load_yaml_documents(operator_file(op, rel))}
+    own_groups = {group for group, _ in served}
+
+    def unserved(hook: Mapping[str, Any]) -> bool:
+        targets = {(group, resource) for rule in hook.get("rules") or ()
+                   for group in rule.get("apiGroups") or () for resource in rule.get("resources") or ()}
+        return bool(targets) and all(g in own_groups and (g, r) not in served for g, r in targets)
+
     out = []
     for doc in _load_yaml_documents(operator_file(op, op.webhooks)):
         kind = doc["kind"]
         doc = json_patch(doc, patches.get(kind, []))
         doc["metadata"] = {"name": f"{op.name}-{doc['metadata']['name']}"}
-        for hook in doc.get("webhooks") or []:
+        doc["webhooks"] = [hook for hook in doc.get("webhooks") or [] if not unserved(hook)]
+        for hook in doc["webhooks"]:
             path = hook["clientConfig"]["service"].get("path", "")
             hook["clientConfig"] = {"url": url_base + path, "caBundle": base64.b64encode(ca_bundle).decode()}
         out.append(doc)
@@ -1417,12 +1429,14 @@ class OperatorProcess:
     Lease is in namespace ``mpi-operator``), metrics are off, its health probes are on a free
     loopback port (the MPI operator's health server is fixed at :8080 on every interface in
     v0.8.0: one control plane with an MPI operator per machine at a time; a second one's exits,
-    and its start fails with the log). Webhooks: the JobSet, LWS and Trainer managers serve theirs on a free loopback
-    port with a certificate of the control plane's CA (their own certificate management is off)
-    and the control plane registers them (`webhook_configurations`), as their installs do; KubeRay
+    and its start fails with the log). Webhooks: the JobSet, LWS, Trainer and training-operator
+    managers serve theirs on a free loopback port (the training-operator's on every interface: it
+    takes no host) with a certificate of the control plane's CA (their own certificate
+    management is off; the training-operator's cannot be, see TRAINING_OPERATOR_CERTS) and the
+    control plane registers them (`webhook_configurations`), as their installs do; KubeRay
     serves none (its default: ENABLE_WEBHOOKS unset); the MPI operator has none. Ready when its
-    /readyz answers 200 (the MPI operator: when it holds its Lease) and its webhooks are
-    registered."""
+    /readyz answers 200 (the MPI operator: when it holds its Lease; the training-operator: once
+    its certificates are "mounted" and "injected") and its webhooks are registered."""
 
     def __init__(self, cp: "ControlPlane", op: Operator, die_with_parent: bool, taken: set[int]) -> None:
         self.cp = cp
@@ -1448,7 +1462,8 @@ class OperatorProcess:
     def cert_dir(self) -> Path:
         """The webhook server's tls.crt and tls.key (controller-runtime's names). TMPDIR is
         the operator's dir, so the default `$TMPDIR/k8s-webhook-server/serving-certs` (the
-        trainer's: it takes no certDir) is this."""
+        trainer's and the training-operator's: they take no certDir; the training-operator sees
+        its dir as /tmp) is this."""
         return self.dir / "k8s-webhook-server" / "serving-certs"
 
     def _write_files(self) -> None:
@@ -1480,6 +1495,17 @@ class OperatorProcess:
 
     def command(self) -> list[str]:
         binary = str(operator_bin(self.op))
+        if self.op is TRAINING_OPERATOR:
+            # its own mount namespace, its dir bound over /tmp (TRAINING_OPERATOR_CERTS); started
+            # from its binary's dir (`cwd`), so a binary or data dir under /tmp is still reached
+            unshare = ["unshare", "--mount", "--propagation", "private"]
+            if os.geteuid() != 0:
+                unshare.append("--map-root-user")  # a user namespace may mount
+            return [*unshare, "--", "sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', str(self.dir),
+                    f"./{Path(binary).name}", "--kubeconfig=/tmp/kubeconfig",
+                    *(f"--enable-scheme={s}" for s in TRAINING_OPERATOR_SCHEMES),
+                    "--metrics-bind-address=0", f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+                    f"--webhook-server-port={self.webhook_port}", "--leader-elect=false"]
         if self.op is MPI_OPERATOR:
             return [binary, f"--kubeConfig={self.kubeconfig}", f"--lock-namespace={MPI_OPERATOR_LOCK[0]}"]
         if self.op is KUBERAY:
@@ -1492,6 +1518,14 @@ class OperatorProcess:
         self._write_files()
         if self.op is MPI_OPERATOR:
             self.cp.create_namespace(MPI_OPERATOR_LOCK[0])
+        if self.op is TRAINING_OPERATOR:
+            ns, name = TRAINING_OPERATOR_CERTS
+            self.cp.create_namespace(ns)
+            self.cp.call("POST", f"/api/v1/namespaces/{ns}/secrets",
+                         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}}, ok=(201, 409))
+            self.proc.start(self.command(), cwd=operator_dir(self.op),
+                            env={"KUBECONFIG": "/tmp/kubeconfig", "TMPDIR": "/tmp"})
+            return
         self.proc.start(self.command(), cwd=self.dir,
                         env={"KUBECONFIG": str(self.kubeconfig), "TMPDIR": str(self.dir)})
 
@@ -1517,6 +1551,22 @@ class OperatorProcess:
 
 #: The MPI operator's leader-election Lease (namespace, name): it always elects a leader.
 MPI_OPERATOR_LOCK = ("mpi-operator", "mpi-operator")
+
+#: The training-operator's `--enable-scheme`s: the kinds whose CRDs it brings (TRAINING_OPERATOR),
+#: not MPIJob v1 (the MPI operator's v2beta1 is installed) nor MXJob (no KAI rule).
+TRAINING_OPERATOR_SCHEMES = ("pytorchjob", "tfjob", "xgboostjob", "paddlejob")
+#: The Secret (namespace, name) the training-operator's certificate rotator keeps its own CA and
+#: serving certificate in. v1.8.1's rotator cannot be turned off, and nothing it makes serves
+#: here: it writes a CA of its own into this Secret (which must exist: its install makes it
+#: empty, and so does `OperatorProcess.start`), injects it into a ValidatingWebhookConfiguration
+#: named `validator.training-operator.kubeflow.org` (which is not there: the control plane
+#: registers the operator's webhooks under `training-operator-validator...` with its own CA, as
+#: for the others, and the rotator logs that it found none and goes on), and then waits for
+#: `tls.crt` in a fixed /tmp/k8s-webhook-server/serving-certs (a kubelet's Secret mount). The
+#: operator therefore runs in a mount namespace of its own with its dir bound over /tmp, where
+#: `cert_dir` (the control plane's certificate, which its webhook server serves: TMPDIR=/tmp)
+#: is that path; nothing is written outside the data dir.
+TRAINING_OPERATOR_CERTS = ("kubeflow", "training-operator-webhook-cert")
 
 
 class ControlPlane:
