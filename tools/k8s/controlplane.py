@@ -30,7 +30,7 @@ collector, namespaces, service accounts and their tokens (not node health: KWOK 
 its secure port on a free loopback port; it is healthy about 0.5 s after its start.
 
 ``ControlPlane(operators=("jobset", "lws", "ray-operator", "mpi-operator",
-"trainer-controller-manager"))`` also runs those operators (OPERATORS; ``OperatorProcess`` says
+"trainer-controller-manager", "training-operator"))`` also runs those operators (OPERATORS; ``OperatorProcess`` says
 how: their own CRDs and webhooks, each as a process of the control plane), after installing their
 CRDs; a test module that wants them starts a control plane of its own, so others do not pay.
 
@@ -55,7 +55,8 @@ toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
   module kubernetes requires with the published ``v0.36.5`` module (the ``go install
   pkg@version`` shortcut is refused for modules with replace directives); the operators' CRDs and
   webhook manifests are copied from the module cache;
-* KubeRay's ray-operator v1.6.2 — in a module of its own (KUBERAY says why);
+* KubeRay's ray-operator v1.6.2 and Kubeflow's training-operator v1.8.1 — each in a module of its
+  own (KUBERAY and TRAINING_OPERATOR say why);
 * etcd v3.6.8 — the same way (its server module replaces its sibling modules);
 * KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
   (v0.8.0 has no built-in stages).
