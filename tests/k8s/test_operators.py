@@ -703,7 +703,7 @@ def test_the_operators_run_as_built_at_their_pinned_versions(ops: K8s) -> None:
     assert set(cp.operators) == set(OPERATORS)
     for name, proc in cp.operators.items():
         assert proc.proc.running(), proc.proc.tail()
-        assert Path(os.readlink(f"/proc/{proc.proc.pid}/exe")) == cp_mod.operator_bin(cp_mod.OPERATORS[name])
+        assert Path(os.readlink(f"/proc/{proc.proc.pid}/exe")) == cp_mod.operator_bin(cp_mod.OPERATORS[name]).resolve()
     hooks = {h["metadata"]["name"] for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
              for h in cp.call("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}")["items"]}
     assert {h.split("-", 1)[0] for h in hooks} >= {"jobset", "lws", "trainer", "training"}
