@@ -153,6 +153,18 @@ def test_the_kubernetes_recipe_is_keyed_by_each_operators_version_and_files() ->
     assert "ray-operator" not in k.outputs and cp_mod.KUBERAY_RECIPE.outputs[0] == "ray-operator"
 
 
+def test_the_training_operator_builds_apart_and_runs_only_the_kinds_whose_crds_it_brings() -> None:
+    """Its own module (controller-runtime v0.17 cannot join the shared build), no MPIJob v1 CRD
+    (mpijobs.kubeflow.org is the MPI operator's v2beta1 here), and `--enable-scheme` for exactly
+    the kinds whose CRDs are installed."""
+    op, recipe = cp_mod.TRAINING_OPERATOR, cp_mod.TRAINING_OPERATOR_RECIPE
+    assert op.name not in cp_mod.KUBERNETES.outputs and recipe.outputs[0] == op.name
+    assert cp_mod.SEPARATE_OPERATOR_RECIPES[op.name] is recipe
+    plurals = {Path(f).name.removeprefix("kubeflow.org_").removesuffix(".yaml") for f in op.crds}
+    assert "mpijobs" not in plurals
+    assert {s + "s" for s in cp_mod.TRAINING_OPERATOR_SCHEMES} == plurals
+
+
 def test_an_operator_brings_the_operators_it_needs_first() -> None:
     assert cp_mod._with_needs(["trainer-controller-manager", "lws"]) == ["jobset", "trainer-controller-manager", "lws"]
     with pytest.raises(cp_mod.ControlPlaneError, match="no operator"):

@@ -1,5 +1,5 @@
-"""The real operators, each running as itself: JobSet, LeaderWorkerSet, KubeRay, the MPI operator
-and Kubeflow Trainer, built from the Go module proxy at the versions in
+"""The real operators, each running as itself: JobSet, LeaderWorkerSet, KubeRay, the MPI operator,
+Kubeflow Trainer and Kubeflow's training-operator, built from the Go module proxy at the versions in
 tools/k8s/controlplane.py (OPERATORS) and run by a control plane of this module's own with their
 own CRDs and webhooks (`ControlPlane(operators=...)`; the session's control plane does not pay
 for them). For each kind, an object written the way the operator's documentation writes it (the
@@ -13,12 +13,15 @@ of the gang binds (each is reported `GangUnsatisfied`). Freeing room (the Deploy
 down) binds the gang's minimum in one cycle, with each sub-group's minimum; pods beyond the
 minimum (elastic) bind only after it. The run's log replays exactly. Each test fails when its
 kind's rule is taken out of the podgrouper's table (its kind grouped by the default grouper,
-TrainJob no longer looked through): tried once for each.
+TrainJob no longer looked through, PaddleJob no longer read): tried once for each. A PaddleJob is
+the exception KAI makes: its podgrouper has no rule for it, so its default grouper puts its pods
+in one group of minimum 1, and they bind as they fit (what its test shows).
 
 If the operators cannot be built or started, every test here FAILS with the logs' tails."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -41,7 +44,7 @@ QUEUE_LABEL = "kai.scheduler/queue"
 SCHEDULER = "kai-scheduler"
 ONE_GPU = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "100m", "memory": "128Mi", "nvidia.com/gpu": "1"}}
 NO_GPU = {"requests": {"cpu": "100m", "memory": "128Mi"}}
-OPERATORS = ("jobset", "lws", "ray-operator", "mpi-operator", "trainer-controller-manager")
+OPERATORS = ("jobset", "lws", "ray-operator", "mpi-operator", "trainer-controller-manager", "training-operator")
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +187,11 @@ def groups_in(data: Iterable[Any]) -> dict[str, p.PodGroupObserved]:
 def podgroup_of(data: Iterable[Any]) -> dict[str, str]:
     """pod name -> its PodGroup, as last observed."""
     return {d.name: d.podgroup for d in data if isinstance(d, p.PodObserved)}
+
+
+def subgroup_of(data: Iterable[Any]) -> dict[str, str]:
+    """pod name -> its sub-group, as last observed."""
+    return {d.name: d.subgroup for d in data if isinstance(d, p.PodObserved)}
 
 
 def subgroups(group: p.PodGroupObserved) -> dict[str, tuple[int, str, int | None]]:
@@ -496,6 +504,198 @@ async def test_a_trainjob_binds_its_nodes_as_one_gang_through_its_jobset(ops: K8
     await scenario(ops, 8, 6, body)
 
 
+# -- Kubeflow training-operator (v1: PyTorchJob, TFJob, XGBoostJob, PaddleJob) ----------------
+
+REPLICA_TYPE = "training.kubeflow.org/replica-type"
+
+
+def replica_spec(run: Run, replicas: int, name: str, resources: Mapping[str, Any] = ONE_GPU, *,
+                 restart: str = "OnFailure", labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """One replica type as Kubeflow's examples write it: replicas, restartPolicy and a pod
+    template whose container has the kind's default name (the operator's webhook insists);
+    the scheduler name and the test's labels (queue and pool) on the template."""
+    return {"replicas": replicas, "restartPolicy": restart,
+            "template": {"metadata": {"labels": dict(run.labels() if labels is None else labels)},
+                         "spec": pod_spec(container(name, resources))}}
+
+
+def training_job(run: Run, kind: str, name: str, field: str, specs: Mapping[str, Any], **spec: Any) -> dict[str, Any]:
+    """A kubeflow.org/v1 job with KAI's queue label on it, as KAI's docs add it."""
+    return {"apiVersion": "kubeflow.org/v1", "kind": kind,
+            "metadata": {"name": name, "labels": {QUEUE_LABEL: run.queue}},
+            "spec": {**spec, field: dict(specs)}}
+
+
+def roles(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    return sorted(x["metadata"]["labels"][REPLICA_TYPE] for x in pods)
+
+
+async def binds_whole(run: Run, job: Mapping[str, Any], size: int) -> tuple[list[Record], p.PodGroupObserved, list[dict[str, Any]]]:
+    """After the gang was refused: all `size` pods Running on the pool, bound in one cycle, all
+    in the job's PodGroup (KAI's `pg-<job>-<uid>`, priority class `train`, the job's queue);
+    the log replays exactly. Returns the records, the group and the pods."""
+    gang = await running(run, lambda got: len(got) == size and all(bound(x, run.nodes) for x in got),
+                         f"the {job['kind']}'s {size} pods Running")
+    records = await run.records()
+    data = data_in(records, run.ns)
+    group = groups_in(data)[f"pg-{job['metadata']['name']}-{job['metadata']['uid']}"]
+    assert group.queue == run.queue and group.priority_class == "train"
+    names = {x["metadata"]["name"] for x in gang}
+    assert {podgroup_of(data)[n] for n in names} == {group.name}
+    assert len(set(bind_cycles(records, run.ns, names).values())) == 1
+    assert_replays(records)
+    return records, group, gang
+
+
+def pytorch_job(run: Run) -> dict[str, Any]:
+    """KAI's batch sample (docs/batch/pytorch-job.yaml): a master and 2 workers of one GPU."""
+    return training_job(run, "PyTorchJob", "pytorch-dist-mnist-nccl", "pytorchReplicaSpecs", {
+        "Master": replica_spec(run, 1, "pytorch"), "Worker": replica_spec(run, 2, "pytorch")})
+
+
+async def test_a_pytorchjob_binds_its_master_and_workers_as_one_gang_of_two_sub_groups(ops: K8s) -> None:
+    """The training-operator makes a master and 2 workers, minimum 3, sub-groups master (1) and
+    worker (2), each pod in its own by its replica type: with 2 GPUs free none binds, with 3
+    all bind in one cycle."""
+    async def body(run: Run) -> None:
+        job = run.create(pytorch_job(run))
+        await gang_waits(run, 3)
+        await run.fill(5)
+        records, group, gang = await binds_whole(run, job, 3)
+        assert group.min_member == 3
+        assert subgroups(group) == {"master": (1, "", None), "worker": (2, "", None)}
+        data = data_in(records, run.ns)
+        assert {x["metadata"]["name"]: subgroup_of(data)[x["metadata"]["name"]] for x in gang} == {
+            x["metadata"]["name"]: x["metadata"]["labels"][REPLICA_TYPE] for x in gang}
+        assert roles(gang) == ["master", "worker", "worker"]
+
+    await scenario(ops, 8, 6, body)
+
+
+def elastic_pytorch_job(run: Run) -> dict[str, Any]:
+    """KAI's elastic sample (docs/elastic/pytorch-elastic.yaml) without its HPA metrics: 3
+    one-GPU workers, elasticPolicy minReplicas 2, maxReplicas 3."""
+    return training_job(run, "PyTorchJob", "elastic-example-imagenet", "pytorchReplicaSpecs",
+                        {"Worker": replica_spec(run, 3, "pytorch")},
+                        elasticPolicy={"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 3, "maxRestarts": 100})
+
+
+async def test_an_elastic_pytorchjobs_min_replicas_bind_first_and_its_third_worker_after(ops: K8s) -> None:
+    """3 workers, elasticPolicy.minReplicas 2 (the minimum; sub-group worker 2): with 1 GPU
+    free none binds; with 2 two workers bind in one cycle and the third waits; with a third GPU
+    it binds too, in a later cycle."""
+    async def body(run: Run) -> None:
+        job = run.create(elastic_pytorch_job(run))
+        await gang_waits(run, 3)
+        await run.fill(6)
+
+        def minimum_only(got: list[dict[str, Any]]) -> bool:
+            placed = [x for x in got if x["spec"].get("nodeName")]
+            return len(got) == 3 and len(placed) == 2 and all(bound(x, run.nodes) for x in placed)
+
+        got = await running(run, minimum_only, "the PyTorchJob's 2 minimum workers Running")
+        extra = [x["metadata"]["name"] for x in got if not x["spec"].get("nodeName")]
+        await run.fill(5)
+        _, group, gang = await binds_whole_after(run, job, 3, extra)
+        assert group.min_member == 2 and subgroups(group) == {"worker": (2, "", None)}
+        assert roles(gang) == ["worker"] * 3
+
+    await scenario(ops, 8, 7, body)
+
+
+async def binds_whole_after(run: Run, job: Mapping[str, Any], size: int, extra: list[str], *,
+                            together: bool = True) -> tuple[list[Record], p.PodGroupObserved, list[dict[str, Any]]]:
+    """All `size` pods Running, in the job's PodGroup; the pods but `extra` bound first (in one
+    cycle if `together`: a gang's minimum) and each of `extra` (elastic) in a later cycle; the
+    log replays exactly."""
+    gang = await running(run, lambda got: len(got) == size and all(bound(x, run.nodes) for x in got),
+                         f"all {size} pods of the {job['kind']} Running")
+    records = await run.records()
+    data = data_in(records, run.ns)
+    group = groups_in(data)[f"pg-{job['metadata']['name']}-{job['metadata']['uid']}"]
+    assert group.queue == run.queue
+    names = {x["metadata"]["name"] for x in gang}
+    assert {podgroup_of(data)[n] for n in names} == {group.name}
+    cycles = bind_cycles(records, run.ns, names)
+    first = {cycles[n] for n in names if n not in extra}
+    assert extra and set(extra) < names and (len(first) == 1 or not together)
+    assert all(cycles[n] > max(first) for n in extra)
+    assert_replays(records)
+    return records, group, gang
+
+
+def tf_job(run: Run) -> dict[str, Any]:
+    """A TFJob with a chief, a parameter server (no GPU) and 2 workers (Kubeflow's dist-mnist
+    example's replica types)."""
+    return training_job(run, "TFJob", "dist-mnist", "tfReplicaSpecs", {
+        "Chief": replica_spec(run, 1, "tensorflow", restart="Never"),
+        "PS": replica_spec(run, 1, "tensorflow", NO_GPU, restart="Never"),
+        "Worker": replica_spec(run, 2, "tensorflow", restart="Never")})
+
+
+async def test_a_tfjob_binds_its_chief_ps_and_workers_as_one_gang(ops: K8s) -> None:
+    """4 pods (3 of one GPU), minimum every replica: with 2 GPUs free none binds, with 3 all
+    four bind in one cycle."""
+    async def body(run: Run) -> None:
+        job = run.create(tf_job(run))
+        await gang_waits(run, 4)
+        await run.fill(5)
+        _, group, gang = await binds_whole(run, job, 4)
+        assert group.min_member == 4 and not group.subgroups
+        assert roles(gang) == ["chief", "ps", "worker", "worker"]
+
+    await scenario(ops, 8, 6, body)
+
+
+def xgboost_job(run: Run) -> dict[str, Any]:
+    """Kubeflow's XGBoostJob example (xgboostjob.yaml): a master and 2 workers."""
+    return training_job(run, "XGBoostJob", "xgboost-dist-iris-test-train", "xgbReplicaSpecs", {
+        "Master": replica_spec(run, 1, "xgboost", restart="Never"),
+        "Worker": replica_spec(run, 2, "xgboost", restart="ExitCode")})
+
+
+async def test_an_xgboostjob_binds_its_master_and_workers_as_one_gang(ops: K8s) -> None:
+    """3 one-GPU pods, minimum 3: with 2 GPUs free none binds, with 3 all bind in one cycle."""
+    async def body(run: Run) -> None:
+        job = run.create(xgboost_job(run))
+        await gang_waits(run, 3)
+        await run.fill(5)
+        _, group, gang = await binds_whole(run, job, 3)
+        assert group.min_member == 3 and not group.subgroups
+        assert roles(gang) == ["master", "worker", "worker"]
+
+    await scenario(ops, 8, 6, body)
+
+
+def paddle_job(run: Run) -> dict[str, Any]:
+    """A PaddleJob of a master and 2 workers (Kubeflow's simple-gpu example's form), KAI's
+    queue label on the job only, as KAI's docs put it."""
+    pool = {POOL_LABEL: run.pool}
+    return training_job(run, "PaddleJob", "paddle-simple-gpu", "paddleReplicaSpecs", {
+        "Master": replica_spec(run, 1, "paddle", labels=pool), "Worker": replica_spec(run, 2, "paddle", labels=pool)})
+
+
+async def test_a_paddlejob_is_one_group_of_minimum_one_as_kais_default_grouper_makes_it(ops: K8s) -> None:
+    """KAI's podgrouper has no PaddleJob rule: its default grouper makes one group per job, of
+    minimum 1, with the job's queue. With 2 GPUs free 2 of the 3 pods bind (no gang), the third
+    waits; with a third GPU it binds, in a later cycle."""
+    async def body(run: Run) -> None:
+        job = run.create(paddle_job(run))
+
+        def two_bound(got: list[dict[str, Any]]) -> bool:
+            placed = [x for x in got if x["spec"].get("nodeName")]
+            return len(got) == 3 and len(placed) == 2 and all(bound(x, run.nodes) for x in placed)
+
+        got = await running(run, two_bound, "2 of the PaddleJob's 3 pods Running")
+        extra = [x["metadata"]["name"] for x in got if not x["spec"].get("nodeName")]
+        await run.fill(5)
+        _, group, gang = await binds_whole_after(run, job, 3, extra, together=False)
+        assert group.min_member == 1 and not group.subgroups and group.priority_class == "train"
+        assert roles(gang) == ["master", "worker", "worker"]
+
+    await scenario(ops, 8, 6, body)
+
+
 def test_the_operators_run_as_built_at_their_pinned_versions(ops: K8s) -> None:
     """Each operator is the binary built from its module at the pinned version, running, and its
     webhooks are registered with the apiserver."""
@@ -503,10 +703,17 @@ def test_the_operators_run_as_built_at_their_pinned_versions(ops: K8s) -> None:
     assert set(cp.operators) == set(OPERATORS)
     for name, proc in cp.operators.items():
         assert proc.proc.running(), proc.proc.tail()
-        assert Path(proc.command()[0]) == cp_mod.operator_bin(cp_mod.OPERATORS[name])
+        assert Path(os.readlink(f"/proc/{proc.proc.pid}/exe")) == cp_mod.operator_bin(cp_mod.OPERATORS[name]).resolve()
     hooks = {h["metadata"]["name"] for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
              for h in cp.call("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}")["items"]}
-    assert {h.split("-", 1)[0] for h in hooks} >= {"jobset", "lws", "trainer"}
+    assert {h.split("-", 1)[0] for h in hooks} >= {"jobset", "lws", "trainer", "training"}
+    # the training-operator's webhook is called (with the control plane's CA) and refuses a
+    # PyTorchJob without its `pytorch` container
+    bad = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "no-pytorch"},
+           "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "template": {"spec": {
+               "containers": [{"name": "main", "image": "example.invalid/train:1"}]}}}}}}
+    status, out = cp.request("POST", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs", bad)
+    assert status == 403 and 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied' in str(out), (status, out)
 
 
 def test_each_operator_runs_as_its_own_user_with_only_its_installs_role(ops: K8s) -> None:

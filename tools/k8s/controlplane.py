@@ -30,7 +30,7 @@ collector, namespaces, service accounts and their tokens (not node health: KWOK 
 its secure port on a free loopback port; it is healthy about 0.5 s after its start.
 
 ``ControlPlane(operators=("jobset", "lws", "ray-operator", "mpi-operator",
-"trainer-controller-manager"))`` also runs those operators (OPERATORS; ``OperatorProcess`` says
+"trainer-controller-manager", "training-operator"))`` also runs those operators (OPERATORS; ``OperatorProcess`` says
 how: their own CRDs and webhooks, each as a process of the control plane), after installing their
 CRDs; a test module that wants them starts a control plane of its own, so others do not pay.
 
@@ -55,7 +55,8 @@ toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
   module kubernetes requires with the published ``v0.36.5`` module (the ``go install
   pkg@version`` shortcut is refused for modules with replace directives); the operators' CRDs and
   webhook manifests are copied from the module cache;
-* KubeRay's ray-operator v1.6.2 — in a module of its own (KUBERAY says why);
+* KubeRay's ray-operator v1.6.2 and Kubeflow's training-operator v1.8.1 — each in a module of its
+  own (KUBERAY and TRAINING_OPERATOR say why);
 * etcd v3.6.8 — the same way (its server module replaces its sibling modules);
 * KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
   (v0.8.0 has no built-in stages).
@@ -203,7 +204,18 @@ KUBERAY = Operator(
     "ray-operator", "github.com/ray-project/kuberay/ray-operator", "v1.6.2",
     "github.com/ray-project/kuberay/ray-operator",
     tuple(f"config/crd/bases/ray.io_{p}.yaml" for p in ("rayclusters", "rayjobs", "rayservices", "raycronjobs")))
-OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY)}
+#: Kubeflow's training-operator (PyTorchJob, TFJob, XGBoostJob, PaddleJob; v1.8.1, the only
+#: version the Go module proxy serves) is written against controller-runtime v0.17 and the
+#: Kubernetes v0.29 modules: a module of its own too. It also serves MPIJob kubeflow.org/v1 and
+#: MXJob; neither CRD is copied (mpijobs.kubeflow.org is the MPI operator's v2beta1 CRD here)
+#: and `OperatorProcess` enables only the four schemes whose CRDs are.
+TRAINING_OPERATOR = Operator(
+    "training-operator", "github.com/kubeflow/training-operator", "v1.8.1",
+    "github.com/kubeflow/training-operator/cmd/training-operator.v1",
+    tuple(f"manifests/base/crds/kubeflow.org_{p}.yaml" for p in ("pytorchjobs", "tfjobs", "xgboostjobs", "paddlejobs")),
+    webhooks="manifests/base/webhook/manifests.yaml",
+    webhook_patches=(("ValidatingWebhookConfiguration", "manifests/base/webhook/patch.yaml"),))
+OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY, TRAINING_OPERATOR)}
 
 #: Each operator's manager ClusterRole as its own install ships it: (file of its module, the
 #: ClusterRole's name in it: the one that install binds to the operator's ServiceAccount). The
@@ -216,6 +228,7 @@ OPERATOR_ROLES: Mapping[str, tuple[str, str]] = {
     MPI_OPERATOR.name: ("manifests/base/cluster-role.yaml", "mpi-operator"),
     TRAINER.name: ("manifests/base/rbac/role.yaml", "kubeflow-trainer-controller-manager"),
     KUBERAY.name: ("config/rbac/role.yaml", "kuberay-operator"),
+    TRAINING_OPERATOR.name: ("manifests/base/rbac/role.yaml", "training-operator"),
 }
 
 #: kube-controller-manager's --controllers: what makes user-written workloads run (Deployment ->
@@ -560,6 +573,19 @@ def _copy_operator_roles(b: _Builder, out_dir: Path, workdir: Path) -> None:
         dst.chmod(0o644)  # the module cache is read-only
 
 
+def _build_training_operator(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    """Kubeflow's training-operator in a module of its own (see TRAINING_OPERATOR), at the
+    versions its go.mod asks."""
+    op = TRAINING_OPERATOR
+    b.run([b.go, "mod", "init", "kai-es.local/build/training-operator"], workdir)
+    b.run([b.go, "mod", "edit", f"-require={op.module}@{op.version}"], workdir)
+    _write_tools_go(workdir, op.package)
+    b.run([b.go, "mod", "tidy"], workdir)
+    b.run([b.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", f"{out_dir}{os.sep}", op.package],
+          workdir, env={"CGO_ENABLED": "0"})  # fmt: skip
+    _place_operators(b, out_dir, workdir, (op,))
+
+
 def _build_etcd(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run([b.go, "mod", "init", "kai-es.local/build/etcd"], workdir)
     info = b.download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}", workdir)
@@ -644,6 +670,12 @@ OPERATOR_ROLES_RECIPE = Recipe(
     _copy_operator_roles,
     {"roles": OPERATOR_ROLES, "operators": {n: (OPERATORS[n].module, OPERATORS[n].version) for n in OPERATOR_ROLES}},
 )  # fmt: skip
+TRAINING_OPERATOR_RECIPE = Recipe(
+    TRAINING_OPERATOR.name, TRAINING_OPERATOR.version, (TRAINING_OPERATOR.name, *TRAINING_OPERATOR.files()),
+    _build_training_operator,
+    {"builder": _Builder, "operator": TRAINING_OPERATOR, "operator_class": Operator,
+     "helpers": (_write_tools_go, _place_operators)},
+)  # fmt: skip
 ETCD = Recipe(
     "etcd", ETCD_VERSION, ("etcd",), _build_etcd,
     {"builder": _Builder, "helpers": (_sibling_replaces, _write_tools_go)},
@@ -655,8 +687,8 @@ KWOK = Recipe(
 HELM = Recipe("helm", HELM_VERSION, ("helm",), _build_helm_into, digest_override=_helm_recipe_digest)
 #: What the control plane runs (`fetch`); helm is separate (`fetch_helm`).
 CONTROL_PLANE_RECIPES = (ETCD, KWOK, KUBERNETES)
-#: Operators built apart from the control plane (`fetch_operators`): KubeRay's module.
-SEPARATE_OPERATOR_RECIPES = {KUBERAY.name: KUBERAY_RECIPE}
+#: Operators built apart from the control plane (`fetch_operators`), each in a module of its own.
+SEPARATE_OPERATOR_RECIPES = {KUBERAY.name: KUBERAY_RECIPE, TRAINING_OPERATOR.name: TRAINING_OPERATOR_RECIPE}
 
 
 def _fetch_one(recipe: Recipe, *, quiet: bool) -> Path:
@@ -1394,19 +1426,31 @@ def webhook_configurations(op: Operator, url_base: str, ca_bundle: bytes) -> lis
     """`op`'s webhook configurations as its install makes them (its kustomization's patches
     applied), each webhook called at `url_base` + its path (the operator runs on this machine,
     not behind a Service) with `ca_bundle`, each configuration named after the operator (every
-    kubebuilder project calls its own `mutating-webhook-configuration`)."""
+    kubebuilder project calls its own `mutating-webhook-configuration`). A webhook only for
+    resources of the operator's own API groups whose CRDs it does not install (the
+    training-operator's MXJob one) is left out: nothing would call it."""
     import base64
 
     if not op.webhooks:
         return []
     patches = {kind: [o for d in _load_yaml_documents(operator_file(op, f)) for o in
                       (d if isinstance(d, list) else [d])] for kind, f in op.webhook_patches}
+    served = {(crd["spec"]["group"], crd["spec"]["names"]["plural"])
+              for rel in op.crds for crd in _load_yaml_documents(operator_file(op, rel))}
+    own_groups = {group for group, _ in served}
+
+    def unserved(hook: Mapping[str, Any]) -> bool:
+        targets = {(group, resource) for rule in hook.get("rules") or ()
+                   for group in rule.get("apiGroups") or () for resource in rule.get("resources") or ()}
+        return bool(targets) and all(g in own_groups and (g, r) not in served for g, r in targets)
+
     out = []
     for doc in _load_yaml_documents(operator_file(op, op.webhooks)):
         kind = doc["kind"]
         doc = json_patch(doc, patches.get(kind, []))
         doc["metadata"] = {"name": f"{op.name}-{doc['metadata']['name']}"}
-        for hook in doc.get("webhooks") or []:
+        doc["webhooks"] = [hook for hook in doc.get("webhooks") or [] if not unserved(hook)]
+        for hook in doc["webhooks"]:
             path = hook["clientConfig"]["service"].get("path", "")
             hook["clientConfig"] = {"url": url_base + path, "caBundle": base64.b64encode(ca_bundle).decode()}
         out.append(doc)
@@ -1428,12 +1472,14 @@ class OperatorProcess:
     Lease is in namespace ``mpi-operator``), metrics are off, its health probes are on a free
     loopback port (the MPI operator's health server is fixed at :8080 on every interface in
     v0.8.0: one control plane with an MPI operator per machine at a time; a second one's exits,
-    and its start fails with the log). Webhooks: the JobSet, LWS and Trainer managers serve theirs on a free loopback
-    port with a certificate of the control plane's CA (their own certificate management is off)
-    and the control plane registers them (`webhook_configurations`), as their installs do; KubeRay
+    and its start fails with the log). Webhooks: the JobSet, LWS, Trainer and training-operator
+    managers serve theirs on a free loopback port (the training-operator's on every interface: it
+    takes no host) with a certificate of the control plane's CA (their own certificate
+    management is off; the training-operator's cannot be, see TRAINING_OPERATOR_CERTS) and the
+    control plane registers them (`webhook_configurations`), as their installs do; KubeRay
     serves none (its default: ENABLE_WEBHOOKS unset); the MPI operator has none. Ready when its
-    /readyz answers 200 (the MPI operator: when it holds its Lease) and its webhooks are
-    registered."""
+    /readyz answers 200 (the MPI operator: when it holds its Lease; the training-operator: once
+    its certificates are "mounted" and "injected") and its webhooks are registered."""
 
     def __init__(self, cp: "ControlPlane", op: Operator, die_with_parent: bool, taken: set[int]) -> None:
         self.cp = cp
@@ -1459,7 +1505,8 @@ class OperatorProcess:
     def cert_dir(self) -> Path:
         """The webhook server's tls.crt and tls.key (controller-runtime's names). TMPDIR is
         the operator's dir, so the default `$TMPDIR/k8s-webhook-server/serving-certs` (the
-        trainer's: it takes no certDir) is this."""
+        trainer's and the training-operator's: they take no certDir; the training-operator sees
+        its dir as /tmp) is this."""
         return self.dir / "k8s-webhook-server" / "serving-certs"
 
     def _write_files(self) -> None:
@@ -1491,6 +1538,17 @@ class OperatorProcess:
 
     def command(self) -> list[str]:
         binary = str(operator_bin(self.op))
+        if self.op is TRAINING_OPERATOR:
+            # its own mount namespace, its dir bound over /tmp (TRAINING_OPERATOR_CERTS); started
+            # from its binary's dir (`cwd`), so a binary or data dir under /tmp is still reached
+            unshare = ["unshare", "--mount", "--propagation", "private"]
+            if os.geteuid() != 0:
+                unshare.append("--map-root-user")  # a user namespace may mount
+            return [*unshare, "--", "sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', str(self.dir),
+                    f"./{Path(binary).name}", "--kubeconfig=/tmp/kubeconfig",
+                    *(f"--enable-scheme={s}" for s in TRAINING_OPERATOR_SCHEMES),
+                    "--metrics-bind-address=0", f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+                    f"--webhook-server-port={self.webhook_port}", "--leader-elect=false"]
         if self.op is MPI_OPERATOR:
             return [binary, f"--kubeConfig={self.kubeconfig}", f"--lock-namespace={MPI_OPERATOR_LOCK[0]}"]
         if self.op is KUBERAY:
@@ -1503,6 +1561,14 @@ class OperatorProcess:
         self._write_files()
         if self.op is MPI_OPERATOR:
             self.cp.create_namespace(MPI_OPERATOR_LOCK[0])
+        if self.op is TRAINING_OPERATOR:
+            ns, name = TRAINING_OPERATOR_CERTS
+            self.cp.create_namespace(ns)
+            self.cp.call("POST", f"/api/v1/namespaces/{ns}/secrets",
+                         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}}, ok=(201, 409))
+            self.proc.start(self.command(), cwd=operator_dir(self.op),
+                            env={"KUBECONFIG": "/tmp/kubeconfig", "TMPDIR": "/tmp"})
+            return
         self.proc.start(self.command(), cwd=self.dir,
                         env={"KUBECONFIG": str(self.kubeconfig), "TMPDIR": str(self.dir)})
 
@@ -1551,6 +1617,22 @@ class OperatorProcess:
 
 #: The MPI operator's leader-election Lease (namespace, name): it always elects a leader.
 MPI_OPERATOR_LOCK = ("mpi-operator", "mpi-operator")
+
+#: The training-operator's `--enable-scheme`s: the kinds whose CRDs it brings (TRAINING_OPERATOR),
+#: not MPIJob v1 (the MPI operator's v2beta1 is installed) nor MXJob (no KAI rule).
+TRAINING_OPERATOR_SCHEMES = ("pytorchjob", "tfjob", "xgboostjob", "paddlejob")
+#: The Secret (namespace, name) the training-operator's certificate rotator keeps its own CA and
+#: serving certificate in. v1.8.1's rotator cannot be turned off, and nothing it makes serves
+#: here: it writes a CA of its own into this Secret (which must exist: its install makes it
+#: empty, and so does `OperatorProcess.start`), injects it into a ValidatingWebhookConfiguration
+#: named `validator.training-operator.kubeflow.org` (which is not there: the control plane
+#: registers the operator's webhooks under `training-operator-validator...` with its own CA, as
+#: for the others, and the rotator logs that it found none and goes on), and then waits for
+#: `tls.crt` in a fixed /tmp/k8s-webhook-server/serving-certs (a kubelet's Secret mount). The
+#: operator therefore runs in a mount namespace of its own with its dir bound over /tmp, where
+#: `cert_dir` (the control plane's certificate, which its webhook server serves: TMPDIR=/tmp)
+#: is that path; nothing is written outside the data dir.
+TRAINING_OPERATOR_CERTS = ("kubeflow", "training-operator-webhook-cert")
 
 
 class ControlPlane:
