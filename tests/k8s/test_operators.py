@@ -412,6 +412,53 @@ async def test_a_rayjobs_cluster_binds_as_one_gang_named_after_the_rayjob(ops: K
     await scenario(ops, 8, 7, body)
 
 
+def ray_service(run: Run) -> dict[str, Any]:
+    """KubeRay's RayService sample: Ray Serve applications (serveConfigV2, a YAML string) and
+    the RayCluster to serve them on (a head and 2 one-GPU workers)."""
+    cluster = ray_cluster(run)["spec"]
+    cluster["workerGroupSpecs"][0].update(replicas=2, minReplicas=2, maxReplicas=2)
+    serve = ("applications:\n"
+             "  - name: fruit_app\n"
+             "    import_path: fruit.deployment_graph\n"
+             "    route_prefix: /fruit\n"
+             "    runtime_env:\n"
+             "      working_dir: https://example.invalid/test_dag.zip\n")
+    return {"apiVersion": "ray.io/v1", "kind": "RayService",
+            "metadata": {"name": "serve", "labels": {QUEUE_LABEL: run.queue}},
+            "spec": {"serveConfigV2": serve, "rayClusterConfig": cluster}}
+
+
+async def test_a_rayservices_cluster_binds_as_one_gang_named_after_the_rayservice(ops: K8s) -> None:
+    """KubeRay makes the RayService's RayCluster (its pending cluster: it turns active only once
+    Ray Serve answers on the head, which a KWOK pod never does), then its head and 2 workers:
+    grouped by the RayService through `status.pendingServiceStatus.rayClusterName`, minimum 3;
+    with 1 GPU free none binds, with 2 all three bind in one cycle."""
+    async def body(run: Run) -> None:
+        svc = run.create(ray_service(run))
+        await gang_waits(run, 3)
+        await run.fill(6)
+
+        def ray_pods(got: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [x for x in got if "ray.io/node-type" in x["metadata"].get("labels", {})]
+
+        gang = ray_pods(await running(run, lambda got: len(ray_pods(got)) == 3 and all(
+            bound(x, run.nodes) for x in ray_pods(got)), "the RayService's head and 2 workers Running"))
+        records = await run.records()
+        data = data_in(records, run.ns)
+        pg = f"pg-serve-{svc['metadata']['uid']}"
+        group = groups_in(data)[pg]
+        assert group.min_member == 3 and group.queue == run.queue
+        assert subgroups(group) == {"headgroup": (1, "", None), "gpu": (2, "", None)}
+        names = {x["metadata"]["name"] for x in gang}
+        assert {podgroup_of(data)[n] for n in names} == {pg}
+        owners = {x["metadata"]["ownerReferences"][0]["kind"] for x in gang}
+        assert owners == {"RayCluster"}, owners  # made by KubeRay's RayCluster controller
+        assert len(set(bind_cycles(records, run.ns, names).values())) == 1
+        assert_replays(records)
+
+    await scenario(ops, 8, 7, body)
+
+
 # -- MPI operator ----------------------------------------------------------------------------
 
 def mpi_job(run: Run) -> dict[str, Any]:
