@@ -179,6 +179,20 @@ async def running(run: Run, want: Callable[[list[dict[str, Any]]], bool], what: 
     return await wait_for(check, what, timeout_s=90)
 
 
+async def minimum_first(run: Run, total: int, minimum: int, what: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The workload's `total` pods wait as a gang; with the filler down to 6 of 8 GPUs its
+    `minimum` pods bind and Run and the rest wait. Returns the pods and the waiting ones' names."""
+    await gang_waits(run, total)
+    await run.fill(6)
+
+    def minimum_only(got: list[dict[str, Any]]) -> bool:
+        placed = [x for x in got if x["spec"].get("nodeName")]
+        return len(got) == total and len(placed) == minimum and all(bound(x, run.nodes) for x in placed)
+
+    got = await running(run, minimum_only, what)
+    return got, [x["metadata"]["name"] for x in got if not x["spec"].get("nodeName")]
+
+
 def groups_in(data: Iterable[Any]) -> dict[str, p.PodGroupObserved]:
     """Each PodGroup's last observation."""
     return {d.name: d for d in data if isinstance(d, p.PodGroupObserved)}
@@ -344,15 +358,7 @@ async def test_a_rayclusters_minimum_binds_first_and_its_elastic_worker_after(op
     binds too, in a later cycle."""
     async def body(run: Run) -> None:
         rc = run.create(ray_cluster(run))
-        await gang_waits(run, 4)
-        await run.fill(6)
-
-        def minimum_only(got: list[dict[str, Any]]) -> bool:
-            placed = [x for x in got if x["spec"].get("nodeName")]
-            return len(got) == 4 and len(placed) == 3 and all(bound(x, run.nodes) for x in placed)
-
-        got = await running(run, minimum_only, "the RayCluster's head and 2 workers Running")
-        extra = [x["metadata"]["name"] for x in got if not x["spec"].get("nodeName")]
+        got, extra = await minimum_first(run, 4, 3, "the RayCluster's head and 2 workers Running")
         assert len(extra) == 1 and got[[x["metadata"]["name"] for x in got].index(extra[0])][
             "metadata"]["labels"]["ray.io/group"] == "gpu"
         await run.fill(5)
@@ -384,12 +390,13 @@ def ray_job(run: Run) -> dict[str, Any]:
             "spec": {"entrypoint": "python /home/ray/samples/sample_code.py", "rayClusterSpec": cluster}}
 
 
-async def test_a_rayjobs_cluster_binds_as_one_gang_named_after_the_rayjob(ops: K8s) -> None:
-    """KubeRay makes the RayJob's RayCluster, then its head and 2 workers: grouped by the RayJob
-    (its `status.rayClusterName`), minimum 3; with 1 GPU free none binds, with 2 all three bind
-    in one cycle."""
+async def ray_owner_binds_as_one_gang(ops: K8s, make: Callable[[Run], dict[str, Any]], what: str) -> None:
+    """`make(run)`'s KubeRay object (its RayCluster: a head and 2 one-GPU workers) with 1 GPU
+    free binds none of its pods, with 2 all three in one cycle; they are grouped by the object
+    (`pg-<its name>-<uid>`), minimum 3, sub-groups head and workers, each pod made by KubeRay's
+    RayCluster controller; the log replays."""
     async def body(run: Run) -> None:
-        job = run.create(ray_job(run))
+        owner = run.create(make(run))
         await gang_waits(run, 3)
         await run.fill(6)
 
@@ -397,19 +404,27 @@ async def test_a_rayjobs_cluster_binds_as_one_gang_named_after_the_rayjob(ops: K
             return [x for x in got if "ray.io/node-type" in x["metadata"].get("labels", {})]
 
         gang = ray_pods(await running(run, lambda got: len(ray_pods(got)) == 3 and all(
-            bound(x, run.nodes) for x in ray_pods(got)), "the RayJob's head and 2 workers Running"))
+            bound(x, run.nodes) for x in ray_pods(got)), f"the {what}'s head and 2 workers Running"))
         records = await run.records()
         data = data_in(records, run.ns)
-        pg = f"pg-job-{job['metadata']['uid']}"
+        pg = f"pg-{owner['metadata']['name']}-{owner['metadata']['uid']}"
         group = groups_in(data)[pg]
         assert group.min_member == 3 and group.queue == run.queue
         assert subgroups(group) == {"headgroup": (1, "", None), "gpu": (2, "", None)}
         names = {x["metadata"]["name"] for x in gang}
         assert {podgroup_of(data)[n] for n in names} == {pg}
+        owners = {x["metadata"]["ownerReferences"][0]["kind"] for x in gang}
+        assert owners == {"RayCluster"}, owners
         assert len(set(bind_cycles(records, run.ns, names).values())) == 1
         assert_replays(records)
 
     await scenario(ops, 8, 7, body)
+
+
+async def test_a_rayjobs_cluster_binds_as_one_gang_named_after_the_rayjob(ops: K8s) -> None:
+    """KubeRay makes the RayJob's RayCluster, then its head and 2 workers: grouped by the RayJob
+    (its `status.rayClusterName`)."""
+    await ray_owner_binds_as_one_gang(ops, ray_job, "RayJob")
 
 
 def ray_service(run: Run) -> dict[str, Any]:
@@ -431,32 +446,8 @@ def ray_service(run: Run) -> dict[str, Any]:
 async def test_a_rayservices_cluster_binds_as_one_gang_named_after_the_rayservice(ops: K8s) -> None:
     """KubeRay makes the RayService's RayCluster (its pending cluster: it turns active only once
     Ray Serve answers on the head, which a KWOK pod never does), then its head and 2 workers:
-    grouped by the RayService through `status.pendingServiceStatus.rayClusterName`, minimum 3;
-    with 1 GPU free none binds, with 2 all three bind in one cycle."""
-    async def body(run: Run) -> None:
-        svc = run.create(ray_service(run))
-        await gang_waits(run, 3)
-        await run.fill(6)
-
-        def ray_pods(got: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            return [x for x in got if "ray.io/node-type" in x["metadata"].get("labels", {})]
-
-        gang = ray_pods(await running(run, lambda got: len(ray_pods(got)) == 3 and all(
-            bound(x, run.nodes) for x in ray_pods(got)), "the RayService's head and 2 workers Running"))
-        records = await run.records()
-        data = data_in(records, run.ns)
-        pg = f"pg-serve-{svc['metadata']['uid']}"
-        group = groups_in(data)[pg]
-        assert group.min_member == 3 and group.queue == run.queue
-        assert subgroups(group) == {"headgroup": (1, "", None), "gpu": (2, "", None)}
-        names = {x["metadata"]["name"] for x in gang}
-        assert {podgroup_of(data)[n] for n in names} == {pg}
-        owners = {x["metadata"]["ownerReferences"][0]["kind"] for x in gang}
-        assert owners == {"RayCluster"}, owners  # made by KubeRay's RayCluster controller
-        assert len(set(bind_cycles(records, run.ns, names).values())) == 1
-        assert_replays(records)
-
-    await scenario(ops, 8, 7, body)
+    grouped by the RayService through `status.pendingServiceStatus.rayClusterName`."""
+    await ray_owner_binds_as_one_gang(ops, ray_service, "RayService")
 
 
 # -- MPI operator ----------------------------------------------------------------------------
@@ -633,15 +624,7 @@ async def test_an_elastic_pytorchjobs_min_replicas_bind_first_and_its_third_work
     it binds too, in a later cycle."""
     async def body(run: Run) -> None:
         job = run.create(elastic_pytorch_job(run))
-        await gang_waits(run, 3)
-        await run.fill(6)
-
-        def minimum_only(got: list[dict[str, Any]]) -> bool:
-            placed = [x for x in got if x["spec"].get("nodeName")]
-            return len(got) == 3 and len(placed) == 2 and all(bound(x, run.nodes) for x in placed)
-
-        got = await running(run, minimum_only, "the PyTorchJob's 2 minimum workers Running")
-        extra = [x["metadata"]["name"] for x in got if not x["spec"].get("nodeName")]
+        _, extra = await minimum_first(run, 3, 2, "the PyTorchJob's 2 minimum workers Running")
         await run.fill(5)
         _, group, gang = await binds_whole_after(run, job, 3, extra)
         assert group.min_member == 2 and subgroups(group) == {"worker": (2, "", None)}
