@@ -38,7 +38,7 @@ Rules:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from kai_es.scheduling.actions.preempting import PreemptingAction
 from kai_es.scheduling.fairshare import RESOURCES, pod_request
@@ -149,11 +149,13 @@ class Consolidation(PreemptingAction):
         table = plan.future
         start, free = table.gpu_start, table.dev_free_milli
         eligible = [n for n in range(len(plan.names)) if any(mask[n] for mask in masks)]
-        ranked = self.session.rules.consolidation_nodes.order(
-            eligible, lambda n: sum(free[start[n]:start[n + 1]]), lambda group: self._cheapest_on(group, job))
+        free_of = {n: sum(free[start[n]:start[n + 1]]) for n in eligible}
+        order = self.session.rules.consolidation_nodes
         nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]] = []
         specs = plan.nodes
-        for n in ranked:
+        for n in sorted(eligible, key=lambda n: (-free_of[n], n)):
+            if len(nodes) >= MAX_NODES and (not order.breaks_ties or free_of[n] != free_of[nodes[-1][0]]):
+                break  # (a rule that breaks ties sees the whole group of the last node kept)
             size, spec = start[n + 1] - start[n], specs[n].spec
             if not any(t.whole_gpus <= size and t.milli_cpu <= spec.milli_cpu and t.memory_bytes <= spec.memory_bytes
                        for t in tasks):
@@ -161,25 +163,23 @@ class Consolidation(PreemptingAction):
             movable = self._movable_on(n, job)
             if movable and _could_fit(table, n, shapes, movable):
                 nodes.append((n, _short_of(table, n, tasks), movable))
-                if len(nodes) >= MAX_NODES:
-                    break
         if not nodes:
             self.failed_scenarios.add(scenario)
             return None
-        return {n for n, _, _ in nodes}, self._units_by_node(nodes), scenario
-
-    def _cheapest_on(self, nodes: Sequence[int], job: Job) -> dict[int, tuple[object, ...] | None]:
-        """Each of `nodes`' cheapest movable unit's victim-order key (`keyed_units`; None: none)."""
         state = self.state
-        node_of = {pod.key: n for n in nodes for pod in self._movable_on(n, job)}
-        jobs = {state.pods[key].job_key for key in node_of}
-        out: dict[int, tuple[object, ...] | None] = dict.fromkeys(nodes)
-        for key, unit in keyed_units(self.session, [state.jobs[k] for k in sorted(jobs)], backoff=True):
-            for pod in unit.pods:  # cheapest first: a node's first unit is its cheapest
-                n = node_of.get(pod.key)
-                if n is not None and out[n] is None:
-                    out[n] = key
-        return out
+        jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
+        units = keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)
+        if order.breaks_ties and len(nodes) > 1:
+            node_of = {pod.key: n for n, _, movable in nodes for pod in movable}
+            cheapest: dict[int, tuple[object, ...] | None] = {n: None for n, _, _ in nodes}
+            for key, unit in units:  # cheapest first: a node's first unit is its cheapest
+                for pod in unit.pods:
+                    at = node_of.get(pod.key)
+                    if at is not None and cheapest[at] is None:
+                        cheapest[at] = key
+            by_node = {entry[0]: entry for entry in nodes}
+            nodes = [by_node[n] for n in order.order([n for n, _, _ in nodes], free_of, cheapest)[:MAX_NODES]]
+        return {n for n, _, _ in nodes}, self._units_by_node(nodes, units), scenario
 
     def _movable_on(self, node: int, job: Job) -> list[PodState]:
         """The pods on `node` a search may move: Running or Binding, of another preemptible job,
@@ -195,11 +195,12 @@ class Consolidation(PreemptingAction):
                 out.append(pod)
         return out
 
-    def _units_by_node(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]]) -> Iterator[Unit]:
-        state, evicted = self.state, self.plan.evicted_pods
+    def _units_by_node(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]],
+                       units: list[tuple[tuple[object, ...], Unit]]) -> Iterator[Unit]:
+        """Of `units` (cheapest first, `keyed_units` of the jobs with a movable pod on `nodes`),
+        node by node those with a pod there that frees something the node lacks."""
+        evicted = self.plan.evicted_pods
         names = self.plan.names
-        jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
-        units = keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)
         seen: set[int] = set()
         for n, short, _ in nodes:
             name = names[n]

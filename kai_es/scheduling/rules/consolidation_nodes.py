@@ -11,41 +11,46 @@ pending job is tried first (`Consolidation.bounded_search` tries them one by one
   train job of 1 GPU running on node 1, 1 pending job of 2 GPUs - consolidate": the newer job
   moves); v4-v8 freed the first node observed.
 
-Contract: pure; `order(nodes, free, cheapest)` returns `nodes` reordered, where `free(n)` is a
-node's free GPU capacity and `cheapest(group)` the victim-order key of each node's cheapest
-movable unit (None: none), asked only for groups of nodes with equal free capacity.
+Contract: pure. The action lists the nodes that could take the job with their movable pods
+gone, by most free GPU capacity then index, keeping at most `MAX_NODES` — and, for a rule that
+`breaks_ties`, the rest of the last kept node's group of equal free capacity; `order(nodes, free,
+cheapest)` then returns the order to try them in, where `free[n]` is a node's free GPU capacity
+and `cheapest[n]` the victim-order key of its cheapest movable unit (None: none offered); the
+action keeps the first `MAX_NODES`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import groupby
 from typing import Protocol
 
-Cheapest = Callable[[Sequence[int]], dict[int, tuple[object, ...] | None]]
-
 
 class ConsolidationNodes(Protocol):
-    def order(self, nodes: Sequence[int], free: Callable[[int], int], cheapest: Cheapest) -> list[int]: ...
+    #: whether nodes of equal free GPU capacity are ordered by their cheapest victim
+    breaks_ties: bool
+
+    def order(self, nodes: Sequence[int], free: Mapping[int, int],
+              cheapest: Mapping[int, tuple[object, ...] | None]) -> list[int]: ...
 
 
 class MostFreeFirstV8:
     __slots__ = ()
+    breaks_ties = False
 
-    def order(self, nodes: Sequence[int], free: Callable[[int], int], cheapest: Cheapest) -> list[int]:
-        return sorted(nodes, key=lambda n: (-free(n), n))
+    def order(self, nodes: Sequence[int], free: Mapping[int, int],
+              cheapest: Mapping[int, tuple[object, ...] | None]) -> list[int]:
+        return list(nodes)  # as listed: most free first, then index
 
 
 class CheapestVictimBreaksTies:
     __slots__ = ()
+    breaks_ties = True
 
-    def order(self, nodes: Sequence[int], free: Callable[[int], int], cheapest: Cheapest) -> list[int]:
+    def order(self, nodes: Sequence[int], free: Mapping[int, int],
+              cheapest: Mapping[int, tuple[object, ...] | None]) -> list[int]:
         out: list[int] = []
-        for _, same in groupby(sorted(nodes, key=lambda n: (-free(n), n)), key=free):
-            group = list(same)
-            if len(group) > 1:
-                keys = cheapest(group)
-                # nodes without a movable unit last; the index breaks the remaining ties
-                group.sort(key=lambda n: (keys[n] is None, keys[n] or (), n))
-            out.extend(group)
+        for _, same in groupby(nodes, key=lambda n: free[n]):
+            # nodes without a unit on offer last; the index breaks the remaining ties
+            out.extend(sorted(same, key=lambda n: (cheapest[n] is None, cheapest[n] or (), n)))
         return out
