@@ -398,6 +398,14 @@ def saturation_refusal(mine: QueueNode, theirs: QueueNode, involved: set[int], m
     return None
 
 
+def final_victims(session: Session, start: int) -> list[str]:
+    """The pods the Plan's operations after checkpoint `start` still evict, in order: not
+    undone, and not moved (re-placed elsewhere: `Entry.moved_from`)."""
+    ops = session.plan.operations[start:]
+    moved = {op.pod_key for op in ops if isinstance(op, Entry) and op.moved_from >= 0}
+    return [op.pod_key for op in ops if isinstance(op, Eviction) and not op.undone and op.pod_key not in moved]
+
+
 def _minus(a: Vector, b: Vector) -> Vector:
     return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
 
@@ -499,17 +507,18 @@ class _KaiJudge:
         `admit` judged each victim on its side's allocation with the victims before it taken; the
         victims that stand are a subsequence of those, so each side's allocation before each of
         them is at least what it was then, and both strategies only get easier with more.)"""
+        return self._saturation(leaf, request, final_victims(self.session, start))
+
+    def _saturation(self, leaf: QueueNode, request: Vector, victims: list[str]) -> tuple[str, dict[str, int]] | None:
+        """The saturation bound per side of the pods `victims`, over every resource they free
+        or the job requests."""
         session = self.session
-        state, queues, plan = session.state, session.queues, session.plan
-        ops = plan.operations[start:]
-        moved = {op.pod_key for op in ops if isinstance(op, Entry) and op.moved_from >= 0}
+        state, queues = session.state, session.queues
         involved: dict[int, tuple[QueueNode, QueueNode, set[int]]] = {}
         side_of: dict[str, tuple[QueueNode, QueueNode] | None] = {}
         requested = {r for r in (0, 1, 2) if request[r] > 0}
-        for op in ops:
-            if not isinstance(op, Eviction) or op.undone or op.pod_key in moved:
-                continue
-            pod = state.pods[op.pod_key]
+        for key in victims:
+            pod = state.pods[key]
             queue = state.jobs[pod.job_key].queue
             if queue not in side_of:
                 found = sides(leaf, queues[queue])
@@ -585,9 +594,8 @@ class _FinalVictimsJudge(_KaiJudge):
         uncounted, from the allocation when the search began); then the saturation bound
         (`_KaiJudge.settle`) on the accounting with the job placed."""
         session = self.session
-        ops = session.plan.operations[start:]
-        moved = {op.pod_key for op in ops if isinstance(op, Entry) and op.moved_from >= 0}
-        evicted = {op.pod_key for op in ops if isinstance(op, Eviction) and not op.undone and op.pod_key not in moved}
+        victims = final_victims(session, start)
+        evicted = set(victims)
         queues = session.queues
         remaining: dict[int, Vector] = {}
         for unit in self.taken:
@@ -607,4 +615,4 @@ class _FinalVictimsJudge(_KaiJudge):
                         {"allocated_milli_gpu": left[0], "quota_milli_gpu": theirs.quota[0],
                          "fair_share_milli_gpu": theirs.fair[0]})
             remaining[id(theirs)] = _minus(left, replace(unit, pods=pods).request)
-        return super().settle(leaf, job, request, start)
+        return self._saturation(leaf, request, victims)
