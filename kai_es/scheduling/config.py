@@ -28,7 +28,10 @@ from kai_es.ingest.bounds import MAX_DURATION_NS
 from kai_es.ingest.groupers import CHAIN_ONLY, TABLE
 from kai_es.ingest.groupers.rules import GroupingRule
 from kai_es.ingest.names import SCHEDULER_NAME, scheduler_name_problem
-from kai_es.scheduling.policy import CURRENT_POLICY, ActionName, config_actions, reclaims_by_queue_priority
+from kai_es.scheduling.policy import (CURRENT_POLICY, ActionName, config_actions, has_background_pods,
+                                     reclaims_by_queue_priority)
+from kai_es.scheduling.predicates.selector_text import SelectorError, parse_selector
+from kai_es.scheduling.rules.background_pods import DEFAULT_SELECTOR as DEFAULT_BACKGROUND_SELECTOR
 
 class _Cfg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel"):
     pass
@@ -71,6 +74,18 @@ class Fairshare(_Cfg, kw_only=True, frozen=True):
     def k(self) -> Fraction:
         """`kValue` exactly (from its decimal text, never through a binary float)."""
         return Fraction(canonical_k_value(self.k_value))
+
+
+class BackgroundPods(_Cfg, kw_only=True, frozen=True):
+    """KAI's `backgroundpods` plugin arguments (policy kai-es/v10 on:
+    `rules.background_pods.BackgroundPodsGiveWay`): the pods that match `labelSelector` (label
+    selector text, as `kubectl get -l` takes it) in `namespaces` (empty: every namespace) are
+    background pods; `enabled: false` turns the rule off. Unlike KAI, which disables the plugin
+    on a selector it cannot parse, a bad or empty selector is a config error naming the field."""
+
+    enabled: bool = True
+    label_selector: str = DEFAULT_BACKGROUND_SELECTOR
+    namespaces: list[str] = []
 
 
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
@@ -140,6 +155,9 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     #: `queuePriorityInQuotaReclaim`, off by default; policy kai-es/v8 on:
     #: `rules.reclaim_victims.QueuePriorityInQuota`)
     queue_priority_in_quota_reclaim: bool = False
+    #: which running pods are background pods, whose capacity counts as free while a cycle
+    #: plans (KAI's `backgroundpods` plugin; policy kai-es/v10 on)
+    background_pods: BackgroundPods = BackgroundPods()
 
     @property
     def action_list(self) -> list[ActionName]:
@@ -192,6 +210,16 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
         if self.queue_priority_in_quota_reclaim and not reclaims_by_queue_priority(self.policy_version):
             raise msgspec.ValidationError(f"policy {self.policy_version} has no in-quota reclaim by queue "
                                           "priority (kai-es/v8 on) - at `$.queuePriorityInQuotaReclaim`")
+        try:
+            parse_selector(self.background_pods.label_selector)
+        except SelectorError as exc:
+            raise msgspec.ValidationError(f"{exc} - at `$.backgroundPods.labelSelector`") from None
+        for namespace in self.background_pods.namespaces:
+            if not namespace or len(namespace) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace):
+                raise msgspec.ValidationError(f"{namespace!r} is not a namespace name - at `$.backgroundPods.namespaces`")
+        if self.background_pods != BackgroundPods() and not has_background_pods(self.policy_version):
+            raise msgspec.ValidationError(f"policy {self.policy_version} has no background pods (kai-es/v10 on) "
+                                          "- at `$.backgroundPods`")
         if actions is not self.actions:
             msgspec.structs.force_setattr(self, "actions", actions)
 
@@ -219,6 +247,7 @@ _OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
     ("", "schedulerName"): SCHEDULER_NAME,
     ("", "stuckInReleasingThreshold"): "2m",
     ("", "queuePriorityInQuotaReclaim"): False,
+    ("", "backgroundPods"): {"enabled": True, "labelSelector": DEFAULT_BACKGROUND_SELECTOR, "namespaces": []},
 }
 
 

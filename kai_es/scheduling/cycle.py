@@ -3,6 +3,8 @@
 Contract (what makes replay exact):
 - `run_cycle` is pure: the same state, CycleStarted record and config give the same list of
   envelopes, byte for byte. "Now" is the CycleStarted event's logical time.
+- Background pods (`rules.background_pods`) leave the Plan before the first action and get
+  their place back after the last where it is still free.
 - It runs the config's actions in order, each looked up in the registry of the config's policy
   version (`kai_es.scheduling.policy`), all on one Session and one Plan; then the Plan's
   committed operations become events (`kai_es.scheduling.emit`).
@@ -68,11 +70,13 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
         raise ValueError(f"state is at position {state.position}, the cycle's cut is {started.position}")
     policy = policy_for(config.policy_version)
     emitter = Emitter(started, config.policy_version)
-    plan = Plan(state, packer, strategy_of(config, state), verify=verify)
+    plan = Plan(state, packer, strategy_of(config, state), verify=verify,
+                skips_held_idle=policy.rules.releasing_capacity.skips_held_idle)
     now = started.envelope.logicaltime
     stuck = policy.rules.releasing_capacity.hold(state, plan, now, config)
     policy.rules.move_holds.reserve(state, plan, now)
     session = Session(state, plan, now, policy.rules, config)
+    background = policy.rules.background_pods.take_out(session)
     unschedulable = session.unschedulable
     for name in config.action_list:
         action = policy.actions.get(name)
@@ -82,6 +86,7 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
         unschedulable.update(result.unschedulable)
         for entry in result.placed:  # a later action placed what an earlier one could not
             unschedulable.pop(entry.pod_key, None)
+    policy.rules.background_pods.give_back(session, background)
     for op in plan.operations:
         if isinstance(op, Entry):
             if op.moved_from < 0:  # a move is announced by its eviction

@@ -118,9 +118,17 @@ class PlanListener(Protocol):
 class Plan:
     """Tentative placements with checkpoint/rollback (see module docstring)."""
 
-    def __init__(self, state: ClusterState, packer: Packer, strategy: Strategy, verify: bool = False) -> None:
+    def __init__(self, state: ClusterState, packer: Packer, strategy: Strategy, verify: bool = False,
+                 skips_held_idle: bool = False) -> None:
         self.state = state
         self.verify = verify
+        #: `place` passes over a node whose idle capacity fits but is held for pipelined pods
+        #: and asks the packer again (kai-es/v10: `rules.releasing_capacity.HeldIdleSkipped`);
+        #: else it gives up on the first such node
+        self.skips_held_idle = skips_held_idle
+        #: pods `place` puts on idle capacity only, never pipelined (pending background pods:
+        #: `rules.background_pods`)
+        self.idle_only: frozenset[str] = frozenset()
         self.epoch = 0
         self.packer = packer
         self.strategy = strategy
@@ -281,6 +289,8 @@ class Plan:
                 if self.verify:
                     self._verify_failure(shape, mask, known)
                 return None, known
+        if self.skips_held_idle:
+            return self._place_past_held(pod_key, spec, shape, mask, levels, settled and remember, failed_key)
         for level in (levels or (mask,)):
             now = self._place_idle(shape, level)
             if now.placed:
@@ -297,15 +307,56 @@ class Plan:
             now = self._place_idle(shape, mask)
             if now.placed:
                 return None, now  # fits only capacity pipelined pods are waiting for
-        for level in (levels or (mask,)):
+        for level in (levels or (mask,)) if pod_key not in self.idle_only else ():
             later = self._place_future(shape, level)
             if later.placed:
                 entry = self._record(pod_key, spec, shape, later, pipelined=True)
                 self.future.apply_placed(later.node, later.devices, shape, 1)
                 return entry, now
-        if settled and remember:
+        if settled and remember and pod_key not in self.idle_only:  # (an idle-only failure says nothing of others)
             self._failed[failed_key] = now
         return None, now
+
+    def _place_past_held(self, pod_key: str, spec: PodObserved, shape: TaskShape, mask: array[int],
+                         levels: list[array[int]] | None, memo: bool, failed_key: tuple[int, int, int]
+                         ) -> tuple[Entry | None, Placement]:
+        """`place` when `skips_held_idle`: on each level, idle capacity on a node the packer
+        picks whose capacity no pipelined pod waits for (a node so held is left out and the
+        packer asked again), else pipelined onto releasing capacity. The idle answer returned
+        is the first held node's when there was one (the capacity that fits is held), else the
+        packer's answer on `mask`."""
+        held: Placement | None = None
+        answer: Placement | None = None
+        for level in (levels or (mask,)):
+            allowed = level  # copied before the first node is left out: `level` is the caller's
+            while True:
+                now = self._place_idle(shape, allowed)
+                if not now.placed:
+                    if allowed is mask:
+                        answer = now
+                    break
+                if self.future.can_take(now.node, now.devices, shape):
+                    self.future.apply_placed(now.node, now.devices, shape, 1)
+                    self.idle.apply_placed(now.node, now.devices, shape, 1)
+                    return self._record(pod_key, spec, shape, now, pipelined=False), now
+                if held is None:
+                    held = now
+                if allowed is level:
+                    allowed = array("q", level)
+                allowed[now.node] = 0
+        if held is not None:
+            answer = held
+        elif answer is None:
+            answer = self._place_idle(shape, mask)
+        for level in (levels or (mask,)) if pod_key not in self.idle_only else ():
+            later = self._place_future(shape, level)
+            if later.placed:
+                entry = self._record(pod_key, spec, shape, later, pipelined=True)
+                self.future.apply_placed(later.node, later.devices, shape, 1)
+                return entry, answer
+        if memo and held is None and pod_key not in self.idle_only:
+            self._failed[failed_key] = answer
+        return None, answer
 
     def place_idle(self, pod_key: str, spec: PodObserved, mask: array[int]) -> Entry | None:
         """Place one task on idle capacity only (never pipelined), on a node of `mask` whose

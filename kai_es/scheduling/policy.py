@@ -151,6 +151,7 @@ from kai_es.scheduling.actions.reclaim import Reclaim
 from kai_es.scheduling.actions.stalegangeviction import StaleGangEviction
 from kai_es.scheduling.framework import ActionResult
 from kai_es.scheduling.rules import Rules
+from kai_es.scheduling.rules.background_pods import BackgroundPodsGiveWay, NoBackgroundPodsV9
 from kai_es.scheduling.rules.device_order import DeviceOrderV1, SpreadImpliesGpuSpread
 from kai_es.scheduling.rules.fair_share_division import (
     ExactDivisionV1,
@@ -169,7 +170,7 @@ from kai_es.scheduling.rules.preemption_delay import (
     NoPreemptionDelayV2,
     PodGroupPreemptionDelay,
 )
-from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, StuckReleasingHeld
+from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, HeldIdleSkipped, StuckReleasingHeld
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
 from kai_es.scheduling.rules.consolidation_nodes import CheapestVictimBreaksTies, MostFreeFirstV8
@@ -267,6 +268,7 @@ RULES_V1: Final = Rules(
     move_holds=NoMoveHoldsV7(),
     search_backoff=NoSearchBackoffV7(),
     consolidation_nodes=MostFreeFirstV8(),
+    background_pods=NoBackgroundPodsV9(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -298,6 +300,10 @@ RULES_V8: Final = replace(RULES_V7, semi_preemptible=CoreKeptInQuota(), replacem
 #: consolidation frees, of nodes alike, the one of its cheapest victim
 RULES_V9: Final = replace(RULES_V8, reclaim_victims=FinalVictimsReclaim(),
                           consolidation_nodes=CheapestVictimBreaksTies())
+#: kai-es/v10: background pods (KAI's backgroundpods plugin): their capacity counts as free while
+#: a cycle plans; only those whose place was taken are evicted. Idle capacity held for pipelined
+#: pods is passed over, not waited on
+RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), releasing_capacity=HeldIdleSkipped())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -337,16 +343,19 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v9", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V9, FOLD_RULES["kai-es/v9"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v10", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V10, FOLD_RULES["kai-es/v10"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v9"
+CURRENT_POLICY: Final = "kai-es/v10"
 
 
 def policy_for(version: str) -> PolicyVersion:
     found = POLICIES.get(version)
     if found is None:
         raise UnknownPolicy(f"unknown policy version {version!r} (this build knows "
-                            f"{', '.join(sorted(POLICIES))})")
+                            f"{', '.join(POLICIES)})")
     return found
 
 
@@ -359,6 +368,12 @@ def reclaims_by_queue_priority(version: str) -> bool:
     """Whether policy `version` (a known one; else False) honours `queuePriorityInQuotaReclaim`."""
     found = POLICIES.get(version)
     return found is not None and found.rules.reclaim_victims.honours_queue_priority
+
+
+def has_background_pods(version: str) -> bool:
+    """Whether policy `version` (a known one; else False) has background pods (kai-es/v10 on)."""
+    found = POLICIES.get(version)
+    return found is not None and not isinstance(found.rules.background_pods, NoBackgroundPodsV9)
 
 
 def config_actions(version: str, actions: list[ActionName] | None) -> list[ActionName]:

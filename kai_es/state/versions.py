@@ -64,6 +64,8 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v8": _HOLDING,
     # reclaim judges its final victims only: no fold changes
     "kai-es/v9": _HOLDING,
+    # background pods are evicted on the cycle's Plan only: no fold changes
+    "kai-es/v10": _HOLDING,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kai_es.scheduling.rules.background_pods import BackgroundPods
     from kai_es.scheduling.rules.consolidation_nodes import ConsolidationNodes
     from kai_es.scheduling.rules.device_order import DeviceOrder
     from kai_es.scheduling.rules.fair_share_division import FairShareDivision
@@ -89,3 +90,6 @@ class Rules:
     search_backoff: SearchBackoff
     #: consolidation: which node a search frees first
     consolidation_nodes: ConsolidationNodes
+    #: running background pods: their capacity free while the cycle plans (the cycle, around
+    #: its actions)
+    background_pods: BackgroundPods

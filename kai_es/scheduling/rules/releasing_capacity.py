@@ -9,6 +9,11 @@ being released (KAI's Releasing), once they are gone.
   and the cycle names the pod (CycleCompleted `stuck_releasing`; `kai-es cycle` shows it as
   StuckInReleasing). A pod kai-es decided to evict is Releasing from that decision on, but
   stuck only once the apiserver's deletion time is observed and the threshold has passed since.
+- `HeldIdleSkipped` (kai-es/v10 on): as `StuckReleasingHeld`; and a pod whose packer-picked node
+  has idle capacity that fits but is held for pods pipelined there (their releasing capacity
+  is not enough for them) is placed on the next node that fits, instead of waiting the cycle
+  out with "the capacity that fits is held for pipelined pods" while other nodes have room
+  (common once background pods make every node with one a pipelining target).
 
 Contract: a pure function of the folded state, the config and the cycle's time; it changes
 only the cycle's Plan, before any operation.
@@ -28,6 +33,9 @@ if TYPE_CHECKING:
 
 
 class ReleasingCapacity(Protocol):
+    #: the cycle's Plan passes over idle capacity held for pipelined pods (`Plan.skips_held_idle`)
+    skips_held_idle: bool
+
     def hold(self, state: ClusterState, plan: Plan, now_ns: int, config: SchedulerConfig) -> list[str]:
         """Hold in `plan` the capacity no pipelined placement may count on this cycle; the keys
         of the pods it belongs to, sorted."""
@@ -35,6 +43,7 @@ class ReleasingCapacity(Protocol):
 
 class AllReleasingV6:
     __slots__ = ()
+    skips_held_idle = False
 
     def hold(self, state: ClusterState, plan: Plan, now_ns: int, config: SchedulerConfig) -> list[str]:
         return []
@@ -42,12 +51,18 @@ class AllReleasingV6:
 
 class StuckReleasingHeld:
     __slots__ = ()
+    skips_held_idle = False
 
     def hold(self, state: ClusterState, plan: Plan, now_ns: int, config: SchedulerConfig) -> list[str]:
         stuck = stuck_releasing(state, now_ns, parse_duration(config.stuck_in_releasing_threshold))
         for key in stuck:
             plan.hold(key)
         return stuck
+
+
+class HeldIdleSkipped(StuckReleasingHeld):
+    __slots__ = ()
+    skips_held_idle = True
 
 
 def deleting_pods(state: ClusterState) -> Iterator[tuple[str, int]]:

@@ -1,0 +1,287 @@
+"""kai-es/v10: background pods (KAI's `backgroundpods` plugin, on by default; KAI pull request
+#2108 and its design `docs/developer/designs/background-pods`). Running pods labelled
+`kai.scheduler/background: "true"` leave the cycle's Plan before its first action and get their
+place back after the last; only those whose capacity a workload took are evicted (action
+`backgroundpods`). The scenarios (tests/scenarios/v10-*, written as KAI's own example sets
+background pods up: a zero-quota `maintenance` queue, pods in the `train` class) hold on both
+packers and fail with the rule removed; the config's selector, namespaces and switch are
+honoured and validated; older versions decide as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.app.simulation import simulate
+from kai_es.events import payloads as p
+from kai_es.oneshot import one_cycle
+from kai_es.scenario import load_scenario_text
+from kai_es.scheduling.config import ConfigError, config_digest, config_to_dict, parse_config
+from kai_es.scheduling.packing import load_packer
+from kai_es.scheduling.predicates.selector_text import Requirement, SelectorError, parse_selector, selector_holds
+from kai_es.scheduling.rules.background_pods import NoBackgroundPodsV9
+from kai_es.scheduling.rules.releasing_capacity import StuckReleasingHeld
+from kai_es.state import ClusterState
+from kai_es.state.reducer import apply
+from tests.builders import MakeNode, MakePod, queue, scenario_text
+from tests.policy_patch import without
+from tests.test_cycle_scenarios import check, expectations
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+GIVE_WAY = SCENARIOS / "v10-background-pods-give-way.yaml"
+TOPOLOGY = SCENARIOS / "v10-background-pods-topology.yaml"
+START = '  start: "2026-01-01T12:00:00Z"\n'
+
+
+def _cycle(text: str, engine: str = "native") -> dict[str, Any]:
+    return one_cycle(load_scenario_text(text, "v10.yaml"), load_packer(engine))  # type: ignore[arg-type]
+
+
+def _with_scheduler(text: str, scheduler: str) -> str:
+    return text.replace(START, f"{START}  scheduler: {scheduler}\n", 1)
+
+
+def _evictions(outcome: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["subject"].removeprefix("pod/"): d["data"] for d in outcome["decisions"]
+            if d["type"] == "kai.scheduler.pod.evictiondecided"}
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_only_the_background_pod_whose_place_was_taken_is_evicted(engine: str) -> None:
+    outcome = _cycle(GIVE_WAY.read_text(), engine)
+    check(outcome, expectations(GIVE_WAY))
+    evicted = _evictions(outcome)
+    assert list(evicted) == ["maintenance/healthcheck-a"]  # node-b's was given its place back
+    decision = evicted["maintenance/healthcheck-a"]
+    assert decision["action"] == "backgroundpods"
+    assert decision["preemptor"] == "default/big-train"
+    assert "node-a" in decision["reason"] and not decision.get("to_node")  # an eviction, not a move
+    pipelined = next(d["data"] for d in outcome["decisions"] if d["type"] == "kai.scheduler.pod.pipelined")
+    assert pipelined["waiting_for"] == ["maintenance/healthcheck-a"]
+
+
+def test_without_the_rule_the_gang_loses_its_rack_and_no_health_check_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    check(_cycle(TOPOLOGY.read_text()), expectations(TOPOLOGY))
+    without(monkeypatch, "kai-es/v10", "background_pods", NoBackgroundPodsV9())
+    outcome = _cycle(TOPOLOGY.read_text())
+    assert {outcome["pods"][f"default/train-{i}"]["node"] for i in range(4)} == {"node2", "node3", "node6", "node7"}
+    assert _evictions(outcome) == {}
+    with pytest.raises(AssertionError):
+        check(outcome, expectations(TOPOLOGY))
+
+
+def test_the_default_policy_is_v10_and_its_fold_is_v9s() -> None:
+    from kai_es.scheduling import policy
+
+    assert policy.CURRENT_POLICY == "kai-es/v10"
+    assert policy.POLICIES["kai-es/v10"].fold == policy.POLICIES["kai-es/v9"].fold
+
+
+def test_kai_es_v9_decides_the_rack_case_as_before() -> None:
+    outcome = _cycle(_with_scheduler(TOPOLOGY.read_text(), "{policyVersion: kai-es/v9}"))
+    assert {outcome["pods"][f"default/train-{i}"]["node"] for i in range(4)} == {"node2", "node3", "node6", "node7"}
+    assert all(outcome["pods"][f"default/train-{i}"]["status"] == "Binding" for i in range(4))
+
+
+def test_a_node_whose_idle_capacity_is_held_for_pipelined_pods_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """small-train's first pick, node-a, has 7 idle GPUs held for big-train (pipelined there over
+    the health check): v10 places it on node-b. Without `HeldIdleSkipped` it waits the cycle out."""
+    without(monkeypatch, "kai-es/v10", "releasing_capacity", StuckReleasingHeld())
+    outcome = _cycle(GIVE_WAY.read_text())
+    assert outcome["pods"]["default/small-train"]["status"] == "Pending"
+    reasons = [d["data"]["reasons"] for d in outcome["decisions"]
+               if d["type"] == "kai.scheduler.pod.unschedulable" and d["subject"] == "pod/default/small-train"]
+    assert "held for pipelined pods" in reasons[0][0]["message"]
+
+
+def _background(name: str, node: str, queue_name: str = "maintenance", gpus: int = 1) -> dict[str, Any]:
+    return (MakePod(name, queue=queue_name).gpu(gpus).priority_class("train")
+            .label("kai.scheduler/background", "true").running_on(node).obj())
+
+
+def test_a_background_pod_does_not_count_in_its_queues_allocation_while_the_cycle_plans() -> None:
+    """KAI: background pods "do not appear in any queue's fair-share arithmetic while the
+    scheduler is planning". team-a (limit 4 GPUs) runs a 1-GPU background pod on node-a; its
+    4-GPU job is within the limit once the background pod is out of the count, and binds on the
+    idle node-b; the background pod, whose place nobody took, stays."""
+    docs = [MakeNode("node-a").gpus(8).obj(), MakeNode("node-b").gpus(8).obj(),
+            queue("team-a", gpu_quota=4) | {"spec": {"resources": {"gpu": {"quota": 4, "limit": 4}}}},
+            _background("healthcheck", "node-a", queue_name="team-a"),
+            MakePod("small-train").gpu(4).priority_class("train").obj()]
+    outcome = _cycle(scenario_text(*docs, settings={"start": "2026-01-01T12:00:00Z"}))
+    assert outcome["pods"]["default/small-train"]["status"] == "Binding"
+    assert _evictions(outcome) == {}
+    before = _cycle(scenario_text(*docs, settings={"start": "2026-01-01T12:00:00Z",
+                                                   "scheduler": {"policyVersion": "kai-es/v9"}}))
+    assert before["pods"]["default/small-train"]["status"] == "Pending"  # 1 + 4 > limit 4
+
+
+def test_the_selector_namespaces_and_switch_of_the_config_are_honoured() -> None:
+    def background_evictions(scheduler: str, text: str = GIVE_WAY.read_text()) -> list[str]:
+        return sorted(k for k, e in _evictions(_cycle(_with_scheduler(text, scheduler))).items()
+                      if e["action"] == "backgroundpods")
+
+    assert background_evictions("{}") == ["maintenance/healthcheck-a"]
+    assert background_evictions("{backgroundPods: {enabled: false}}") == []
+    assert background_evictions('{backgroundPods: {labelSelector: "workload-type in (healthcheck)"}}') == []
+    relabelled = GIVE_WAY.read_text().replace('kai.scheduler/background: "true"', "workload-type: healthcheck")
+    assert background_evictions("{}", relabelled) == []
+    assert background_evictions('{backgroundPods: {labelSelector: "workload-type in (healthcheck)"}}',
+                                relabelled) == ["maintenance/healthcheck-a"]
+    assert background_evictions("{backgroundPods: {namespaces: [ops]}}") == []
+    assert background_evictions("{backgroundPods: {namespaces: [ops, maintenance]}}") == ["maintenance/healthcheck-a"]
+
+
+def test_pods_kai_es_does_not_schedule_and_pods_already_leaving_are_not_background() -> None:
+    text = GIVE_WAY.read_text()
+    foreign = text.replace("  schedulerName: kai-scheduler\n  priorityClassName: train\n  terminationGracePeriodSeconds: 5\n"
+                           "  nodeName: node-a", "  schedulerName: default-scheduler\n  priorityClassName: train\n"
+                           "  terminationGracePeriodSeconds: 5\n  nodeName: node-a")
+    assert foreign != text
+    outcome = _cycle(foreign)
+    assert "maintenance/healthcheck-a" not in _evictions(outcome)
+    assert outcome["pods"]["maintenance/healthcheck-a"]["status"] == "Running"
+    leaving = text.replace("  name: healthcheck-a\n  namespace: maintenance\n",
+                           "  name: healthcheck-a\n  namespace: maintenance\n  deletionTimestamp: \"2026-01-01T11:59:59Z\"\n")
+    assert leaving != text
+    outcome = _cycle(leaving)
+    assert "maintenance/healthcheck-a" not in _evictions(outcome)  # Releasing already: nothing to give back
+    assert outcome["pods"]["default/big-train"]["status"] == "Pipelined"
+
+
+def test_the_config_rejects_a_bad_selector_and_older_versions_and_keeps_old_digests() -> None:
+    for bad in ("", "a in ()", "x y", "-a=b", "kai.scheduler/background=true,"):
+        with pytest.raises(ConfigError, match=r"\$\.backgroundPods\.labelSelector"):
+            parse_config({"backgroundPods": {"labelSelector": bad}})
+    with pytest.raises(ConfigError, match=r"\$\.backgroundPods\.namespaces"):
+        parse_config({"backgroundPods": {"namespaces": ["Not_A_Namespace"]}})
+    with pytest.raises(ConfigError, match=r"kai-es/v10 on.*\$\.backgroundPods"):
+        parse_config({"policyVersion": "kai-es/v9", "backgroundPods": {"enabled": False}})
+    with pytest.raises(ConfigError, match="backgroundPods"):
+        parse_config({"backgroundPods": {"labelSelector": 5}})
+    v9 = parse_config({"policyVersion": "kai-es/v9"})
+    assert "backgroundPods" not in config_to_dict(v9)  # a v9 config's digest is what v9 logged
+    assert parse_config(config_to_dict(v9)) == v9
+    custom = parse_config({"backgroundPods": {"labelSelector": "tier=ops"}})
+    assert config_to_dict(custom)["backgroundPods"] == {"enabled": True, "labelSelector": "tier=ops", "namespaces": []}
+    assert config_digest(parse_config(config_to_dict(custom))) == config_digest(custom)
+
+
+def test_a_simulation_converges_the_big_job_runs_and_the_other_health_check_is_never_disturbed() -> None:
+    text = _with_scheduler(GIVE_WAY.read_text(), "{}").replace(
+        "  scheduler: {}\n", "  scheduler: {}\n  simulation: {until: 20s, cyclePeriod: 1s}\n")
+    log = MemoryEventLog()
+    anyio.run(lambda: simulate(load_scenario_text(text, "v10-sim.yaml"), log, load_packer("native")))
+    state = ClusterState()
+    evicted: list[str] = []
+    for record in log._records:  # noqa: SLF001 - the test reads the whole log
+        apply(state, record)
+        if isinstance(record.envelope.data, p.EvictionDecided):
+            evicted.append(f"{record.envelope.data.namespace}/{record.envelope.data.name}")
+    assert evicted == ["maintenance/healthcheck-a"]
+    assert (state.pods["default/big-train"].status, state.pods["default/big-train"].node) == ("Running", "node-a")
+    assert (state.pods["maintenance/healthcheck-b"].status, state.pods["maintenance/healthcheck-b"].node) == \
+        ("Running", "node-b")
+
+
+# -- the selector text -----------------------------------------------------------------------------
+
+def test_selector_text_as_kubectl_reads_it() -> None:
+    assert parse_selector("kai.scheduler/background=true") == (
+        Requirement("kai.scheduler/background", "In", ("true",)),)
+    assert parse_selector(" tier in (b, a) , !canary,env!=prod,gpu,rank>3, x == ") == (
+        Requirement("tier", "In", ("a", "b")), Requirement("canary", "DoesNotExist", ()),
+        Requirement("env", "NotIn", ("prod",)), Requirement("gpu", "Exists", ()),
+        Requirement("rank", "Gt", ("3",)), Requirement("x", "In", ("",)))
+    reqs = parse_selector("tier in (a,b),!canary,env!=prod,rank>3")
+    assert selector_holds(reqs, {"tier": "a", "rank": "4"})
+    assert not selector_holds(reqs, {"tier": "a", "rank": "4", "canary": ""})
+    assert not selector_holds(reqs, {"tier": "a", "rank": "4", "env": "prod"})
+    assert not selector_holds(reqs, {"tier": "a", "rank": "three"})
+    assert not selector_holds(reqs, {"tier": "c", "rank": "4"})
+    assert selector_holds(parse_selector("n<-1"), {"n": "-2"})
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab/.-_=!(), <>in\t0\u00e9")), max_size=40))
+def test_any_selector_text_parses_or_is_refused_with_a_selector_error(text: str) -> None:
+    try:
+        reqs = parse_selector(text)
+    except SelectorError as exc:
+        assert str(exc)
+    else:
+        assert reqs and all(r.key for r in reqs)
+        selector_holds(reqs, {"a": "b", "in": "0"})
+
+
+PING_PONG = '''
+apiVersion: kai-es.io/v1alpha1
+kind: Scenario
+metadata: {name: health-checks-on-a-full-node}
+spec:
+  start: "2026-01-01T12:00:00Z"
+  simulation: {until: 30s, cyclePeriod: 1s}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+status: {allocatable: {cpu: "64", memory: 512Gi, nvidia.com/gpu: "8"}}
+---
+apiVersion: scheduling.run.ai/v2
+kind: Queue
+metadata: {name: maintenance}
+spec:
+  resources:
+    gpu: {quota: 0, overQuotaWeight: 0, limit: -1}
+---
+apiVersion: scheduling.run.ai/v2
+kind: Queue
+metadata: {name: team-a}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: train, labels: {kai.scheduler/queue: team-a}}
+spec:
+  schedulerName: kai-scheduler
+  nodeName: node-a
+  containers: [{name: c, resources: {requests: {nvidia.com/gpu: "6"}}}]
+status: {phase: Running}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: healthcheck
+  namespace: maintenance
+  labels: {kai.scheduler/queue: maintenance}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: healthcheck}}
+  template:
+    metadata:
+      labels: {app: healthcheck, kai.scheduler/background: "true", kai.scheduler/queue: maintenance}
+    spec:
+      schedulerName: kai-scheduler
+      priorityClassName: train
+      terminationGracePeriodSeconds: 1
+      containers: [{name: check, resources: {requests: {nvidia.com/gpu: "1"}}}]
+'''
+
+
+def test_a_pending_background_pod_never_displaces_a_running_one() -> None:
+    """Three health checks of one Deployment for two free GPUs: two run, the third waits. Were
+    it pipelined onto a running health check's room (as any pod may be onto capacity being
+    released), that one's replacement would take its room the next cycle, and so on for ever."""
+    log = MemoryEventLog()
+    anyio.run(lambda: simulate(load_scenario_text(PING_PONG, "ping-pong.yaml"), log, load_packer("native")))
+    state = ClusterState()
+    for record in log._records:  # noqa: SLF001 - the test reads the whole log
+        apply(state, record)
+        assert not isinstance(record.envelope.data, (p.EvictionDecided, p.PodPipelined)), record.envelope.data
+    checks = sorted((pod.status, pod.node) for pod in state.pods.values() if pod.spec.namespace == "maintenance")
+    assert checks == [("Pending", ""), ("Running", "node-a"), ("Running", "node-a")]
