@@ -51,7 +51,8 @@ def fairshare_report(scenario: Scenario) -> dict[str, Any]:
     state = initial_state(scenario)
     policy = policy_for(scenario.config.policy_version)
     rule = policy.rules.fair_share_division
-    shares = shares_for_state(state, rule.gpu_unit, replacements_once=rule.replacements_once)
+    shares = shares_for_state(state, rule.gpu_unit, replacements_once=rule.replacements_once,
+                              quota_granted=rule.quota_granted)
     out: dict[str, Any] = {}
     for name in sorted(state.queues):
         spec = state.queues[name].spec

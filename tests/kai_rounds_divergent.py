@@ -23,19 +23,6 @@ DIVERGENT: tuple[Case, ...] = (
          (J('running-job0', 1, 'queue0', tasks=('node0', 'node0', 'node1')),
           J('pending-job0', 3, 'queue0'),),
          {'pending-job0': '*', 'running-job0': '*'}),
-    # KAI: pending-job0 (queue1, 5 GPUs) reclaims running-job0's 8 GPUs.
-    # kai-es: no reclaim. Quotas 6 + 5 exceed the 8 GPUs: KAI's
-    # proportion/resource_division/resource_division.go setDeservedResource gives every queue
-    # min(deserved, request) without checking what is left (fair shares 6 and 5), so queue1 is
-    # under its fair share; kai-es's fairshare.py step 1 (`_within_quota`) splits a short parent
-    # proportionally (about 4.4 and 3.6), so queue1 with 5 GPUs would exceed its share.
-    # Module: kai_es/scheduling/fairshare.py (rules/fair_share_division.py). Sure: high.
-    Case('reclaim/reclaim_test.go: 1 running job over quota but with queue that has higher reclaimable deserved gpus, other job is pending but asks the exact amount of GPUs as in deserved, cluster is in over capacity - reclaim',
-         {'node0': 8},
-         (Q('queue0', 6, weight=6), Q('queue1', 5, weight=5),),
-         (J('running-job0', 8, 'queue0', tasks=('node0',)),
-          J('pending-job0', 5, 'queue1'),),
-         {'pending-job0': 'node0', 'running-job0': ''}),
     # KAI: nothing moves (the test's name calls KAI's behaviour a bug).
     # kai-es: pending-job1 (queue1, 1 GPU) reclaims running-job1 (queue0 over its fair share 2).
     # kai-es's result is the one the fair shares ask for; KAI's reclaim (actions/reclaim,
@@ -85,38 +72,6 @@ DIVERGENT: tuple[Case, ...] = (
           J('q1-running-job2', 1, 'queue1', tasks=('node0',)),
           J('reclaimer', 3, 'reclaimer_queue'),),
          {'q0-running-job0': 'node0', 'q0-running-job1': 'node0', 'q0-running-job2': 'node0', 'q0-running-job3': '', 'q0-running-job4': '', 'q1-running-job0': 'node0', 'q1-running-job1': 'node0', 'q1-running-job2': '', 'reclaimer': 'node0'}),
-    # KAI: pending-job0 and pending-job1 (queue2) run; both queue1 jobs are reclaimed.
-    # kai-es: only running-job3 (queue1, CPU only) is reclaimed, pending-job0 runs, pending-job1
-    # (CPU only, 3 CPU, 50MB) stays pending. Memory (node 200MB, 4 pods of 50MB) is the binding
-    # resource; queue CPU/memory are unmanaged (quota -1). KAI reclaims for a CPU-only job on
-    # memory (reclaimable.go on all resources); kai-es does not. Module: actions/reclaim.py /
-    # rules/reclaim_victims.py. Sure: low.
-    Case('reclaim/reclaim_test.go: [useOnlyFreeResources OFF sanity] q0,q1 allocated both gpu and cpu tasks, q1 has 0 deserved gpus and useOnlyFreeResources=false. when tasks from q2 with higher priority require cpu + gpu, it reclaims both jobs from q1 despite only 1 of them having requested GPU because 2 jobs from q2 require GPU and memory limit on node allows 4 jobs total',
-         {'node0': N(10, memory=200000000)},
-         (Q('queue0', 5, weight=5), Q('queue1'), Q('queue2', 5, weight=5),),
-         (J('running-job0', 2, 'queue0', tasks=('node0',), priority=100, cpu=2, memory=50000000),
-          J('running-job1', 3, 'queue0', tasks=('node0',), priority=100, cpu=3, memory=50000000),
-          J('running-job2', 1, 'queue1', tasks=('node0',), cpu=1, memory=50000000),
-          J('running-job3', 0, 'queue1', tasks=('node0',), cpu=4, memory=50000000),
-          J('pending-job0', 3, 'queue2', priority=100, cpu=1, memory=50000000),
-          J('pending-job1', 0, 'queue2', priority=100, cpu=3, memory=50000000),
-          J('pending-job2', 2, 'queue2', priority=100, cpu=1, memory=50000000),),
-         {'pending-job0': 'node0', 'pending-job1': 'node0', 'pending-job2': '', 'running-job0': 'node0', 'running-job1': 'node0', 'running-job2': '', 'running-job3': ''}),
-    # KAI: all three queue2 jobs run; both queue1 jobs are reclaimed.
-    # kai-es: only running-job3 is reclaimed; pending-job2 (2 GPUs) stays pending though memory
-    # would allow it after reclaiming running-job2 too. Same area as the case above (reclaim on
-    # memory with queue1's CPU/memory quota 0). Module: actions/reclaim.py. Sure: low.
-    Case('reclaim/reclaim_test.go: q0,q1 allocated both gpu and cpu tasks, q1 has deserved GPUs and useOnlyFreeResources=true. when tasks from q2 with higher priority require cpu and gpu, it will reclaim ALL from q1 as memory on the node is not enough for all',
-         {'node0': N(10, memory=200000000)},
-         (Q('queue0', 5, weight=5), Q('queue1', 1, weight=1, cpu=0, memory=0), Q('queue2', 5, weight=5),),
-         (J('running-job0', 2, 'queue0', tasks=('node0',), priority=100, cpu=2, memory=40000000),
-          J('running-job1', 3, 'queue0', tasks=('node0',), priority=100, cpu=3, memory=40000000),
-          J('running-job2', 1, 'queue1', tasks=('node0',), cpu=1, memory=40000000),
-          J('running-job3', 0, 'queue1', tasks=('node0',), cpu=4, memory=40000000),
-          J('pending-job0', 3, 'queue2', priority=100, cpu=1, memory=40000000),
-          J('pending-job1', 0, 'queue2', priority=100, cpu=3, memory=40000000),
-          J('pending-job2', 2, 'queue2', priority=100, cpu=1, memory=40000000),),
-         {'pending-job0': 'node0', 'pending-job1': 'node0', 'pending-job2': 'node0', 'running-job0': 'node0', 'running-job1': 'node0', 'running-job2': '', 'running-job3': ''}),
     # KAI: pending-job-0 on node0 (the reclaimed victim's node), pending-job-1 on node1 (idle).
     # kai-es: the same placement with the two (identical) tasks swapped: -0 on node1, -1 on node0.
     # Only the task-to-node pairing differs (KAI's task order puts the first task on the

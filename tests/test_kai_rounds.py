@@ -651,6 +651,37 @@ CASES = (
          (J('running-job0', 1, 'queue0', tasks=('node0', ''), priority=100),
           J('running-job1', 1, 'queue0', tasks=('node0',)),),
          {'running-job0': '', 'running-job1': 'node0'}),
+    # kai-es/v10 (quotas granted in full, `rules.fair_share_division.QuotaGrantedInFull`): v9 decided otherwise
+    Case('reclaim/reclaim_test.go: 1 running job over quota but with queue that has higher reclaimable deserved gpus, other job is pending but asks the exact amount of GPUs as in deserved, cluster is in over capacity - reclaim',
+         {'node0': 8},
+         (Q('queue0', 6, weight=6), Q('queue1', 5, weight=5),),
+         (J('running-job0', 8, 'queue0', tasks=('node0',)),
+          J('pending-job0', 5, 'queue1'),),
+         {'pending-job0': 'node0', 'running-job0': ''}),
+    # kai-es/v10 (quotas granted in full, `rules.fair_share_division.QuotaGrantedInFull`): v9 decided otherwise
+    Case('reclaim/reclaim_test.go: [useOnlyFreeResources OFF sanity] q0,q1 allocated both gpu and cpu tasks, q1 has 0 deserved gpus and useOnlyFreeResources=false. when tasks from q2 with higher priority require cpu + gpu, it reclaims both jobs from q1 despite only 1 of them having requested GPU because 2 jobs from q2 require GPU and memory limit on node allows 4 jobs total',
+         {'node0': N(10, memory=200000000)},
+         (Q('queue0', 5, weight=5), Q('queue1'), Q('queue2', 5, weight=5),),
+         (J('running-job0', 2, 'queue0', tasks=('node0',), priority=100, cpu=2, memory=50000000),
+          J('running-job1', 3, 'queue0', tasks=('node0',), priority=100, cpu=3, memory=50000000),
+          J('running-job2', 1, 'queue1', tasks=('node0',), cpu=1, memory=50000000),
+          J('running-job3', 0, 'queue1', tasks=('node0',), cpu=4, memory=50000000),
+          J('pending-job0', 3, 'queue2', priority=100, cpu=1, memory=50000000),
+          J('pending-job1', 0, 'queue2', priority=100, cpu=3, memory=50000000),
+          J('pending-job2', 2, 'queue2', priority=100, cpu=1, memory=50000000),),
+         {'pending-job0': 'node0', 'pending-job1': 'node0', 'pending-job2': '', 'running-job0': 'node0', 'running-job1': 'node0', 'running-job2': '', 'running-job3': ''}),
+    # kai-es/v10 (quotas granted in full, `rules.fair_share_division.QuotaGrantedInFull`): v9 decided otherwise
+    Case('reclaim/reclaim_test.go: q0,q1 allocated both gpu and cpu tasks, q1 has deserved GPUs and useOnlyFreeResources=true. when tasks from q2 with higher priority require cpu and gpu, it will reclaim ALL from q1 as memory on the node is not enough for all',
+         {'node0': N(10, memory=200000000)},
+         (Q('queue0', 5, weight=5), Q('queue1', 1, weight=1, cpu=0, memory=0), Q('queue2', 5, weight=5),),
+         (J('running-job0', 2, 'queue0', tasks=('node0',), priority=100, cpu=2, memory=40000000),
+          J('running-job1', 3, 'queue0', tasks=('node0',), priority=100, cpu=3, memory=40000000),
+          J('running-job2', 1, 'queue1', tasks=('node0',), cpu=1, memory=40000000),
+          J('running-job3', 0, 'queue1', tasks=('node0',), cpu=4, memory=40000000),
+          J('pending-job0', 3, 'queue2', priority=100, cpu=1, memory=40000000),
+          J('pending-job1', 0, 'queue2', priority=100, cpu=3, memory=40000000),
+          J('pending-job2', 2, 'queue2', priority=100, cpu=1, memory=40000000),),
+         {'pending-job0': 'node0', 'pending-job1': 'node0', 'pending-job2': 'node0', 'running-job0': 'node0', 'running-job1': 'node0', 'running-job2': '', 'running-job3': ''}),
 )
 
 

@@ -20,15 +20,18 @@ from hypothesis import strategies as st
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.app.simulation import simulate
 from kai_es.events import payloads as p
-from kai_es.oneshot import one_cycle
+from kai_es.oneshot import fairshare_report, one_cycle
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.config import ConfigError, config_digest, config_to_dict, parse_config
+from kai_es.scheduling.fairshare import QueueInput, divide
 from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.predicates.selector_text import Requirement, SelectorError, parse_selector, selector_holds
 from kai_es.scheduling.rules.background_pods import NoBackgroundPodsV9
+from kai_es.scheduling.rules.fair_share_division import ReplacementsCountedOnce
 from kai_es.scheduling.rules.releasing_capacity import StuckReleasingHeld
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
+from tests import test_kai_rounds as rounds  # (the module: its test is not collected here again)
 from tests.builders import MakeNode, MakePod, queue, scenario_text
 from tests.policy_patch import without
 from tests.test_cycle_scenarios import check, expectations
@@ -285,3 +288,47 @@ def test_a_pending_background_pod_never_displaces_a_running_one() -> None:
         assert not isinstance(record.envelope.data, (p.EvictionDecided, p.PodPipelined)), record.envelope.data
     checks = sorted((pod.status, pod.node) for pod in state.pods.values() if pod.spec.namespace == "maintenance")
     assert checks == [("Pending", ""), ("Running", "node-a"), ("Running", "node-a")]
+
+
+# -- quotas sold over the cluster's capacity -----------------------------------------------------
+
+OVERSOLD = SCENARIOS / "v10-quotas-sold-over-capacity.yaml"
+#: the KAI integration cases (tests/test_kai_rounds.py) that v9's division decided otherwise
+OVERSOLD_KAI_CASES = ("cluster is in over capacity - reclaim",
+                      "q0,q1 allocated both gpu and cpu tasks, q1 has 0 deserved gpus",
+                      "it will reclaim ALL from q1 as memory on the node is not enough for all")
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_quotas_that_add_up_to_more_than_the_cluster_are_granted_in_full(
+        engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    check(_cycle(OVERSOLD.read_text(), engine), expectations(OVERSOLD))
+    report = fairshare_report(load_scenario_text(OVERSOLD.read_text(), OVERSOLD.name))["queues"]
+    assert {q: report[q]["resources"]["gpu"]["fairShare"] for q in ("research", "product")} == \
+        {"research": 6000, "product": 5000}  # 11 GPUs of fair share on an 8-GPU cluster, as KAI
+    without(monkeypatch, "kai-es/v10", "fair_share_division", ReplacementsCountedOnce())
+    outcome = _cycle(OVERSOLD.read_text(), engine)
+    assert outcome["pods"]["default/serve"]["status"] == "Pending"
+    assert outcome["pods"]["default/train"]["status"] == "Running"
+
+
+@pytest.mark.parametrize("name", OVERSOLD_KAI_CASES)
+def test_kais_cases_with_oversold_quotas_need_the_rule(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    case, = (c for c in rounds.CASES if name in c.kai_test)
+    rounds.test_the_cycles_converge_where_kais_integration_test_expects_and_stay(case, "native")
+    without(monkeypatch, "kai-es/v10", "fair_share_division", ReplacementsCountedOnce())
+    with pytest.raises(AssertionError):
+        rounds.test_the_cycles_converge_where_kais_integration_test_expects_and_stay(case, "native")
+
+
+def test_granting_quotas_in_full_changes_only_a_short_parent_and_never_the_over_quota_rest() -> None:
+    def q(name: str, quota: int, priority: int = 100, parent: str = "") -> QueueInput:
+        return QueueInput(name=name, uid=name, parent=parent, priority=priority, created_ns=0, quota=quota,
+                          over_quota_weight=1, limit=-1, allocated=0, pending=10_000)
+
+    short = [q("a", 6000), q("b", 5000, priority=200)]
+    assert {n: s.fair_share for n, s in divide(8000, short, 1000).items()} == {"a": 3000, "b": 5000}  # by priority
+    assert {n: s.fair_share for n, s in divide(8000, short, 1000, quota_granted=True).items()} == \
+        {"a": 6000, "b": 5000}
+    roomy = [q("a", 2000), q("b", 3000), q("d", 1000, parent="a")]
+    assert divide(16_000, roomy, 1000) == divide(16_000, roomy, 1000, quota_granted=True)

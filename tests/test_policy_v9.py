@@ -20,7 +20,7 @@ from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.rules.consolidation_nodes import MostFreeFirstV8
 from kai_es.scheduling.rules.reclaim_victims import QueuePriorityInQuota
 from tests.policy_patch import without
-from tests.test_kai_rounds import CASES, test_the_cycles_converge_where_kais_integration_test_expects_and_stay
+from tests import test_kai_rounds as rounds  # (the module, so its test is not collected here again)
 from tests.test_cycle_scenarios import check, expectations
 
 SCENARIO = Path(__file__).parent / "scenarios" / "v9-reclaim-takes-the-room-a-move-makes.yaml"
@@ -96,15 +96,16 @@ def test_v9s_fold_is_v8s() -> None:
 
 
 @pytest.mark.parametrize(("case", "field", "old"), [
-    (0, "reclaim_victims", QueuePriorityInQuota()),
-    (1, "consolidation_nodes", MostFreeFirstV8()),
+    ("consolidation_and_reclaim/", "reclaim_victims", QueuePriorityInQuota()),
+    ("consolidation/consolidation_test.go: 1 train job of 1 GPU running on node0, 1 train job of 1 GPU running on "
+     "node 0, 1 pending job of 2 GPUs - consolidate", "consolidation_nodes", MostFreeFirstV8()),
 ], ids=["reclaim-final-victims", "consolidation-node-order"])
-def test_kais_multi_round_cases_need_v9s_rules(case: int, field: str, old: Any,
+def test_kais_multi_round_cases_need_v9s_rules(case: str, field: str, old: Any,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """tests/test_kai_rounds.py's KAI integration cases converge where KAI's tests expect
     under v9, and not with v8's rule in its place."""
-    kai = CASES[case]
-    test_the_cycles_converge_where_kais_integration_test_expects_and_stay(kai)
+    kai = next(c for c in rounds.CASES if c.kai_test.startswith(case))
+    rounds.test_the_cycles_converge_where_kais_integration_test_expects_and_stay(kai, "native")
     without(monkeypatch, "kai-es/v9", field, old)
     with pytest.raises(AssertionError):
-        test_the_cycles_converge_where_kais_integration_test_expects_and_stay(kai)
+        rounds.test_the_cycles_converge_where_kais_integration_test_expects_and_stay(kai, "native")

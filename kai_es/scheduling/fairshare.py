@@ -7,7 +7,10 @@ The rules (KAI's, stated exactly so they can be checked by hand):
   children:
   1. Each child first gets min(quota, request) (quota -1: its whole request). If the parent
      cannot cover all of these, they are served by descending queue priority, and within a
-     priority proportionally to what they asked for in this step.
+     priority proportionally to what they asked for in this step — or, with `quota_granted`
+     (policy kai-es/v10 on, KAI's `setDeservedResource`), every child gets it anyway: quotas
+     that add up to more than the parent's share are granted in full, and the fair shares then
+     add up to more than there is (nothing remains for step 2).
   2. What remains goes to priority buckets in descending order; within a bucket, in rounds by
      over-quota weight: each unsatisfied child with weight > 0 gets remaining * weight // total
      weight. A child offered more than it still needs gets exactly what it needs, and another
@@ -135,7 +138,8 @@ def parent_loops(parents: Mapping[str, str]) -> dict[str, list[str]]:
 
 
 def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1,
-           usage: Mapping[str, Fraction] | None = None, k: Fraction | int = 0) -> dict[str, QueueShare]:
+           usage: Mapping[str, Fraction] | None = None, k: Fraction | int = 0,
+           quota_granted: bool = False) -> dict[str, QueueShare]:
     """Fair share of every queue (see module docstring). Unknown parents count as the root;
     queues whose parent chain loops (`parent_loops`) are left out of the division: fair share
     0. `usage` (queue -> usage share of this resource) turns time-based fair share on."""
@@ -166,8 +170,8 @@ def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1,
 
     def assign(parent_share: int, kids: list[QueueInput]) -> None:
         claims = [(kid, out[kid.name].request) for kid in kids]
-        shares = split(parent_share, claims, usage, k) if unit <= 1 else \
-            split_whole(parent_share, claims, unit, usage, k)
+        shares = split(parent_share, claims, usage, k, quota_granted) if unit <= 1 else \
+            split_whole(parent_share, claims, unit, usage, k, quota_granted)
         for kid in kids:
             out[kid.name].fair_share = shares[kid.name]
             if children.get(kid.name):
@@ -181,10 +185,11 @@ def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1,
 
 
 def split(amount: int, claims: Sequence[tuple[QueueInput, int]],
-          usage: Mapping[str, Fraction] | None = None, k: Fraction | int = 0) -> dict[str, int]:
+          usage: Mapping[str, Fraction] | None = None, k: Fraction | int = 0,
+          quota_granted: bool = False) -> dict[str, int]:
     """Divide `amount` among siblings, each (queue, request), by steps 1-3 of the rules."""
     need = {q.name: r for q, r in claims}
-    given = _within_quota(amount, claims)
+    given = _within_quota(amount, claims, quota_granted)
     remaining = amount - sum(given.values())
     # step 2 and 3: over quota, by priority bucket, in weighted rounds
     for bucket in _buckets(q for q, _ in claims):
@@ -208,10 +213,11 @@ def split(amount: int, claims: Sequence[tuple[QueueInput, int]],
 
 
 def split_whole(amount: int, claims: Sequence[tuple[QueueInput, int]], unit: int,
-                usage: Mapping[str, Fraction] | None = None, k: Fraction | int = 0) -> dict[str, int]:
+                usage: Mapping[str, Fraction] | None = None, k: Fraction | int = 0,
+                quota_granted: bool = False) -> dict[str, int]:
     """`split` with the over-quota steps in whole units of `unit` (see module docstring)."""
     need = {q.name: r for q, r in claims}
-    given = _within_quota(amount, claims)
+    given = _within_quota(amount, claims, quota_granted)
     remaining = amount - sum(given.values())
     #: per bucket, each unsatisfied child's leftover of its last round, as a fraction
     #: (numerator, denominator) of the round's amount
@@ -269,10 +275,14 @@ class _Frac:
         return self.num * other.den > other.num * self.den
 
 
-def _within_quota(amount: int, claims: Sequence[tuple[QueueInput, int]]) -> dict[str, int]:
-    """Step 1 of the rules: min(quota, request) each, by priority, proportionally when short."""
+def _within_quota(amount: int, claims: Sequence[tuple[QueueInput, int]],
+                  quota_granted: bool = False) -> dict[str, int]:
+    """Step 1 of the rules: min(quota, request) each, by priority, proportionally when short
+    (`quota_granted`: in full, however short)."""
     given = {q.name: 0 for q, _ in claims}
     in_quota = {q.name: (r if q.quota < 0 else min(q.quota, r)) for q, r in claims}
+    if quota_granted:
+        return in_quota
     remaining = amount
     for bucket in _buckets(q for q, _ in claims):
         asked = sum(in_quota[q.name] for q in bucket)
@@ -386,12 +396,13 @@ def pending_request(state: "ClusterState", gpu_memory_mib_hint: int,
 
 
 def shares_for_state(state: "ClusterState", gpu_unit: int = 1, time_based: TimeBased | None = None,
-                     replacements_once: bool = False) -> dict[str, dict[str, QueueShare]]:
+                     replacements_once: bool = False, quota_granted: bool = False
+                     ) -> dict[str, dict[str, QueueShare]]:
     """resource -> queue -> its share, for the cluster and queues in `state` (capacity = every
     node's allocatable; allocated = Binding, Running and Releasing pods; pending = Pending pods).
     GPUs are divided in units of `gpu_unit` milli-GPU over quota (1: exactly; 1000: whole GPUs);
     `time_based` weighs the over-quota rounds by historical usage; `replacements_once`: see
-    `pending_request`."""
+    `pending_request`; `quota_granted`: step 1 of `divide`."""
     nodes = [state.nodes[n] for n in state.node_names]
     hint = max((n.spec.gpu_memory_mib for n in nodes), default=0)
     capacity = (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
@@ -411,7 +422,7 @@ def shares_for_state(state: "ClusterState", gpu_unit: int = 1, time_based: TimeB
                 pending=pending.get(name, (0, 0, 0))[r]))
         usage = None if time_based is None else {name: u[r] for name, u in time_based.usage.items()}
         out[resource] = divide(capacity[r], inputs, gpu_unit if resource == "gpu" else 1, usage,
-                               time_based.k if time_based is not None else 0)
+                               time_based.k if time_based is not None else 0, quota_granted)
     return out
 
 

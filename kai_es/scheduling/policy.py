@@ -155,6 +155,7 @@ from kai_es.scheduling.rules.background_pods import BackgroundPodsGiveWay, NoBac
 from kai_es.scheduling.rules.device_order import DeviceOrderV1, SpreadImpliesGpuSpread
 from kai_es.scheduling.rules.fair_share_division import (
     ExactDivisionV1,
+    QuotaGrantedInFull,
     ReplacementsCountedOnce,
     WholeGpuDivision,
     WholeGpuDivisionV2,
@@ -303,7 +304,9 @@ RULES_V9: Final = replace(RULES_V8, reclaim_victims=FinalVictimsReclaim(),
 #: kai-es/v10: background pods (KAI's backgroundpods plugin): their capacity counts as free while
 #: a cycle plans; only those whose place was taken are evicted. Idle capacity held for pipelined
 #: pods is passed over, not waited on
-RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), releasing_capacity=HeldIdleSkipped())
+#: Quotas that add up to more than there is are granted in full (KAI's fair-share division)
+RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), releasing_capacity=HeldIdleSkipped(),
+                           fair_share_division=QuotaGrantedInFull())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

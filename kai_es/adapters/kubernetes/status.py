@@ -63,6 +63,7 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import rfc3339
 from kai_es.scheduling.fairshare import shares_for_state
+from kai_es.scheduling.policy import CURRENT_POLICY, POLICIES, policy_for
 from kai_es.ingest.translate import (
     LAST_EVICTION_TIMESTAMP_ANNOTATION,
     LAST_START_TIMESTAMP_ANNOTATION,
@@ -344,7 +345,13 @@ class StatusWriter:
                 log.warning("%s: gave up after %d tries", w.what, w.tries)
 
     def _queue_writes(self) -> None:
-        shares = shares_for_state(self.state)
+        # divided as the config's policy version divides (time-based weighing left out: it
+        # needs the scheduler config's window, which the status writer does not parse)
+        version = self.state.config.get("policyVersion")
+        division = policy_for(version if isinstance(version, str) and version in POLICIES
+                              else CURRENT_POLICY).rules.fair_share_division
+        shares = shares_for_state(self.state, division.gpu_unit, replacements_once=division.replacements_once,
+                                  quota_granted=division.quota_granted)
         for name in sorted(self.state.queues):
             def quantities(field: str) -> dict[str, str]:
                 gpu, cpu, mem = (getattr(shares[r][name], field) for r in ("gpu", "cpu", "memory"))

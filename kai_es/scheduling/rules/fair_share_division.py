@@ -12,6 +12,12 @@
   replace its Releasing ones are not asked for twice (`fairshare.pending_request`): during a
   reclaim the victim queue's request, and so its fair share, no longer swell with the victims'
   replacements while the victims are still leaving.
+- `QuotaGrantedInFull` (kai-es/v10 on): `ReplacementsCountedOnce`, and quotas that add up to
+  more than their parent's share (a cluster sold over its capacity) are each granted in full,
+  min(quota, request), as KAI's `setDeservedResource` does; kai-es/v1 to v9 served them by queue
+  priority and scaled them down within a priority. (Found by KAI's integration test "1 running
+  job over quota ... cluster is in over capacity" in tests/test_kai_rounds.py: a queue within
+  its quota could not reclaim from one over it.)
 
 Contract: `shares(state, config, now_ns)` is a pure function of the folded state, the config
 in force and the cycle's logical time; CPU and memory are always divided exactly.
@@ -38,6 +44,10 @@ class FairShareDivision(Protocol):
     @property
     def replacements_once(self) -> bool: ...
 
+    #: quotas are granted in full even when they add up to more than there is (kai-es/v10 on)
+    @property
+    def quota_granted(self) -> bool: ...
+
     def time_based(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int) -> TimeBased | None:
         """The historical usage weighing the over-quota rounds (None: not weighed)."""
 
@@ -50,13 +60,15 @@ class _Division:
     __slots__ = ()
     gpu_unit = 1
     replacements_once = False
+    quota_granted = False
 
     def time_based(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int) -> TimeBased | None:
         return None
 
     def shares(self, state: ClusterState, config: SchedulerConfig | None, now_ns: int
                ) -> dict[str, dict[str, QueueShare]]:
-        return shares_for_state(state, self.gpu_unit, self.time_based(state, config, now_ns), self.replacements_once)
+        return shares_for_state(state, self.gpu_unit, self.time_based(state, config, now_ns), self.replacements_once,
+                                self.quota_granted)
 
 
 class ExactDivisionV1(_Division):
@@ -89,3 +101,10 @@ class ReplacementsCountedOnce(WholeGpuDivision):
 
     __slots__ = ()
     replacements_once = True
+
+
+class QuotaGrantedInFull(ReplacementsCountedOnce):
+    """kai-es/v10 on: `ReplacementsCountedOnce`, quotas granted in full however short."""
+
+    __slots__ = ()
+    quota_granted = True
