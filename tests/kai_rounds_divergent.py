@@ -9,20 +9,6 @@ from __future__ import annotations
 from tests.test_kai_rounds import D, J, N, Q, SG, Case, check, run, manifests  # noqa: F401
 
 DIVERGENT: tuple[Case, ...] = (
-    # KAI: consolidation moves two of running-job0's pods node0 -> node1 (pipelined) and pending-job0 takes node0; all run.
-    # kai-es: the same move, then stalegangeviction evicts the whole gang every cycle (a loop of
-    # evict/bind to the end): with the harness's 0s grace period, kai-es counts only Running pods,
-    # so the gang whose moved pods are pipelined/binding is "1 of 3 running" and stale. KAI's
-    # stalegangeviction.go (job.IsStale via podgroup_info active-allocated count) counts Pipelined
-    # and Binding tasks. kai-es: kai_es/scheduling/rules/staleness.py (and
-    # actions/stalegangeviction.py). With a 60s grace period kai-es converges to KAI's result.
-    # Sure: high (explain shows "has had 1 of the 3 pods it needs running ... (0s)").
-    Case('consolidation/consolidationGang_test.go: consolidate gang job to be able to allocate pending job',
-         {'node0': 3, 'node1': 3},
-         (Q('queue0', 1),),
-         (J('running-job0', 1, 'queue0', tasks=('node0', 'node0', 'node1')),
-          J('pending-job0', 3, 'queue0'),),
-         {'pending-job0': '*', 'running-job0': '*'}),
     # KAI: nothing moves (the test's name calls KAI's behaviour a bug).
     # kai-es: pending-job1 (queue1, 1 GPU) reclaims running-job1 (queue0 over its fair share 2).
     # kai-es's result is the one the fair shares ask for; KAI's reclaim (actions/reclaim,
@@ -109,16 +95,6 @@ DIVERGENT: tuple[Case, ...] = (
          (J('job0', 1, 'queue0', tasks=('node0', 'node0', 'node0', 'node0', ''), subgroups=(SG('sub0', 1, parent=''), SG('sub1', 1, parent=''), SG('sub2', 1, parent=''),), task_subgroups=('sub0', 'sub0', 'sub1', 'sub1', 'sub2')),
           J('preemptor0', 2, 'queue0', priority=100),),
          {'job0-0': 'node0', 'job0-1': '', 'job0-2': 'node0', 'job0-3': '', 'job0-4': 'node0', 'preemptor0-0': 'node0'}),
-    # KAI: preemptor0 (4 GPUs) evicts job0 entirely (both groups); preemptor0 runs.
-    # kai-es: job0's ps-target pods get allocated and preemptor0 stays pending. KAI's allocate
-    # allocates ps-target then preempt evicts the whole job; kai-es does not preempt a job of the
-    # same queue whose pods it has just bound. Module: actions/preempt.py. Sure: low.
-    Case('preempt/allocate_preempt_test.go: Full subgroup allocate then evict - all pods in ps-target allocated and then evicted',
-         {'node0': 4},
-         (Q('queue0', 4),),
-         (J('job0', 1, 'queue0', tasks=('', '', 'node0', 'node0'), subgroups=(SG('group-a', parent=''), SG('ps-target', 2, parent='group-a'), SG('group-b', parent=''), SG('ps-other', 1, parent='group-b'),), task_subgroups=('ps-target', 'ps-target', 'ps-other', 'ps-other')),
-          J('preemptor0', 4, 'queue0', priority=100),),
-         {'job0-0': '', 'job0-1': '', 'job0-2': '', 'job0-3': '', 'preemptor0-0': 'node0'}),
     # KAI: queue1's build job runs (deserved 2), queue0's stays pending.
     # kai-es: queue0's job runs. On 1 GPU KAI's fair shares are min(deserved, request) = 1 each
     # (resource_division.go setDeservedResource does not scale a short parent); kai-es splits

@@ -682,6 +682,20 @@ CASES = (
           J('pending-job1', 0, 'queue2', priority=100, cpu=3, memory=40000000),
           J('pending-job2', 2, 'queue2', priority=100, cpu=1, memory=40000000),),
          {'pending-job0': 'node0', 'pending-job1': 'node0', 'pending-job2': 'node0', 'running-job0': 'node0', 'running-job1': 'node0', 'running-job2': '', 'running-job3': ''}),
+    # kai-es/v10 (a gang this cycle places back at its minimum is not stale, `rules.staleness.PlacedPodsKeepTheGang`): v9 decided otherwise
+    Case('consolidation/consolidationGang_test.go: consolidate gang job to be able to allocate pending job',
+         {'node0': 3, 'node1': 3},
+         (Q('queue0', 1),),
+         (J('running-job0', 1, 'queue0', tasks=('node0', 'node0', 'node1')),
+          J('pending-job0', 3, 'queue0'),),
+         {'pending-job0': '*', 'running-job0': '*'}),
+    # kai-es/v10 (a gang this cycle places back at its minimum is not stale, `rules.staleness.PlacedPodsKeepTheGang`): v9 decided otherwise
+    Case('preempt/allocate_preempt_test.go: Full subgroup allocate then evict - all pods in ps-target allocated and then evicted',
+         {'node0': 4},
+         (Q('queue0', 4),),
+         (J('job0', 1, 'queue0', tasks=('', '', 'node0', 'node0'), subgroups=(SG('group-a', parent=''), SG('ps-target', 2, parent='group-a'), SG('group-b', parent=''), SG('ps-other', 1, parent='group-b'),), task_subgroups=('ps-target', 'ps-target', 'ps-other', 'ps-other')),
+          J('preemptor0', 4, 'queue0', priority=100),),
+         {'job0-0': '', 'job0-1': '', 'job0-2': '', 'job0-3': '', 'preemptor0-0': 'node0'}),
 )
 
 

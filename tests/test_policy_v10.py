@@ -29,6 +29,7 @@ from kai_es.scheduling.predicates.selector_text import Requirement, SelectorErro
 from kai_es.scheduling.rules.background_pods import NoBackgroundPodsV9
 from kai_es.scheduling.rules.fair_share_division import ReplacementsCountedOnce
 from kai_es.scheduling.rules.releasing_capacity import StuckReleasingHeld
+from kai_es.scheduling.rules.staleness import SubGroupStaleness
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
 from tests import test_kai_rounds as rounds  # (the module: its test is not collected here again)
@@ -332,3 +333,38 @@ def test_granting_quotas_in_full_changes_only_a_short_parent_and_never_the_over_
         {"a": 6000, "b": 5000}
     roomy = [q("a", 2000), q("b", 3000), q("d", 1000, parent="a")]
     assert divide(16_000, roomy, 1000) == divide(16_000, roomy, 1000, quota_granted=True)
+
+
+# -- a gang this cycle places back at its minimum is not stale -------------------------------------
+
+PLACED_AGAIN = SCENARIOS / "v10-gang-placed-again-is-not-stale.yaml"
+PLACED_AGAIN_KAI_CASES = ("consolidate gang job to be able to allocate pending job",
+                          "Full subgroup allocate then evict")
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_a_gang_this_cycle_makes_whole_again_is_not_evicted_as_stale(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    check(_cycle(PLACED_AGAIN.read_text(), engine), expectations(PLACED_AGAIN))
+    without(monkeypatch, "kai-es/v10", "staleness", SubGroupStaleness())
+    outcome = _cycle(PLACED_AGAIN.read_text(), engine)
+    assert outcome["pods"]["default/trainer-0"]["status"] == "Releasing"
+    assert _evictions(outcome)["default/trainer-0"]["action"] == "stalegangeviction"
+
+
+def test_a_gang_still_short_after_the_cycles_placements_is_evicted_as_before() -> None:
+    """Only one of the two waiting pods fits: the gang stays below its minimum and is stale."""
+    text = PLACED_AGAIN.read_text().replace('metadata: {name: node-b}\nstatus: {allocatable: {cpu: "64", memory: 512Gi, '
+                                            'nvidia.com/gpu: "2"}}', 'metadata: {name: node-b}\nstatus: {allocatable: '
+                                            '{cpu: "64", memory: 512Gi, nvidia.com/gpu: "1"}}')
+    assert text != PLACED_AGAIN.read_text()
+    outcome = _cycle(text)
+    assert _evictions(outcome)["default/trainer-0"]["action"] == "stalegangeviction"
+
+
+@pytest.mark.parametrize("name", PLACED_AGAIN_KAI_CASES)
+def test_kais_cases_of_gangs_placed_again_need_the_rule(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    case, = (c for c in rounds.CASES if name in c.kai_test)
+    rounds.test_the_cycles_converge_where_kais_integration_test_expects_and_stay(case, "native")
+    without(monkeypatch, "kai-es/v10", "staleness", SubGroupStaleness())
+    with pytest.raises(AssertionError):
+        rounds.test_the_cycles_converge_where_kais_integration_test_expects_and_stay(case, "native")

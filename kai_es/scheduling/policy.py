@@ -180,7 +180,7 @@ from kai_es.scheduling.rules.reclaim_victims import (DominantShareReclaimV5, Fin
 from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims, ReplaceVictims, ReplaceWholeGangs
 from kai_es.scheduling.rules.search_backoff import FailedSearchesBackOff, NoSearchBackoffV7
 from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
-from kai_es.scheduling.rules.staleness import SubGroupStaleness, TopLevelStalenessV3
+from kai_es.scheduling.rules.staleness import PlacedPodsKeepTheGang, SubGroupStaleness, TopLevelStalenessV3
 from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
 from kai_es.scheduling.rules.victim_order import NewestFirstV5, ReverseTaskOrder
@@ -304,9 +304,10 @@ RULES_V9: Final = replace(RULES_V8, reclaim_victims=FinalVictimsReclaim(),
 #: kai-es/v10: background pods (KAI's backgroundpods plugin): their capacity counts as free while
 #: a cycle plans; only those whose place was taken are evicted. Idle capacity held for pipelined
 #: pods is passed over, not waited on
-#: Quotas that add up to more than there is are granted in full (KAI's fair-share division)
+#: Quotas that add up to more than there is are granted in full (KAI's fair-share division); a gang
+#: this cycle's placements bring back to its minimum is not stale
 RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), releasing_capacity=HeldIdleSkipped(),
-                           fair_share_division=QuotaGrantedInFull())
+                           fair_share_division=QuotaGrantedInFull(), staleness=PlacedPodsKeepTheGang())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

@@ -7,7 +7,9 @@ words it).
 
 Contract: jobs in key order; the time the gang went stale comes from the log (the reducer's
 `stale_since_ns`, by the rule of the config's policy version), "now" is the cycle's; pods this
-cycle's Plan already evicts, or that occupy a node the cluster does not report, are left alone.
+cycle's Plan already evicts, or that occupy a node the cluster does not report, are left alone;
+a gang the pods placed by this cycle's earlier actions bring back to its minimum is left alone
+where the staleness rule says so (`kept_by_plan`, kai-es/v10 on).
 Pure: writes only the Session's Plan.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling.framework import ActionResult
+from kai_es.scheduling.plan import Entry
 from kai_es.scheduling.rules.staleness import stale_deadline_ns, staleness_grace_ns
 from kai_es.scheduling.session import Session
 
@@ -33,10 +36,13 @@ class StaleGangEviction:
         plan, now = session.plan, session.now_ns
         staleness = session.rules.staleness
         jobs = state.jobs
+        placed = {op.pod_key for op in plan.operations if isinstance(op, Entry)}
         for key in sorted(state.gangs_below_minimum):  # the jobs with stale_since_ns set
             job = jobs[key]
             deadline = stale_deadline_ns(state, config, job)
             if deadline is None or now < deadline:
+                continue
+            if placed and staleness.kept_by_plan(state, job, placed):
                 continue
             grace = staleness_grace_ns(state, config, job)
             pods = [state.pods[k] for k in sorted(job.members)]

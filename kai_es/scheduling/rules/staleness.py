@@ -9,17 +9,24 @@ action, kai-es/v3 on), and how the eviction says why.
 - `SubGroupStaleness` (kai-es/v4 on, KAI's `IsStale`): also while a leaf sub-group has fewer
   occupying pods than its own minMember; a gang short in sub-groups only is named by its first
   such sub-group, in spec order, with that sub-group's numbers.
+- `PlacedPodsKeepTheGang` (kai-es/v10 on, KAI's `IsStale` over the session's task statuses):
+  `SubGroupStaleness`, and a gang whose pods placed by this cycle's earlier actions (allocated,
+  pipelined or moved) bring it, and each leaf sub-group, back to its minimum is not evicted this
+  cycle: KAI counts Pipelined and Allocated tasks as active. Without it a gang that
+  consolidation moves (its moved pods pipelined onto another node) reads "1 of 3 running" and,
+  with a short grace period, is evicted every cycle (KAI's consolidationGang integration test).
 
 Contract: pure functions of the folded state and the config.
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import TYPE_CHECKING, Protocol
 
 from kai_es.events.timefmt import format_duration, parse_signed_duration, rfc3339
 from kai_es.scheduling.rules.preemption_delay import first_member_value
-from kai_es.state.model import ClusterState, Job
+from kai_es.state.model import OCCUPYING, ClusterState, Job
 
 if TYPE_CHECKING:
     from kai_es.scheduling.config import SchedulerConfig
@@ -34,8 +41,18 @@ class Staleness(Protocol):
                ) -> tuple[str, dict[str, int]]:
         """The eviction's reason for the stale gang `job` (`why`, `numbers`: the gang's own)."""
 
+    def kept_by_plan(self, state: ClusterState, job: Job, placed: Container[str]) -> bool:
+        """Whether the pods of `job` placed this cycle (`placed`: keys) keep it from being stale."""
 
-class TopLevelStalenessV3:
+
+class _NotKeptByPlan:
+    __slots__ = ()
+
+    def kept_by_plan(self, state: ClusterState, job: Job, placed: Container[str]) -> bool:
+        return False
+
+
+class TopLevelStalenessV3(_NotKeptByPlan):
     __slots__ = ()
     judges_subgroups = False
 
@@ -44,7 +61,7 @@ class TopLevelStalenessV3:
         return why, numbers
 
 
-class SubGroupStaleness:
+class SubGroupStaleness(_NotKeptByPlan):
     __slots__ = ()
     judges_subgroups = True
 
@@ -53,6 +70,24 @@ class SubGroupStaleness:
         if occupying >= job.min_member:
             return _subgroup_reason(job, occupying, grace_ns) or (why, numbers)
         return why, numbers
+
+
+class PlacedPodsKeepTheGang(SubGroupStaleness):
+    __slots__ = ()
+
+    def kept_by_plan(self, state: ClusterState, job: Job, placed: Container[str]) -> bool:
+        active = [pod for key in sorted(job.members)
+                  if (pod := state.pods[key]).status in OCCUPYING or key in placed]
+        if len(active) < job.min_member:
+            return False
+        groups = job.spec.subgroups if job.spec is not None else []
+        if not groups:
+            return True
+        parents = {sg.parent for sg in groups}
+        counts: dict[str, int] = {}
+        for pod in active:
+            counts[pod.spec.subgroup] = counts.get(pod.spec.subgroup, 0) + 1
+        return all(counts.get(sg.name, 0) >= sg.min_member for sg in groups if sg.name not in parents)
 
 
 def _subgroup_reason(job: Job, occupying: int, grace: int) -> tuple[str, dict[str, int]] | None:
