@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from kai_es.events import Envelope, Record
+
+if TYPE_CHECKING:
+    from kai_es.scheduling.config import SchedulerConfig
+    from kai_es.state.model import ClusterState
 
 
 class SetupError(ValueError):
@@ -177,3 +181,16 @@ __all__ = [
     "SnapshotStore",
     "StoredSnapshot",
 ]
+
+
+class CycleObserver(Protocol):
+    """Told of what the scheduler folds and decides (its metrics); sees, never changes."""
+
+    def on_fold(self, record: Record, state: ClusterState) -> None:
+        """`record` was just folded into `state`."""
+
+    def on_action(self, name: str) -> None:
+        """A cycle's action `name` starts ("": the last one ended)."""
+
+    def on_cycle(self, state: ClusterState, config: SchedulerConfig, decisions: Sequence[Envelope]) -> None:
+        """A cycle's decisions were appended and `state` folded past them."""

@@ -46,6 +46,7 @@ import anyio
 from kai_es.adapters.clock import FlowClock, FrozenClock
 from kai_es.adapters.file_snapshots import FileBlobStore, FileSnapshotStore
 from kai_es.adapters.ids import RandomIds
+from kai_es.adapters.scheduler_metrics import SchedulerMetrics
 from kai_es.adapters.status_http import HEARTBEAT_S, MeteredLog, ProcessStatus
 from kai_es.app import bulk_fold, freeze_long_lived, open_log
 from kai_es.events import Record
@@ -341,8 +342,9 @@ async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, ti
 
     async def body(events: EventLog, store: SnapshotStore | None) -> None:
         t = time.monotonic()
+        metrics = SchedulerMetrics(status.registry) if status is not None else None
         sched = SchedulerService(events, config, packer, clock, RandomIds(), snapshots=store,
-                                 snapshot_every=snapshot_every)
+                                 snapshot_every=snapshot_every, observer=metrics)
         with bulk_fold():
             await sched.restore_snapshot()
             restored = sched.snapshot_restored

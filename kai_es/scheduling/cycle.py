@@ -18,6 +18,7 @@ Contract (what makes replay exact):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from kai_es.events import Envelope, Record
@@ -58,11 +59,14 @@ def strategy_of(config: SchedulerConfig, state: ClusterState | None = None) -> S
 
 
 def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
-              packer: Packer, verify: bool = False) -> list[Envelope]:
+              packer: Packer, verify: bool = False,
+              on_action: Callable[[str], None] | None = None) -> list[Envelope]:
     """The decisions of one cycle (see module docstring). `state` must be folded exactly up to
     and including `started`; it is not modified (only its derived caches and the incremental
     digest's kept hashes are brought up to date). `verify=True` runs the Plan's verification
-    mode (memos and incremental tables re-checked; a disagreement raises VerificationError)."""
+    mode (memos and incremental tables re-checked; a disagreement raises VerificationError).
+    `on_action` (the shell's timer; it sees nothing and changes nothing) is called with each
+    action's name as it starts, and with "" once the last has ended."""
     cycle_payload = started.envelope.data
     if not isinstance(cycle_payload, p.CycleStarted):
         raise TypeError(f"record {started.position} is not a CycleStarted event")
@@ -82,10 +86,14 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
         action = policy.actions.get(name)
         if action is None:
             continue  # kai-es/v1 accepted names it did not run; later versions reject them
+        if on_action is not None:
+            on_action(name)
         result = action(session)
         unschedulable.update(result.unschedulable)
         for entry in result.placed:  # a later action placed what an earlier one could not
             unschedulable.pop(entry.pod_key, None)
+    if on_action is not None:
+        on_action("")
     policy.rules.background_pods.give_back(session, background)
     for op in plan.operations:
         if isinstance(op, Entry):

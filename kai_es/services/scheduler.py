@@ -24,7 +24,7 @@ from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
 from kai_es.events.factory import make_envelope
-from kai_es.ports import Clock, EventLog, IdFactory, SnapshotStore, StoredSnapshot
+from kai_es.ports import Clock, CycleObserver, EventLog, IdFactory, SnapshotStore, StoredSnapshot
 from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event
 from kai_es import verify_mode
 from kai_es.scheduling.cycle import run_cycle
@@ -44,7 +44,8 @@ class SchedulerService:
     def __init__(self, events: EventLog, config: SchedulerConfig, packer: Packer, clock: Clock,
                  ids: IdFactory, state: ClusterState | None = None, *,
                  snapshots: SnapshotStore | None = None, snapshot_every: int = 0,
-                 on_fold: Callable[[Record], None] | None = None) -> None:
+                 on_fold: Callable[[Record], None] | None = None,
+                 observer: CycleObserver | None = None) -> None:
         self.events = events
         self.config = config
         self.digest = config_digest(config)
@@ -64,11 +65,15 @@ class SchedulerService:
         self._due_cache: tuple[int, list[int]] = (-2, [])
         #: called with every record right after it is folded into `state` (a run's summary)
         self.on_fold = on_fold
+        #: told of folds, actions and cycles (the process's metrics); None: nobody
+        self.observer = observer
 
     def _fold(self, record: Record) -> None:
         apply(self.state, record)
         if self.on_fold is not None:
             self.on_fold(record)
+        if self.observer is not None:
+            self.observer.on_fold(record, self.state)
         if not record.envelope.type.startswith("kai.scheduler."):
             self._inputs_since_cycle = True
 
@@ -162,7 +167,9 @@ class SchedulerService:
                 break
         if cut_record is None or cut_record.position != cut:
             raise RuntimeError(f"the log did not return the cycle's own CycleStarted at {cut}")
-        decisions = run_cycle(self.state, cut_record, self.config, self.packer, verify=verify_mode.enabled())
+        observer = self.observer
+        decisions = run_cycle(self.state, cut_record, self.config, self.packer, verify=verify_mode.enabled(),
+                              on_action=observer.on_action if observer is not None else None)
         snap_data = self._snapshot_due(decisions)
         positions = await self.events.append(decisions)
         if snap_data is not None:
@@ -172,6 +179,8 @@ class SchedulerService:
         self._inputs_since_cycle = False
         await self.catch_up()
         self.cycles_run += 1
+        if observer is not None:
+            observer.on_cycle(self.state, self.config, decisions)
         return decisions
 
     def _snapshot_due(self, decisions: list[Envelope]) -> bytes | None:

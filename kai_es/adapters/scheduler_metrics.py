@@ -1,0 +1,127 @@
+"""The scheduler's dashboard metrics, on its process's Prometheus registry (`/metrics` of
+`kai_es.adapters.status_http`): the per-queue numbers of `kai_es.visibility.queue_metrics`
+after every cycle, evictions and failed victim searches counted from the cycle's decisions, how
+long each action took, and how long pods waited from first observed to first bound.
+
+prometheus-client (already the exposition's library) keeps the label sets and renders the text
+format; this module only decides names and values. Names follow Prometheus' conventions: base
+units (GPUs, CPU cores, bytes, seconds), `_total` on counters (the library adds it),
+`_seconds` on durations. Quantities per resource share one metric with a `resource` label
+(gpu: GPUs, cpu: cores, memory: bytes); -1 is unlimited, as in the Queue spec. A queue that
+leaves the state leaves the gauges.
+
+Contract: an observer only (`kai_es.ports.CycleObserver`): it reads the folded state and the
+decisions and changes neither; waits are measured in the log's logical time (so a replayed or
+simulated run gives the same numbers), durations in the process's monotonic time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kai_es.events import Envelope, Record
+from kai_es.events import payloads as p
+from kai_es.scheduling.config import SchedulerConfig
+from kai_es.state.keys import pod_key
+from kai_es.state.model import ClusterState
+from kai_es.visibility.queue_metrics import decision_counts, pending_counts, queue_samples, to_base_units
+
+#: wait buckets, seconds: a few seconds to a day
+WAIT_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0,
+                       12 * 3600.0, 24 * 3600.0)
+ACTION_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+QUEUE_LABELS: Final = ("queue", "parent", "resource")
+#: gauge name -> (help, the QueueSample field it shows)
+QUEUE_GAUGES: Final = {
+    "kai_es_queue_quota": ("Queue quota (KAI's deserved); -1: unlimited", "quota"),
+    "kai_es_queue_limit": ("Queue limit; -1: none", "limit"),
+    "kai_es_queue_fair_share": ("Queue fair share, as the policy version divides it", "fair_share"),
+    "kai_es_queue_allocated": ("What the queue's pods hold (Binding, Running, Releasing)", "allocated"),
+    "kai_es_queue_requested": ("Allocated plus what its pending pods ask for, capped by its limit", "requested"),
+    "kai_es_queue_nonpreemptible_allocated": ("What the queue's non-preemptible jobs hold", "nonpreemptible"),
+}
+
+
+class SchedulerMetrics:
+    """The scheduler process's queue, decision and wait metrics (see module docstring)."""
+
+    def __init__(self, registry: CollectorRegistry, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.queue_gauges = {name: Gauge(name, help_, QUEUE_LABELS, registry=registry)
+                             for name, (help_, _) in QUEUE_GAUGES.items()}
+        self.pending_pods = Gauge("kai_es_queue_pending_pods", "Pods waiting in the queue", ["queue"],
+                                  registry=registry)
+        self.pending_jobs = Gauge("kai_es_queue_pending_jobs", "Jobs with pods waiting in the queue", ["queue"],
+                                  registry=registry)
+        self.evictions = Counter("kai_es_evictions", "Evictions decided, by the action that decided them",
+                                 ["action"], registry=registry)
+        self.failed_searches = Counter(
+            "kai_es_failed_victim_searches",
+            "Victim searches reported failed (a verdict counts when a pod's reasons change)",
+            ["action", "reason"], registry=registry)
+        self.action_seconds = Histogram("kai_es_action_duration_seconds", "One action of one cycle",
+                                        ["action"], buckets=ACTION_BUCKETS, registry=registry)
+        self.wait_seconds = Histogram(
+            "kai_es_pod_wait_seconds", "From a pod first observed pending to its first bind (log time)",
+            ["queue"], buckets=WAIT_BUCKETS, registry=registry)
+        self._queue_labels: set[tuple[str, str, str]] = set()
+        self._queues: set[str] = set()
+        #: pod uid -> (key, logical time first observed pending): pods not yet bound
+        self._waiting: dict[str, tuple[str, int]] = {}
+        self._action: tuple[str, float] | None = None
+
+    # -- CycleObserver --------------------------------------------------------------------------
+
+    def on_fold(self, record: Record, state: ClusterState) -> None:
+        data = record.envelope.data
+        if isinstance(data, p.PodObserved):
+            if not data.node_name and data.phase == "Pending" and data.uid not in self._waiting:
+                self._waiting[data.uid] = (pod_key(data.namespace, data.name), record.envelope.logicaltime)
+            elif data.phase in ("Succeeded", "Failed"):
+                self._waiting.pop(data.uid, None)
+        elif isinstance(data, p.PodBound):
+            first = self._waiting.pop(data.uid, None)
+            if first is not None:
+                pod = state.pods.get(first[0])
+                job = state.jobs.get(pod.job_key) if pod is not None else None
+                queue = job.queue if job is not None else ""
+                wait_ns = max(0, record.envelope.logicaltime - first[1])
+                self.wait_seconds.labels(queue=queue).observe(wait_ns / 1e9)
+        elif isinstance(data, p.PodRemoved):
+            if data.uid:
+                self._waiting.pop(data.uid, None)
+
+    def on_action(self, name: str) -> None:
+        now = self.clock()
+        if self._action is not None:
+            self.action_seconds.labels(action=self._action[0]).observe(now - self._action[1])
+        self._action = (name, now) if name else None
+
+    def on_cycle(self, state: ClusterState, config: SchedulerConfig, decisions: Sequence[Envelope]) -> None:
+        labels: set[tuple[str, str, str]] = set()
+        for sample in queue_samples(state, config):
+            key = (sample.queue, sample.parent, sample.resource)
+            labels.add(key)
+            for name, (_, field) in QUEUE_GAUGES.items():
+                self.queue_gauges[name].labels(*key).set(to_base_units(sample.resource, getattr(sample, field)))
+        for gone in self._queue_labels - labels:
+            for gauge in self.queue_gauges.values():
+                gauge.remove(*gone)
+        self._queue_labels = labels
+        pending = pending_counts(state)
+        for queue, (pods, jobs) in pending.items():
+            self.pending_pods.labels(queue=queue).set(pods)
+            self.pending_jobs.labels(queue=queue).set(jobs)
+        for left in self._queues - set(pending):
+            self.pending_pods.remove(left)
+            self.pending_jobs.remove(left)
+        self._queues = set(pending)
+        evictions, failures = decision_counts(decisions)
+        for action, n in sorted(evictions.items()):
+            self.evictions.labels(action=action).inc(n)
+        for (action, reason), n in sorted(failures.items()):
+            self.failed_searches.labels(action=action, reason=reason).inc(n)
