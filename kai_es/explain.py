@@ -34,10 +34,11 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling.config import ConfigError, parse_config
-from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request
+from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request, pod_request
 from kai_es.scheduling.policy import policy_for
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
+from kai_es.visibility.positions import position, queue_order
 
 #: reason code -> the rule it names, as a person says it
 RULES: dict[str, str] = {
@@ -78,6 +79,8 @@ class _Cut:
     pending: dict[str, tuple[str, list[p.Reason] | None]]
     queue: dict[str, Any] | None
     decided: dict[str, p.Payload] = field(default_factory=dict)
+    #: the subject's job's place in its queue at the cut (`visibility.positions`): (n, of)
+    place: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -96,7 +99,13 @@ class _Run:
                 "from": _at(self.first.position, self.first.time_ns),
                 "until": _at(self.last.position, self.last.time_ns),
                 "verdicts": self.verdicts,
-                "queueAtFirst": self.first.queue, "queueAtLast": self.last.queue}
+                "queueAtFirst": self.first.queue, "queueAtLast": self.last.queue,
+                "positionAtFirst": _position_json(self.first.place),
+                "positionAtLast": _position_json(self.last.place)}
+
+
+def _position_json(place: tuple[int, int] | None) -> dict[str, int] | None:
+    return None if place is None else {"inQueue": place[0], "of": place[1]}
 
 
 def _at(position: int, ns: int) -> dict[str, Any]:
@@ -298,6 +307,7 @@ def _cut(state: ClusterState, subject: _Subject, record: Record,
     """What cycle `record` (a CycleStarted, folded) sees of the subject, or None if nothing."""
     pending: dict[str, tuple[str, list[p.Reason] | None]] = {}
     queue = ""
+    job_key = ""
     for key in sorted(subject.job_pods | ({subject.key} if subject.pod_seen else set())):
         if not subject.follows(key):
             continue
@@ -307,6 +317,7 @@ def _cut(state: ClusterState, subject: _Subject, record: Record,
         pending[key] = (pod.last_unschedulable, announced.get(key))
         if pod.job_key in state.jobs and not queue:
             queue = state.jobs[pod.job_key].queue
+            job_key = pod.job_key
     if not pending:
         return None
     numbers = None
@@ -315,7 +326,8 @@ def _cut(state: ClusterState, subject: _Subject, record: Record,
         numbers = queue_numbers(state, shares, hint, queue)
     env = record.envelope
     assert isinstance(env.data, p.CycleStarted)
-    return _Cut(env.data.cycle, record.position, env.logicaltime, pending, numbers)
+    return _Cut(env.data.cycle, record.position, env.logicaltime, pending, numbers,
+                place=position(state, job_key) if job_key else None)
 
 
 #: reason numbers that change with each failed search while the verdict stays the same
@@ -420,11 +432,16 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
     open_cuts: dict[int, tuple[int, int, dict[str, Any] | None]] = {}
     seen = False
     span = _Span()
+    announced: dict[str, list[p.Reason]] = {}
     for record in span.folded(records, state):
         env = record.envelope
         data = env.data
         if isinstance(data, p.QueueObserved) and data.name == name:
             seen = True
+        elif isinstance(data, p.PodUnschedulable):
+            announced[pod_key(data.namespace, data.name)] = list(data.reasons)
+        elif isinstance(data, (p.BindingDecided, p.PodPipelined, p.PodRemoved)):
+            announced.pop(pod_key(data.namespace, data.name), None)
         if isinstance(data, p.CycleStarted) and name in state.queues:
             shares, hint = cycle_shares(state, env.logicaltime)
             open_cuts[record.position] = (data.cycle, env.logicaltime, queue_numbers(state, shares, hint, name))
@@ -438,7 +455,26 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
                              "numbers": numbers})
     if not seen:
         raise ExplainError(f"the log never observed a queue named {name!r}")
-    return {"queue": name, "units": UNITS, "log": {"from": span.first_ns, "until": span.last_ns}, "runs": runs}
+    return {"queue": name, "units": UNITS, "log": {"from": span.first_ns, "until": span.last_ns}, "runs": runs,
+            "pending": _waiting(state, name, announced)}
+
+
+def _waiting(state: ClusterState, name: str, announced: dict[str, list[p.Reason]]) -> list[dict[str, Any]]:
+    """The queue's waiting jobs at the end of the log, in the order a cycle takes them: each
+    with its position, pods waiting, what it asks for, since when, and the last verdict
+    announced for its first waiting pod (the rule and its numbers)."""
+    out: list[dict[str, Any]] = []
+    order = queue_order(state, name)
+    hint = max((node.spec.gpu_memory_mib for node in state.nodes.values()), default=0)
+    for n, key in enumerate(order, 1):
+        job = state.jobs[key]
+        waiting = sorted(entry.pod_key for entry in job.pending)
+        reasons = next((announced[k] for k in waiting if k in announced), [])
+        gpu = sum(pod_request(state.pods[k].spec, hint)[0] for k in waiting)
+        out.append({"position": n, "of": len(order), "job": key, "priority": job.priority,
+                    "pods": waiting, "gpuRequested": gpu, "since": job.created_ns or None,
+                    "rule": _rule(reasons), "reasons": _reasons_json(reasons)})
+    return out
 
 
 # --- text ------------------------------------------------------------------------------------
@@ -488,6 +524,11 @@ def render_text(report: dict[str, Any]) -> list[str]:
                     what = v.get("note", "pending")
                 state = "pipelined" if v["status"] == "Pipelined" else "pending"
                 lines.append(f"{when(e['from'])} {pods}{state} for {e['cycles']} cycle(s) ({span}): {what}")
+            place, first_place = e.get("positionAtLast"), e.get("positionAtFirst")
+            if place:
+                moved = (f" (at the first of these cycles: #{first_place['inQueue']} of {first_place['of']})"
+                         if first_place and first_place != place else "")
+                lines.append(f"{'':30} #{place['inQueue']} of {place['of']} waiting in its queue{moved}")
             q = _queue_phrase(e["queueAtLast"])
             if q:
                 first = _queue_phrase(e["queueAtFirst"])
@@ -522,6 +563,21 @@ def render_text(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_waiting(report: dict[str, Any]) -> list[str]:
+    waiting = report.get("pending") or []
+    if not waiting:
+        return [f"queue {report['queue']}: no job waits at the end of the log"]
+    end = report["log"]["until"]
+    lines = [f"queue {report['queue']}: {len(waiting)} job(s) waiting at the end of the log, in the order a cycle "
+             "takes them"]
+    for w in waiting:
+        since = f"waiting {format_duration((end - w['since']) // 10**9 * 10**9)}" if w["since"] and end else "waiting"
+        why = f"{w['reasons'][0]['code']}: {w['reasons'][0]['message']}" if w["reasons"] else "no verdict recorded yet"
+        lines.append(f"  #{w['position']} of {w['of']}  {w['job']}  ({len(w['pods'])} pod(s), "
+                     f"{_gpu(w['gpuRequested'])} GPU, priority {w['priority']}, {since}): {why}")
+    return lines
+
+
 def render_queue_text(report: dict[str, Any]) -> list[str]:
     start = report["log"]["from"]
     lines = [f"queue {report['queue']}: per cycle cut (GPU; CPU in cores; memory in GiB)",
@@ -539,4 +595,4 @@ def render_queue_text(report: dict[str, Any]) -> list[str]:
             f"{('-' if g['quota'] < 0 else _gpu(g['quota'])):>7} {_gpu(g['pending']):>7}  "
             f"{c['allocated'] / 1000:>9.1f} {c['fairShare'] / 1000:>7.1f}  "
             f"{m['allocated'] / 2**30:>9.1f} {m['fairShare'] / 2**30:>7.1f}")
-    return lines
+    return lines + _render_waiting(report)

@@ -331,6 +331,9 @@ def test_granting_quotas_in_full_changes_only_a_short_parent_and_never_the_over_
     assert {n: s.fair_share for n, s in divide(8000, short, 1000).items()} == {"a": 3000, "b": 5000}  # by priority
     assert {n: s.fair_share for n, s in divide(8000, short, 1000, quota_granted=True).items()} == \
         {"a": 6000, "b": 5000}
+    unlimited = [q("a", -1), q("b", 5000)]  # KAI: an unlimited quota deserves the whole, no more
+    assert {n: s.fair_share for n, s in divide(8000, unlimited, 1000, quota_granted=True).items()} == \
+        {"a": 8000, "b": 5000}
     roomy = [q("a", 2000), q("b", 3000), q("d", 1000, parent="a")]
     assert divide(16_000, roomy, 1000) == divide(16_000, roomy, 1000, quota_granted=True)
 

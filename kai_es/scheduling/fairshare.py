@@ -10,7 +10,8 @@ The rules (KAI's, stated exactly so they can be checked by hand):
      priority proportionally to what they asked for in this step — or, with `quota_granted`
      (policy kai-es/v10 on, KAI's `setDeservedResource`), every child gets it anyway: quotas
      that add up to more than the parent's share are granted in full, and the fair shares then
-     add up to more than there is (nothing remains for step 2).
+     add up to more than there is (nothing remains for step 2); an unlimited quota (-1) then
+     deserves at most the parent's whole share.
   2. What remains goes to priority buckets in descending order; within a bucket, in rounds by
      over-quota weight: each unsatisfied child with weight > 0 gets remaining * weight // total
      weight. A child offered more than it still needs gets exactly what it needs, and another
@@ -281,8 +282,8 @@ def _within_quota(amount: int, claims: Sequence[tuple[QueueInput, int]],
     (`quota_granted`: in full, however short)."""
     given = {q.name: 0 for q, _ in claims}
     in_quota = {q.name: (r if q.quota < 0 else min(q.quota, r)) for q, r in claims}
-    if quota_granted:
-        return in_quota
+    if quota_granted:  # an unlimited quota deserves the parent's whole share, no more
+        return {q.name: (min(amount, r) if q.quota < 0 else in_quota[q.name]) for q, r in claims}
     remaining = amount
     for bucket in _buckets(q for q, _ in claims):
         asked = sum(in_quota[q.name] for q in bucket)

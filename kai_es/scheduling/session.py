@@ -84,6 +84,13 @@ class QueueNode:
         return tuple(out)
 
 
+def queued_job(job: Job) -> QueuedJob:
+    """`job`'s place in its leaf queue's order (the cycle takes a queue's jobs in this order)."""
+    stage = 0 if job.occupying < job.min_member else 1
+    # (tuple.__new__: without the NamedTuple's Python-level __new__, once per pending job)
+    return tuple.__new__(QueuedJob, (-job.priority, stage, job.created_ns, job.uid, job.key))
+
+
 def _one_pod(job: Job) -> bool:
     """A job of exactly one pod and no gang structure: its minimum is that pod."""
     return len(job.members) == 1 and job.min_member <= 1 and (job.spec is None or not job.spec.subgroups)
@@ -190,10 +197,7 @@ class Session:
                 continue
             entries = []
             for index_key in st.pending_jobs[name]:
-                job = jobs[job_key_of_index(index_key)]
-                stage = 0 if job.occupying < job.min_member else 1
-                # (tuple.__new__: without the NamedTuple's Python-level __new__, once per pending job)
-                entries.append(tuple.__new__(QueuedJob, (-job.priority, stage, job.created_ns, job.uid, job.key)))
+                entries.append(queued_job(jobs[job_key_of_index(index_key)]))
             leaf.jobs = SortedList(entries)
         for name, node in self.queues.items():
             q = st.queues[name]

@@ -1,0 +1,69 @@
+"""Queue positions (`kai_es.visibility.positions`, shown by `kai-es explain`): a waiting job's
+place in its queue is the order a cycle takes the queue's jobs — higher priority first, then
+older — computed from the folded state at each cycle's cut, so any log (older ones included)
+has them and replay gives them back. `explain --queue Q` lists the queue's waiting jobs in that
+order with what each waits for; `explain NS/NAME` gives a job's position over its waits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.app.simulation import simulate
+from kai_es.events import Record
+from kai_es.explain import explain, explain_queue, render_queue_text, render_text
+from kai_es.scenario import load_scenario_text
+from kai_es.scheduling.packing import load_packer
+from kai_es.state import ClusterState
+from kai_es.state.reducer import apply
+from kai_es.visibility.positions import position, queue_order
+from tests.builders import MakeNode, MakePod, queue, scenario_text
+
+
+def _run(*pods: MakePod, gpus: int = 2) -> list[Record]:
+    """`pods` (documents in creation order) on one node of `gpus` GPUs for a few cycles."""
+    text = scenario_text(MakeNode("n1").gpus(gpus).obj(), queue("team-a", gpu_quota=gpus),
+                         *(pod.obj() for pod in pods),
+                         settings={"start": "2026-01-01T12:00:00Z", "simulation": {"until": "5s", "cyclePeriod": "1s"}})
+    log = MemoryEventLog()
+    anyio.run(lambda: simulate(load_scenario_text(text, "positions.yaml"), log, load_packer("native")))
+    return list(log._records)  # noqa: SLF001 - the test reads the whole log
+
+
+def _names(waiting: list[dict[str, Any]]) -> list[str]:
+    return [w["pods"][0].split("/")[1] for w in waiting]
+
+
+def test_the_queue_lists_its_waiting_jobs_by_priority_then_age_not_by_name() -> None:
+    records = _run(MakePod("z-old").gpu(2).priority_class("train"), MakePod("build-now").gpu(2).priority_class("build"),
+                   MakePod("a-new").gpu(2).priority_class("train"), MakePod("m-build").gpu(2).priority_class("build"),
+                   gpus=2)
+    report = explain_queue(records, "team-a")
+    waiting = report["pending"]
+    # build-now (build, oldest of the builds) runs; m-build (build) is next, then the trains by age
+    assert _names(waiting) == ["m-build", "z-old", "a-new"]
+    assert [(w["position"], w["of"]) for w in waiting] == [(1, 3), (2, 3), (3, 3)]
+    assert [w["rule"] for w in waiting] == ["NonPreemptibleOverQuota", "NoNodeFits", "NoNodeFits"]
+    assert "quota 2 GPU" in waiting[0]["reasons"][0]["message"]  # what it waits for, with its numbers
+    assert all(w["gpuRequested"] == 2000 for w in waiting)
+    text = "\n".join(render_queue_text(report))
+    assert "#1 of 3" in text and "m-build" in text.split("#1 of 3", 1)[1].split("\n", 1)[0]
+    state = ClusterState()
+    for record in records:
+        apply(state, record)
+    assert queue_order(state, "team-a") == [w["job"] for w in waiting]
+    assert position(state, waiting[2]["job"]) == (3, 3)
+    running = next(k for k, j in state.jobs.items() if "build-now" in k)
+    assert position(state, running) is None
+
+
+def test_a_jobs_position_over_time_moves_up_as_those_before_it_start() -> None:
+    records = _run(MakePod("first").gpu(1), MakePod("second").gpu(1), MakePod("third").gpu(1),
+                   MakePod("fourth").gpu(1), gpus=1)
+    report = explain(records, "default/fourth")
+    waits = [e for e in report["timeline"] if e["kind"] == "wait"]
+    assert waits and waits[0]["positionAtFirst"] == {"inQueue": 4, "of": 4}  # nothing runs at the first cut
+    assert waits[-1]["positionAtLast"] == {"inQueue": 3, "of": 3}  # `first` runs
+    assert "#3 of 3 waiting in its queue (at the first of these cycles: #4 of 4)" in "\n".join(render_text(report))
