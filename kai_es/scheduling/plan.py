@@ -24,6 +24,7 @@ Contract:
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -301,18 +302,14 @@ class Plan:
                     continue
                 future.apply_placed(now.node, now.devices, shape, 1)
                 self.idle.apply_placed(now.node, now.devices, shape, 1)
-                entry = self._record(pod_key, spec, shape, now, pipelined=False)
-                return entry, now
+                return self._record(pod_key, spec, shape, now, pipelined=False), now
         if levels is not None:
             now = self._place_idle(shape, mask)
             if now.placed:
                 return None, now  # fits only capacity pipelined pods are waiting for
-        for level in (levels or (mask,)) if pod_key not in self.idle_only else ():
-            later = self._place_future(shape, level)
-            if later.placed:
-                entry = self._record(pod_key, spec, shape, later, pipelined=True)
-                self.future.apply_placed(later.node, later.devices, shape, 1)
-                return entry, now
+        later = self._pipeline(pod_key, spec, shape, levels or (mask,))
+        if later is not None:
+            return later, now
         if settled and remember and pod_key not in self.idle_only:  # (an idle-only failure says nothing of others)
             self._failed[failed_key] = now
         return None, now
@@ -348,15 +345,26 @@ class Plan:
             answer = held
         elif answer is None:
             answer = self._place_idle(shape, mask)
-        for level in (levels or (mask,)) if pod_key not in self.idle_only else ():
+        later = self._pipeline(pod_key, spec, shape, levels or (mask,))
+        if later is not None:
+            return later, answer
+        if memo and held is None and pod_key not in self.idle_only:
+            self._failed[failed_key] = answer
+        return None, answer
+
+    def _pipeline(self, pod_key: str, spec: PodObserved, shape: TaskShape,
+                  levels: Sequence[array[int]]) -> Entry | None:
+        """Pipeline one task onto releasing capacity, on the first level with a fitting node
+        (never a pod placed on idle capacity only); None when none fits."""
+        if pod_key in self.idle_only:
+            return None
+        for level in levels:
             later = self._place_future(shape, level)
             if later.placed:
                 entry = self._record(pod_key, spec, shape, later, pipelined=True)
                 self.future.apply_placed(later.node, later.devices, shape, 1)
-                return entry, answer
-        if memo and held is None and pod_key not in self.idle_only:
-            self._failed[failed_key] = answer
-        return None, answer
+                return entry
+        return None
 
     def place_idle(self, pod_key: str, spec: PodObserved, mask: array[int]) -> Entry | None:
         """Place one task on idle capacity only (never pipelined), on a node of `mask` whose
