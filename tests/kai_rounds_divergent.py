@@ -121,17 +121,6 @@ DIVERGENT: tuple[Case, ...] = (
           J('pending-job4', 1, 'queue0'),
           J('pending-job5', 1, 'queue1'),),
          {'pending-job0': 'node0', 'pending-job1': 'node0', 'pending-job2': '', 'pending-job3': '', 'pending-job4': '', 'pending-job5': ''}),
-    # KAI: the build job preempts the train job of its own queue (deserved 1, limit 1).
-    # kai-es: nothing moves; the build job stays pending. The queue's limit 1 is reached by the
-    # train job; KAI's preempt frees it within the same queue (limit check counts the victims),
-    # kai-es's preempt does not take a victim to make room under the queue's limit. Module:
-    # actions/preempt.py (preempting.py). Sure: medium.
-    Case('allocate/allocate_test.go: try to allocate interactive after train when over-quota - train should be preempted for interactive to run',
-         {'node0': 2},
-         (Q('queue0', 1, weight=1, limit=1),),
-         (J('running-job-train', 1, 'queue0', tasks=('node0',)),
-          J('pending-job-interactive', 1, 'queue0', priority=100),),
-         {'pending-job-interactive': 'node0', 'running-job-train': ''}),
 )
 
 

@@ -53,8 +53,11 @@ def check(outcome: dict[str, Any], expect: dict[str, dict[str, Any]]) -> None:
             assert [r["code"] for r in _reasons(outcome, pod)] == want["reasons"], (pod, _reasons(outcome, pod))
         if "numbers" in want:
             reasons = _reasons(outcome, pod)
-            # the NoNodeFits reason carries the per-cause node counts; else the last reason
-            numbers = next((r for r in reasons if r["code"] == "NoNodeFits"), reasons[-1])["numbers"]
+            # the NoNodeFits reason carries the per-cause node counts; else the last reason that
+            # has every number named (a QueueLimit's before the actions' own), else the last
+            named = [r for r in reasons if set(want["numbers"]) <= set(r["numbers"])]
+            numbers = next((r for r in reasons if r["code"] == "NoNodeFits"),
+                           named[-1] if named else reasons[-1])["numbers"]
             assert {k: numbers.get(k) for k in want["numbers"]} == want["numbers"], (pod, numbers)
         if "movesTo" in want:
             assert got.get("movesTo") == want["movesTo"], (pod, got)

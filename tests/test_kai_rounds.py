@@ -623,6 +623,14 @@ CASES = (
          (J('pending-job0', 1, 'queue0', cpu=2000),
           J('pending-job1', 1, 'queue0', cpu=2000),),
          {'pending-job0': 'node0', 'pending-job1': ''}),
+    # kai-es/v10 (rules.queue_limits): the queue's limit 1 is judged with the victim taken, as
+    # KAI's capacity predicate judges each task placed
+    Case('allocate/allocate_test.go: try to allocate interactive after train when over-quota - train should be preempted for interactive to run',
+         {'node0': 2},
+         (Q('queue0', 1, weight=1, limit=1),),
+         (J('running-job-train', 1, 'queue0', tasks=('node0',)),
+          J('pending-job-interactive', 1, 'queue0', priority=100),),
+         {'pending-job-interactive': 'node0', 'running-job-train': ''}),
     Case('allocate/allocate_test.go: single level queue hierarchy - allocate job',
          {'node0': 2},
          (Q('root-queue', 2),),

@@ -28,6 +28,7 @@ from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.predicates.selector_text import Requirement, SelectorError, parse_selector, selector_holds
 from kai_es.scheduling.rules.background_pods import NoBackgroundPodsV9
 from kai_es.scheduling.rules.fair_share_division import ReplacementsCountedOnce
+from kai_es.scheduling.rules.queue_limits import LimitsBeforeSearchV9
 from kai_es.scheduling.rules.releasing_capacity import StuckReleasingHeld
 from kai_es.scheduling.rules.staleness import SubGroupStaleness
 from kai_es.state import ClusterState
@@ -35,7 +36,7 @@ from kai_es.state.reducer import apply
 from tests import test_kai_rounds as rounds  # (the module: its test is not collected here again)
 from tests.builders import MakeNode, MakePod, queue, scenario_text
 from tests.policy_patch import without
-from tests.test_cycle_scenarios import check, expectations
+from tests.test_cycle_scenarios import _reasons, check, expectations
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 GIVE_WAY = SCENARIOS / "v10-background-pods-give-way.yaml"
@@ -357,9 +358,82 @@ def test_a_gang_still_short_after_the_cycles_placements_is_evicted_as_before() -
     assert _evictions(outcome)["default/trainer-0"]["action"] == "stalegangeviction"
 
 
+# -- a queue's limit judged with the victims taken ------------------------------------------------
+
+WITHIN_LIMIT = SCENARIOS / "v10-preempt-within-queue-limit.yaml"
+WITHIN_LIMIT_KAI_CASES = ("try to allocate interactive after train when over-quota",)
+_TRAIN_4 = """  name: train-1
+  namespace: default
+  labels: {kai.scheduler/queue: research}
+spec:
+  schedulerName: kai-scheduler
+  priorityClassName: train
+  nodeName: node-a
+  containers: [{name: c, resources: {requests: {nvidia.com/gpu: "4"}}}]
+status: {phase: Running}
+"""
+
+
+def _two_trainings(build_gpus: int) -> str:
+    """The scenario with two 2-GPU trainings (train-1 older) in place of the 4-GPU one."""
+    text = WITHIN_LIMIT.read_text()
+    two = "---\napiVersion: v1\nkind: Pod\nmetadata:\n".join(
+        _TRAIN_4.replace("train-1", name).replace('nvidia.com/gpu: "4"', 'nvidia.com/gpu: "2"')
+        for name in ("train-1", "train-2"))
+    assert _TRAIN_4 in text
+    return text.replace(_TRAIN_4, two).replace(
+        'priorityClassName: build\n  containers: [{name: c, resources: {requests: {nvidia.com/gpu: "4"}}}]',
+        f'priorityClassName: build\n  containers: [{{name: c, resources: {{requests: {{nvidia.com/gpu: "{build_gpus}"}}}}}}]')
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_a_job_at_its_queues_limit_preempts_its_own_queue_to_get_under_it(
+        engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    check(_cycle(WITHIN_LIMIT.read_text(), engine), expectations(WITHIN_LIMIT))
+    assert _evictions(_cycle(WITHIN_LIMIT.read_text(), engine))["default/train-1"]["action"] == "preempt"
+    without(monkeypatch, "kai-es/v10", "queue_limits", LimitsBeforeSearchV9())
+    outcome = _cycle(WITHIN_LIMIT.read_text(), engine)
+    assert outcome["pods"]["default/build-1"]["status"] == "Pending"
+    assert outcome["pods"]["default/train-1"]["status"] == "Running"
+
+
+def test_the_search_takes_victims_until_the_limit_holds_and_no_more() -> None:
+    """Two 2-GPU trainings: a 4-GPU build job needs both gone to be under the limit of 4 (the
+    idle GPUs alone would fit it); a 2-GPU one needs one, the newer (KAI's victim order)."""
+    both = _cycle(_two_trainings(4))
+    assert {k: v["status"] for k, v in both["pods"].items()} == {
+        "default/build-1": "Binding", "default/train-1": "Releasing", "default/train-2": "Releasing"}
+    one = _cycle(_two_trainings(2))
+    assert {k: v["status"] for k, v in one["pods"].items()} == {
+        "default/build-1": "Binding", "default/train-1": "Running", "default/train-2": "Releasing"}
+
+
+def test_no_victim_of_another_queue_brings_a_job_under_its_own_queues_limit() -> None:
+    """research's limit is taken by a training of its own, of the waiting training's priority;
+    another runs in queue production: reclaiming it would free GPUs but not research's limit, so
+    nothing is evicted and the waiting job is told the limit holds it."""
+    other = _TRAIN_4.replace("train-1", "other-1").replace("kai.scheduler/queue: research",
+                                                           "kai.scheduler/queue: production")
+    mine = _TRAIN_4.replace("train-1", "research-run")
+    text = WITHIN_LIMIT.read_text().replace(_TRAIN_4, other + "---\napiVersion: v1\nkind: Pod\nmetadata:\n" + mine)
+    # the waiting job a training too: no quota to guard, and no lower priority to preempt in research
+    text = text.replace("priorityClassName: build", "priorityClassName: train")
+    text += "---\napiVersion: scheduling.run.ai/v2\nkind: Queue\nmetadata: {name: production}\n"
+    outcome = _cycle(text)
+    assert {k: v["status"] for k, v in outcome["pods"].items()} == {
+        "default/build-1": "Pending", "default/other-1": "Running", "default/research-run": "Running"}
+    assert not _evictions(outcome)
+    reasons = _reasons(outcome, "default/build-1")
+    # the limit first (said by allocate, not again); then what each action found, as KAI's
+    # actions search without judging the limit first
+    assert [r["code"] for r in reasons] == ["QueueLimit", "ReclaimNotPossible", "PreemptNotPossible"]
+    assert "limit 4 GPU" in reasons[0]["message"] and "lower priority than 50" in reasons[2]["message"]
+
+
 @pytest.mark.parametrize(("name", "rule", "old"), [
     *((name, "fair_share_division", ReplacementsCountedOnce()) for name in OVERSOLD_KAI_CASES),
     *((name, "staleness", SubGroupStaleness()) for name in PLACED_AGAIN_KAI_CASES),
+    *((name, "queue_limits", LimitsBeforeSearchV9()) for name in WITHIN_LIMIT_KAI_CASES),
 ], ids=lambda v: v[:40] if isinstance(v, str) else type(v).__name__)
 def test_kais_integration_cases_need_v10s_rules(name: str, rule: str, old: object,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,9 @@ the old one, and checks after every step (`Checker`):
   unanswered or succeeded;
 - no gang is bound partially: after a cycle, every job it placed pods of holds (bound, binding or
   pipelined) at least its minMember;
-- no queue is over its GPU limit after a cycle that placed pods in it.
+- no queue is over its GPU limit after a cycle that placed pods in it, not counting its pods
+  being released (KAI's queue allocation: a victim evicted to make room under the limit is
+  Releasing while its preemptor binds, kai-es/v10's `rules.queue_limits`).
 After the fault phase (`horizon_ns`) faults stop, every process is up, and the run settles until
 nothing is left to do; then every decision has exactly one outcome, the pods and nodes the state
 holds are the cluster's, each queue's allocation is the sum of its pods', and a replay of the
@@ -192,11 +194,18 @@ class Checker:
                 self.fail(f"cycle at {cut} bound gang {job_key} partially: {held} of its pods held, "
                           f"minMember {job.min_member}")
         queues = sorted({state.jobs[j].queue for j in jobs if j in state.jobs})
+        releasing: dict[str, int] = {}
+        if queues:
+            for pod in state.pods.values():
+                if pod.status == "Releasing" and pod.job_key in state.jobs:
+                    queue = state.jobs[pod.job_key].queue
+                    releasing[queue] = releasing.get(queue, 0) + pod.milli_gpu
         for name in queues:
             q = state.queues.get(name)
-            if q is not None and q.spec.gpu.limit >= 0 and q.allocated_milli_gpu > q.spec.gpu.limit:
+            held = q.allocated_milli_gpu - releasing.get(name, 0) if q is not None else 0
+            if q is not None and q.spec.gpu.limit >= 0 and held > q.spec.gpu.limit:
                 self.fail(f"cycle at {cut} left queue {name} over its GPU limit: "
-                          f"{q.allocated_milli_gpu} > {q.spec.gpu.limit} milli-GPU")
+                          f"{held} > {q.spec.gpu.limit} milli-GPU (pods being released not counted)")
 
     def finish(self, cluster: SimCluster) -> None:
         """The checks of a settled run (module docstring)."""

@@ -371,13 +371,16 @@ class Session:
         has_minimum = job.min_member > 0 or bool(job.spec is not None and job.spec.subgroups)
         return need is not None and bool(need.pods) and has_minimum
 
-    def limits(self, leaf: QueueNode, job: Job, request: Vector) -> list[Reason]:
+    def limits(self, leaf: QueueNode, job: Job, request: Vector, quotas_only: bool = False) -> list[Reason]:
+        """Why `request` of `job` may not be placed in `leaf` now: the first queue from the leaf
+        up whose limit it would exceed (unless `quotas_only`), or whose quota, for a
+        quota-bound job (`quota_bound`), its non-preemptible allocation would; [] when none."""
         bound = self.quota_bound(job)
         for q in leaf.chain:
             for r, resource in enumerate(RESOURCES):
                 if request[r] <= 0:
                     continue
-                if q.limit[r] >= 0 and q.allocated[r] + request[r] > q.limit[r]:
+                if not quotas_only and q.limit[r] >= 0 and q.allocated[r] + request[r] > q.limit[r]:
                     return [Reason(code=fw.QUEUE_LIMIT, message=(
                         f"queue {q.name} would exceed its {resource} limit: requested "
                         f"{format_quantity(resource, request[r])}, allocated {format_quantity(resource, q.allocated[r])}, "

@@ -331,7 +331,8 @@ class PreemptingAction:
         pods, request = picked
         if any(pod.backoff_until_ns > self.session.now_ns or pod.bind_final_message for pod in pods):
             return False
-        limited = self.session.limits(leaf, job, request)
+        rules = self.session.rules
+        limited = rules.queue_limits.pre_check(self.session, leaf, job, request)
         if limited:
             # said once: by allocate, or by the first action that met it
             if not any(r.code == limited[0].code for r in self.session.unschedulable.get(pods[0].key, ())):
@@ -345,7 +346,6 @@ class PreemptingAction:
         gang = len(pods) > 1 or job.min_member > 1
         eligibility = self.session.eligibility
         shapes = [(self.plan.shape(pod.spec), eligibility.static_mask(pod.spec)) for pod in pods]
-        rules = self.session.rules
         covered = rules.victim_search.plan(self, leaf, job, pods, request, shapes)
         if covered is None:
             return False
@@ -376,6 +376,7 @@ class PreemptingAction:
         topology = self.session.topology if constrained(job.spec) else None
 
         def place() -> list[Entry] | None:
+            cp_place = self.plan.checkpoint()
             if topology is not None:
                 cp = self.plan.checkpoint()
                 entries, _ = topology.place(job, pods, place_each, self.session.request_of)
@@ -383,6 +384,9 @@ class PreemptingAction:
                     self.plan.rollback(cp)
             else:
                 entries, _ = place_each(pods)
+            if entries is not None and not rules.queue_limits.holds(self.session, leaf, job, request):
+                self.plan.rollback(cp_place)  # over a queue limit even with the victims taken so far
+                entries = None
             if entries is not None:
                 placed[:] = entries
             return entries
@@ -407,6 +411,12 @@ class PreemptingAction:
             evictions = None
         if evictions is None:
             rules.victim_search.failed(self, memo)
+            limited = self.session.limits(leaf, job, request)
+            if limited and limited[0].code == fw.QUEUE_LIMIT:
+                # (kai-es/v10: the limit is judged on the Plan) no victims brought it under it
+                if not any(r.code == fw.QUEUE_LIMIT for r in self.session.unschedulable.get(pods[0].key, ())):
+                    self.refuse(job, limited[0].message, limited[0].numbers)
+                return False
             self.refuse(job, *self._failed_search(leaf, job, request))
             return False
         entries = list(placed)  # what the last successful place() put on the Plan

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.move_holds import MoveHolds
     from kai_es.scheduling.rules.preemption_delay import PreemptionDelay
     from kai_es.scheduling.rules.preemptors import Preemptors
+    from kai_es.scheduling.rules.queue_limits import QueueLimits
     from kai_es.scheduling.rules.queue_order import QueueOrder
     from kai_es.scheduling.rules.reclaim_victims import ReclaimVictims
     from kai_es.scheduling.rules.releasing_capacity import ReleasingCapacity
@@ -93,3 +94,6 @@ class Rules:
     #: running background pods: their capacity free while the cycle plans (the cycle, around
     #: its actions)
     background_pods: BackgroundPods
+    #: reclaim, preempt, consolidation: when a preemptor's queue limits are judged, and whether
+    #: a victim put back must fit its own
+    queue_limits: QueueLimits

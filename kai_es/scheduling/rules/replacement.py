@@ -18,6 +18,10 @@ placed; and `relocate`, the re-placement of evicted pods that consolidation shar
   evicted pods back where they run, else all moved elsewhere on idle capacity, else it stays
   evicted and so do its pods still running (evicted with it, the reason saying so); a job left
   at its minimum has its surplus pods tried one at a time, as before.
+- With `rules.queue_limits.LimitsOnThePlan` (kai-es/v10 on) a victim comes back (put back or
+  moved) only if its queues stay within their limits with it (KAI re-places a victim through
+  the same capacity predicate as any task): a job whose own victim made room under its queue's
+  limit does not get that victim back.
 
 Contract: pure; writes only the Session's Plan.
 """
@@ -93,12 +97,23 @@ def _put_back(session: Session, ops: list[Eviction]) -> bool:
     """Undo the evictions `ops` together, else move all their pods elsewhere (`relocate`);
     False, with the Plan as before, when neither can be done."""
     plan = session.plan
+    pods = session.state.pods
+    job = session.state.jobs[pods[ops[0].pod_key].job_key]
+    # kai-es/v10 (`rules.queue_limits`): a victim back on the Plan must fit its queues' limits
+    # (wherever it lands: a move gives back what it took too)
+    request = session.request_of([pods[op.pod_key] for op in ops])
     checkpoint = plan.checkpoint()
     if all(plan.unevict(op) for op in ops):
-        return True
+        if session.rules.queue_limits.victim_fits(session, job, request):
+            return True
+        plan.rollback(checkpoint)
+        return False
     plan.rollback(checkpoint)
     moves = relocate(session, ops)
     if moves is None:
+        return False
+    if not session.rules.queue_limits.victim_fits(session, job, request):
+        plan.rollback(checkpoint)
         return False
     _announce_moves(session, moves)
     return True
