@@ -456,10 +456,10 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
     if not seen:
         raise ExplainError(f"the log never observed a queue named {name!r}")
     return {"queue": name, "units": UNITS, "log": {"from": span.first_ns, "until": span.last_ns}, "runs": runs,
-            "pending": _waiting(state, name, announced)}
+            "pending": waiting_jobs(state, name, announced)}
 
 
-def _waiting(state: ClusterState, name: str, announced: dict[str, list[p.Reason]]) -> list[dict[str, Any]]:
+def waiting_jobs(state: ClusterState, name: str, announced: dict[str, list[p.Reason]]) -> list[dict[str, Any]]:
     """The queue's waiting jobs at the end of the log, in the order a cycle takes them: each
     with its position, pods waiting, what it asks for, since when, and the last verdict
     announced for its first waiting pod (the rule and its numbers)."""
