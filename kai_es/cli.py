@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from kai_es import cli_audit, cli_services, cli_whatif
+from kai_es import cli_audit, cli_serve, cli_services, cli_whatif
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
@@ -413,7 +413,7 @@ def _unbalanced_brackets(pattern: str) -> bool:
     return False
 
 
-for _command in (*cli_services.COMMANDS, *cli_audit.COMMANDS, *cli_whatif.COMMANDS):
+for _command in (*cli_services.COMMANDS, *cli_audit.COMMANDS, *cli_whatif.COMMANDS, *cli_serve.COMMANDS):
     main.add_command(_command)
 
 if __name__ == "__main__":
