@@ -53,7 +53,8 @@ class Served:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(10)
+        _, err = self.proc.communicate(timeout=10)  # (closes the pipes)
+        assert self.proc.returncode == 0, err  # SIGTERM is a normal end, no traceback
 
 
 @pytest.fixture(scope="module")
