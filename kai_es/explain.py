@@ -38,7 +38,7 @@ from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request, 
 from kai_es.scheduling.policy import policy_for
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
-from kai_es.visibility.positions import position, queue_order
+from kai_es.visibility.positions import cluster_order, position, queue_order
 
 #: reason code -> the rule it names, as a person says it
 RULES: dict[str, str] = {
@@ -288,11 +288,19 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
                            "or by the owner of its pods, e.g. default/my-pytorchjob)")
     pods = sorted(k for k in set(queue_of) | subject.job_pods | ({subject.key} if subject.pod_seen else set())
                   if subject.follows(k))
+    cluster: list[str] | None = None
     for key in pods:  # where each pod stands when the log ends (a pod that never ran says so)
         pod = state.pods.get(key)
         if pod is not None and phase.get(key) not in ("Succeeded", "Failed"):
-            entries.append({"kind": "atEnd", "pod": key, **_at(state.position, span.last_ns), "status": pod.status,
-                            "node": pod.node or None})
+            end: dict[str, Any] = {"kind": "atEnd", "pod": key, **_at(state.position, span.last_ns),
+                                   "status": pod.status, "node": pod.node or None}
+            place = position(state, pod.job_key)
+            if place is not None:
+                if cluster is None:
+                    cluster = cluster_order(state, span.last_ns)
+                end["place"] = {"inQueue": place[0], "of": place[1],
+                                   **_cluster_place(cluster, pod.job_key)}
+            entries.append(end)
     return {
         "subject": {"kind": subject.mode, "namespace": subject.namespace, "name": subject.name,
                     "pods": pods, "queues": sorted(set(queue_of[k] for k in pods if k in queue_of))},
@@ -456,22 +464,34 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
     if not seen:
         raise ExplainError(f"the log never observed a queue named {name!r}")
     return {"queue": name, "units": UNITS, "log": {"from": span.first_ns, "until": span.last_ns}, "runs": runs,
-            "pending": waiting_jobs(state, name, announced)}
+            "pending": waiting_jobs(state, name, announced, span.last_ns)}
 
 
-def waiting_jobs(state: ClusterState, name: str, announced: dict[str, list[p.Reason]]) -> list[dict[str, Any]]:
+def _cluster_place(cluster: list[str], job_key: str) -> dict[str, int | None]:
+    """The job's place in the cluster-wide order (`positions.cluster_order`): inCluster (None:
+    not in it, e.g. its queue is missing) and clusterOf."""
+    return {"inCluster": cluster.index(job_key) + 1 if job_key in cluster else None, "clusterOf": len(cluster)}
+
+
+def waiting_jobs(state: ClusterState, name: str, announced: dict[str, list[p.Reason]],
+                 now_ns: int, cluster: list[str] | None = None) -> list[dict[str, Any]]:
     """The queue's waiting jobs at the end of the log, in the order a cycle takes them: each
-    with its position, pods waiting, what it asks for, since when, and the last verdict
-    announced for its first waiting pod (the rule and its numbers)."""
+    with its position in the queue and in the cluster-wide order of a cycle at `now_ns`, pods
+    waiting, what it asks for, since when, and the last verdict announced for its first waiting
+    pod (the rule and its numbers). `cluster`: `positions.cluster_order(state, now_ns)` when
+    the caller has it (computed here otherwise)."""
     out: list[dict[str, Any]] = []
     order = queue_order(state, name)
+    if cluster is None:
+        cluster = cluster_order(state, now_ns) if order else []
     hint = max((node.spec.gpu_memory_mib for node in state.nodes.values()), default=0)
     for n, key in enumerate(order, 1):
         job = state.jobs[key]
         waiting = sorted(entry.pod_key for entry in job.pending)
         reasons = next((announced[k] for k in waiting if k in announced), [])
         gpu = sum(pod_request(state.pods[k].spec, hint)[0] for k in waiting)
-        out.append({"position": n, "of": len(order), "job": key, "priority": job.priority,
+        out.append({"position": n, "of": len(order), **_cluster_place(cluster, key), "job": key,
+                    "priority": job.priority,
                     "pods": waiting, "gpuRequested": gpu, "since": job.created_ns or None,
                     "rule": _rule(reasons), "reasons": _reasons_json(reasons)})
     return out
@@ -559,7 +579,13 @@ def render_text(report: dict[str, Any]) -> list[str]:
         elif kind == "removed":
             lines.append(f"{when(e)} {who}removed")
         elif kind == "atEnd":
-            lines.append(f"{when(e)} {who}at the log's end: {e['status']}" + (f" on {e['node']}" if e["node"] else ""))
+            place = e.get("place")
+            where = ""
+            if place:
+                where = f", #{place['inQueue']} of {place['of']} in its queue" + (
+                    f", #{place['inCluster']} of {place['clusterOf']} in the cluster" if place["inCluster"] else "")
+            lines.append(f"{when(e)} {who}at the log's end: {e['status']}" + (f" on {e['node']}" if e["node"] else "")
+                         + where)
     return lines
 
 
@@ -573,7 +599,8 @@ def _render_waiting(report: dict[str, Any]) -> list[str]:
     for w in waiting:
         since = f"waiting {format_duration((end - w['since']) // 10**9 * 10**9)}" if w["since"] and end else "waiting"
         why = f"{w['reasons'][0]['code']}: {w['reasons'][0]['message']}" if w["reasons"] else "no verdict recorded yet"
-        lines.append(f"  #{w['position']} of {w['of']}  {w['job']}  ({len(w['pods'])} pod(s), "
+        cluster = f" (#{w['inCluster']} of {w['clusterOf']} in the cluster)" if w.get("inCluster") else ""
+        lines.append(f"  #{w['position']} of {w['of']}{cluster}  {w['job']}  ({len(w['pods'])} pod(s), "
                      f"{_gpu(w['gpuRequested'])} GPU, priority {w['priority']}, {since}): {why}")
     return lines
 

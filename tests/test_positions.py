@@ -18,7 +18,7 @@ from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.packing import load_packer
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
-from kai_es.visibility.positions import position, queue_order
+from kai_es.visibility.positions import cluster_order, position, queue_order
 from tests.builders import MakeNode, MakePod, queue, scenario_text
 
 
@@ -67,3 +67,53 @@ def test_a_jobs_position_over_time_moves_up_as_those_before_it_start() -> None:
     assert waits and waits[0]["positionAtFirst"] == {"inQueue": 4, "of": 4}  # nothing runs at the first cut
     assert waits[-1]["positionAtLast"] == {"inQueue": 3, "of": 3}  # `first` runs
     assert "#3 of 3 waiting in its queue (at the first of these cycles: #4 of 4)" in "\n".join(render_text(report))
+
+
+def _two_queues(team_a_priority: int | None = None) -> list[Record]:
+    """An 8-GPU node holding team-a's 3-GPU and team-b's 1-GPU build jobs (quota 4 GPUs each);
+    two 8-GPU trainings wait in each queue (they never fit, and may evict nobody)."""
+    extra = {"priority": team_a_priority} if team_a_priority is not None else {}
+    pods = [MakePod("a-run", "team-a").gpu(3).priority_class("build").running_on("n1"),
+            MakePod("b-run", "team-b").gpu(1).priority_class("build").running_on("n1")]
+    for q in ("a", "b"):
+        pods += [MakePod(f"{q}-{i}", f"team-{q}").gpu(8).priority_class("train") for i in (1, 2)]
+    text = scenario_text(MakeNode("n1").gpus(8).obj(), queue("team-a", gpu_quota=4, **extra),
+                         queue("team-b", gpu_quota=4), *(pod.obj() for pod in pods),
+                         settings={"start": "2026-01-01T12:00:00Z", "simulation": {"until": "4s", "cyclePeriod": "1s"}})
+    log = MemoryEventLog()
+    anyio.run(lambda: simulate(load_scenario_text(text, "cluster-order.yaml"), log, load_packer("native")))
+    return list(log._records)  # noqa: SLF001 - the test reads the whole log
+
+
+def _fold(records: list[Record]) -> ClusterState:
+    state = ClusterState()
+    for record in records:
+        apply(state, record)
+    return state
+
+
+def test_the_cluster_order_takes_the_queue_furthest_below_its_share_first() -> None:
+    """KAI's allocate picks the queue first by its share (allocated / fair share): team-b (1 of
+    4 GPUs) goes before team-a (3 of 4), and a job it fails to place leaves team-b's share as it
+    was, so team-b's second job comes next too; each queue lists its own jobs #1 and #2."""
+    records = _two_queues()
+    state = _fold(records)
+    order = [key.split("pg-", 1)[1].rsplit("-", 5)[0] for key in cluster_order(state, records[-1].envelope.logicaltime)]
+    assert order == ["b-1", "b-2", "a-1", "a-2"]
+    waiting = explain_queue(records, "team-a")["pending"]
+    assert [(w["position"], w["of"], w["inCluster"], w["clusterOf"]) for w in waiting] == [(1, 2, 3, 4), (2, 2, 4, 4)]
+    assert "#1 of 2 (#3 of 4 in the cluster)" in "\n".join(render_queue_text(explain_queue(records, "team-a")))
+    job = waiting[0]["job"]
+    report = explain(records, job)
+    end = [e for e in report["timeline"] if e["kind"] == "atEnd"]
+    assert end and end[0]["place"] == {"inQueue": 1, "of": 2, "inCluster": 3, "clusterOf": 4}
+    assert "#1 of 2 in its queue, #3 of 4 in the cluster" in "\n".join(render_text(report))
+
+
+def test_a_queue_of_higher_priority_goes_first_whatever_its_share() -> None:
+    """KAI orders queues by priority before share: team-a at priority 200 (KAI's default is 100)
+    goes first though its share is the larger."""
+    records = _two_queues(team_a_priority=200)
+    state = _fold(records)
+    order = [key.split("pg-", 1)[1].rsplit("-", 5)[0] for key in cluster_order(state, records[-1].envelope.logicaltime)]
+    assert order == ["a-1", "a-2", "b-1", "b-2"]

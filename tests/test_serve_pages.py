@@ -94,6 +94,7 @@ def test_the_waiting_jobs_are_explain_queues_with_position_and_rule(records: lis
     assert view.waiting(queue) == want and want
     html = pages.pending_page(view)
     assert f'#{want[0]["position"]} of {want[0]["of"]}' in html and f'data-value="{want[0]["rule"]}"' in html
+    assert want[0]["inCluster"] and f'data-field="cluster">#{want[0]["inCluster"]} of {want[0]["clusterOf"]}<' in html
 
 
 def test_text_from_the_log_cannot_add_markup(records: list[Record]) -> None:

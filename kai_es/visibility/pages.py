@@ -203,13 +203,15 @@ def _waiting_table(view: LiveView, queue: str) -> str:
         why = (f'<span class="rule">{e(RULES.get(w["rule"], w["rule"]))}</span>: '
                f'<code>{e(reason["code"])}</code> {e(reason["message"])}' if reason else "no verdict recorded yet")
         since = format_span(max(0, view.last_ns - w["since"])) if w["since"] else "-"
+        cluster = f'#{w["inCluster"]} of {w["clusterOf"]}' if w.get("inCluster") else "-"
         rows.append(f'<tr data-job="{e(w["job"])}"><td class="num" data-field="position">#{w["position"]} of {w["of"]}</td>'
+                    f'<td class="num" data-field="cluster">{cluster}</td>'
                     f'<td><a href="/job?name={e(quote(w["job"], safe="/"))}">{e(w["job"])}</a></td>'
                     f'<td class="num">{len(w["pods"])}</td>'
                     f'<td class="num" data-field="gpu.requested" data-value="{w["gpuRequested"]}">{e(fmt_milli(w["gpuRequested"]))}</td>'
                     f'<td class="num">{w["priority"]}</td><td class="num">{e(since)}</td>'
                     f'<td data-field="rule" data-value="{e(w["rule"])}">{why}</td></tr>')
-    return ('<table class="waiting"><thead><tr><th>position</th><th>job</th><th>pods</th><th>GPU</th>'
+    return ('<table class="waiting"><thead><tr><th>position</th><th>in the cluster</th><th>job</th><th>pods</th><th>GPU</th>'
             "<th>priority</th><th>waiting</th><th>held by</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 

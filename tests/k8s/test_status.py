@@ -103,7 +103,9 @@ async def test_scheduling_outcomes_reach_pods_podgroups_and_queues(k8s: K8s, sch
     assert len(again) == len(settled) and all(e.get("count", 1) == 1 for e in again), again  # not one per cycle
     assert (condition["status"], condition["reason"], condition["message"]) == ("False", "Unschedulable", message)
     assert conditions[0]["type"] == "UnschedulableOnNodePool" and conditions[0]["status"] == "True"
-    assert conditions[0]["message"] == message and conditions[0]["reasons"][0]["reason"]
+    # the group's condition leads with its place in the queue (the gang is the queue's one waiting job)
+    assert conditions[0]["message"] == f"#1 of 1 in queue {qname}: {message}", conditions
+    assert conditions[0]["reasons"][0]["reason"]
     assert qstatus["requested"]["gpu"] == "14000m"  # 2 running + 12 pending
     assert qstatus["fairShare"]["gpu"].endswith("m")
     unschedulable = [r.envelope.data for r in [r async for r in log.read()]
@@ -136,3 +138,81 @@ async def test_repeated_verdicts_write_once_and_a_replay_writes_nothing_new(k8s:
             preempted = [e for e in await pod_events(api, ns, "victim") if e["reason"] == "Preempted"]
             assert len(preempted) == 1 and f"{ns}/waits" in preempted[0]["message"], preempted
             assert writer.writes == (3 if run == 0 else 1)  # the replay re-patches only the condition
+
+
+async def test_a_podgroup_condition_tells_its_place_in_the_queue_and_kubectl_wide_shows_it(
+        k8s: K8s, scheduler_kubeconfig: Path) -> None:
+    """Three gangs wait in one queue: each PodGroup's condition says #n of 3 (n = 1, 2, 3, in the
+    order kai-es takes them), the `-o wide` column of kai-es's CRD shows it (the Table the
+    apiserver serves kubectl), and when the first leaves the others move up."""
+    tag = uuid.uuid4().hex[:8]
+    ns = k8s.namespace()
+    pool = f"pool-{tag}"
+    k8s.gpu_node(f"n-{tag}", gpus=4, labels={POOL_LABEL: pool})
+    qname = f"q-{tag}"
+    groups = ["a", "b", "c"]
+    async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
+        custom = client.CustomObjectsApi(api)
+        await create_queue(api, qname)
+        for g in groups:
+            status, out = await raw(await custom.create_namespaced_custom_object(
+                "scheduling.run.ai", "v2alpha2", ns, "podgroups",
+                {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+                 "metadata": {"name": g, "namespace": ns}, "spec": {"queue": qname, "minMember": 1}},
+                _preload_content=False))
+            assert status == 201, out
+            await create_pod(api, gpu_pod(f"{g}-0", ns, gpus=8, queue=qname, labels={POOL_LABEL: pool},
+                                          annotations={"pod-group-name": g}))
+
+        async def messages() -> dict[str, str]:
+            out = {}
+            for g in groups:
+                status, pg = await raw(await custom.get_namespaced_custom_object(
+                    "scheduling.run.ai", "v2alpha2", ns, "podgroups", g, _preload_content=False))
+                if status == 200:
+                    out[g] = ((pg.get("status") or {}).get("schedulingConditions") or [{}])[0].get("message", "")
+            return out
+
+        def places(of: int, got: dict[str, str]) -> dict[str, int] | None:
+            found = {}
+            for g, m in got.items():
+                head = m.split(":", 1)[0]
+                for n in range(1, of + 1):
+                    if head == f"#{n} of {of} in queue {qname}":
+                        found[g] = n
+            return found if sorted(found.values()) == list(range(1, of + 1)) else None
+
+        async def all_three() -> dict[str, int] | None:
+            return places(3, await messages())
+
+        log = MemoryEventLog()
+        async with services_running(log, kai_api, grouping=True,
+                                    followers=[StatusWriter(kai_api, queue_interval_s=0.1,
+                                                            position_interval_s=0.1)]):
+            first = await wait_for(all_three, "#1, #2 and #3 of 3 on the three PodGroups", timeout_s=30)
+            status, table = await raw(await api.call_api(
+                f"/apis/scheduling.run.ai/v2alpha2/namespaces/{ns}/podgroups", "GET",
+                header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}, auth_settings=["BearerToken"],
+                _preload_content=False))
+            assert status == 200, table
+            names = [c["name"] for c in table["columnDefinitions"]]
+            column = names.index("Waiting")
+            assert table["columnDefinitions"][column]["priority"] == 1  # shown by -o wide
+            wide = {row["object"]["metadata"]["name"]: row["cells"][column] for row in table["rows"]}
+            assert {g: wide[g].split(":", 1)[0] for g in groups} == \
+                {g: f"#{n} of 3 in queue {qname}" for g, n in first.items()}, wide
+            ahead = min(first, key=first.__getitem__)
+            await raw(await client.CoreV1Api(api).delete_namespaced_pod(f"{ahead}-0", ns, grace_period_seconds=0,
+                                                                         _preload_content=False))
+            await raw(await custom.delete_namespaced_custom_object(
+                "scheduling.run.ai", "v2alpha2", ns, "podgroups", ahead, _preload_content=False))
+            rest = [g for g in groups if g != ahead]
+
+            async def two_left() -> dict[str, int] | None:
+                got = await messages()
+                return places(2, {g: got[g] for g in rest if g in got})
+
+            moved = await wait_for(two_left, "the two others at #1 and #2 of 2", timeout_s=30)
+    assert sorted(rest, key=moved.__getitem__) == sorted(rest, key=first.__getitem__)  # same order, moved up
+    verdicts = [r for r in [r async for r in log.read()] if isinstance(r.envelope.data, p.PodUnschedulable)]
+    assert verdicts  # the verdicts the conditions carry came from the log

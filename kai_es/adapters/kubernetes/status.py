@@ -15,6 +15,13 @@ Contract:
   `UnschedulableOnNodePool` condition (reason `Unschedulable`, the message, and `reasons` as
   {reason: code, message}) while its pods are unschedulable and none of its pods was bound since;
   a bind clears it. A group kai-es made up (see grouping.py) is not in the API: skipped.
+  While the writer holds the whole fold (as for Queue status), the condition's message starts
+  with the job's place in its queue (`#3 of 7 in queue team-a: ...`, `kai_es.visibility.positions`,
+  from the state folded up to the last record read), so `kubectl describe podgroup` (and, with
+  kai-es's CRD, `kubectl get podgroup -o wide`) tell where a job stands. A new verdict is written
+  at once; a change of position alone is written at most every `position_interval_s` per group,
+  and not at all while it stays the same — a queue of 1,000 jobs moving up by one does not
+  cost 1,000 writes per bind.
 - Queues get `status.allocated`, `status.requested` (allocated + pending, capped at the
   queue's limit) and `status.fairShare`
   (kai-es's; KAI publishes fair share as metrics) as quantities keyed `gpu`, `cpu`, `memory`
@@ -73,6 +80,7 @@ from kai_es.state import ClusterState
 from kai_es.state.keys import pod_key
 from kai_es.state.reducer import apply
 from kai_es.state.versions import fold_rules
+from kai_es.visibility.positions import queue_order
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +104,17 @@ def _event_name(pod: str, record_id: str, reason: str) -> str:
 
 
 @dataclass
+class _Verdict:
+    """What a PodGroup's condition states: the verdict, and the position last written with it."""
+    message: str
+    reasons: list[p.Reason]
+    when: str
+    transition: str
+    place: tuple[int, int, str] | None = None
+    written_at: float | None = None  # monotonic time of the last write of a place (None: at a verdict)
+
+
+@dataclass
 class _Write:
     what: str  # for logs
     kind: str  # "event" | "pod-condition" | "podgroup" | "podgroup-meta" | "queue"
@@ -111,7 +130,8 @@ class StatusWriter:
 
     def __init__(self, api: client.ApiClient, *, queue_status: bool = True, queue_interval_s: float = 5.0,
                  initial: ClusterState | None = None, attempts: int = 3, max_writes: int = 500,
-                 concurrency: int = 16, scheduled_events: bool = True) -> None:
+                 concurrency: int = 16, scheduled_events: bool = True,
+                 position_interval_s: float = 30.0) -> None:
         # Any: plain dict bodies and `_content_type` are passed as is
         self.core: Any = client.CoreV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
@@ -128,6 +148,9 @@ class StatusWriter:
         self._last_message: dict[tuple[str, str], str] = {}  # pod -> last FailedScheduling message
         self._evictions: dict[str, p.EvictionDecided] = {}  # decision id -> decision
         self._group_condition: dict[tuple[str, str], str] = {}  # podgroup -> message written ("" none)
+        #: podgroup -> the verdict its condition states (kept to write it again with a new position)
+        self._group_verdict: dict[tuple[str, str], _Verdict] = {}
+        self.position_interval_s = position_interval_s
         self._queues_written: dict[str, dict[str, Any]] = {}
         self._queues_at = 0.0
         #: the config in force writes the PodGroup times back (kai-es/v7 on)
@@ -173,6 +196,7 @@ class StatusWriter:
             group = (data.namespace, data.podgroup)
             if self._handover and data.podgroup:
                 self._annotate(group, LAST_START_TIMESTAMP_ANNOTATION, _seconds(env.logicaltime))
+            self._group_verdict.pop(group, None)
             if self._group_condition.get(group):
                 self._group_condition[group] = ""
                 self._pending[("podgroup", *group)] = _Write(
@@ -194,6 +218,7 @@ class StatusWriter:
             self._evictions.pop(data.decision_id, None)
         elif isinstance(data, p.PodGroupRemoved):
             self._group_condition.pop((data.namespace, data.name), None)
+            self._group_verdict.pop((data.namespace, data.name), None)
             group_key = pod_key(data.namespace, data.name)
             self._stale_stamp.pop(group_key, None)
             self._seen_stale.discard(group_key)
@@ -266,17 +291,60 @@ class StatusWriter:
             {"metadata": {"uid": data.uid}, "status": {"conditions": [{
                 "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                 "message": message[:1024], "lastTransitionTime": when}]}}, pod=pod)
-        group = (data.namespace, data.podgroup)
-        if data.podgroup and self._group_condition.get(group) != message:
-            self._group_condition[group] = message
-            transition = hashlib.sha256(f"{record_id}".encode()).hexdigest()[:8]
-            self._pending[("podgroup", *group)] = _Write(
-                f"conditions of podgroup {group[0]}/{group[1]}", "podgroup", group[0], group[1],
-                {"status": {"schedulingConditions": [{
-                    "type": "UnschedulableOnNodePool", "nodePool": "default", "reason": "Unschedulable",
-                    "message": message[:1024], "status": "True", "transitionID": transition,
-                    "lastTransitionTime": when,
-                    "reasons": [{"reason": r.code, "message": r.message} for r in data.reasons]}]}})
+        if data.podgroup:
+            group = (data.namespace, data.podgroup)
+            verdict = self._group_verdict.get(group)
+            if verdict is None or verdict.message != message:
+                self._group_verdict[group] = _Verdict(message, data.reasons, when,
+                                                      hashlib.sha256(record_id.encode()).hexdigest()[:8])
+                self._group_condition_write(group, self._position_now(group), None)
+
+    def _position_now(self, group: tuple[str, str]) -> tuple[int, int, str] | None:
+        """(position, of, queue) of the group's job in the folded state; None when not known."""
+        if not (self.queue_status and self._complete):
+            return None
+        job = self.state.jobs.get(pod_key(*group))
+        if job is None or not job.pending:
+            return None
+        order = queue_order(self.state, job.queue)
+        return (order.index(job.key) + 1, len(order), job.queue) if job.key in order else None
+
+    def _group_condition_write(self, group: tuple[str, str], place: tuple[int, int, str] | None,
+                               now: float | None) -> None:
+        verdict = self._group_verdict[group]
+        verdict.place, verdict.written_at = place, now
+        message = verdict.message
+        if place is not None:
+            message = f"#{place[0]} of {place[1]} in queue {place[2]}: {message}"
+        if self._group_condition.get(group) == message:
+            return
+        self._group_condition[group] = message
+        self._pending[("podgroup", *group)] = _Write(
+            f"conditions of podgroup {group[0]}/{group[1]}", "podgroup", group[0], group[1],
+            {"status": {"schedulingConditions": [{
+                "type": "UnschedulableOnNodePool", "nodePool": "default", "reason": "Unschedulable",
+                "message": message[:1024], "status": "True", "transitionID": verdict.transition,
+                "lastTransitionTime": verdict.when,
+                "reasons": [{"reason": r.code, "message": r.message} for r in verdict.reasons]}]}})
+
+    def _position_writes(self) -> None:
+        """Conditions whose group moved in its queue, at most every `position_interval_s` each."""
+        now = time.monotonic()
+        orders: dict[str, dict[str, int]] = {}
+        for group in sorted(self._group_verdict):
+            verdict = self._group_verdict[group]
+            if verdict.written_at is not None and now - verdict.written_at < self.position_interval_s:
+                continue
+            job = self.state.jobs.get(pod_key(*group))
+            if job is None or not job.pending:
+                continue
+            index = orders.get(job.queue)
+            if index is None:
+                index = orders[job.queue] = {k: i for i, k in enumerate(queue_order(self.state, job.queue))}
+            at = index.get(job.key)
+            place = (at + 1, len(index), job.queue) if at is not None else None
+            if place != verdict.place:
+                self._group_condition_write(group, place, now)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -319,6 +387,8 @@ class StatusWriter:
             self._queue_writes()
         if self._handover and self.queue_status and self._complete:
             self._stale_writes()
+        if self.queue_status and self._complete:
+            self._position_writes()
         keys = list(self._pending)[: self.max_writes]
         todo = [(k, self._pending.pop(k)) for k in keys]
         retry: list[tuple[tuple[str, ...], _Write]] = []
