@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from kai_es import cli_audit, cli_services, cli_whatif
+from kai_es import cli_audit, cli_serve, cli_services, cli_whatif
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
@@ -39,6 +39,7 @@ from kai_es.events import Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, format_span, parse_duration
 from kai_es.scenario import load_scenario
+from kai_es.visibility.brief import brief as _brief
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -412,32 +413,7 @@ def _unbalanced_brackets(pattern: str) -> bool:
     return False
 
 
-def _brief(data: p.Payload) -> str:
-    if isinstance(data, (p.BindingDecided, p.PodPipelined)):
-        return f"-> {data.node} gpus={data.gpu_devices}"
-    if isinstance(data, p.PodUnschedulable):
-        return "; ".join(f"{r.code}: {r.message}" for r in data.reasons)
-    if isinstance(data, p.PodBound):
-        return f"bound to {data.node}"
-    if isinstance(data, p.PodBindFailed):
-        return f"bind to {data.node} failed: {data.message}"
-    if isinstance(data, p.PodObserved):
-        return f"{data.phase}{' on ' + data.node_name if data.node_name else ''}"
-    if isinstance(data, p.EvictionDecided):
-        if data.to_node:
-            return f"{data.action}: moves {data.node} -> {data.to_node}: {data.reason}"
-        return f"{data.action}: {data.reason}"
-    if isinstance(data, p.PodEvicted):
-        return f"evicted from {data.node}"
-    if isinstance(data, p.CycleCompleted):
-        return (f"cycle {data.cycle}: {data.bound} bound, {data.pipelined} pipelined, {data.evicted} evicted, "
-                f"{data.unschedulable} pending")
-    if isinstance(data, p.ObjectRejected):
-        return f"{data.kind} {data.namespace}/{data.name} at {data.path}: {data.reason}"
-    return ""
-
-
-for _command in (*cli_services.COMMANDS, *cli_audit.COMMANDS, *cli_whatif.COMMANDS):
+for _command in (*cli_services.COMMANDS, *cli_audit.COMMANDS, *cli_whatif.COMMANDS, *cli_serve.COMMANDS):
     main.add_command(_command)
 
 if __name__ == "__main__":

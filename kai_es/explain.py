@@ -464,7 +464,7 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
     if not seen:
         raise ExplainError(f"the log never observed a queue named {name!r}")
     return {"queue": name, "units": UNITS, "log": {"from": span.first_ns, "until": span.last_ns}, "runs": runs,
-            "pending": _waiting(state, name, announced, span.last_ns)}
+            "pending": waiting_jobs(state, name, announced, span.last_ns)}
 
 
 def _cluster_place(cluster: list[str], job_key: str) -> dict[str, int | None]:
@@ -473,15 +473,17 @@ def _cluster_place(cluster: list[str], job_key: str) -> dict[str, int | None]:
     return {"inCluster": cluster.index(job_key) + 1 if job_key in cluster else None, "clusterOf": len(cluster)}
 
 
-def _waiting(state: ClusterState, name: str, announced: dict[str, list[p.Reason]],
-             now_ns: int) -> list[dict[str, Any]]:
+def waiting_jobs(state: ClusterState, name: str, announced: dict[str, list[p.Reason]],
+                 now_ns: int, cluster: list[str] | None = None) -> list[dict[str, Any]]:
     """The queue's waiting jobs at the end of the log, in the order a cycle takes them: each
     with its position in the queue and in the cluster-wide order of a cycle at `now_ns`, pods
     waiting, what it asks for, since when, and the last verdict announced for its first waiting
-    pod (the rule and its numbers)."""
+    pod (the rule and its numbers). `cluster`: `positions.cluster_order(state, now_ns)` when
+    the caller has it (computed here otherwise)."""
     out: list[dict[str, Any]] = []
     order = queue_order(state, name)
-    cluster = cluster_order(state, now_ns) if order else []
+    if cluster is None:
+        cluster = cluster_order(state, now_ns) if order else []
     hint = max((node.spec.gpu_memory_mib for node in state.nodes.values()), default=0)
     for n, key in enumerate(order, 1):
         job = state.jobs[key]
