@@ -39,7 +39,7 @@ from kai_es.events import Record, encode
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, format_span, parse_duration
 from kai_es.scenario import load_scenario
-from kai_es.visibility.brief import brief as _brief
+from kai_es.visibility.brief import brief as _brief, unbalanced_brackets
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -353,7 +353,7 @@ def events(log_url: str, type_pattern: str | None, subject: str | None, from_pos
     from kai_es.events.registry import EVENT_TYPES
 
     for option, pattern in (("--type", type_pattern), ("--subject", subject)):
-        if pattern and _unbalanced_brackets(pattern):
+        if pattern and unbalanced_brackets(pattern):
             raise UserError(f"{option} {pattern!r}: a '[' without its ']' (to match a bracket itself, write [[])")
     if type_pattern and not any(fnmatch.fnmatchcase(t, type_pattern) for t in EVENT_TYPES):
         raise UserError(f"--type {type_pattern!r} matches no event type (they are named like "
@@ -393,24 +393,6 @@ def events(log_url: str, type_pattern: str | None, subject: str | None, from_pos
     if read and not shown and (type_pattern or subject):
         filters = " and ".join(f"{o} {v!r}" for o, v in (("--type", type_pattern), ("--subject", subject)) if v)
         warn(f"none of the {read} events read matched {filters}")
-
-
-def _unbalanced_brackets(pattern: str) -> bool:
-    """Whether `pattern` has a '[' that fnmatch would take literally for want of a ']'."""
-    i = 0
-    while i < len(pattern):
-        if pattern[i] == "[":
-            j = i + 1
-            if j < len(pattern) and pattern[j] == "!":
-                j += 1
-            if j < len(pattern) and pattern[j] == "]":
-                j += 1
-            close = pattern.find("]", j)
-            if close < 0:
-                return True
-            i = close
-        i += 1
-    return False
 
 
 for _command in (*cli_services.COMMANDS, *cli_audit.COMMANDS, *cli_whatif.COMMANDS, *cli_serve.COMMANDS):

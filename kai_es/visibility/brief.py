@@ -1,4 +1,5 @@
-"""The one-line summary of an event's payload that `kai-es events` and `kai-es serve` show. Pure."""
+"""The one-line summary of an event's payload that `kai-es events` and `kai-es serve` show, and
+the check both make of their glob filters. Pure."""
 
 from __future__ import annotations
 
@@ -30,3 +31,22 @@ def brief(data: p.Payload) -> str:
     if isinstance(data, p.ObjectRejected):
         return f"{data.kind} {data.namespace}/{data.name} at {data.path}: {data.reason}"
     return ""
+
+
+def unbalanced_brackets(pattern: str) -> bool:
+    """Whether glob `pattern` has a '[' that fnmatch would take literally for want of a ']'
+    (`kai-es events --type/--subject` and the filters of `kai-es serve` refuse it)."""
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "[":
+            j = i + 1
+            if j < len(pattern) and pattern[j] == "!":
+                j += 1
+            if j < len(pattern) and pattern[j] == "]":
+                j += 1
+            close = pattern.find("]", j)
+            if close < 0:
+                return True
+            i = close
+        i += 1
+    return False

@@ -27,7 +27,7 @@ from urllib.parse import quote
 from kai_es.events.registry import EVENT_TYPES
 from kai_es.events.timefmt import format_duration, format_span, rfc3339
 from kai_es.explain import RULES, render_text
-from kai_es.visibility.brief import brief
+from kai_es.visibility.brief import brief, unbalanced_brackets
 from kai_es.visibility.live import LiveView, QueueAtCut, tree_order
 from kai_es.visibility.svg import line_chart
 
@@ -249,7 +249,7 @@ class EventFilter:
         kind = one.get("type", "").strip()
         subject = one.get("subject", "").strip()
         for option, pattern in (("type", kind), ("subject", subject)):
-            if _unbalanced(pattern):
+            if unbalanced_brackets(pattern):
                 raise BadQuery(f"{option}={pattern!r}: a '[' without its ']'")
         if kind and not any(fnmatch.fnmatchcase(t, kind) for t in EVENT_TYPES):
             raise BadQuery(f"type={kind!r} matches no event type (they are named like kai.cluster.pod.observed "
@@ -277,23 +277,6 @@ def _int(query: Mapping[str, str], name: str, lo: int, hi: int | None) -> int | 
         bound = f"{lo}..{hi}" if hi is not None else f"{lo} or more"
         raise BadQuery(f"{name}={text!r}: expected a whole number, {bound}")
     return int(text)
-
-
-def _unbalanced(pattern: str) -> bool:
-    i = 0
-    while i < len(pattern):
-        if pattern[i] == "[":
-            j = i + 1
-            if j < len(pattern) and pattern[j] == "!":
-                j += 1
-            if j < len(pattern) and pattern[j] == "]":
-                j += 1
-            close = pattern.find("]", j)
-            if close < 0:
-                return True
-            i = close
-        i += 1
-    return False
 
 
 def events_page(view: LiveView, f: EventFilter) -> str:
