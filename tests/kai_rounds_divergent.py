@@ -68,33 +68,6 @@ DIVERGENT: tuple[Case, ...] = (
          (J('running-job', 0.7, 'queue0', tasks=('node0',)),
           J('pending-job', 1, 'queue1', tasks=('', '')),),
          {'pending-job-0': 'node0', 'pending-job-1': 'node1', 'running-job-0': ''}),
-    # KAI: preemptor0 evicts two of sub0's three pods (job0-1, job0-2), job0-0 keeps sub0's minimum and job0-3 (sub1) runs.
-    # kai-es: job0-0, -1, -2 all end Pending, job0-3 runs (3 of 4 GPUs used): sub0 is left below its
-    # minimum and not refilled. KAI's preempt evicts only the pod set's surplus
-    # (subgroup_info elastic victims); kai-es evicts the whole of sub0. Module: rules/victim_search.py
-    # / gang.py surplus. Translation of the sub-groups (PodGroup subGroups, minMember 2): medium.
-    Case('preempt/allocate_preempt_test.go: Elastic eviction from PodSet above minAvailable, allocate pending in same job',
-         {'node0': 4},
-         (Q('queue0', 4),),
-         (J('job0', 1, 'queue0', tasks=('node0', 'node0', 'node0', ''), subgroups=(SG('sub0', 1, parent=''), SG('sub1', 1, parent=''),), task_subgroups=('sub0', 'sub0', 'sub0', 'sub1')),
-          J('preemptor0', 2, 'queue0', priority=100),),
-         {'job0-0': 'node0', 'job0-1': '', 'job0-2': '', 'job0-3': 'node0', 'preemptor0-0': 'node0'}),
-    # as the case above, with sub-group sets inner-a/inner-b around the pod sets.
-    # Same divergence (all ps-a pods evicted, ps-a not refilled). Sure: medium.
-    Case('preempt/allocate_preempt_test.go: Nested SubGroupSets - elastic eviction from deep branch, allocate in sibling of same job',
-         {'node0': 4},
-         (Q('queue0', 4),),
-         (J('job0', 1, 'queue0', tasks=('node0', 'node0', 'node0', ''), subgroups=(SG('inner-a', parent=''), SG('ps-a', 1, parent='inner-a'), SG('inner-b', parent=''), SG('ps-b', 1, parent='inner-b'),), task_subgroups=('ps-a', 'ps-a', 'ps-a', 'ps-b')),
-          J('preemptor0', 2, 'queue0', priority=100),),
-         {'job0-0': 'node0', 'job0-1': '', 'job0-2': '', 'job0-3': 'node0', 'preemptor0-0': 'node0'}),
-    # KAI: one surplus pod of sub0 and of sub1 evicted; job0-0, -2, -4 run.
-    # kai-es: only job0-4 (sub2) runs; sub0 and sub1 end below their minimum. Same as above. Sure: medium.
-    Case('preempt/allocate_preempt_test.go: Multiple elastic PodSets in sibling branches - evict from both, allocate pending in same job',
-         {'node0': 5},
-         (Q('queue0', 5),),
-         (J('job0', 1, 'queue0', tasks=('node0', 'node0', 'node0', 'node0', ''), subgroups=(SG('sub0', 1, parent=''), SG('sub1', 1, parent=''), SG('sub2', 1, parent=''),), task_subgroups=('sub0', 'sub0', 'sub1', 'sub1', 'sub2')),
-          J('preemptor0', 2, 'queue0', priority=100),),
-         {'job0-0': 'node0', 'job0-1': '', 'job0-2': 'node0', 'job0-3': '', 'job0-4': 'node0', 'preemptor0-0': 'node0'}),
     # KAI: queue1's build job runs (deserved 2), queue0's stays pending.
     # kai-es: queue0's job runs. On 1 GPU KAI's fair shares are min(deserved, request) = 1 each
     # (resource_division.go setDeservedResource does not scale a short parent); kai-es splits

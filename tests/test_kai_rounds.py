@@ -623,6 +623,26 @@ CASES = (
          (J('pending-job0', 1, 'queue0', cpu=2000),
           J('pending-job1', 1, 'queue0', cpu=2000),),
          {'pending-job0': 'node0', 'pending-job1': ''}),
+    # kai-es/v10 (rules.elastic_surplus): a victim job's surplus keeps each pod set's minimum, and
+    # counts the pod allocate just placed in the job's pending pod set
+    Case('preempt/allocate_preempt_test.go: Elastic eviction from PodSet above minAvailable, allocate pending in same job',
+         {'node0': 4},
+         (Q('queue0', 4),),
+         (J('job0', 1, 'queue0', tasks=('node0', 'node0', 'node0', ''), subgroups=(SG('sub0', 1, parent=''), SG('sub1', 1, parent=''),), task_subgroups=('sub0', 'sub0', 'sub0', 'sub1')),
+          J('preemptor0', 2, 'queue0', priority=100),),
+         {'job0-0': 'node0', 'job0-1': '', 'job0-2': '', 'job0-3': 'node0', 'preemptor0-0': 'node0'}),
+    Case('preempt/allocate_preempt_test.go: Nested SubGroupSets - elastic eviction from deep branch, allocate in sibling of same job',
+         {'node0': 4},
+         (Q('queue0', 4),),
+         (J('job0', 1, 'queue0', tasks=('node0', 'node0', 'node0', ''), subgroups=(SG('inner-a', parent=''), SG('ps-a', 1, parent='inner-a'), SG('inner-b', parent=''), SG('ps-b', 1, parent='inner-b'),), task_subgroups=('ps-a', 'ps-a', 'ps-a', 'ps-b')),
+          J('preemptor0', 2, 'queue0', priority=100),),
+         {'job0-0': 'node0', 'job0-1': '', 'job0-2': '', 'job0-3': 'node0', 'preemptor0-0': 'node0'}),
+    Case('preempt/allocate_preempt_test.go: Multiple elastic PodSets in sibling branches - evict from both, allocate pending in same job',
+         {'node0': 5},
+         (Q('queue0', 5),),
+         (J('job0', 1, 'queue0', tasks=('node0', 'node0', 'node0', 'node0', ''), subgroups=(SG('sub0', 1, parent=''), SG('sub1', 1, parent=''), SG('sub2', 1, parent=''),), task_subgroups=('sub0', 'sub0', 'sub1', 'sub1', 'sub2')),
+          J('preemptor0', 2, 'queue0', priority=100),),
+         {'job0-0': 'node0', 'job0-1': '', 'job0-2': 'node0', 'job0-3': '', 'job0-4': 'node0', 'preemptor0-0': 'node0'}),
     # kai-es/v10 (rules.queue_limits): the queue's limit 1 is judged with the victim taken, as
     # KAI's capacity predicate judges each task placed
     Case('allocate/allocate_test.go: try to allocate interactive after train when over-quota - train should be preempted for interactive to run',

@@ -27,6 +27,7 @@ from kai_es.scheduling.fairshare import QueueInput, divide
 from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.predicates.selector_text import Requirement, SelectorError, parse_selector, selector_holds
 from kai_es.scheduling.rules.background_pods import NoBackgroundPodsV9
+from kai_es.scheduling.rules.elastic_surplus import SurplusAboveMinMemberV9
 from kai_es.scheduling.rules.fair_share_division import ReplacementsCountedOnce
 from kai_es.scheduling.rules.queue_limits import LimitsBeforeSearchV9
 from kai_es.scheduling.rules.releasing_capacity import StuckReleasingHeld
@@ -430,8 +431,26 @@ def test_no_victim_of_another_queue_brings_a_job_under_its_own_queues_limit() ->
     assert "limit 4 GPU" in reasons[0]["message"] and "lower priority than 50" in reasons[2]["message"]
 
 
+# -- a victim's surplus keeps each sub-group's minimum ---------------------------------------------
+
+PER_SUBGROUP = SCENARIOS / "v10-elastic-surplus-per-subgroup.yaml"
+PER_SUBGROUP_KAI_CASES = ("Elastic eviction from PodSet above minAvailable, allocate pending in same job",
+                          "Nested SubGroupSets - elastic eviction from deep branch",
+                          "Multiple elastic PodSets in sibling branches")
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_a_victims_surplus_keeps_each_subgroups_minimum(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    check(_cycle(PER_SUBGROUP.read_text(), engine), expectations(PER_SUBGROUP))
+    without(monkeypatch, "kai-es/v10", "elastic_surplus", SurplusAboveMinMemberV9())
+    outcome = _cycle(PER_SUBGROUP.read_text(), engine)
+    assert outcome["pods"]["default/evaluator"]["status"] == "Releasing"  # its set left empty
+    assert outcome["pods"]["default/worker-1"]["status"] == "Running"
+
+
 @pytest.mark.parametrize(("name", "rule", "old"), [
     *((name, "fair_share_division", ReplacementsCountedOnce()) for name in OVERSOLD_KAI_CASES),
+    *((name, "elastic_surplus", SurplusAboveMinMemberV9()) for name in PER_SUBGROUP_KAI_CASES),
     *((name, "staleness", SubGroupStaleness()) for name in PLACED_AGAIN_KAI_CASES),
     *((name, "queue_limits", LimitsBeforeSearchV9()) for name in WITHIN_LIMIT_KAI_CASES),
 ], ids=lambda v: v[:40] if isinstance(v, str) else type(v).__name__)

@@ -71,5 +71,6 @@ def test_each_version_differs_from_the_previous_by_named_rules() -> None:
         "kai-es/v8": ["move_holds", "reclaim_victims", "replacement", "search_backoff", "semi_preemptible",
                       "wakeups"],
         "kai-es/v9": ["consolidation_nodes", "reclaim_victims"],
-        "kai-es/v10": ["background_pods", "fair_share_division", "queue_limits", "releasing_capacity", "staleness"],
+        "kai-es/v10": ["background_pods", "elastic_surplus", "fair_share_division", "queue_limits",
+                       "releasing_capacity", "staleness"],
     }

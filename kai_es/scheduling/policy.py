@@ -173,6 +173,7 @@ from kai_es.scheduling.rules.preemption_delay import (
 )
 from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, HeldIdleSkipped, StuckReleasingHeld
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
+from kai_es.scheduling.rules.elastic_surplus import SurplusAboveEachSubGroup, SurplusAboveMinMemberV9
 from kai_es.scheduling.rules.queue_limits import LimitsBeforeSearchV9, LimitsOnThePlan
 from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
 from kai_es.scheduling.rules.consolidation_nodes import CheapestVictimBreaksTies, MostFreeFirstV8
@@ -272,6 +273,7 @@ RULES_V1: Final = Rules(
     consolidation_nodes=MostFreeFirstV8(),
     background_pods=NoBackgroundPodsV9(),
     queue_limits=LimitsBeforeSearchV9(),
+    elastic_surplus=SurplusAboveMinMemberV9(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -308,10 +310,11 @@ RULES_V9: Final = replace(RULES_V8, reclaim_victims=FinalVictimsReclaim(),
 #: pods is passed over, not waited on
 #: Quotas that add up to more than there is are granted in full (KAI's fair-share division); a gang
 #: this cycle's placements bring back to its minimum is not stale. A preemptor's queue limits are
-#: judged on the Plan with its victims taken (KAI's capacity predicate), and bind re-placed victims
+#: judged on the Plan with its victims taken (KAI's capacity predicate), and bind re-placed victims.
+#: A victim job's surplus is what keeps each sub-group's minimum, counting this cycle's placements
 RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), releasing_capacity=HeldIdleSkipped(),
                            fair_share_division=QuotaGrantedInFull(), staleness=PlacedPodsKeepTheGang(),
-                           queue_limits=LimitsOnThePlan())
+                           queue_limits=LimitsOnThePlan(), elastic_surplus=SurplusAboveEachSubGroup())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

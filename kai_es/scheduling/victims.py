@@ -82,6 +82,7 @@ def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
     now = session.now_ns
     order = session.rules.victim_order.order
     keeps_core = session.keeps_core
+    elastic = session.rules.elastic_surplus
     out: list[tuple[tuple[object, ...], Unit]] = []
     for job in jobs:
         pods = [state.pods[k] for k in sorted(job.members)]
@@ -101,16 +102,11 @@ def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
             for i, pod in enumerate(semi_surplus(job, newest_first, held)):
                 out.append(((*base, 0, i, pod.key), Unit(job, (pod,), surplus=True)))
             continue
-        occupying = len(held)
-        surplus = occupying - job.min_member
-        if surplus > 0:
-            for i, pod in enumerate(newest_first[:surplus]):
-                out.append(((*base, 0, i, pod.key), Unit(job, (pod,), surplus=True)))
-            rest = newest_first[surplus:]
-            if rest:
-                out.append(((*base, 1, 0, rest[0].key), Unit(job, tuple(rest))))
-        else:
-            out.append(((*base, 1, 0, newest_first[0].key), Unit(job, tuple(newest_first))))
+        extra, rest = elastic.split(session, job, newest_first, held)
+        for i, pod in enumerate(extra):
+            out.append(((*base, 0, i, pod.key), Unit(job, (pod,), surplus=True)))
+        if rest:
+            out.append(((*base, 1, 0, rest[0].key), Unit(job, tuple(rest))))
     out.sort(key=lambda item: item[0])
     return out
 

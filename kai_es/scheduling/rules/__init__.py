@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.background_pods import BackgroundPods
     from kai_es.scheduling.rules.consolidation_nodes import ConsolidationNodes
     from kai_es.scheduling.rules.device_order import DeviceOrder
+    from kai_es.scheduling.rules.elastic_surplus import ElasticSurplus
     from kai_es.scheduling.rules.fair_share_division import FairShareDivision
     from kai_es.scheduling.rules.gang_restoration import GangRestoration
     from kai_es.scheduling.rules.hopeless_batch import HopelessBatch
@@ -97,3 +98,6 @@ class Rules:
     #: reclaim, preempt, consolidation: when a preemptor's queue limits are judged, and whether
     #: a victim put back must fit its own
     queue_limits: QueueLimits
+    #: reclaim, preempt, consolidation: which of a victim job's pods go one at a time before its
+    #: gang (and re-placement's count of what the job holds)
+    elastic_surplus: ElasticSurplus

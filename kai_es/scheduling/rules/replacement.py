@@ -158,7 +158,7 @@ def replace_victims(session: Session, start: int, whole_gangs: bool = False) -> 
         job = state.jobs[key]
         ops = by_job[key]
         if whole_gangs:
-            if len(session.occupying_on_plan(job)) < job.min_member:
+            if len(session.rules.elastic_surplus.held(session, job)) < job.min_member:
                 if not _put_back(session, ops):
                     _evict_the_rest(session, job, ops)
                 continue
