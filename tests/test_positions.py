@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+from hypothesis import given, settings
 
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.app.simulation import simulate
 from kai_es.events import Record
+from kai_es.events import payloads as p
 from kai_es.explain import explain, explain_queue, render_queue_text, render_text
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.packing import load_packer
@@ -20,6 +22,7 @@ from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
 from kai_es.visibility.positions import cluster_order, position, queue_order
 from tests.builders import MakeNode, MakePod, queue, scenario_text
+from tests.test_simulation import small_scenarios
 
 
 def _run(*pods: MakePod, gpus: int = 2) -> list[Record]:
@@ -117,3 +120,27 @@ def test_a_queue_of_higher_priority_goes_first_whatever_its_share() -> None:
     state = _fold(records)
     order = [key.split("pg-", 1)[1].rsplit("-", 5)[0] for key in cluster_order(state, records[-1].envelope.logicaltime)]
     assert order == ["a-1", "a-2", "b-1", "b-2"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(small_scenarios())
+def test_at_every_cut_the_cluster_order_holds_each_waiting_job_once_in_its_queues_order(text: str) -> None:
+    """Random small clusters (the simulation property's): at each cycle's cut the cluster-wide
+    order lists every job waiting in a leaf queue exactly once, and each queue's jobs in it come
+    in that queue's own order — the cluster order interleaves queues, it never reorders one."""
+    log = MemoryEventLog()
+    anyio.run(lambda: simulate(load_scenario_text(text, "random.yaml"), log, load_packer("native")))
+    state = ClusterState()
+    cuts = 0
+    for record in log._records:  # noqa: SLF001 - the test reads the whole log
+        apply(state, record)
+        if not isinstance(record.envelope.data, p.CycleStarted):
+            continue
+        cuts += 1
+        order = cluster_order(state, record.envelope.logicaltime)
+        assert len(order) == len(set(order))
+        by_queue = {q: queue_order(state, q) for q in sorted(state.pending_jobs) if q in state.queues}
+        assert sorted(order) == sorted(k for keys in by_queue.values() for k in keys)
+        for q, keys in by_queue.items():
+            assert [k for k in order if state.jobs[k].queue == q] == keys
+    assert cuts
