@@ -68,32 +68,6 @@ DIVERGENT: tuple[Case, ...] = (
          (J('running-job', 0.7, 'queue0', tasks=('node0',)),
           J('pending-job', 1, 'queue1', tasks=('', '')),),
          {'pending-job-0': 'node0', 'pending-job-1': 'node1', 'running-job-0': ''}),
-    # KAI: queue1's build job runs (deserved 2), queue0's stays pending.
-    # kai-es: queue0's job runs. On 1 GPU KAI's fair shares are min(deserved, request) = 1 each
-    # (resource_division.go setDeservedResource does not scale a short parent); kai-es splits
-    # 0.5/0.5, and the queue order (KAI: queue_order.go GetQueueOrderResult, dominant share then
-    # allocatable share then creation time) then differs. Module: fairshare.py /
-    # rules/queue_order.py. Sure: medium about the cause.
-    Case('allocate/allocate_test.go: 1 build job pending for each queue with different share - allocate the second',
-         {'node0': 1},
-         (Q('queue0', 1), Q('queue1', 2),),
-         (J('pending-job0', 1, 'queue0', priority=100),
-          J('pending-job1', 1, 'queue1', priority=100),),
-         {'pending-job0': '', 'pending-job1': 'node0'}),
-    # KAI: queue0's and queue1's first jobs run (the oldest queues).
-    # kai-es: queue2's and queue3's jobs run. Same fair-share difference: KAI gives all four
-    # queues fair share 1 (min(deserved, request), 4 > 2 GPUs); kai-es 0.5 each, and queue0/1
-    # (requesting 2) then rank behind queue2/3. Module: fairshare.py / rules/queue_order.py. Sure: medium.
-    Case('allocate/allocate_test.go: Over provisioning with over quota, many queues to few GPUs - verify queue share is updated during the same allocation round',
-         {'node0': 2},
-         (Q('queue0', 1), Q('queue1', 1), Q('queue2', 1), Q('queue3', 1),),
-         (J('pending-job0', 1, 'queue0'),
-          J('pending-job1', 1, 'queue1'),
-          J('pending-job2', 1, 'queue2'),
-          J('pending-job3', 1, 'queue3'),
-          J('pending-job4', 1, 'queue0'),
-          J('pending-job5', 1, 'queue1'),),
-         {'pending-job0': 'node0', 'pending-job1': 'node0', 'pending-job2': '', 'pending-job3': '', 'pending-job4': '', 'pending-job5': ''}),
 )
 
 

@@ -623,6 +623,24 @@ CASES = (
          (J('pending-job0', 1, 'queue0', cpu=2000),
           J('pending-job1', 1, 'queue0', cpu=2000),),
          {'pending-job0': 'node0', 'pending-job1': ''}),
+    # kai-es/v10 (rules.queue_order.AllocatableShareOrder): queues measured against their
+    # allocatable share, max(quota, fair share), as KAI's GetDominantResourceShare
+    Case('allocate/allocate_test.go: 1 build job pending for each queue with different share - allocate the second',
+         {'node0': 1},
+         (Q('queue0', 1), Q('queue1', 2),),
+         (J('pending-job0', 1, 'queue0', priority=100),
+          J('pending-job1', 1, 'queue1', priority=100),),
+         {'pending-job0': '', 'pending-job1': 'node0'}),
+    Case('allocate/allocate_test.go: Over provisioning with over quota, many queues to few GPUs - verify queue share is updated during the same allocation round',
+         {'node0': 2},
+         (Q('queue0', 1), Q('queue1', 1), Q('queue2', 1), Q('queue3', 1),),
+         (J('pending-job0', 1, 'queue0'),
+          J('pending-job1', 1, 'queue1'),
+          J('pending-job2', 1, 'queue2'),
+          J('pending-job3', 1, 'queue3'),
+          J('pending-job4', 1, 'queue0'),
+          J('pending-job5', 1, 'queue1'),),
+         {'pending-job0': 'node0', 'pending-job1': 'node0', 'pending-job2': '', 'pending-job3': '', 'pending-job4': '', 'pending-job5': ''}),
     # kai-es/v10 (rules.elastic_surplus): a victim job's surplus keeps each pod set's minimum, and
     # counts the pod allocate just placed in the job's pending pod set
     Case('preempt/allocate_preempt_test.go: Elastic eviction from PodSet above minAvailable, allocate pending in same job',

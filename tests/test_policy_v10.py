@@ -25,11 +25,13 @@ from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.config import ConfigError, config_digest, config_to_dict, parse_config
 from kai_es.scheduling.fairshare import QueueInput, divide
 from kai_es.scheduling.packing import load_packer
+from kai_es.scheduling.session import allocatable_share
 from kai_es.scheduling.predicates.selector_text import Requirement, SelectorError, parse_selector, selector_holds
 from kai_es.scheduling.rules.background_pods import NoBackgroundPodsV9
 from kai_es.scheduling.rules.elastic_surplus import SurplusAboveMinMemberV9
 from kai_es.scheduling.rules.fair_share_division import ReplacementsCountedOnce
 from kai_es.scheduling.rules.queue_limits import LimitsBeforeSearchV9
+from kai_es.scheduling.rules.queue_order import KaiQueueOrder
 from kai_es.scheduling.rules.releasing_capacity import StuckReleasingHeld
 from kai_es.scheduling.rules.staleness import SubGroupStaleness
 from kai_es.state import ClusterState
@@ -448,7 +450,35 @@ def test_a_victims_surplus_keeps_each_subgroups_minimum(engine: str, monkeypatch
     assert outcome["pods"]["default/worker-1"]["status"] == "Running"
 
 
+# -- queues ordered by their share of what they may allocate ---------------------------------------
+
+BY_ALLOCATABLE = SCENARIOS / "v10-queue-order-by-allocatable-share.yaml"
+BY_ALLOCATABLE_KAI_CASES = ("1 build job pending for each queue with different share",
+                            "Over provisioning with over quota, many queues to few GPUs")
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_queues_are_ordered_by_their_share_of_what_they_may_allocate(
+        engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    check(_cycle(BY_ALLOCATABLE.read_text(), engine), expectations(BY_ALLOCATABLE))
+    without(monkeypatch, "kai-es/v10", "queue_order", KaiQueueOrder())
+    outcome = _cycle(BY_ALLOCATABLE.read_text(), engine)
+    assert outcome["pods"]["default/research-build"]["status"] == "Binding"  # the older queue
+    assert outcome["pods"]["default/product-build"]["status"] == "Pending"
+
+
+def test_the_allocatable_share_is_kais() -> None:
+    """max(quota, fair share) within the limit; an unlimited quota: the limit, else the whole."""
+    cap = (8000, 64_000, 2**40)
+    assert allocatable_share((1000, -1, 0), (-1, -1, -1), (1000, 5000, 7), cap) == (1000, 64_000, 7)
+    assert allocatable_share((2000, 4000, 10), (1500, -1, 5), (1000, 6000, 20), cap) == (1500, 6000, 5)
+    assert allocatable_share((-1, -1, -1), (3000, -1, 2**200), (0, 0, 0), cap) == (3000, 64_000, 2**200)
+    big = 2**128
+    assert allocatable_share((big, big, big), (-1, -1, -1), (big * 2, 0, 1), cap) == (big * 2, big, big)
+
+
 @pytest.mark.parametrize(("name", "rule", "old"), [
+    *((name, "queue_order", KaiQueueOrder()) for name in BY_ALLOCATABLE_KAI_CASES),
     *((name, "fair_share_division", ReplacementsCountedOnce()) for name in OVERSOLD_KAI_CASES),
     *((name, "elastic_surplus", SurplusAboveMinMemberV9()) for name in PER_SUBGROUP_KAI_CASES),
     *((name, "staleness", SubGroupStaleness()) for name in PLACED_AGAIN_KAI_CASES),

@@ -175,7 +175,7 @@ from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, HeldIdleS
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.elastic_surplus import SurplusAboveEachSubGroup, SurplusAboveMinMemberV9
 from kai_es.scheduling.rules.queue_limits import LimitsBeforeSearchV9, LimitsOnThePlan
-from kai_es.scheduling.rules.queue_order import KaiQueueOrder, QueueOrderV1
+from kai_es.scheduling.rules.queue_order import AllocatableShareOrder, KaiQueueOrder, QueueOrderV1
 from kai_es.scheduling.rules.consolidation_nodes import CheapestVictimBreaksTies, MostFreeFirstV8
 from kai_es.scheduling.rules.reclaim_victims import (DominantShareReclaimV5, FinalVictimsReclaim, KaiReclaimStrategies,
                                                      QueuePriorityInQuota)
@@ -311,10 +311,12 @@ RULES_V9: Final = replace(RULES_V8, reclaim_victims=FinalVictimsReclaim(),
 #: Quotas that add up to more than there is are granted in full (KAI's fair-share division); a gang
 #: this cycle's placements bring back to its minimum is not stale. A preemptor's queue limits are
 #: judged on the Plan with its victims taken (KAI's capacity predicate), and bind re-placed victims.
-#: A victim job's surplus is what keeps each sub-group's minimum, counting this cycle's placements
+#: A victim job's surplus is what keeps each sub-group's minimum, counting this cycle's placements.
+#: Queues are ordered by their shares of what they may allocate (KAI's allocatable share)
 RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), releasing_capacity=HeldIdleSkipped(),
                            fair_share_division=QuotaGrantedInFull(), staleness=PlacedPodsKeepTheGang(),
-                           queue_limits=LimitsOnThePlan(), elastic_surplus=SurplusAboveEachSubGroup())
+                           queue_limits=LimitsOnThePlan(), elastic_surplus=SurplusAboveEachSubGroup(),
+                           queue_order=AllocatableShareOrder())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

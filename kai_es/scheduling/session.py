@@ -70,6 +70,10 @@ class QueueNode:
     allocated: Vector = ZERO
     nonpreemptible: Vector = ZERO
     fair: Vector = ZERO
+    #: KAI's allocatable share per resource (`GetAllocatableShare`): max(quota, fair share)
+    #: within the limit; with an unlimited quota the limit, and with neither the cluster's
+    #: capacity (`rules.queue_order.AllocatableShareOrder` divides by it)
+    allocatable: Vector = ZERO
     children: list[QueueNode] = field(default_factory=list)
     jobs: SortedList | None = None  # leaves: their pending jobs in order (`QueuedJob`)
     chain: tuple[QueueNode, ...] = ()  # itself, then its ancestors (set once the tree is built)
@@ -82,6 +86,20 @@ class QueueNode:
             out.append(node)
             node = node.parent
         return tuple(out)
+
+
+def allocatable_share(quota: Vector, limit: Vector, fair: Vector, capacity: Vector) -> Vector:
+    """KAI's allocatable share of a queue (see `QueueNode.allocatable`); -1 is unlimited."""
+    out = []
+    for r in (0, 1, 2):
+        if quota[r] < 0:
+            a = limit[r] if limit[r] >= 0 else capacity[r]
+        else:
+            a = max(quota[r], fair[r])
+            if limit[r] >= 0:
+                a = min(a, limit[r])
+        out.append(a)
+    return (out[0], out[1], out[2])
 
 
 def queued_job(job: Job) -> QueuedJob:
@@ -214,6 +232,11 @@ class Session:
             node.fair = (shares["gpu"][name].fair_share, shares["cpu"][name].fair_share,
                          shares["memory"][name].fair_share)
             self.fair_shares[name] = node.fair
+        nodes = [st.nodes[n] for n in st.node_names]
+        capacity = (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
+                    sum(n.spec.memory_bytes for n in nodes))
+        for node in self.queues.values():
+            node.allocatable = allocatable_share(node.quota, node.limit, node.fair, capacity)
 
     # -- accounting (the Plan's listener) -----------------------------------------------------
 

@@ -17,6 +17,14 @@ Session compares the keys of sibling queues, smallest first). One rule per relea
      first (`FairShareOrder`);
   8. older queue, then name.
 
+`AllocatableShareOrder` (kai-es/v10 on, KAI's `GetDominantResourceShare`): as `KaiQueueOrder`,
+  but keys 4-7 measure a queue against its allocatable share (`QueueNode.allocatable`: max of
+  quota and fair share within the limit) rather than its fair share: a queue of quota 2 holding
+  1 GPU stands at 1/2 even when the cluster's one GPU gives it a fair share of 1 (KAI's "1
+  build job pending for each queue with different share" case). A resource whose allocatable
+  share is zero and that the queue would use ranks it after every other (INFINITE, then more
+  use later).
+
 Contract: `key(queue, request)` is a pure function of the queue's tentative accounting (its
 allocation, fair share, quota, priority, age, name) and the candidate's request; every key
 ends in the queue's unique name.
@@ -116,4 +124,31 @@ class KaiQueueOrder:
                 if s > share_without:
                     share_without = s
         return (over_all, over_quota, -q.priority, zero_fair, share, share_without, FairShareOrder(fair),
+                q.created_ns, q.name)
+
+
+class AllocatableShareOrder:
+    """KAI's order over allocatable shares, kai-es/v10 on (see module docstring)."""
+
+    __slots__ = ()
+
+    def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
+        over_all, over_quota, _ = _within_quota_and_share(q, request)
+        allocated, share_of = q.allocated, q.allocatable
+        zero = False
+        share = share_without = 0
+        for r in (0, 1, 2):
+            used = allocated[r] + request[r]
+            a = share_of[r]
+            if a == 0 and used > 0:
+                zero = True
+            if used > 0:
+                s = used * SHARE_SCALE // a if a > 0 else INFINITE + used
+                if s > share:
+                    share = s
+            if allocated[r] > 0:
+                s = allocated[r] * SHARE_SCALE // a if a > 0 else INFINITE + allocated[r]
+                if s > share_without:
+                    share_without = s
+        return (over_all, over_quota, -q.priority, zero, share, share_without, FairShareOrder(share_of),
                 q.created_ns, q.name)
