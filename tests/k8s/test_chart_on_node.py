@@ -20,8 +20,9 @@ What it proves, in order (the tests share the module's one install and run in fi
 - `helm upgrade` to a new image tag (the same image re-tagged in containerd) rolls every pod,
   and pods submitted during the roll are all scheduled, each decided and bound exactly once (the
   log's BindingDecided and PodBound records against the pods' nodes), and the log replays exactly;
-- the leading scheduler's container killed (`ctr tasks kill -s SIGKILL`): the standby takes the
-  Lease within leaseDuration (+ a retry period); a binder pod deleted: the Deployment replaces
+- the leading scheduler's container killed (`ctr tasks kill -s SIGKILL`): another process (the
+  standby, or the killed container as the kubelet restarts it: they race) takes the Lease within
+  leaseDuration (+ a retry period); a binder pod deleted: the Deployment replaces
   it; the pods submitted meanwhile are all scheduled, once each;
 - a drain of the node (cordon, evict every pod: what `kubectl drain` does) meets the chart's
   PodDisruptionBudgets (kube-controller-manager's disruption controller computes them): one pod
@@ -454,21 +455,23 @@ def test_scheduler_container_killed_and_binder_pod_deleted_standbys_take_over(in
     lease_s = 15.0  # the chart's default leaderElection.leaseDuration, which the install keeps
     assert "leaderElection" not in values
 
-    # -- SIGKILL the leading scheduler's container: the standby leads within the lease --------
+    # -- SIGKILL the leading scheduler's container: another process leads within the lease ----
+    # (the standby, or the killed container restarted by the kubelet in its pod: both compete
+    # for the expired Lease, and either may win; the killed process's identity never comes back)
     leader = inst.leader_pod("scheduler")
-    assert leader is not None
-    (standby,) = [x["metadata"]["name"] for x in inst.pods("scheduler") if x["metadata"]["name"] != leader]
+    killed = inst.lease_holder("scheduler")
+    assert leader is not None and killed is not None
     pod = cp.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{leader}")
     container_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
     t0 = time.monotonic()
     cp.real_node._ctr("tasks", "kill", "-s", "SIGKILL", container_id)  # noqa: SLF001
     pending = [f"failover-{i}" for i in range(3)]
     _submit(cp, qname, pending)  # submitted while no scheduler leads
-    took = _wait(lambda: inst.leader_pod("scheduler") == standby or None, f"the standby {standby} to lead",
-                 lease_s + 20, cp, interval_s=0.1)
+    took = _wait(lambda: (inst.leader_pod("scheduler") is not None and inst.lease_holder("scheduler") != killed) or None,
+                 f"another scheduler than the killed {killed} to lead", lease_s + 20, cp, interval_s=0.1)
     assert took
     failover = time.monotonic() - t0
-    inst.timings["scheduler failover (SIGKILL to standby leading)"] = failover
+    inst.timings["scheduler failover (SIGKILL to another process leading)"] = failover
     assert failover <= lease_s + 2 * 2.0 + 3.0, failover  # the lease, two retry periods, slack
     _wait(lambda: _all_succeeded(cp, pending), "the pods submitted during the failover run", 120, cp)
     # the killed container was restarted in its pod by the kubelet, and stands by
