@@ -33,12 +33,12 @@ from typing import Any
 from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, rfc3339
-from kai_es.scheduling.config import ConfigError, parse_config
+from kai_es.scheduling.config import config_or_default
 from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request, pod_request
 from kai_es.scheduling.policy import policy_for
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
-from kai_es.visibility.positions import cluster_order, position, queue_order
+from kai_es.visibility.positions import cluster_order, position, queue_order, ranked
 
 #: reason code -> the rule it names, as a person says it
 RULES: dict[str, str] = {
@@ -149,10 +149,7 @@ def _leaves_under(state: ClusterState, name: str) -> list[str]:
 
 def cycle_shares(state: ClusterState, now_ns: int) -> tuple[dict[str, dict[str, QueueShare]], int]:
     """The division the cycle at `now_ns` ran (time-based fair share included, when on)."""
-    try:
-        config = parse_config(state.config)
-    except ConfigError:
-        config = parse_config({})
+    config = config_or_default(state.config)
     division = policy_for(config.policy_version).rules.fair_share_division
     hint = max((state.nodes[n].spec.gpu_memory_mib for n in state.node_names), default=0)
     return division.shares(state, config, now_ns), hint
@@ -288,7 +285,7 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
                            "or by the owner of its pods, e.g. default/my-pytorchjob)")
     pods = sorted(k for k in set(queue_of) | subject.job_pods | ({subject.key} if subject.pod_seen else set())
                   if subject.follows(k))
-    cluster: list[str] | None = None
+    cluster: dict[str, int] | None = None
     for key in pods:  # where each pod stands when the log ends (a pod that never ran says so)
         pod = state.pods.get(key)
         if pod is not None and phase.get(key) not in ("Succeeded", "Failed"):
@@ -297,7 +294,7 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
             place = position(state, pod.job_key)
             if place is not None:
                 if cluster is None:
-                    cluster = cluster_order(state, span.last_ns)
+                    cluster = ranked(cluster_order(state, span.last_ns))
                 end["place"] = {"inQueue": place[0], "of": place[1],
                                    **_cluster_place(cluster, pod.job_key)}
             entries.append(end)
@@ -467,23 +464,25 @@ def explain_queue(records: Iterable[Record], name: str) -> dict[str, Any]:
             "pending": waiting_jobs(state, name, announced, span.last_ns)}
 
 
-def _cluster_place(cluster: list[str], job_key: str) -> dict[str, int | None]:
-    """The job's place in the cluster-wide order (`positions.cluster_order`): inCluster (None:
-    not in it, e.g. its queue is missing) and clusterOf."""
-    return {"inCluster": cluster.index(job_key) + 1 if job_key in cluster else None, "clusterOf": len(cluster)}
+def _cluster_place(cluster: dict[str, int], job_key: str) -> dict[str, int | None]:
+    """The job's place in the cluster-wide order (`positions.cluster_order`, as job -> index):
+    inCluster (None: not in it, e.g. its queue is missing) and clusterOf."""
+    at = cluster.get(job_key)
+    return {"inCluster": at + 1 if at is not None else None, "clusterOf": len(cluster)}
+
 
 
 def waiting_jobs(state: ClusterState, name: str, announced: dict[str, list[p.Reason]],
-                 now_ns: int, cluster: list[str] | None = None) -> list[dict[str, Any]]:
+                 now_ns: int, cluster: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """The queue's waiting jobs at the end of the log, in the order a cycle takes them: each
     with its position in the queue and in the cluster-wide order of a cycle at `now_ns`, pods
     waiting, what it asks for, since when, and the last verdict announced for its first waiting
-    pod (the rule and its numbers). `cluster`: `positions.cluster_order(state, now_ns)` when
-    the caller has it (computed here otherwise)."""
+    pod (the rule and its numbers). `cluster`: `positions.ranked(cluster_order(state, now_ns))`
+    when the caller has it (computed here otherwise)."""
     out: list[dict[str, Any]] = []
     order = queue_order(state, name)
     if cluster is None:
-        cluster = cluster_order(state, now_ns) if order else []
+        cluster = ranked(cluster_order(state, now_ns)) if order else {}
     hint = max((node.spec.gpu_memory_mib for node in state.nodes.values()), default=0)
     for n, key in enumerate(order, 1):
         job = state.jobs[key]

@@ -228,6 +228,15 @@ class ConfigError(ValueError):
     """A configuration that does not validate; the message names the field."""
 
 
+def config_or_default(raw: Any) -> SchedulerConfig:
+    """The config `raw` (a folded state's config in force), or all defaults when it does not
+    validate: what a reader of any log assumes where the scheduler itself would refuse."""
+    try:
+        return parse_config(raw)
+    except ConfigError:
+        return parse_config({})
+
+
 def parse_config(raw: Any) -> SchedulerConfig:
     """A validated SchedulerConfig from a plain mapping (None gives all defaults)."""
     try:

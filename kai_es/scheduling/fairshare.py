@@ -396,6 +396,13 @@ def pending_request(state: "ClusterState", gpu_memory_mib_hint: int,
     return out
 
 
+def cluster_capacity(state: "ClusterState") -> tuple[int, int, int]:
+    """Every node's allocatable summed: (milli-GPU, milli-CPU, memory bytes)."""
+    nodes = [state.nodes[n] for n in state.node_names]
+    return (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
+            sum(n.spec.memory_bytes for n in nodes))
+
+
 def shares_for_state(state: "ClusterState", gpu_unit: int = 1, time_based: TimeBased | None = None,
                      replacements_once: bool = False, quota_granted: bool = False
                      ) -> dict[str, dict[str, QueueShare]]:
@@ -404,10 +411,8 @@ def shares_for_state(state: "ClusterState", gpu_unit: int = 1, time_based: TimeB
     GPUs are divided in units of `gpu_unit` milli-GPU over quota (1: exactly; 1000: whole GPUs);
     `time_based` weighs the over-quota rounds by historical usage; `replacements_once`: see
     `pending_request`; `quota_granted`: step 1 of `divide`."""
-    nodes = [state.nodes[n] for n in state.node_names]
-    hint = max((n.spec.gpu_memory_mib for n in nodes), default=0)
-    capacity = (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
-                sum(n.spec.memory_bytes for n in nodes))
+    hint = max((state.nodes[n].spec.gpu_memory_mib for n in state.node_names), default=0)
+    capacity = cluster_capacity(state)
     pending = pending_request(state, hint, replacements_once)
     out: dict[str, dict[str, QueueShare]] = {}
     for r, resource in enumerate(RESOURCES):

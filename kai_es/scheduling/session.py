@@ -31,7 +31,7 @@ from sortedcontainers import SortedList
 
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
-from kai_es.scheduling.fairshare import RESOURCES, parent_loops, pod_request
+from kai_es.scheduling.fairshare import RESOURCES, cluster_capacity, parent_loops, pod_request
 from kai_es.scheduling.gang import Minimum, minimum, surplus
 from kai_es.scheduling.plan import Announced, Entry, Plan
 from kai_es.state.keys import job_key_of_index
@@ -232,9 +232,7 @@ class Session:
             node.fair = (shares["gpu"][name].fair_share, shares["cpu"][name].fair_share,
                          shares["memory"][name].fair_share)
             self.fair_shares[name] = node.fair
-        nodes = [st.nodes[n] for n in st.node_names]
-        capacity = (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
-                    sum(n.spec.memory_bytes for n in nodes))
+        capacity = cluster_capacity(st)
         for node in self.queues.values():
             node.allocatable = allocatable_share(node.quota, node.limit, node.fair, capacity)
 

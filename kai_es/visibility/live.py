@@ -33,7 +33,7 @@ from kai_es.explain import cycle_shares, waiting_jobs
 from kai_es.scheduling.fairshare import RESOURCES, pending_request
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key
-from kai_es.visibility.positions import cluster_order
+from kai_es.visibility.positions import cluster_order, ranked
 from kai_es.visibility.queue_metrics import pending_counts
 
 HISTORY_POINTS: Final = 512
@@ -116,7 +116,7 @@ class LiveView:
         self.first_ns = 0
         self.last_ns = 0
         #: (state position, the cluster-wide order then): one Session per position, not per queue
-        self._cluster: tuple[int, list[str]] | None = None
+        self._cluster: tuple[int, dict[str, int]] | None = None
         self.last_cut: Cut | None = None
         self.history = History(limit=history_points)
         self.announced: dict[str, list[p.Reason]] = {}
@@ -158,7 +158,7 @@ class LiveView:
             return []
         at = self.state.position
         if self._cluster is None or self._cluster[0] != at:
-            self._cluster = (at, cluster_order(self.state, self.last_ns))
+            self._cluster = (at, ranked(cluster_order(self.state, self.last_ns)))
         return waiting_jobs(self.state, queue, self.announced, self.last_ns, self._cluster[1])
 
     def queues_waiting(self) -> list[str]:

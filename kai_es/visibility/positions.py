@@ -22,7 +22,8 @@ are left out: they skip tries, not positions.)
 
 from __future__ import annotations
 
-from kai_es.scheduling.config import ConfigError, parse_config
+from kai_es.scheduling.actions.allocate import nominated_jobs
+from kai_es.scheduling.config import config_or_default
 from kai_es.scheduling.cycle import strategy_of
 from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.plan import Plan
@@ -47,20 +48,18 @@ def position(state: ClusterState, job_key: str) -> tuple[int, int] | None:
     return (order.index(job_key) + 1, len(order)) if job_key in order else None
 
 
+def ranked(order: list[str]) -> dict[str, int]:
+    """job key -> its 0-based index in `order` (a cluster order looked up job by job)."""
+    return {key: i for i, key in enumerate(order)}
+
+
 def cluster_order(state: ClusterState, now_ns: int) -> list[str]:
     """Every waiting job in the order a cycle at `now_ns` tries them (module docstring)."""
-    try:
-        config = parse_config(state.config)
-    except ConfigError:
-        config = parse_config({})
+    config = config_or_default(state.config)
     rules = policy_for(config.policy_version).rules
     session = Session(state, Plan(state, load_packer("reference"), strategy_of(config, state)), now_ns, rules,
                       config)
-    waiting = [state.jobs[job_key_of_index(index_key)] for name in sorted(state.pending_jobs)
-               for index_key in state.pending_jobs[name]]
-    ahead = sorted((job for job in waiting if job.pending and job.queue in session.queues
-                    and any(state.pods[e.pod_key].nominated_node for e in job.pending)),
-                   key=lambda job: (-job.priority, job.created_ns, job.uid, job.key))
+    ahead = [job for job in nominated_jobs(state) if job.queue in session.queues]
     order = [job.key for job in ahead]
     for job in ahead:
         session.done.update(e.pod_key for e in job.pending)

@@ -297,17 +297,20 @@ class StatusWriter:
             if verdict is None or verdict.message != message:
                 self._group_verdict[group] = _Verdict(message, data.reasons, when,
                                                       hashlib.sha256(record_id.encode()).hexdigest()[:8])
-                self._group_condition_write(group, self._position_now(group), None)
+                place = self._place(group, {}) if self.queue_status and self._complete else None
+                self._group_condition_write(group, place, None)
 
-    def _position_now(self, group: tuple[str, str]) -> tuple[int, int, str] | None:
-        """(position, of, queue) of the group's job in the folded state; None when not known."""
-        if not (self.queue_status and self._complete):
-            return None
+    def _place(self, group: tuple[str, str], orders: dict[str, dict[str, int]]) -> tuple[int, int, str] | None:
+        """(position, of, queue) of the group's waiting job in the folded state, None when it is
+        not waiting; `orders` keeps each queue's order (`positions.queue_order`) across calls."""
         job = self.state.jobs.get(pod_key(*group))
         if job is None or not job.pending:
             return None
-        order = queue_order(self.state, job.queue)
-        return (order.index(job.key) + 1, len(order), job.queue) if job.key in order else None
+        index = orders.get(job.queue)
+        if index is None:
+            index = orders[job.queue] = {k: i for i, k in enumerate(queue_order(self.state, job.queue))}
+        at = index.get(job.key)
+        return (at + 1, len(index), job.queue) if at is not None else None
 
     def _group_condition_write(self, group: tuple[str, str], place: tuple[int, int, str] | None,
                                now: float | None) -> None:
@@ -337,12 +340,8 @@ class StatusWriter:
                 continue
             job = self.state.jobs.get(pod_key(*group))
             if job is None or not job.pending:
-                continue
-            index = orders.get(job.queue)
-            if index is None:
-                index = orders[job.queue] = {k: i for i, k in enumerate(queue_order(self.state, job.queue))}
-            at = index.get(job.key)
-            place = (at + 1, len(index), job.queue) if at is not None else None
+                continue  # bound meanwhile (its condition is cleared) or gone
+            place = self._place(group, orders)
             if place != verdict.place:
                 self._group_condition_write(group, place, now)
 

@@ -20,8 +20,20 @@ from kai_es.scheduling.plan import Entry
 from kai_es.scheduling.session import QueuedJob, QueueNode, Session, _what
 from kai_es.scheduling.topology import INVALID_TOPOLOGY_CONSTRAINT, constrained
 from kai_es.state.keys import job_key_of_index
-from kai_es.state.model import Job, PodState
+from kai_es.state.model import ClusterState, Job, PodState
 from kai_es.state.quantities import Vector
+
+
+def nominated_jobs(state: ClusterState) -> list[Job]:
+    """The pending jobs with a pod pipelined to a node by an earlier cycle, in the order
+    allocate tries them first: higher priority, older, uid."""
+    jobs: dict[str, Job] = {}
+    for name in sorted(state.pending_jobs):
+        for index_key in state.pending_jobs[name]:
+            job = state.jobs[job_key_of_index(index_key)]
+            if any(state.pods[e.pod_key].nominated_node for e in job.pending):
+                jobs[job.key] = job
+    return [jobs[k] for k in sorted(jobs, key=lambda k: (-jobs[k].priority, jobs[k].created_ns, jobs[k].uid, k))]
 
 
 class Allocator:
@@ -82,15 +94,8 @@ class Allocator:
     def _nominated(self) -> None:
         """Jobs with a pod pipelined by an earlier cycle go first, onto the node reserved for it
         (KAI's nominated node): the capacity its victims released is not given to anyone else."""
-        state = self.state
-        jobs: dict[str, Job] = {}
-        for name in sorted(state.pending_jobs):
-            for index_key in state.pending_jobs[name]:
-                job = state.jobs[job_key_of_index(index_key)]
-                if any(state.pods[e.pod_key].nominated_node for e in job.pending):
-                    jobs[job.key] = job
-        for key in sorted(jobs, key=lambda k: (-jobs[k].priority, jobs[k].created_ns, jobs[k].uid, k)):
-            self.try_ahead(jobs[key])
+        for job in nominated_jobs(self.state):
+            self.try_ahead(job)
 
     def try_ahead(self, job: Job) -> None:
         """Try `job` ahead of the queue order (its leaf queue's limits and quota still hold)."""

@@ -322,6 +322,12 @@ class PreemptingAction:
                 if self._try_within(leaf, job):
                     return
 
+    def _refuse_once(self, job: Job, pods: list[PodState], reason: Reason) -> None:
+        """Tell `job` a limit or quota holds it, unless its first pod was told that code already
+        (by allocate, or by the first action that met it)."""
+        if not any(r.code == reason.code for r in self.session.unschedulable.get(pods[0].key, ())):
+            self.refuse(job, reason.message, reason.numbers)
+
     def _try_within(self, leaf: QueueNode, job: Job) -> bool:
         """One victim search for `job` on the masks the eligibility hands out now; True when it
         placed the job."""
@@ -334,9 +340,7 @@ class PreemptingAction:
         rules = self.session.rules
         limited = rules.queue_limits.pre_check(self.session, leaf, job, request)
         if limited:
-            # said once: by allocate, or by the first action that met it
-            if not any(r.code == limited[0].code for r in self.session.unschedulable.get(pods[0].key, ())):
-                self.refuse(job, limited[0].message, limited[0].numbers)
+            self._refuse_once(job, pods, limited[0])
             return False
         if not self.may_start(leaf, job, request):
             self.refuse(job, *self.why_not(leaf, job, request))
@@ -411,11 +415,9 @@ class PreemptingAction:
             evictions = None
         if evictions is None:
             rules.victim_search.failed(self, memo)
-            limited = self.session.limits(leaf, job, request)
-            if limited and limited[0].code == fw.QUEUE_LIMIT:
-                # (kai-es/v10: the limit is judged on the Plan) no victims brought it under it
-                if not any(r.code == fw.QUEUE_LIMIT for r in self.session.unschedulable.get(pods[0].key, ())):
-                    self.refuse(job, limited[0].message, limited[0].numbers)
+            limited = rules.queue_limits.after_search(self.session, leaf, job, request)
+            if limited:  # (kai-es/v10: judged on the Plan) no victims brought it under the limit
+                self._refuse_once(job, pods, limited[0])
                 return False
             self.refuse(job, *self._failed_search(leaf, job, request))
             return False

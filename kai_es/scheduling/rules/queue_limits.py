@@ -17,8 +17,9 @@ limit is judged, and whether a victim put back must fit its queue's limit.
 Contract: `pre_check(session, leaf, job, request)` is the reasons to refuse the preemptor
 before searching ([] to search); `holds(session, leaf, job, request)` says whether the
 preemptor's placement on the Plan keeps its queues within their limits (and quotas); and
-`victim_fits(session, job)` whether a victim job's pods back on the Plan keep its queues
-within their limits. Pure: they read the Session's queue accounting, which follows the Plan.
+`victim_fits(session, ops)` whether the pods of evictions `ops` (one job's) back on the Plan
+keep their queues within their limits; `after_search(...)` the limit reason a preemptor whose
+search failed is told ([] when the limit was judged before). Pure: they read the Session's queue accounting, which follows the Plan.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from kai_es.events.payloads import Reason
+from kai_es.scheduling.framework import QUEUE_LIMIT
 from kai_es.scheduling.fairshare import RESOURCES
 from kai_es.state.model import Job
 from kai_es.state.quantities import Vector
 
 if TYPE_CHECKING:
+    from kai_es.scheduling.plan import Eviction
     from kai_es.scheduling.session import QueueNode, Session
 
 
@@ -39,7 +42,9 @@ class QueueLimits(Protocol):
 
     def holds(self, session: Session, leaf: QueueNode, job: Job, request: Vector) -> bool: ...
 
-    def victim_fits(self, session: Session, job: Job, request: Vector) -> bool: ...
+    def victim_fits(self, session: Session, ops: list[Eviction]) -> bool: ...
+
+    def after_search(self, session: Session, leaf: QueueNode, job: Job, request: Vector) -> list[Reason]: ...
 
 
 class LimitsBeforeSearchV9:
@@ -53,8 +58,11 @@ class LimitsBeforeSearchV9:
     def holds(self, session: Session, leaf: QueueNode, job: Job, request: Vector) -> bool:
         return True
 
-    def victim_fits(self, session: Session, job: Job, request: Vector) -> bool:
+    def victim_fits(self, session: Session, ops: list[Eviction]) -> bool:
         return True
+
+    def after_search(self, session: Session, leaf: QueueNode, job: Job, request: Vector) -> list[Reason]:
+        return []  # judged before the search
 
 
 def within_limits(leaf: QueueNode, request: Vector) -> bool:
@@ -78,6 +86,10 @@ class LimitsOnThePlan:
     def holds(self, session: Session, leaf: QueueNode, job: Job, request: Vector) -> bool:
         return within_limits(leaf, request)
 
-    def victim_fits(self, session: Session, job: Job, request: Vector) -> bool:
-        leaf = session.queues.get(job.queue)
-        return leaf is None or within_limits(leaf, request)
+    def victim_fits(self, session: Session, ops: list[Eviction]) -> bool:
+        pods = session.state.pods
+        leaf = session.queues.get(session.state.jobs[pods[ops[0].pod_key].job_key].queue)
+        return leaf is None or within_limits(leaf, session.request_of([pods[op.pod_key] for op in ops]))
+
+    def after_search(self, session: Session, leaf: QueueNode, job: Job, request: Vector) -> list[Reason]:
+        return [r for r in session.limits(leaf, job, request)[:1] if r.code == QUEUE_LIMIT]

@@ -76,24 +76,39 @@ class FairShareOrder:
         return 0
 
 
-def _within_quota_and_share(q: QueueNode, request: Vector) -> tuple[bool, bool, int]:
-    """Keys 1, 2 and the DRF share with the candidate, which every released order starts with:
-    (over its fair share in every resource, over quota with the candidate, dominant share with
-    the candidate). Keys are cached per queue by the Session, so this costs a call per try."""
+def _over(q: QueueNode, request: Vector) -> tuple[bool, bool]:
+    """Keys 1 and 2, which every released order starts with: (over its fair share in every
+    resource, over quota with the candidate)."""
     allocated, fair, quota = q.allocated, q.fair, q.quota
     over_all = allocated[0] > fair[0] and allocated[1] > fair[1] and allocated[2] > fair[2]
-    over_quota = False
-    share = 0
     for r in (0, 1, 2):
-        need = request[r]
-        used = allocated[r] + need
-        if need > 0 and 0 <= quota[r] < used:
-            over_quota = True
+        if request[r] > 0 and 0 <= quota[r] < allocated[r] + request[r]:
+            return over_all, True
+    return over_all, False
+
+
+def _drf(allocated: Vector, request: Vector, base: Vector, grows: bool) -> tuple[bool, int, int]:
+    """(whether the queue would use a resource whose `base` is zero, its dominant share with the
+    candidate, without it), shares as floor(used * SHARE_SCALE / base); a zero base counts
+    INFINITE, plus the amount used when `grows` (KAI's allocated x 1000: more use, later).
+    Keys are cached per queue by the Session, so this costs a call per try."""
+    zero = False
+    share = share_without = 0
+    for r in (0, 1, 2):
+        used, have, b = allocated[r] + request[r], allocated[r], base[r]
         if used > 0:
-            s = used * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
+            if b > 0:
+                s = used * SHARE_SCALE // b
+            else:
+                zero = True
+                s = INFINITE + used if grows else INFINITE
             if s > share:
                 share = s
-    return over_all, over_quota, share
+        if have > 0:
+            s = have * SHARE_SCALE // b if b > 0 else (INFINITE + have if grows else INFINITE)
+            if s > share_without:
+                share_without = s
+    return zero, share, share_without
 
 
 class QueueOrderV1:
@@ -102,7 +117,8 @@ class QueueOrderV1:
     __slots__ = ()
 
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
-        over_all, over_quota, share = _within_quota_and_share(q, request)
+        over_all, over_quota = _over(q, request)
+        share = _drf(q.allocated, request, q.fair, False)[1]
         return (over_all, over_quota, -q.priority, share, q.created_ns, q.name)
 
 
@@ -112,18 +128,9 @@ class KaiQueueOrder:
     __slots__ = ()
 
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
-        over_all, over_quota, share = _within_quota_and_share(q, request)
-        allocated, fair = q.allocated, q.fair
-        zero_fair = False
-        share_without = 0
-        for r in (0, 1, 2):
-            if fair[r] == 0 and allocated[r] + request[r] > 0:
-                zero_fair = True
-            if allocated[r] > 0:
-                s = allocated[r] * SHARE_SCALE // fair[r] if fair[r] > 0 else INFINITE
-                if s > share_without:
-                    share_without = s
-        return (over_all, over_quota, -q.priority, zero_fair, share, share_without, FairShareOrder(fair),
+        over_all, over_quota = _over(q, request)
+        zero_fair, share, share_without = _drf(q.allocated, request, q.fair, False)
+        return (over_all, over_quota, -q.priority, zero_fair, share, share_without, FairShareOrder(q.fair),
                 q.created_ns, q.name)
 
 
@@ -133,22 +140,7 @@ class AllocatableShareOrder:
     __slots__ = ()
 
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
-        over_all, over_quota, _ = _within_quota_and_share(q, request)
-        allocated, share_of = q.allocated, q.allocatable
-        zero = False
-        share = share_without = 0
-        for r in (0, 1, 2):
-            used = allocated[r] + request[r]
-            a = share_of[r]
-            if a == 0 and used > 0:
-                zero = True
-            if used > 0:
-                s = used * SHARE_SCALE // a if a > 0 else INFINITE + used
-                if s > share:
-                    share = s
-            if allocated[r] > 0:
-                s = allocated[r] * SHARE_SCALE // a if a > 0 else INFINITE + allocated[r]
-                if s > share_without:
-                    share_without = s
-        return (over_all, over_quota, -q.priority, zero, share, share_without, FairShareOrder(share_of),
+        over_all, over_quota = _over(q, request)
+        zero, share, share_without = _drf(q.allocated, request, q.allocatable, True)
+        return (over_all, over_quota, -q.priority, zero, share, share_without, FairShareOrder(q.allocatable),
                 q.created_ns, q.name)

@@ -97,14 +97,12 @@ def _put_back(session: Session, ops: list[Eviction]) -> bool:
     """Undo the evictions `ops` together, else move all their pods elsewhere (`relocate`);
     False, with the Plan as before, when neither can be done."""
     plan = session.plan
-    pods = session.state.pods
-    job = session.state.jobs[pods[ops[0].pod_key].job_key]
     # kai-es/v10 (`rules.queue_limits`): a victim back on the Plan must fit its queues' limits
     # (wherever it lands: a move gives back what it took too)
-    request = session.request_of([pods[op.pod_key] for op in ops])
+    fits = session.rules.queue_limits.victim_fits
     checkpoint = plan.checkpoint()
     if all(plan.unevict(op) for op in ops):
-        if session.rules.queue_limits.victim_fits(session, job, request):
+        if fits(session, ops):
             return True
         plan.rollback(checkpoint)
         return False
@@ -112,7 +110,7 @@ def _put_back(session: Session, ops: list[Eviction]) -> bool:
     moves = relocate(session, ops)
     if moves is None:
         return False
-    if not session.rules.queue_limits.victim_fits(session, job, request):
+    if not fits(session, ops):
         plan.rollback(checkpoint)
         return False
     _announce_moves(session, moves)
