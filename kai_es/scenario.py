@@ -46,6 +46,7 @@ from kai_es.controllers.base import simulation_annotations
 from kai_es.ingest import bounds
 from kai_es.ingest import podgrouper as pg
 from kai_es.ingest import translate as tr
+from kai_es.ingest.groupers import workload_api as wa
 from kai_es.ingest.groupers.base import DEFAULT_QUEUE, OwnerError, describe
 from kai_es.scheduling.config import ConfigError, SchedulerConfig, parse_config
 from kai_es.scheduling.fairshare import parent_loops
@@ -243,6 +244,14 @@ class _Loader:
         if not isinstance(meta, Mapping) or not meta.get("name"):
             raise self.fail(index, doc, "metadata.name", "is required")
         ns = "" if doc.get("kind") == "ClusterTrainingRuntime" else str(meta.get("namespace") or "default")
+        if (tr.api_group(doc), doc.get("kind")) == (wa.API_GROUP, wa.KIND):
+            # a Kubernetes PodGroup is the gang's owner: an identity and an age, as the apiserver gives
+            doc = copy.deepcopy(doc)
+            m = doc["metadata"] = {**meta, "namespace": ns}
+            m.setdefault("uid", _uid(self.name, f"{wa.RELATED_KIND}/{ns}/{meta['name']}"))
+            self._created(m, 0)
+            self.references[(wa.RELATED_KIND, ns, str(meta["name"]))] = doc
+            return
         self.references[(str(doc.get("kind")), ns, str(meta["name"]))] = doc
 
     def _add(self, index: int, obj: dict[str, Any], submit: int, run_for: int | None,
@@ -366,6 +375,10 @@ class _Loader:
                submit: int, run_for: int | None, recreate: bool,
                related: Mapping[tuple[str, str], dict[str, Any]], pods: _Pods) -> None:
         try:
+            wanted = wa.wanted(pod, owners)
+            k8s_group = self.references.get((wa.RELATED_KIND, str(pod["metadata"]["namespace"]), wanted or ""))
+            if k8s_group is not None:
+                related = {**related, (wa.RELATED_KIND, str(wanted)): k8s_group}
             grouping = pg.group_pod(pod, owners, related=related, pods=pods, rules=self.rules,
                                     ours=self.config.scheduler_name)
         except tr.IngestError as exc:

@@ -386,7 +386,7 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
     rules), append what changed."""
     from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
     from kai_es.adapters.kubernetes.grouping import PodGroupingSource  # noqa: PLC0415
-    from kai_es.adapters.kubernetes.source import KubernetesSource  # noqa: PLC0415
+    from kai_es.adapters.kubernetes.source import INFORMER_KINDS, KubernetesSource  # noqa: PLC0415
 
     clock = FlowClock(1.0)
     ready = announcing(on_ready, status)
@@ -396,7 +396,8 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
         async with await api_client(kubeconfig) as api:
             rules = config.grouping if config is not None else ()
             ours = config.scheduler_name if config is not None else SCHEDULER_NAME
-            informer = InformerService(events, PodGroupingSource(KubernetesSource(api), api, rules=rules, ours=ours),
+            informer = InformerService(events, PodGroupingSource(KubernetesSource(api, kinds=INFORMER_KINDS), api,
+                                                                 rules=rules, ours=ours),
                                        clock, RandomIds(), ours=ours)
             t = time.monotonic()
             appended = await informer.resync()

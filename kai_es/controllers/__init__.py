@@ -37,10 +37,12 @@ CONTROLLERS: Mapping[tuple[str, str], Controller] = {
     ("sparkoperator.k8s.io", "SparkApplication"): other.expand_sparkapplication,
 }
 
-#: objects controllers read that are not workloads: a scenario may hold them (Kubeflow Trainer's
-#: runtimes, for TrainJobs)
+#: objects controllers or the podgrouper read that are not workloads: a scenario may hold them
+#: (Kubeflow Trainer's runtimes, for TrainJobs; the Workload API's Workloads and PodGroups, which
+#: pods name in `spec.schedulingGroup`)
 REFERENCE_KINDS = frozenset({("trainer.kubeflow.org", "TrainingRuntime"),
-                             ("trainer.kubeflow.org", "ClusterTrainingRuntime")})
+                             ("trainer.kubeflow.org", "ClusterTrainingRuntime"),
+                             ("scheduling.k8s.io", "Workload"), ("scheduling.k8s.io", "PodGroup")})
 
 
 def rule_controller(rule: GroupingRule) -> Controller:

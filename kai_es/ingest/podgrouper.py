@@ -29,6 +29,10 @@ Contract (KAI's podgrouper read for its behaviour; the rules per kind are in
   creationTimestamp of the PodGroup's owner (the group is as old as its workload).
 - `rules`: the config's no-code rules by (group, kind) (`kai_es/ingest/groupers/rules.py`), for
   kinds the table does not know.
+- A pod naming a Kubernetes PodGroup (`spec.schedulingGroup.podGroupName`, the Workload API of
+  Kubernetes 1.36) joins that gang: the caller passes the PodGroup in `related` under
+  (`workload_api.RELATED_KIND`, its name) (`kai_es/ingest/groupers/workload_api.py`); without
+  it the pod is not grouped (an `OwnerError`: it waits for the PodGroup).
 Malformed input (a count that is not an integer, negative, or above KAI's int32; a missing
 replica spec; a pod without the labels its controller sets) raises `IngestError` (an
 `OwnerError` naming the object and the field); nothing else is raised.
@@ -41,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kai_es.ingest.groupers import CHAIN_ONLY, TABLE, GroupingRule, decide, kind_of, workload_of
+from kai_es.ingest.groupers import workload_api
 from kai_es.ingest.groupers.base import (
     MIN_MEMBER_OVERRIDE,
     PRIORITY_LABEL,
@@ -169,6 +174,12 @@ def group_pod(pod: Obj, owners: Sequence[Obj], *, related: Mapping[tuple[str, st
     if not isinstance(raw_labels, Mapping):
         raise IngestError("metadata.labels", "must be a map")
     decision = decide(Source(pod, tuple(owners), related or {}, pods or NoPods()), rules or {})
+    k8s_group_name = workload_api.wanted(pod, owners)
+    if k8s_group_name is not None:
+        k8s_group = (related or {}).get((workload_api.RELATED_KIND, k8s_group_name))
+        if k8s_group is None:
+            raise workload_api.missing(pod, k8s_group_name)
+        decision = workload_api.override(decision, k8s_group, pod, owners)
     podgroup = render(decision, str(m.get("namespace") or "default"))
     annotated = dict(pod)
     new_meta = {**m, "annotations": {**raw_annotations, PODGROUP_ANNOTATION: decision.name}}

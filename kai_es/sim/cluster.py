@@ -13,7 +13,8 @@ Contract:
   grouped again, as the informer groups a new pod: it rejoins its workload's group (a Job's, a
   PyTorchJob's, …), or — where every pod is a group of its own (a bare pod, a Deployment's) —
   gets a new one, `pg-<new name>-<new uid>` created now (with uid `recreated_group_uid`), which
-  is reported before the pod.
+  is reported before the pod. A pod of a Kubernetes PodGroup (`spec.schedulingGroup`) keeps its
+  group, which outlives its pods.
 - A pod annotated `kai-es.io/refuse-eviction: "true"` refuses every eviction permanently (as a
   failed precondition would); `"retryable"` refuses it as a PodDisruptionBudget does (a 429 that
   may pass later). A pod annotated `kai-es.io/refuse-bind: "true"` refuses every bind (as a
@@ -38,6 +39,7 @@ import anyio
 from kai_es.events.factory import name_id
 from kai_es.events.timefmt import rfc3339
 from kai_es.ingest import podgrouper as pg
+from kai_es.ingest.groupers import workload_api as wa
 from kai_es.ingest import translate as tr
 from kai_es.ports import ActionOutcome, ObjectChange
 from kai_es.scenario import Scenario, ScenarioObject
@@ -360,8 +362,11 @@ class SimCluster:
         self._report("Pod", "ADDED", obj)
 
     def _regroup(self, obj: dict[str, Any], owners: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-        """The recreated pod grouped as a new pod (see the module contract)."""
+        """The recreated pod grouped as a new pod (see the module contract); a pod of a
+        Kubernetes PodGroup (the Workload API) stays in it, as the group outlives its pods."""
         meta = obj["metadata"]
+        if wa.wanted(obj, owners) is not None:
+            return obj
         meta.get("annotations", {}).pop(tr.PODGROUP_ANNOTATION, None)
         meta.get("labels", {}).pop(tr.SUBGROUP_LABEL, None)
         grouping = pg.group_pod(obj, owners, rules=pg.rules_by_kind(self.scenario.config.grouping),

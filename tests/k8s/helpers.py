@@ -16,7 +16,7 @@ from kai_es.adapters.ids import RandomIds
 from kai_es.adapters.kubernetes.actuator import KubernetesActuator
 from kai_es.adapters.kubernetes.gpushare import GpuSharing
 from kai_es.adapters.kubernetes.grouping import PodGroupingSource
-from kai_es.adapters.kubernetes.source import KubernetesSource
+from kai_es.adapters.kubernetes.source import DEFAULT_KINDS, INFORMER_KINDS, KubernetesSource
 from kai_es.app import open_log
 from kai_es.events import Record
 from kai_es.ports import EventLog
@@ -147,7 +147,7 @@ async def services_running(log: EventLog, api: client.ApiClient,
     ends. `grouping`: the informer's source groups pods (PodGroupingSource); the binder prepares
     shared GPUs with `gpu_sharing` and runs `followers`."""
     clock, ids = SystemClock(), RandomIds()
-    source: Any = KubernetesSource(api)
+    source: Any = KubernetesSource(api, kinds=INFORMER_KINDS if grouping else DEFAULT_KINDS)
     config = config or SchedulerConfig()
     ours = config.scheduler_name
     informer = InformerService(log, PodGroupingSource(source, api, ours=ours) if grouping else source, clock, ids,

@@ -260,6 +260,13 @@ CONTROLLERS = (
 #: planes leave it out: see CONTROLLERS).
 REAL_NODE_CONTROLLERS = ("root-ca-certificate-publisher-controller", "disruption-controller")
 
+#: The Workload API (KEP-4671) as Kubernetes 1.36 serves it, alpha and off by default:
+#: `ControlPlane(**WORKLOAD_API)` turns on its feature gates (GenericWorkload: the API and
+#: pods' spec.schedulingGroup; WorkloadWithJob: the Job controller makes a Workload and a PodGroup
+#: for an Indexed Job whose completions equal its parallelism > 1) and its API version.
+WORKLOAD_API: Mapping[str, Any] = {"feature_gates": {"GenericWorkload": True, "WorkloadWithJob": True},
+                                   "runtime_config": ("scheduling.k8s.io/v1alpha2=true",)}
+
 #: The node `ControlPlane(real_node=True)` registers (a kubelet; KWOK leaves it alone).
 REAL_NODE_NAME = "real-node-0"
 
@@ -1678,6 +1685,8 @@ class ControlPlane:
         real_node_labels: Mapping[str, str] | None = None,
         kube_scheduler: bool | None = None,
         operators: Sequence[str] = (),
+        feature_gates: Mapping[str, bool] | None = None,
+        runtime_config: Sequence[str] = (),
     ) -> None:
         if data_dir is None:
             base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
@@ -1698,6 +1707,11 @@ class ControlPlane:
         while self.controller_manager_port in {self.apiserver_port, self.etcd_port, self.etcd_peer_port}:
             self.controller_manager_port = free_port()
         self.extra_apiserver_flags = tuple(extra_apiserver_flags)
+        #: --feature-gates of every Kubernetes component started here (the apiserver, the
+        #: controller-manager, kube-scheduler) and the apiserver's
+        #: --runtime-config (API versions off by default, e.g. WORKLOAD_API's)
+        self.feature_gates = dict(feature_gates or {})
+        self.runtime_config = tuple(runtime_config)
         self.controllers = tuple(controllers) if controller_manager else ()
         if real_node and self.controllers:
             self.controllers += tuple(c for c in REAL_NODE_CONTROLLERS if c not in self.controllers)
@@ -1905,8 +1919,15 @@ class ControlPlane:
             "--profiling=false",
             "--anonymous-auth=false",
             "-v=1",
+            *self._gate_flags(),
+            *((f"--runtime-config={','.join(self.runtime_config)}",) if self.runtime_config else ()),
             *self.extra_apiserver_flags,
         ]  # fmt: skip
+
+    def _gate_flags(self) -> tuple[str, ...]:
+        if not self.feature_gates:
+            return ()
+        return ("--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items())),)
 
     def _start_apiserver(self, deadline: float) -> None:
         self.apiserver.start(self.apiserver_command(), cwd=self.data_dir)
@@ -1951,6 +1972,7 @@ class ControlPlane:
             "--controllers=" + ",".join(self.controllers),
             "--profiling=false",
             "-v=1",
+            *self._gate_flags(),
         ]  # fmt: skip
 
     def _wait_controller_manager(self, deadline: float) -> None:
@@ -1987,6 +2009,7 @@ class ControlPlane:
             "--leader-elect=false",
             "--profiling=false",
             "-v=1",
+            *self._gate_flags(),
         ]  # fmt: skip
 
     def _wait_kube_scheduler(self, deadline: float) -> None:
@@ -2330,7 +2353,8 @@ def run_busybox_pod(cp: ControlPlane, name: str, script: str, timeout_s: float =
 def _cmd_run(args: argparse.Namespace) -> int:
     cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port,
                       controller_manager=args.controller_manager, real_node=args.real_node,
-                      operators=[o for o in args.operators.split(",") if o])
+                      operators=[o for o in args.operators.split(",") if o],
+                      **(WORKLOAD_API if args.workload_api else {}))
     with stop_signals_as_keyboard_interrupt():
         try:
             try:
@@ -2417,6 +2441,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{', '.join(REAL_NODE_PACKAGES)}), and run a busybox pod on it")
     r.add_argument("--operators", default="",
                    help=f"comma-separated operators to run too (of: {', '.join(OPERATORS)})")
+    r.add_argument("--workload-api", action="store_true",
+                   help="serve the Workload API (scheduling.k8s.io/v1alpha2; feature gates GenericWorkload and "
+                        "WorkloadWithJob)")
     r.set_defaults(func=_cmd_run)
     args = p.parse_args(argv)
     return int(args.func(args))

@@ -20,6 +20,12 @@ Contract:
   (403) ends the chain at the last owner read, as KAI's podgrouper does.
 - A `Relist` of PodGroups also lists the groups made here (a real PodGroup of the same name
   wins); a `Relist` of Pods re-groups every pod, and groups left without pods are DELETED.
+- A pod naming a Workload API PodGroup (`spec.schedulingGroup.podGroupName`; Kubernetes 1.36,
+  `scheduling.k8s.io/v1alpha2`) joins its gang (kai_es/ingest/groupers/workload_api.py). The
+  PodGroups come from `inner`'s `WorkloadPodGroup` list and watch when it has that kind (they are
+  not passed on), else each is read with a GET. A pod whose PodGroup does not exist yet is
+  rejected with that reason and grouped as soon as the PodGroup appears (passed on again as
+  MODIFIED), never scheduled as a group of its own.
 - An owner that cannot be read (after `owner_attempts` tries; a 404 for the object itself) or
   a malformed owner marks the pod with `kai-es.io/grouping-error`: the informer rejects it with
   that message (an ObjectRejected in the log), it is not scheduled in a wrong group. A later
@@ -38,9 +44,11 @@ import anyio
 from kubernetes_asyncio import client
 
 from kai_es.adapters.kubernetes.http import read_response as _read
+from kai_es.adapters.kubernetes.source import WORKLOAD_PODGROUP
 from kai_es.ingest import podgrouper as pg
 from kai_es.ingest import translate as tr
 from kai_es.ingest.groupers import INDEXED_LABELS
+from kai_es.ingest.groupers import workload_api as wa
 from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.ingest.translate import GROUPING_ERROR_ANNOTATION, IngestError
 from kai_es.ports import ObjectChange, Relist
@@ -57,6 +65,10 @@ MAX_OWNER_DEPTH = 8
 
 class OwnerUnavailable(Exception):
     """An owner could not be read."""
+
+
+class _NotFound(OwnerUnavailable):
+    """The object does not exist (404)."""
 
 
 class _Unserved(Exception):
@@ -149,6 +161,12 @@ class PodGroupingSource:
         self._noted: set[str] = set()  # uids of bound pods whose device facts were checked
         self._unserved: set[tuple[str, str]] = set()  # kinds said to be unserved (logged once)
         self._pods = _Pods()
+        #: the Workload API's PodGroups by (namespace, name), when `inner` watches them
+        #: (WORKLOAD_PODGROUP); else each is read with a GET, like an owner
+        self._watch_k8s_groups = WORKLOAD_PODGROUP in tuple(getattr(inner, "kinds", ()))
+        self._k8s_groups: dict[tuple[str, str], dict[str, Any]] = {}
+        #: pods waiting for the Workload API PodGroup they name: pod -> (its group's key, the pod)
+        self._waiting: dict[tuple[str, str], tuple[tuple[str, str], dict[str, Any]]] = {}
         #: owner reads (GETs, retries included) by the owner's namespace: the cache's effect
         self.owner_fetches: collections.Counter[str] = collections.Counter()
 
@@ -184,7 +202,9 @@ class PodGroupingSource:
             if status == 403:
                 raise _Forbidden(f"{kind} {namespace}/{name}: {doc.get('message', '')}"[:300])
             last = f"HTTP {status}: {doc.get('message', '')}" if status else str(doc.get("message"))
-            if status == 404 or attempt + 1 == self.owner_attempts:
+            if status == 404:
+                raise _NotFound(f"cannot read {kind} {namespace}/{name}: {last}")
+            if attempt + 1 == self.owner_attempts:
                 break
             await anyio.sleep(self.retry_delay_s * 2 ** attempt)
         raise OwnerUnavailable(f"cannot read {kind} {namespace}/{name}: {last}")
@@ -228,15 +248,47 @@ class PodGroupingSource:
                 raise OwnerUnavailable(str(exc)) from None
         return out
 
+    async def _k8s_group(self, namespace: str, name: str, fresh: bool) -> dict[str, Any] | None:
+        """The Workload API PodGroup `namespace/name`, None while it does not exist: from the
+        watched copies, else read (a 404, or an apiserver that does not serve the API: None)."""
+        if self._watch_k8s_groups:
+            return self._k8s_groups.get((namespace, name))
+        try:
+            return await self._get(f"{wa.RELATED_KIND}/{namespace}/{name}", wa.API_VERSION, wa.KIND, namespace,
+                                   name, "", fresh)
+        except (_Unserved, _NotFound):
+            return None
+
+    async def _k8s_group_changed(self, change: Change, out: list[Change]) -> None:
+        """Keep the Workload API's PodGroups; a pod waiting for one that now exists is grouped
+        (and passed on again, as MODIFIED). The PodGroups themselves are not passed on."""
+        if isinstance(change, Relist):
+            self._k8s_groups = {_key(o): dict(o) for o in change.objects}
+        elif change.action == "DELETED":
+            self._k8s_groups.pop(_key(change.obj), None)
+        else:
+            self._k8s_groups[_key(change.obj)] = dict(change.obj)
+        for pod_key, (group, pod) in sorted(self._waiting.items()):
+            if group in self._k8s_groups:
+                await self._shape_pod(ObjectChange("Pod", "MODIFIED", pod), out)
+
     # -- shaping ---------------------------------------------------------------------------------
 
     async def _group(self, pod: dict[str, Any], fresh: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """(the pod's PodGroup or None, the pod to pass on)."""
         if not pg.needs_group(pod, ours=self.ours):
             return None, pod
+        self._waiting.pop(_key(pod), None)
         try:
             chain = await self._owner_chain(pod, fresh)
             related = await self._related(chain, _key(pod)[0], fresh)
+            wanted = wa.wanted(pod, chain)
+            if wanted is not None:
+                k8s_group = await self._k8s_group(_key(pod)[0], wanted, fresh)
+                if k8s_group is None:
+                    self._waiting[_key(pod)] = ((_key(pod)[0], wanted), pod)
+                else:
+                    related[(wa.RELATED_KIND, wanted)] = k8s_group
             grouping = pg.group_pod(pod, chain, related=related, pods=self._pods, rules=self.rules, ours=self.ours)
         except (IngestError, OwnerUnavailable) as exc:
             ns, name = _key(pod)
@@ -282,6 +334,7 @@ class PodGroupingSource:
         if change.action == "DELETED":
             out.append(change)
             self._pods.update(obj, gone=True)
+            self._waiting.pop(key, None)
             self._leave(key, out)
             self._noted.discard(str((obj.get("metadata") or {}).get("uid", "")))
             return
@@ -318,7 +371,9 @@ class PodGroupingSource:
     async def _shape(self, batch: Sequence[Change]) -> list[Change]:
         out: list[Change] = []
         for change in batch:
-            if isinstance(change, Relist):
+            if change.kind == WORKLOAD_PODGROUP:
+                await self._k8s_group_changed(change, out)
+            elif isinstance(change, Relist):
                 if change.kind == "Pod":
                     pods: list[dict[str, object]] = []
                     seen: set[tuple[str, str]] = set()
@@ -359,7 +414,9 @@ class PodGroupingSource:
         for c in objects:  # every pod is known before any is grouped (an MPIJob's launcher)
             if c.kind == "Pod":
                 self._pods.update(c.obj)
-        shaped = await self._shape(list(objects))
+        # and every Workload API PodGroup (never passed on)
+        self._k8s_groups = {_key(c.obj): dict(c.obj) for c in objects if c.kind == WORKLOAD_PODGROUP}
+        shaped = await self._shape([c for c in objects if c.kind != WORKLOAD_PODGROUP])
         return [c for c in shaped if isinstance(c, ObjectChange)]
 
     async def changes(self) -> AsyncIterator[Sequence[Change]]:

@@ -12,10 +12,11 @@ Contract:
   `Relist(kind, objects)`: only that kind is relisted.
 - Other failures (5xx, 429, connection refused, 403/404 such as a CRD not installed yet) are
   retried with bounded exponential backoff and logged; the source never gives up on a kind.
-  A LIST of an optional kind (`OPTIONAL_KINDS`) answered 404 is an empty list instead, and its
-  watch retries quietly until the CRD is served.
+  A LIST of an optional kind (`OPTIONAL_KINDS`) answered 404 (or 403: an older ClusterRole) is
+  an empty list instead, and its watch retries until the kind is served (quietly) or allowed.
 - Objects are the API's JSON as dicts, each with `kind` and `apiVersion` set (LIST items lack
-  them). Nothing is decoded into kubernetes-asyncio's generated models (several times the CPU).
+  them). A change's kind is the source's name for it (`WorkloadPodGroup` for the Workload API's
+  PodGroups, whose objects' kind is `PodGroup`). Nothing is decoded into kubernetes-asyncio's generated models (several times the CPU).
 - Within one kind, items come in the order the API server sent them; kinds interleave.
 - Pods in `hidden_pod_namespaces` (by default the GPU reservation namespace,
   `kai-resource-reservation`) are filtered out by the apiserver (a field selector on LIST and
@@ -55,7 +56,12 @@ DEFAULT_KINDS = ALL_KINDS
 #: Kinds whose CRD a cluster may lack (a KAI install without topology support): a LIST answered
 #: 404 counts as an empty list (so the informer gets ready), and the kind's watch keeps retrying
 #: until the CRD appears, when the watch (from no resourceVersion) sends every object as ADDED
-OPTIONAL_KINDS = frozenset({"Topology"})
+#: The Workload API's PodGroup (scheduling.k8s.io/v1alpha2), apart from KAI's `PodGroup`
+WORKLOAD_PODGROUP = "WorkloadPodGroup"
+OPTIONAL_KINDS = frozenset({"Topology", WORKLOAD_PODGROUP})
+#: What the informer lists and watches: ALL_KINDS and, before the pods, the Workload API's
+#: PodGroups, which its podgrouper reads (kai_es/adapters/kubernetes/grouping.py)
+INFORMER_KINDS = (*ALL_KINDS[:-1], WORKLOAD_PODGROUP, ALL_KINDS[-1])
 
 Change = ObjectChange | Relist
 
@@ -90,6 +96,10 @@ KIND_APIS: dict[str, KindApi] = {
                         _custom("scheduling.run.ai", "v2alpha2", "podgroups")),
     "Topology": KindApi("Topology", "kai.scheduler/v1alpha1",
                         _custom("kai.scheduler", "v1alpha1", "topologies")),
+    # the Workload API's PodGroups (Kubernetes 1.36, GenericWorkload): read by the podgrouper
+    # (grouping.py), never appended to the log; their objects' kind is "PodGroup"
+    WORKLOAD_PODGROUP: KindApi("PodGroup", "scheduling.k8s.io/v1alpha2",
+                               _custom("scheduling.k8s.io", "v1alpha2", "podgroups")),
     "Namespace": KindApi("Namespace", "v1", _core("list_namespace")),
     "ConfigMap": KindApi("ConfigMap", "v1", _core("list_config_map_for_all_namespaces")),
     "PersistentVolume": KindApi("PersistentVolume", "v1", _core("list_persistent_volume")),
@@ -213,7 +223,7 @@ class KubernetesSource:
                 raise ApiCallError(resp.status, f"LIST {kind}: {_status_message(body)}")
             doc = json.loads(body)
             for item in doc.get("items") or ():
-                item.setdefault("kind", kind)
+                item.setdefault("kind", spec.kind)
                 item.setdefault("apiVersion", spec.api_version)
                 objects.append(item)
             meta = doc.get("metadata") or {}
@@ -228,8 +238,11 @@ class KubernetesSource:
             try:
                 objects, rv = await self.list_kind(kind)
             except ApiCallError as exc:
-                if exc.status == 404 and kind in OPTIONAL_KINDS:
-                    log.info("LIST %s: not served (%s); watching for its CRD", kind, exc)
+                if exc.status in (403, 404) and kind in OPTIONAL_KINDS:
+                    # 403: a ClusterRole from before the kind was read; the informer runs without it
+                    log.log(logging.WARNING if exc.status == 403 else logging.INFO,
+                            "LIST %s: %s (%s); watching for it", kind,
+                            "forbidden" if exc.status == 403 else "not served", exc)
                     self._rv[kind] = ""
                     return []
                 delay = backoff.next_delay()

@@ -296,7 +296,7 @@ def preemptibility_of(lookup: Sequence[Obj], pod: Obj) -> str:
     return ""
 
 
-def _duration_of(lookup: Sequence[Obj], pod: Obj, key: str, *, signed: bool) -> str | None:
+def duration_of(lookup: Sequence[Obj], pod: Obj, key: str, *, signed: bool) -> str | None:
     for obj in (*lookup, pod):
         value = annotations_of(obj).get(key)
         if value is None:
@@ -326,8 +326,8 @@ def default(top: Obj, pod: Obj, lookup: Sequence[Obj], priority: str = TRAIN) ->
         name=group_name(top), owner=top, labels=labels(top), queue=queue_of(top, pod),
         priority_class=priority_class_of(lookup, pod, priority),
         preemptibility=preemptibility_of(lookup, pod),
-        preemption_delay=_duration_of(lookup, pod, PREEMPTION_DELAY_ANNOTATION, signed=False),
-        staleness_grace=_duration_of(lookup, pod, STALENESS_ANNOTATION, signed=True),
+        preemption_delay=duration_of(lookup, pod, PREEMPTION_DELAY_ANNOTATION, signed=False),
+        staleness_grace=duration_of(lookup, pod, STALENESS_ANNOTATION, signed=True),
         topology=topology_of(top))
 
 
