@@ -42,6 +42,7 @@ from kai_es.events import payloads as p
 from kai_es.events.factory import NAMESPACE
 from kai_es.events.timefmt import parse_duration, parse_rfc3339, rfc3339
 from kai_es.controllers import CONTROLLERS, REFERENCE_KINDS, Context, rule_controller
+from kai_es.controllers import workload_with_job
 from kai_es.controllers.base import simulation_annotations
 from kai_es.ingest import bounds
 from kai_es.ingest import podgrouper as pg
@@ -55,6 +56,9 @@ SUBMIT_AFTER = "kai-es.io/submit-after"
 RUN_FOR = "kai-es.io/run-for"
 RECREATE = "kai-es.io/recreate"
 DEFAULT_START = "2026-01-01T00:00:00Z"
+#: the feature gates `spec.cluster.featureGates` may name: the Workload API's (the loader reads
+#: its PodGroups whatever the gates; WorkloadWithJob makes the Job controller emulate its part)
+FEATURE_GATES = frozenset({"GenericWorkload", workload_with_job.GATE})
 
 
 class ScenarioError(ValueError):
@@ -115,6 +119,7 @@ class _Loader:
         self.objects: list[ScenarioObject] = []
         self.owners: list[dict[str, Any]] = []
         self.references: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.workload_with_job = False  # spec.cluster.featureGates.WorkloadWithJob
         self._made_groups: dict[tuple[str, str], int] = {}  # PodGroups the podgrouper made -> index
         self._made_for: dict[tuple[str, str], tuple[int, Any]] = {}  # ... -> the document it was made for
         self._known: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) -> owner or pod
@@ -185,7 +190,7 @@ class _Loader:
         spec = doc.get("spec") or {}
         if not isinstance(spec, Mapping):
             raise self.fail(index, doc, "spec", "must be a map")
-        unknown = sorted(set(spec) - {"start", "scheduler", "simulation"})
+        unknown = sorted(set(spec) - {"start", "scheduler", "simulation", "cluster"})
         if unknown:
             raise self.fail(index, doc, f"spec.{unknown[0]}", "unknown field")
         if "start" in spec:
@@ -197,6 +202,7 @@ class _Loader:
             self.config = parse_config(spec.get("scheduler"))
         except ConfigError as exc:
             raise self.fail(index, doc, "spec.scheduler", str(exc)) from None
+        self._cluster(index, doc, spec.get("cluster"))
         sim = spec.get("simulation") or {}
         if not isinstance(sim, Mapping):
             raise self.fail(index, doc, "spec.simulation", "must be a map")
@@ -212,6 +218,29 @@ class _Loader:
         if period <= 0:
             raise self.fail(index, doc, "spec.simulation.cyclePeriod", "must be positive")
         self.simulation = Simulation(until_ns=until_ns, cycle_period_ns=period)
+
+    def _cluster(self, index: int, doc: Mapping[str, Any], cluster: Any) -> None:
+        """`spec.cluster`: what the emulated cluster is, beyond its objects: `featureGates`, the
+        alpha gates whose behaviour the controllers emulate (FEATURE_GATES)."""
+        if cluster is None:
+            return
+        if not isinstance(cluster, Mapping):
+            raise self.fail(index, doc, "spec.cluster", "must be a map")
+        unknown = sorted(set(cluster) - {"featureGates"})
+        if unknown:
+            raise self.fail(index, doc, f"spec.cluster.{unknown[0]}", "unknown field")
+        gates = cluster.get("featureGates") or {}
+        if not isinstance(gates, Mapping):
+            raise self.fail(index, doc, "spec.cluster.featureGates", "must be a map of gate names to true or false")
+        for name, on in gates.items():
+            if name not in FEATURE_GATES:
+                raise self.fail(index, doc, f"spec.cluster.featureGates.{name}",
+                                f"not a gate the simulation emulates (known: {', '.join(sorted(FEATURE_GATES))})")
+            if not isinstance(on, bool):
+                raise self.fail(index, doc, f"spec.cluster.featureGates.{name}", f"must be true or false, got {on!r}")
+        if gates.get(workload_with_job.GATE) and gates.get("GenericWorkload") is False:
+            raise self.fail(index, doc, "spec.cluster.featureGates.WorkloadWithJob", "needs GenericWorkload")
+        self.workload_with_job = bool(gates.get(workload_with_job.GATE))
 
     def _sim_annotations(self, index: int, obj: Mapping[str, Any], annotations: Mapping[str, Any]
                          ) -> tuple[int, int | None, bool]:
@@ -324,6 +353,10 @@ class _Loader:
             expansion = controller(top, ctx)
         except tr.IngestError as exc:
             raise self._grouping_error(index, doc, exc) from None
+        if self.workload_with_job:
+            for made in workload_with_job.apply(expansion, ctx):
+                if made["kind"] == wa.KIND:
+                    self.references[(wa.RELATED_KIND, ns, str(made["metadata"]["name"]))] = made
         self.owners += expansion.objects
         for o in expansion.objects:
             self._known[(str(o.get("kind")), ns, str(o["metadata"]["name"]))] = o

@@ -338,3 +338,103 @@ async def test_the_informer_reads_a_podgroup_it_does_not_watch() -> None:
     assert made(listed)[:2] == [("PodGroup", "ADDED", "pg-train-pg-g1", ""), ("Pod", "ADDED", "a", "pg-train-pg-g1")]
     assert made(listed)[2][:3] == ("Pod", "ADDED", "b") and "does not exist" in listed[2].obj["metadata"]["annotations"][tr.GROUPING_ERROR_ANNOTATION]  # type: ignore[index]
     assert reads == [(wa.API_VERSION, "PodGroup", "ns", "train-pg"), (wa.API_VERSION, "PodGroup", "ns", "nobody")]
+
+
+GATED = """\
+apiVersion: kai-es.io/v1alpha1
+kind: Scenario
+metadata: {name: workload-with-job}
+spec:
+  cluster: {featureGates: GATES}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+status: {allocatable: {nvidia.com/gpu: "4", cpu: "32", memory: 128Gi}}
+---
+apiVersion: scheduling.run.ai/v2
+kind: Queue
+metadata: {name: default-queue}
+spec: {resources: {gpu: {quota: 8, limit: -1, overQuotaWeight: 1}}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: train, namespace: ml}
+spec:
+  parallelism: 5
+  completions: 5
+  completionMode: Indexed
+  template:
+    spec:
+      schedulerName: kai-scheduler
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: example.invalid/train:1
+        resources: {limits: {nvidia.com/gpu: "1"}}
+"""
+
+
+@pytest.mark.parametrize(("gates", "placed", "min_member"), [
+    ("{WorkloadWithJob: true}", 0, 5),  # the Job controller's PodGroup: a gang of 5 on 4 GPUs
+    ("{GenericWorkload: true, WorkloadWithJob: true}", 0, 5),
+    ("{}", 4, 1),  # KAI's default grouper: a Job is a group of minimum 1
+    ("{WorkloadWithJob: false}", 4, 1),
+])
+def test_the_job_controller_emulates_workload_with_job(tmp_path: Path, gates: str, placed: int, min_member: int) -> None:
+    scenario = load_scenario(write(tmp_path, GATED.replace("GATES", gates)))
+    groups = [o.payload for o in scenario.objects if isinstance(o.payload, p.PodGroupObserved)]
+    assert [g.min_member for g in groups] == [min_member]
+    outcome = one_cycle(scenario, load_packer("native"))
+    assert sorted(v["status"] for v in outcome["pods"].values()).count("Binding") == placed
+
+
+@pytest.mark.parametrize(("gates", "field"), [
+    ("{WorkloadWithJobs: true}", "spec.cluster.featureGates.WorkloadWithJobs"),
+    ("{WorkloadWithJob: yes-please}", "spec.cluster.featureGates.WorkloadWithJob"),
+    ("{WorkloadWithJob: true, GenericWorkload: false}", "spec.cluster.featureGates.WorkloadWithJob"),
+    ("[WorkloadWithJob]", "spec.cluster.featureGates"),
+])
+def test_bad_feature_gates_are_refused_naming_the_field(tmp_path: Path, gates: str, field: str) -> None:
+    with pytest.raises(ScenarioError, match=f"at {field}:"):
+        load_scenario(write(tmp_path, GATED.replace("GATES", gates)))
+
+
+def test_with_the_gate_a_jobset_keeps_its_own_gang(tmp_path: Path) -> None:
+    """The Job controller gives each of a JobSet's Indexed Jobs a PodGroup; the JobSet's group
+    (one gang over both Jobs, sub-groups per replicated job) is what kai-es schedules, as without
+    the gate."""
+    jobset = """\
+---
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: js, namespace: ml}
+spec:
+  replicatedJobs:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        parallelism: 2
+        completions: 2
+        completionMode: Indexed
+        template:
+          spec:
+            schedulerName: kai-scheduler
+            restartPolicy: Never
+            containers:
+            - name: main
+              image: example.invalid/train:1
+              resources: {limits: {nvidia.com/gpu: "1"}}
+"""
+    base = GATED[:GATED.index("---\napiVersion: batch/v1")]
+    with_gate = load_scenario(write(tmp_path, base.replace("GATES", "{WorkloadWithJob: true}") + jobset))
+    without = load_scenario(write(tmp_path, base.replace("GATES", "{}") + jobset))
+
+    def groups(s: Any) -> list[tuple[str, int | None, int | None]]:
+        return [(o.payload.name, o.payload.min_member, o.payload.min_subgroup)
+                for o in s.objects if isinstance(o.payload, p.PodGroupObserved)]
+
+    assert groups(with_gate) == groups(without) and len(groups(with_gate)) == 1
+    pods = [o.obj for o in with_gate.objects if o.kind == "Pod"]
+    assert len(pods) == 4 and all("schedulingGroup" in pod["spec"] for pod in pods)  # the gate did act

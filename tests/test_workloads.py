@@ -146,9 +146,10 @@ def test_each_family_example_simulates_with_every_pod_run(path: Path, tmp_path: 
     assert " 0 pending at end" in run.stdout, run.stdout
     sc = load_scenario(path)
     assert any(o.kind == "PodGroup" and o.obj["spec"].get("subGroups") for o in sc.objects) or \
-        path.stem in ("workloads-core", "workloads-nocode"), "a family example shows its sub-groups"
+        path.stem in ("workloads-core", "workloads-nocode", "workloads-k8s-workload-api"), \
+        "a family example shows its sub-groups (the Workload API has none)"
 
 
 def test_there_is_an_example_per_family() -> None:
     assert {p.stem for p in EXAMPLES} == {"workloads-core", "workloads-kubeflow", "workloads-jobset-lws",
-                                          "workloads-ray-serving", "workloads-nocode"}
+                                          "workloads-ray-serving", "workloads-nocode", "workloads-k8s-workload-api"}

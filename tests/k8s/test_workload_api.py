@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes_asyncio import client
 
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.events import payloads as p
 from kai_es.replay import replay
+from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.packing import load_packer
 from tests.k8s.conftest import K8s, cp_mod, grant_scheduler_roles, started_control_plane
 from tests.k8s.helpers import create_queue, raw, services_running, wait_for
@@ -133,6 +135,21 @@ async def test_the_job_controllers_gang_binds_whole_or_not_at_all(wl: K8s, wl_sc
     assert set(cycles) == {pod["metadata"]["name"] for pod in gang} and len(set(cycles.values())) == 1, cycles
     result = replay(records, load_packer("native"))
     assert result.ok, result.divergence
+
+    # a simulation of the same Job on a cluster with the gate makes the same gang
+    simulated = [o.payload for o in load_scenario_text(yaml.safe_dump_all([
+        {"apiVersion": "kai-es.io/v1alpha1", "kind": "Scenario", "metadata": {"name": "same"},
+         "spec": {"cluster": {"featureGates": {"WorkloadWithJob": True}}}},
+        {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": qname},
+         "spec": {"resources": {"gpu": {"quota": 8, "limit": -1, "overQuotaWeight": 1}}}},
+        {**indexed_job("train", qname, pool, 4), "metadata": {**indexed_job("train", qname, pool, 4)["metadata"],
+                                                             "namespace": ns}}]), "same.yaml").objects
+                 if isinstance(o.payload, p.PodGroupObserved)]
+
+    def shape(g: p.PodGroupObserved) -> tuple[Any, ...]:
+        return (g.namespace, g.min_member, g.min_subgroup, g.queue, g.priority_class, g.preemptibility, g.subgroups)
+
+    assert [shape(g) for g in simulated] == [shape(groups[-1])]
 
 
 async def test_a_pod_applied_before_its_podgroup_waits_for_it(wl: K8s, wl_scheduler: Path) -> None:
