@@ -125,6 +125,15 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     cheapest movable victim in the victim order (`rules.consolidation_nodes.CheapestVictimBreaksTies`;
     before, the first node observed: KAI's consolidation integration test moves the newer job).
 
+- `kai-es/v10`: v9's rules, and KAI's background pods, quotas granted in full, placed pods
+  keeping a gang, queue limits judged on the Plan, the elastic surplus per sub-group and the
+  allocatable-share queue order (RULES_V10's comment).
+
+- `kai-es/v11`: v10's rules, and a consolidation move whose eviction the cluster refused holds no
+  room for its replacement (`rules.move_holds.FailedMovesReleaseRoom`; before, the room stayed
+  held for two minutes for a pod that still ran where it was, and the move, tried again once
+  its victim's eviction back-off ended, could not use it).
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -165,7 +174,7 @@ from kai_es.scheduling.rules.hopeless_batch import HopelessBatchV1, NoHopelessBa
 from kai_es.scheduling.rules.leaving_pods import EvictedPodsLeave, LeavingPodsStayV3
 from kai_es.scheduling.rules.min_runtime import NoMinRuntimeV2, QueueMinRuntime
 from kai_es.scheduling.rules.move_decisions import MoveAsDecision, MoveInReasonV5
-from kai_es.scheduling.rules.move_holds import HoldMovedRoom, NoMoveHoldsV7
+from kai_es.scheduling.rules.move_holds import FailedMovesReleaseRoom, HoldMovedRoom, NoMoveHoldsV7
 from kai_es.scheduling.rules.preemption_delay import (
     HandoverPreemptionDelay,
     NoPreemptionDelayV2,
@@ -317,6 +326,9 @@ RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), re
                            fair_share_division=QuotaGrantedInFull(), staleness=PlacedPodsKeepTheGang(),
                            queue_limits=LimitsOnThePlan(), elastic_surplus=SurplusAboveEachSubGroup(),
                            queue_order=AllocatableShareOrder())
+#: kai-es/v11: a move whose eviction the cluster refused holds no room for a replacement that will
+#: not come
+RULES_V11: Final = replace(RULES_V10, move_holds=FailedMovesReleaseRoom())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -359,9 +371,12 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v10", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V10, FOLD_RULES["kai-es/v10"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v11", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V11, FOLD_RULES["kai-es/v11"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v10"
+CURRENT_POLICY: Final = "kai-es/v11"
 
 
 def policy_for(version: str) -> PolicyVersion:

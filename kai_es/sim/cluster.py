@@ -17,7 +17,8 @@ Contract:
   group, which outlives its pods.
 - A pod annotated `kai-es.io/refuse-eviction: "true"` refuses every eviction permanently (as a
   failed precondition would); `"retryable"` refuses it as a PodDisruptionBudget does (a 429 that
-  may pass later). A pod annotated `kai-es.io/refuse-bind: "true"` refuses every bind (as a
+  may pass later); `"once"` refuses its first eviction only, finally, as a transient error does
+  (a 403 while a restarted apiserver's RBAC cache fills), and lets later ones pass. A pod annotated `kai-es.io/refuse-bind: "true"` refuses every bind (as a
   webhook or a kubelet that never admits it would).
 - `delete_pod` deletes a pod as a user would (its controller recreates it, as after an
   eviction); `delete_node` deletes a node and, as the pod garbage collector does, the pods bound
@@ -116,6 +117,8 @@ class SimCluster:
         self.binds = 0
         self.bind_failures = 0
         self.evictions = 0
+        #: uids of the pods annotated to refuse their first eviction that did
+        self.refused_once: set[str] = set()
         self.eviction_refusals = 0
         self.completions = 0
         for obj in scenario.objects:
@@ -333,6 +336,10 @@ class SimCluster:
         if info is None or info.obj["metadata"].get("uid") != uid:
             return ActionOutcome(ok=True, already=True, message="pod is already gone")
         refuse = _annotation(info.obj, REFUSE_EVICTION)
+        if refuse == "once" and uid not in self.refused_once:
+            self.refused_once.add(uid)  # a transient refusal: a later eviction passes
+            self.eviction_refusals += 1
+            return ActionOutcome(ok=False, message=f"pod {key} refuses its first eviction ({REFUSE_EVICTION}: once)")
         if refuse in ("true", "retryable"):
             self.eviction_refusals += 1
             return ActionOutcome(ok=False, retryable=refuse == "retryable",

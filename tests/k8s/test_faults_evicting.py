@@ -10,11 +10,16 @@ reclaim from each other all the time (and preempt within themselves), under the 
 
 Each round the queue that lent its share takes it back: the other queue's pods fill the cluster
 over its quota, this queue's pods arrive and reclaim evicts; then an urgent pod of the other
-queue arrives and preempt evicts one of its own. A fraction of a second after one of the two
-begins, the fault strikes. After every round each queue holds exactly its quota (nothing evicted that was
-not needed); at the end every pod was bound at most once, every eviction performed at most
-once, every decision has exactly one outcome, each queue's allocation in the folded log is what
-the apiserver shows, and `kai-es replay` is exact.
+queue arrives and preempt evicts one of its own. In a round whose fault strikes consolidation
+(a third of them, each fault in turn), a third queue on a node pool of its own has a pod of a
+ReplicaSet and a non-preemptible pod on two 2-GPU nodes with one GPU free on each when a 2-GPU
+pod arrives: consolidation moves the ReplicaSet's pod (evicts it; the replicaset-controller
+makes its replacement, placed on the other node) and the 2-GPU pod takes the node it freed. A
+fraction of a second after the step's evictions begin, the fault strikes. After every step each
+queue holds exactly its quota (nothing evicted that was not needed); at the end every pod was
+bound at most once, every eviction performed at most once, every decision has exactly one
+outcome, each queue's allocation in the folded log is what the apiserver shows, and `kai-es
+replay` is exact.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import yaml
@@ -46,8 +51,14 @@ from tests.processes import ROOT, Proc
 POOL_LABEL = "kai.scheduler/node-pool"
 NODES, GPUS_PER_NODE = 2, 8
 HALF = NODES * GPUS_PER_NODE // 2
+#: the consolidation pool: 2 nodes of 2 GPUs, a queue of quota 4
+MOVE_NODES, MOVE_GPUS = 2, 2
+#: the step whose evictions a round's fault strikes
+STEPS = ("reclaim", "preempt", "consolidation")
+NON_PREEMPTIBLE = {"kai.scheduler/preemptibility": "non-preemptible"}
 KILLS = int(os.environ.get("KAI_ES_KILLS", "20"))
 DECISIONS = (p.BindingDecided, p.EvictionDecided)
+T = TypeVar("T")
 OUTCOMES = (p.PodBound, p.PodBindFailed, p.PodEvicted, p.PodEvictionFailed)
 
 
@@ -76,8 +87,14 @@ class Reclaiming:
     pool: dict[str, str]
     rng: random.Random
     urgent: str
+    #: the consolidation pool: its namespace, queue and node-pool label
+    move_ns: str
+    move_queue: str
+    move_pool: dict[str, str]
     rounds: int = 0
     evictions: int = 0
+    #: rounds with a consolidation step
+    moves: int = 0
     counter: collections.abc.Iterator[int] = field(default_factory=lambda: iter(range(10**6)))
 
     @classmethod
@@ -96,10 +113,20 @@ class Reclaiming:
         k8s.cp.call("POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
                     {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                      "metadata": {"name": urgent}, "value": 75})
-        return cls(api, k8s.namespace(), log, queues, pool, random.Random(tag), urgent)
+        move_pool = {POOL_LABEL: f"move-{tag}"}
+        for i in range(MOVE_NODES):
+            k8s.gpu_node(f"m-{tag}-{i}", gpus=MOVE_GPUS, labels=move_pool)
+        move_queue = f"qc-{tag}"
+        status, _ = await raw(await client.CustomObjectsApi(api).create_cluster_custom_object(
+            "scheduling.run.ai", "v2", "queues", queue(move_queue, gpu_quota=MOVE_NODES * MOVE_GPUS),
+            _preload_content=False))
+        assert status == 201
+        return cls(api, k8s.namespace(), log, queues, pool, random.Random(tag), urgent,
+                   k8s.namespace(), move_queue, move_pool)
 
-    async def pods(self) -> list[dict[str, Any]]:
-        status, body = await raw(await client.CoreV1Api(self.api).list_namespaced_pod(self.ns, _preload_content=False))
+    async def pods(self, ns: str = "") -> list[dict[str, Any]]:
+        status, body = await raw(await client.CoreV1Api(self.api).list_namespaced_pod(ns or self.ns,
+                                                                                     _preload_content=False))
         assert status == 200
         return list(body["items"])
 
@@ -128,14 +155,17 @@ class Reclaiming:
         """The pods and the log's tail, for a failure message."""
         rows = [f"{pod['metadata']['name']} node={pod['spec'].get('nodeName')} "
                 f"phase={pod.get('status', {}).get('phase')} deleting={bool(pod['metadata'].get('deletionTimestamp'))}"
-                for pod in await self.pods()]
+                for pod in await self.pods() + await self.pods(self.move_ns)]
         tail = [f"{r.position} {type(r.envelope.data).__name__} {r.envelope.data}"[:300]
                 for r in (await log_records(self.log))[-40:]]
         return "\n".join(rows + ["--- log tail"] + tail)
 
     async def expect(self, fn: Callable[[], Awaitable[Any]], what: str, timeout_s: float) -> None:
+        await self.expect_value(fn, what, timeout_s)
+
+    async def expect_value(self, fn: Callable[[], Awaitable[T | None]], what: str, timeout_s: float) -> T:
         try:
-            await wait_for(fn, what, timeout_s=timeout_s, interval_s=0.2)
+            return await wait_for(fn, what, timeout_s=timeout_s, interval_s=0.2)
         except AssertionError as e:
             raise AssertionError(f"{e} (the log, copied: {await self.copy_log()})\n{await self.picture()}") from None
 
@@ -154,30 +184,97 @@ class Reclaiming:
         held = await self.submit(self.queues[0], HALF)
         await self.expect(lambda: self.running(held), "the first queue's pods Running", timeout_s=90)
 
-    async def round(self, fault: Callable[[], Awaitable[None]], what: str) -> None:
+    async def round(self, fault: Callable[[], Awaitable[None]], what: str, step: str) -> None:
         """One round: the lender's pods fill what the taker's finished pods free (the lender
         goes over its quota), the taker asks for its share back (reclaim evicts HALF of the
         lender's pods), then one urgent pod of the lender's arrives (preempt evicts one of its
-        own). `fault` strikes while one of the two evicts; after each, the pods that asked run
-        and each queue holds exactly its quota."""
+        own); with `step` "consolidation", a move follows (`consolidate`). `fault` strikes while
+        `step` evicts; after each step, the pods that asked run and each queue holds exactly its
+        quota."""
+        assert step in STEPS, step
         lender, taker = self.queues[self.rounds % 2], self.queues[1 - self.rounds % 2]
-        label = f"round {self.rounds} ({what})"
-        in_reclaim = self.rng.random() < 0.5
+        label = f"round {self.rounds} ({what} in {step})"
+        in_reclaim = step == "reclaim"
         await self.finish(taker)
         filled = await self.submit(lender, HALF)
         await self.expect(lambda: self.running(filled), f"{label}: the lender's pods Running", timeout_s=120)
-        for step, asking in (("reclaim", (taker, HALF, "")), ("preempt", (lender, 1, self.urgent))):
+        for action, asking in (("reclaim", (taker, HALF, "")), ("preempt", (lender, 1, self.urgent))):
             names = await self.submit(*asking)
-            if in_reclaim == (step == "reclaim"):
+            if action == step:
                 await anyio.sleep(self.rng.uniform(0.05, 0.6))  # evictions in flight
                 await fault()
-            await self.expect(lambda: self.running(names), f"{label}: the pods {step} made room for Running",
+            await self.expect(lambda: self.running(names), f"{label}: the pods {action} made room for Running",
                               timeout_s=120)
             holding = collections.Counter(pod["metadata"]["labels"]["kai.scheduler/queue"]
                                           for pod in await self.pods() if _placed(pod))
-            assert holding == {lender: HALF, taker: HALF}, (label, step, holding, await self.picture())
+            assert holding == {lender: HALF, taker: HALF}, (label, action, holding, await self.picture())
+        if step == "consolidation":
+            await self.consolidate(fault, label)
         self.rounds += 1
         self.evictions += HALF + 1
+
+    async def _move_pod(self, name: str, gpus: int, labels: dict[str, str]) -> str:
+        body = gpu_pod(name, self.move_ns, gpus=gpus, queue=self.move_queue, labels={**self.move_pool, **labels})
+        await create_pod(self.api, body)
+        return name
+
+    async def consolidate(self, fault: Callable[[], Awaitable[None]], label: str) -> None:
+        """The consolidation step: on the pool's 2 × 2 GPUs, a ReplicaSet's pod (movable) and a
+        non-preemptible pod sit on different nodes with one GPU free on each; a 2-GPU pod
+        arrives and fits nowhere until consolidation moves the ReplicaSet's pod. `fault` strikes
+        while it evicts. Then the 2-GPU pod and the ReplicaSet's replacement run and the queue
+        holds its quota; everything is deleted again."""
+        core, apps, n = client.CoreV1Api(self.api), client.AppsV1Api(self.api), next(self.counter)
+        blockers = [await self._move_pod(f"block-{n}-{i}", 1, NON_PREEMPTIBLE) for i in range(3)]
+        rs_name, app = f"movable-{n}", {"app": f"movable-{n}"}
+        template = gpu_pod("", self.move_ns, gpus=1, queue=self.move_queue, labels={**self.move_pool, **app})
+        rs: dict[str, Any] = {
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": rs_name, "namespace": self.move_ns},
+            "spec": {"replicas": 1, "selector": {"matchLabels": app},
+                     "template": {"metadata": {"labels": template["metadata"]["labels"]}, "spec": template["spec"]}}}
+        status, out = await raw(await apps.create_namespaced_replica_set(self.move_ns, rs, _preload_content=False))
+        assert status == 201, out
+
+        async def full() -> dict[str, str] | None:  # pod -> node, once all four run
+            pods = await self.pods(self.move_ns)
+            running = {pod["metadata"]["name"]: pod["spec"]["nodeName"] for pod in pods
+                       if pod.get("status", {}).get("phase") == "Running" and _placed(pod)}
+            return running if len(running) == 4 else None
+
+        where = await self.expect_value(full, f"{label}: the consolidation pool full", timeout_s=60)
+        movable = next(name for name in where if name.startswith(rs_name))
+        # one GPU free on each node: free the blocker beside the movable pod and one other
+        beside = next(b for b in blockers if where[b] == where[movable])
+        other = next(b for b in blockers if where[b] != where[movable])
+        for name in (beside, other):
+            await core.delete_namespaced_pod(name, self.move_ns, grace_period_seconds=0)
+        wide = await self._move_pod(f"wide-{n}", 2, {})
+        await anyio.sleep(self.rng.uniform(0.05, 0.6))  # the move's eviction in flight
+        await fault()
+
+        async def moved() -> bool:
+            pods = {pod["metadata"]["name"]: pod for pod in await self.pods(self.move_ns) if _placed(pod)}
+            replacement = [name for name in pods if name.startswith(rs_name) and name != movable]
+            return (movable not in pods and len(replacement) == 1
+                    and all(pods.get(x, {}).get("status", {}).get("phase") == "Running" for x in (wide, replacement[0])))
+
+        # a move whose eviction a fault refused is tried again once the victim's 60 s eviction
+        # back-off ends, at the 2-GPU pod's next search (its searches back off 1 s doubling)
+        await self.expect(moved, f"{label}: the 2-GPU pod and the moved pod's replacement Running", timeout_s=150)
+        holding = sum(_gpus(pod) for pod in await self.pods(self.move_ns) if _placed(pod))
+        assert holding == MOVE_NODES * MOVE_GPUS, (label, holding, await self.picture())
+        status, out = await raw(await apps.delete_namespaced_replica_set(
+            rs_name, self.move_ns, propagation_policy="Orphan", _preload_content=False))
+        assert status == 200, out
+        for pod in await self.pods(self.move_ns):
+            await core.delete_namespaced_pod(pod["metadata"]["name"], self.move_ns, grace_period_seconds=0)
+
+        async def empty() -> bool:
+            return not await self.pods(self.move_ns)
+
+        await self.expect(empty, f"{label}: the consolidation pool emptied", timeout_s=60)
+        self.moves += 1
+        self.evictions += 1
 
     async def settle(self) -> list[dict[str, Any]]:
         """Wait until nothing is pending and every decision is answered; the pods then."""
@@ -212,13 +309,14 @@ class Reclaiming:
             assert self.evictions // 2 <= len(evicted) <= self.evictions, (len(evicted), self.evictions)
         actions = collections.Counter(d.data.action for d in decisions if isinstance(d.data, p.EvictionDecided))
         assert actions["reclaim"] >= HALF * self.rounds and actions["preempt"] >= self.rounds, actions
+        assert actions["consolidation"] >= self.moves > 0, (actions, self.moves)
         state = ClusterState()
         fold(records, state)
         shown: collections.Counter[str] = collections.Counter()
         for pod in final:
             if pod["spec"].get("nodeName"):
                 shown[pod["metadata"]["labels"]["kai.scheduler/queue"]] += 1000 * _gpus(pod)
-        for name in self.queues:
+        for name in (*self.queues, self.move_queue):  # (the consolidation pool ends empty)
             assert state.queues[name].allocated_milli_gpu == shown[name], (name, state.queues[name].allocated_milli_gpu, shown)
         run = subprocess.run([sys.executable, "-m", "kai_es", "replay", self.log], cwd=ROOT,
                              capture_output=True, text=True, timeout=600)
@@ -240,13 +338,14 @@ async def test_kill_9_of_every_process_while_queues_reclaim_from_each_other(
             proc.start()
             proc.wait_ready(proc.name)
         await game.start()
-        for proc in (informer, scheduler, binder) * KILLS:
+        for i, proc in enumerate((informer, scheduler, binder) * KILLS):
             async def kill_and_start(proc: Proc = proc) -> None:
                 proc.kill9()
                 proc.start()
                 proc.wait_ready(proc.name)
 
-            await game.round(kill_and_start, f"kill -9 of the {proc.name}")
+            # each process is killed in each step's evictions in turn
+            await game.round(kill_and_start, f"kill -9 of the {proc.name}", STEPS[(i + i // 3) % 3])
         final = await game.settle()
     for proc in procs:
         proc.kill9()
@@ -324,8 +423,8 @@ async def test_broker_apiserver_and_etcd_restarts_and_a_stopped_leader_while_que
             ("etcd restart", lambda: restarted(lambda: (k8s.cp.restart_etcd(), k8s.cp.restart_kwok()))),
             ("the leading scheduler stopped past its Lease", stop_the_leader),
         ]
-        for what, fault in faults * 2:
-            await game.round(fault, what)
+        for i, (what, fault) in enumerate(faults * 3):  # each fault in each step's evictions
+            await game.round(fault, what, STEPS[i // len(faults)])
         final = await game.settle()
         tg.cancel_scope.cancel()
     for proc in procs:
