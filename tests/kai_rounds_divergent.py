@@ -39,25 +39,6 @@ DIVERGENT: tuple[Case, ...] = (
           J('running-job3', 1, 'queue2', tasks=('node0',)),
           J('pending-job0', 1, 'queue1'),),
          {'pending-job0': 'node0', 'running-job0': 'node0', 'running-job1': '', 'running-job2': 'node0', 'running-job3': 'node0'}),
-    # KAI: reclaimer (queue priority 101, deserved 0) reclaims 3 GPUs: 2 from queue0, 1 from queue1.
-    # kai-es: the reclaimer stays pending (nothing evicted). The reclaimer queue has no quota and
-    # the department d1 (deserved 1) is far over; KAI's fair share gives the higher-priority
-    # queue its over-quota share first (divideOverQuotaResource by priority buckets) and lets it
-    # reclaim; kai-es finds it would exceed its fair share or the department's. Module:
-    # kai_es/scheduling/fairshare.py / actions/reclaim.py. Sure: low.
-    Case('reclaim/reclaim_test.go: Reclaim trains according to priority',
-         {'node0': 8},
-         (Q('queue0', 1, weight=2, parent='d1'), Q('queue1', 1, weight=1, parent='d1'), Q('reclaimer_queue', weight=1, parent='d1', priority=101), D('d1', 1),),
-         (J('q0-running-job0', 1, 'queue0', tasks=('node0',)),
-          J('q0-running-job1', 1, 'queue0', tasks=('node0',)),
-          J('q0-running-job2', 1, 'queue0', tasks=('node0',)),
-          J('q0-running-job3', 1, 'queue0', tasks=('node0',)),
-          J('q0-running-job4', 1, 'queue0', tasks=('node0',)),
-          J('q1-running-job0', 1, 'queue1', tasks=('node0',)),
-          J('q1-running-job1', 1, 'queue1', tasks=('node0',)),
-          J('q1-running-job2', 1, 'queue1', tasks=('node0',)),
-          J('reclaimer', 3, 'reclaimer_queue'),),
-         {'q0-running-job0': 'node0', 'q0-running-job1': 'node0', 'q0-running-job2': 'node0', 'q0-running-job3': '', 'q0-running-job4': '', 'q1-running-job0': 'node0', 'q1-running-job1': 'node0', 'q1-running-job2': '', 'reclaimer': 'node0'}),
     # KAI: pending-job-0 on node0 (the reclaimed victim's node), pending-job-1 on node1 (idle).
     # kai-es: the same placement with the two (identical) tasks swapped: -0 on node1, -1 on node0.
     # Only the task-to-node pairing differs (KAI's task order puts the first task on the

@@ -125,6 +125,17 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     cheapest movable victim in the victim order (`rules.consolidation_nodes.CheapestVictimBreaksTies`;
     before, the first node observed: KAI's consolidation integration test moves the newer job).
 
+- `kai-es/v10`: v9's rules, and background pods, quotas granted in full, gangs placed again not
+  stale, queue limits on the Plan, elastic surplus per sub-group, queues ordered by allocatable
+  share (see each rule's module).
+
+- `kai-es/v11`: v10's rules, and a victim search takes victim jobs queue by queue, from the
+  queue KAI's queue order puts last — KAI's victims queue, the reverse of its queue order, in
+  which queue priority decides before the dominant share
+  (`rules.victim_queue_order.ReverseQueueOrder`; v10 merged every queue's jobs cheapest first,
+  so the newest job of a higher-priority queue went before a lower-priority queue's: KAI's
+  reclaim integration test "Reclaim trains according to priority").
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -186,6 +197,7 @@ from kai_es.scheduling.rules.staleness import PlacedPodsKeepTheGang, SubGroupSta
 from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
 from kai_es.scheduling.rules.victim_order import NewestFirstV5, ReverseTaskOrder
+from kai_es.scheduling.rules.victim_queue_order import CheapestFirstV10, ReverseQueueOrder
 from kai_es.scheduling.rules.victim_search import BoundedSearch, BoundedSearchV3, UnboundedSearchV2
 from kai_es.scheduling.rules.wakeups import HandoverWakeups, HoldingWakeups, NoWakeupsV2, TimeRuleWakeups
 from kai_es.scheduling.session import Session
@@ -274,6 +286,7 @@ RULES_V1: Final = Rules(
     background_pods=NoBackgroundPodsV9(),
     queue_limits=LimitsBeforeSearchV9(),
     elastic_surplus=SurplusAboveMinMemberV9(),
+    victim_queue_order=CheapestFirstV10(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -317,6 +330,9 @@ RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), re
                            fair_share_division=QuotaGrantedInFull(), staleness=PlacedPodsKeepTheGang(),
                            queue_limits=LimitsOnThePlan(), elastic_surplus=SurplusAboveEachSubGroup(),
                            queue_order=AllocatableShareOrder())
+#: kai-es/v11: a search takes victim jobs queue by queue in the reverse of the queue order (KAI's
+#: victims queue): a lower-priority queue gives its victims before a higher-priority one
+RULES_V11: Final = replace(RULES_V10, victim_queue_order=ReverseQueueOrder())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -359,9 +375,12 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v10", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V10, FOLD_RULES["kai-es/v10"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v11", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V11, FOLD_RULES["kai-es/v11"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v10"
+CURRENT_POLICY: Final = "kai-es/v11"
 
 
 def policy_for(version: str) -> PolicyVersion:

@@ -66,6 +66,8 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v9": _HOLDING,
     # background pods are evicted on the cycle's Plan only: no fold changes
     "kai-es/v10": _HOLDING,
+    # victims taken queue by queue: no fold changes
+    "kai-es/v11": _HOLDING,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}
