@@ -73,7 +73,7 @@ def _big_bound(envelopes: list[Envelope]) -> int:
                and e.logicaltime > _failed_move(envelopes))
 
 
-def test_the_default_policy_is_v11_and_only_its_move_holds_rule_differs_from_v10() -> None:
+def test_the_default_policy_is_v11_with_v10s_fold_and_releases_failed_moves() -> None:
     assert policy.CURRENT_POLICY == "kai-es/v11"
     assert policy.POLICIES["kai-es/v11"].fold == policy.POLICIES["kai-es/v10"].fold
     assert isinstance(policy.POLICIES["kai-es/v11"].rules.move_holds, FailedMovesReleaseRoom)

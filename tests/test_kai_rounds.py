@@ -728,6 +728,23 @@ CASES = (
           J('pending-job1', 0, 'queue2', priority=100, cpu=3, memory=40000000),
           J('pending-job2', 2, 'queue2', priority=100, cpu=1, memory=40000000),),
          {'pending-job0': 'node0', 'pending-job1': 'node0', 'pending-job2': 'node0', 'running-job0': 'node0', 'running-job1': 'node0', 'running-job2': '', 'running-job3': ''}),
+    # kai-es/v11 (`rules.victim_queue_order.ReverseQueueOrder`): v10 decided otherwise. Victims go
+    # queue by queue in the reverse of KAI's queue order, whose dominant share counts the victims
+    # a queue gave already (KAI: job4 and job3 of queue0, then job2 of queue1); v10 took the
+    # newest jobs of any queue (queue1's three) and the validator refused queue1 below its share
+    Case('reclaim/reclaim_test.go: Reclaim trains according to priority',
+         {'node0': 8},
+         (Q('queue0', 1, weight=2, parent='d1'), Q('queue1', 1, weight=1, parent='d1'), Q('reclaimer_queue', weight=1, parent='d1', priority=101), D('d1', 1),),
+         (J('q0-running-job0', 1, 'queue0', tasks=('node0',)),
+          J('q0-running-job1', 1, 'queue0', tasks=('node0',)),
+          J('q0-running-job2', 1, 'queue0', tasks=('node0',)),
+          J('q0-running-job3', 1, 'queue0', tasks=('node0',)),
+          J('q0-running-job4', 1, 'queue0', tasks=('node0',)),
+          J('q1-running-job0', 1, 'queue1', tasks=('node0',)),
+          J('q1-running-job1', 1, 'queue1', tasks=('node0',)),
+          J('q1-running-job2', 1, 'queue1', tasks=('node0',)),
+          J('reclaimer', 3, 'reclaimer_queue'),),
+         {'q0-running-job0': 'node0', 'q0-running-job1': 'node0', 'q0-running-job2': 'node0', 'q0-running-job3': '', 'q0-running-job4': '', 'q1-running-job0': 'node0', 'q1-running-job1': 'node0', 'q1-running-job2': '', 'reclaimer': 'node0'}),
     # kai-es/v10 (a gang this cycle places back at its minimum is not stale, `rules.staleness.PlacedPodsKeepTheGang`): v9 decided otherwise
     Case('consolidation/consolidationGang_test.go: consolidate gang job to be able to allocate pending job',
          {'node0': 3, 'node1': 3},

@@ -129,10 +129,17 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   keeping a gang, queue limits judged on the Plan, the elastic surplus per sub-group and the
   allocatable-share queue order (RULES_V10's comment).
 
-- `kai-es/v11`: v10's rules, and a consolidation move whose eviction the cluster refused holds no
-  room for its replacement (`rules.move_holds.FailedMovesReleaseRoom`; before, the room stayed
-  held for two minutes for a pod that still ran where it was, and the move, tried again once
-  its victim's eviction back-off ended, could not use it).
+- `kai-es/v11`: v10's rules, and
+  - a victim search takes victim jobs queue by queue, from the queue KAI's queue order puts
+    last — KAI's victims queue, the reverse of its queue order, in which queue priority decides
+    before the dominant share (`rules.victim_queue_order.ReverseQueueOrder`; v10 merged every
+    queue's jobs cheapest first, so the newest job of a higher-priority queue went before a
+    lower-priority queue's: KAI's reclaim integration test "Reclaim trains according to
+    priority");
+  - a consolidation move whose eviction the cluster refused holds no room for its replacement
+    (`rules.move_holds.FailedMovesReleaseRoom`; before, the room stayed held for two minutes for
+    a pod that still ran where it was, and the move, tried again once its victim's eviction
+    back-off ended, could not use it).
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
@@ -195,6 +202,7 @@ from kai_es.scheduling.rules.staleness import PlacedPodsKeepTheGang, SubGroupSta
 from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
 from kai_es.scheduling.rules.victim_order import NewestFirstV5, ReverseTaskOrder
+from kai_es.scheduling.rules.victim_queue_order import CheapestFirstV10, ReverseQueueOrder
 from kai_es.scheduling.rules.victim_search import BoundedSearch, BoundedSearchV3, UnboundedSearchV2
 from kai_es.scheduling.rules.wakeups import HandoverWakeups, HoldingWakeups, NoWakeupsV2, TimeRuleWakeups
 from kai_es.scheduling.session import Session
@@ -283,6 +291,7 @@ RULES_V1: Final = Rules(
     background_pods=NoBackgroundPodsV9(),
     queue_limits=LimitsBeforeSearchV9(),
     elastic_surplus=SurplusAboveMinMemberV9(),
+    victim_queue_order=CheapestFirstV10(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -326,9 +335,10 @@ RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), re
                            fair_share_division=QuotaGrantedInFull(), staleness=PlacedPodsKeepTheGang(),
                            queue_limits=LimitsOnThePlan(), elastic_surplus=SurplusAboveEachSubGroup(),
                            queue_order=AllocatableShareOrder())
-#: kai-es/v11: a move whose eviction the cluster refused holds no room for a replacement that will
-#: not come
-RULES_V11: Final = replace(RULES_V10, move_holds=FailedMovesReleaseRoom())
+#: kai-es/v11: a search takes victim jobs queue by queue in the reverse of the queue order (KAI's
+#: victims queue): a lower-priority queue gives its victims before a higher-priority one; a move
+#: whose eviction the cluster refused holds no room for a replacement that will not come
+RULES_V11: Final = replace(RULES_V10, victim_queue_order=ReverseQueueOrder(), move_holds=FailedMovesReleaseRoom())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

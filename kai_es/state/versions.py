@@ -66,7 +66,8 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v9": _HOLDING,
     # background pods are evicted on the cycle's Plan only: no fold changes
     "kai-es/v10": _HOLDING,
-    # a failed move's hold is kept in the state and ignored by the scheduling rule: no fold changes
+    # victims taken queue by queue; a failed move's hold is kept in the state and ignored by the
+    # scheduling rule: no fold changes
     "kai-es/v11": _HOLDING,
 }
 #: what a log that names no version (None) or an empty one ("") folds by

@@ -131,7 +131,7 @@ class PreemptingAction:
             for _, unit in heapq.merge(*(self._units_in(b) for b in buckets), key=itemgetter(0)):
                 yield unit
             return
-        lists = []
+        streams = []
         for bucket in buckets:
             units = self._units_in(bucket)
             # units evicted by an earlier preemptor stay evicted (its operations are committed):
@@ -140,12 +140,21 @@ class PreemptingAction:
             while start < len(units) and all(pod.key in evicted for pod in units[start][1].pods):
                 start += 1
             self._bucket_cursor[bucket] = start
-            lists.append(islice(units, start, None))
-        for _, unit in heapq.merge(*lists, key=itemgetter(0)):
+            streams.append((bucket[0], self._offered(islice(units, start, None), for_leaf)))
+        # across queues, the version's victim queue order (`rules.victim_queue_order`)
+        yield from self.session.rules.victim_queue_order.merge(self.session, streams)
+
+    def _offered(self, units: Iterable[tuple[tuple[object, ...], Unit]], for_leaf: QueueNode
+                 ) -> Iterator[tuple[tuple[object, ...], Unit]]:
+        """`units` a search for a preemptor of `for_leaf` may take: not evicted by this Plan
+        already, and not a min-runtime-protected job's gang (its surplus pods stay offered)."""
+        evicted = self.plan.evicted_pods
+        for item in units:
+            unit = item[1]
             if not any(pod.key in evicted for pod in unit.pods):
                 if not unit.surplus and self._protected(for_leaf, unit.job):
                     continue  # min-runtime: a protected job keeps its gang
-                yield unit
+                yield item
 
     def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector,
                        shapes: list[tuple[TaskShape, array[int]]]

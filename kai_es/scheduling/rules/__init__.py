@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.topology_placement import TopologyPlacement
     from kai_es.scheduling.rules.victim_eligibility import VictimEligibility
     from kai_es.scheduling.rules.victim_order import VictimOrder
+    from kai_es.scheduling.rules.victim_queue_order import VictimQueueOrder
     from kai_es.scheduling.rules.victim_search import VictimSearch
     from kai_es.scheduling.rules.wakeups import Wakeups
 
@@ -101,3 +102,5 @@ class Rules:
     #: reclaim, preempt, consolidation: which of a victim job's pods go one at a time before its
     #: gang (and re-placement's count of what the job holds)
     elastic_surplus: ElasticSurplus
+    #: reclaim, preempt: which queue gives the next victim job (the bounded search)
+    victim_queue_order: VictimQueueOrder
