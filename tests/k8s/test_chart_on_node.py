@@ -28,6 +28,9 @@ What it proves, in order (the tests share the module's one install and run in fi
   PodDisruptionBudgets (kube-controller-manager's disruption controller computes them): one pod
   per role goes at a time, the other is refused while its replacement cannot start, each role
   keeps a leader throughout;
+- the chart's NetworkPolicy is enforced (the real node runs kube-router's firewall): with
+  `networkPolicy.from` a namespace selector, a pod of a labelled namespace reaches a scheduler
+  pod's http port and one of another namespace does not, while the probes keep every pod Ready;
 - `helm uninstall` leaves nothing of kai-es but what deploy/README.md says it keeps.
 
 The times it measures (install to all Ready, upgrade, failover) are printed (`-s`) and recorded
@@ -226,7 +229,7 @@ def installed(request: pytest.FixtureRequest, kai_es_image: Any,
             if ref not in listed:
                 raise cp_mod.ControlPlaneError(f"image {ref} not in the node's containerd: {listed}")
 
-    with started_control_plane(real_node=True, prepare=with_image, timeout_s=180,
+    with started_control_plane(real_node=True, network_policy=True, prepare=with_image, timeout_s=180,
                                what="the real-node control plane with the kai-es image") as cp:
         node = cp.real_node.name
         # fake GPUs: extended resources in the node's status (the kubelet keeps what it does not
@@ -550,6 +553,69 @@ def test_a_drain_of_the_node_takes_one_pod_per_role_at_a_time(installed: Install
     _submit(cp, f"q-{inst.tag}", names)
     _wait(lambda: _all_succeeded(cp, names), "the pods submitted after the drain run", 120, cp)
     _bound_once(inst, names)
+
+
+#: the namespace label the test's NetworkPolicy peers select
+READER_LABEL = "kai-es.io/test-metrics-reader"
+
+
+def _prober(cp: Any, namespace: str, target: str) -> str:
+    """A busybox pod (the default scheduler's, on the real node) that tries `target`'s /healthz
+    every half second, printing "ok" or "no" (refused, dropped or timed out after 2 s)."""
+    name = f"probe-{uuid.uuid4().hex[:6]}"
+    script = (f"while true; do if timeout 2 wget -q -O /dev/null http://{target}/healthz; then echo ok; "
+              f"else echo no; fi; sleep 0.5; done")
+    cp.call("POST", f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": cp.real_node.name}, "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "main", "image": cp_mod.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                                 "command": ["/bin/busybox", "sh", "-c", script]}]}}, ok=(201,))
+    return name
+
+
+def _answers(cp: Any, namespace: str, pod: str) -> list[str]:
+    logs = sorted(cp.real_node.pod_logs.glob(f"{namespace}_{pod}_*/main/*.log"))
+    lines = [line.rsplit(" ", 1)[-1] for f in logs for line in f.read_text().splitlines()]
+    return [x for x in lines if x in ("ok", "no")]
+
+
+def test_the_network_policy_admits_its_peers_only_and_probes_still_pass(installed: Install) -> None:
+    """kube-router's firewall (the real node's NetworkPolicy enforcement) applies the chart's
+    NetworkPolicy: with `networkPolicy.from` empty anyone reaches the pods' http port; with it
+    set to a namespace selector only pods of a namespace so labelled do (the others' connections
+    are dropped), while the kubelet's probes (from the node) keep every pod Ready. Set back, the
+    others reach it again."""
+    inst, cp = installed, installed.cp
+    image = inst.pods()[0]["spec"]["containers"][0]["image"]  # (the upgrade test may have rolled it)
+    target = f"{inst.pods('scheduler')[0]['status']['podIP']}:8080"
+    tag = uuid.uuid4().hex[:6]
+    readers, others = f"np-readers-{tag}", f"np-others-{tag}"
+    for ns in (readers, others):
+        cp.create_namespace(ns)
+    cp.call("PATCH", f"/api/v1/namespaces/{readers}", {"metadata": {"labels": {READER_LABEL: "true"}}},
+            content_type="application/merge-patch+json", ok=(200,))
+    probes = {ns: _prober(cp, ns, target) for ns in (readers, others)}
+
+    def answering(readers_get: str, others_get: str, n: int = 4) -> Callable[[], bool]:
+        def check() -> bool:
+            a, b = (_answers(cp, ns, probes[ns])[-n:] for ns in (readers, others))
+            return a == [readers_get] * n and b == [others_get] * n
+        return check
+
+    def set_peers(peers: list[dict[str, Any]]) -> None:
+        inst.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set-json",
+                  f"networkPolicy.from={json.dumps(peers)}", "--wait", "--timeout", "120s")
+        policy = cp.call("GET", f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies/{RELEASE}")
+        assert policy["spec"]["ingress"][0].get("from", []) == peers, policy["spec"]
+
+    _wait(answering("ok", "ok"), "both namespaces' probes reaching the scheduler (from: anyone)", 90, cp)
+    set_peers([{"namespaceSelector": {"matchLabels": {READER_LABEL: "true"}}}])
+    _wait(answering("ok", "no"), "the readers' probes answered and the others' dropped", 90, cp)
+    assert inst.all_ready(image), "a chart pod is not Ready under the restricted policy"
+    set_peers([])
+    _wait(answering("ok", "ok"), "both namespaces' probes reaching the scheduler again", 90, cp)
+    for ns in (readers, others):
+        cp.call("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202))
 
 
 def test_helm_uninstall_leaves_only_what_the_readme_says_it_keeps(installed: Install) -> None:

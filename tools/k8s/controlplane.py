@@ -43,7 +43,11 @@ such as a Helm chart's own; ``kube_scheduler=`` overrides), the apiserver listen
 address and its certificate names the host's (pods reach it at ``in_cluster_env()``: there is no
 kube-proxy for the ``kubernetes`` Service), the ServiceAccount admission plugin gives pods their
 projected tokens (namespaces wait for their ``default`` ServiceAccount), and the
-controller-manager also publishes ``kube-root-ca.crt`` (REAL_NODE_CONTROLLERS).
+controller-manager also publishes ``kube-root-ca.crt`` (REAL_NODE_CONTROLLERS). With
+``network_policy=True`` the node enforces NetworkPolicies: kube-router's firewall alone (no
+routing, service proxy or CNI of its own; Debian's iptables and ipset), as user
+``kai-es:kube-router`` with a read-only ClusterRole, its rules removed from the host's tables
+when the node stops (``remove_network_policy_rules``).
 
 Nothing here is downloaded prebuilt: the Go module proxy serves the sources and the local Go
 toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
@@ -58,6 +62,7 @@ toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
 * KubeRay's ray-operator v1.6.2 and Kubeflow's training-operator v1.8.1 — each in a module of its
   own (KUBERAY and TRAINING_OPERATOR say why);
 * etcd v3.6.8 — the same way (its server module replaces its sibling modules);
+* kube-router v2.1.0 — ``go install`` (``fetch_kube_router``; a real node with network policy);
 * KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
   (v0.8.0 has no built-in stages).
 * helm v3.22.0 — ``go install`` (not part of the control plane: ``fetch_helm``, for the chart
@@ -91,6 +96,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import ssl
@@ -116,6 +122,9 @@ KWOK_VERSION = "v0.8.0"
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kubelet", "kube-scheduler")
 #: Helm renders and lints the chart in deploy/helm/ (tests/k8s/test_helm_chart.py).
 HELM_VERSION = "v3.22.0"
+#: kube-router's network policy firewall enforces NetworkPolicies on a real node (the CNI bridge
+#: plugin enforces none); v2.1.0 is the only v2 version the Go module proxy serves
+KUBE_ROUTER_VERSION = "v2.1.0"
 
 #: Staging modules kubernetes' go.mod maps to ./staging but the proxy does not serve (and
 #: kube-apiserver does not need).
@@ -341,6 +350,10 @@ def kubelet_bin() -> Path:
 
 def etcd_bin() -> Path:
     return component_dir("etcd", ETCD_VERSION) / "etcd"
+
+
+def kube_router_bin() -> Path:
+    return component_dir("kube-router", KUBE_ROUTER_VERSION) / "kube-router"
 
 
 def kwok_bin() -> Path:
@@ -625,6 +638,14 @@ def _build_kwok(b: _Builder, out_dir: Path, workdir: Path) -> None:
         dst.chmod(0o644)  # the module cache is read-only
 
 
+def _build_kube_router(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    b.run(
+        [b.go, "install", "-trimpath", "-ldflags", "-s -w",
+         f"github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@{KUBE_ROUTER_VERSION}"],
+        workdir, env={"GOBIN": str(out_dir), "CGO_ENABLED": "0"},
+    )  # fmt: skip
+
+
 # HELM-RECIPE-BEGIN (edits between these markers invalidate the cached helm build)
 
 
@@ -692,6 +713,8 @@ KWOK = Recipe(
     {"builder": _Builder, "stages": KWOK_STAGES},
 )  # fmt: skip
 HELM = Recipe("helm", HELM_VERSION, ("helm",), _build_helm_into, digest_override=_helm_recipe_digest)
+KUBE_ROUTER = Recipe("kube-router", KUBE_ROUTER_VERSION, ("kube-router",), _build_kube_router,
+                     {"builder": _Builder})
 #: What the control plane runs (`fetch`); helm is separate (`fetch_helm`).
 CONTROL_PLANE_RECIPES = (ETCD, KWOK, KUBERNETES)
 #: Operators built apart from the control plane (`fetch_operators`), each in a module of its own.
@@ -746,6 +769,11 @@ def fetch(*, quiet: bool = True) -> dict[str, Path]:
     for recipe in CONTROL_PLANE_RECIPES:
         _fetch_one(recipe, quiet=quiet)
     return {"etcd": etcd_bin(), "kwok": kwok_bin(), **{c: kube_bin(c) for c in KUBE_COMMANDS}}
+
+
+def fetch_kube_router(*, quiet: bool = True) -> Path:
+    """Build (or find cached) kube-router, a real node's NetworkPolicy firewall; its path."""
+    return _fetch_one(KUBE_ROUTER, quiet=quiet)
 
 
 def fetch_helm(*, quiet: bool = True) -> Path:
@@ -1072,7 +1100,9 @@ class _Proc:
 #: Debian packages a real node needs (`run --real-node`, tests/k8s/test_real_node.py; .ci/run
 #: installs them): the container runtime, its low-level runtime, the CNI plugins, and the
 #: static busybox the images are made of (no registry is reachable).
-REAL_NODE_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static")
+REAL_NODE_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "busybox-static", "iptables", "ipset")
+#: what kube-router's firewall calls (a real node with `network_policy`)
+NETWORK_POLICY_BINARIES = {"iptables": "iptables", "ipset": "ipset"}
 REAL_NODE_BINARIES = {"containerd": "containerd", "ctr": "containerd", "runc": "runc",
                       "/usr/lib/cni/bridge": "containernetworking-plugins",
                       "/usr/lib/cni/host-local": "containernetworking-plugins",
@@ -1173,7 +1203,7 @@ class RealNode:
     """
 
     def __init__(self, cp: "ControlPlane", name: str, user: User, labels: Mapping[str, str],
-                 die_with_parent: bool) -> None:
+                 die_with_parent: bool, network_policy: bool = False) -> None:
         self.cp = cp
         self.name = name
         self.user = user
@@ -1184,6 +1214,12 @@ class RealNode:
         self.kubelet_port = free_port()
         self.healthz_port = free_port()
         self.node_ip: str | None = None
+        #: NetworkPolicies enforced by kube-router's firewall (`start_network_policy`), as user
+        #: kai-es:kube-router with a read-only ClusterRole of what it watches
+        self.network_policy = network_policy
+        self.router_user = User("kai-es:kube-router", secrets.token_hex(16))
+        self.kube_router = _Proc("kube-router", cp.data_dir / "kube-router.log", die_with_parent)
+        self.kube_router_health_port = free_port()
 
     @property
     def socket(self) -> Path:
@@ -1194,13 +1230,14 @@ class RealNode:
         return self.dir / "pod-logs"
 
     @staticmethod
-    def preflight() -> None:
+    def preflight(network_policy: bool = False) -> None:
         """Raise StartError naming what is missing (root, binaries and their packages)."""
         problems = []
         if os.geteuid() != 0:
             problems.append("the kubelet and containerd must run as root")
         missing = {pkg for binary, pkg in REAL_NODE_BINARIES.items()
                    if not (Path(binary).exists() if binary.startswith("/") else shutil.which(binary))}
+        missing |= {pkg for binary, pkg in NETWORK_POLICY_BINARIES.items() if network_policy and not shutil.which(binary)}
         if missing:
             problems.append(f"missing Debian packages: apt-get install {' '.join(sorted(missing))}")
         if problems:
@@ -1304,18 +1341,70 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             self.containerd.check_alive()
             status, node = self.cp.request("GET", f"/api/v1/nodes/{self.name}")
             if status == 200 and conditions(node).get("Ready") == "True":
+                if self.network_policy:
+                    self.start_network_policy(deadline)
                 return
             if time.monotonic() > deadline:
                 raise StartError(f"node {self.name} not Ready in time ({conditions(node) if status == 200 else status}); "
                                  f"kubelet log tail:\n{self.kubelet.tail()}")
             time.sleep(0.2)
 
+    #: what kube-router reads (its install's ClusterRole, read-only; it writes nothing here)
+    ROUTER_RULES = (
+        {"apiGroups": [""], "resources": ["namespaces", "pods", "services", "nodes", "endpoints"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+    )
+
+    def start_network_policy(self, deadline: float) -> None:
+        """kube-router with only its network policy firewall (no routing, no service proxy, no
+        CNI: the bridge plugin keeps the pods' network): for the pods on this node it programs
+        iptables and ipsets from the NetworkPolicies; bridged pod-to-pod traffic passes them
+        (bridge-nf-call-iptables). Until its /healthz answers."""
+        remove_network_policy_rules()  # (what a run that was killed left behind)
+        name = self.router_user.name
+        self.cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                     {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                      "metadata": {"name": name}, "rules": list(self.ROUTER_RULES)}, ok=(201,))
+        self.cp.call("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+                     {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                      "metadata": {"name": name},
+                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                      "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}]},
+                     ok=(201,))
+        assert self.cp.creds is not None
+        kubeconfig = self.dir / "kube-router.kubeconfig"
+        kubeconfig.write_text(_kubeconfig(self.cp.base_url, self.cp.creds.ca_cert, self.router_user))
+        self.kube_router.start([
+            str(kube_router_bin()), "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+            "--enable-cni=false", f"--hostname-override={self.name}", f"--kubeconfig={kubeconfig}",
+            f"--health-port={self.kube_router_health_port}", "--metrics-port=0", "-v=1",
+        ], cwd=self.dir)  # fmt: skip
+        url = f"http://127.0.0.1:{self.kube_router_health_port}/healthz"
+        while True:
+            self.kube_router.check_alive()
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            if time.monotonic() > deadline:
+                raise StartError(f"kube-router not healthy in time ({url}); log tail:\n{self.kube_router.tail()}")
+            time.sleep(0.2)
+
     def terminate(self) -> None:
+        self.kube_router.terminate()
         self.kubelet.terminate()
 
     def stop(self) -> None:
-        """The kubelet, then every container still running (their shims outlive containerd),
-        containerd, the kubelet's root-dir mount, the bridge, empty kubepods cgroups."""
+        """kube-router (then its iptables rules and ipsets removed), the kubelet, then every
+        container still running (their shims outlive containerd), containerd, the kubelet's
+        root-dir mount, the bridge, empty kubepods cgroups."""
+        if self.network_policy:
+            self.kube_router.stop(timeout_s=10)
+            remove_network_policy_rules()
         self.kubelet.stop(timeout_s=10)
         if self.containerd.running():
             try:
@@ -1338,7 +1427,33 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 cgroup.rmdir()
 
     def processes(self) -> list[_Proc]:
-        return [self.containerd, self.kubelet]
+        return [self.containerd, self.kubelet, *([self.kube_router] if self.network_policy else [])]
+
+
+#: the filter table chains and the ipsets kube-router's firewall makes
+KUBE_ROUTER_CHAINS = ("KUBE-ROUTER-", "KUBE-NWPLCY-", "KUBE-POD-FW-")
+KUBE_ROUTER_IPSETS = ("KUBE-SRC-", "KUBE-DST-", "kube-router-")
+
+
+def remove_network_policy_rules() -> None:
+    """Take kube-router's firewall out of the host's tables: the rules of the built-in chains
+    that jump to its chains, its chains, its ipsets. (Its own `--cleanup-config` reports success
+    and leaves them where `iptables` is the nftables one, as on Debian, then crashes cleaning
+    IPVS.) Idempotent; a table or set already gone is fine."""
+    saved = subprocess.run(["iptables-save", "-t", "filter"], capture_output=True, text=True, timeout=30).stdout
+    lines = saved.splitlines()
+    ours = [line[1:].split()[0] for line in lines if line.startswith(":") and line[1:].startswith(KUBE_ROUTER_CHAINS)]
+    for line in lines:
+        if line.startswith("-A ") and not line.split()[1].startswith(KUBE_ROUTER_CHAINS) \
+                and any(f"-j {chain}" in line for chain in ours):
+            subprocess.run(["iptables", "-t", "filter", "-D", *shlex.split(line)[1:]], capture_output=True, timeout=30)
+    for flag in ("-F", "-X"):
+        for chain in ours:
+            subprocess.run(["iptables", "-t", "filter", flag, chain], capture_output=True, timeout=30)
+    sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True, timeout=30).stdout.split()
+    for name in sets:
+        if name.startswith(KUBE_ROUTER_IPSETS):
+            subprocess.run(["ipset", "destroy", name], capture_output=True, timeout=30)
 
 
 def _mounts_under(directory: Path) -> list[str]:
@@ -1687,6 +1802,7 @@ class ControlPlane:
         operators: Sequence[str] = (),
         feature_gates: Mapping[str, bool] | None = None,
         runtime_config: Sequence[str] = (),
+        network_policy: bool = False,
     ) -> None:
         if data_dir is None:
             base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
@@ -1744,7 +1860,8 @@ class ControlPlane:
         self.real_node: RealNode | None = None
         if real_node:
             node_user = User(f"system:node:{REAL_NODE_NAME}", secrets.token_hex(16), ("system:nodes",))
-            self.real_node = RealNode(self, REAL_NODE_NAME, node_user, real_node_labels or {}, die_with_parent)
+            self.real_node = RealNode(self, REAL_NODE_NAME, node_user, real_node_labels or {}, die_with_parent,
+                                      network_policy=network_policy)
         #: the operators (keys of OPERATORS, and the ones they need) this control plane runs,
         #: started after KWOK (OperatorProcess), in the order they need each other
         taken = {self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.controller_manager_port,
@@ -1823,14 +1940,19 @@ class ControlPlane:
         except FetchError as e:
             raise StartError(f"could not build the control plane binaries: {e}") from e
         if self.real_node:
-            RealNode.preflight()  # before anything starts
+            RealNode.preflight(self.real_node.network_policy)  # before anything starts
             self.pod_api_host = host_ip()
+            if self.real_node.network_policy:
+                try:
+                    fetch_kube_router()
+                except FetchError as e:
+                    raise StartError(f"could not build kube-router: {e}") from e
         if self.creds is None:
             hosts = ("127.0.0.1", "localhost", *([self.pod_api_host] if self.pod_api_host else []))
             self.creds = make_credentials(self.data_dir / "pki", hosts=hosts)
             tokens = self.data_dir / "tokens.csv"
             users = (self.admin, self.scheduler, self.controller_manager_user, self.kube_scheduler_user,
-                     *([self.real_node.user] if self.real_node else []),
+                     *([self.real_node.user, self.real_node.router_user] if self.real_node else []),
                      *(o.user for o in self.operators.values()))
             _write_private(tokens, "".join(  # token,user,uid[,"groups"]
                 f'{u.token},{u.name},{u.name}' + (f',"{",".join(u.groups)}"' if u.groups else "") + "\n"
@@ -2354,7 +2476,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cp = ControlPlane(data_dir=args.data_dir, apiserver_port=args.port,
                       controller_manager=args.controller_manager, real_node=args.real_node,
                       operators=[o for o in args.operators.split(",") if o],
-                      **(WORKLOAD_API if args.workload_api else {}))
+                      network_policy=args.network_policy, **(WORKLOAD_API if args.workload_api else {}))
     with stop_signals_as_keyboard_interrupt():
         try:
             try:
@@ -2409,6 +2531,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     try:
         paths = fetch(quiet=False)
         paths["helm"] = fetch_helm(quiet=False)
+        paths["kube-router"] = fetch_kube_router(quiet=False)
         paths.update(fetch_operators(quiet=False))
     except FetchError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -2441,6 +2564,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{', '.join(REAL_NODE_PACKAGES)}), and run a busybox pod on it")
     r.add_argument("--operators", default="",
                    help=f"comma-separated operators to run too (of: {', '.join(OPERATORS)})")
+    r.add_argument("--network-policy", action="store_true",
+                   help="with --real-node: enforce NetworkPolicies there (kube-router's firewall; Debian "
+                        "packages iptables and ipset)")
     r.add_argument("--workload-api", action="store_true",
                    help="serve the Workload API (scheduling.k8s.io/v1alpha2; feature gates GenericWorkload and "
                         "WorkloadWithJob)")
