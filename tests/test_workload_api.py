@@ -6,7 +6,7 @@ loader's path for the same objects."""
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from kai_es.oneshot import one_cycle
 from kai_es.scenario import ScenarioError, load_scenario
 from kai_es.scheduling.packing import load_packer
 from tests.builders import MakePod
+from tests.test_podgrouper import Scripted
 
 
 def pod(name: str = "w-0", uid: str = "u0", group: str | None = "train-pg", **labels: str) -> dict[str, Any]:
@@ -192,20 +193,27 @@ def test_min_count_of_any_integer_is_kept_or_refused(n: int) -> None:
         assert g is not None and g.podgroup["spec"]["minMember"] == n and 1 <= n <= 2**31 - 1
 
 
+def cluster(queue: str) -> str:
+    """A 4-GPU node and a queue of quota 8, as scenario documents."""
+    return f"""\
+apiVersion: v1
+kind: Node
+metadata: {{name: node-a}}
+status: {{allocatable: {{nvidia.com/gpu: "4", cpu: "32", memory: 128Gi}}}}
+---
+apiVersion: scheduling.run.ai/v2
+kind: Queue
+metadata: {{name: {queue}}}
+spec: {{resources: {{gpu: {{quota: 8, limit: -1, overQuotaWeight: 1}}}}}}
+"""
+
+
 SCENARIO = """\
 apiVersion: kai-es.io/v1alpha1
 kind: Scenario
 metadata: {name: workload-api}
 ---
-apiVersion: v1
-kind: Node
-metadata: {name: node-a}
-status: {allocatable: {nvidia.com/gpu: "4", cpu: "32", memory: 128Gi}}
----
-apiVersion: scheduling.run.ai/v2
-kind: Queue
-metadata: {name: team-a}
-spec: {resources: {gpu: {quota: 8, limit: -1, overQuotaWeight: 1}}}
+""" + cluster("team-a") + """\
 ---
 apiVersion: scheduling.k8s.io/v1alpha2
 kind: PodGroup
@@ -272,20 +280,10 @@ def test_the_rule_is_not_applied_without_the_field() -> None:
     assert copy.deepcopy(g.podgroup) == g.podgroup
 
 
-class Watching:
+class Watching(Scripted):
     """An inner source that lists and watches the Workload API's PodGroups too."""
 
-    kinds = ("PodGroup", "WorkloadPodGroup", "Pod")
-
-    def __init__(self, initial: list[ObjectChange], batches: list[list[ObjectChange | Relist]]) -> None:
-        self.initial, self.batches = initial, batches
-
-    async def list_objects(self) -> list[ObjectChange]:
-        return list(self.initial)
-
-    async def changes(self) -> AsyncIterator[Sequence[ObjectChange | Relist]]:
-        for batch in self.batches:
-            yield batch
+    kinds: tuple[str, ...] = ("PodGroup", "WorkloadPodGroup", "Pod")
 
 
 def bare(name: str, uid: str, group: str = "train-pg") -> dict[str, Any]:
@@ -347,15 +345,7 @@ metadata: {name: workload-with-job}
 spec:
   cluster: {featureGates: GATES}
 ---
-apiVersion: v1
-kind: Node
-metadata: {name: node-a}
-status: {allocatable: {nvidia.com/gpu: "4", cpu: "32", memory: 128Gi}}
----
-apiVersion: scheduling.run.ai/v2
-kind: Queue
-metadata: {name: default-queue}
-spec: {resources: {gpu: {quota: 8, limit: -1, overQuotaWeight: 1}}}
+""" + cluster("default-queue") + """\
 ---
 apiVersion: batch/v1
 kind: Job
