@@ -1,5 +1,5 @@
 """The PodGroup condition the binder's StatusWriter writes leads with the job's place in its
-queue (`#n of m in queue q: <verdict>`), computed from the state it folds, as
+queue and in the cluster (`#n of m in queue q, #k of l in the cluster: <verdict>`), computed from the state it folds, as
 `kai-es explain --queue` computes it; a change of place alone is written again only after
 `position_interval_s`, and not at all while the place stays the same. (Against a real apiserver,
 with kubectl's `-o wide` column: tests/k8s/test_status.py.)"""
@@ -41,7 +41,8 @@ def test_each_waiting_group_is_told_its_place_as_explain_lists_it() -> None:
     for w in waiting:
         group = next(g for g in conditions if w["pods"][0].split("/")[1] in g)
         head, verdict = conditions[group].split(": ", 1)
-        assert head == f"#{w['position']} of {w['of']} in queue team-a", conditions[group]
+        assert head == (f"#{w['position']} of {w['of']} in queue team-a, "
+                        f"#{w['inCluster']} of {w['clusterOf']} in the cluster"), conditions[group]
         assert verdict == w["reasons"][0]["message"] or verdict.startswith(w["reasons"][0]["message"])
 
 
@@ -61,7 +62,7 @@ def test_a_change_of_place_alone_waits_for_the_interval_and_an_unchanged_place_w
     verdict = writer._group_verdict[group]  # noqa: SLF001
     assert verdict.place is not None
     real = verdict.place
-    verdict.place = (real[0] + 5, real[1] + 5, real[2])  # as if written when it stood further back
+    verdict.place = (real[0] + 5, real[1] + 5, real[2], real[3] + 5, real[4] + 5)  # as if it stood further back
     verdict.written_at = time.monotonic()  # just written: inside the interval
     writer._position_writes()  # noqa: SLF001
     assert _conditions(writer) == {}
@@ -69,4 +70,5 @@ def test_a_change_of_place_alone_waits_for_the_interval_and_an_unchanged_place_w
     writer._group_condition[group] = "stale"  # noqa: SLF001 - what was written then
     writer._position_writes()  # noqa: SLF001
     assert list(_conditions(writer)) == [group[1]]
-    assert _conditions(writer)[group[1]].startswith(f"#{real[0]} of {real[1]} in queue team-a: ")
+    assert _conditions(writer)[group[1]].startswith(
+        f"#{real[0]} of {real[1]} in queue team-a, #{real[3]} of {real[4]} in the cluster: ")

@@ -16,8 +16,9 @@ Contract:
   {reason: code, message}) while its pods are unschedulable and none of its pods was bound since;
   a bind clears it. A group kai-es made up (see grouping.py) is not in the API: skipped.
   While the writer holds the whole fold (as for Queue status), the condition's message starts
-  with the job's place in its queue (`#3 of 7 in queue team-a: ...`, `kai_es.visibility.positions`,
-  from the state folded up to the last record read), so `kubectl describe podgroup` (and, with
+  with the job's place in its queue and in the cluster-wide order (`#3 of 7 in queue team-a, #5
+  of 12 in the cluster: ...`, `kai_es.visibility.positions`, as `kai-es explain --queue` lists
+  them, from the state folded up to the last record read), so `kubectl describe podgroup` (and, with
   kai-es's CRD, `kubectl get podgroup -o wide`) tell where a job stands. A new verdict is written
   at once; a change of position alone is written at most every `position_interval_s` per group,
   and not at all while it stays the same — a queue of 1,000 jobs moving up by one does not
@@ -80,7 +81,7 @@ from kai_es.state import ClusterState
 from kai_es.state.keys import pod_key
 from kai_es.state.reducer import apply
 from kai_es.state.versions import fold_rules
-from kai_es.visibility.positions import queue_order
+from kai_es.visibility.positions import cluster_order, queue_order, ranked
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class _Verdict:
     reasons: list[p.Reason]
     when: str
     transition: str
-    place: tuple[int, int, str] | None = None
+    place: tuple[int, int, str, int, int] | None = None
     written_at: float | None = None  # monotonic time of the last write of a place (None: at a verdict)
 
 
@@ -161,6 +162,10 @@ class StatusWriter:
         self._seen_stale: set[str] = set()
         self.writes = 0
         self.skipped_duplicates = 0
+        #: the latest logical time read, and the cluster-wide order of the state folded to a
+        #: position (computed once per position: every group's place reads it)
+        self._now_ns = 0
+        self._cluster_rank: tuple[int, dict[str, int]] = (-1, {})
 
     # -- reading the log -------------------------------------------------------------------------
 
@@ -174,6 +179,7 @@ class StatusWriter:
                          "written by this process", record.position)
         if self.queue_status and self._complete and record.position > self.state.position:
             apply(self.state, record)  # an `initial` state may already hold the first records read
+        self._now_ns = max(self._now_ns, env.logicaltime)
         when = rfc3339(env.logicaltime)
         if isinstance(data, p.ConfigApplied):
             self._handover = fold_rules(data.config.get("policyVersion")).handover_stamps
@@ -300,9 +306,12 @@ class StatusWriter:
                 place = self._place(group, {}) if self.queue_status and self._complete else None
                 self._group_condition_write(group, place, None)
 
-    def _place(self, group: tuple[str, str], orders: dict[str, dict[str, int]]) -> tuple[int, int, str] | None:
-        """(position, of, queue) of the group's waiting job in the folded state, None when it is
-        not waiting; `orders` keeps each queue's order (`positions.queue_order`) across calls."""
+    def _place(self, group: tuple[str, str], orders: dict[str, dict[str, int]]
+               ) -> tuple[int, int, str, int, int] | None:
+        """(position, of, queue, place in the cluster, of) of the group's waiting job in the
+        folded state, None when it is not waiting; `orders` keeps each queue's order
+        (`positions.queue_order`) across calls, the cluster-wide order
+        (`positions.cluster_order`, as `kai-es explain` gives it) is kept per folded position."""
         job = self.state.jobs.get(pod_key(*group))
         if job is None or not job.pending:
             return None
@@ -310,15 +319,21 @@ class StatusWriter:
         if index is None:
             index = orders[job.queue] = {k: i for i, k in enumerate(queue_order(self.state, job.queue))}
         at = index.get(job.key)
-        return (at + 1, len(index), job.queue) if at is not None else None
+        if self._cluster_rank[0] != self.state.position:
+            self._cluster_rank = (self.state.position, ranked(cluster_order(self.state, self._now_ns)))
+        cluster = self._cluster_rank[1]
+        where = cluster.get(job.key)
+        if at is None or where is None:
+            return None
+        return (at + 1, len(index), job.queue, where + 1, len(cluster))
 
-    def _group_condition_write(self, group: tuple[str, str], place: tuple[int, int, str] | None,
+    def _group_condition_write(self, group: tuple[str, str], place: tuple[int, int, str, int, int] | None,
                                now: float | None) -> None:
         verdict = self._group_verdict[group]
         verdict.place, verdict.written_at = place, now
         message = verdict.message
         if place is not None:
-            message = f"#{place[0]} of {place[1]} in queue {place[2]}: {message}"
+            message = f"#{place[0]} of {place[1]} in queue {place[2]}, #{place[3]} of {place[4]} in the cluster: {message}"
         if self._group_condition.get(group) == message:
             return
         self._group_condition[group] = message
