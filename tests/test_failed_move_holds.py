@@ -1,5 +1,5 @@
-"""kai-es/v11 (move holds): a consolidation move whose eviction the cluster refused holds no room for a
-replacement that will not come (`rules.move_holds.FailedMovesReleaseRoom`). Found on the real
+"""kai-es/v11 (fold rule `releases_failed_moves`): a consolidation move whose eviction the
+cluster refused holds no room for a replacement that will not come: the fold drops its holds. Found on the real
 stack (tests/k8s/test_faults_evicting.py): a move's eviction refused while a restarted
 apiserver's RBAC cache filled kept the move's destination held for the whole two-minute hold, so
 the same move, tried again once its victim's eviction back-off ended, found no room, and the
@@ -27,20 +27,22 @@ from kai_es.replay import replay
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling import policy
 from kai_es.scheduling.packing import load_packer
-from kai_es.scheduling.rules.move_holds import FailedMovesReleaseRoom, HoldMovedRoom
+from kai_es.state import versions
 from kai_es.state.model import MOVE_HOLD_NS
 from tests.builders import MakeNode, MakePod, queue, scenario_text
-from tests.policy_patch import without
 
 SEC = 10**9
 OWNER = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d4f", "uid": "rs-1", "controller": True}]
 
 
-def _scenario(version: str | None) -> str:
+def _scenario(version: str | None, pinned: bool = False) -> str:
     docs: list[dict[str, Any]] = [MakeNode("n1").gpus(4).obj(), MakeNode("n2").gpus(4).obj(), queue("q"),
                                   queue("q2")]
     for name in ("a", "c", "d"):
-        docs.append(MakePod(name, queue="q").gpu(1).priority_class("train").running_on("n1").obj())
+        pod = MakePod(name, queue="q").gpu(1).priority_class("train").running_on("n1")
+        if pinned:  # no victims: only web can move
+            pod = pod.label("kai.scheduler/preemptibility", "non-preemptible")
+        docs.append(pod.obj())
     web = MakePod("web", queue="q").gpu(1).priority_class("train").running_on("n2") \
         .annotate("kai-es.io/refuse-eviction", "once").obj()
     web["metadata"]["ownerReferences"] = copy.deepcopy(OWNER)
@@ -73,10 +75,10 @@ def _big_bound(envelopes: list[Envelope]) -> int:
                and e.logicaltime > _failed_move(envelopes))
 
 
-def test_the_default_policy_is_v11_with_v10s_fold_and_releases_failed_moves() -> None:
+def test_v11s_fold_releases_failed_moves() -> None:
     assert policy.CURRENT_POLICY == "kai-es/v11"
-    assert policy.POLICIES["kai-es/v11"].fold == policy.POLICIES["kai-es/v10"].fold
-    assert isinstance(policy.POLICIES["kai-es/v11"].rules.move_holds, FailedMovesReleaseRoom)
+    assert policy.POLICIES["kai-es/v11"].fold.releases_failed_moves
+    assert not any(policy.POLICIES[f"kai-es/v{n}"].fold.releases_failed_moves for n in range(1, 11))
 
 
 def test_a_refused_move_holds_nothing_and_big_gets_room_at_once() -> None:
@@ -100,7 +102,19 @@ def test_v10_held_the_refused_moves_room_for_the_whole_hold() -> None:
 
 
 def test_without_the_rule_v11_holds_it_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    without(monkeypatch, "kai-es/v11", "move_holds", HoldMovedRoom())
+    monkeypatch.setitem(versions.FOLD_RULES, "kai-es/v11", versions.FOLD_RULES["kai-es/v10"])  # type: ignore[index]
     envelopes, _ = _run(_scenario(None))
     moved = next(e.logicaltime for e in envelopes if isinstance(e.data, p.EvictionDecided) and e.data.to_node)
     assert _big_bound(envelopes) - moved > MOVE_HOLD_NS
+
+
+def test_a_move_made_again_after_a_failed_one_is_claimed_by_its_replacement() -> None:
+    """web alone can make room for big (a, c and d do not move: non-preemptible); its first
+    eviction fails, the move is made again after web's eviction back-off, and web's replacement
+    lands on the room that move holds (v10: it claimed the first, stale hold while the second
+    kept the room, and waited out that hold)."""
+    envelopes, log = _run(_scenario(None, pinned=True))
+    failed = _failed_move(envelopes)
+    bound = {e.data.name: (e.data.node, e.logicaltime) for e in envelopes if isinstance(e.data, p.BindingDecided)}
+    assert bound["web-r1"][0] == "n1" and bound["web-r1"][1] - failed < 90 * SEC, (bound, failed)
+    assert replay(log._records, load_packer("native")).ok  # noqa: SLF001

@@ -137,9 +137,10 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     lower-priority queue's: KAI's reclaim integration test "Reclaim trains according to
     priority");
   - a consolidation move whose eviction the cluster refused holds no room for its replacement
-    (`rules.move_holds.FailedMovesReleaseRoom`; before, the room stayed held for two minutes for
-    a pod that still ran where it was, and the move, tried again once its victim's eviction
-    back-off ended, could not use it).
+    (the fold rule `releases_failed_moves` drops its holds; before, the room stayed held for
+    two minutes for a pod that still ran where it was, and the move, tried again once its
+    victim's eviction back-off ended, could not use it, nor could its replacement use the room
+    the second move held).
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
@@ -181,7 +182,7 @@ from kai_es.scheduling.rules.hopeless_batch import HopelessBatchV1, NoHopelessBa
 from kai_es.scheduling.rules.leaving_pods import EvictedPodsLeave, LeavingPodsStayV3
 from kai_es.scheduling.rules.min_runtime import NoMinRuntimeV2, QueueMinRuntime
 from kai_es.scheduling.rules.move_decisions import MoveAsDecision, MoveInReasonV5
-from kai_es.scheduling.rules.move_holds import FailedMovesReleaseRoom, HoldMovedRoom, NoMoveHoldsV7
+from kai_es.scheduling.rules.move_holds import HoldMovedRoom, NoMoveHoldsV7
 from kai_es.scheduling.rules.preemption_delay import (
     HandoverPreemptionDelay,
     NoPreemptionDelayV2,
@@ -336,9 +337,9 @@ RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), re
                            queue_limits=LimitsOnThePlan(), elastic_surplus=SurplusAboveEachSubGroup(),
                            queue_order=AllocatableShareOrder())
 #: kai-es/v11: a search takes victim jobs queue by queue in the reverse of the queue order (KAI's
-#: victims queue): a lower-priority queue gives its victims before a higher-priority one; a move
-#: whose eviction the cluster refused holds no room for a replacement that will not come
-RULES_V11: Final = replace(RULES_V10, victim_queue_order=ReverseQueueOrder(), move_holds=FailedMovesReleaseRoom())
+#: victims queue): a lower-priority queue gives its victims before a higher-priority one. (And
+#: its fold drops the holds of a move whose eviction failed: `releases_failed_moves`)
+RULES_V11: Final = replace(RULES_V10, victim_queue_order=ReverseQueueOrder())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

@@ -320,6 +320,9 @@ class ClusterState:
     #: whether a PodGroup's stale timestamp anchors its gang's staleness (timed states whose
     #: policy version is kai-es/v7 or later; `kai_es.state.handlers.jobs.track_stale`)
     handover_stamps: bool = False
+    #: whether a failed eviction of a moved pod drops its moves' holds (policy kai-es/v11 on;
+    #: `kai_es.state.handlers.move_holds.release_holds`)
+    releases_failed_moves: bool = False
     #: the scheduler name kai-es answers to (the config's `schedulerName`, default KAI's): only
     #: pods of it are pending for kai-es
     scheduler_name: str = SCHEDULER_NAME

@@ -19,6 +19,10 @@ reducer sits below the scheduler, so it is kept at the reducer's layer).
 - `backs_off_searches`: a PodUnschedulable whose reason carries `retry_at_ns` (a failed victim
   search) keeps it and `search_failures` on the pod's job, until a pod of the job is placed
   (`kai_es.scheduling.rules.search_backoff`; kai-es/v8 on; the decision's own `policyversion`).
+- `releases_failed_moves`: a PodEvictionFailed of a moved pod drops the holds of its moves (no
+  replacement comes: the pod still runs where it was), so a move tried again holds its room
+  once and its replacement claims that hold (`kai_es.state.handlers.move_holds.release_holds`;
+  kai-es/v11 on; the config in force).
 
 A version this build does not know folds as the newest (the scheduler rejects a config naming
 one before it is applied); a log with no version at all (None) folds as the first logs did.
@@ -39,6 +43,7 @@ class FoldRules:
     handover_stamps: bool = False
     holds_moves: bool = False
     backs_off_searches: bool = False
+    releases_failed_moves: bool = False
 
 
 _FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
@@ -49,6 +54,9 @@ _HANDOVER: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_n
                              handover_stamps=True)
 _HOLDING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
                             handover_stamps=True, holds_moves=True, backs_off_searches=True)
+_RELEASING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
+                              handover_stamps=True, holds_moves=True, backs_off_searches=True,
+                              releases_failed_moves=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {
@@ -66,13 +74,12 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v9": _HOLDING,
     # background pods are evicted on the cycle's Plan only: no fold changes
     "kai-es/v10": _HOLDING,
-    # victims taken queue by queue; a failed move's hold is kept in the state and ignored by the
-    # scheduling rule: no fold changes
-    "kai-es/v11": _HOLDING,
+    # a failed move's holds are dropped (victims taken queue by queue change no fold)
+    "kai-es/v11": _RELEASING,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}
-_NEWEST: Final = _HOLDING
+_NEWEST: Final = _RELEASING
 
 
 def fold_rules(version: object) -> FoldRules:

@@ -3,16 +3,11 @@ replacement in the cycles after the move.
 
 - `NoMoveHoldsV7` (kai-es/v1 to v7): the room is the moved pod's only in the cycle that moved
   it; its replacement, created by its controller, competes for it like any pending pod.
-- `HoldMovedRoom` (kai-es/v8 to v10): until the replacement arrives (then it is nominated to the
+- `HoldMovedRoom` (kai-es/v8 on): until the replacement arrives (then it is nominated to the
   node: `kai_es.state.handlers.move_holds`) or the hold expires (`MOVE_HOLD_NS` after the
-  move), each live hold's room is kept used on its node, so nothing else is placed there — also
-  when the move's eviction failed and the pod still runs where it was: no replacement comes,
-  yet its room stayed held for two minutes, and a retry of the same move could not use it
-  (found on the real stack: an eviction refused while a restarted apiserver's RBAC cache filled
-  held a 2-GPU pod back for the whole hold).
-- `FailedMovesReleaseRoom` (kai-es/v11 on): as `HoldMovedRoom`, but a hold whose pod's eviction
-  the cluster refused after the move was decided (the pod Running again, its
-  `eviction_refused_ns` not before the hold's `decided_ns`) holds nothing.
+  move), each live hold's room is kept used on its node, so nothing else is placed there. From
+  kai-es/v11 the fold drops the holds of a move whose eviction failed (fold rule
+  `releases_failed_moves`), so they hold nothing.
 
 Contract: a pure function of the folded state and the cycle's time; it changes only the
 cycle's Plan, before any operation.
@@ -23,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from kai_es.events import payloads as p
-from kai_es.state.model import ClusterState, MoveHold
+from kai_es.state.model import ClusterState
 
 if TYPE_CHECKING:
     from kai_es.scheduling.plan import Plan
@@ -44,29 +39,13 @@ class NoMoveHoldsV7:
 class HoldMovedRoom:
     __slots__ = ()
 
-    def holds(self, state: ClusterState, hold: MoveHold, now_ns: int) -> bool:
-        """Whether `hold` keeps its room in this cycle."""
-        return hold.live(now_ns)
-
     def reserve(self, state: ClusterState, plan: Plan, now_ns: int) -> None:
         for key in sorted(state.move_holds):
             namespace = key.split("/", 1)[0]
             for hold in state.move_holds[key]:
-                if not self.holds(state, hold, now_ns):
+                if not hold.live(now_ns):
                     continue
                 # the shape is all a reservation needs of the pod to come
                 spec = p.PodObserved(namespace=namespace, name=hold.pod.split("/", 1)[1], uid="", podgroup="",
                                      requests=hold.requests, gpu=hold.gpu, scalar_requests=hold.scalar_requests)
                 plan.reserve(spec, hold.node)  # (room taken meanwhile: nothing to hold)
-
-
-class FailedMovesReleaseRoom(HoldMovedRoom):
-    """kai-es/v11 on (module docstring)."""
-
-    __slots__ = ()
-
-    def holds(self, state: ClusterState, hold: MoveHold, now_ns: int) -> bool:
-        if not super().holds(state, hold, now_ns):
-            return False
-        pod = state.pods.get(hold.pod)
-        return not (pod is not None and pod.status == "Running" and pod.eviction_refused_ns >= hold.decided_ns)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.state.handlers.jobs import set_pending
+from kai_es.state.handlers.move_holds import release_holds
 from kai_es.state.handlers.occupancy import occupy, release
 from kai_es.state.handlers.pods import set_status
 from kai_es.state.keys import pod_key
@@ -74,3 +75,5 @@ def pod_eviction_failed(state: ClusterState, env: Envelope) -> None:
     if state.timed:  # kai-es/v3 on: for the victim search's back-off (v1/v2 digests unchanged)
         pod.eviction_refused_ns = env.logicaltime
         state.stale_pods.add(pod.key)
+    if state.releases_failed_moves:  # kai-es/v11 on: no replacement comes for a move that failed
+        release_holds(state, pod)

@@ -8,7 +8,8 @@ is held for that pod (`ClusterState.move_holds`, keyed by the moved pod's owner)
 - a new Pending, unbound pod of that owner with the same requests takes the first live hold
   (decision order) and is nominated to its node (`PodState.nominated_node`), where allocate
   places nominated pods before anyone else;
-- a hold is live for `MOVE_HOLD_NS` after its decision; cycles drop the expired ones.
+- a hold is live for `MOVE_HOLD_NS` after its decision; cycles drop the expired ones;
+- (kai-es/v11 on) a failed eviction of the moved pod drops its holds (`release_holds`).
 The scheduler keeps the live holds' room used until they are taken
 (`rules.move_holds.HoldMovedRoom`).
 
@@ -55,6 +56,26 @@ def claim_hold(state: ClusterState, pod: PodState, now_ns: int) -> None:
                 del state.move_holds[key]
             state.stale_move_holds.add(key)
             return
+
+
+def release_holds(state: ClusterState, pod: PodState) -> None:
+    """The eviction of `pod` failed (it runs where it was): the holds its moves made wait for a
+    replacement that will not come; drop them (kai-es/v11 on: fold rule
+    `releases_failed_moves`). A move decided again holds its room anew."""
+    spec = pod.spec
+    if spec.owner is None:
+        return
+    key = owner_key(spec.namespace, spec.owner)
+    holds = state.move_holds.get(key)
+    if not holds:
+        return
+    kept = [h for h in holds if h.pod != pod.key]
+    if len(kept) != len(holds):
+        state.stale_move_holds.add(key)
+        if kept:
+            state.move_holds[key] = kept
+        else:
+            del state.move_holds[key]
 
 
 def drop_expired(state: ClusterState, now_ns: int) -> None:
