@@ -165,6 +165,25 @@ def test_the_training_operator_builds_apart_and_runs_only_the_kinds_whose_crds_i
     assert {s + "s" for s in cp_mod.TRAINING_OPERATOR_SCHEMES} == plurals
 
 
+def test_the_training_operators_mpijob_v1_controller_runs_its_binary_with_only_that_crd_copied() -> None:
+    """`training-operator-mpi`: the training-operator's binary and manager ClusterRole, only its
+    module's MPIJob v1 CRD copied (a recipe that builds nothing, so the training-operator is not
+    built again), `--enable-scheme=mpijob` alone; never beside the MPI operator, whose CRD has
+    the same name."""
+    op, recipe = cp_mod.TRAINING_OPERATOR_MPI, cp_mod.TRAINING_OPERATOR_MPI_RECIPE
+    trainer = cp_mod.TRAINING_OPERATOR
+    assert (op.module, op.version, op.package) == (trainer.module, trainer.version, trainer.package)
+    assert cp_mod.operator_bin(op) == cp_mod.operator_bin(trainer)
+    assert cp_mod.SAME_INSTALL[op.name] is trainer and op.name not in cp_mod.OPERATOR_ROLES
+    assert op.crds == ("manifests/base/crds/kubeflow.org_mpijobs.yaml",) and not op.webhooks
+    assert recipe.outputs == op.files() and cp_mod.SEPARATE_OPERATOR_RECIPES[op.name] is recipe
+    assert cp_mod.TRAINING_OPERATOR_RUNS[op.name] == ("mpijob",)
+    assert cp_mod.TRAINING_OPERATOR_RUNS[trainer.name] == cp_mod.TRAINING_OPERATOR_SCHEMES
+    assert cp_mod._with_needs([op.name, trainer.name]) == [op.name, trainer.name]
+    with pytest.raises(cp_mod.ControlPlaneError, match="both bring kubeflow.org_mpijobs.yaml"):
+        cp_mod._with_needs(["mpi-operator", op.name])
+
+
 def test_an_operator_brings_the_operators_it_needs_first() -> None:
     assert cp_mod._with_needs(["trainer-controller-manager", "lws"]) == ["jobset", "trainer-controller-manager", "lws"]
     with pytest.raises(cp_mod.ControlPlaneError, match="no operator"):

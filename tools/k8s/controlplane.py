@@ -33,6 +33,9 @@ its secure port on a free loopback port; it is healthy about 0.5 s after its sta
 "trainer-controller-manager", "training-operator"))`` also runs those operators (OPERATORS; ``OperatorProcess`` says
 how: their own CRDs and webhooks, each as a process of the control plane), after installing their
 CRDs; a test module that wants them starts a control plane of its own, so others do not pay.
+``operators=("training-operator-mpi",)`` runs the training-operator's MPIJob ``kubeflow.org/v1``
+controller alone, with its module's MPIJob v1 CRD (TRAINING_OPERATOR_MPI), on a control plane
+without the MPI operator, whose v2beta1 CRD has the same name.
 
 ``ControlPlane(real_node=True)`` also runs a real node (``RealNode``): the kubelet built here with
 Debian's containerd and runc (root; REAL_NODE_PACKAGES), a CNI bridge, and busybox images made
@@ -216,15 +219,27 @@ KUBERAY = Operator(
 #: Kubeflow's training-operator (PyTorchJob, TFJob, XGBoostJob, PaddleJob; v1.8.1, the only
 #: version the Go module proxy serves) is written against controller-runtime v0.17 and the
 #: Kubernetes v0.29 modules: a module of its own too. It also serves MPIJob kubeflow.org/v1 and
-#: MXJob; neither CRD is copied (mpijobs.kubeflow.org is the MPI operator's v2beta1 CRD here)
-#: and `OperatorProcess` enables only the four schemes whose CRDs are.
+#: MXJob; neither CRD is copied here (mpijobs.kubeflow.org is the MPI operator's v2beta1 CRD
+#: beside it; TRAINING_OPERATOR_MPI runs the MPIJob v1 controller) and `OperatorProcess`
+#: enables only the four schemes whose CRDs are.
 TRAINING_OPERATOR = Operator(
     "training-operator", "github.com/kubeflow/training-operator", "v1.8.1",
     "github.com/kubeflow/training-operator/cmd/training-operator.v1",
     tuple(f"manifests/base/crds/kubeflow.org_{p}.yaml" for p in ("pytorchjobs", "tfjobs", "xgboostjobs", "paddlejobs")),
     webhooks="manifests/base/webhook/manifests.yaml",
     webhook_patches=(("ValidatingWebhookConfiguration", "manifests/base/webhook/patch.yaml"),))
-OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY, TRAINING_OPERATOR)}
+#: The same training-operator running only its MPIJob kubeflow.org/v1 controller (the legacy MPI
+#: controller), with that CRD of its module. Its CRD is named mpijobs.kubeflow.org as the MPI
+#: operator's v2beta1 one is: a control plane runs one of the two (`_crds_apart`). It is
+#: TRAINING_OPERATOR's binary under TRAINING_OPERATOR's manager ClusterRole (SAME_INSTALL); only
+#: its CRD is copied, by a recipe of its own (TRAINING_OPERATOR_MPI_RECIPE), so the
+#: training-operator is not built again. v1.8.1 registers no webhook for MPIJob.
+TRAINING_OPERATOR_MPI = Operator(
+    "training-operator-mpi", TRAINING_OPERATOR.module, TRAINING_OPERATOR.version, TRAINING_OPERATOR.package,
+    ("manifests/base/crds/kubeflow.org_mpijobs.yaml",))
+OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY, TRAINING_OPERATOR, TRAINING_OPERATOR_MPI)}
+#: Operators that run another's binary under its manager ClusterRole: name -> that operator.
+SAME_INSTALL: Mapping[str, Operator] = {TRAINING_OPERATOR_MPI.name: TRAINING_OPERATOR}
 
 #: Each operator's manager ClusterRole as its own install ships it: (file of its module, the
 #: ClusterRole's name in it: the one that install binds to the operator's ServiceAccount). The
@@ -328,6 +343,8 @@ def operator_dir(op: Operator) -> Path:
 
 
 def operator_bin(op: Operator) -> Path:
+    """`op`'s executable (the one of the operator whose binary it runs: SAME_INSTALL)."""
+    op = SAME_INSTALL.get(op.name, op)
     return operator_dir(op) / op.name
 
 
@@ -606,6 +623,18 @@ def _build_training_operator(b: _Builder, out_dir: Path, workdir: Path) -> None:
     _place_operators(b, out_dir, workdir, (op,))
 
 
+def _copy_training_operator_mpi_crd(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    """TRAINING_OPERATOR_MPI's CRD out of the training-operator's module (downloaded, not
+    built: its binary is TRAINING_OPERATOR's)."""
+    op = TRAINING_OPERATOR_MPI
+    mod_dir = Path(b.download(f"{op.module}@{op.version}", workdir)["Dir"])
+    for rel in op.module_files():
+        dst = out_dir / op.cached(rel)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(mod_dir / rel, dst)
+        dst.chmod(0o644)  # the module cache is read-only
+
+
 def _build_etcd(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run([b.go, "mod", "init", "kai-es.local/build/etcd"], workdir)
     info = b.download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}", workdir)
@@ -704,6 +733,10 @@ TRAINING_OPERATOR_RECIPE = Recipe(
     {"builder": _Builder, "operator": TRAINING_OPERATOR, "operator_class": Operator,
      "helpers": (_write_tools_go, _place_operators)},
 )  # fmt: skip
+TRAINING_OPERATOR_MPI_RECIPE = Recipe(
+    TRAINING_OPERATOR_MPI.name, TRAINING_OPERATOR_MPI.version, TRAINING_OPERATOR_MPI.files(),
+    _copy_training_operator_mpi_crd, {"operator": TRAINING_OPERATOR_MPI, "operator_class": Operator},
+)  # fmt: skip
 ETCD = Recipe(
     "etcd", ETCD_VERSION, ("etcd",), _build_etcd,
     {"builder": _Builder, "helpers": (_sibling_replaces, _write_tools_go)},
@@ -718,7 +751,8 @@ KUBE_ROUTER = Recipe("kube-router", KUBE_ROUTER_VERSION, ("kube-router",), _buil
 #: What the control plane runs (`fetch`); helm is separate (`fetch_helm`).
 CONTROL_PLANE_RECIPES = (ETCD, KWOK, KUBERNETES)
 #: Operators built apart from the control plane (`fetch_operators`), each in a module of its own.
-SEPARATE_OPERATOR_RECIPES = {KUBERAY.name: KUBERAY_RECIPE, TRAINING_OPERATOR.name: TRAINING_OPERATOR_RECIPE}
+SEPARATE_OPERATOR_RECIPES = {KUBERAY.name: KUBERAY_RECIPE, TRAINING_OPERATOR.name: TRAINING_OPERATOR_RECIPE,
+                             TRAINING_OPERATOR_MPI.name: TRAINING_OPERATOR_MPI_RECIPE}
 
 
 def _fetch_one(recipe: Recipe, *, quiet: bool) -> Path:
@@ -789,9 +823,10 @@ def fetch_operators(names: Sequence[str] = tuple(OPERATORS), *, quiet: bool = Tr
         _fetch_one(OPERATOR_ROLES_RECIPE, quiet=quiet)
     out = {}
     for name in _with_needs(names):
-        recipe = SEPARATE_OPERATOR_RECIPES.get(name)
-        if recipe is not None:
-            _fetch_one(recipe, quiet=quiet)
+        for key in dict.fromkeys((SAME_INSTALL.get(name, OPERATORS[name]).name, name)):
+            recipe = SEPARATE_OPERATOR_RECIPES.get(key)
+            if recipe is not None:
+                _fetch_one(recipe, quiet=quiet)
         out[name] = operator_bin(OPERATORS[name])
     return out
 
@@ -810,7 +845,21 @@ def _with_needs(names: Sequence[str]) -> list[str]:
 
     for name in names:
         add(name)
+    _crds_apart(out)
     return out
+
+
+def _crds_apart(names: Sequence[str]) -> None:
+    """Refuse operators that bring a CRD of the same file name (the same CRD, as
+    kubeflow.org_mpijobs.yaml is for the MPI operator and TRAINING_OPERATOR_MPI): one control
+    plane cannot serve both."""
+    owner: dict[str, str] = {}
+    for name in names:
+        for rel in OPERATORS[name].crds:
+            other = owner.setdefault(Path(rel).name, name)
+            if other != name:
+                raise ControlPlaneError(f"operators {other!r} and {name!r} both bring {Path(rel).name}: "
+                                        "run one of them per control plane")
 
 
 def is_fetched() -> bool:
@@ -1660,7 +1709,7 @@ class OperatorProcess:
 
     def command(self) -> list[str]:
         binary = str(operator_bin(self.op))
-        if self.op is TRAINING_OPERATOR:
+        if self.op.name in TRAINING_OPERATOR_RUNS:
             # its own mount namespace, its dir bound over /tmp (TRAINING_OPERATOR_CERTS); started
             # from its binary's dir (`cwd`), so a binary or data dir under /tmp is still reached
             unshare = ["unshare", "--mount", "--propagation", "private"]
@@ -1668,7 +1717,7 @@ class OperatorProcess:
                 unshare.append("--map-root-user")  # a user namespace may mount
             return [*unshare, "--", "sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', str(self.dir),
                     f"./{Path(binary).name}", "--kubeconfig=/tmp/kubeconfig",
-                    *(f"--enable-scheme={s}" for s in TRAINING_OPERATOR_SCHEMES),
+                    *(f"--enable-scheme={s}" for s in TRAINING_OPERATOR_RUNS[self.op.name]),
                     "--metrics-bind-address=0", f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
                     f"--webhook-server-port={self.webhook_port}", "--leader-elect=false"]
         if self.op is MPI_OPERATOR:
@@ -1683,12 +1732,12 @@ class OperatorProcess:
         self._write_files()
         if self.op is MPI_OPERATOR:
             self.cp.create_namespace(MPI_OPERATOR_LOCK[0])
-        if self.op is TRAINING_OPERATOR:
+        if self.op.name in TRAINING_OPERATOR_RUNS:
             ns, name = TRAINING_OPERATOR_CERTS
             self.cp.create_namespace(ns)
             self.cp.call("POST", f"/api/v1/namespaces/{ns}/secrets",
                          {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}}, ok=(201, 409))
-            self.proc.start(self.command(), cwd=operator_dir(self.op),
+            self.proc.start(self.command(), cwd=operator_bin(self.op).parent,
                             env={"KUBECONFIG": "/tmp/kubeconfig", "TMPDIR": "/tmp"})
             return
         self.proc.start(self.command(), cwd=self.dir,
@@ -1709,8 +1758,9 @@ class OperatorProcess:
     def role(self) -> dict[str, Any]:
         """The operator's manager ClusterRole (OPERATOR_ROLES) as its install ships it, renamed
         after its user."""
-        rel, name = OPERATOR_ROLES[self.op.name]
-        for doc in _load_yaml_documents(operator_role_file(self.op.name)):
+        installed = SAME_INSTALL.get(self.op.name, self.op).name
+        rel, name = OPERATOR_ROLES[installed]
+        for doc in _load_yaml_documents(operator_role_file(installed)):
             if doc.get("kind") == "ClusterRole" and (doc.get("metadata") or {}).get("name") == name:
                 return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                         "metadata": {"name": self.user.name}, "rules": doc.get("rules") or []}
@@ -1741,8 +1791,13 @@ class OperatorProcess:
 MPI_OPERATOR_LOCK = ("mpi-operator", "mpi-operator")
 
 #: The training-operator's `--enable-scheme`s: the kinds whose CRDs it brings (TRAINING_OPERATOR),
-#: not MPIJob v1 (the MPI operator's v2beta1 is installed) nor MXJob (no KAI rule).
+#: not MPIJob v1 (TRAINING_OPERATOR_MPI runs it, apart from the MPI operator's v2beta1) nor MXJob
+#: (no KAI rule).
 TRAINING_OPERATOR_SCHEMES = ("pytorchjob", "tfjob", "xgboostjob", "paddlejob")
+#: Each Operator that runs the training-operator's binary -> its `--enable-scheme`s
+#: (TRAINING_OPERATOR_MPI: MPIJob v1 alone).
+TRAINING_OPERATOR_RUNS: Mapping[str, tuple[str, ...]] = {
+    TRAINING_OPERATOR.name: TRAINING_OPERATOR_SCHEMES, TRAINING_OPERATOR_MPI.name: ("mpijob",)}
 #: The Secret (namespace, name) the training-operator's certificate rotator keeps its own CA and
 #: serving certificate in. v1.8.1's rotator cannot be turned off, and nothing it makes serves
 #: here: it writes a CA of its own into this Secret (which must exist: its install makes it
@@ -2390,11 +2445,15 @@ class ControlPlane:
     def create_gpu_node(
         self, name: str, *, gpus: int = 8, gpu_product: str = "NVIDIA-A100-SXM4-80GB",
         gpu_memory_mib: int = 81920, cpu: str = "64", memory: str = "512Gi", pods: int = 110,
+        ephemeral_storage: str = "",
         labels: Mapping[str, str] | None = None, wait_ready: bool = True, timeout_s: float = 20.0,
     ) -> dict[str, Any]:
         """A node KWOK manages (annotation kwok.x-k8s.io/node=fake) with `gpus` nvidia.com/gpu
-        and the GPU product/memory labels; waits until KWOK reports it Ready."""
+        and the GPU product/memory labels (and `ephemeral_storage`, as a kubelet reports it, if
+        given); waits until KWOK reports it Ready."""
         capacity = {"cpu": cpu, "memory": memory, "pods": str(pods)}
+        if ephemeral_storage:
+            capacity["ephemeral-storage"] = ephemeral_storage
         if gpus:
             capacity["nvidia.com/gpu"] = str(gpus)
         node_labels = {
