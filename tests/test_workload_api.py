@@ -208,6 +208,29 @@ spec: {{resources: {{gpu: {{quota: 8, limit: -1, overQuotaWeight: 1}}}}}}
 """
 
 
+def indexed_job(template_line: str = "") -> str:
+    """An Indexed Job of 5 one-GPU pods in namespace ml (`template_line`: one more field of its
+    pod spec)."""
+    extra = f"\n      {template_line}" if template_line else ""
+    return f"""\
+apiVersion: batch/v1
+kind: Job
+metadata: {{name: train, namespace: ml}}
+spec:
+  parallelism: 5
+  completions: 5
+  completionMode: Indexed
+  template:
+    spec:
+      schedulerName: kai-scheduler{extra}
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: example.invalid/train:1
+        resources: {{limits: {{nvidia.com/gpu: "1"}}}}
+"""
+
+
 SCENARIO = """\
 apiVersion: kai-es.io/v1alpha1
 kind: Scenario
@@ -221,23 +244,7 @@ metadata: {name: trainers, namespace: ml, labels: {kai.scheduler/queue: team-a}}
 spec:
   schedulingPolicy: {gang: {minCount: MIN}}
 ---
-apiVersion: batch/v1
-kind: Job
-metadata: {name: train, namespace: ml}
-spec:
-  parallelism: 5
-  completions: 5
-  completionMode: Indexed
-  template:
-    spec:
-      schedulerName: kai-scheduler
-      schedulingGroup: {podGroupName: trainers}
-      restartPolicy: Never
-      containers:
-      - name: main
-        image: example.invalid/train:1
-        resources: {limits: {nvidia.com/gpu: "1"}}
-"""
+""" + indexed_job("schedulingGroup: {podGroupName: trainers}")
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -347,22 +354,7 @@ spec:
 ---
 """ + cluster("default-queue") + """\
 ---
-apiVersion: batch/v1
-kind: Job
-metadata: {name: train, namespace: ml}
-spec:
-  parallelism: 5
-  completions: 5
-  completionMode: Indexed
-  template:
-    spec:
-      schedulerName: kai-scheduler
-      restartPolicy: Never
-      containers:
-      - name: main
-        image: example.invalid/train:1
-        resources: {limits: {nvidia.com/gpu: "1"}}
-"""
+""" + indexed_job()
 
 
 @pytest.mark.parametrize(("gates", "placed", "min_member"), [

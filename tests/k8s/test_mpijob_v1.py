@@ -21,7 +21,6 @@ default grouper: one group of minimum 1, and they bind as they fit)."""
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,11 @@ from typing import Any
 import pytest
 import yaml
 
-from kai_es.adapters.memory_log import MemoryEventLog
 from tests.k8s.conftest import K8s, cp_mod, grant_scheduler_roles, started_control_plane
-from tests.k8s.helpers import create_queue, services_running
+from tests.k8s.test_operators import scenario as operators_scenario
 from tests.k8s.test_operators import (
     NO_GPU,
     ONE_GPU,
-    POOL_LABEL,
     QUEUE_LABEL,
     REPLICA_TYPE,
     Run,
@@ -43,7 +40,6 @@ from tests.k8s.test_operators import (
     binds_whole_after,
     bound,
     container,
-    filler,
     gang_waits,
     pod_spec,
     roles,
@@ -68,20 +64,9 @@ def ops() -> Iterator[K8s]:
 
 
 async def scenario(ops: K8s, gpus: int, fill: int, body: Callable[[Run], Awaitable[None]]) -> None:
-    """`body` with the services running, after `fill` of the pool's `gpus` GPUs (4 per node,
-    each node with ephemeral-storage) are taken by the filler Deployment."""
-    tag = uuid.uuid4().hex[:8]
-    ns, qname, pool = ops.namespace("mpi"), f"q-{tag}", f"pool-{tag}"
-    nodes = {ops.gpu_node(f"n-{tag}-{i}", gpus=4, ephemeral_storage=EPHEMERAL_STORAGE,
-                          labels={POOL_LABEL: pool})["metadata"]["name"] for i in range(gpus // 4)}
-    log = MemoryEventLog()
-    async with ops.client() as api, ops.client(Path(ops.scheduler_kubeconfig)) as kai_api:
-        await create_queue(api, qname)
-        run = Run(ops, ns, qname, pool, nodes, log, api)
-        run.create(filler(pool, qname, fill))
-        async with services_running(log, kai_api, grouping=True):
-            await run.fill(fill)
-            await body(run)
+    """test_operators' scenario on nodes with ephemeral storage (the launcher's init container
+    asks for some)."""
+    await operators_scenario(ops, gpus, fill, body, ephemeral_storage=EPHEMERAL_STORAGE)
 
 
 def mpi_job_v1(run: Run, name: str, workers: int, launcher: Mapping[str, Any] = NO_GPU,

@@ -217,12 +217,13 @@ def assert_replays(records: list[Record]) -> None:
     assert result.ok, result.divergence
 
 
-async def scenario(ops: K8s, gpus: int, fill: int, body: Callable[[Run], Awaitable[None]]) -> None:
-    """`body` with the services running, after `fill` of the pool's `gpus` GPUs (4 per node)
-    are taken by the filler Deployment."""
+async def scenario(ops: K8s, gpus: int, fill: int, body: Callable[[Run], Awaitable[None]],
+                   **node: Any) -> None:
+    """`body` with the services running, after `fill` of the pool's `gpus` GPUs (4 per node;
+    `node`: more of `create_gpu_node`'s options) are taken by the filler Deployment."""
     tag = uuid.uuid4().hex[:8]
     ns, qname, pool = ops.namespace("op"), f"q-{tag}", f"pool-{tag}"
-    nodes = {ops.gpu_node(f"n-{tag}-{i}", gpus=4, labels={POOL_LABEL: pool})["metadata"]["name"]
+    nodes = {ops.gpu_node(f"n-{tag}-{i}", gpus=4, labels={POOL_LABEL: pool}, **node)["metadata"]["name"]
              for i in range(gpus // 4)}
     log = MemoryEventLog()
     async with ops.client() as api, ops.client(Path(ops.scheduler_kubeconfig)) as kai_api:

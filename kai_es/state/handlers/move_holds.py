@@ -69,23 +69,20 @@ def release_holds(state: ClusterState, pod: PodState) -> None:
     holds = state.move_holds.get(key)
     if not holds:
         return
-    kept = [h for h in holds if h.pod != pod.key]
-    if len(kept) != len(holds):
-        state.stale_move_holds.add(key)
-        if kept:
-            state.move_holds[key] = kept
-        else:
-            del state.move_holds[key]
+    _keep(state, key, [h for h in holds if h.pod != pod.key])
 
 
 def drop_expired(state: ClusterState, now_ns: int) -> None:
     """Forget the holds no longer live at `now_ns`."""
     for key in sorted(state.move_holds):
-        holds = state.move_holds[key]
-        live = [h for h in holds if h.live(now_ns)]
-        if len(live) != len(holds):
-            state.stale_move_holds.add(key)
-            if live:
-                state.move_holds[key] = live
-            else:
-                del state.move_holds[key]
+        _keep(state, key, [h for h in state.move_holds[key] if h.live(now_ns)])
+
+
+def _keep(state: ClusterState, key: str, kept: list[MoveHold]) -> None:
+    """Owner `key`'s holds become `kept` (a sublist of them); a change marks them for the digest."""
+    if len(kept) != len(state.move_holds[key]):
+        state.stale_move_holds.add(key)
+        if kept:
+            state.move_holds[key] = kept
+        else:
+            del state.move_holds[key]
