@@ -420,3 +420,38 @@ spec:
     assert groups(with_gate) == groups(without) and len(groups(with_gate)) == 1
     pods = [o.obj for o in with_gate.objects if o.kind == "Pod"]
     assert len(pods) == 4 and all("schedulingGroup" in pod["spec"] for pod in pods)  # the gate did act
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(min_value=-(2**128), max_value=2**128)
+                     | st.text(max_size=8), lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+_fields = st.sampled_from(["schedulingPolicy", "priorityClassName", "schedulingConstraints", "podGroupTemplateRef"])
+
+
+@given(spec=st.dictionaries(_fields, _json, max_size=4) | st.builds(
+           lambda n, extra: {"schedulingPolicy": {"gang": {"minCount": n}}, **extra},
+           st.integers(min_value=-(2**128), max_value=2**128), st.dictionaries(_fields, _json, max_size=2)),
+       labels=st.dictionaries(st.sampled_from(["kai.scheduler/queue", "priorityClassName", "kai.scheduler/preemptibility",
+                                               "x"]), st.text(max_size=8), max_size=3),
+       group=_json | st.just({"podGroupName": "train-pg"}))
+def test_any_podgroup_or_scheduling_group_is_grouped_or_refused_with_a_reason(
+        spec: dict[str, Any], labels: dict[str, str], group: Any) -> None:
+    """Whatever a PodGroup's spec or a pod's schedulingGroup holds (wrong types, integers up to
+    2^128, nesting), the grouping either groups the pod or raises IngestError naming a field;
+    nothing else escapes."""
+    obj = k8s_group()
+    obj["spec"] = spec
+    obj["metadata"]["labels"] = labels
+    member = pod()
+    if group is not None:
+        member["spec"]["schedulingGroup"] = group
+    try:
+        g = pg.group_pod(member, [job()], related=related(obj))
+    except IngestError as exc:
+        assert "spec." in str(exc) or "metadata." in str(exc), exc
+    else:
+        assert g is not None
+        try:  # what the informer passes on: translated, or rejected alone with a reason
+            tr.translate(g.podgroup)
+        except IngestError as exc:
+            assert "spec." in str(exc) or "metadata." in str(exc), exc
