@@ -46,6 +46,7 @@ from kai_es.ingest.groupers.base import (
     Obj,
     OwnerError,
     annotations_of,
+    api_group,
     count,
     describe,
     dig,
@@ -102,11 +103,7 @@ def _made_for_a_job(k8s_group: Obj) -> bool:
 
 
 def _gangs_jobs(owners: Sequence[Obj]) -> bool:
-    def group_of(o: Obj) -> str:
-        version = str(o.get("apiVersion") or "")
-        return version.rsplit("/", 1)[0] if "/" in version else ""
-
-    return any((group_of(o), str(o.get("kind") or "")) in MULTI_JOB_KINDS for o in owners)
+    return any((api_group(o), str(o.get("kind") or "")) in MULTI_JOB_KINDS for o in owners)
 
 
 def _min_member(k8s_group: Obj) -> int:

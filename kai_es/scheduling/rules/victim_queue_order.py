@@ -38,7 +38,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Protocol
 
 from kai_es.scheduling.rules.queue_order import FairShareOrder, _drf
-from kai_es.state.quantities import Vector
+from kai_es.state.quantities import ZERO, Vector, add, scale
 
 if TYPE_CHECKING:
     from kai_es.scheduling.session import QueueNode, Session
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 #: a stream of victim units of one (queue, priority) bucket, cheapest first, with their keys
 Stream = tuple[str, Iterable[tuple[tuple[object, ...], "Unit"]]]
-ZERO: Vector = (0, 0, 0)
-OCCUPYING = ("Running", "Binding")
 
 
 class VictimQueueOrder(Protocol):
@@ -83,23 +81,12 @@ class _Head:
 def _held(session: Session, job: Job) -> Vector:
     """What `job`'s pods occupying a node (not evicted by the Plan) hold: KAI's victim
     `AllocatedVector`."""
-    pods, evicted = session.state.pods, session.plan.evicted_pods
     gpu = cpu = mem = 0
-    for key in job.members:
-        pod = pods[key]
-        if pod.status in OCCUPYING and key not in evicted:
-            gpu += pod.milli_gpu
-            cpu += pod.spec.requests.milli_cpu
-            mem += pod.spec.requests.memory_bytes
+    for pod in session.occupying_on_plan(job):
+        gpu += pod.milli_gpu
+        cpu += pod.spec.requests.milli_cpu
+        mem += pod.spec.requests.memory_bytes
     return (gpu, cpu, mem)
-
-
-def _add(a: Vector, b: Vector) -> Vector:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
-
-
-def _minus(a: Vector, b: Vector) -> Vector:
-    return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
 
 
 class ReverseQueueOrder:
@@ -110,8 +97,9 @@ class ReverseQueueOrder:
         by_queue: dict[str, list[Iterable[tuple[tuple[object, ...], Unit]]]] = {}
         for name, units in streams:
             by_queue.setdefault(name, []).append(units)
-        # the accounting as the search starts (its own evictions move the Session's)
-        seen: dict[int, tuple[QueueNode, Vector]] = {}
+        # the accounting as the search starts (its own evictions move the Session's): each
+        # node's keys but the one that counts its victims, once per search
+        seen: dict[int, tuple[Vector, tuple[object, ...], tuple[object, ...]]] = {}
         children: dict[int, list[QueueNode]] = {}
         roots: list[QueueNode] = []
         for name in sorted(by_queue):
@@ -119,7 +107,13 @@ class ReverseQueueOrder:
             for node in queues[name].chain:
                 fresh = id(node) not in seen
                 if fresh:
-                    seen[id(node)] = (node, node.allocated)
+                    allocated, fair, quota = node.allocated, node.fair, node.quota
+                    zero, _, share = _drf(allocated, ZERO, node.allocatable, True)
+                    seen[id(node)] = (
+                        allocated,
+                        (all(allocated[r] > fair[r] for r in (0, 1, 2)),
+                         any(0 <= quota[r] < allocated[r] for r in (0, 1, 2)), -node.priority, zero),
+                        (share, FairShareOrder(node.allocatable), node.created_ns, node.name))
                     children[id(node)] = []
                     if node.parent is None:
                         roots.append(node)
@@ -139,14 +133,9 @@ class ReverseQueueOrder:
             return found
 
         def key(node: QueueNode, victims: Vector) -> tuple[object, ...]:
-            allocated = seen[id(node)][1]
-            fair, quota, allocatable = node.fair, node.quota, node.allocatable
-            over_all = all(allocated[r] > fair[r] for r in (0, 1, 2))
-            over_quota = any(0 <= quota[r] < allocated[r] for r in (0, 1, 2))
-            zero, _, share = _drf(allocated, ZERO, allocatable, True)
-            with_victims = _drf(_minus(allocated, victims), ZERO, allocatable, True)[1]
-            return (over_all, over_quota, -node.priority, zero, with_victims, share,
-                    FairShareOrder(allocatable), node.created_ns, node.name)
+            allocated, head, tail = seen[id(node)]
+            with_victims = _drf(add(allocated, scale(victims, -1)), ZERO, node.allocatable, True)[1]
+            return (*head, with_victims, *tail)
 
         def best(nodes: list[QueueNode]) -> tuple[str, Vector] | None:
             """The leaf that gives the next victim below `nodes` (siblings), and its victims."""
@@ -156,7 +145,7 @@ class ReverseQueueOrder:
                 if head is not None:
                     if head.next is None:
                         continue
-                    found: tuple[str, Vector] | None = (node.name, _add(head.given, job_held(head.next.job)))
+                    found: tuple[str, Vector] | None = (node.name, add(head.given, job_held(head.next.job)))
                 else:
                     found = best(children[id(node)])
                 if found is None:
@@ -179,4 +168,4 @@ class ReverseQueueOrder:
                 yield unit
                 head.advance()
                 unit = head.next
-            head.given = _add(head.given, given)
+            head.given = add(head.given, given)
