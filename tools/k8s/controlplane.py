@@ -845,14 +845,13 @@ def _with_needs(names: Sequence[str]) -> list[str]:
 
     for name in names:
         add(name)
-    _crds_apart(out)
     return out
 
 
-def _crds_apart(names: Sequence[str]) -> None:
-    """Refuse operators that bring a CRD of the same file name (the same CRD, as
+def _crds_apart(names: Sequence[str]) -> Sequence[str]:
+    """`names`, if no two of them bring a CRD of the same file name (the same CRD, as
     kubeflow.org_mpijobs.yaml is for the MPI operator and TRAINING_OPERATOR_MPI): one control
-    plane cannot serve both."""
+    plane cannot serve both, though both may be built (`fetch`)."""
     owner: dict[str, str] = {}
     for name in names:
         for rel in OPERATORS[name].crds:
@@ -860,6 +859,7 @@ def _crds_apart(names: Sequence[str]) -> None:
             if other != name:
                 raise ControlPlaneError(f"operators {other!r} and {name!r} both bring {Path(rel).name}: "
                                         "run one of them per control plane")
+    return names
 
 
 def is_fetched() -> bool:
@@ -1859,6 +1859,7 @@ class ControlPlane:
         runtime_config: Sequence[str] = (),
         network_policy: bool = False,
     ) -> None:
+        operators = _crds_apart(_with_needs(operators))  # refused before anything is made
         if data_dir is None:
             base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
             remove_stale_data_dirs(Path(base))
@@ -1922,7 +1923,7 @@ class ControlPlane:
         taken = {self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.controller_manager_port,
                  self.kube_scheduler_port}
         self.operators = {name: OperatorProcess(self, OPERATORS[name], die_with_parent, taken)
-                          for name in _with_needs(operators)}
+                          for name in operators}
         self.creds: Credentials | None = None
         self._ssl: ssl.SSLContext | None = None
         self.last_start_seconds: float | None = None
