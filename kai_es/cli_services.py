@@ -140,7 +140,8 @@ def leader_options(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 def _election(command: str, kubeconfig: str | None, enabled: bool, lease: str | None,
-              identity: str | None, duration: str, deadline: str, retry: str) -> LeaderElection | None:
+              identity: str | None, duration: str, deadline: str, retry: str,
+              shard: str | None = None) -> LeaderElection | None:
     from kai_es.app.processes import LeaderElection  # noqa: PLC0415
 
     if not enabled:
@@ -152,7 +153,7 @@ def _election(command: str, kubeconfig: str | None, enabled: bool, lease: str | 
         if not sep or not namespace or not name or "/" in name:
             raise UserError(f"--leader-elect-lease {lease!r}: expected NAMESPACE/NAME")
     else:
-        namespace, name = _own_namespace(), f"kai-es-{command}"
+        namespace, name = _own_namespace(), f"kai-es-{command}" + (f"-{shard}" if shard else "")
     from kai_es.adapters.kubernetes.leader import LeaseTimes  # noqa: PLC0415
 
     try:
@@ -175,6 +176,26 @@ def _own_namespace() -> str:
         return "default"
 
 
+shard_option = click.option(
+    "--shard", default=None, metavar="NAME",
+    help="Run for this scheduling shard (as the informer's --shard NAME=VALUE declares it): its "
+         "log is the base --log for `default`, else the topic <topic>.NAME (file: <stem>.NAME"
+         "<suffix>), written with its own Kafka transactional id; the default Lease is "
+         "kai-es-<command>-NAME.")
+
+
+def _shard_log(log_url: str, shard: str | None, writer: str) -> tuple[str, str]:
+    """The log URL and writer id of a process of `shard` (None: unsharded)."""
+    from kai_es.ingest.shards import ShardError, shard_log_url, shard_writer  # noqa: PLC0415
+
+    if shard is None:
+        return log_url, writer
+    try:
+        return shard_log_url(log_url, shard), shard_writer(writer, shard)
+    except ShardError as exc:
+        raise UserError(f"--shard: {exc}") from None
+
+
 kubeconfig_option = click.option(
     "--kubeconfig", default=None, type=click.Path(dir_okay=False, exists=True),
     help="Kubeconfig of the cluster (default: $KUBECONFIG, else the in-cluster config).")
@@ -194,6 +215,7 @@ kubeconfig_option = click.option(
 @click.option("--kubeconfig", default=None, type=click.Path(dir_okay=False, exists=True),
               help="With --leader-elect: the cluster holding the Lease (default: $KUBECONFIG, "
                    "else the in-cluster config).")
+@shard_option
 @verbose_option
 @packer_option
 @friendly
@@ -201,13 +223,15 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
               time_scale: float, cycles: int | None, http_address: str | None, leader_elect: bool,
               leader_elect_lease: str | None, leader_elect_identity: str | None,
               leader_elect_lease_duration: str, leader_elect_renew_deadline: str,
-              leader_elect_retry_period: str, kubeconfig: str | None, verbose: bool,
+              leader_elect_retry_period: str, kubeconfig: str | None, shard: str | None, verbose: bool,
               packer: str | None) -> None:
     """Run the scheduler: fold the log (from a snapshot), then a cycle every PERIOD when there
-    is work. Kafka transactional_id: kai-es-scheduler (override with ?transactional_id=)."""
-    from kai_es.app.processes import run_scheduler  # noqa: PLC0415
+    is work. Kafka transactional_id: kai-es-scheduler (override with ?transactional_id=); with
+    --shard NAME, its shard's log and kai-es-scheduler.NAME."""
+    from kai_es.app.processes import SCHEDULER_TXN_ID, run_scheduler  # noqa: PLC0415
 
     _setup_logging(verbose)
+    log_url, writer = _shard_log(log_url, shard, SCHEDULER_TXN_ID)
     config = load_scenario(scenario_file).config if scenario_file else SchedulerConfig()
     warn_unimplemented(config)
     period_s = _seconds("--period", period)
@@ -217,7 +241,7 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
         raise UserError("the scheduler reads no cluster: --kubeconfig is for --leader-elect's Lease")
     election = _election("scheduler", kubeconfig, leader_elect, leader_elect_lease, leader_elect_identity,
                          leader_elect_lease_duration, leader_elect_renew_deadline,
-                         leader_elect_retry_period)
+                         leader_elect_retry_period, shard)
     if snapshot_every > 0 and config.state_digest_every != 1:
         err.print("warning: snapshots are taken only on cycles whose CycleCompleted carries a "
                   f"state digest (stateDigestEvery={config.state_digest_every})", highlight=False)
@@ -225,7 +249,7 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
     async def body(status: ProcessStatus | None) -> None:
         await run_scheduler(log_url, config, engine, time_scale=scale, period_s=period_s,
                             snapshot_every=snapshot_every, cycles=cycles, on_ready=_ready,
-                            status=status, election=election)
+                            status=status, election=election, writer=writer)
 
     _run(body, "scheduler", http_address)
 
@@ -238,26 +262,42 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
                    "(the scheduler's config file).")
 @http_option
 @leader_options
+@click.option("--shard", "shard_specs", multiple=True, metavar="NAME=VALUE",
+              help="A scheduling shard (repeat for each): it owns the nodes, queues and PodGroups "
+                   "labelled kai.scheduler/node-pool=VALUE (empty VALUE: the unlabelled ones), "
+                   "and its own log (the base --log for the shard named default, else "
+                   "<topic>.NAME / <stem>.NAME<suffix>). Without --shard: one log, no partition.")
 @verbose_option
 @friendly
 def informer(log_url: str, kubeconfig: str | None, scenario_file: str | None, http_address: str | None,
              leader_elect: bool, leader_elect_lease: str | None, leader_elect_identity: str | None,
              leader_elect_lease_duration: str, leader_elect_renew_deadline: str,
-             leader_elect_retry_period: str, verbose: bool) -> None:
+             leader_elect_retry_period: str, shard_specs: tuple[str, ...], verbose: bool) -> None:
     """Run the informer: list + watch Nodes, Pods, Queues, PodGroups, PriorityClasses (and
     the other kinds scheduling reads) and append every change that matters to the log; pods
     that name no PodGroup are grouped as KAI's podgrouper groups them (plus the config's
-    no-code grouping rules). Kafka transactional_id: kai-es-informer."""
+    no-code grouping rules). Kafka transactional_id: kai-es-informer (kai-es-informer.NAME for
+    shard NAME's log)."""
     from kai_es.app.processes import run_informer  # noqa: PLC0415
+    from kai_es.ingest.shards import ShardError, ShardMap, shard_log_url  # noqa: PLC0415
 
     _setup_logging(verbose)
+    shards = None
+    if shard_specs:
+        try:
+            shards = ShardMap.parse(shard_specs)
+            for name in shards.names:
+                shard_log_url(log_url, name)
+        except ShardError as exc:
+            raise UserError(str(exc)) from None
     config = load_scenario(scenario_file).config if scenario_file else None
     election = _election("informer", kubeconfig, leader_elect, leader_elect_lease, leader_elect_identity,
                          leader_elect_lease_duration, leader_elect_renew_deadline,
                          leader_elect_retry_period)
 
     async def body(status: ProcessStatus | None) -> None:
-        await run_informer(log_url, kubeconfig, on_ready=_ready, status=status, election=election, config=config)
+        await run_informer(log_url, kubeconfig, on_ready=_ready, status=status, election=election, config=config,
+                           shards=shards)
 
     _run(body, "informer", http_address)
 
@@ -281,6 +321,7 @@ def informer(log_url: str, kubeconfig: str | None, scenario_file: str | None, ht
                    "default: publish kai-es's own device index at once).")
 @http_option
 @leader_options
+@shard_option
 @verbose_option
 @friendly
 def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time_scale: float,
@@ -288,14 +329,17 @@ def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time
            device_index_wait: str | None, http_address: str | None, leader_elect: bool,
            leader_elect_lease: str | None, leader_elect_identity: str | None,
            leader_elect_lease_duration: str, leader_elect_renew_deadline: str,
-           leader_elect_retry_period: str, verbose: bool) -> None:
+           leader_elect_retry_period: str, shard: str | None, verbose: bool) -> None:
     """Run the binder: perform the log's bind and evict decisions through the Kubernetes API
     and append their outcomes (progress kept beside the log, so a restart resumes). With
     --scenario, the simulated cluster instead (rebuilt from the log on restart).
-    Kafka transactional_id: kai-es-binder."""
-    from kai_es.app.processes import run_binder, run_sim_cluster  # noqa: PLC0415
+    Kafka transactional_id: kai-es-binder (kai-es-binder.NAME with --shard NAME, on its shard's log)."""
+    from kai_es.app.processes import BINDER_TXN_ID, run_binder, run_sim_cluster  # noqa: PLC0415
 
     _setup_logging(verbose)
+    if shard is not None and scenario_file is not None:
+        raise UserError("--shard runs a Kubernetes binder for one shard: it excludes --scenario")
+    log_url, writer = _shard_log(log_url, shard, BINDER_TXN_ID)
     poll_s = _seconds("--poll", poll)
     scale = _time_scale(time_scale)
     if scenario_file is not None and kubeconfig is not None:
@@ -312,7 +356,7 @@ def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time
         raise UserError("--leader-elect elects among replicas on Kubernetes: it excludes --scenario")
     election = _election("binder", kubeconfig, leader_elect, leader_elect_lease, leader_elect_identity,
                          leader_elect_lease_duration, leader_elect_renew_deadline,
-                         leader_elect_retry_period)
+                         leader_elect_retry_period, shard)
 
     async def body(status: ProcessStatus | None) -> None:
         if scenario_file is not None:
@@ -322,7 +366,7 @@ def binder(log_url: str, kubeconfig: str | None, scenario_file: str | None, time
         else:
             await run_binder(log_url, kubeconfig, poll_s=poll_s, scheduled_events=scheduled_events,
                              reservation_image=reservation_image, wait_for_device_index_s=wait_s,
-                             on_ready=_ready, status=status, election=election)
+                             on_ready=_ready, status=status, election=election, writer=writer)
 
     _run(body, "binder", http_address)
 

@@ -36,7 +36,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -52,6 +52,7 @@ from kai_es.app import bulk_fold, freeze_long_lived, open_log
 from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.ingest.shards import ShardMap, shard_log_url, shard_writer
 from kai_es.ports import ActionOutcome, BlobStore, EventLog, SetupError, SnapshotStore
 from kai_es.scenario import Scenario
 from kai_es.scheduling.config import SchedulerConfig
@@ -195,20 +196,22 @@ async def alongside(work: Awaitable[None], *helpers: Callable[[], Coroutine[Any,
         raise
 
 
-async def while_writer(events: EventLog, work: Awaitable[None], *,
+async def while_writer(events: EventLog | Sequence[EventLog], work: Awaitable[None], *,
                        every_s: float = WRITER_CHECK_S) -> None:
     """Await `work` while checking every `every_s` seconds that this process is still the log's
-    writer (`EventLog.check_writer`): a fenced process stops even when it has nothing to
-    append. Fencing ends `work` and propagates; a check that fails otherwise (the log briefly
-    unreachable) is logged and tried again at the next period — `work` meets such errors
+    (each log's) writer (`EventLog.check_writer`): a fenced process stops even when it has
+    nothing to append. Fencing ends `work` and propagates; a check that fails otherwise (the log
+    briefly unreachable) is logged and tried again at the next period — `work` meets such errors
     itself."""
     fenced = fenced_error_types()
+    logs = list(events) if isinstance(events, Sequence) else [events]
 
     async def watch() -> None:
         while True:
             await anyio.sleep(every_s)
             try:
-                await events.check_writer()
+                for one in logs:
+                    await one.check_writer()
             except fenced:
                 raise
             except Exception as exc:  # noqa: BLE001 - a probe failing is not the process failing
@@ -380,35 +383,60 @@ async def _follow_times(url: str, clock: FlowClock) -> None:
 async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORMER_TXN_ID,
                        on_ready: Ready | None = None, status: ProcessStatus | None = None,
                        election: LeaderElection | None = None,
-                       config: SchedulerConfig | None = None) -> None:
+                       config: SchedulerConfig | None = None, shards: ShardMap | None = None) -> None:
     """`kai-es informer`: list + watch the cluster (`KubernetesSource`; pods without a PodGroup
     grouped as KAI's podgrouper does, `PodGroupingSource`, with `config`'s no-code grouping
-    rules), append what changed."""
+    rules), append what changed. With `shards`, into each shard's log (`shard_log_url` of
+    `url`), each written with its own writer id (`shard_writer`)."""
     from kai_es.adapters.kubernetes.client import api_client  # noqa: PLC0415
     from kai_es.adapters.kubernetes.grouping import PodGroupingSource  # noqa: PLC0415
     from kai_es.adapters.kubernetes.source import INFORMER_KINDS, KubernetesSource  # noqa: PLC0415
 
     clock = FlowClock(1.0)
     ready = announcing(on_ready, status)
+    home = shards.home.name if shards is not None else None
+    urls = {name: shard_log_url(url, name) for name in shards.names} if shards is not None else {}
 
     async def body(events: EventLog, _: _Closable | None) -> None:
-        clock.observe(await last_logicaltime(events))
-        async with await api_client(kubeconfig) as api:
-            rules = config.grouping if config is not None else ()
-            ours = config.scheduler_name if config is not None else SCHEDULER_NAME
-            informer = InformerService(events, PodGroupingSource(KubernetesSource(api, kinds=INFORMER_KINDS), api,
-                                                                 rules=rules, ours=ours),
-                                       clock, RandomIds(), ours=ours)
-            t = time.monotonic()
-            appended = await informer.resync()
-            if ready is not None:
-                ready(f"informer ready in {time.monotonic() - t:.2f} s: relisted {appended} events")
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_follow_times, url, clock)
-                await informer.follow()
-                tg.cancel_scope.cancel()
+        logs: dict[str, EventLog] = {}
+        try:
+            if shards is not None:
+                assert home is not None
+                for name in shards.names:
+                    if name == home:
+                        logs[name] = events
+                        continue
+                    raw = open_log(urls[name], writer=shard_writer(writer, name))
+                    logs[name] = MeteredLog(raw, status) if status is not None else raw
+                    await logs[name].claim_writer()
+            for shard_log in (logs.values() if logs else (events,)):
+                clock.observe(await last_logicaltime(shard_log))
+            async with await api_client(kubeconfig) as api:
+                rules = config.grouping if config is not None else ()
+                ours = config.scheduler_name if config is not None else SCHEDULER_NAME
+                informer = InformerService(logs if shards is not None else events,
+                                           PodGroupingSource(KubernetesSource(api, kinds=INFORMER_KINDS), api,
+                                                             rules=rules, ours=ours),
+                                           clock, RandomIds(), ours=ours, shards=shards)
+                t = time.monotonic()
+                appended = await informer.resync()
+                if ready is not None:
+                    where = f" into {len(logs)} shards' logs" if shards is not None else ""
+                    ready(f"informer ready in {time.monotonic() - t:.2f} s: relisted {appended} events{where}")
+                async with anyio.create_task_group() as tg:
+                    for shard_url in (urls.values() if urls else (url,)):
+                        tg.start_soon(_follow_times, shard_url, clock)
+                    others = [log for name, log in logs.items() if name != home]
+                    await while_writer(others, informer.follow()) if others else await informer.follow()
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                for name, shard_log in logs.items():
+                    if name != home:
+                        await shard_log.close()
 
-    await _serve("informer", url, writer, body, status=status, election=election)
+    await _serve("informer", urls[home] if home is not None else url, shard_writer(writer, home), body,
+                 status=status, election=election)
 
 
 async def _state_before(url: str, events: EventLog, position: int) -> ClusterState | None:

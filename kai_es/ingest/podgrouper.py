@@ -26,7 +26,9 @@ Contract (KAI's podgrouper read for its behaviour; the rules per kind are in
   checked against the cluster's PriorityClasses); `kai.scheduler/preemptibility`,
   `kai.scheduler/preemption-delay` and `kai.scheduler/staleness-grace-period` from the owners,
   then the pod; topology from the top owner's `kai.scheduler/topology*` annotations;
-  creationTimestamp of the PodGroup's owner (the group is as old as its workload).
+  creationTimestamp of the PodGroup's owner (the group is as old as its workload); the
+  PodGroup's labels are the top owner's, plus the pod's `kai.scheduler/node-pool` when the top
+  owner has none (KAI's addNodePoolLabel: the label picks the scheduling shard).
 - `rules`: the config's no-code rules by (group, kind) (`kai_es/ingest/groupers/rules.py`), for
   kinds the table does not know.
 - A pod naming a Kubernetes PodGroup (`spec.schedulingGroup.podGroupName`, the Workload API of
@@ -41,7 +43,7 @@ replica spec; a pod without the labels its controller sets) raises `IngestError`
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kai_es.ingest.groupers import CHAIN_ONLY, TABLE, GroupingRule, decide, kind_of, workload_of
@@ -60,7 +62,7 @@ from kai_es.ingest.groupers.base import (
     meta,
 )
 from kai_es.ingest.names import SCHEDULER_NAME
-from kai_es.ingest.translate import PODGROUP_ANNOTATION, SUBGROUP_LABEL, IngestError, created_ns
+from kai_es.ingest.translate import NODE_POOL_LABEL, PODGROUP_ANNOTATION, SUBGROUP_LABEL, IngestError, created_ns
 
 SKIP_ANNOTATION = "kai.scheduler/skip-podgrouper"
 
@@ -180,6 +182,9 @@ def group_pod(pod: Obj, owners: Sequence[Obj], *, related: Mapping[tuple[str, st
         if k8s_group is None:
             raise workload_api.missing(pod, k8s_group_name)
         decision = workload_api.override(decision, k8s_group, pod, owners)
+    pool = raw_labels.get(NODE_POOL_LABEL)
+    if NODE_POOL_LABEL not in decision.labels and isinstance(pool, str):
+        decision = replace(decision, labels={**decision.labels, NODE_POOL_LABEL: pool})
     podgroup = render(decision, str(m.get("namespace") or "default"))
     annotated = dict(pod)
     new_meta = {**m, "annotations": {**raw_annotations, PODGROUP_ANNOTATION: decision.name}}

@@ -10,30 +10,58 @@ Contract:
   heartbeat, a status field we do not read) is dropped: it cannot matter to scheduling.
 - An object that cannot be translated becomes an ObjectRejected event with the field path and
   reason: it is reported in the log, never dropped silently.
+- With shards (`kai_es.ingest.shards`), every shard has its own log and `Router` says where each
+  event goes: each shard's log gets the relist markers of every kind and the objects routed to
+  it. When an object moves between shards, the batch holding its removal from the old shard is
+  appended before the one adding it to the new shard. A pod of ours that no shard serves becomes
+  an ObjectRejected naming its node pool, in the shard of unlabelled objects (else the first).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from kai_es.ingest import translate as tr
 from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.ingest.shards import Route, Router, ShardMap
 from kai_es.ports import Clock, ClusterSource, EventLog, IdFactory, ObjectChange, Relist
 
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/informer"
 KINDS = ("PriorityClass", "Queue", "Topology", "Namespace", "ConfigMap", "PersistentVolume",
          "PersistentVolumeClaim", "Node", "PodGroup", "Pod")
+#: the kinds whose objects belong to one shard (the others go to every shard)
+_PARTITIONED: dict[str, type[p.Payload]] = {"Node": p.NodeObserved, "Queue": p.QueueObserved, "PodGroup": p.PodGroupObserved,
+                "Pod": p.PodObserved}
+
+
+def _subject(payload: p.Payload) -> str:
+    if isinstance(payload, p.ObjectRejected):
+        return f"rejected/{payload.kind.lower()}/{payload.name}"
+    return tr.subject_of(payload)
 
 
 class InformerService:
-    def __init__(self, events: EventLog, source: ClusterSource, clock: Clock, ids: IdFactory, *,
-                 ours: str = SCHEDULER_NAME) -> None:
-        self.events = events
+    def __init__(self, events: EventLog | Mapping[str, EventLog], source: ClusterSource, clock: Clock,
+                 ids: IdFactory, *, ours: str = SCHEDULER_NAME, shards: ShardMap | None = None) -> None:
+        """`events`: the log, or with `shards` each shard's log by shard name."""
+        if (shards is None) != (not isinstance(events, Mapping)):
+            raise TypeError("one log without shards, a log per shard with them")
+        #: each shard's log by name (with shards)
+        self.logs: dict[str, EventLog] = {}
+        if isinstance(events, Mapping):
+            assert shards is not None
+            if sorted(events) != sorted(shards.names):
+                raise ValueError(f"a log per shard: shards {shards.names}, logs {sorted(events)}")
+            self.logs = dict(events)
+            events = self.logs[shards.home.name]
+        #: the log (with shards: the one rejections go to)
+        self.events: EventLog = events
+        self.router = Router(shards, ours) if shards is not None else None
         #: the scheduler name kai-es answers to (a Pod's translation depends on it)
         self.ours = ours
         self.source = source
@@ -67,7 +95,7 @@ class InformerService:
             rejected = p.ObjectRejected(kind=change.kind, namespace=str(meta.get("namespace", "") or ""),
                                         name=str(meta.get("name", "") or ""), path=exc.path,
                                         reason=exc.message)
-            return self._envelope(rejected, f"rejected/{change.kind.lower()}/{rejected.name}")
+            return self._envelope(rejected, _subject(rejected))
         subject = tr.subject_of(payload)
         if self._last.get(subject) == payload:
             self.dropped += 1
@@ -89,8 +117,10 @@ class InformerService:
         return out
 
     async def pump(self, changes: Sequence[ObjectChange | Relist]) -> int:
-        """Append the events of a batch of changes (in order, one append); returns how many
-        were appended."""
+        """Append the events of a batch of changes (in order, one append; with shards, one per
+        shard); returns how many were appended."""
+        if self.router is not None:
+            return await self._pump_shards(changes)
         batch: list[Envelope] = []
         for change in changes:
             if isinstance(change, Relist):
@@ -108,6 +138,9 @@ class InformerService:
     async def resync(self) -> int:
         """Relist everything and append it bracketed by resync markers, per kind."""
         objects = await self.source.list_objects()
+        if self.router is not None:
+            return await self._pump_shards([Relist(kind, tuple(c.obj for c in objects if c.kind == kind))
+                                            for kind in KINDS])
         self._last.clear()
         batch: list[Envelope] = []
         for kind in KINDS:
@@ -115,6 +148,89 @@ class InformerService:
         await self.events.append(batch)
         self.appended += len(batch)
         return len(batch)
+
+    # -- shards ----------------------------------------------------------------------------------
+
+    async def _pump_shards(self, changes: Sequence[ObjectChange | Relist]) -> int:
+        router = self.router
+        assert router is not None
+        batches: dict[str, list[Envelope]] = {name: [] for name in router.shards.names}
+        appended = 0
+
+        async def flush(name: str) -> None:
+            nonlocal appended
+            if batches[name]:
+                await self.logs[name].append(batches[name])
+                appended += len(batches[name])
+                batches[name] = []
+
+        async def send(route: Route) -> None:
+            for name, payload in route.sends:
+                batches[name].append(self._envelope(payload, _subject(payload)))
+            for name, payload in route.moves:
+                batches[name].append(self._envelope(payload, _subject(payload)))
+            for name in dict.fromkeys(name for name, _ in route.moves):
+                await flush(name)  # the removals from the old shards are durable before the adds
+            for name, payload in route.adds:
+                batches[name].append(self._envelope(payload, _subject(payload)))
+            if route.rejected is not None:
+                pod = route.rejected.payload
+                self.rejected += 1
+                log.warning("rejected Pod %s/%s: %s", pod.namespace, pod.name, route.rejected.reason)
+                rejected = p.ObjectRejected(kind="Pod", namespace=pod.namespace, name=pod.name,
+                                            path=f"metadata.labels[{tr.NODE_POOL_LABEL}]",
+                                            reason=route.rejected.reason)
+                home = router.shards.home.name
+                batches[home].append(self._envelope(rejected, _subject(rejected)))
+
+        for change in changes:
+            if isinstance(change, Relist):
+                for name in router.shards.names:
+                    batches[name].append(self._envelope(p.ResyncStarted(kind=change.kind),  # type: ignore[arg-type]
+                                                        f"resync/{change.kind.lower()}"))
+                seen: set[str] = set()
+                for obj in change.objects:
+                    route, subject = self._route(router, ObjectChange(change.kind, "ADDED", obj), relisting=True)
+                    if subject:
+                        seen.add(subject)
+                    await send(route)
+                kind = _PARTITIONED.get(change.kind)
+                if kind is not None:
+                    router.prune(kind, seen)
+                for name in router.shards.names:
+                    batches[name].append(self._envelope(p.ResyncCompleted(kind=change.kind),  # type: ignore[arg-type]
+                                                        f"resync/{change.kind.lower()}"))
+            else:
+                route, _ = self._route(router, change, relisting=False)
+                await send(route)
+        for name in router.shards.names:
+            await flush(name)
+        self.appended += appended
+        return appended
+
+    def _route(self, router: Router, change: ObjectChange, *, relisting: bool) -> tuple[Route, str]:
+        """The route of one change and its subject ("" when it could not be translated: then
+        the route is the ObjectRejected, to the object's shard)."""
+        obj = change.obj
+        try:
+            if change.action == "DELETED":
+                return router.route(tr.removal(obj)), ""
+            payload = tr.translate(obj, ours=self.ours)
+        except tr.IngestError as exc:
+            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            assert isinstance(meta, dict)
+            self.rejected += 1
+            namespace, name = str(meta.get("namespace", "") or ""), str(meta.get("name", "") or "")
+            log.warning("rejected %s %s/%s: %s", change.kind, namespace, name, exc)
+            rejected = p.ObjectRejected(kind=change.kind, namespace=namespace, name=name, path=exc.path,
+                                        reason=exc.message)
+            subject = f"{change.kind.lower()}/{namespace}/{name}" if namespace else f"{change.kind.lower()}/{name}"
+            route = Route(sends=[(router.shard_of_subject(subject), rejected)])
+            return route, ""
+        meta = obj.get("metadata")
+        raw = meta.get("labels") if isinstance(meta, Mapping) else None
+        labels = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+        return router.route(payload, labels, relisting=relisting), tr.subject_of(payload)
 
     async def follow(self) -> None:
         """Append the source's changes as they come (after a `resync`), forever. The changes
