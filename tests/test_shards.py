@@ -193,6 +193,14 @@ async def test_a_pod_asking_for_a_pool_no_shard_serves_is_rejected_naming_the_po
     assert not [d for d in payloads["gpu"] if isinstance(d, p.ObjectRejected)]
 
 
+async def test_a_pod_of_a_podgroup_no_shard_serves_is_rejected_naming_the_groups_pool() -> None:
+    initial = [add("PodGroup", labelled(podgroup("pg", 1), "cpu")), add("Pod", pod("w", "gpu-nodes", group="pg"))]
+    states, payloads, _ = await run(initial)
+    assert not states["gpu"].pods and not states["default"].pods
+    [rejected] = [d for d in payloads["default"] if isinstance(d, p.ObjectRejected)]
+    assert "PodGroup default/pg is in node pool 'cpu'" in rejected.reason, rejected.reason
+
+
 async def test_a_pod_follows_its_podgroups_label_not_its_own() -> None:
     """KAI's shard reads the PodGroup's label (the top owner's, else the pod's)."""
     group = labelled(podgroup("pg", 2), "gpu-nodes")

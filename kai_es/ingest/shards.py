@@ -203,6 +203,8 @@ class Router:
         self._pods_on_node: dict[str, set[str]] = {}
         self._pods_of_group: dict[tuple[str, str], set[str]] = {}
         self._pod_links: dict[str, tuple[str, tuple[str, str]]] = {}
+        #: the node-pool label of each Queue and PodGroup routed (their payloads do not carry it)
+        self._group_pools: dict[str, str] = {}
         self.dropped = 0
 
     # -- where things belong ---------------------------------------------------------------------
@@ -231,6 +233,7 @@ class Router:
             self._unlink(subject)
             del self.last[subject]
             self.where.pop(subject, None)
+            self._group_pools.pop(subject, None)
 
     def route(self, payload: p.Payload, labels: Mapping[str, str] | None = None, *,
               relisting: bool = False) -> Route:
@@ -246,6 +249,7 @@ class Router:
             old = self.where.pop(subject, None)
             last = self.last.pop(subject, None)
             self._unlink(subject)
+            self._group_pools.pop(subject, None)
             if old is not None:
                 out.sends.append((old, payload))
             if last is not None:
@@ -255,6 +259,7 @@ class Router:
             target = self._labelled(payload.labels)
         elif isinstance(payload, (p.QueueObserved, p.PodGroupObserved)):
             target = self._labelled(labels or {})
+            self._group_pools[subject] = (labels or {}).get(NODE_POOL_LABEL, "")
         else:
             assert isinstance(payload, p.PodObserved)
             target = self._pod_target(payload)
@@ -294,8 +299,9 @@ class Router:
         group = f"podgroup/{pod.namespace}/{pod.podgroup}"
         served = ", ".join(repr(s.value) for s in self.shards.shards)
         if group in self.last:
-            return (f"its PodGroup {pod.namespace}/{pod.podgroup} is in a node pool no shard serves "
-                    f"(label {NODE_POOL_LABEL}; the shards serve {served})")
+            return (f"its PodGroup {pod.namespace}/{pod.podgroup} is in node pool "
+                    f"{self._group_pools.get(group, '')!r} (label {NODE_POOL_LABEL}), served by no "
+                    f"shard (the shards serve {served})")
         return (f"node pool {pod.node_pool!r} (label {NODE_POOL_LABEL}) is served by no shard "
                 f"(the shards serve {served})")
 
