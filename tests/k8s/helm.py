@@ -19,6 +19,7 @@ from tests.k8s.conftest import ROOT, cp_mod
 
 CHART = ROOT / "deploy" / "helm" / "kai-es"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
+SHARD_VALUES = CHART / "ci" / "shards-values.yaml"
 
 
 def helm_binary() -> Path:

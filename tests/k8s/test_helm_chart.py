@@ -23,7 +23,8 @@ from kai_es.adapters.status_http import parse_bind_address
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.config import SchedulerConfig, parse_config
 from tests.k8s.conftest import ROOT
-from tests.k8s.helm import CHART, FULL_VALUES, by_kind, container, helm, load_yaml, parse_cli_args, render
+from tests.k8s.helm import (CHART, FULL_VALUES, SHARD_VALUES, by_kind, container, helm, load_yaml, parse_cli_args,
+                             render)
 
 ROLES = ("informer", "scheduler", "binder")
 
@@ -42,7 +43,8 @@ def scheduler_config_text(objs: list[dict[str, Any]]) -> str:
     return str(cm["data"]["scheduler.yaml"])
 
 
-@pytest.mark.parametrize("values", [(), (FULL_VALUES,)], ids=["default", "full"])
+@pytest.mark.parametrize("values", [(), (FULL_VALUES,), (SHARD_VALUES,), (FULL_VALUES, SHARD_VALUES)],
+                         ids=["default", "full", "shards", "full+shards"])
 def test_helm_lint_strict_passes(home: Path, values: tuple[Path, ...]) -> None:
     args = ["lint", "--strict", str(CHART)]
     for v in values:
@@ -216,15 +218,19 @@ def test_config_change_rolls_only_the_scheduler(home: Path) -> None:
     assert a["binder"] == b["binder"] and a["informer"] == b["informer"]
 
 
-@pytest.mark.parametrize("values", [(), (FULL_VALUES,)], ids=["default", "full"])
+@pytest.mark.parametrize("values", [(), (FULL_VALUES,), (SHARD_VALUES,), (FULL_VALUES, SHARD_VALUES)],
+                         ids=["default", "full", "shards", "full+shards"])
 def test_every_container_args_pass_the_kai_es_cli_parser(home: Path, tmp_path: Path,
                                                         values: tuple[Path, ...]) -> None:
     objs = render(home, values=values)
-    # the scheduler's --scenario names the ConfigMap's mounted file: check it against a copy
-    (tmp_path / "scheduler.yaml").write_text(scheduler_config_text(objs))
-    for role, d in deployments(objs).items():
+    # --scenario names the mounted file of the pod's ConfigMap: check it against a copy
+    for cm in by_kind(objs, "ConfigMap"):
+        (tmp_path / cm["metadata"]["name"]).write_text(cm["data"]["scheduler.yaml"])
+    for d in by_kind(objs, "Deployment"):
+        role = d["metadata"]["labels"]["app.kubernetes.io/component"]
         c = container(d)
-        args = [str(tmp_path / "scheduler.yaml") if a == "/etc/kai-es/scheduler.yaml" else a for a in c["args"]]
+        (config,) = [v["configMap"]["name"] for v in d["spec"]["template"]["spec"]["volumes"] if "configMap" in v] or [""]
+        args = [str(tmp_path / config) if a == "/etc/kai-es/scheduler.yaml" else a for a in c["args"]]
         ctx = parse_cli_args(args)
         assert ctx.command.name == role
         # the address the process serves its probes on (checked when it starts) is the port
@@ -394,3 +400,210 @@ def test_the_network_policy_admits_the_http_port_only(home: Path) -> None:
     (closed,) = by_kind(render(home, sets={"http.enabled": "false"}), "NetworkPolicy")
     assert closed["spec"]["ingress"] == []  # nothing listens: nothing admitted
     assert not by_kind(render(home, sets={"networkPolicy.enabled": "false"}), "NetworkPolicy")
+
+
+# -- scheduling shards ---------------------------------------------------------------------------
+
+def shard_of(obj: dict[str, Any]) -> str | None:
+    shard = obj["metadata"]["labels"].get("kai-es.io/shard")
+    return None if shard is None else str(shard)
+
+
+def by_name(objs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in by_kind(objs, kind)}
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_shards_get_a_scheduler_and_a_binder_each_on_their_own_log_lease_and_config(home: Path) -> None:
+    """ci/shards-values.yaml: shards default ("", the unlabelled objects) and gpu (gpu-nodes).
+    Each gets <fullname>-scheduler-<shard> and <fullname>-binder-<shard>, on the same base --log
+    URL as today plus --shard, from which the kai-es CLI itself derives a log and writer ids of
+    the shard's own; a Lease of its own; the scheduler a ConfigMap of its own (the shard's config
+    merged over scheduler.config); the one informer every --shard NAME=VALUE."""
+    from kai_es.app.processes import BINDER_TXN_ID, SCHEDULER_TXN_ID  # noqa: PLC0415
+    from kai_es.cli_services import _shard_log  # noqa: PLC0415
+    from kai_es.ingest.shards import ShardMap, shard_log_url, shard_writer  # noqa: PLC0415
+
+    values = load_yaml(SHARD_VALUES)
+    objs = render(home, values=[SHARD_VALUES])
+    deps = by_name(objs, "Deployment")
+    assert sorted(deps) == ["kai-es-binder-default", "kai-es-binder-gpu", "kai-es-informer",
+                            "kai-es-scheduler-default", "kai-es-scheduler-gpu"]
+    informer = container(deps.pop("kai-es-informer"))["args"]
+    assert [a for i, a in enumerate(informer) if informer[i - 1] == "--shard"] == ["default=", "gpu=gpu-nodes"]
+    shards = ShardMap.parse([a for i, a in enumerate(informer) if informer[i - 1] == "--shard"])
+    assert [(s.name, s.value) for s in shards.shards] == [("default", ""), ("gpu", "gpu-nodes")]
+    base = flag(informer, "--log")
+    logs, writers, leases, selectors = set(), set(), set(), []
+    for name, d in deps.items():
+        role, shard = d["metadata"]["labels"]["app.kubernetes.io/component"], shard_of(d)
+        assert shard is not None and name == f"kai-es-{role}-{shard}"
+        # the shard's label on the Deployment, its selector and its pods
+        assert d["spec"]["selector"]["matchLabels"] == {
+            "app.kubernetes.io/name": "kai-es", "app.kubernetes.io/instance": "kai-es",
+            "app.kubernetes.io/component": role, "kai-es.io/shard": shard}
+        assert d["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        selectors.append(d["spec"]["selector"]["matchLabels"])
+        args = container(d)["args"]
+        assert args[:5] == [role, "--log", flag(args, "--log"), "--shard", shard]
+        url = flag(args, "--log")
+        # the chart's own per-role URL (its transactional_id), the same for every shard...
+        assert url == base.replace("kai-es-informer.", f"kai-es-{role}.")
+        assert parse_url(url).transactional_id == f"kai-es-{role}.kai-es.events"
+        # ... from which the CLI derives the shard's log and writer id
+        shard_url, writer = _shard_log(url, shard, SCHEDULER_TXN_ID if role == "scheduler" else BINDER_TXN_ID)
+        assert shard_url == shard_log_url(url, shard)
+        cfg = parse_url(shard_url)
+        topic = "kai-es.events" if shard == "default" else f"kai-es.events.{shard}"
+        assert cfg.topic == topic
+        assert cfg.transactional_id == shard_writer(f"kai-es-{role}.kai-es.events", shard)
+        assert parse_url(shard_log_url(base, shard)).topic == topic  # where the informer writes it
+        logs.add((role, cfg.topic))
+        writers.add(cfg.transactional_id)
+        lease = leader_flags(args)["--leader-elect-lease"]
+        assert lease == f"kai-es/{name}"
+        leases.add(lease)
+        # scheduler.replicas: 2 for both; binder.replicas 1, but gpu's binder has its own 2
+        assert d["spec"]["replicas"] == (1 if name == "kai-es-binder-default" else 2)
+    assert len(logs) == 4 and len(writers) == 4 and len(leases) == 4
+    assert {t for _, t in logs} == {"kai-es.events", "kai-es.events.gpu"}
+    # no Deployment selects another's pods
+    for i, a in enumerate(selectors):
+        for b in selectors[i + 1:]:
+            assert not (a.items() <= b.items() or b.items() <= a.items())
+    # per-shard resources over the role's
+    assert container(deps["kai-es-scheduler-gpu"])["resources"] == values["shards"][1]["scheduler"]["resources"]
+    assert container(deps["kai-es-scheduler-default"])["resources"] == load_yaml(CHART / "values.yaml")["scheduler"]["resources"]
+    # each scheduler mounts its own ConfigMap: the shard's config merged over scheduler.config
+    cms = by_name(objs, "ConfigMap")
+    assert sorted(cms) == ["kai-es-scheduler", "kai-es-scheduler-default", "kai-es-scheduler-gpu"]
+    for shard in ("default", "gpu"):
+        pod = deps[f"kai-es-scheduler-{shard}"]["spec"]["template"]["spec"]
+        assert {"name": "config", "configMap": {"name": f"kai-es-scheduler-{shard}"}} in pod["volumes"]
+        assert shard_of(cms[f"kai-es-scheduler-{shard}"]) == shard
+    config = {n: load_scenario_text(cm["data"]["scheduler.yaml"], n).config for n, cm in cms.items()}
+    assert config["kai-es-scheduler-default"] == config["kai-es-scheduler"] == parse_config(values["scheduler"]["config"])
+    assert config["kai-es-scheduler-gpu"] == parse_config({
+        "actions": ["allocate", "reclaim", "preempt"],
+        "placementStrategy": {"gpu": "spread", "cpu": "binpack"},
+        "minRuntime": {"preemptMinRuntime": "10m"}})
+    # the informer keeps the base ConfigMap (grouping rules, schedulerName: one for all shards)
+    inf_pod = by_name(objs, "Deployment")["kai-es-informer"]["spec"]["template"]["spec"]
+    assert {"name": "config", "configMap": {"name": "kai-es-scheduler"}} in inf_pod["volumes"]
+    # a disruption budget per Deployment with standbys: both schedulers (scheduler.replicas: 2)
+    # and gpu's binder (its own replicas: 2), each over its own pods only
+    budgets = by_name(objs, "PodDisruptionBudget")
+    assert sorted(budgets) == ["kai-es-binder-gpu", "kai-es-scheduler-default", "kai-es-scheduler-gpu"]
+    for name, pdb in budgets.items():
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": deps[name]["spec"]["selector"]}
+    # the NetworkPolicy still covers every pod
+    (policy,) = by_kind(objs, "NetworkPolicy")
+    assert all(policy["spec"]["podSelector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+               for d in by_kind(objs, "Deployment"))
+
+
+def test_shards_metrics_a_service_per_deployment_and_the_monitor_labels_targets_by_shard(home: Path) -> None:
+    objs = render(home, values=[SHARD_VALUES], sets={"metrics.serviceMonitor.enabled": "true"})
+    services = by_name(objs, "Service")
+    deps = by_name(objs, "Deployment")
+    assert sorted(services) == sorted(f"{d}-metrics" for d in deps)
+    for name, svc in services.items():
+        d = deps[name.removesuffix("-metrics")]
+        assert svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+        assert shard_of(svc) == shard_of(d)
+    (monitor,) = by_kind(objs, "ServiceMonitor")
+    assert all(monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+               for s in services.values())
+    assert monitor["spec"]["targetLabels"] == ["kai-es.io/shard"]
+    (plain,) = by_kind(render(home, sets={"metrics.serviceMonitor.enabled": "true"}), "ServiceMonitor")
+    assert "targetLabels" not in plain["spec"]
+
+
+def test_shards_with_the_file_log_live_beside_it_on_the_one_volume(home: Path) -> None:
+    from kai_es.ingest.shards import shard_log_url  # noqa: PLC0415
+
+    objs = render(home, values=[SHARD_VALUES], sets={"eventLog.file.path": "/var/lib/kai-es/events.jsonl",
+                                                     "eventLog.file.volume.hostPath.path": "/srv/kai-es"})
+    for d in by_kind(objs, "Deployment"):
+        c, pod = container(d), d["spec"]["template"]["spec"]
+        assert flag(c["args"], "--log") == "/var/lib/kai-es/events.jsonl"
+        assert {"name": "event-log", "mountPath": "/var/lib/kai-es"} in c["volumeMounts"]
+        assert {"name": "event-log", "hostPath": {"path": "/srv/kai-es"}} in pod["volumes"]
+        parse_cli_args(c["args"])
+        if (shard := shard_of(d)) is not None:
+            assert flag(c["args"], "--shard") == shard
+    assert shard_log_url("/var/lib/kai-es/events.jsonl", "gpu") == "/var/lib/kai-es/events.gpu.jsonl"
+    assert shard_log_url("/var/lib/kai-es/events.jsonl", "default") == "/var/lib/kai-es/events.jsonl"
+
+
+def test_a_shards_config_change_rolls_only_its_scheduler(home: Path) -> None:
+    a = by_name(render(home, values=[SHARD_VALUES]), "Deployment")
+    b = by_name(render(home, values=[SHARD_VALUES], sets={"shards[1].config.placementStrategy.cpu": "spread"}),
+                "Deployment")
+    assert sorted(n for n in a if a[n] != b[n]) == ["kai-es-scheduler-gpu"]
+    c = by_name(render(home, values=[SHARD_VALUES], sets={"scheduler.config.placementStrategy.cpu": "spread"}),
+                "Deployment")
+    assert sorted(n for n in a if a[n] != c[n]) == ["kai-es-scheduler-default", "kai-es-scheduler-gpu"]
+
+
+def test_no_shards_render_what_the_chart_renders_without_the_key(home: Path, tmp_path: Path) -> None:
+    """`shards: []` (the default) is the chart as it was before shards: the same bytes as a copy
+    of the chart whose values.yaml has no `shards` key, for the default and the full values."""
+    import shutil  # noqa: PLC0415
+
+    bare = tmp_path / "kai-es"
+    shutil.copytree(CHART, bare)
+    text = (bare / "values.yaml").read_text()
+    assert "\nshards: []\n" in text
+    (bare / "values.yaml").write_text(text.replace("\nshards: []\n", "\n"))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("shards: []\n")
+    for values in ([], ["-f", str(FULL_VALUES)], ["--set", "metrics.serviceMonitor.enabled=true,binder.replicas=2"]):
+        ours = helm("template", "kai-es", str(CHART), *values, home=home).stdout
+        assert helm("template", "kai-es", str(bare), *values, home=home).stdout == ours
+        assert helm("template", "kai-es", str(CHART), *values, "-f", str(empty), home=home).stdout == ours
+        assert "kai-es.io/shard" not in ours and "--shard" not in ours
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    # values.schema.json
+    ({"shards[0].name": "GPU_pool", "shards[0].partitionLabelValue": "x"}, "at '/shards/0/name'"),
+    ({"shards[0].name": "a"}, "missing property 'partitionLabelValue'"),
+    ({"shards[0].name": "a", "shards[0].partitionLabelValue": "not a value"}, "at '/shards/0/partitionLabelValue'"),
+    ({"shards[0].name": "a", "shards[0].partitionLabelValue": "x", "shards[0].config.placementStrategy.gpu": "tightly"},
+     "at '/shards/0/config/placementStrategy/gpu'"),
+    ({"shards[0].name": "a", "shards[0].partitionLabelValue": "x", "shards[0].binder.replicas": "0"},
+     "at '/shards/0/binder/replicas'"),
+    # the templates
+    ({"shards[0].name": "a", "shards[0].partitionLabelValue": "x", "shards[1].name": "a",
+      "shards[1].partitionLabelValue": "y"}, 'two shards are named "a" (shards[0] and shards[1])'),
+    ({"shards[0].name": "a", "shards[0].partitionLabelValue": "x", "shards[1].name": "b",
+      "shards[1].partitionLabelValue": "x"}, 'shards "a" and "b" both own partitionLabelValue "x"'),
+    ({"shards[0].name": "a", "shards[0].partitionLabelValue": "", "shards[1].name": "b",
+      "shards[1].partitionLabelValue": ""}, 'shards "a" and "b" both own partitionLabelValue ""'),
+    ({"shards[0].name": "a", "shards[0].partitionLabelValue": "x", "shards[0].config.schedulerName": "kai-es"},
+     'shard "a": config.schedulerName is read by the one informer'),
+    ({"shards[0].name": "a", "shards[0].partitionLabelValue": "x", "shards[0].scheduler.replicas": "2",
+      "leaderElection.enabled": "false"}, 'shard "a": scheduler.replicas is 2: more than one replica needs'),
+    ({"shards[0].name": "a" * 50, "shards[0].partitionLabelValue": "x", "metrics.service.enabled": "true"},
+     f'shard "{"a" * 50}": its metrics Service kai-es-scheduler-{"a" * 50}-metrics would be longer than 63'),
+])
+def test_wrong_shards_stop_the_render_naming_the_shard(home: Path, sets: dict[str, str], message: str) -> None:
+    args = ["template", "kai-es", str(CHART)]
+    for k, v in sets.items():
+        args += ["--set-string" if k.endswith(("partitionLabelValue", "name")) else "--set", f"{k}={v}"]
+    run = helm(*args, home=home, check=False)
+    assert run.returncode != 0 and message in run.stderr, run.stderr
+
+
+def test_the_templates_check_shard_names_and_values_even_without_the_schema(home: Path) -> None:
+    for sets, message in (("shards[0].name=GPU_pool,shards[0].partitionLabelValue=x",
+                           'shards[0]: name "GPU_pool" is not a DNS label'),
+                          ("shards[0].name=a,shards[0].partitionLabelValue=-x",
+                           'shard "a": partitionLabelValue "-x" is not a label value'),
+                          ("shards[0].name=a", 'shard "a": partitionLabelValue is required')):
+        run = helm("template", "kai-es", str(CHART), "--skip-schema-validation", "--set", sets, home=home, check=False)
+        assert run.returncode != 0 and message in run.stderr, run.stderr

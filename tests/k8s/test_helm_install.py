@@ -291,3 +291,51 @@ def test_helm_install_upgrade_uninstall_next_to_kai(k8s: K8s, tmp_path: Path) ->
     assert get("Deployment", f"{release}-scheduler")[0] == 404
     assert get("ClusterRole", release, None)[0] == 404
     assert cp.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.run.ai")[0] == 200
+
+
+def test_helm_upgrade_to_two_shards_on_the_apiserver(k8s: K8s, tmp_path: Path) -> None:
+    """`helm upgrade` of an unsharded install to ci/shards-values.yaml's two shards (with the
+    metrics Services), against the real apiserver: it accepts every object (each Deployment's
+    selector matches its pods' labels, the Service names fit), the unsharded scheduler and
+    binder are deleted, and each shard's Deployments, ConfigMap, budgets and Services are there
+    with the args `helm template` renders."""
+    from tests.k8s.helm import SHARD_VALUES  # noqa: PLC0415
+
+    cp = k8s.cp
+    ns = k8s.namespace("shards")
+    release = f"kai-es-{uuid.uuid4().hex[:8]}"
+    home = tmp_path / "helm-home"
+    common = [str(CHART), "--namespace", ns, "--kubeconfig", str(k8s.kubeconfig), "--skip-crds",
+              "--set", "reservation.createNamespace=false", "--set", "eventLog.url=kafka://kafka.data:9092/kai-es.events",
+              "--set", "metrics.service.enabled=true"]
+    helm("install", release, *common, home=home)
+
+    def get(kind: str, name: str) -> Any:
+        return cp.request("GET", object_path({"kind": kind, "metadata": {"name": name, "namespace": ns}}))
+
+    assert get("Deployment", f"{release}-scheduler")[0] == 200
+    helm("upgrade", release, *common, "-f", str(SHARD_VALUES), home=home)
+    rendered = render(home, release=release, namespace=ns, values=[SHARD_VALUES],
+                      sets={"reservation.createNamespace": "false", "eventLog.url": "kafka://kafka.data:9092/kai-es.events",
+                            "metrics.service.enabled": "true"})
+    for role in ("scheduler", "binder"):
+        assert get("Deployment", f"{release}-{role}")[0] == 404
+        assert get("Service", f"{release}-{role}-metrics")[0] == 404
+    sharded = [o for o in rendered if "kai-es.io/shard" in o["metadata"]["labels"]]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in sharded) == sorted(
+        [("Deployment", f"{release}-{r}-{s}") for r in ("scheduler", "binder") for s in ("default", "gpu")]
+        + [("Service", f"{release}-{r}-{s}-metrics") for r in ("scheduler", "binder") for s in ("default", "gpu")]
+        + [("ConfigMap", f"{release}-scheduler-{s}") for s in ("default", "gpu")]
+        + [("PodDisruptionBudget", f"{release}-scheduler-default"), ("PodDisruptionBudget", f"{release}-scheduler-gpu"),
+           ("PodDisruptionBudget", f"{release}-binder-gpu")])
+    for obj in sharded:
+        status, stored = get(obj["kind"], obj["metadata"]["name"])
+        assert status == 200, obj["metadata"]["name"]
+        assert stored["metadata"]["labels"]["kai-es.io/shard"] == obj["metadata"]["labels"]["kai-es.io/shard"]
+        if obj["kind"] == "Deployment":
+            assert container(stored)["args"] == container(obj)["args"]
+            assert stored["spec"]["selector"] == obj["spec"]["selector"]
+    informer = container(get("Deployment", f"{release}-informer")[1])["args"]
+    assert "--shard" in informer and "gpu=gpu-nodes" in informer
+    helm("uninstall", release, "--namespace", ns, "--kubeconfig", str(k8s.kubeconfig), home=home)
+    assert get("Deployment", f"{release}-scheduler-gpu")[0] == 404

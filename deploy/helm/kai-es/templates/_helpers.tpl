@@ -114,3 +114,86 @@ of interleaving their writes. Usage: include "kai-es.logUrl" (dict "root" $ "rol
 {{- printf "%s:%s" .Values.image.repository $tag -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Scheduling shards (kai_es/ingest/shards.py; KAI's SchedulingShard): each item of
+.Values.shards gets its own scheduler and binder Deployment on its own log, and the one
+informer routes every object to its shard's log. The CLI checks the same rules when a process
+starts; here a wrong list stops the render instead, naming the shard (values.schema.json checks
+the patterns too, but `--skip-schema-validation` skips it). Renders nothing. */}}
+{{- define "kai-es.checkShards" -}}
+{{- $names := dict -}}
+{{- $values := dict -}}
+{{- $m := .Values.metrics -}}
+{{- range $i, $s := .Values.shards -}}
+{{- $name := toString (required (printf "shards[%d].name is required" $i) $s.name) -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" $name) -}}
+{{- fail (printf "shards[%d]: name %q is not a DNS label (at most 63 of a-z 0-9 -, starting and ending alphanumeric): it names Deployments, a Lease and the shard's log" $i $name) -}}
+{{- end -}}
+{{- if hasKey $names $name -}}
+{{- fail (printf "shards: two shards are named %q (shards[%d] and shards[%d])" $name (index $names $name) $i) -}}
+{{- end -}}
+{{- $_ := set $names $name $i -}}
+{{- if not (hasKey $s "partitionLabelValue") -}}
+{{- fail (printf "shard %q: partitionLabelValue is required, the kai.scheduler/node-pool label value it owns (\"\" for the objects without the label)" $name) -}}
+{{- end -}}
+{{- $value := toString $s.partitionLabelValue -}}
+{{- if not (regexMatch "^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$" $value) -}}
+{{- fail (printf "shard %q: partitionLabelValue %q is not a label value (at most 63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)" $name $value) -}}
+{{- end -}}
+{{- if hasKey $values $value -}}
+{{- fail (printf "shards %q and %q both own partitionLabelValue %q: each node pool belongs to one shard" (index $values $value) $name $value) -}}
+{{- end -}}
+{{- $_ := set $values $value $name -}}
+{{- range $key := list "schedulerName" "grouping" -}}
+{{- if hasKey ($s.config | default dict) $key -}}
+{{- fail (printf "shard %q: config.%s is read by the one informer for every shard: set scheduler.config.%s instead" $name $key $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if or $m.service.enabled $m.serviceMonitor.enabled -}}
+{{- $svc := printf "%s-scheduler-%s-metrics" (include "kai-es.fullname" $) $name -}}
+{{- if gt (len $svc) 63 -}}
+{{- fail (printf "shard %q: its metrics Service %s would be longer than 63 characters (a Service name's limit): use a shorter shard name" $name $svc) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The scheduler's configuration ConfigMap: <fullname>-scheduler with scheduler.config (what
+the informer reads, and the scheduler's without shards), or with a shard (an item of
+.Values.shards) <fullname>-scheduler-<shard> with the shard's config merged over
+scheduler.config (maps key by key, anything else replaced). `kai-es scheduler --scenario FILE`
+reads spec.scheduler of a kai-es Scenario document, so the config is wrapped in one. Unknown keys
+and bad values stop the scheduler with an error naming the field.
+Usage: include "kai-es.schedulerConfigMap" (dict "root" $ "shard" $shard-or-nil) */}}
+{{- define "kai-es.schedulerConfigMap" -}}
+{{- $root := .root -}}
+{{- $config := $root.Values.scheduler.config -}}
+{{- $suffix := "" -}}
+{{- with .shard -}}
+{{- $suffix = printf "-%s" .name -}}
+{{- $config = mergeOverwrite (deepCopy ($config | default dict)) (deepCopy (.config | default dict)) -}}
+{{- end -}}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ include "kai-es.fullname" $root }}-scheduler{{ $suffix }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "kai-es.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: scheduler
+    {{- with .shard }}
+    kai-es.io/shard: {{ .name }}
+    {{- end }}
+data:
+  scheduler.yaml: |
+    apiVersion: kai-es.io/v1alpha1
+    kind: Scenario
+    metadata:
+      name: {{ include "kai-es.fullname" $root }}{{ $suffix }}
+    spec:
+      scheduler:
+        {{- with $config }}
+        {{- toYaml . | nindent 8 }}
+        {{- else }} {}
+        {{- end }}
+{{- end -}}

@@ -1,25 +1,35 @@
 {{/* One kai-es process as a Deployment of one replica. Its Kafka transactional_id (in its
 --log URL) is the same for every pod of the role: whatever overlap an update or a partitioned
 node leaves, the newest claim on the log fences the older instance, which stops with exit code 2
-and never writes again. Usage:
+and never writes again. With "shard" (an item of .Values.shards) it is that shard's
+<fullname>-<role>-<shard>, its pods labelled kai-es.io/shard, with the shard's <role>.replicas
+and <role>.resources over the role's. Usage:
   include "kai-es.deployment" (dict "root" $ "role" "binder" "args" $args
     "serviceAccount" true "serviceAccountName" "" "configChecksum" "" "volumes" list
-    "volumeMounts" list) */}}
+    "volumeMounts" list "shard" $shard) */}}
 {{- define "kai-es.deployment" -}}
 {{- $root := .root -}}
 {{- $v := index $root.Values .role -}}
+{{- $shard := .shard -}}
+{{- $own := dict -}}
+{{- with $shard }}{{ $own = index . $.role | default dict }}{{ end -}}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
-  name: {{ include "kai-es.fullname" $root }}-{{ .role }}
+  name: {{ include "kai-es.fullname" $root }}-{{ .role }}{{ with $shard }}-{{ .name }}{{ end }}
   namespace: {{ $root.Release.Namespace }}
   labels:
     {{- include "kai-es.labels" $root | nindent 4 }}
     app.kubernetes.io/component: {{ .role }}
+    {{- with $shard }}
+    kai-es.io/shard: {{ .name }}
+    {{- end }}
 spec:
-  {{- $replicas := int ($v.replicas | default 1) }}
+  {{- $replicas := int (include "kai-es.replicas" (dict "root" $root "role" .role "shard" $shard)) }}
   {{- if and (gt $replicas 1) (not $root.Values.leaderElection.enabled) }}
-  {{- fail (printf "%s.replicas is %d: more than one replica needs leaderElection.enabled (without it they would only fence each other)" .role $replicas) }}
+  {{- $key := .role }}
+  {{- with $shard }}{{ $key = printf "shard %q: %s" .name $key }}{{ end }}
+  {{- fail (printf "%s.replicas is %d: more than one replica needs leaderElection.enabled (without it they would only fence each other)" $key $replicas) }}
   {{- end }}
   replicas: {{ $replicas }}
   revisionHistoryLimit: {{ $root.Values.revisionHistoryLimit }}
@@ -39,11 +49,17 @@ spec:
     matchLabels:
       {{- include "kai-es.selectorLabels" $root | nindent 6 }}
       app.kubernetes.io/component: {{ .role }}
+      {{- with $shard }}
+      kai-es.io/shard: {{ .name }}
+      {{- end }}
   template:
     metadata:
       labels:
         {{- include "kai-es.selectorLabels" $root | nindent 8 }}
         app.kubernetes.io/component: {{ .role }}
+        {{- with $shard }}
+        kai-es.io/shard: {{ .name }}
+        {{- end }}
         {{- with $root.Values.podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -119,7 +135,7 @@ spec:
             {{- with $root.Values.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
-          {{- with $v.resources }}
+          {{- with ($own.resources | default $v.resources) }}
           resources:
             {{- toYaml . | nindent 12 }}
           {{- end }}
@@ -170,4 +186,14 @@ spec:
       affinity:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+{{- end -}}
+
+
+{{/* The replicas of a role's Deployment (of a shard's, with "shard": its <role>.replicas when
+set). Usage: include "kai-es.replicas" (dict "root" $ "role" "binder" "shard" $shard) | int */}}
+{{- define "kai-es.replicas" -}}
+{{- $v := index .root.Values .role -}}
+{{- $own := dict -}}
+{{- with .shard }}{{ $own = index . $.role | default dict }}{{ end -}}
+{{- $own.replicas | default $v.replicas | default 1 | int -}}
 {{- end -}}
