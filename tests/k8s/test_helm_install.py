@@ -24,6 +24,7 @@ import pytest
 
 from kai_es.app import open_log
 from kai_es.events import payloads as p
+from kai_es.ingest.shards import shard_log_url
 from tests.k8s.conftest import K8s, cp_mod
 from tests.k8s.helm import CHART, by_kind, container, helm, object_path, render, server_side_apply
 from tests.k8s.helpers import gpu_pod, queue, wait_for
@@ -339,3 +340,79 @@ def test_helm_upgrade_to_two_shards_on_the_apiserver(k8s: K8s, tmp_path: Path) -
     assert "--shard" in informer and "gpu=gpu-nodes" in informer
     helm("uninstall", release, "--namespace", ns, "--kubeconfig", str(k8s.kubeconfig), home=home)
     assert get("Deployment", f"{release}-scheduler-gpu")[0] == 404
+
+
+async def test_sharded_chart_processes_bind_each_pool_on_its_own_shard(
+        k8s: K8s, kafka_bootstrap: str, tmp_path: Path, procs: list[Proc],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two shards rendered by the chart, applied to the apiserver, and their five processes run
+    with exactly the rendered args (the informer and binders as the chart's ServiceAccount) on
+    the test Kafka broker: each pool's pods are bound by its own shard onto its own nodes, each
+    scheduler answers on its own port, and each shard's binds are in its own topic."""
+    cp = k8s.cp
+    tag = uuid.uuid4().hex[:8]
+    ns = k8s.namespace("kai-es")
+    release = f"kai-es-{tag}"
+    base = f"kafka://{kafka_bootstrap}/kai-es-helm-{tag}"
+    pools = {"a": f"pool-a-{tag}", "b": f"pool-b-{tag}"}
+    values = tmp_path / "shards.yaml"
+    values.write_text(json.dumps({"shards": [{"name": s, "partitionLabelValue": v} for s, v in pools.items()]}))
+    objs = render(tmp_path / "helm-home", release=release, namespace=ns, values=[values], sets={
+        "eventLog.url": base, "scheduler.period": "100ms", "binder.poll": "20ms",
+        "reservation.createNamespace": "false"})
+    for obj in objs:
+        server_side_apply(cp, obj)
+    deps = {d["metadata"]["name"]: d for d in by_kind(objs, "Deployment")}
+    assert sorted(deps) == sorted([f"{release}-informer"] + [f"{release}-{r}-{s}" for r in ("scheduler", "binder")
+                                                              for s in pools])
+    configmaps = {c["metadata"]["name"]: c for c in by_kind(objs, "ConfigMap")}
+    sa = deps[f"{release}-binder-a"]["spec"]["template"]["spec"]["serviceAccountName"]
+    scheduler_sa = deps[f"{release}-scheduler-a"]["spec"]["template"]["spec"]["serviceAccountName"]
+    kubeconfig, scheduler_kubeconfig = tmp_path / "sa.kubeconfig", tmp_path / "scheduler-sa.kubeconfig"
+    _, token = service_account_kubeconfig(cp, ns, sa, kubeconfig)
+    service_account_kubeconfig(cp, ns, scheduler_sa, scheduler_kubeconfig)
+    await wait_for(lambda: anyio.to_thread.run_sync(can_bind, cp, token, ns), "the chart's RBAC to take effect")
+
+    ports: dict[str, int] = {}
+    for name in (f"{release}-informer", *(f"{release}-{r}-{s}" for s in pools for r in ("scheduler", "binder"))):
+        role = name.removeprefix(f"{release}-")
+        monkeypatch.setenv("KUBECONFIG", str(scheduler_kubeconfig if role.startswith("scheduler") else kubeconfig))
+        ports[role] = cp_mod.free_port()
+        where = tmp_path / role
+        where.mkdir()
+        proc = Proc(role, local_args(deps[name], configmaps, where, ports[role]), tmp_path)
+        procs.append(proc)
+        proc.start()
+        proc.wait_ready(role.split("-")[0])
+    assert len(set(ports.values())) == len(ports)
+    for role, port in ports.items():
+        await wait_for(lambda: anyio.to_thread.run_sync(http_ok, port, "/readyz"), f"{role} ready on its port")
+
+    nodes = {s: {k8s.gpu_node(f"hs-{s}-{tag}-{i}", gpus=4, labels={POOL_LABEL: v})["metadata"]["name"]
+                 for i in range(2)} for s, v in pools.items()}
+    for s, v in pools.items():
+        body = queue(f"q-{s}-{tag}")
+        body["metadata"]["labels"] = {POOL_LABEL: v}
+        cp.call("POST", "/apis/scheduling.run.ai/v2/queues", body, ok=(201,))
+        for i in range(3):
+            cp.call("POST", f"/api/v1/namespaces/{ns}/pods",
+                    gpu_pod(f"{s}-{i}", ns, gpus=2, queue=f"q-{s}-{tag}", labels={POOL_LABEL: v}), ok=(201,))
+
+    async def placed() -> dict[str, str] | None:
+        got = {f"{s}-{i}": cp.call("GET", f"/api/v1/namespaces/{ns}/pods/{s}-{i}") for s in pools for i in range(3)}
+        where = {n: pod["spec"].get("nodeName") for n, pod in got.items() if pod["status"].get("phase") == "Running"}
+        return where if len(where) == len(got) else None
+
+    where = await wait_for(placed, "each shard to bind its pool's pods", timeout_s=60)
+    for name, node in where.items():
+        assert node in nodes[name.split("-")[0]], (name, node)
+    for s in pools:
+        url = shard_log_url(container(deps[f"{release}-binder-{s}"])["args"][2], s)
+        events = open_log(url, readonly=True)
+        try:
+            bound = {r.envelope.data.name async for r in events.read() if isinstance(r.envelope.data, p.PodBound)}
+        finally:
+            await events.close()
+        assert bound == {f"{s}-{i}" for i in range(3)}, (s, bound)
+    for proc in procs:
+        assert proc.alive(), proc.stderr()[-2000:]
