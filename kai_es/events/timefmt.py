@@ -33,6 +33,7 @@ def rfc3339(ns: int) -> str:
     return base + "Z"
 
 
+@functools.lru_cache(maxsize=4096)  # a pod's timestamps come back in each of its watch events
 def parse_rfc3339(text: str) -> int:
     """RFC 3339 timestamp to int ns since the epoch. Raises ValueError with the text on failure."""
     m = _RFC3339.match(text.strip())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 _SUFFIX: dict[str, Fraction] = {
     "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
@@ -79,6 +80,13 @@ def parse_quantity(value: object) -> Fraction:
         value = repr(value)
     if not isinstance(value, str):
         raise QuantityError(f"not a quantity: {value!r}")
+    return _parse_text(value)
+
+
+#: a cluster's pods repeat a few quantity texts ("100m", "1Gi") in every watch event: parsed
+#: once each (a Fraction is immutable; an error is not cached, so it is raised every time)
+@lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction:
     m = _QUANTITY.match(value.strip())
     if not m:
         raise QuantityError(f"not a quantity: {value!r}")

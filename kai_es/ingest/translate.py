@@ -11,6 +11,8 @@ bytes and milli-GPU; -1 (unlimited) stays -1.
 
 from __future__ import annotations
 
+import functools
+
 import re
 from collections.abc import Mapping
 from fractions import Fraction
@@ -63,13 +65,18 @@ Obj = Mapping[str, Any]
 
 def _get(obj: Obj, path: str, default: Any = None) -> Any:
     cur: Any = obj
-    for part in path.split("."):
-        if not isinstance(cur, Mapping):
+    for part in _parts(path):
+        if type(cur) is not dict and not isinstance(cur, Mapping):  # (a dict, nearly always: fast)
             return default
         cur = cur.get(part)
         if cur is None:
             return default
     return cur
+
+
+@functools.lru_cache(maxsize=1024)
+def _parts(path: str) -> tuple[str, ...]:
+    return tuple(path.split("."))
 
 
 def _map(obj: Obj, path: str) -> dict[str, str]:

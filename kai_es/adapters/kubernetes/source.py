@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import msgspec
 from anyio.abc import ObjectSendStream
 from kubernetes_asyncio import client
 
@@ -118,6 +119,14 @@ class ApiCallError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+
+def _json(body: bytes) -> Any:
+    """A JSON document from the apiserver. msgspec's decoder (a dependency already: the event
+    codec) builds the same dicts and lists as `json.loads` (integers of any size included) at
+    a fraction of its cost, which was a tenth of the informer's CPU in watch events; its
+    DecodeError is a ValueError, as json's is."""
+    return msgspec.json.decode(body)
 
 
 def _status_message(body: bytes) -> str:
@@ -221,7 +230,7 @@ class KubernetesSource:
                 raise Gone(_status_message(body))
             if resp.status != 200:
                 raise ApiCallError(resp.status, f"LIST {kind}: {_status_message(body)}")
-            doc = json.loads(body)
+            doc = _json(body)
             for item in doc.get("items") or ():
                 item.setdefault("kind", spec.kind)
                 item.setdefault("apiVersion", spec.api_version)
@@ -390,9 +399,9 @@ async def _json_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, A
         *lines, buf = buf.split(b"\n")
         for line in lines:
             if line.strip():
-                yield json.loads(line)
+                yield _json(line)
     if buf.strip():
-        yield json.loads(buf)
+        yield _json(buf)
 
 
 def objects_of(changes: Iterable[Change]) -> list[ObjectChange]:
