@@ -46,3 +46,17 @@ def test_huge_exponents_are_refused_without_building_the_number() -> None:
 
 def test_rounding_up_to_integers() -> None:
     assert to_milli("0.0001") == 1 and to_milli("2") == 2000 and to_units("1.5") == 2
+
+
+def test_a_cached_resource_list_never_stands_for_an_equal_but_wrong_typed_one() -> None:
+    """Resource lists are converted once each (an LRU): `true` equals 1 in Python, yet a pod
+    asking `cpu: true` is refused even after one asked `cpu: 1`."""
+    from kai_es.ingest import translate as tr
+    from tests.builders import MakePod
+
+    good, bad = MakePod("good").obj(), MakePod("bad").obj()
+    good["spec"]["containers"][0]["resources"]["requests"] = {"cpu": 1}
+    bad["spec"]["containers"][0]["resources"]["requests"] = {"cpu": True}
+    assert tr.translate(good).requests.milli_cpu == 1000  # type: ignore[attr-defined]
+    with pytest.raises(tr.IngestError, match="not a quantity: True"):
+        tr.translate(bad)

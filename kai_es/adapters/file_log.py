@@ -38,9 +38,10 @@ import fcntl
 import logging
 import mmap
 import os
+import weakref
 import zlib
 from array import array
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -115,6 +116,9 @@ class FileEventLog:
         # A read-only map of the file from byte 0, covering at least the lines indexed when it was
         # made; replaced (never closed: views handed out keep an old one alive) when it is too short.
         self._map: mmap.mmap | None = None
+        #: the file opened for appending (O_APPEND), from the first append to `close`
+        self._appender: BinaryIO | None = None
+        self._close_appender: Callable[[], object] = lambda: None
         self.recovered: TornTail | None = None
         if not self.path.exists():
             if readonly:
@@ -231,7 +235,11 @@ class FileEventLog:
             return []
         frames = frame_batch([encode(e) for e in events])
         blob = b"".join(frames)
-        with open(self.path, "ab") as f:
+        f = self._appender
+        if f is None:  # kept open between appends: opening the file each time cost a writer
+            f = self._appender = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+            self._close_appender = weakref.finalize(self, f.close)  # or when the log is dropped
+        try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             try:
                 self._refresh(locked=True)
@@ -242,6 +250,10 @@ class FileEventLog:
                     os.fsync(f.fileno())
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        except BaseException:
+            self._appender = None  # a failed append leaves nothing open: the next one starts afresh
+            self._close_appender()
+            raise
         positions = []
         dense = self._index.dense
         for fr in frames:
@@ -348,3 +360,5 @@ class FileEventLog:
 
     async def close(self) -> None:
         self._map = None  # unmapped once no view handed out refers to it
+        self._appender = None
+        self._close_appender()

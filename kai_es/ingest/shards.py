@@ -30,7 +30,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kai_es.events import payloads as p
 from kai_es.ingest.translate import NODE_POOL_LABEL
@@ -130,12 +129,12 @@ def shard_log_url(base: str, shard: str) -> str:
     check_name(shard)
     if shard == DEFAULT_SHARD:
         return base
-    if base.startswith("kafka://"):
-        parts = urlsplit(base)
-        topic = parts.path.lstrip("/") or "kai-es.events"
-        query = [(k, f"{v}.{shard}" if k == "transactional_id" else v)
-                 for k, v in parse_qsl(parts.query, keep_blank_values=True)]
-        return urlunsplit((parts.scheme, parts.netloc, f"/{topic}.{shard}", urlencode(query), ""))
+    if base.startswith("kafka://"):  # kafka://hosts[/topic][?query]: plain text, kept as written
+        rest, qmark, query = base[len("kafka://"):].partition("?")
+        hosts, _, topic = rest.partition("/")
+        params = [f"{part}.{shard}" if part.startswith("transactional_id=") else part
+                  for part in query.split("&")] if qmark else []
+        return f"kafka://{hosts}/{topic or 'kai-es.events'}.{shard}" + (f"?{'&'.join(params)}" if qmark else "")
     if base == "memory:":
         raise ShardError("memory: is one log: a shard needs a file or a Kafka topic")
     head, sep, tail = base.rpartition("/")
