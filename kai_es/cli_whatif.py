@@ -9,6 +9,7 @@ give byte-identical output, log and JSON.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -58,13 +59,25 @@ WHATIF_REPORT = ("whatif.json", "allocation.png", "waits.png")
                    "when it does not reproduce the record (a live cluster's log); recorded: compare "
                    "with the record, no re-run (half the work; right for logs kai-es simulate wrote).")
 @click.option("--output", "-o", type=click.Choice(["json", "text"]), default="text")
+@click.option("--sweep", default=None, metavar="KEY=V1,V2,...",
+              help="Re-run once per value of one --set KEY (a YAML list for values with commas: "
+                   "KEY=[[a,b],[c]]), on top of the other changes, in parallel processes, and print one "
+                   "table: the fast answer to \"which quota keeps waits under an hour?\". Writes no log "
+                   "or report (run --set KEY=V for one value's).")
+@click.option("--jobs", default=None, type=click.IntRange(min=1),
+              help="With --sweep: how many re-runs at once (default: the CPUs available).")
 @packer_option
 @friendly
 def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_file: str | None,
            out_log: str | None, report_dir: str | None, until: str | None, top: int, force: bool,
-           compare_with: str, output: str, packer: str | None) -> None:
+           compare_with: str, output: str, sweep: str | None, jobs: int | None, packer: str | None) -> None:
     """Re-run the workload recorded in LOG under changed settings; compare with the record."""
-    require_plots("whatif")
+    if sweep is None and jobs is not None:
+        raise UserError("--jobs sets how many --sweep re-runs run at once: it needs --sweep")
+    if sweep is None:
+        require_plots("whatif")
+    elif out_log is not None or report_dir is not None or force:
+        raise UserError("--sweep writes no log or report: --log, --report and --force are for one what-if")
     from kai_es.whatif.changes import ChangeError, Changes, apply_changes, parse_set, read_config, read_patch
     from kai_es.whatif.compare import compare
     from kai_es.whatif.plots import plot_allocation, plot_waits
@@ -87,6 +100,9 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
             until_ns = parse_duration(until)
         except ValueError as exc:
             raise UserError(f"--until: {exc}") from None
+    if sweep is not None:
+        _sweep(log_url, changes, sweep, until_ns, compare_with, output, jobs, packer, top)
+        return
     stem = Path(log_url.rstrip("/")).name.removesuffix(".jsonl").removesuffix(".events") or "log"
     if out_log is None or report_dir is None:
         check_out_name(stem)
@@ -158,6 +174,151 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
     _print(doc)
     console.print(f"counterfactual log: {escape(out_log)} ({len(events.records)} events; `kai-es replay` verifies it)   "
                   f"report: {escape(str(report_path))}/{{whatif.json,allocation.png,waits.png}}", highlight=False)
+
+
+def _sweep_values(text: str) -> tuple[str, list[str]]:
+    """(KEY, each value's text) of `--sweep KEY=V1,V2` or `KEY=[V1, V2]` (a YAML list)."""
+    import yaml
+
+    key, sep, values = text.partition("=")
+    if not sep or not key or not values.strip():
+        raise UserError(f"--sweep {text!r}: expected KEY=V1,V2,... (at least one value)")
+    if values.lstrip().startswith("["):
+        try:
+            items = yaml.safe_load(values)
+        except yaml.YAMLError as exc:
+            raise UserError(f"--sweep {key}: the values are not a YAML list ({exc})") from None
+        if not isinstance(items, list):
+            raise UserError(f"--sweep {key}: expected a YAML list of values, got {values!r}")
+        texts = [json.dumps(item) for item in items]
+    else:
+        texts = [v.strip() for v in values.split(",")]
+    if not texts or any(not t for t in texts):
+        raise UserError(f"--sweep {key}: an empty value in {values!r}")
+    if len(set(texts)) != len(texts):
+        raise UserError(f"--sweep {key}: a value is given twice in {values!r}")
+    return key, texts
+
+
+def _sweep(log_url: str, base: Any, sweep: str, until_ns: int | None, compare_with: str, output: str,
+           jobs: int | None, packer: str | None, top: int) -> None:
+    """`--sweep`: one counterfactual per value, `jobs` at a time in forked processes (each
+    shares the extracted workload), each compared as a single what-if compares it."""
+    import copy
+    import os
+
+    from kai_es.whatif.changes import ChangeError, apply_changes, parse_set
+    from kai_es.whatif.compare import compare
+    from kai_es.whatif.workload import extract
+
+    key, texts = _sweep_values(sweep)
+    variants = []
+    for text in texts:
+        changes = copy.deepcopy(base)
+        try:
+            parse_set(changes, f"{key}={text}")
+        except ChangeError as exc:
+            raise UserError(str(exc)) from None
+        variants.append(changes)
+    end_limit = None
+    if until_ns is not None:
+        first = next(iter(records(open_log(log_url, readonly=True))), None)
+        end_limit = first.envelope.logicaltime + until_ns if first is not None else None
+    with bulk_fold():
+        workload = extract(records(open_log(log_url, readonly=True)))
+    if workload.records == 0:
+        raise UserError(f"{log_url}: the log is empty: there is no recorded run to re-run")
+    plans = []
+    for changes in variants:
+        try:
+            changed = apply_changes(workload, changes)
+        except ChangeError as exc:
+            raise UserError(str(exc)) from None
+        configs = (config_digest(workload.config), config_digest(changed.config))
+        plans.append((changes, changed, configs, _seed(log_url, workload.start_ns, changes.described, configs[1], until_ns)))
+    engine = choose_packer(packer)
+    tasks: list[Callable[[], Any]] = [lambda: _summarize_log(log_url, end_limit)]
+    if compare_with == "auto":
+        rerun_seed = _seed(log_url, workload.start_ns, [], plans[0][2][0], until_ns)
+        tasks.append(lambda: _rerun(workload, rerun_seed, packer, until_ns))
+    for _, changed, _, seed in plans:
+        tasks.append(functools.partial(_rerun_into_memory, changed, engine, seed, until_ns))
+    results = _in_parallel(tasks, jobs or len(os.sched_getaffinity(0)))
+    recorded = results[0]
+    rerun = results[1] if compare_with == "auto" else None
+    outcomes = results[2 if compare_with == "auto" else 1:]
+    docs = [compare(recorded[0], recorded[1], cf[0], cf[1], changes=changes.described, configs=configs, top=top,
+                    rerun=rerun)
+            for (changes, _, configs, _), cf in zip(plans, outcomes, strict=True)]
+    if output == "json":
+        sys.stdout.write(json.dumps({"sweep": key, "values": texts, "whatifs": docs}, indent=1, sort_keys=True) + "\n")
+        return
+    _print_sweep(key, texts, docs)
+
+
+def _rerun_into_memory(workload: Any, engine: Any, seed: str, until_ns: int | None) -> tuple[Any, Any]:
+    from kai_es.adapters.memory_log import MemoryEventLog
+
+    return _play(workload, MemoryEventLog(), engine, seed, until_ns)
+
+
+def _in_parallel(tasks: list[Callable[[], Any]], jobs: int) -> list[Any]:
+    """Each task's result, in order, running at most `jobs` forked processes at once."""
+    results: list[Any] = [None] * len(tasks)
+    running: list[tuple[int, _Forked]] = []
+    try:
+        for i, task in enumerate(tasks):
+            if len(running) >= jobs:
+                j, job = running.pop(0)
+                results[j] = job.result()
+                job.stop()
+            running.append((i, _Forked(task)))
+        for j, job in running:
+            results[j] = job.result()
+    finally:
+        for _, job in running:
+            job.stop()
+    return results
+
+
+def _print_sweep(key: str, texts: list[str], docs: list[dict[str, Any]]) -> None:
+    parts = key.split(".")
+    queue = parts[1] if parts[0] == "queue" and len(parts) >= 3 else None
+    ref = docs[0]["comparedWith"]
+    base = docs[0]["runs"][ref]
+    label = "re-run" if ref == "rerun" else "recorded"
+    against = "a re-run of the recorded settings (the record's timing was a live cluster's)" \
+        if ref == "rerun" else "the recorded run"
+    console.print(Text(f"what-if sweep of {key} ({len(texts)} values), each compared with {against}; "
+                       "'decisions': whether it made the recorded decisions"
+                       + (f"; also: {'; '.join(docs[0]['changes'][:-1])}" if len(docs[0]["changes"]) > 1 else "")))
+    table = Table()
+    cols = [key, "decisions"]
+    if queue is not None:
+        cols += [f"{queue} wait p50", f"{queue} wait p95", f"{queue} wait max"]
+    cols += ["worst queue wait p95", "pods scheduled", "pending at end", "evictions", "GPU utilisation"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == key else "right")
+
+    def worst_p95(doc: dict[str, Any], run: str) -> str:
+        waits = [q[run]["waitP95Ns"] for q in doc["queues"].values() if q.get(run) and q[run]["waitP95Ns"] is not None]
+        return _d(max(waits)) if waits else "-"
+
+    def row(name: str, doc: dict[str, Any], run: str, decisions: str) -> list[str]:
+        r = doc["runs"][run]
+        cells = [name, decisions]
+        if queue is not None:
+            q = doc["queues"].get(queue, {}).get(run) or {}
+            cells += [_d(q.get(k)) for k in ("waitP50Ns", "waitP95Ns", "waitMaxNs")]
+        cells += [worst_p95(doc, run), str(r["podsScheduled"]), str(r["pendingAtEnd"]), str(r["evictions"]),
+                  f"{r['gpuUtilizationPermille'] / 10:.1f}%"]
+        return cells
+
+    table.add_row(*(Text(c) for c in row(f"({label})", docs[0], ref, str(base["decisions"]))))
+    for text, doc in zip(texts, docs, strict=True):
+        same = "same" if doc["identicalDecisions"] else "differ"
+        table.add_row(*(Text(c) for c in row(text, doc, "counterfactual", same)))
+    console.print(table)
 
 
 def _seed(log_url: str, start_ns: int, described: list[str], config: str, until_ns: int | None) -> str:

@@ -289,3 +289,41 @@ def test_report_fair_share_per_queue_over_time_rolls_up_parents(tmp_path: Path) 
     assert queues["org"]["pendingAtEnd"] == queues["a"]["pendingAtEnd"] + queues["b"]["pendingAtEnd"]
     s = summarize(FileEventLog(log, readonly=True).scan())
     assert s.fair_error_milli_ns > 0 and s.cycles > 0
+
+
+def test_a_sweep_runs_each_value_as_its_own_whatif_and_tabulates_them(tmp_path: Path) -> None:
+    """`--sweep queue.b.gpu.quota=0,4,8` on top of `--set queue.a.gpu.quota=0`: each value's entry
+    is exactly the document of `whatif --set` with that value, the runs are in parallel
+    processes, and the text table has a row per value with queue b's waits."""
+    log = _simulate(tmp_path, "contended", _contended())
+    sweep = _cli("whatif", str(log), "--set", "queue.a.gpu.quota=0", "--sweep", "queue.b.gpu.quota=0,4,8",
+                 "--jobs", "2", "--output", "json")
+    assert sweep.returncode == 0, sweep.stderr
+    doc = json.loads(sweep.stdout)
+    assert doc["sweep"] == "queue.b.gpu.quota" and doc["values"] == ["0", "4", "8"]
+    for value, entry in zip(doc["values"], doc["whatifs"], strict=True):
+        single, _ = _whatif(tmp_path, log, f"b{value}", "--set", "queue.a.gpu.quota=0", "--set",
+                            f"queue.b.gpu.quota={value}")
+        assert entry == single, value
+    waits = [e["queues"]["b"]["counterfactual"]["waitP95Ns"] for e in doc["whatifs"]]
+    assert waits[2] < waits[0]  # more quota for b, shorter waits in b
+    text = _cli("whatif", str(log), "--sweep", "queue.b.gpu.quota=[0, 8]")
+    assert text.returncode == 0, text.stderr
+    rows = [line for line in text.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == 3 and rows[0].startswith("│ (recorded)"), text.stdout
+    assert "b wait p95" in text.stdout.replace("\n", " ") or "b wait" in text.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--sweep", "queue.b.gpu.quota"], "expected KEY=V1,V2"),
+    (["--sweep", "queue.b.gpu.quota=1,,2"], "an empty value"),
+    (["--sweep", "queue.b.gpu.quota=1,1"], "given twice"),
+    (["--sweep", "queue.b.gpu.quota=[1"], "not a YAML list"),
+    (["--sweep", "queue.nope.gpu.quota=1,2"], "nope"),
+    (["--sweep", "queue.b.gpu.quota=1,2", "--log", "x.jsonl"], "writes no log or report"),
+    (["--jobs", "2"], "needs --sweep"),
+])
+def test_a_wrong_sweep_is_refused_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    log = _simulate(tmp_path, "contended", _contended())
+    run = _cli("whatif", str(log), *args)
+    assert run.returncode != 0 and message in run.stderr, run.stderr

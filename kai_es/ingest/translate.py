@@ -276,14 +276,13 @@ def _container_requests(c: Obj, path: str) -> dict[str, int]:
 
 def _amounts(raw: Mapping[str, Any], where: str) -> dict[str, int]:
     """A resource list (`where` names it) by resource name, in the units of `_container_requests`."""
-    try:  # (each value's type in the key: True == 1, yet `true` is no quantity)
-        key = (tuple(sorted((k, type(v), v) for k, v in raw.items())), where)
-        hash(key)
-    except TypeError:  # a value that is not a quantity text (a map, a list): the errors below
+    if not all(type(v) in _SCALARS for v in raw.values()):  # a map, a list: the errors below
         return _amounts_of(raw, where)
-    return dict(_cached_amounts(key))
+    # each value's type in the key: True == 1, yet `true` is no quantity
+    return dict(_cached_amounts((tuple(sorted((k, type(v), v) for k, v in raw.items())), where)))
 
 
+_SCALARS = (str, int, float, bool, type(None))
 #: every watch event of a pod carries its containers' resource lists again: each distinct list
 #: is converted once (an error is not cached: it is raised every time)
 @functools.lru_cache(maxsize=4096)
