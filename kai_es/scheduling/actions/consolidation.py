@@ -167,19 +167,43 @@ class Consolidation(PreemptingAction):
             self.failed_scenarios.add(scenario)
             return None
         state = self.state
-        jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
-        units = keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)
         if order.breaks_ties and len(nodes) > 1:
-            node_of = {pod.key: n for n, _, movable in nodes for pod in movable}
-            cheapest: dict[int, tuple[object, ...] | None] = {n: None for n, _, _ in nodes}
-            for key, unit in units:  # cheapest first: a node's first unit is its cheapest
-                for pod in unit.pods:
-                    at = node_of.get(pod.key)
-                    if at is not None and cheapest[at] is None:
-                        cheapest[at] = key
+            cheapest = self._cheapest_units(nodes)
             by_node = {entry[0]: entry for entry in nodes}
             nodes = [by_node[n] for n in order.order([n for n, _, _ in nodes], free_of, cheapest)[:MAX_NODES]]
+        jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
+        units = keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)
         return {n for n, _, _ in nodes}, self._units_by_node(nodes, units), scenario
+
+    def _cheapest_units(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]]
+                        ) -> dict[int, tuple[object, ...] | None]:
+        """Each node's cheapest movable unit's key in the victim order (`keyed_units`; None:
+        none offered). A unit's key starts with its job's (priority, -created, uid), so a node's
+        cheapest is among the units of the jobs first in that order that offer one with a pod
+        there: only those jobs' units are built (once each), not every job of every node —
+        when all nodes tie (a full cluster), that was the whole cluster's, at every search."""
+        state = self.state
+        built: dict[str, list[tuple[tuple[object, ...], Unit]]] = {}
+        out: dict[int, tuple[object, ...] | None] = {}
+        for n, _, movable in nodes:
+            here = {pod.key for pod in movable}
+            owners = sorted({pod.job_key for pod in movable},
+                            key=lambda k: (state.jobs[k].priority, -state.jobs[k].created_ns, state.jobs[k].uid, k))
+            best: tuple[object, ...] | None = None
+            for k in owners:
+                job = state.jobs[k]
+                if best is not None and best[:3] != (job.priority, -job.created_ns, job.uid):
+                    break  # every later job's units cost more
+                units = built.get(k)
+                if units is None:
+                    units = built[k] = keyed_units(self.session, [job], backoff=True)
+                for key, unit in units:  # cheapest first
+                    if any(pod.key in here for pod in unit.pods):
+                        if best is None or key < best:
+                            best = key
+                        break
+            out[n] = best
+        return out
 
     def _movable_on(self, node: int, job: Job) -> list[PodState]:
         """The pods on `node` a search may move: Running or Binding, of another preemptible job,
