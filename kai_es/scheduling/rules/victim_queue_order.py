@@ -137,22 +137,31 @@ class ReverseQueueOrder:
             with_victims = _drf(add(allocated, scale(victims, -1)), ZERO, node.allocatable, True)[1]
             return (*head, with_victims, *tail)
 
+        #: per node, its entry while nothing below it changed: (its key, the leaf that gives
+        #: its next victim, that leaf's victims) — only the path of the leaf that gave is
+        #: recomputed after each job, not every queue at every step
+        entries: dict[int, tuple[tuple[object, ...], str, Vector] | None] = {}
+
+        def entry(node: QueueNode) -> tuple[tuple[object, ...], str, Vector] | None:
+            if id(node) in entries:
+                return entries[id(node)]
+            head = heads.get(node.name)
+            found: tuple[str, Vector] | None
+            if head is not None:
+                found = None if head.next is None else (node.name, add(head.given, job_held(head.next.job)))
+            else:
+                found = best(children[id(node)])
+            out = None if found is None else (key(node, found[1]), found[0], found[1])
+            entries[id(node)] = out
+            return out
+
         def best(nodes: list[QueueNode]) -> tuple[str, Vector] | None:
             """The leaf that gives the next victim below `nodes` (siblings), and its victims."""
             chosen: tuple[tuple[object, ...], str, Vector] | None = None
             for node in nodes:
-                head = heads.get(node.name)
-                if head is not None:
-                    if head.next is None:
-                        continue
-                    found: tuple[str, Vector] | None = (node.name, add(head.given, job_held(head.next.job)))
-                else:
-                    found = best(children[id(node)])
-                if found is None:
-                    continue
-                k = key(node, found[1])
-                if chosen is None or chosen[0] < k:
-                    chosen = (k, found[0], found[1])
+                found = entry(node)
+                if found is not None and (chosen is None or chosen[0] < found[0]):
+                    chosen = found
             return None if chosen is None else (chosen[1], chosen[2])
 
         while True:
@@ -168,4 +177,6 @@ class ReverseQueueOrder:
                 yield unit
                 head.advance()
                 unit = head.next
+            for node in queues[found[0]].chain:
+                entries.pop(id(node), None)
             head.given = add(head.given, given)
