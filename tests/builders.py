@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import yaml
+
+from kai_es.ports import ObjectChange, Relist
+
+
+class ScriptedSource:
+    """A ClusterSource that lists `initial` and then yields `batches`, one per pump."""
+
+    def __init__(self, initial: list[ObjectChange], batches: list[list[ObjectChange | Relist]]) -> None:
+        self.initial = initial
+        self.batches = batches
+
+    async def list_objects(self) -> list[ObjectChange]:
+        return list(self.initial)
+
+    async def changes(self) -> AsyncIterator[Sequence[ObjectChange | Relist]]:
+        for batch in self.batches:
+            yield batch
 
 
 class MakeNode:

@@ -4,7 +4,6 @@ that vanished leave the folded state, and other kinds are untouched."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
 
 from kai_es.adapters.clock import SimClock
 from kai_es.adapters.ids import SeededIds
@@ -13,20 +12,9 @@ from kai_es.events import payloads as p
 from kai_es.ports import ObjectChange, Relist
 from kai_es.services.informer import InformerService
 from kai_es.state import fold
-from tests.builders import MakeNode, MakePod, queue
+from tests.builders import MakeNode, MakePod, ScriptedSource, queue
 
 
-class ScriptedSource:
-    def __init__(self, initial: list[ObjectChange], batches: list[list[ObjectChange | Relist]]) -> None:
-        self.initial = initial
-        self.batches = batches
-
-    async def list_objects(self) -> list[ObjectChange]:
-        return list(self.initial)
-
-    async def changes(self) -> AsyncIterator[Sequence[ObjectChange | Relist]]:
-        for batch in self.batches:
-            yield batch
 
 
 def _pod(name: str) -> dict[str, object]:

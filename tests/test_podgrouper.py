@@ -3,7 +3,6 @@ source's bookkeeping across relists (bare pods only: no API calls)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ from kai_es.events import payloads as p
 from kai_es.ingest import podgrouper as pg
 from kai_es.ingest import translate as tr
 from kai_es.ports import ObjectChange, Relist
-from tests.builders import MakePod
+from tests.builders import MakePod, ScriptedSource
 
 
 def pod(name: str = "p", uid: str = "u1", **labels: str) -> dict[str, Any]:
@@ -125,23 +124,13 @@ def test_another_schedulers_gpu_share_counts_as_whole_gpus() -> None:
     assert tr.unknown_devices("kai-scheduler", "n1", p.GpuRequest(fraction_milli=500), "g", []) == ""
 
 
-class Scripted:
-    def __init__(self, initial: list[ObjectChange], batches: list[list[ObjectChange | Relist]]) -> None:
-        self.initial, self.batches = initial, batches
-
-    async def list_objects(self) -> list[ObjectChange]:
-        return list(self.initial)
-
-    async def changes(self) -> AsyncIterator[Sequence[ObjectChange | Relist]]:
-        for batch in self.batches:
-            yield batch
 
 
 async def test_relists_keep_made_groups_and_drop_groups_whose_pods_vanished() -> None:
     a, b = pod("a", "ua"), pod("b", "ub")
     real = {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
             "metadata": {"name": "real", "namespace": "ns"}, "spec": {}}
-    source = PodGroupingSource(Scripted([ObjectChange("Pod", "ADDED", a), ObjectChange("Pod", "ADDED", b)], [
+    source = PodGroupingSource(ScriptedSource([ObjectChange("Pod", "ADDED", a), ObjectChange("Pod", "ADDED", b)], [
         [Relist("PodGroup", (real,))],
         [Relist("Pod", (b,))],
     ]), api=None)  # type: ignore[arg-type]  # bare pods: no owner is read
@@ -176,7 +165,7 @@ async def test_stated_devices_are_kept_and_another_schedulers_share_takes_whole_
     initial = [ObjectChange("Queue", "ADDED", queue("team-a")), ObjectChange("Node", "ADDED", MakeNode("n1").gpus(4).obj()),
                ObjectChange("Pod", "ADDED", placed), ObjectChange("Pod", "ADDED", foreign)]
     log = MemoryEventLog()
-    await InformerService(log, Scripted(initial, []), SimClock(1_000), SeededIds("t")).resync()
+    await InformerService(log, ScriptedSource(initial, []), SimClock(1_000), SeededIds("t")).resync()
     state = fold([r async for r in log.read()])
     assert state.pods["default/placed"].devices == (3,)
     used = state.nodes["n1"].device_used
@@ -190,7 +179,7 @@ async def test_the_grouping_source_says_when_a_bound_pods_devices_are_unknown(ca
     mine = MakePod("mine").gpu(2).running_on("n1").obj()
     mine["metadata"]["uid"] = "u-m"
     mine["metadata"]["annotations"]["pod-group-name"] = "g"
-    source = PodGroupingSource(Scripted([ObjectChange("Pod", "ADDED", foreign), ObjectChange("Pod", "ADDED", mine)],
+    source = PodGroupingSource(ScriptedSource([ObjectChange("Pod", "ADDED", foreign), ObjectChange("Pod", "ADDED", mine)],
                                         []), api=None)  # type: ignore[arg-type]
     with caplog.at_level("INFO", logger="kai_es.adapters.kubernetes.grouping"):
         await source.list_objects()

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from kai_es.ingest.shards import Router, ShardError, ShardMap, shard_log_url, sh
 from kai_es.ports import ObjectChange, Relist
 from kai_es.services.informer import InformerService
 from kai_es.state import ClusterState, fold
-from tests.builders import MakeNode, MakePod, podgroup, queue
+from tests.builders import MakeNode, MakePod, ScriptedSource, podgroup, queue
 
 POOL = "kai.scheduler/node-pool"
 SHARDS = ShardMap.parse(["default=", "gpu=gpu-nodes"])
@@ -44,16 +44,6 @@ class JournalLog(MemoryEventLog):
         return await super().append(events)
 
 
-class Source:
-    def __init__(self, initial: list[ObjectChange], batches: list[list[ObjectChange | Relist]]) -> None:
-        self.initial, self.batches = initial, batches
-
-    async def list_objects(self) -> list[ObjectChange]:
-        return list(self.initial)
-
-    async def changes(self) -> AsyncIterator[Sequence[ObjectChange | Relist]]:
-        for batch in self.batches:
-            yield batch
 
 
 def node(name: str, pool: str | None = None) -> dict[str, Any]:
@@ -98,7 +88,7 @@ async def run(initial: list[ObjectChange], batches: list[list[ObjectChange | Rel
               shards: ShardMap = SHARDS) -> tuple[dict[str, ClusterState], dict[str, list[p.Payload]], Journal]:
     journal = Journal()
     logs = {name: JournalLog(name, journal) for name in shards.names}
-    informer = InformerService(logs, Source(initial, batches or []), SimClock(1_000), SeededIds("t"),
+    informer = InformerService(logs, ScriptedSource(initial, batches or []), SimClock(1_000), SeededIds("t"),
                                shards=shards)
     await informer.resync()
     await informer.follow()
@@ -292,6 +282,10 @@ def histories(draw: st.DrawFn) -> list[ObjectChange | Relist]:
     return out
 
 
+def _name(obj: Any) -> str:
+    return str(obj["metadata"]["name"])
+
+
 def _live(history: list[ObjectChange | Relist]) -> dict[str, tuple[str, dict[str, Any]]]:
     """The objects that exist after `history`, by subject."""
     live: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -300,9 +294,9 @@ def _live(history: list[ObjectChange | Relist]) -> dict[str, tuple[str, dict[str
             for subject in [s for s, (kind, _) in live.items() if kind == change.kind]:
                 del live[subject]
             for obj in change.objects:
-                live[f"{change.kind.lower()}/{obj['metadata']['name']}"] = (change.kind, obj)
+                live[f"{change.kind.lower()}/{_name(obj)}"] = (change.kind, obj)
             continue
-        subject = f"{change.kind.lower()}/{change.obj['metadata']['name']}"
+        subject = f"{change.kind.lower()}/{_name(change.obj)}"
         if change.action == "DELETED":
             live.pop(subject, None)
         else:
