@@ -163,3 +163,51 @@ def test_version_1_bind_failed_decodes_as_version_2_not_final_and_keeps_its_byte
     final = _env(p.PodBindFailed(namespace="default", name="a", uid="u1", node="n", decision_id="d",
                                  message="no", final=True))
     assert final.schemaversion == 2 and decode(encode(final)).data == final.data
+
+
+def _golden_bodies() -> list[bytes]:
+    from pathlib import Path
+
+    from kai_es.adapters.file_log import FileEventLog
+
+    golden = Path(__file__).parent / "golden"
+    bodies: list[bytes] = []
+    for path in sorted(golden.glob("*.events.jsonl")) + sorted((golden / "history").glob("*.events.jsonl")):
+        bodies += [body for _, body in FileEventLog(path, readonly=True).scan_raw()]
+    return bodies
+
+
+def _outcome(data: bytes | memoryview) -> object:
+    try:
+        return decode(data)  # type: ignore[arg-type]
+    except DecodeError as exc:
+        return ("DecodeError", str(exc))
+
+
+def test_decode_by_the_tail_type_equals_the_union_decode() -> None:
+    """decode's fast path (bytes: the class read from the tail) gives what the general path
+    (a memoryview: the union's decoder) gives, on every golden record, older schema versions
+    included, and on bodies whose tail names another type, a second type, or no data."""
+    bodies = _golden_bodies()
+    assert len(bodies) > 1000
+    kinds = set()
+    for body in bodies:
+        env = decode(body)
+        kinds.add(type(env.data))
+        assert env == decode(memoryview(body))  # type: ignore[arg-type]
+        assert type(env) is type(decode(memoryview(body)))  # type: ignore[arg-type]
+    assert len(kinds) >= 8
+    bound = encode(_env(p.PodBound(namespace="d", name="a", uid="u", node="n", decision_id="x")))  # type: ignore[arg-type]
+    variants = [
+        bound.replace(b'"kai.binder.pod.bound"}', b'"kai.binder.pod.evicted"}'),  # wrong tail type
+        bound[:-1] + b',"type":"kai.binder.pod.evicted"}',  # a second type, another one
+        bound[:-1] + b',"type":"kai.binder.pod.bound"}',  # the same type twice
+        bound.replace(b'"data":{', b'"data":{"type":"kai.binder.pod.bound",'),  # a type in data
+        b'{"type":"kai.binder.pod.bound"}',
+        b'{"x":1,"type":"kai.binder.pod.bound"}',
+        bound.replace(b'"logicaltime":', b'"logicaltime":"').replace(b',"policyversion', b'","policyversion'),
+        bound.replace(b'"schemaversion":1', b'"schemaversion":7'),
+        bound.replace(b'"specversion":"1.0"', b'"specversion":"0.3"'),
+    ]
+    for body in variants:
+        assert _outcome(body) == _outcome(memoryview(body)), body
