@@ -163,3 +163,63 @@ def test_version_1_bind_failed_decodes_as_version_2_not_final_and_keeps_its_byte
     final = _env(p.PodBindFailed(namespace="default", name="a", uid="u1", node="n", decision_id="d",
                                  message="no", final=True))
     assert final.schemaversion == 2 and decode(encode(final)).data == final.data
+
+
+def _golden_bodies() -> list[bytes]:
+    from pathlib import Path
+
+    from kai_es.adapters.file_log import FileEventLog
+
+    golden = Path(__file__).parent / "golden"
+    bodies: list[bytes] = []
+    for path in sorted(golden.glob("*.events.jsonl")) + sorted((golden / "history").glob("*.events.jsonl")):
+        bodies += [body for _, body in FileEventLog(path, readonly=True).scan_raw()]
+    return bodies
+
+
+def _outcome(data: bytes) -> object:
+    try:
+        return decode(data)
+    except DecodeError as exc:
+        return ("DecodeError", str(exc))
+
+
+def _union_outcome(data: bytes, monkeypatch: pytest.MonkeyPatch) -> object:
+    """What decode gives without its fast path (the tagged union's decoder)."""
+    from kai_es.events import codec
+
+    with monkeypatch.context() as m:
+        m.setattr(codec, "_BY_SUFFIX", {})
+        return _outcome(data)
+
+
+def test_decode_by_the_tail_type_equals_the_union_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode's fast path (the class read from the tail) gives what the tagged union's decoder
+    gives, on every golden record, older schema versions included, from bytes and from a
+    memoryview, and on bodies whose tail names another type, a second type, or no data."""
+    bodies = _golden_bodies()
+    assert len(bodies) > 1000
+    kinds = set()
+    for body in bodies:
+        env = decode(body)
+        kinds.add(type(env.data))
+        union = _union_outcome(body, monkeypatch)
+        assert env == union and type(env) is type(union)
+        assert decode(memoryview(body)) == env  # type: ignore[arg-type]
+    assert len(kinds) >= 8
+    bound = encode(_env(p.PodBound(namespace="d", name="a", uid="u", node="n", decision_id="x")))  # type: ignore[arg-type]
+    variants = [
+        bound.replace(b'"kai.binder.pod.bound"}', b'"kai.binder.pod.evicted"}'),  # wrong tail type
+        bound[:-1] + b',"type":"kai.binder.pod.evicted"}',  # a second type, another one
+        bound[:-1] + b',"type":"kai.binder.pod.bound"}',  # the same type twice
+        bound.replace(b'"data":{', b'"data":{"type":"kai.binder.pod.bound",'),  # a type in data
+        b'{"type":"kai.binder.pod.bound"}',
+        b'{"x":1,"type":"kai.binder.pod.bound"}',
+        bound.replace(b'"logicaltime":', b'"logicaltime":"').replace(b',"schemaversion', b'","schemaversion'),
+        bound.replace(b'"schemaversion":1', b'"schemaversion":7'),
+        bound.replace(b'"specversion":"1.0"', b'"specversion":"0.3"'),
+    ]
+    outcomes = [_outcome(body) for body in variants]
+    assert outcomes == [_union_outcome(body, monkeypatch) for body in variants]
+    assert sum(isinstance(o, tuple) for o in outcomes) == len(variants) - 2  # refused, but for a valid
+    # PodEvicted (the first) and a repeated key of the same value (the third: msgspec keeps the last)

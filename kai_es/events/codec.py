@@ -30,6 +30,17 @@ _ENCODER: Final = msgspec.json.Encoder(order="sorted")
 _DECODER: Final = msgspec.json.Decoder(Union[tuple(ENVELOPE_CLASSES.values())])
 _DICT_DECODER: Final = msgspec.json.Decoder(dict[str, Any])
 
+#: Canonical bytes end with the envelope's type (`"type"` sorts after every other key), so
+#: `decode` can pick the class from the tail and use that class's own decoder: the union's
+#: decoder first skims the whole object, `data` included, for its tag, then decodes it (the skim
+#: is about a tenth of the instructions of a decode). The last `_SUFFIX_LEN` bytes of
+#: `,"type":"<name>"}` tell every type apart -> (that whole tail, the class's decoder).
+_SUFFIX_LEN: Final = 13
+_BY_SUFFIX: Final[dict[bytes, tuple[bytes, msgspec.json.Decoder[Envelope]]]] = {
+    f',"type":"{name}"}}'.encode()[-_SUFFIX_LEN:]: (f',"type":"{name}"}}'.encode(), msgspec.json.Decoder(cls))
+    for name, cls in ENVELOPE_CLASSES.items()}
+assert len(_BY_SUFFIX) == len(ENVELOPE_CLASSES), "_SUFFIX_LEN no longer tells the event types apart"
+
 
 def encode(envelope: Envelope) -> bytes:
     """Canonical JSON bytes of an envelope."""
@@ -48,12 +59,29 @@ def canonical(obj: object) -> bytes:
 
 def decode(data: bytes) -> Envelope:
     """Decode one canonical event. Raises DecodeError naming what is wrong."""
-    try:
-        env: Envelope = _DECODER.decode(data)
-    except msgspec.ValidationError as exc:
-        return _decode_slow(data, str(exc))
-    except msgspec.DecodeError as exc:
-        raise DecodeError(f"not a kai-es envelope: {exc}") from None
+    # The fast path: bytes that end in `,"type":"<a known name>"}` (in valid JSON, nothing but
+    # the top-level "type" can end so), decoded by that type's own decoder, which checks every
+    # field, and the tag, as the union's does; anything it refuses goes to the union's decoder,
+    # so errors and upcasts are exactly as before. A memoryview (a file log's frame) is copied
+    # first: the copy costs less than the skim (callgrind, bench log: 24.7k instructions a
+    # record against 25.6k for the union's decoder on the view), and slicing a view's tail more
+    # than it saves.
+    if type(data) is not bytes:
+        data = bytes(data)
+    env: Envelope | None = None
+    fast = _BY_SUFFIX.get(data[-_SUFFIX_LEN:])
+    if fast is not None and data.endswith(fast[0]):
+        try:
+            env = fast[1].decode(data)
+        except msgspec.MsgspecError:
+            env = None
+    if env is None:
+        try:
+            env = _DECODER.decode(data)
+        except msgspec.ValidationError as exc:
+            return _decode_slow(data, str(exc))
+        except msgspec.DecodeError as exc:
+            raise DecodeError(f"not a kai-es envelope: {exc}") from None
     if env.specversion != "1.0":
         raise DecodeError(f"unsupported CloudEvents specversion {env.specversion!r}")
     if env.schemaversion not in DIRECT_VERSIONS[type(env)]:

@@ -23,20 +23,22 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc
     `kai_es.events.factory.make_envelope`, never directly.
     """
 
-    specversion: str
-    id: str
-    source: str
-    subject: str
-    time: str
-    datacontenttype: str
-    schemaversion: int
-    logicaltime: int
+    # (in the order of their JSON keys, which canonical bytes sort: msgspec matches each key to a
+    # field by scanning on from the last one matched, so this order finds each at once)
+    basedon: int | None = None
     causationid: str | None = None
     correlationid: str | None = None
-    basedon: int | None = None
-    policyversion: str | None = None
-    statedigest: str | None = None
     data: Any
+    datacontenttype: str
+    id: str
+    logicaltime: int
+    policyversion: str | None = None
+    schemaversion: int
+    source: str
+    specversion: str
+    statedigest: str | None = None
+    subject: str
+    time: str
 
     @property
     def type(self) -> str:

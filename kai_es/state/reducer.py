@@ -118,25 +118,29 @@ def apply(state: ClusterState, record: Record) -> ClusterState:
     """Fold one record into `state` (in place) and return it. The one fold step: everything
     that folds records (fold, the scheduler service, replay, reports) goes through here."""
     env = record.envelope
-    if record.position <= state.position:
+    position = record.position
+    if position <= state.position:
         raise ValueError(
-            f"record at position {record.position} is not after the state's position {state.position}"
+            f"record at position {position} is not after the state's position {state.position}"
         )
-    state.event_ns = env.logicaltime
+    t = env.logicaltime
+    state.event_ns = t
     HANDLERS[type(env.data)](state, env)
-    if state.occupancy_changed:
+    changed = state.occupancy_changed
+    if changed:
         # whether a gang runs short is judged on the event's outcome, not on the passing counts
-        # of a pod re-seated within it (released and occupied again)
+        # of a pod re-seated within it (released and occupied again); one job (a pod's event,
+        # nearly every time) needs no sort, and track_stale does not touch the set
         jobs = state.jobs
-        for key in sorted(state.occupancy_changed):
+        for key in sorted(changed) if len(changed) > 1 else changed:
             job = jobs.get(key)
             if job is not None:
                 track_stale(state, job)
-        state.occupancy_changed.clear()
-    state.position = record.position
+        changed.clear()
+    state.position = position
     state.records += 1
-    if env.logicaltime > state.logicaltime:
-        state.logicaltime = env.logicaltime
+    if t > state.logicaltime:
+        state.logicaltime = t
     return state
 
 

@@ -81,7 +81,8 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         if spec.labels or spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity \
                 or spec.preferred_pod_anti_affinity:
             index_labels(state, pod, +1)
-    elif not same_shape or _moved_job(pod, spec):
+    elif not same_shape or ((spec.podgroup != pod.spec.podgroup or spec.namespace != pod.spec.namespace)
+                            and _moved_job(pod, spec)):  # (the check written out first: most pods stay)
         status, node, devices, groups = pod.status, pod.node, pod.devices, pod.gpu_groups
         release(state, pod)
         set_pending(state, pod, False)
