@@ -6,6 +6,7 @@ forth from each other."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -127,18 +128,30 @@ def _converges_and_never_goes_back_and_forth(text: str, reversals: int = 0) -> N
     params = {d["metadata"]["name"]: (d["spec"]["resources"]["gpu"]["quota"],
                                       d["spec"]["resources"]["gpu"]["overQuotaWeight"])
               for d in yaml.safe_load_all(text) if d and d.get("kind") == "Queue"}
-    last: dict[frozenset[str], tuple[str, str]] = {}
+    # ...unless the workload changed in between (a pod arrived or ended: the fair shares moved,
+    # and an over-quota GPU split evenly may go to the other queue; a pod recreated after an
+    # eviction is not a change of the workload)
+    first_seen: dict[str, int] = {}
+    ended: set[int] = set()
+    for e in envelopes:
+        if isinstance(e.data, p.PodObserved):
+            first_seen.setdefault(e.data.name, e.logicaltime)
+            if e.data.phase in ("Succeeded", "Failed"):
+                ended.add(e.logicaltime)
+    workload_changes = ended | {t for name, t in first_seen.items() if not re.search(r"-r\d+$", name)}
+    last: dict[frozenset[str], tuple[tuple[str, str], int]] = {}
     changes: dict[frozenset[str], int] = {}
-    for _, data in evictions:
+    for t, data in evictions:
         if data.action != "reclaim":
             continue
         way = (_reclaimer(data), data.queue)
         pair = frozenset(way)
         if params[way[0]] != params[way[1]]:
             continue
-        if pair in last and last[pair] != way:
+        if pair in last and last[pair][0] != way \
+                and not any(last[pair][1] < at <= t for at in workload_changes):
             changes[pair] = changes.get(pair, 0) + 1
-        last[pair] = way
+        last[pair] = (way, t)
     assert all(n <= reversals for n in changes.values()), changes
     # every eviction is for a preemptor the same cycle places, and no pod is placed twice in it
     placed: dict[int | None, list[str]] = {}
