@@ -10,11 +10,14 @@ every shard; `Router` (pure, deterministic: the same inputs in the same order gi
 outputs) tells it where each observation goes:
 
 - Node, Queue, PodGroup: to the shard of their own label; no shard serves it: nowhere (`dropped`).
-- Pod bound to a node (`spec.nodeName`): to that node's shard, whoever scheduled it (it occupies
-  the node); not bound: kai-es's pods go to their PodGroup's shard (KAI: the PodGroup carries the
-  label, the top owner's else the pod's), or by their own label while the PodGroup is not yet
-  routed; other schedulers' pending pods go nowhere. A pod of ours whose node pool no shard serves
-  is rejected (`Rejected`), named with its pool, into the `home` shard.
+- Pod bound to an observed node (`spec.nodeName`): to that node's shard, whoever scheduled it (it
+  occupies the node). Otherwise (not bound, or bound to a node not or no longer observed):
+  kai-es's pods go to their PodGroup's shard once the PodGroup is observed (KAI: the PodGroup
+  carries the label, the top owner's else the pod's), before that by their own label; other
+  schedulers' pods go nowhere. An unbound pod of ours whose node pool no shard serves is
+  rejected (`Rejected`), named with its pool, into the `home` shard. Where a pod goes depends
+  only on the pod and the objects observed now, never on where it went before, so an informer
+  started afresh routes everything as a long-running one does.
 - PriorityClass, Topology, Namespace, ConfigMap, PersistentVolume(Claim): to every shard.
 - A removal goes where its object is. When an object's shard changes (a node or queue
   relabelled, a pod bound), it is removed from the old shard's log first, then added to the new
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kai_es.events import payloads as p
-from kai_es.ingest.translate import NODE_POOL_LABEL
+from kai_es.ingest.translate import NODE_POOL_LABEL, subject_of
 
 #: the shard whose log is the base log itself (`shard_log_url`): KAI's default shard's name
 DEFAULT_SHARD = "default"
@@ -185,8 +188,6 @@ def _removal(payload: p.Payload) -> p.Payload:
 
 
 def _subject(payload: p.Payload) -> str:
-    from kai_es.ingest.translate import subject_of  # noqa: PLC0415 - one definition of subjects
-
     return subject_of(payload)
 
 
