@@ -24,8 +24,7 @@ from kai_es.ports import ObjectChange, Relist
 from kai_es.oneshot import one_cycle
 from kai_es.scenario import ScenarioError, load_scenario
 from kai_es.scheduling.packing import load_packer
-from tests.builders import MakePod
-from tests.test_podgrouper import Scripted
+from tests.builders import MakePod, ScriptedSource
 
 
 def pod(name: str = "w-0", uid: str = "u0", group: str | None = "train-pg", **labels: str) -> dict[str, Any]:
@@ -287,7 +286,7 @@ def test_the_rule_is_not_applied_without_the_field() -> None:
     assert copy.deepcopy(g.podgroup) == g.podgroup
 
 
-class Watching(Scripted):
+class Watching(ScriptedSource):
     """An inner source that lists and watches the Workload API's PodGroups too."""
 
     kinds: tuple[str, ...] = ("PodGroup", "WorkloadPodGroup", "Pod")
