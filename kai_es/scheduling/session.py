@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.config import SchedulerConfig
     from kai_es.scheduling.rules import Rules
     from kai_es.scheduling.topology import TopologyPlacer
+    from kai_es.scheduling.victims import SharedBuckets
 
 Candidate = tuple["QueueNode", Job, list[PodState], Vector]
 
@@ -181,6 +182,8 @@ class Session:
         self.counts_evictions = self.keeps_core
         self.cores: dict[str, Vector] = {}
         self._placed_use: dict[str, Vector] = {}
+        #: what the cycle's actions share (`victims.SharedBuckets`), built by the first that needs it
+        self.shared_buckets: SharedBuckets | None = None
         self._build_queues()
 
     # -- setup ------------------------------------------------------------------------------

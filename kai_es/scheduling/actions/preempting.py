@@ -49,7 +49,7 @@ from kai_es.scheduling.victims import (
     MAX_VICTIM_PODS,
     RoomBound,
     Unit,
-    keyed_units,
+    shared,
     room,
     search,
     units_of,
@@ -117,7 +117,7 @@ class PreemptingAction:
             queue, priority = bucket
             jobs = self.state.jobs
             members = [jobs[k] for k in sorted(self.state.victim_jobs.get(queue, {}).get(priority, ()))]
-            found = self._bucket_units[bucket] = keyed_units(self.session, members, backoff=True)
+            found = self._bucket_units[bucket] = shared(self.session).units(self.session, bucket, members)
         return found
 
     def _merged(self, buckets: tuple[tuple[str, int], ...], for_leaf: QueueNode | None = None
