@@ -82,7 +82,6 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
     from kai_es.whatif.compare import compare
     from kai_es.whatif.plots import plot_allocation, plot_waits
     from kai_es.whatif.recording_log import RecordingFileLog
-    from kai_es.whatif.workload import extract
 
     changes = Changes()
     try:
@@ -121,17 +120,11 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
 
     # the recorded run's summary is folded in a forked process while this one extracts the
     # workload and runs the counterfactual (two passes over the log, on two cores)
-    end_limit = None
-    if until_ns is not None:
-        first = next(iter(records(open_log(log_url, readonly=True))), None)
-        end_limit = first.envelope.logicaltime + until_ns if first is not None else None
+    end_limit = _end_limit(log_url, until_ns)
     recorded_job = _Forked(lambda: _summarize_log(log_url, end_limit))
     rerun_job: _Forked | None = None
     try:
-        with bulk_fold():
-            workload = extract(records(open_log(log_url, readonly=True)))
-        if workload.records == 0:
-            raise UserError(f"{log_url}: the log is empty: there is no recorded run to re-run")
+        workload = _workload(log_url)
         try:
             changed = apply_changes(workload, changes)
         except ChangeError as exc:
@@ -209,7 +202,6 @@ def _sweep(log_url: str, base: Any, sweep: str, until_ns: int | None, compare_wi
 
     from kai_es.whatif.changes import ChangeError, apply_changes, parse_set
     from kai_es.whatif.compare import compare
-    from kai_es.whatif.workload import extract
 
     key, texts = _sweep_values(sweep)
     variants = []
@@ -220,14 +212,8 @@ def _sweep(log_url: str, base: Any, sweep: str, until_ns: int | None, compare_wi
         except ChangeError as exc:
             raise UserError(str(exc)) from None
         variants.append(changes)
-    end_limit = None
-    if until_ns is not None:
-        first = next(iter(records(open_log(log_url, readonly=True))), None)
-        end_limit = first.envelope.logicaltime + until_ns if first is not None else None
-    with bulk_fold():
-        workload = extract(records(open_log(log_url, readonly=True)))
-    if workload.records == 0:
-        raise UserError(f"{log_url}: the log is empty: there is no recorded run to re-run")
+    end_limit = _end_limit(log_url, until_ns)
+    workload = _workload(log_url)
     plans = []
     for changes in variants:
         try:
@@ -236,13 +222,13 @@ def _sweep(log_url: str, base: Any, sweep: str, until_ns: int | None, compare_wi
             raise UserError(str(exc)) from None
         configs = (config_digest(workload.config), config_digest(changed.config))
         plans.append((changes, changed, configs, _seed(log_url, workload.start_ns, changes.described, configs[1], until_ns)))
-    engine = choose_packer(packer)
+    choose_packer(packer)  # an unusable --packer is said here, not by a worker
     tasks: list[Callable[[], Any]] = [lambda: _summarize_log(log_url, end_limit)]
     if compare_with == "auto":
         rerun_seed = _seed(log_url, workload.start_ns, [], plans[0][2][0], until_ns)
         tasks.append(lambda: _rerun(workload, rerun_seed, packer, until_ns))
     for _, changed, _, seed in plans:
-        tasks.append(functools.partial(_rerun_into_memory, changed, engine, seed, until_ns))
+        tasks.append(functools.partial(_rerun, changed, seed, packer, until_ns))
     results = _in_parallel(tasks, jobs or len(os.sched_getaffinity(0)))
     recorded = results[0]
     rerun = results[1] if compare_with == "auto" else None
@@ -254,12 +240,6 @@ def _sweep(log_url: str, base: Any, sweep: str, until_ns: int | None, compare_wi
         sys.stdout.write(json.dumps({"sweep": key, "values": texts, "whatifs": docs}, indent=1, sort_keys=True) + "\n")
         return
     _print_sweep(key, texts, docs)
-
-
-def _rerun_into_memory(workload: Any, engine: Any, seed: str, until_ns: int | None) -> tuple[Any, Any]:
-    from kai_es.adapters.memory_log import MemoryEventLog
-
-    return _play(workload, MemoryEventLog(), engine, seed, until_ns)
 
 
 def _in_parallel(tasks: list[Callable[[], Any]], jobs: int) -> list[Any]:
@@ -319,6 +299,26 @@ def _print_sweep(key: str, texts: list[str], docs: list[dict[str, Any]]) -> None
         same = "same" if doc["identicalDecisions"] else "differ"
         table.add_row(*(Text(c) for c in row(text, doc, "counterfactual", same)))
     console.print(table)
+
+
+def _end_limit(log_url: str, until_ns: int | None) -> int | None:
+    """The logical time `--until` ends the comparison at: the log's first record's plus it."""
+    if until_ns is None:
+        return None
+    first = next(iter(records(open_log(log_url, readonly=True))), None)
+    return first.envelope.logicaltime + until_ns if first is not None else None
+
+
+def _workload(log_url: str) -> Any:
+    """The workload recorded in the log (`kai_es.whatif.workload.extract`); a UserError when
+    the log is empty."""
+    from kai_es.whatif.workload import extract
+
+    with bulk_fold():
+        workload = extract(records(open_log(log_url, readonly=True)))
+    if workload.records == 0:
+        raise UserError(f"{log_url}: the log is empty: there is no recorded run to re-run")
+    return workload
 
 
 def _seed(log_url: str, start_ns: int, described: list[str], config: str, until_ns: int | None) -> str:

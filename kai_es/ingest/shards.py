@@ -9,7 +9,7 @@ replay, explain and what-if work on it unchanged. The informer is the only proce
 every shard; `Router` (pure, deterministic: the same inputs in the same order give the same
 outputs) tells it where each observation goes:
 
-- Node, Queue, PodGroup: to the shard of their own label; no shard serves it: nowhere (`dropped`).
+- Node, Queue, PodGroup: to the shard of their own label; no shard serves it: nowhere.
 - Pod bound to an observed node (`spec.nodeName`): to that node's shard, whoever scheduled it (it
   occupies the node). Otherwise (not bound, or bound to a node not or no longer observed):
   kai-es's pods go to their PodGroup's shard once the PodGroup is observed (KAI: the PodGroup
@@ -173,7 +173,10 @@ class Route:
     rejected: Rejected | None = None
 
 
-_MOVABLE = (p.NodeObserved, p.QueueObserved, p.PodGroupObserved, p.PodObserved)
+#: the kinds whose objects belong to one shard, by Kubernetes kind (the others go to every shard)
+PARTITIONED: dict[str, type[p.Payload]] = {"Node": p.NodeObserved, "Queue": p.QueueObserved,
+                                           "PodGroup": p.PodGroupObserved, "Pod": p.PodObserved}
+_MOVABLE = tuple(PARTITIONED.values())
 
 
 def _removal(payload: p.Payload) -> p.Payload:
@@ -205,7 +208,6 @@ class Router:
         self._pod_links: dict[str, tuple[str, tuple[str, str]]] = {}
         #: the node-pool label of each Queue and PodGroup routed (their payloads do not carry it)
         self._group_pools: dict[str, str] = {}
-        self.dropped = 0
 
     # -- where things belong ---------------------------------------------------------------------
 
@@ -270,7 +272,6 @@ class Router:
         self.last[subject] = payload
         if target is None:
             self.where.pop(subject, None)
-            self.dropped += 1
         else:
             self.where[subject] = target
         leads = not isinstance(payload, p.PodObserved) and (first or old != target)

@@ -72,6 +72,12 @@ def units_of(session: Session, jobs: Sequence[Job]) -> list[Unit]:
     return [unit for _, unit in keyed_units(session, jobs)]
 
 
+def job_order(job: Job) -> tuple[int, int, str]:
+    """Where a job's units stand in the victim order, before its own pods' order: lower
+    priority, then newer, then uid (every unit key starts with it)."""
+    return (job.priority, -job.created_ns, job.uid)
+
+
 def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
                 ) -> list[tuple[tuple[object, ...], Unit]]:
     """`units_of` with each unit's order key (units of any jobs merge cheapest first by it).
@@ -94,7 +100,7 @@ def keyed_units(session: Session, jobs: Iterable[Job], backoff: bool = False
                            for pod in pods):
             continue
         newest_first = order(running)  # the version's victim order: the first to go first
-        base = (job.priority, -job.created_ns, job.uid)
+        base = job_order(job)
         # kai-es/v8 on: without the pods this Plan evicted already (an earlier action's victims),
         # so its surplus is not offered twice
         held = session.occupying_on_plan(job)

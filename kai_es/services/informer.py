@@ -27,16 +27,13 @@ from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from kai_es.ingest import translate as tr
 from kai_es.ingest.names import SCHEDULER_NAME
-from kai_es.ingest.shards import Route, Router, ShardMap
+from kai_es.ingest.shards import PARTITIONED, Route, Router, ShardMap
 from kai_es.ports import Clock, ClusterSource, EventLog, IdFactory, ObjectChange, Relist
 
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/informer"
 KINDS = ("PriorityClass", "Queue", "Topology", "Namespace", "ConfigMap", "PersistentVolume",
          "PersistentVolumeClaim", "Node", "PodGroup", "Pod")
-#: the kinds whose objects belong to one shard (the others go to every shard)
-_PARTITIONED: dict[str, type[p.Payload]] = {"Node": p.NodeObserved, "Queue": p.QueueObserved, "PodGroup": p.PodGroupObserved,
-                "Pod": p.PodObserved}
 
 
 def _subject(payload: p.Payload) -> str:
@@ -87,14 +84,7 @@ class InformerService:
                 return self._envelope(payload, subject)
             payload = tr.translate(obj, ours=self.ours)
         except tr.IngestError as exc:
-            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-            assert isinstance(meta, dict)
-            self.rejected += 1
-            log.warning("rejected %s %s/%s: %s", change.kind, meta.get("namespace", ""),
-                        meta.get("name", ""), exc)
-            rejected = p.ObjectRejected(kind=change.kind, namespace=str(meta.get("namespace", "") or ""),
-                                        name=str(meta.get("name", "") or ""), path=exc.path,
-                                        reason=exc.message)
+            rejected = self._rejected(change, exc)
             return self._envelope(rejected, _subject(rejected))
         subject = tr.subject_of(payload)
         if self._last.get(subject) == payload:
@@ -102,6 +92,16 @@ class InformerService:
             return None
         self._last[subject] = payload
         return self._envelope(payload, subject)
+
+    def _rejected(self, change: ObjectChange, exc: tr.IngestError) -> p.ObjectRejected:
+        """The ObjectRejected of a change that could not be translated (counted and logged)."""
+        meta = change.obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        namespace, name = str(meta.get("namespace", "") or ""), str(meta.get("name", "") or "")
+        self.rejected += 1
+        log.warning("rejected %s %s/%s: %s", change.kind, namespace, name, exc)
+        return p.ObjectRejected(kind=change.kind, namespace=namespace, name=name, path=exc.path,
+                                reason=exc.message)
 
     def _relist(self, kind: str, changes: Sequence[ObjectChange]) -> list[Envelope]:
         """ResyncStarted(kind), an event per object (never dropped as unchanged), ResyncCompleted."""
@@ -194,7 +194,7 @@ class InformerService:
                     if subject:
                         seen.add(subject)
                     await send(route)
-                kind = _PARTITIONED.get(change.kind)
+                kind = PARTITIONED.get(change.kind)
                 if kind is not None:
                     router.prune(kind, seen)
                 for name in router.shards.names:
@@ -217,16 +217,10 @@ class InformerService:
                 return router.route(tr.removal(obj)), ""
             payload = tr.translate(obj, ours=self.ours)
         except tr.IngestError as exc:
-            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-            assert isinstance(meta, dict)
-            self.rejected += 1
-            namespace, name = str(meta.get("namespace", "") or ""), str(meta.get("name", "") or "")
-            log.warning("rejected %s %s/%s: %s", change.kind, namespace, name, exc)
-            rejected = p.ObjectRejected(kind=change.kind, namespace=namespace, name=name, path=exc.path,
-                                        reason=exc.message)
-            subject = f"{change.kind.lower()}/{namespace}/{name}" if namespace else f"{change.kind.lower()}/{name}"
-            route = Route(sends=[(router.shard_of_subject(subject), rejected)])
-            return route, ""
+            rejected = self._rejected(change, exc)
+            kind, ns = change.kind.lower(), rejected.namespace
+            subject = f"{kind}/{ns}/{rejected.name}" if ns else f"{kind}/{rejected.name}"
+            return Route(sends=[(router.shard_of_subject(subject), rejected)]), ""
         meta = obj.get("metadata")
         raw = meta.get("labels") if isinstance(meta, Mapping) else None
         labels = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}

@@ -48,7 +48,7 @@ from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Eviction
 from kai_es.scheduling.rules.replacement import relocate
 from kai_es.scheduling.session import QueueNode, Session, format_quantity
-from kai_es.scheduling.victims import Unit, free_capacity, keyed_units, room
+from kai_es.scheduling.victims import Unit, free_capacity, job_order, keyed_units, room
 from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
 
@@ -178,7 +178,7 @@ class Consolidation(PreemptingAction):
     def _cheapest_units(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]]
                         ) -> dict[int, tuple[object, ...] | None]:
         """Each node's cheapest movable unit's key in the victim order (`keyed_units`; None:
-        none offered). A unit's key starts with its job's (priority, -created, uid), so a node's
+        none offered). A unit's key starts with its job's `job_order`, so a node's
         cheapest is among the units of the jobs first in that order that offer one with a pod
         there: only those jobs' units are built (once each), not every job of every node —
         when all nodes tie (a full cluster), that was the whole cluster's, at every search."""
@@ -187,12 +187,11 @@ class Consolidation(PreemptingAction):
         out: dict[int, tuple[object, ...] | None] = {}
         for n, _, movable in nodes:
             here = {pod.key for pod in movable}
-            owners = sorted({pod.job_key for pod in movable},
-                            key=lambda k: (state.jobs[k].priority, -state.jobs[k].created_ns, state.jobs[k].uid, k))
+            owners = sorted({pod.job_key for pod in movable}, key=lambda k: (job_order(state.jobs[k]), k))
             best: tuple[object, ...] | None = None
             for k in owners:
                 job = state.jobs[k]
-                if best is not None and best[:3] != (job.priority, -job.created_ns, job.uid):
+                if best is not None and best[:3] != job_order(job):
                     break  # every later job's units cost more
                 units = built.get(k)
                 if units is None:
