@@ -45,7 +45,7 @@ from kai_es.scheduling.fairshare import RESOURCES, pod_request
 from kai_es.scheduling.framework import ActionResult
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
-from kai_es.scheduling.plan import Eviction
+from kai_es.scheduling.plan import Announced, Eviction
 from kai_es.scheduling.rules.replacement import relocate
 from kai_es.scheduling.session import QueueNode, Session, format_quantity
 from kai_es.scheduling.victims import Unit, free_capacity, job_order, keyed_units, room
@@ -70,13 +70,20 @@ class Consolidation(PreemptingAction):
         self.moved_jobs: set[str] = set()
         #: the cluster's free capacity (`free_capacity`) when the Plan had this many operations
         self._free_at, self._free = -1, (0, 0, 0)
+        #: what the searches of this action know of each node (made by `run`)
+        self._views: NodeViews | None = None
 
     def run(self) -> ActionResult:
         config = self.session.config
         if config is None or self.budget == 0 or "spread" in (
                 config.placement_strategy.gpu, config.placement_strategy.cpu):
             return self.result
-        return super().run()
+        self._views = NodeViews(self)
+        try:
+            return super().run()
+        finally:
+            self._views.close()
+            self._views = None
 
     def preemptors(self, waiting: list[str] | None = None) -> list[tuple[QueueNode, Job]]:
         """Reclaim's and preempt's, without the non-preemptible jobs and the jobs of which every
@@ -147,9 +154,10 @@ class Consolidation(PreemptingAction):
         tasks = [shape for shape, _ in shapes]
         masks = [mask for _, mask in shapes]
         table = plan.future
-        start, free = table.gpu_start, table.dev_free_milli
+        start = table.gpu_start
+        views = self._views if self._views is not None else NodeViews(self)
         eligible = [n for n in range(len(plan.names)) if any(mask[n] for mask in masks)]
-        free_of = {n: sum(free[start[n]:start[n + 1]]) for n in eligible}
+        free_of = views.free_gpu(eligible)
         order = self.session.rules.consolidation_nodes
         nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]] = []
         specs = plan.nodes
@@ -160,63 +168,20 @@ class Consolidation(PreemptingAction):
             if not any(t.whole_gpus <= size and t.milli_cpu <= spec.milli_cpu and t.memory_bytes <= spec.memory_bytes
                        for t in tasks):
                 continue  # too small for any task, whatever moves
-            movable = self._movable_on(n, job)
-            if movable and _could_fit(table, n, shapes, movable):
-                nodes.append((n, _short_of(table, n, tasks), movable))
+            movable, freed = views.movable(n, job)
+            if movable and views.could_fit(n, shapes, movable, freed):
+                nodes.append((n, views.short_of(n, tasks), movable))
         if not nodes:
             self.failed_scenarios.add(scenario)
             return None
         state = self.state
         if order.breaks_ties and len(nodes) > 1:
-            cheapest = self._cheapest_units(nodes)
+            cheapest = views.cheapest(nodes)
             by_node = {entry[0]: entry for entry in nodes}
             nodes = [by_node[n] for n in order.order([n for n, _, _ in nodes], free_of, cheapest)[:MAX_NODES]]
         jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
         units = keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)
         return {n for n, _, _ in nodes}, self._units_by_node(nodes, units), scenario
-
-    def _cheapest_units(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]]
-                        ) -> dict[int, tuple[object, ...] | None]:
-        """Each node's cheapest movable unit's key in the victim order (`keyed_units`; None:
-        none offered). A unit's key starts with its job's `job_order`, so a node's
-        cheapest is among the units of the jobs first in that order that offer one with a pod
-        there: only those jobs' units are built (once each), not every job of every node —
-        when all nodes tie (a full cluster), that was the whole cluster's, at every search."""
-        state = self.state
-        built: dict[str, list[tuple[tuple[object, ...], Unit]]] = {}
-        out: dict[int, tuple[object, ...] | None] = {}
-        for n, _, movable in nodes:
-            here = {pod.key for pod in movable}
-            owners = sorted({pod.job_key for pod in movable}, key=lambda k: (job_order(state.jobs[k]), k))
-            best: tuple[object, ...] | None = None
-            for k in owners:
-                job = state.jobs[k]
-                if best is not None and best[:3] != job_order(job):
-                    break  # every later job's units cost more
-                units = built.get(k)
-                if units is None:
-                    units = built[k] = keyed_units(self.session, [job], backoff=True)
-                for key, unit in units:  # cheapest first
-                    if any(pod.key in here for pod in unit.pods):
-                        if best is None or key < best:
-                            best = key
-                        break
-            out[n] = best
-        return out
-
-    def _movable_on(self, node: int, job: Job) -> list[PodState]:
-        """The pods on `node` a search may move: Running or Binding, of another preemptible job,
-        not evicted by this Plan."""
-        state, evicted = self.state, self.plan.evicted_pods
-        out = []
-        for key in sorted(self.plan.nodes[node].pods):
-            pod = state.pods.get(key)
-            if pod is None or pod.status not in ("Running", "Binding") or key in evicted:
-                continue
-            owner = state.jobs.get(pod.job_key)
-            if owner is not None and owner.preemptible and owner.key != job.key:
-                out.append(pod)
-        return out
 
     def _units_by_node(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]],
                        units: list[tuple[tuple[object, ...], Unit]]) -> Iterator[Unit]:
@@ -321,16 +286,168 @@ def _frees(pod: PodState, short: tuple[bool, bool, bool]) -> bool:
         (short[2] and requests.memory_bytes > 0)
 
 
-def _could_fit(table: ArrayPackTable, node: int, shapes: list[tuple[TaskShape, array[int]]],
-               movable: list[PodState]) -> bool:
-    """Whether one of the tasks (its shape, its eligible nodes) could fit `node` with all of
-    `movable` gone: the shared per-node room check (`victims.room`) with their CPU, memory, pod
-    slots and device shares freed."""
-    base = table.gpu_start[node]
-    freed: dict[int, int] = {}
-    for pod in movable:
-        for d in pod.devices:
-            freed[base + d] = freed.get(base + d, 0) + pod.device_milli
-    cpu = sum(pod.spec.requests.milli_cpu for pod in movable)
-    mem = sum(pod.spec.requests.memory_bytes for pod in movable)
-    return any(mask[node] and room(table, node, shape, cpu, mem, len(movable), freed) for shape, mask in shapes)
+#: what a node's movable pods free, summed: (CPU, memory, their number, device -> share freed)
+Freed = tuple[int, int, int, dict[int, int]]
+
+
+class NodeViews:
+    """What consolidation's searches of one cycle derive from each node, kept across them (a
+    Plan listener): the pods there a search may move with what they free (`movable`), whether a
+    task could fit with them gone (`could_fit`), what it lacks (`short_of`) and the key of the
+    cheapest unit on offer there (`cheapest`). Every answer is what computing it
+    afresh gives: one is kept while no Plan operation (or rollback) touched its node nor, for
+    the cheapest unit, a pod of the jobs it was derived from. When every node ties on free GPU
+    capacity (a full cluster, one idle device each), each of the cycle's searches looked at
+    every node again; now only those an earlier search changed."""
+
+    def __init__(self, action: Consolidation) -> None:
+        self.session, self.state, self.plan = action.session, action.state, action.plan
+        self.seq = 0
+        #: node index / job key -> the number of the last Plan operation on it (or one of its pods)
+        self.node_seq: dict[int, int] = {}
+        self.job_seq: dict[str, int] = {}
+        self._free: dict[int, tuple[int, int]] = {}
+        self._movable: dict[int, tuple[int, list[PodState], Freed]] = {}
+        self._cheapest: dict[int, tuple[int, tuple[str, ...], tuple[object, ...] | None]] = {}
+        self._units: dict[str, tuple[int, list[tuple[tuple[object, ...], Unit]]]] = {}
+        self._room: dict[tuple[int, TaskShape], tuple[int, bool]] = {}
+        self._short: dict[tuple[int, tuple[TaskShape, ...]], tuple[int, tuple[bool, bool, bool]]] = {}
+        self.plan.listeners.append(self)
+
+    def on_operation(self, op: Announced, sign: int) -> None:
+        self.seq += 1
+        self.node_seq[op.node] = self.seq
+        pod = self.state.pods.get(op.pod_key)
+        if pod is not None:
+            self.job_seq[pod.job_key] = self.seq
+
+    def close(self) -> None:
+        if self in self.plan.listeners:
+            self.plan.listeners.remove(self)
+
+    def _fresh(self, node: int, at: int) -> bool:
+        return self.node_seq.get(node, 0) <= at
+
+    def free_gpu(self, nodes: list[int]) -> dict[int, int]:
+        """Each node's free GPU capacity once released (milli-GPU, the Plan's `future` table)."""
+        table = self.plan.future
+        start, free = table.gpu_start, table.dev_free_milli
+        known, seq, out = self._free, self.seq, {}
+        for n in nodes:
+            found = known.get(n)
+            if found is None or not self._fresh(n, found[0]):
+                found = known[n] = (seq, sum(free[start[n]:start[n + 1]]))
+            out[n] = found[1]
+        return out
+
+    def movable(self, node: int, job: Job) -> tuple[list[PodState], Freed]:
+        """The pods on `node` a search for `job` may move — Running or Binding, of another
+        preemptible job, not evicted by this Plan, by key — and what they free."""
+        found = self._movable.get(node)
+        if found is None or not self._fresh(node, found[0]):
+            pods = self._movable_on(node)
+            found = self._movable[node] = (self.seq, pods, self._freed(node, pods))
+        _, pods, freed = found
+        if job.occupying and any(pod.job_key == job.key for pod in pods):
+            pods = [pod for pod in pods if pod.job_key != job.key]  # its own pods never move for it
+            return pods, self._freed(node, pods)
+        return pods, freed
+
+    def could_fit(self, node: int, shapes: list[tuple[TaskShape, array[int]]], movable: list[PodState],
+                  freed: Freed) -> bool:
+        """Whether one of the tasks (its shape, its eligible nodes) could fit `node` with
+        `movable` gone (`freed`: what they free): the shared per-node room check (`victims.room`)."""
+        table, cpu, mem, count, devices = self.plan.future, *freed
+        whole = self._movable[node][1] is movable
+        for shape, mask in shapes:
+            if not mask[node]:
+                continue
+            if not whole:
+                fits = room(table, node, shape, cpu, mem, count, devices)
+            else:
+                found = self._room.get((node, shape))
+                if found is None or not self._fresh(node, found[0]):
+                    found = self._room[(node, shape)] = (self.seq, room(table, node, shape, cpu, mem, count, devices))
+                fits = found[1]
+            if fits:
+                return True
+        return False
+
+    def short_of(self, node: int, tasks: list[TaskShape]) -> tuple[bool, bool, bool]:
+        """`_short_of` of the node for these tasks."""
+        key = (node, tuple(tasks))
+        found = self._short.get(key)
+        if found is None or not self._fresh(node, found[0]):
+            found = self._short[key] = (self.seq, _short_of(self.plan.future, node, tasks))
+        return found[1]
+
+    def _movable_on(self, node: int) -> list[PodState]:
+        state, evicted = self.state, self.plan.evicted_pods
+        out = []
+        for key in sorted(self.plan.nodes[node].pods):
+            pod = state.pods.get(key)
+            if pod is None or pod.status not in ("Running", "Binding") or key in evicted:
+                continue
+            owner = state.jobs.get(pod.job_key)
+            if owner is not None and owner.preemptible:
+                out.append(pod)
+        return out
+
+    def _freed(self, node: int, pods: list[PodState]) -> Freed:
+        base = self.plan.future.gpu_start[node]
+        devices: dict[int, int] = {}
+        cpu = mem = 0
+        for pod in pods:
+            for d in pod.devices:
+                devices[base + d] = devices.get(base + d, 0) + pod.device_milli
+            cpu += pod.spec.requests.milli_cpu
+            mem += pod.spec.requests.memory_bytes
+        return cpu, mem, len(pods), devices
+
+    def cheapest(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]]
+                 ) -> dict[int, tuple[object, ...] | None]:
+        """Each node's cheapest movable unit's key in the victim order (`keyed_units`; None:
+        none offered). A unit's key starts with its job's `job_order`, so a node's cheapest is
+        among the units of the jobs first in that order that offer one with a pod there: only
+        those jobs' units are built. Kept per node while neither the node nor a job it read
+        changed; a node whose list lacks the preemptor's own pods there is computed for it alone."""
+        job_seq = self.job_seq
+        out: dict[int, tuple[object, ...] | None] = {}
+        for n, _, movable in nodes:
+            whole = self._movable.get(n)
+            if whole is None or whole[1] is not movable:  # without `job`'s own pods: for it alone
+                out[n] = self._cheapest_on(movable)[1]
+                continue
+            found = self._cheapest.get(n)
+            if found is not None and self._fresh(n, found[0]) and all(job_seq.get(k, 0) <= found[0] for k in found[1]):
+                out[n] = found[2]
+                continue
+            read, best = self._cheapest_on(movable)
+            self._cheapest[n] = (self.seq, read, best)
+            out[n] = best
+        return out
+
+    def _cheapest_on(self, movable: list[PodState]) -> tuple[tuple[str, ...], tuple[object, ...] | None]:
+        """(the jobs whose units were read, the cheapest key of a unit with a pod in `movable`)."""
+        state = self.state
+        here = {pod.key for pod in movable}
+        owners = sorted({pod.job_key for pod in movable}, key=lambda k: (job_order(state.jobs[k]), k))
+        best: tuple[object, ...] | None = None
+        read: list[str] = []
+        for k in owners:
+            job = state.jobs[k]
+            if best is not None and best[:3] != job_order(job):
+                break  # every later job's units cost more
+            read.append(k)
+            for key, unit in self._units_of(job):  # cheapest first
+                if any(pod.key in here for pod in unit.pods):
+                    if best is None or key < best:
+                        best = key
+                    break
+        return tuple(read), best
+
+    def _units_of(self, job: Job) -> list[tuple[tuple[object, ...], Unit]]:
+        found = self._units.get(job.key)
+        if found is None or self.job_seq.get(job.key, 0) > found[0]:
+            found = self._units[job.key] = (self.seq, keyed_units(self.session, [job], backoff=True))
+        return found[1]

@@ -1,0 +1,106 @@
+"""What consolidation's searches of a cycle keep of each node (`consolidation.NodeViews`): an
+answer is reused while no Plan operation (or rollback) touched its node, or, for the cheapest
+unit, a job it read; after any sequence of evictions and rollbacks every answer equals one
+computed afresh on the Plan as it is."""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kai_es.oneshot import initial_state
+from kai_es.scenario import load_scenario_text
+from kai_es.scheduling.actions.consolidation import Consolidation, NodeViews
+from kai_es.scheduling.cycle import strategy_of
+from kai_es.scheduling.packing import TaskShape, load_packer
+from kai_es.scheduling.plan import Plan
+from kai_es.scheduling.policy import policy_for
+from kai_es.scheduling.session import Session
+from kai_es.state.model import Job, PodState
+from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
+
+NODES = 3
+
+
+def _session(seed: int) -> Session:
+    rng = random.Random(seed)
+    docs = [MakeNode(f"n{i}").gpus(8).obj() for i in range(NODES)]
+    docs += [queue("a", gpu_quota=8), queue("b", gpu_quota=8)]
+    groups = [f"g{k}" for k in range(4)]
+    members: dict[str, int] = {}
+    for n in range(NODES):
+        for d in range(rng.randint(3, 8)):
+            pod = MakePod(f"p{n}-{d}", queue="a").priority_class("train")
+            group = rng.choice([*groups, ""])  # gangs and elastic jobs spanning nodes, single pods
+            if group:
+                pod = pod.group(group)
+                members[group] = members.get(group, 0) + 1
+            else:
+                pod = MakePod(f"p{n}-{d}", queue=rng.choice("ab")).priority_class(rng.choice(["train", "build"]))
+            docs.append(pod.gpu(1).running_on(f"n{n}", str(d)).obj())
+    docs += [podgroup(g, rng.randint(1, size), "a", priorityClassName="train") for g, size in sorted(members.items())]
+    docs.append(MakePod("big", queue="a").gpu(8).obj())
+    scenario = load_scenario_text(scenario_text(*docs), "consolidation-views")
+    state = initial_state(scenario)
+    plan = Plan(state, load_packer("native"), strategy_of(scenario.config))
+    return Session(state, plan, scenario.start_ns, policy_for("kai-es/v11").rules, scenario.config)
+
+
+def _preemptor(session: Session) -> Job:
+    return next(job for job in session.state.jobs.values() if not job.occupying)
+
+
+def _answers(views: NodeViews, job: Job) -> list[object]:
+    shape = TaskShape.whole(8, 0, 0)
+    mask = array("q", [1] * NODES)
+    out: list[object] = []
+    nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]] = []
+    for n in range(NODES):
+        movable, freed = views.movable(n, job)
+        out.append(([pod.key for pod in movable], freed, views.could_fit(n, [(shape, mask)], movable, freed),
+                    views.short_of(n, [shape])))
+        nodes.append((n, (False, False, False), movable))
+    out.append(views.free_gpu(list(range(NODES))))
+    out.append(views.cheapest(nodes))
+    return out
+
+
+def test_an_untouched_node_is_reused_and_a_touched_one_computed_again() -> None:
+    session = _session(1)
+    views = NodeViews(Consolidation(session))
+    job = _preemptor(session)
+    first = [views.movable(n, job)[0] for n in range(NODES)]
+    victim = first[0][0]
+    session.plan.evict(victim.key, "consolidation", job.key, "test")
+    assert views.movable(1, job)[0] is first[1]  # n1 untouched: reused
+    again = views.movable(0, job)[0]
+    assert again is not first[0] and victim not in again
+    assert _answers(views, job) == _answers(NodeViews(Consolidation(session)), job)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.lists(st.tuples(st.booleans(), st.integers(0, 10**6)), max_size=12))
+def test_after_any_evictions_and_rollbacks_every_answer_is_a_fresh_one(seed: int, steps: list[tuple[bool, int]]) -> None:
+    session = _session(seed)
+    plan = session.plan
+    views = NodeViews(Consolidation(session))
+    job = _preemptor(session)
+    checkpoints: list[int] = []
+    _answers(views, job)  # everything computed once, then kept
+    for rollback, pick in steps:
+        if rollback and checkpoints:
+            i = pick % len(checkpoints)
+            to = checkpoints[i]
+            del checkpoints[i:]
+            plan.rollback(to)
+        else:
+            running = sorted(k for k, pod in session.state.pods.items()
+                             if pod.status == "Running" and k not in plan.evicted_pods)
+            if not running:
+                continue
+            checkpoints.append(len(plan.operations))
+            plan.evict(running[pick % len(running)], "consolidation", job.key, "test")
+        assert _answers(views, job) == _answers(NodeViews(Consolidation(session)), job)
