@@ -19,6 +19,7 @@ from kai_es.scheduling.packing import TaskShape, load_packer
 from kai_es.scheduling.plan import Plan
 from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.session import Session
+from kai_es.scheduling.victims import free_capacity
 from kai_es.state.model import Job, PodState
 from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
 
@@ -64,6 +65,7 @@ def _answers(views: NodeViews, job: Job) -> list[object]:
                     views.short_of(n, [shape])))
         nodes.append((n, (False, False, False), movable))
     out.append(views.free_gpu(list(range(NODES))))
+    out.append(views.free_capacity())
     out.append(views.cheapest(nodes))
     return out
 
@@ -79,6 +81,7 @@ def test_an_untouched_node_is_reused_and_a_touched_one_computed_again() -> None:
     again = views.movable(0, job)[0]
     assert again is not first[0] and victim not in again
     assert _answers(views, job) == _answers(NodeViews(Consolidation(session)), job)
+    assert views.free_capacity() == free_capacity(session, None)
 
 
 @settings(max_examples=60, deadline=None)

@@ -90,7 +90,7 @@ class Consolidation(PreemptingAction):
         pending pod requests more of one resource than the cluster has free: what a job places
         now is one pending pod or more, so it could not fit (`may_start` checks the request
         itself). None at all when that holds for every waiting pod."""
-        free = free_capacity(self.session, None)
+        free = self._free_capacity()
         self._free_at, self._free = len(self.plan.operations), free
         hint = self.session.gpu_memory_hint
         keys = self.session.rules.preemptors.waiting(self.session) if waiting is None else waiting
@@ -105,6 +105,9 @@ class Consolidation(PreemptingAction):
             if all(need <= have for need, have in zip(smallest, free)):
                 out.append((leaf, job))
         return out
+
+    def _free_capacity(self) -> Vector:
+        return free_capacity(self.session, None) if self._views is None else self._views.free_capacity()
 
     def why_not(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
         if self.budget >= 0 and len(self.moved_jobs) >= self.budget:
@@ -130,7 +133,7 @@ class Consolidation(PreemptingAction):
         # cluster with less free in some resource has no room to make (a full one: no search)
         length = len(self.plan.operations)
         if self._free_at != length:
-            self._free_at, self._free = length, free_capacity(self.session, None)
+            self._free_at, self._free = length, self._free_capacity()
         return all(need <= have for need, have in zip(request, self._free))
 
     def bounded_search(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector,
@@ -312,11 +315,16 @@ class NodeViews:
         self._units: dict[str, tuple[int, list[tuple[tuple[object, ...], Unit]]]] = {}
         self._room: dict[tuple[int, TaskShape], tuple[int, bool]] = {}
         self._short: dict[tuple[int, tuple[TaskShape, ...]], tuple[int, tuple[bool, bool, bool]]] = {}
+        #: `free_capacity` per node and summed, and the nodes operations touched since
+        self._capacity: list[Vector] = []
+        self._capacity_sum: Vector = (0, 0, 0)
+        self._changed: list[int] = []
         self.plan.listeners.append(self)
 
     def on_operation(self, op: Announced, sign: int) -> None:
         self.seq += 1
         self.node_seq[op.node] = self.seq
+        self._changed.append(op.node)
         pod = self.state.pods.get(op.pod_key)
         if pod is not None:
             self.job_seq[pod.job_key] = self.seq
@@ -327,6 +335,24 @@ class NodeViews:
 
     def _fresh(self, node: int, at: int) -> bool:
         return self.node_seq.get(node, 0) <= at
+
+    def free_capacity(self) -> Vector:
+        """`victims.free_capacity` of the whole cluster, brought up to date on the nodes touched
+        since it was last asked for."""
+        session = self.session
+        if not self._capacity:
+            self._capacity = [free_capacity(session, (n,)) for n in range(len(self.plan.names))]
+            self._changed.clear()
+            self._capacity_sum = _sum(self._capacity)
+        elif self._changed:
+            gpu, cpu, mem = self._capacity_sum
+            for n in dict.fromkeys(self._changed):
+                (g0, c0, m0), (g1, c1, m1) = self._capacity[n], free_capacity(session, (n,))
+                self._capacity[n] = (g1, c1, m1)
+                gpu, cpu, mem = gpu - g0 + g1, cpu - c0 + c1, mem - m0 + m1
+            self._changed.clear()
+            self._capacity_sum = (gpu, cpu, mem)
+        return self._capacity_sum
 
     def free_gpu(self, nodes: list[int]) -> dict[int, int]:
         """Each node's free GPU capacity once released (milli-GPU, the Plan's `future` table)."""
@@ -451,3 +477,7 @@ class NodeViews:
         if found is None or self.job_seq.get(job.key, 0) > found[0]:
             found = self._units[job.key] = (self.seq, keyed_units(self.session, [job], backoff=True))
         return found[1]
+
+
+def _sum(vectors: list[Vector]) -> Vector:
+    return (sum(v[0] for v in vectors), sum(v[1] for v in vectors), sum(v[2] for v in vectors))
