@@ -64,7 +64,7 @@ def _answers(views: NodeViews, job: Job) -> list[object]:
         out.append(([pod.key for pod in movable], freed, views.could_fit(n, [(shape, mask)], movable, freed),
                     views.short_of(n, [shape])))
         nodes.append((n, (False, False, False), movable))
-    out.append(views.free_gpu(list(range(NODES))))
+    out.append(list(views.most_free_first()))
     out.append(views.free_capacity())
     out.append(views.cheapest(nodes))
     return out

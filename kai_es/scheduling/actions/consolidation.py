@@ -40,6 +40,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
+from sortedcontainers import SortedList
+
 from kai_es.scheduling.actions.preempting import PreemptingAction
 from kai_es.scheduling.fairshare import RESOURCES, pod_request
 from kai_es.scheduling.framework import ActionResult
@@ -159,14 +161,16 @@ class Consolidation(PreemptingAction):
         table = plan.future
         start = table.gpu_start
         views = self._views if self._views is not None else NodeViews(self)
-        eligible = [n for n in range(len(plan.names)) if any(mask[n] for mask in masks)]
-        free_of = views.free_gpu(eligible)
+        free_of: dict[int, int] = {}
         order = self.session.rules.consolidation_nodes
         nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]] = []
         specs = plan.nodes
-        for n in sorted(eligible, key=lambda n: (-free_of[n], n)):
-            if len(nodes) >= MAX_NODES and (not order.breaks_ties or free_of[n] != free_of[nodes[-1][0]]):
+        for n, free in views.most_free_first():
+            if not any(mask[n] for mask in masks):
+                continue  # none of its tasks may use the node
+            if len(nodes) >= MAX_NODES and (not order.breaks_ties or free != free_of[nodes[-1][0]]):
                 break  # (a rule that breaks ties sees the whole group of the last node kept)
+            free_of[n] = free
             size, spec = start[n + 1] - start[n], specs[n].spec
             if not any(t.whole_gpus <= size and t.milli_cpu <= spec.milli_cpu and t.memory_bytes <= spec.memory_bytes
                        for t in tasks):
@@ -296,10 +300,11 @@ Freed = tuple[int, int, int, dict[int, int]]
 class NodeViews:
     """What consolidation's searches of one cycle derive from each node, kept across them (a
     Plan listener): the pods there a search may move with what they free (`movable`), whether a
-    task could fit with them gone (`could_fit`), what it lacks (`short_of`) and the key of the
-    cheapest unit on offer there (`cheapest`). Every answer is what computing it
-    afresh gives: one is kept while no Plan operation (or rollback) touched its node nor, for
-    the cheapest unit, a pod of the jobs it was derived from. When every node ties on free GPU
+    task could fit with them gone (`could_fit`), what it lacks (`short_of`), the nodes by free
+    GPU capacity (`most_free_first`), the cluster's free capacity (`free_capacity`) and the key
+    of the cheapest unit on offer there (`cheapest`). Every answer is what computing it afresh
+    gives: one is kept while no Plan operation (or rollback) touched its node nor, for the
+    cheapest unit, a pod of the jobs it was derived from. When every node ties on free GPU
     capacity (a full cluster, one idle device each), each of the cycle's searches looked at
     every node again; now only those an earlier search changed."""
 
@@ -309,7 +314,6 @@ class NodeViews:
         #: node index / job key -> the number of the last Plan operation on it (or one of its pods)
         self.node_seq: dict[int, int] = {}
         self.job_seq: dict[str, int] = {}
-        self._free: dict[int, tuple[int, int]] = {}
         self._movable: dict[int, tuple[int, list[PodState], Freed]] = {}
         self._cheapest: dict[int, tuple[int, tuple[str, ...], tuple[object, ...] | None]] = {}
         self._units: dict[str, tuple[int, list[tuple[tuple[object, ...], Unit]]]] = {}
@@ -319,12 +323,17 @@ class NodeViews:
         self._capacity: list[Vector] = []
         self._capacity_sum: Vector = (0, 0, 0)
         self._changed: list[int] = []
+        #: each node's free GPU capacity, the nodes by it (`most_free_first`), the nodes touched since
+        self._free_now: list[int] | None = None
+        self._by_free: SortedList = SortedList()
+        self._order_changed: list[int] = []
         self.plan.listeners.append(self)
 
     def on_operation(self, op: Announced, sign: int) -> None:
         self.seq += 1
         self.node_seq[op.node] = self.seq
         self._changed.append(op.node)
+        self._order_changed.append(op.node)
         pod = self.state.pods.get(op.pod_key)
         if pod is not None:
             self.job_seq[pod.job_key] = self.seq
@@ -354,17 +363,27 @@ class NodeViews:
             self._capacity_sum = (gpu, cpu, mem)
         return self._capacity_sum
 
-    def free_gpu(self, nodes: list[int]) -> dict[int, int]:
-        """Each node's free GPU capacity once released (milli-GPU, the Plan's `future` table)."""
+    def most_free_first(self) -> Iterator[tuple[int, int]]:
+        """Every node with its free GPU capacity once released (milli-GPU: the sum of its
+        devices' free shares in the Plan's `future` table), most first, then by index. Kept
+        sorted and brought up to date on the nodes touched since it was last asked for; do not
+        operate on the Plan while iterating."""
         table = self.plan.future
-        start, free = table.gpu_start, table.dev_free_milli
-        known, seq, out = self._free, self.seq, {}
-        for n in nodes:
-            found = known.get(n)
-            if found is None or not self._fresh(n, found[0]):
-                found = known[n] = (seq, sum(free[start[n]:start[n + 1]]))
-            out[n] = found[1]
-        return out
+        start, dev = table.gpu_start, table.dev_free_milli
+        if self._free_now is None:
+            self._free_now = [sum(dev[start[n]:start[n + 1]]) for n in range(len(self.plan.names))]
+            self._by_free = SortedList((-f, n) for n, f in enumerate(self._free_now))
+            self._order_changed.clear()
+        elif self._order_changed:
+            for n in dict.fromkeys(self._order_changed):
+                now = sum(dev[start[n]:start[n + 1]])
+                if now != self._free_now[n]:
+                    self._by_free.remove((-self._free_now[n], n))
+                    self._by_free.add((-now, n))
+                    self._free_now[n] = now
+            self._order_changed.clear()
+        for negative, n in self._by_free:
+            yield n, -negative
 
     def movable(self, node: int, job: Job) -> tuple[list[PodState], Freed]:
         """The pods on `node` a search for `job` may move — Running or Binding, of another
