@@ -91,8 +91,8 @@ def test_eviction_grows_capacity_so_a_remembered_failure_is_not_reused() -> None
 def test_rollback_undoes_tables_and_queue_accounting_of_every_operation() -> None:
     session = _session(*_full_node(), MakeNode("n2").gpus(8).obj(), MakePod("small", queue="team-b").gpu(2).obj())
     plan, state = session.plan, session.state
-    before = (None, [list(getattr(plan.idle, f)) for f in plan.idle.__slots__[:-1]],
-              [list(getattr(plan.future, f)) for f in plan.future.__slots__[:-1]], _accounting(session))
+    before = (None, [list(getattr(plan.idle, f)) for f in plan.idle.ARRAYS],
+              [list(getattr(plan.future, f)) for f in plan.future.ARRAYS], _accounting(session))
     cp = plan.checkpoint()
     small = state.pods["default/small"].spec
     plan.place("default/small", small, session.eligibility.static_mask(small))
@@ -103,8 +103,8 @@ def test_rollback_undoes_tables_and_queue_accounting_of_every_operation() -> Non
     assert session.queues["team-a"].allocated[0] == 0  # big-a's 8 GPUs went back with the eviction
     assert session.queues["team-b"].allocated[0] == 10_000
     plan.rollback(cp)
-    after = (None, [list(getattr(plan.idle, f)) for f in plan.idle.__slots__[:-1]],
-             [list(getattr(plan.future, f)) for f in plan.future.__slots__[:-1]], _accounting(session))
+    after = (None, [list(getattr(plan.idle, f)) for f in plan.idle.ARRAYS],
+             [list(getattr(plan.future, f)) for f in plan.future.ARRAYS], _accounting(session))
     assert after[1:] == before[1:]
     assert plan.operations == []
 
@@ -122,8 +122,8 @@ def test_any_sequence_of_operations_and_rollbacks_returns_to_the_checkpoint(step
     plan, state = session.plan, session.state
 
     def snap() -> Any:
-        return ([list(getattr(plan.idle, f)) for f in plan.idle.__slots__[:-1]],
-                [list(getattr(plan.future, f)) for f in plan.future.__slots__[:-1]], _accounting(session),
+        return ([list(getattr(plan.idle, f)) for f in plan.idle.ARRAYS],
+                [list(getattr(plan.future, f)) for f in plan.future.ARRAYS], _accounting(session),
                 session.eligibility.affinity.verify())
 
     stack = [(plan.checkpoint(), snap())]

@@ -408,7 +408,7 @@ class Plan:
 
         _, _, idle, future = build_tables(self.state)
         for name, mine, fresh in (("idle", self.idle, idle), ("future", self.future, future)):
-            for field in fresh.__slots__[:-1]:
+            for field in fresh.ARRAYS:
                 if getattr(mine, field) != getattr(fresh, field):
                     raise VerificationError(f"{name} table field {field} differs from a rebuild")
 

@@ -49,6 +49,7 @@ from .model import (
     workload_from_tasks,
     workload_problem,
 )
+from .repeat import RepeatedPlace
 from .native import NativePacker
 from .reference import ReferencePacker
 
@@ -110,13 +111,17 @@ def load_packer(kind: PackerKind = "native") -> Packer:
 
 def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> PlaceFn:
     """`packer.place` for one table and strategy: the packer's own `bind` when it has one
-    (the native packer checks once what does not change between calls), else a plain wrapper."""
+    (the native packer checks once what does not change between calls), else a plain wrapper;
+    for an `ArrayPackTable`, one that knows the answer to a task asked again without a scan
+    (`repeat.RepeatedPlace`). Same answers as `packer.place` in every field."""
     bind = getattr(packer, "bind", None)
+    fn: PlaceFn
     if bind is not None:
-        fn: PlaceFn = bind(table, strategy)
-        return fn
+        fn = bind(table, strategy)
+    else:
+        def fn(task: TaskShape, eligible: array[int] | None = None) -> Placement:
+            return packer.place(table, task, strategy, eligible)
 
-    def place(task: TaskShape, eligible: array[int] | None = None) -> Placement:
-        return packer.place(table, task, strategy, eligible)
-
-    return place
+    if isinstance(table, ArrayPackTable):
+        return RepeatedPlace(fn, table, strategy)
+    return fn

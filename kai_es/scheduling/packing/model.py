@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import NoReturn, Protocol
+from typing import ClassVar, NoReturn, Protocol
 
 import msgspec
 
@@ -587,7 +587,8 @@ class ArrayPackTable:
     without copying.
     """
 
-    __slots__ = (
+    #: the buffers, in ABI order
+    ARRAYS: ClassVar[tuple[str, ...]] = (
         "free_milli_cpu",
         "free_memory_bytes",
         "free_pods",
@@ -598,8 +599,10 @@ class ArrayPackTable:
         "dev_total_memory_mib",
         "dev_shared",
         "dev_frac_holders",
-        "__weakref__",
     )
+    #: ``changes``: how many placements were applied or undone since the table was built;
+    #: ``last_change``: the last one, ``(node, devices, task, sign)`` (None before any)
+    __slots__ = (*ARRAYS, "changes", "last_change", "__weakref__")
 
     def __init__(
         self,
@@ -636,6 +639,8 @@ class ArrayPackTable:
             )
         except (OverflowError, TypeError) as exc:
             raise InvalidArgument(f"table values must be int64: {exc}") from exc
+        self.changes = 0
+        self.last_change: tuple[int, Sequence[int], TaskShape, int] | None = None
         problem = self.problem()
         ensure(problem is None, problem)
 
@@ -691,13 +696,14 @@ class ArrayPackTable:
 
     def snapshot(self) -> tuple[tuple[int, ...], ...]:
         """An immutable copy of every array (for equality checks)."""
-        return tuple(tuple(getattr(self, name)) for name in self.__slots__[:-1])
+        return tuple(tuple(getattr(self, name)) for name in self.ARRAYS)
 
     def copy(self) -> ArrayPackTable:
         """An independent deep copy."""
         new = ArrayPackTable.__new__(ArrayPackTable)
-        for name in self.__slots__[:-1]:
+        for name in self.ARRAYS:
             setattr(new, name, array("q", getattr(self, name)))
+        new.changes, new.last_change = 0, None
         return new
 
     # ----------------------------------------------------------------- mutation
@@ -755,6 +761,8 @@ class ArrayPackTable:
             ensure(0 <= free <= MILLI_PER_GPU, f"device {j}: free_milli would become {free}")
             updates.append((j, free, holders))
 
+        self.changes += 1
+        self.last_change = (node, devs, task, sign)
         self.free_milli_cpu[node] = cpu
         self.free_memory_bytes[node] = mem
         self.free_pods[node] = pods
@@ -780,6 +788,8 @@ class ArrayPackTable:
         """`apply` without the checks, for a placement a packer has just answered on this very
         table (sign=+1) or for undoing one such placement (sign=-1): those are valid by
         construction. Anything else must use `apply`."""
+        self.changes += 1
+        self.last_change = (node, devices, task, sign)
         self.free_milli_cpu[node] -= sign * task.milli_cpu
         self.free_memory_bytes[node] -= sign * task.memory_bytes
         self.free_pods[node] -= sign

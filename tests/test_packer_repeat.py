@@ -1,0 +1,136 @@
+"""A task asked again (`packing.repeat.RepeatedPlace`, what `bind_place` returns for a table):
+every answer equals a fresh scan by the packer in every field (node, devices, rejection counts),
+after any sequence of placements applied, not applied and undone, for every strategy and task
+kind; and a run of identical binpacked pods asks the packer only when its node fills up."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kai_es.scheduling.packing import (
+    ArrayPackTable,
+    CpuStrategy,
+    DeviceRow,
+    DeviceStrategy,
+    GpuStrategy,
+    NodeRow,
+    Placement,
+    Strategy,
+    TaskShape,
+    WorkloadShape,
+    bind_place,
+    load_packer,
+)
+from kai_es.scheduling.packing.repeat import RepeatedPlace
+
+GIB = 1 << 30
+TASKS = (
+    TaskShape.whole(1, 1000, GIB),
+    TaskShape.whole(2, 0, 0),
+    TaskShape.cpu(2000, 2 * GIB),
+    TaskShape.cpu(0, 0),
+    TaskShape.fraction(500, 1, 100, GIB),
+    TaskShape.gpu_memory(20480, 1, 0, 0),
+)
+STRATEGIES = [Strategy(g, c, d, (WorkloadShape(TASKS[0], 1),) if g == GpuStrategy.FRAGMENTATION else ())
+              for g in GpuStrategy for c in CpuStrategy for d in DeviceStrategy]
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> ArrayPackTable:
+    rows = []
+    for _ in range(draw(st.integers(1, 6))):
+        devices = tuple(DeviceRow(free_milli=draw(st.sampled_from([0, 250, 500, 1000, 1000, 1000])),
+                                  total_memory_mib=40960)
+                        for _ in range(draw(st.sampled_from([0, 2, 4, 8]))))
+        rows.append(NodeRow(free_milli_cpu=draw(st.sampled_from([0, 3000, 8000, 64000])),
+                            free_memory_bytes=draw(st.sampled_from([0, 4, 64])) * GIB,
+                            free_pods=draw(st.sampled_from([0, 2, 110])), devices=devices))
+    return ArrayPackTable.from_rows(rows)
+
+
+@pytest.mark.parametrize("kind", ["native", "reference"])
+@settings(max_examples=150, deadline=None)
+@given(table=tables(), strategy=st.sampled_from(STRATEGIES), data=st.data())
+def test_every_answer_is_the_packers_own(kind: str, table: ArrayPackTable, strategy: Strategy,
+                                         data: st.DataObject) -> None:
+    packer = load_packer(kind)  # type: ignore[arg-type]
+    place = bind_place(packer, table, strategy)
+    assert isinstance(place, RepeatedPlace)
+    n = table.n_nodes
+    masks = [array("q", [1] * n), array("q", [i % 2 for i in range(n)])]
+    applied: list[tuple[int, tuple[int, ...], TaskShape]] = []
+    task, mask = TASKS[0], masks[0]
+    for _ in range(data.draw(st.integers(1, 30))):
+        if data.draw(st.booleans()):  # else the same task again, as a run of identical pods asks
+            task = data.draw(st.sampled_from(TASKS))
+            mask = data.draw(st.sampled_from(masks))
+        if data.draw(st.integers(0, 9)) == 0:
+            mask[data.draw(st.integers(0, n - 1))] ^= 1  # a mask changed in place, as a caller may
+        got = place(task, mask)
+        assert got == packer.place(table, task, strategy, array("q", mask))
+        then = data.draw(st.sampled_from(["apply", "apply", "apply", "leave", "undo"]))
+        if then == "apply" and got.placed:
+            table.apply_placed(got.node, got.devices, task, 1)
+            applied.append((got.node, got.devices, task))
+        elif then == "undo" and applied:
+            node, devices, done = applied.pop()
+            table.apply_placed(node, devices, done, -1)
+
+
+def test_identical_binpacked_pods_ask_the_packer_only_when_their_node_fills() -> None:
+    table = ArrayPackTable.from_rows([NodeRow(free_milli_cpu=64000, free_memory_bytes=64 * GIB, free_pods=110,
+                                              devices=tuple(DeviceRow(free_milli=1000) for _ in range(4)))
+                                      for _ in range(3)])
+    strategy = Strategy(GpuStrategy.BINPACK, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK)
+    packer = load_packer("native")
+    asked: list[TaskShape] = []
+
+    def counted(task: TaskShape, eligible: array[int] | None = None) -> Placement:
+        asked.append(task)
+        return packer.place(table, task, strategy, eligible)
+
+    place = RepeatedPlace(counted, table, strategy)
+    mask = array("q", [1, 1, 1])
+    task = TaskShape.whole(1, 1000, GIB)
+    nodes = []
+    for _ in range(12):
+        got = place(task, mask)
+        assert got == packer.place(table, task, strategy, mask)
+        table.apply_placed(got.node, got.devices, task, 1)
+        nodes.append(got.node)
+    assert nodes == [0] * 4 + [1] * 4 + [2] * 4
+    assert len(asked) == 3  # once per node: when the last one filled up
+
+
+@pytest.mark.parametrize(("task", "strategy"), [
+    (TaskShape.whole(1, 0, 0), Strategy(GpuStrategy.SPREAD, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK)),
+    (TaskShape.cpu(1000, 0), Strategy(GpuStrategy.BINPACK, CpuStrategy.SPREAD, DeviceStrategy.GPUPACK)),
+    (TaskShape.cpu(1000, 0), Strategy(GpuStrategy.FRAGMENTATION, CpuStrategy.SPREAD, DeviceStrategy.GPUPACK,
+                                      (WorkloadShape(TaskShape.whole(1, 0, 0), 1),))),
+    (TaskShape.whole(1, 1000, 0), Strategy(GpuStrategy.BINPACK, CpuStrategy.SPREAD, DeviceStrategy.GPUPACK)),
+    (TaskShape.cpu(1000, 0), Strategy(GpuStrategy.SPREAD, CpuStrategy.BINPACK, DeviceStrategy.GPUSPREAD)),
+])
+def test_the_next_identical_task_stays_or_moves_on_as_the_packer_decides(task: TaskShape, strategy: Strategy) -> None:
+    """Where placing a task raises its node's rank (GPU binpack for a whole-GPU task, CPU
+    binpack but not fragmentation for a CPU-only one) the next identical task stays there;
+    elsewhere it may move on: node after node, the answers are the packer's."""
+    table = ArrayPackTable.from_rows([NodeRow(free_milli_cpu=4000, free_memory_bytes=GIB, free_pods=110,
+                                              devices=tuple(DeviceRow(free_milli=1000) for _ in range(4)))
+                                      for _ in range(2)])
+    packer = load_packer("native")
+    place = bind_place(packer, table, strategy)
+    mask = array("q", [1, 1])
+    nodes = []
+    for _ in range(4):
+        got = place(task, mask)
+        assert got == packer.place(table, task, strategy, mask)
+        table.apply_placed(got.node, got.devices, task, 1)
+        nodes.append(got.node)
+    stays = strategy.gpu_strategy == GpuStrategy.BINPACK if task.whole_gpus else \
+        strategy.cpu_strategy == CpuStrategy.BINPACK and strategy.gpu_strategy != GpuStrategy.FRAGMENTATION
+    assert len(set(nodes)) == (1 if stays else 2)
