@@ -49,9 +49,9 @@ from .model import (
     workload_from_tasks,
     workload_problem,
 )
-from .repeat import RepeatedPlace
 from .native import NativePacker
 from .reference import ReferencePacker
+from .repeat import RepeatedPlace
 
 __all__ = [
     "PlaceFn",
