@@ -1,4 +1,4 @@
-"""What consolidation's searches of a cycle keep of each node (`consolidation.NodeViews`): an
+"""What consolidation's searches of a cycle keep of each node (`consolidation_views.NodeViews`): an
 answer is reused while no Plan operation (or rollback) touched its node, or, for the cheapest
 unit, a job it read; after any sequence of evictions and rollbacks every answer equals one
 computed afresh on the Plan as it is."""
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kai_es.oneshot import initial_state
 from kai_es.scenario import load_scenario_text
-from kai_es.scheduling.actions.consolidation import Consolidation, NodeViews
+from kai_es.scheduling.actions.consolidation_views import NodeViews
 from kai_es.scheduling.cycle import strategy_of
 from kai_es.scheduling.packing import TaskShape, load_packer
 from kai_es.scheduling.plan import Plan
@@ -72,7 +72,7 @@ def _answers(views: NodeViews, job: Job) -> list[object]:
 
 def test_an_untouched_node_is_reused_and_a_touched_one_computed_again() -> None:
     session = _session(1)
-    views = NodeViews(Consolidation(session))
+    views = NodeViews(session)
     job = _preemptor(session)
     first = [views.movable(n, job)[0] for n in range(NODES)]
     victim = first[0][0]
@@ -80,7 +80,7 @@ def test_an_untouched_node_is_reused_and_a_touched_one_computed_again() -> None:
     assert views.movable(1, job)[0] is first[1]  # n1 untouched: reused
     again = views.movable(0, job)[0]
     assert again is not first[0] and victim not in again
-    assert _answers(views, job) == _answers(NodeViews(Consolidation(session)), job)
+    assert _answers(views, job) == _answers(NodeViews(session), job)
     assert views.free_capacity() == free_capacity(session, None)
 
 
@@ -89,7 +89,7 @@ def test_an_untouched_node_is_reused_and_a_touched_one_computed_again() -> None:
 def test_after_any_evictions_and_rollbacks_every_answer_is_a_fresh_one(seed: int, steps: list[tuple[bool, int]]) -> None:
     session = _session(seed)
     plan = session.plan
-    views = NodeViews(Consolidation(session))
+    views = NodeViews(session)
     job = _preemptor(session)
     checkpoints: list[int] = []
     _answers(views, job)  # everything computed once, then kept
@@ -106,4 +106,4 @@ def test_after_any_evictions_and_rollbacks_every_answer_is_a_fresh_one(seed: int
                 continue
             checkpoints.append(len(plan.operations))
             plan.evict(running[pick % len(running)], "consolidation", job.key, "test")
-        assert _answers(views, job) == _answers(NodeViews(Consolidation(session)), job)
+        assert _answers(views, job) == _answers(NodeViews(session), job)

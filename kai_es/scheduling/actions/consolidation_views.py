@@ -1,0 +1,244 @@
+"""What consolidation's searches of one cycle derive from each node (`NodeViews`), kept across
+them and recomputed only where the Plan changed. Pure: reads the state and the Plan."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+
+from sortedcontainers import SortedList
+
+from kai_es.scheduling.packing import TaskShape
+from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
+from kai_es.scheduling.plan import Announced
+from kai_es.scheduling.session import Session
+from kai_es.scheduling.victims import Unit, free_capacity, job_order, keyed_units, room
+from kai_es.state.model import Job, PodState
+from kai_es.state.quantities import Vector
+
+#: what a node's movable pods free, summed: (CPU, memory, their number, device -> share freed)
+Freed = tuple[int, int, int, dict[int, int]]
+
+
+class NodeViews:
+    """What consolidation's searches of one cycle derive from each node, kept across them (a
+    Plan listener): the pods there a search may move with what they free (`movable`), whether a
+    task could fit with them gone (`could_fit`), what it lacks (`short_of`), the nodes by free
+    GPU capacity (`most_free_first`), the cluster's free capacity (`free_capacity`) and the key
+    of the cheapest unit on offer there (`cheapest`). Every answer is what computing it afresh
+    gives: one is kept while no Plan operation (or rollback) touched its node nor, for the
+    cheapest unit, a pod of the jobs it was derived from. When every node ties on free GPU
+    capacity (a full cluster, one idle device each), each of the cycle's searches looked at
+    every node again; now only those an earlier search changed."""
+
+    def __init__(self, session: Session) -> None:
+        self.session, self.state, self.plan = session, session.state, session.plan
+        self.seq = 0
+        #: node index / job key -> the number of the last Plan operation on it (or one of its pods)
+        self.node_seq: dict[int, int] = {}
+        self.job_seq: dict[str, int] = {}
+        self._movable: dict[int, tuple[int, list[PodState], Freed]] = {}
+        self._cheapest: dict[int, tuple[int, tuple[str, ...], tuple[object, ...] | None]] = {}
+        self._units: dict[str, tuple[int, list[tuple[tuple[object, ...], Unit]]]] = {}
+        self._room: dict[tuple[int, TaskShape], tuple[int, bool]] = {}
+        self._short: dict[tuple[int, tuple[TaskShape, ...]], tuple[int, tuple[bool, bool, bool]]] = {}
+        #: `free_capacity` per node and summed, and the nodes operations touched since
+        self._capacity: list[Vector] = []
+        self._capacity_sum: Vector = (0, 0, 0)
+        self._changed: list[int] = []
+        #: each node's free GPU capacity, the nodes by it (`most_free_first`), the nodes touched since
+        self._free_now: list[int] | None = None
+        self._by_free: SortedList = SortedList()
+        self._order_changed: list[int] = []
+        self.plan.listeners.append(self)
+
+    def on_operation(self, op: Announced, sign: int) -> None:
+        self.seq += 1
+        self.node_seq[op.node] = self.seq
+        self._changed.append(op.node)
+        self._order_changed.append(op.node)
+        pod = self.state.pods.get(op.pod_key)
+        if pod is not None:
+            self.job_seq[pod.job_key] = self.seq
+
+    def close(self) -> None:
+        if self in self.plan.listeners:
+            self.plan.listeners.remove(self)
+
+    def _fresh(self, node: int, at: int) -> bool:
+        return self.node_seq.get(node, 0) <= at
+
+    def free_capacity(self) -> Vector:
+        """`victims.free_capacity` of the whole cluster, brought up to date on the nodes touched
+        since it was last asked for."""
+        session = self.session
+        if not self._capacity:
+            self._capacity = [free_capacity(session, (n,)) for n in range(len(self.plan.names))]
+            self._changed.clear()
+            self._capacity_sum = _sum(self._capacity)
+        elif self._changed:
+            gpu, cpu, mem = self._capacity_sum
+            for n in dict.fromkeys(self._changed):
+                (g0, c0, m0), (g1, c1, m1) = self._capacity[n], free_capacity(session, (n,))
+                self._capacity[n] = (g1, c1, m1)
+                gpu, cpu, mem = gpu - g0 + g1, cpu - c0 + c1, mem - m0 + m1
+            self._changed.clear()
+            self._capacity_sum = (gpu, cpu, mem)
+        return self._capacity_sum
+
+    def most_free_first(self) -> Iterator[tuple[int, int]]:
+        """Every node with its free GPU capacity once released (milli-GPU: the sum of its
+        devices' free shares in the Plan's `future` table), most first, then by index. Kept
+        sorted and brought up to date on the nodes touched since it was last asked for; do not
+        operate on the Plan while iterating."""
+        table = self.plan.future
+        start, dev = table.gpu_start, table.dev_free_milli
+        if self._free_now is None:
+            self._free_now = [sum(dev[start[n]:start[n + 1]]) for n in range(len(self.plan.names))]
+            self._by_free = SortedList((-f, n) for n, f in enumerate(self._free_now))
+            self._order_changed.clear()
+        elif self._order_changed:
+            for n in dict.fromkeys(self._order_changed):
+                now = sum(dev[start[n]:start[n + 1]])
+                if now != self._free_now[n]:
+                    self._by_free.remove((-self._free_now[n], n))
+                    self._by_free.add((-now, n))
+                    self._free_now[n] = now
+            self._order_changed.clear()
+        for negative, n in self._by_free:
+            yield n, -negative
+
+    def movable(self, node: int, job: Job) -> tuple[list[PodState], Freed]:
+        """The pods on `node` a search for `job` may move — Running or Binding, of another
+        preemptible job, not evicted by this Plan, by key — and what they free."""
+        found = self._movable.get(node)
+        if found is None or not self._fresh(node, found[0]):
+            pods = self._movable_on(node)
+            found = self._movable[node] = (self.seq, pods, self._freed(node, pods))
+        _, pods, freed = found
+        if job.occupying and any(pod.job_key == job.key for pod in pods):
+            pods = [pod for pod in pods if pod.job_key != job.key]  # its own pods never move for it
+            return pods, self._freed(node, pods)
+        return pods, freed
+
+    def could_fit(self, node: int, shapes: list[tuple[TaskShape, array[int]]], movable: list[PodState],
+                  freed: Freed) -> bool:
+        """Whether one of the tasks (its shape, its eligible nodes) could fit `node` with
+        `movable` gone (`freed`: what they free): the shared per-node room check (`victims.room`)."""
+        table, cpu, mem, count, devices = self.plan.future, *freed
+        whole = self._movable[node][1] is movable
+        for shape, mask in shapes:
+            if not mask[node]:
+                continue
+            if not whole:
+                fits = room(table, node, shape, cpu, mem, count, devices)
+            else:
+                found = self._room.get((node, shape))
+                if found is None or not self._fresh(node, found[0]):
+                    found = self._room[(node, shape)] = (self.seq, room(table, node, shape, cpu, mem, count, devices))
+                fits = found[1]
+            if fits:
+                return True
+        return False
+
+    def short_of(self, node: int, tasks: list[TaskShape]) -> tuple[bool, bool, bool]:
+        """`short_of` the node for these tasks (which resources it lacks for some of them)."""
+        key = (node, tuple(tasks))
+        found = self._short.get(key)
+        if found is None or not self._fresh(node, found[0]):
+            found = self._short[key] = (self.seq, short_of(self.plan.future, node, tasks))
+        return found[1]
+
+    def _movable_on(self, node: int) -> list[PodState]:
+        state, evicted = self.state, self.plan.evicted_pods
+        out = []
+        for key in sorted(self.plan.nodes[node].pods):
+            pod = state.pods.get(key)
+            if pod is None or pod.status not in ("Running", "Binding") or key in evicted:
+                continue
+            owner = state.jobs.get(pod.job_key)
+            if owner is not None and owner.preemptible:
+                out.append(pod)
+        return out
+
+    def _freed(self, node: int, pods: list[PodState]) -> Freed:
+        base = self.plan.future.gpu_start[node]
+        devices: dict[int, int] = {}
+        cpu = mem = 0
+        for pod in pods:
+            for d in pod.devices:
+                devices[base + d] = devices.get(base + d, 0) + pod.device_milli
+            cpu += pod.spec.requests.milli_cpu
+            mem += pod.spec.requests.memory_bytes
+        return cpu, mem, len(pods), devices
+
+    def cheapest(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]]
+                 ) -> dict[int, tuple[object, ...] | None]:
+        """Each node's cheapest movable unit's key in the victim order (`keyed_units`; None:
+        none offered). A unit's key starts with its job's `job_order`, so a node's cheapest is
+        among the units of the jobs first in that order that offer one with a pod there: only
+        those jobs' units are built. Kept per node while neither the node nor a job it read
+        changed; a node whose list lacks the preemptor's own pods there is computed for it alone."""
+        job_seq = self.job_seq
+        out: dict[int, tuple[object, ...] | None] = {}
+        for n, _, movable in nodes:
+            whole = self._movable.get(n)
+            if whole is None or whole[1] is not movable:  # without `job`'s own pods: for it alone
+                out[n] = self._cheapest_on(movable)[1]
+                continue
+            found = self._cheapest.get(n)
+            if found is not None and self._fresh(n, found[0]) and all(job_seq.get(k, 0) <= found[0] for k in found[1]):
+                out[n] = found[2]
+                continue
+            read, best = self._cheapest_on(movable)
+            self._cheapest[n] = (self.seq, read, best)
+            out[n] = best
+        return out
+
+    def _cheapest_on(self, movable: list[PodState]) -> tuple[tuple[str, ...], tuple[object, ...] | None]:
+        """(the jobs whose units were read, the cheapest key of a unit with a pod in `movable`)."""
+        state = self.state
+        here = {pod.key for pod in movable}
+        owners = sorted({pod.job_key for pod in movable}, key=lambda k: (job_order(state.jobs[k]), k))
+        best: tuple[object, ...] | None = None
+        read: list[str] = []
+        for k in owners:
+            job = state.jobs[k]
+            if best is not None and best[:3] != job_order(job):
+                break  # every later job's units cost more
+            read.append(k)
+            for key, unit in self._units_of(job):  # cheapest first
+                if any(pod.key in here for pod in unit.pods):
+                    if best is None or key < best:
+                        best = key
+                    break
+        return tuple(read), best
+
+    def _units_of(self, job: Job) -> list[tuple[tuple[object, ...], Unit]]:
+        found = self._units.get(job.key)
+        if found is None or self.job_seq.get(job.key, 0) > found[0]:
+            found = self._units[job.key] = (self.seq, keyed_units(self.session, [job], backoff=True))
+        return found[1]
+
+
+def short_of(table: ArrayPackTable, node: int, shapes: list[TaskShape]) -> tuple[bool, bool, bool]:
+    """Which resources (GPU, CPU, memory) `node` lacks, once released, for some of the tasks:
+    fewer devices with the share a task needs than it needs, or less CPU or memory than the
+    largest request."""
+    cpu = max(shape.milli_cpu for shape in shapes)
+    mem = max(shape.memory_bytes for shape in shapes)
+    devices = table.dev_free_milli[table.gpu_start[node]:table.gpu_start[node + 1]]
+    gpu = False
+    for shape in shapes:
+        if shape.whole_gpus:
+            gpu = gpu or sum(1 for d in devices if d >= MILLI_PER_GPU) < shape.whole_gpus
+        elif shape.fraction_devices:
+            need = max(1, shape.fraction_milli)
+            gpu = gpu or sum(1 for d in devices if d >= need) < shape.fraction_devices
+        elif shape.gpu_memory_mib:
+            gpu = True  # device memory: any GPU freed may be what it needs
+    return (gpu, table.free_milli_cpu[node] < cpu, table.free_memory_bytes[node] < mem)
+
+
+def _sum(vectors: list[Vector]) -> Vector:
+    return (sum(v[0] for v in vectors), sum(v[1] for v in vectors), sum(v[2] for v in vectors))
