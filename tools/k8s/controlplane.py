@@ -237,7 +237,53 @@ TRAINING_OPERATOR = Operator(
 TRAINING_OPERATOR_MPI = Operator(
     "training-operator-mpi", TRAINING_OPERATOR.module, TRAINING_OPERATOR.version, TRAINING_OPERATOR.package,
     ("manifests/base/crds/kubeflow.org_mpijobs.yaml",))
-OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY, TRAINING_OPERATOR, TRAINING_OPERATOR_MPI)}
+#: Knative Serving, v0.50.0: the newest version the Go module proxy serves whole (v0.51.0 requires
+#: knative.dev/pkg, networking, caching and hack at pseudo-versions whose zips the proxy refuses:
+#: 403, "not available"). It is written against the Kubernetes v0.35 modules, so it builds in a
+#: module of its own, its controller and its webhook by one `go build` (KNATIVE_RECIPE). Two
+#: operators, each a process as its install's two Deployments are: the controller (Service ->
+#: Configuration -> Revision -> Deployment, the Route, ...) and the webhook, which defaults and
+#: validates Knative's objects (without its defaults a Revision's container has no name and its
+#: Deployment is refused) and keeps its own certificate and webhook configurations; the
+#: controller needs it. Knative's autoscaler, activator and an ingress are not run: a Revision's
+#: Deployment stays at the scale the controller creates it with (`autoscaling.knative.dev/
+#: initial-scale`, else config-autoscaler's `initial-scale`, 1), and a Service never turns
+#: Ready (its Route has no ingress). `KnativeProcess` says how they run.
+KNATIVE_SERVING_VERSION = "v0.50.0"
+KNATIVE_WEBHOOK = Operator("knative-webhook", "knative.dev/serving", KNATIVE_SERVING_VERSION,
+                           "knative.dev/serving/cmd/webhook", ())
+KNATIVE_CONTROLLER = Operator(
+    "knative-controller", "knative.dev/serving", KNATIVE_SERVING_VERSION, "knative.dev/serving/cmd/controller",
+    tuple(f"config/core/300-resources/{p}.yaml" for p in (
+        "service", "configuration", "revision", "route", "domain-mapping", "podautoscaler", "metric")),
+    needs=(KNATIVE_WEBHOOK.name,))
+KNATIVE_OPERATORS = (KNATIVE_WEBHOOK, KNATIVE_CONTROLLER)
+#: Files of the modules Knative Serving requires, at the versions its go.mod asks (module, file):
+#: the CRDs its release ships besides its own (the serving module's copies are symlinks, which
+#: module zips leave out); copied by KNATIVE_RECIPE to `knative/`.
+KNATIVE_REQUIRED_CRDS = (
+    ("knative.dev/networking", "config/ingress.yaml"),
+    ("knative.dev/networking", "config/serverlessservice.yaml"),
+    ("knative.dev/networking", "config/certificate.yaml"),
+    ("knative.dev/networking", "config/domain-claim.yaml"),
+    ("knative.dev/caching", "config/image.yaml"),
+)
+#: The objects of Knative Serving's install (config/core) the control plane creates before the
+#: webhook and the controller start: their ConfigMaps (KnativeProcess.CONFIG overrides a few
+#: keys), the webhook's Secret and its three webhook configurations (the webhook fills in their
+#: rules and CA bundles itself). (module, file), copied by KNATIVE_RECIPE to `knative/`.
+KNATIVE_INSTALL = (
+    *(("knative.dev/serving", f"config/core/configmaps/{p}.yaml") for p in (
+        "autoscaler", "certmanager", "defaults", "deployment", "domain", "features", "gc", "leader-election",
+        "logging", "observability", "tracing")),
+    ("knative.dev/networking", "config/config-network.yaml"),
+    ("knative.dev/serving", "config/core/webhooks/secret.yaml"),
+    ("knative.dev/serving", "config/core/webhooks/defaulting.yaml"),
+    ("knative.dev/serving", "config/core/webhooks/resource-validation.yaml"),
+    ("knative.dev/serving", "config/core/webhooks/configmap-validation.yaml"),
+)
+OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY, TRAINING_OPERATOR, TRAINING_OPERATOR_MPI,
+                                 *KNATIVE_OPERATORS)}
 #: Operators that run another's binary under its manager ClusterRole: name -> that operator.
 SAME_INSTALL: Mapping[str, Operator] = {TRAINING_OPERATOR_MPI.name: TRAINING_OPERATOR}
 
@@ -253,6 +299,11 @@ OPERATOR_ROLES: Mapping[str, tuple[str, str]] = {
     TRAINER.name: ("manifests/base/rbac/role.yaml", "kubeflow-trainer-controller-manager"),
     KUBERAY.name: ("config/rbac/role.yaml", "kuberay-operator"),
     TRAINING_OPERATOR.name: ("manifests/base/rbac/role.yaml", "training-operator"),
+    # both run as the install's `controller` ServiceAccount, bound to the aggregated
+    # knative-serving-admin: knative-serving-core, and the activator's read-only
+    # knative-serving-activator-cluster (services and endpoints), which core's rules cover
+    KNATIVE_CONTROLLER.name: ("config/core/200-roles/clusterrole.yaml", "knative-serving-core"),
+    KNATIVE_WEBHOOK.name: ("config/core/200-roles/clusterrole.yaml", "knative-serving-core"),
 }
 
 #: kube-controller-manager's --controllers: what makes user-written workloads run (Deployment ->
@@ -335,10 +386,16 @@ def kube_bin(command: str) -> Path:
     return component_dir(KUBERNETES_COMPONENT, KUBE_VERSION) / command
 
 
+#: The component Knative Serving's controller and webhook are built into (KNATIVE_RECIPE).
+KNATIVE_COMPONENT = "knative-serving"
+
+
 def operator_dir(op: Operator) -> Path:
     """The component dir an operator's binary and files are in."""
     if op in SHARED_OPERATORS:
         return component_dir(KUBERNETES_COMPONENT, KUBE_VERSION)
+    if op in KNATIVE_OPERATORS:
+        return component_dir(KNATIVE_COMPONENT, op.version)
     return component_dir(op.name, op.version)
 
 
@@ -635,6 +692,35 @@ def _copy_training_operator_mpi_crd(b: _Builder, out_dir: Path, workdir: Path) -
         dst.chmod(0o644)  # the module cache is read-only
 
 
+def knative_file(rel: str) -> Path:
+    """One of KNATIVE_REQUIRED_CRDS' or KNATIVE_INSTALL's files (its path in its module), as
+    cached."""
+    return component_dir(KNATIVE_COMPONENT, KNATIVE_SERVING_VERSION) / "knative" / Path(rel).name
+
+
+def _build_knative(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    """Knative Serving's controller and webhook in a module of their own (see
+    KNATIVE_SERVING_VERSION), at the versions its go.mod asks, by one `go build`; then the
+    files of KNATIVE_REQUIRED_CRDS and KNATIVE_INSTALL out of the module cache, each from the
+    version of its module the build resolved."""
+    b.run([b.go, "mod", "init", "kai-es.local/build/knative-serving"], workdir)
+    b.run([b.go, "mod", "edit", f"-require={KNATIVE_CONTROLLER.module}@{KNATIVE_SERVING_VERSION}"], workdir)
+    packages = [op.package for op in KNATIVE_OPERATORS]
+    _write_tools_go(workdir, *packages)
+    b.run([b.go, "mod", "tidy"], workdir)
+    b.run([b.go, "build", "-trimpath", "-ldflags", "-s -w", "-o", f"{out_dir}{os.sep}", *packages],
+          workdir, env={"CGO_ENABLED": "0"})  # fmt: skip
+    _place_operators(b, out_dir, workdir, KNATIVE_OPERATORS)
+    dirs: dict[str, Path] = {}
+    for module, rel in (*KNATIVE_REQUIRED_CRDS, *KNATIVE_INSTALL):
+        if module not in dirs:
+            dirs[module] = Path(json.loads(b.run([b.go, "list", "-m", "-json", module], workdir))["Dir"])
+        dst = out_dir / "knative" / Path(rel).name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(dirs[module] / rel, dst)
+        dst.chmod(0o644)  # the module cache is read-only
+
+
 def _build_etcd(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run([b.go, "mod", "init", "kai-es.local/build/etcd"], workdir)
     info = b.download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}", workdir)
@@ -737,6 +823,15 @@ TRAINING_OPERATOR_MPI_RECIPE = Recipe(
     TRAINING_OPERATOR_MPI.name, TRAINING_OPERATOR_MPI.version, TRAINING_OPERATOR_MPI.files(),
     _copy_training_operator_mpi_crd, {"operator": TRAINING_OPERATOR_MPI, "operator_class": Operator},
 )  # fmt: skip
+KNATIVE_RECIPE = Recipe(
+    KNATIVE_COMPONENT, KNATIVE_SERVING_VERSION,
+    (*(op.name for op in KNATIVE_OPERATORS), *(f for op in KNATIVE_OPERATORS for f in op.files()),
+     *(f"knative/{Path(rel).name}" for _, rel in (*KNATIVE_REQUIRED_CRDS, *KNATIVE_INSTALL))),
+    _build_knative,
+    {"builder": _Builder, "operators": KNATIVE_OPERATORS, "operator_class": Operator,
+     "required": KNATIVE_REQUIRED_CRDS, "install": KNATIVE_INSTALL,
+     "helpers": (_write_tools_go, _place_operators)},
+)  # fmt: skip
 ETCD = Recipe(
     "etcd", ETCD_VERSION, ("etcd",), _build_etcd,
     {"builder": _Builder, "helpers": (_sibling_replaces, _write_tools_go)},
@@ -752,7 +847,8 @@ KUBE_ROUTER = Recipe("kube-router", KUBE_ROUTER_VERSION, ("kube-router",), _buil
 CONTROL_PLANE_RECIPES = (ETCD, KWOK, KUBERNETES)
 #: Operators built apart from the control plane (`fetch_operators`), each in a module of its own.
 SEPARATE_OPERATOR_RECIPES = {KUBERAY.name: KUBERAY_RECIPE, TRAINING_OPERATOR.name: TRAINING_OPERATOR_RECIPE,
-                             TRAINING_OPERATOR_MPI.name: TRAINING_OPERATOR_MPI_RECIPE}
+                             TRAINING_OPERATOR_MPI.name: TRAINING_OPERATOR_MPI_RECIPE,
+                             **{op.name: KNATIVE_RECIPE for op in KNATIVE_OPERATORS}}
 
 
 def _fetch_one(recipe: Recipe, *, quiet: bool) -> Path:
@@ -1786,6 +1882,142 @@ class OperatorProcess:
             plural = cfg["kind"].lower() + "s"
             self.cp.call("POST", f"/apis/admissionregistration.k8s.io/v1/{plural}", cfg, ok=(201,))
 
+    def crds(self) -> list[dict[str, Any]]:
+        """The CRDs the control plane installs for this operator before it starts: its own
+        module's (`Operator.crds`)."""
+        return [crd for rel in self.op.crds for crd in _load_yaml_documents(operator_file(self.op, rel))]
+
+
+#: Knative Serving's system namespace: its install's, both processes' SYSTEM_NAMESPACE.
+KNATIVE_NAMESPACE = "knative-serving"
+#: The Service the install's webhook configurations call the webhook through (name, port name,
+#: port), as its install makes it (config/core/deployments/webhook.yaml).
+KNATIVE_WEBHOOK_SERVICE = ("webhook", "https-webhook", 443)
+#: Reconcilers whose Leases the controller holds once it works (its leader election is always
+#: on; one bucket each): Service -> Configuration -> Revision -> Deployment.
+KNATIVE_RECONCILERS = ("service", "configuration", "revision")
+
+
+class KnativeProcess(OperatorProcess):
+    """Knative Serving's webhook or controller (KNATIVE_OPERATORS), run as its install's two
+    Deployments run them, on this machine, each as its own user with the install's role.
+
+    Both take the apiserver from --kubeconfig and the rest from the environment the Deployments
+    give them: SYSTEM_NAMESPACE (knative-serving), CONFIG_LOGGING_NAME,
+    CONFIG_OBSERVABILITY_NAME, POD_NAME (the operator's name, in their logs);
+    the webhook also WEBHOOK_NAME and WEBHOOK_PORT. Each serves its (off) profiling endpoint on
+    a free port (PROFILING_PORT: both default to 8008). Leader election is always on (Knative's
+    bucketed Leases in knative-serving). The controller's health probes listen on :8080 of every
+    interface, fixed in knative.dev/pkg (injection.HealthCheckDefaultPort), as the MPI operator's
+    do: one such controller per machine at a time, never beside an MPI operator (the second to
+    bind exits, and its start fails with its log).
+
+    Before the webhook starts, `start` creates what the install creates for them: the namespace,
+    the ConfigMaps (KNATIVE_INSTALL, with CONFIG's keys set over them), the webhook's empty
+    Secret `webhook-certs`, its three webhook configurations (calling Service
+    knative-serving/webhook), and that Service. The webhook itself, as on a cluster, makes its CA
+    and its serving certificate for `webhook.knative-serving.svc` into the Secret and writes the
+    CA bundle, rules and paths into the configurations. Nothing routes a ClusterIP here (no
+    kube-proxy): the apiserver runs with --enable-aggregator-routing, so that it calls a
+    Service's endpoints (as it does for aggregated APIs), and the Service has no selector but one
+    EndpointSlice naming this host's address (`host_ip`: an endpoint may not be loopback) and the
+    webhook's port (it listens on every interface, as in a pod).
+
+    Ready: the webhook once each of its configurations carries its CA bundle and the apiserver
+    has it default a Service (a dry run: the Revision template's container is named
+    `user-container`); the controller once the Leases of KNATIVE_RECONCILERS have a holder (its
+    elector's own identity, not POD_NAME; nothing else runs these reconcilers here)."""
+
+    #: ConfigMap keys set over the install's (name -> data). No registry is reachable from here:
+    #: the queue-proxy sidecar image is written by digest, and tags of images from the
+    #: registries named are not resolved to digests (Knative's setting for local registries;
+    #: the tests' images are example.invalid's). Pods may name their scheduler (a feature flag
+    #: Knative ships off, which a cluster with KAI turns on for `kai-scheduler`).
+    CONFIG: Mapping[str, Mapping[str, str]] = {
+        "config-deployment": {"queue-sidecar-image": "example.invalid/knative/queue@sha256:" + "0" * 64,
+                              "registries-skipping-tag-resolving": "kind.local,ko.local,dev.local,example.invalid"},
+        "config-features": {"kubernetes.podspec-schedulername": "enabled"},
+    }
+
+    def _write_files(self) -> None:
+        creds = self.cp.creds
+        assert creds is not None
+        self.kubeconfig.write_text(_kubeconfig(self.cp.base_url, creds.ca_cert, self.user))
+
+    def command(self) -> list[str]:
+        return [str(operator_bin(self.op)), f"--kubeconfig={self.kubeconfig}"]
+
+    def env(self) -> dict[str, str]:
+        env = {"KUBECONFIG": str(self.kubeconfig), "TMPDIR": str(self.dir), "SYSTEM_NAMESPACE": KNATIVE_NAMESPACE,
+               "CONFIG_LOGGING_NAME": "config-logging", "CONFIG_OBSERVABILITY_NAME": "config-observability",
+               "POD_NAME": self.op.name, "PROFILING_PORT": str(self.probe_port)}
+        if self.op is KNATIVE_WEBHOOK:
+            env.update(WEBHOOK_NAME=KNATIVE_WEBHOOK_SERVICE[0], WEBHOOK_PORT=str(self.webhook_port))
+        return env
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_files()
+        if self.op is KNATIVE_WEBHOOK:
+            self.install()
+        self.proc.start(self.command(), cwd=self.dir, env=self.env())
+
+    def install(self) -> None:
+        """The objects of Knative's install the webhook and the controller need (see the class),
+        ConfigMaps first: the ConfigMap webhook refuses them until the webhook serves."""
+        self.cp.create_namespace(KNATIVE_NAMESPACE)
+        docs = [d for _, rel in KNATIVE_INSTALL for d in _load_yaml_documents(knative_file(rel))]
+        for doc in sorted(docs, key=lambda d: d["kind"] != "ConfigMap"):
+            name = doc["metadata"]["name"]
+            if doc["kind"] == "ConfigMap" and name in self.CONFIG:
+                doc["data"] = {**(doc.get("data") or {}), **self.CONFIG[name]}
+            self.cp.create_object(doc, KNATIVE_NAMESPACE)
+        name, port_name, port = KNATIVE_WEBHOOK_SERVICE
+        self.cp.create_object({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": {"app": "webhook"}},
+            "spec": {"ports": [{"name": port_name, "port": port, "targetPort": self.webhook_port}]},
+        }, KNATIVE_NAMESPACE)  # fmt: skip
+        self.cp.create_object({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{name}-{self.op.name}", "labels": {
+                "kubernetes.io/service-name": name, "endpointslice.kubernetes.io/managed-by": "kai-es-control-plane"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [host_ip()], "conditions": {"ready": True}}],
+            "ports": [{"name": port_name, "port": self.webhook_port, "protocol": "TCP"}],
+        }, KNATIVE_NAMESPACE)  # fmt: skip
+
+    def ready(self) -> bool:
+        self.proc.check_alive()
+        if self.op is KNATIVE_CONTROLLER:
+            for reconciler in KNATIVE_RECONCILERS:
+                lease = f"controller.knative.dev.serving.pkg.reconciler.{reconciler}.reconciler.00-of-01"
+                status, out = self.cp.request(
+                    "GET", f"/apis/coordination.k8s.io/v1/namespaces/{KNATIVE_NAMESPACE}/leases/{lease}")
+                if status != 200 or not (out.get("spec") or {}).get("holderIdentity"):
+                    return False
+            return True
+        for path, _ in ((f"/apis/admissionregistration.k8s.io/v1/{kind}s/{d['metadata']['name']}", d)
+                        for _, rel in KNATIVE_INSTALL for d in _load_yaml_documents(knative_file(rel))
+                        for kind in [d["kind"].lower()] if kind.endswith("webhookconfiguration")):
+            status, out = self.cp.request("GET", path)
+            if status != 200 or not all((h.get("clientConfig") or {}).get("caBundle") for h in out.get("webhooks") or [{}]):
+                return False
+        probe = {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "metadata": {"name": "probe"},
+                 "spec": {"template": {"spec": {"containers": [{"image": "example.invalid/probe:1"}]}}}}
+        status, out = self.cp.request(
+            "POST", f"/apis/serving.knative.dev/v1/namespaces/{KNATIVE_NAMESPACE}/services?dryRun=All", probe)
+        return status == 201 and out["spec"]["template"]["spec"]["containers"][0].get("name") == "user-container"
+
+    def register_webhooks(self) -> None:
+        """Nothing: the webhook keeps the configurations `install` created."""
+
+    def crds(self) -> list[dict[str, Any]]:
+        """The controller's own CRDs and those of KNATIVE_REQUIRED_CRDS."""
+        if self.op is not KNATIVE_CONTROLLER:
+            return super().crds()
+        return [*super().crds(), *(crd for _, rel in KNATIVE_REQUIRED_CRDS
+                                   for crd in _load_yaml_documents(knative_file(rel)))]
+
 
 #: The MPI operator's leader-election Lease (namespace, name): it always elects a leader.
 MPI_OPERATOR_LOCK = ("mpi-operator", "mpi-operator")
@@ -1922,8 +2154,11 @@ class ControlPlane:
         #: started after KWOK (OperatorProcess), in the order they need each other
         taken = {self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.controller_manager_port,
                  self.kube_scheduler_port}
-        self.operators = {name: OperatorProcess(self, OPERATORS[name], die_with_parent, taken)
-                          for name in operators}
+        self.operators = {name: (KnativeProcess if OPERATORS[name] in KNATIVE_OPERATORS else OperatorProcess)(
+                              self, OPERATORS[name], die_with_parent, taken) for name in operators}
+        if any(OPERATORS[name] in KNATIVE_OPERATORS for name in operators):
+            # the apiserver calls Knative's webhook through its Service's endpoints (KnativeProcess)
+            self.extra_apiserver_flags += ("--enable-aggregator-routing=true",)
         self.creds: Credentials | None = None
         self._ssl: ssl.SSLContext | None = None
         self.last_start_seconds: float | None = None
@@ -2266,8 +2501,7 @@ class ControlPlane:
     def _start_operators(self, deadline: float) -> None:
         """Each operator's CRDs, then the operators (at once), until every one is ready; then
         their webhooks and the objects their installs create (the trainer's runtimes)."""
-        self.install_crds([crd for o in self.operators.values() for rel in o.op.crds
-                           for crd in _load_yaml_documents(operator_file(o.op, rel))],
+        self.install_crds([crd for o in self.operators.values() for crd in o.crds()],
                           timeout_s=max(1.0, deadline - time.monotonic()))
         for operator in self.operators.values():
             operator.grant_role()

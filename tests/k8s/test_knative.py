@@ -1,0 +1,169 @@
+"""A Knative Service, made into pods by the real Knative Serving: its controller and its webhook,
+built from the Go module proxy at the version in tools/k8s/controlplane.py
+(KNATIVE_SERVING_VERSION) and run by a control plane of this module's own (its controller's
+health probes take :8080 of every interface, as the MPI operator's do, so it never runs beside
+tests/k8s/test_operators.py's; `KnativeProcess` says how both run).
+
+The Service is written as Knative's docs write one (`serving.knative.dev/v1`, a container image
+and its port, `autoscaling.knative.dev/min-scale` and `initial-scale` on the template), with
+KAI's queue and node-pool labels and the scheduler name added where KAI's docs add them. The
+webhook defaults it (the container's name, the traffic, the timeouts); Knative's controller makes
+the Configuration, the Revision and its Deployment, at the initial scale (no Knative autoscaler
+runs here: it would hold the Deployment at min-scale, which is the initial scale here);
+kube-controller-manager's Deployment and ReplicaSet controllers make the pods. kai-es's informer
+groups them as KAI's podgrouper does (one gang per Revision, `pg-<revision>-<uid>`, minimum the
+Revision's min-scale, priority class `inference`); its scheduler places them and its binder binds
+them onto KWOK GPU nodes. The Service never turns Ready (its Route has no ingress here), which the
+pods do not need.
+
+As in test_operators.py: the pool is filled first so that only part of the gang fits, and not one
+pod of the gang binds (each is reported `GangUnsatisfied`); freeing room binds the whole gang in
+one cycle; the run's log replays exactly. The test fails with the Knative rule taken out of the
+podgrouper's table (the pods then fall to the Deployment rule, a group of one each, and two of
+the three bind at once): tried once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.k8s.conftest import K8s, cp_mod, grant_scheduler_roles, started_control_plane
+from tests.k8s.test_operators import (
+    ONE_GPU,
+    QUEUE_LABEL,
+    SCHEDULER,
+    Run,
+    assert_replays,
+    bind_cycles,
+    bound,
+    data_in,
+    gang_waits,
+    groups_in,
+    podgroup_of,
+    running,
+    scenario,
+)
+
+pytestmark = pytest.mark.k8s
+
+OPERATORS = ("knative-webhook", "knative-controller")
+MIN_SCALE = 3
+
+
+@pytest.fixture(scope="module")
+def ops() -> Iterator[K8s]:
+    """A control plane running Knative Serving's webhook and controller, with KAI's CRDs and
+    the scheduler's RBAC (deploy/rbac) bound."""
+    with started_control_plane(operators=("knative-controller",), what="the Knative control plane") as cp:
+        grant_scheduler_roles(cp)
+        yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
+                  admin_token=cp.admin_token, scheduler_token=cp.scheduler_token, base_url=cp.base_url)
+
+
+def knative_service(run: Run, name: str = "hello") -> dict[str, Any]:
+    """Knative's "first Service" (helloworld-go: an image, its port, a TARGET variable) at a
+    fixed scale of MIN_SCALE one-GPU replicas (`min-scale` and `initial-scale`, as Knative's
+    autoscaling docs write them); KAI's queue label on the Service, the queue and pool labels
+    and the scheduler name on the template."""
+    return {
+        "apiVersion": "serving.knative.dev/v1", "kind": "Service",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: run.queue}},
+        "spec": {"template": {
+            "metadata": {"labels": run.labels(),
+                         "annotations": {"autoscaling.knative.dev/min-scale": str(MIN_SCALE),
+                                         "autoscaling.knative.dev/initial-scale": str(MIN_SCALE)}},
+            "spec": {"schedulerName": SCHEDULER, "containers": [{
+                "image": "example.invalid/knative/helloworld-go:latest",
+                "ports": [{"containerPort": 8080}],
+                "env": [{"name": "TARGET", "value": "World"}],
+                "resources": ONE_GPU}]}}},
+    }  # fmt: skip
+
+
+def get(ops: K8s, path: str) -> dict[str, Any]:
+    status, out = ops.cp.request("GET", path)
+    assert status == 200, (path, out)
+    return dict(out)
+
+
+def owner(obj: dict[str, Any]) -> tuple[str, str]:
+    (ref,) = obj["metadata"]["ownerReferences"]
+    return ref["kind"], ref["name"]
+
+
+async def test_a_knative_services_revision_binds_as_one_gang_of_its_min_scale(ops: K8s) -> None:
+    """Knative makes the Service's Configuration, Revision `hello-00001` and its Deployment of 3
+    one-GPU pods; with 2 GPUs free none binds, with 3 all three bind in one cycle, grouped by
+    the Revision (minimum 3, `inference`, the Service's queue)."""
+    async def body(run: Run) -> None:
+        svc = run.create(knative_service(run))
+        # the webhook's defaults, as the apiserver stored them
+        assert svc["spec"]["template"]["spec"]["containers"][0]["name"] == "user-container"
+        assert svc["spec"]["traffic"] == [{"latestRevision": True, "percent": 100}]
+        await gang_waits(run, MIN_SCALE)
+        await run.fill(5)
+        gang = await running(run, lambda got: len(got) == MIN_SCALE and all(bound(x, run.nodes) for x in got),
+                             f"the Revision's {MIN_SCALE} pods Running")
+        records = await run.records()
+        data = data_in(records, run.ns)
+        base = f"/apis/serving.knative.dev/v1/namespaces/{run.ns}"
+        revision = get(ops, f"{base}/revisions/hello-00001")
+        assert owner(revision) == ("Configuration", "hello")
+        assert owner(get(ops, f"{base}/configurations/hello")) == ("Service", "hello")
+        deployment = get(ops, f"/apis/apps/v1/namespaces/{run.ns}/deployments/hello-00001-deployment")
+        assert owner(deployment) == ("Revision", "hello-00001") and deployment["spec"]["replicas"] == MIN_SCALE
+        assert {owner(x)[0] for x in gang} == {"ReplicaSet"}
+        assert {x["metadata"]["labels"]["serving.knative.dev/revision"] for x in gang} == {"hello-00001"}
+        pg = f"pg-hello-00001-{revision['metadata']['uid']}"
+        group = groups_in(data)[pg]
+        assert group.min_member == MIN_SCALE and group.priority_class == "inference" and group.queue == run.queue
+        names = {x["metadata"]["name"] for x in gang}
+        assert {podgroup_of(data)[n] for n in names} == {pg}
+        assert len(set(bind_cycles(records, run.ns, names).values())) == 1
+        assert_replays(records)
+
+    await scenario(ops, 8, 6, body)
+
+
+def test_knative_runs_as_built_at_its_pinned_version_as_its_own_users(ops: K8s) -> None:
+    """The webhook and the controller are the binaries built from knative.dev/serving at the
+    pinned version, running, each as its own user (never system:masters) holding only the
+    ClusterRole Knative's install binds (knative-serving-core); each may do what it does here
+    (the controller create Deployments, the webhook update its webhook configurations), neither
+    may write RBAC or delete nodes, and neither was refused a request (its log names no
+    `forbidden`). The webhook filled in its configurations' CA bundles itself."""
+    cp = ops.cp
+    assert set(cp.operators) == set(OPERATORS)
+    for name, proc in cp.operators.items():
+        op = cp_mod.OPERATORS[name]
+        assert op.module == "knative.dev/serving" and op.version == cp_mod.KNATIVE_SERVING_VERSION
+        assert proc.proc.running(), proc.proc.tail()
+        assert Path(os.readlink(f"/proc/{proc.proc.pid}/exe")) == cp_mod.operator_bin(op).resolve()
+        _, review = cp.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                               {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+                               token=proc.user.token)
+        info = review["status"]["userInfo"]
+        assert info["username"] == f"kai-es-operator:{name}"
+        assert "system:masters" not in info.get("groups", []), info
+
+        def may(verb: str, group: str, resource: str, namespace: str = "default") -> bool:
+            sar = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                   "spec": {"user": proc.user.name, "groups": info.get("groups", []),
+                            "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                                   "namespace": namespace}}}
+            out = cp.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", sar)
+            return bool(out["status"].get("allowed"))
+
+        assert may("create", "apps", "deployments"), name
+        assert may("update", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", ""), name
+        assert not may("create", "rbac.authorization.k8s.io", "clusterroles"), name
+        assert not may("delete", "", "nodes"), name
+        assert "forbidden" not in proc.proc.log_path.read_text(errors="replace").lower(), proc.proc.tail()
+    hook = cp.call("GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
+                          "webhook.serving.knative.dev")["webhooks"][0]
+    assert hook["clientConfig"]["caBundle"] and hook["clientConfig"]["service"]["path"] == "/defaulting"
+    assert hook["clientConfig"]["caBundle"] != cp.creds.ca_cert.read_text()  # its own CA, not ours
