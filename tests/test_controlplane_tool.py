@@ -186,6 +186,37 @@ def test_the_training_operators_mpijob_v1_controller_runs_its_binary_with_only_t
         cp_mod.ControlPlane(operators=("mpi-operator", op.name))
 
 
+def test_knative_builds_apart_its_controller_and_webhook_with_the_files_of_the_modules_it_requires() -> None:
+    """Knative Serving: its controller and webhook from one build of a module of their own
+    (its Kubernetes v0.35 modules cannot join the shared build), with its own CRDs and those of
+    the networking and caching modules, its install's ConfigMaps, Secret and webhook
+    configurations; the controller needs the webhook (its defaults); both run under the
+    install's ClusterRole; the apiserver routes to endpoints only on a control plane that runs
+    them; never beside the MPI operator (both listen on :8080)."""
+    recipe, ctl, hook = cp_mod.KNATIVE_RECIPE, cp_mod.KNATIVE_CONTROLLER, cp_mod.KNATIVE_WEBHOOK
+    assert recipe.outputs[:2] == (hook.name, ctl.name) and ctl.name not in cp_mod.KUBERNETES.outputs
+    assert all(cp_mod.SEPARATE_OPERATOR_RECIPES[op.name] is recipe for op in (ctl, hook))
+    assert {cp_mod.operator_bin(op).parent for op in (ctl, hook)} == {recipe.dir}
+    assert {ctl.module, hook.module} == {"knative.dev/serving"} and ctl.version == cp_mod.KNATIVE_SERVING_VERSION
+    copied = {Path(f).name for f in recipe.outputs if f.startswith("knative/")}
+    assert {"ingress.yaml", "serverlessservice.yaml", "image.yaml", "config-network.yaml", "deployment.yaml",
+            "defaulting.yaml", "secret.yaml"} <= copied
+    assert all(f"operators/{ctl.name}/{Path(c).name}" in recipe.outputs for c in ctl.crds)
+    assert cp_mod._with_needs([ctl.name]) == [hook.name, ctl.name]
+    assert cp_mod.OPERATOR_ROLES[ctl.name] == cp_mod.OPERATOR_ROLES[hook.name] == (
+        "config/core/200-roles/clusterrole.yaml", "knative-serving-core")
+    knative, plain = cp_mod.ControlPlane(operators=(ctl.name,)), cp_mod.ControlPlane()
+    try:
+        assert [type(p).__name__ for p in knative.operators.values()] == ["KnativeProcess"] * 2
+        assert "--enable-aggregator-routing=true" in knative.extra_apiserver_flags
+        assert "--enable-aggregator-routing=true" not in plain.extra_apiserver_flags
+    finally:
+        knative.close()
+        plain.close()
+    with pytest.raises(cp_mod.ControlPlaneError, match="both listen on :8080"):
+        cp_mod.ControlPlane(operators=("mpi-operator", ctl.name))
+
+
 def test_an_operator_brings_the_operators_it_needs_first() -> None:
     assert cp_mod._with_needs(["trainer-controller-manager", "lws"]) == ["jobset", "trainer-controller-manager", "lws"]
     with pytest.raises(cp_mod.ControlPlaneError, match="no operator"):

@@ -19,8 +19,9 @@ pods do not need.
 As in test_operators.py: the pool is filled first so that only part of the gang fits, and not one
 pod of the gang binds (each is reported `GangUnsatisfied`); freeing room binds the whole gang in
 one cycle; the run's log replays exactly. The test fails with the Knative rule taken out of the
-podgrouper's table (the pods then fall to the Deployment rule, a group of one each, and two of
-the three bind at once): tried once."""
+podgrouper's table (tried once: the pods then fall to KAI's default grouper, one group
+`pg-hello-<the Service's uid>` of minimum 1 and priority class `train`, and two of the three
+bind while only two fit)."""
 
 from __future__ import annotations
 

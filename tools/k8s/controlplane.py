@@ -35,7 +35,10 @@ how: their own CRDs and webhooks, each as a process of the control plane), after
 CRDs; a test module that wants them starts a control plane of its own, so others do not pay.
 ``operators=("training-operator-mpi",)`` runs the training-operator's MPIJob ``kubeflow.org/v1``
 controller alone, with its module's MPIJob v1 CRD (TRAINING_OPERATOR_MPI), on a control plane
-without the MPI operator, whose v2beta1 CRD has the same name.
+without the MPI operator, whose v2beta1 CRD has the same name. ``operators=("knative-controller",)``
+runs Knative Serving (its controller and the webhook it needs: KNATIVE_OPERATORS, `KnativeProcess`)
+with what its install creates in namespace knative-serving, the apiserver reaching the webhook
+through its Service's endpoints (``--enable-aggregator-routing``).
 
 ``ControlPlane(real_node=True)`` also runs a real node (``RealNode``): the kubelet built here with
 Debian's containerd and runc (root; REAL_NODE_PACKAGES), a CNI bridge, and busybox images made
@@ -64,6 +67,9 @@ toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
   webhook manifests are copied from the module cache;
 * KubeRay's ray-operator v1.6.2 and Kubeflow's training-operator v1.8.1 — each in a module of its
   own (KUBERAY and TRAINING_OPERATOR say why);
+* Knative Serving v0.50.0's controller and webhook — by one ``go build`` in a module of their own
+  (KNATIVE_SERVING_VERSION says why), with its CRDs and install files and those of the
+  networking and caching modules it requires (KNATIVE_RECIPE; about 3 minutes cold on 2 cores);
 * etcd v3.6.8 — the same way (its server module replaces its sibling modules);
 * kube-router v2.1.0 — ``go install`` (``fetch_kube_router``; a real node with network policy);
 * KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
@@ -955,6 +961,21 @@ def _crds_apart(names: Sequence[str]) -> Sequence[str]:
             if other != name:
                 raise ControlPlaneError(f"operators {other!r} and {name!r} both bring {Path(rel).name}: "
                                         "run one of them per control plane")
+    return names
+
+
+#: Operators whose health servers listen on :8080 of every interface, a port their code fixes
+#: (the MPI operator v0.8.0's; Knative's controller's, knative.dev/pkg's
+#: injection.HealthCheckDefaultPort): the second of them to start on a machine exits.
+FIXED_PORT_8080 = ("mpi-operator", "knative-controller")
+
+
+def _ports_apart(names: Sequence[str]) -> Sequence[str]:
+    """`names`, unless two of them would listen on the same fixed port (FIXED_PORT_8080)."""
+    both = [n for n in names if n in FIXED_PORT_8080]
+    if len(both) > 1:
+        raise ControlPlaneError(f"operators {' and '.join(repr(n) for n in both)} both listen on :8080: "
+                                "run one of them per control plane (and per machine at a time)")
     return names
 
 
@@ -1996,11 +2017,13 @@ class KnativeProcess(OperatorProcess):
                 if status != 200 or not (out.get("spec") or {}).get("holderIdentity"):
                     return False
             return True
-        for path, _ in ((f"/apis/admissionregistration.k8s.io/v1/{kind}s/{d['metadata']['name']}", d)
-                        for _, rel in KNATIVE_INSTALL for d in _load_yaml_documents(knative_file(rel))
-                        for kind in [d["kind"].lower()] if kind.endswith("webhookconfiguration")):
-            status, out = self.cp.request("GET", path)
-            if status != 200 or not all((h.get("clientConfig") or {}).get("caBundle") for h in out.get("webhooks") or [{}]):
+        for doc in (d for _, rel in KNATIVE_INSTALL for d in _load_yaml_documents(knative_file(rel))):
+            if not doc["kind"].endswith("WebhookConfiguration"):
+                continue
+            status, out = self.cp.request(
+                "GET", f"/apis/admissionregistration.k8s.io/v1/{doc['kind'].lower()}s/{doc['metadata']['name']}")
+            hooks = out.get("webhooks") if status == 200 else None
+            if not hooks or not all((h.get("clientConfig") or {}).get("caBundle") for h in hooks):
                 return False
         probe = {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "metadata": {"name": "probe"},
                  "spec": {"template": {"spec": {"containers": [{"image": "example.invalid/probe:1"}]}}}}
@@ -2091,7 +2114,7 @@ class ControlPlane:
         runtime_config: Sequence[str] = (),
         network_policy: bool = False,
     ) -> None:
-        operators = _crds_apart(_with_needs(operators))  # refused before anything is made
+        operators = _ports_apart(_crds_apart(_with_needs(operators)))  # refused before anything is made
         if data_dir is None:
             base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
             remove_stale_data_dirs(Path(base))
