@@ -17,11 +17,12 @@ them onto KWOK GPU nodes. The Service never turns Ready (its Route has no ingres
 pods do not need.
 
 As in test_operators.py: the pool is filled first so that only part of the gang fits, and not one
-pod of the gang binds (each is reported `GangUnsatisfied`); freeing room binds the whole gang in
-one cycle; the run's log replays exactly. The test fails with the Knative rule taken out of the
+pod of the gang binds (each is reported `GangUnsatisfied`); freeing room binds the gang's
+minimum in one cycle (a pod beyond min-scale, when the initial scale is higher, only later);
+the run's log replays exactly. Both scheduling tests fail with the Knative rule taken out of the
 podgrouper's table (tried once: the pods then fall to KAI's default grouper, one group
-`pg-hello-<the Service's uid>` of minimum 1 and priority class `train`, and two of the three
-bind while only two fit)."""
+`pg-<service>-<the Service's uid>` of minimum 1 and priority class `train`, and they bind as
+they fit)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from tests.k8s.test_operators import (
     data_in,
     gang_waits,
     groups_in,
+    minimum_first,
     podgroup_of,
     running,
     scenario,
@@ -65,18 +67,19 @@ def ops() -> Iterator[K8s]:
                   admin_token=cp.admin_token, scheduler_token=cp.scheduler_token, base_url=cp.base_url)
 
 
-def knative_service(run: Run, name: str = "hello") -> dict[str, Any]:
-    """Knative's "first Service" (helloworld-go: an image, its port, a TARGET variable) at a
-    fixed scale of MIN_SCALE one-GPU replicas (`min-scale` and `initial-scale`, as Knative's
-    autoscaling docs write them); KAI's queue label on the Service, the queue and pool labels
-    and the scheduler name on the template."""
+def knative_service(run: Run, name: str = "hello", min_scale: int = MIN_SCALE,
+                    initial_scale: int = MIN_SCALE) -> dict[str, Any]:
+    """Knative's "first Service" (helloworld-go: an image, its port, a TARGET variable) of
+    one-GPU replicas, `min-scale` and `initial-scale` as Knative's autoscaling docs write them
+    (the Revision's Deployment starts at the initial scale); KAI's queue label on the Service,
+    the queue and pool labels and the scheduler name on the template."""
     return {
         "apiVersion": "serving.knative.dev/v1", "kind": "Service",
         "metadata": {"name": name, "labels": {QUEUE_LABEL: run.queue}},
         "spec": {"template": {
             "metadata": {"labels": run.labels(),
-                         "annotations": {"autoscaling.knative.dev/min-scale": str(MIN_SCALE),
-                                         "autoscaling.knative.dev/initial-scale": str(MIN_SCALE)}},
+                         "annotations": {"autoscaling.knative.dev/min-scale": str(min_scale),
+                                         "autoscaling.knative.dev/initial-scale": str(initial_scale)}},
             "spec": {"schedulerName": SCHEDULER, "containers": [{
                 "image": "example.invalid/knative/helloworld-go:latest",
                 "ports": [{"containerPort": 8080}],
@@ -128,6 +131,31 @@ async def test_a_knative_services_revision_binds_as_one_gang_of_its_min_scale(op
         assert_replays(records)
 
     await scenario(ops, 8, 6, body)
+
+
+async def test_a_revision_started_above_its_min_scale_binds_its_min_scale_first(ops: K8s) -> None:
+    """min-scale 2, initial-scale 3: the Revision's Deployment makes 3 pods, its gang's minimum
+    is 2. With 1 GPU free none binds; with 2, two bind in one cycle and the third waits; with a
+    third GPU it binds too, in a later cycle."""
+    async def body(run: Run) -> None:
+        run.create(knative_service(run, "elastic", min_scale=2, initial_scale=3))
+        _, extra = await minimum_first(run, 3, 2, "the Revision's 2 minimum pods Running")
+        await run.fill(5)
+        gang = await running(run, lambda got: len(got) == 3 and all(bound(x, run.nodes) for x in got),
+                             "all 3 pods of the Revision Running")
+        records = await run.records()
+        data = data_in(records, run.ns)
+        revision = get(ops, f"/apis/serving.knative.dev/v1/namespaces/{run.ns}/revisions/elastic-00001")
+        pg = f"pg-elastic-00001-{revision['metadata']['uid']}"
+        assert groups_in(data)[pg].min_member == 2
+        names = {x["metadata"]["name"] for x in gang}
+        assert {podgroup_of(data)[n] for n in names} == {pg} and len(extra) == 1
+        cycles = bind_cycles(records, run.ns, names)
+        assert len({cycles[n] for n in names - set(extra)}) == 1
+        assert cycles[extra[0]] > max(cycles[n] for n in names - set(extra))
+        assert_replays(records)
+
+    await scenario(ops, 8, 7, body)
 
 
 def test_knative_runs_as_built_at_its_pinned_version_as_its_own_users(ops: K8s) -> None:
