@@ -26,6 +26,7 @@ they fit)."""
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,5 +195,6 @@ def test_knative_runs_as_built_at_its_pinned_version_as_its_own_users(ops: K8s) 
         assert "forbidden" not in proc.proc.log_path.read_text(errors="replace").lower(), proc.proc.tail()
     hook = cp.call("GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
                           "webhook.serving.knative.dev")["webhooks"][0]
-    assert hook["clientConfig"]["caBundle"] and hook["clientConfig"]["service"]["path"] == "/defaulting"
-    assert hook["clientConfig"]["caBundle"] != cp.creds.ca_cert.read_text()  # its own CA, not ours
+    assert hook["clientConfig"]["service"]["path"] == "/defaulting"
+    bundle = base64.b64decode(hook["clientConfig"]["caBundle"])
+    assert bundle.startswith(b"-----BEGIN CERTIFICATE-----") and bundle != cp.creds.ca_cert.read_bytes()  # its own CA
