@@ -194,10 +194,14 @@ def main() -> None:
         arrivals(feed, arrived, len(bound))
         arrived += len(bound)
     steady = times[1:]
-    print(f"first cycle (hashes every entity once): {times[0] * 1000:.1f} ms")
+    print(f"first cycle (hashes every entity once): {times[0] * 1000:.1f} ms   (issue #21: <= 5 s for the first "
+          f"cycle after a restart from a snapshot: {times[0] / 5:.2f}x it)")
     if steady:
-        print(f"steady cycle: min {min(steady) * 1000:.1f} ms, median {statistics.median(steady) * 1000:.1f} ms "
-              f"over {len(steady)} cycles   target < 50 ms (KAI reports 2,350-2,500 ms at this shape)")
+        target_ms = 100 if args.nodes >= 20_000 else 50  # issue #21's shape, else KAI's largest
+        median = statistics.median(steady)
+        print(f"steady cycle: min {min(steady) * 1000:.1f} ms, median {median * 1000:.1f} ms "
+              f"over {len(steady)} cycles   target < {target_ms} ms ({median * 1000 / target_ms:.2f}x it; "
+              "KAI reports 2,350-2,500 ms at its largest shape)")
     if args.verify:
         from kai_es.state.incremental_digest import incremental_digest, recomputed_digest  # noqa: PLC0415
 
