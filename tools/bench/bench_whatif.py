@@ -5,7 +5,7 @@ changed config, process start included.
     python tools/bench/bench_whatif.py [--events 1000000]
 
 Prints the wall and CPU times (this process's children: the what-if and its worker) and the
-load average; target < 60 s each. Asserts nothing. The benchmark log is written by a generator,
+load average; target <= 30 s and <= 1 GB each (issue #21 §3). Asserts nothing. The benchmark log is written by a generator,
 not by `kai-es simulate` (binds land 1 s after their cycle, pods run one cycle), so even the
 recorded config's counterfactual differs from it in timing: "identical decisions" is expected
 to be False here (tests/test_whatif.py proves reproduction on simulated logs).
