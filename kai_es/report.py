@@ -163,6 +163,11 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
     leaves: set[str] = set()
     stranded = 0
     last_reasons: dict[str, tuple[str, ...]] = {}
+    # time passed at the current capacity, allocation, fair shares and stranded GPUs, not yet
+    # added: accrued once before any of them changes (the sums are linear in the time), not at
+    # every record whose time moved on
+    unaccrued = 0
+    queue_names: list[str] = []
     while True:
         record = yield
         if record is None:
@@ -172,10 +177,13 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
         if last_t is None:
             s.start_ns = last_t = t
         if t > last_t:
-            _accrue(s, t - last_t, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
+            unaccrued += t - last_t
             last_t = t
         data = env.data
         if isinstance(data, p.CycleStarted):
+            if unaccrued:
+                _accrue(s, unaccrued, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
+                unaccrued = 0
             s.cycles += 1
             leaves = _leaves(state)
             _sample_fair(s, state, t, fair)
@@ -219,13 +227,20 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
             # capacity changes only with nodes (summing every node per pod event cost O(nodes))
             new_capacity = (sum(state.nodes[n].spec.gpus for n in state.node_names) * 1000
                             if isinstance(data, (p.NodeObserved, p.NodeRemoved)) else capacity)
+            if len(queue_names) != len(state.queues) or isinstance(data, (p.QueueObserved, p.QueueRemoved)):
+                queue_names = sorted(state.queues)
+            queues = state.queues
+            if unaccrued and (new_capacity != capacity or any(
+                    alloc.get(name, 0) != queues[name].allocated_milli_gpu for name in queue_names)):
+                _accrue(s, unaccrued, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
+                unaccrued = 0
             if new_capacity != capacity:
                 capacity = new_capacity
                 if s.capacity and s.capacity[-1][0] == t:
                     s.capacity.pop()
                 s.capacity.append((t, capacity))
-            for name in sorted(state.queues):
-                milli = state.queues[name].allocated_milli_gpu
+            for name in queue_names:
+                milli = queues[name].allocated_milli_gpu
                 if alloc.get(name, 0) != milli or name not in s.queues:
                     s.queues.setdefault(name, QueueSummary(name))
                     if alloc.get(name) != milli:
@@ -233,8 +248,10 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
                     alloc[name] = milli
     end_ns = end[0]
     if last_t is not None and end_ns is not None and end_ns > last_t:
-        _accrue(s, end_ns - last_t, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
+        unaccrued += end_ns - last_t
         last_t = end_ns
+    if unaccrued:
+        _accrue(s, unaccrued, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
     s.end_ns = last_t or 0
     for key in sorted(state.pods):
         pod = state.pods[key]
