@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kai_es.app import open_log
+from kai_es.cli_common import records as log_records
 from kai_es.report import summarize
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
@@ -19,7 +20,7 @@ GOLDEN = Path(__file__).parent / "golden"
 
 @pytest.mark.parametrize("name", ["quickstart.events.jsonl", "consolidation.events.jsonl"])
 def test_allocated_and_capacity_gpu_time_integrate_every_interval(name: str) -> None:
-    records = list(open_log(str(GOLDEN / name), readonly=True).scan(0))
+    records = list(log_records(open_log(str(GOLDEN / name), readonly=True)))
     state = ClusterState()
     capacity = allocated = 0
     last: int | None = None
