@@ -165,7 +165,7 @@ def whatif(log_url: str, sets: tuple[str, ...], config_file: str | None, patch_f
         sys.stdout.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         return
     _print(doc)
-    console.print(f"counterfactual log: {escape(out_log)} ({len(events.records)} events; `kai-es replay` verifies it)   "
+    console.print(f"counterfactual log: {escape(out_log)} ({events.base + len(events.records)} events; `kai-es replay` verifies it)   "
                   f"report: {escape(str(report_path))}/{{whatif.json,allocation.png,waits.png}}", highlight=False)
 
 
@@ -400,10 +400,11 @@ class _Forked:
 
 
 def _rerun(workload: Any, seed: str, packer: str | None, until_ns: int | None) -> tuple[Any, Any]:
-    """(summary, decision facts) of `workload` re-run as recorded, into memory (in a worker)."""
-    from kai_es.adapters.memory_log import MemoryEventLog
+    """(summary, decision facts) of `workload` re-run as recorded (in a worker), its log kept
+    only as far back as its scheduler and binder read."""
+    from kai_es.whatif.recording_log import RecordingFileLog
 
-    return _play(workload, MemoryEventLog(), choose_packer(packer), seed, until_ns)
+    return _play(workload, RecordingFileLog(None), choose_packer(packer), seed, until_ns)
 
 
 def _until(stream: Any, end_ns: int | None) -> Any:
