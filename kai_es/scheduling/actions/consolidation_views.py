@@ -43,8 +43,8 @@ class NodeViews:
         self._room: dict[tuple[int, TaskShape], tuple[int, bool]] = {}
         self._short: dict[tuple[int, tuple[TaskShape, ...]], tuple[int, tuple[bool, bool, bool]]] = {}
         #: `free_capacity` per node and summed, and the nodes operations touched since
-        self._capacity: list[Vector] = []
-        self._capacity_sum: Vector = (0, 0, 0)
+        self._capacity: list[Vector] | None = None
+        self._capacity_sum: Vector | None = None
         self._changed: list[int] = []
         #: each node's free GPU capacity, the nodes by it (`most_free_first`), the nodes touched since
         self._free_now: list[int] | None = None
@@ -69,14 +69,20 @@ class NodeViews:
         return self.node_seq.get(node, 0) <= at
 
     def free_capacity(self) -> Vector:
-        """`victims.free_capacity` of the whole cluster, brought up to date on the nodes touched
-        since it was last asked for."""
+        """`victims.free_capacity` of the whole cluster: summed once; asked again after
+        operations, each node's is kept from then on and brought up to date on the nodes
+        touched since (a cycle whose searches never start pays one pass, as before)."""
         session = self.session
-        if not self._capacity:
-            self._capacity = [free_capacity(session, (n,)) for n in range(len(self.plan.names))]
+        if self._capacity is None:
+            if self._capacity_sum is None:
+                self._capacity_sum = free_capacity(session, None)
+            elif self._changed:
+                self._capacity = [free_capacity(session, (n,)) for n in range(len(self.plan.names))]
+                self._capacity_sum = _sum(self._capacity)
             self._changed.clear()
-            self._capacity_sum = _sum(self._capacity)
-        elif self._changed:
+            return self._capacity_sum
+        assert self._capacity_sum is not None
+        if self._changed:
             gpu, cpu, mem = self._capacity_sum
             for n in dict.fromkeys(self._changed):
                 (g0, c0, m0), (g1, c1, m1) = self._capacity[n], free_capacity(session, (n,))
