@@ -6,6 +6,7 @@ kind; and a run of identical binpacked pods asks the packer only when its node f
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from kai_es.scheduling.packing import (
     DeviceStrategy,
     GpuStrategy,
     NodeRow,
+    Packer,
     Placement,
     Strategy,
     TaskShape,
@@ -82,6 +84,20 @@ def test_every_answer_is_the_packers_own(kind: str, table: ArrayPackTable, strat
             table.apply_placed(node, devices, done, -1)
 
 
+def _run(place: Callable[[TaskShape, array[int] | None], Placement], packer: Packer, table: ArrayPackTable,
+         strategy: Strategy, task: TaskShape, count: int) -> list[int]:
+    """Place `count` tasks one after the other, each answer checked against a fresh scan and
+    applied: the nodes chosen."""
+    mask = array("q", [1] * table.n_nodes)
+    nodes = []
+    for _ in range(count):
+        got = place(task, mask)
+        assert got == packer.place(table, task, strategy, mask)
+        table.apply_placed(got.node, got.devices, task, 1)
+        nodes.append(got.node)
+    return nodes
+
+
 def test_identical_binpacked_pods_ask_the_packer_only_when_their_node_fills() -> None:
     table = ArrayPackTable.from_rows([NodeRow(free_milli_cpu=64000, free_memory_bytes=64 * GIB, free_pods=110,
                                               devices=tuple(DeviceRow(free_milli=1000) for _ in range(4)))
@@ -94,15 +110,7 @@ def test_identical_binpacked_pods_ask_the_packer_only_when_their_node_fills() ->
         asked.append(task)
         return packer.place(table, task, strategy, eligible)
 
-    place = RepeatedPlace(counted, table, strategy)
-    mask = array("q", [1, 1, 1])
-    task = TaskShape.whole(1, 1000, GIB)
-    nodes = []
-    for _ in range(12):
-        got = place(task, mask)
-        assert got == packer.place(table, task, strategy, mask)
-        table.apply_placed(got.node, got.devices, task, 1)
-        nodes.append(got.node)
+    nodes = _run(RepeatedPlace(counted, table, strategy), packer, table, strategy, TaskShape.whole(1, 1000, GIB), 12)
     assert nodes == [0] * 4 + [1] * 4 + [2] * 4
     assert len(asked) == 3  # once per node: when the last one filled up
 
@@ -123,14 +131,7 @@ def test_the_next_identical_task_stays_or_moves_on_as_the_packer_decides(task: T
                                               devices=tuple(DeviceRow(free_milli=1000) for _ in range(4)))
                                       for _ in range(2)])
     packer = load_packer("native")
-    place = bind_place(packer, table, strategy)
-    mask = array("q", [1, 1])
-    nodes = []
-    for _ in range(4):
-        got = place(task, mask)
-        assert got == packer.place(table, task, strategy, mask)
-        table.apply_placed(got.node, got.devices, task, 1)
-        nodes.append(got.node)
+    nodes = _run(bind_place(packer, table, strategy), packer, table, strategy, task, 4)
     stays = strategy.gpu_strategy == GpuStrategy.BINPACK if task.whole_gpus else \
         strategy.cpu_strategy == CpuStrategy.BINPACK and strategy.gpu_strategy != GpuStrategy.FRAGMENTATION
     assert len(set(nodes)) == (1 if stays else 2)

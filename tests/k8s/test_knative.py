@@ -47,6 +47,7 @@ from tests.k8s.test_operators import (
     gang_waits,
     groups_in,
     minimum_first,
+    operator_user,
     podgroup_of,
     running,
     scenario,
@@ -173,12 +174,7 @@ def test_knative_runs_as_built_at_its_pinned_version_as_its_own_users(ops: K8s) 
         assert op.module == "knative.dev/serving" and op.version == cp_mod.KNATIVE_SERVING_VERSION
         assert proc.proc.running(), proc.proc.tail()
         assert Path(os.readlink(f"/proc/{proc.proc.pid}/exe")) == cp_mod.operator_bin(op).resolve()
-        _, review = cp.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-                               {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
-                               token=proc.user.token)
-        info = review["status"]["userInfo"]
-        assert info["username"] == f"kai-es-operator:{name}"
-        assert "system:masters" not in info.get("groups", []), info
+        info = operator_user(cp, name, proc)
 
         def may(verb: str, group: str, resource: str, namespace: str = "default") -> bool:
             sar = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",

@@ -747,6 +747,17 @@ def test_the_operators_run_as_built_at_their_pinned_versions(ops: K8s) -> None:
     assert status == 403 and 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied' in str(out), (status, out)
 
 
+def operator_user(cp: Any, name: str, proc: Any) -> dict[str, Any]:
+    """The apiserver's userInfo of operator `name`'s process: its own user, never system:masters."""
+    _, review = cp.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                           {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+                           token=proc.user.token)
+    info: dict[str, Any] = review["status"]["userInfo"]
+    assert info["username"] == f"kai-es-operator:{name}"
+    assert "system:masters" not in info.get("groups", []), info
+    return info
+
+
 def test_each_operator_runs_as_its_own_user_with_only_its_installs_role(ops: K8s) -> None:
     """No operator is in system:masters: the apiserver knows each by its own user, holding only
     the manager ClusterRole its install ships (what let the tests above run). Each may create
@@ -755,12 +766,7 @@ def test_each_operator_runs_as_its_own_user_with_only_its_installs_role(ops: K8s
     `forbidden`)."""
     cp = ops.cp
     for name, proc in cp.operators.items():
-        _, review = cp.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-                               {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
-                               token=proc.user.token)
-        info = review["status"]["userInfo"]
-        assert info["username"] == f"kai-es-operator:{name}"
-        assert "system:masters" not in info.get("groups", []), info
+        info = operator_user(cp, name, proc)
 
         def may(verb: str, group: str, resource: str) -> bool:
             sar = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
