@@ -1,5 +1,9 @@
 """What consolidation's searches of one cycle derive from each node (`NodeViews`), kept across
-them and recomputed only where the Plan changed. Pure: reads the state and the Plan."""
+them and recomputed only where the Plan changed. Pure: reads the state and the Plan.
+
+The nodes by free GPU capacity are a `sortedcontainers.SortedList` (the project's sorted
+container, as the reducer's indexes): a search walks them in order and an operation moves only
+the nodes it touched, each in O(log n), where sorting every node per search cost O(n log n)."""
 
 from __future__ import annotations
 
