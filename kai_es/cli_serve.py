@@ -17,7 +17,7 @@ from kai_es.cli_common import UserError, console, friendly, records_from
 from kai_es.events import Record
 from kai_es.serve.bind import DEFAULT_BIND, serve_address
 from kai_es.serve.follow import Follower
-from kai_es.serve.http import Site, ViewServer, whatif_file
+from kai_es.serve.http import Site, ViewServer, records_at, whatif_file
 from kai_es.visibility.live import LiveView
 
 
@@ -47,7 +47,7 @@ def serve(log_url: str, bind: str, allow_remote: bool, whatif: str | None, poll_
     lock = threading.Lock()
     follower = Follower(log, view, lock)
     site = Site(view, lock, follower, source=log_url, job_records=job_records, whatif=whatif_path,
-                poll_ms=poll_ms)
+                poll_ms=poll_ms, records_at=records_at(log))
     try:
         server = ViewServer(site, host, port)
     except OSError as exc:

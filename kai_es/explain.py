@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,11 +94,13 @@ class _Run:
     cycles: int = 1
 
     def as_json(self) -> dict[str, Any]:
+        """The entry as it stands (its verdicts copied: a later cycle that extends the run
+        updates them)."""
         return {"kind": "wait", "cycles": self.cycles,
                 "firstCycle": self.first.cycle, "lastCycle": self.last.cycle,
                 "from": _at(self.first.position, self.first.time_ns),
                 "until": _at(self.last.position, self.last.time_ns),
-                "verdicts": self.verdicts,
+                "verdicts": [dict(v) for v in self.verdicts],
                 "queueAtFirst": self.first.queue, "queueAtLast": self.last.queue,
                 "positionAtFirst": _position_json(self.first.place),
                 "positionAtLast": _position_json(self.last.place)}
@@ -118,33 +120,85 @@ def queue_numbers(state: ClusterState, shares: dict[str, dict[str, QueueShare]],
     fair share, request (allocated + pending, capped by the limit, as the division counts it)
     and pending (what its pending pods ask for, its leaves' summed for a parent). None when the
     queue does not exist."""
+    return _numbers(state, shares, pending_sums(state, pending_request(state, hint)), name)
+
+
+def _numbers(state: ClusterState, shares: dict[str, dict[str, QueueShare]], sums: dict[str, list[int]],
+             name: str) -> dict[str, Any] | None:
     if name not in state.queues or name not in shares["gpu"]:
         return None
-    pending = pending_request(state, hint)
-    below = _leaves_under(state, name)
     out: dict[str, Any] = {"name": name, "parent": state.queues[name].spec.parent or None}
     for r, resource in enumerate(RESOURCES):
         share = shares[resource][name]
         out[resource] = {"quota": share.quota, "limit": share.limit, "allocated": share.allocated,
-                         "fairShare": share.fair_share, "request": share.request,
-                         "pending": sum(pending.get(leaf, (0, 0, 0))[r] for leaf in below)}
+                         "fairShare": share.fair_share, "request": share.request, "pending": sums[name][r]}
     return out
 
 
-def _leaves_under(state: ClusterState, name: str) -> list[str]:
-    """`name` and every queue whose parent chain reaches it (sorted)."""
+def pending_sums(state: ClusterState, demand: dict[str, tuple[int, int, int]]) -> dict[str, list[int]]:
+    """Every queue's pending demand per resource: what the pending pods of the queue and of each
+    queue whose parent chain reaches it ask for (`demand`: `fairshare.pending_request`). A
+    queue's demand is added to each queue of its chain once (a chain that loops ends there)."""
     parents = {q: state.queues[q].spec.parent for q in state.queues}
-    out = []
-    for q in sorted(parents):
+    sums = {q: [0, 0, 0] for q in parents}
+    for leaf, asks in demand.items():
         seen: set[str] = set()
-        at = q
-        while at and at not in seen:
-            if at == name:
-                out.append(q)
-                break
+        at = leaf
+        while at in sums and at not in seen:
             seen.add(at)
-            at = parents.get(at, "")
-    return out
+            total = sums[at]
+            for r in range(3):
+                total[r] += asks[r]
+            at = parents[at]
+    return sums
+
+
+class CutNumbers:
+    """What timelines read at one cycle's cut, each computed once however many jobs ask: the
+    division the cycle ran (`cycle_shares`), the pending demand (`pending_sums`), each queue's
+    numbers (`queue_numbers`) and each queue's order of waiting jobs (`positions.position`).
+    The state must stay at the cut while this is used."""
+
+    __slots__ = ("state", "now_ns", "_shares", "_sums", "_numbers", "_orders")
+
+    def __init__(self, state: ClusterState, now_ns: int) -> None:
+        self.state = state
+        self.now_ns = now_ns
+        self._shares: tuple[dict[str, dict[str, QueueShare]], int] | None = None
+        self._sums: dict[str, list[int]] | None = None
+        self._numbers: dict[str, dict[str, Any] | None] = {}
+        self._orders: dict[str, dict[str, int]] = {}
+
+    def shares(self) -> tuple[dict[str, dict[str, QueueShare]], int]:
+        """`cycle_shares` at the cut: (shares, the GPU memory hint)."""
+        if self._shares is None:
+            self._shares = cycle_shares(self.state, self.now_ns)
+        return self._shares
+
+    def sums(self) -> dict[str, list[int]]:
+        """`pending_sums` at the cut."""
+        if self._sums is None:
+            self._sums = pending_sums(self.state, pending_request(self.state, self.shares()[1]))
+        return self._sums
+
+    def numbers(self, name: str) -> dict[str, Any] | None:
+        """`queue_numbers` of queue `name` at the cut (one dict per queue, shared: not to be changed)."""
+        if name not in self._numbers:
+            shares = self.shares()[0]
+            self._numbers[name] = (_numbers(self.state, shares, self.sums(), name)
+                                   if name in self.state.queues and name in shares["gpu"] else None)
+        return self._numbers[name]
+
+    def place(self, job_key: str) -> tuple[int, int] | None:
+        """`positions.position(state, job_key)` at the cut."""
+        job = self.state.jobs.get(job_key)
+        if job is None or not job.pending:
+            return None
+        order = self._orders.get(job.queue)
+        if order is None:
+            order = self._orders[job.queue] = ranked(queue_order(self.state, job.queue))
+        at = order.get(job_key)
+        return None if at is None else (at + 1, len(order))
 
 
 def cycle_shares(state: ClusterState, now_ns: int) -> tuple[dict[str, dict[str, QueueShare]], int]:
@@ -232,83 +286,168 @@ class _Subject:
         return "pod" if self.pod_seen else "job"
 
 
+def record_key(data: p.Payload) -> str:
+    """The pod key a record is about, as a timeline reads it ("" for none): the namespace and name
+    of any payload that has both."""
+    return pod_key(data.namespace, data.name) if hasattr(data, "namespace") and hasattr(data, "name") else ""
+
+
+#: the payloads a timeline follows that change it for a pod it follows (`Timeline.event`); a
+#: record of any other type about a followed pod changes at most `queue_of`, and only for a pod
+#: in the state
+EVENT_TYPES: tuple[type[p.Payload], ...] = (
+    p.PodObserved, p.PodUnschedulable, p.PodPipelined, p.BindingDecided, p.PodBound, p.PodBindFailed,
+    p.EvictionDecided, p.PodEvicted, p.PodEvictionFailed, p.PodRemoved)
+
+
+class Timeline:
+    """One subject's timeline, fed record by record after each is folded (what `explain` does
+    over a whole log). Fed every record it folds, in order:
+
+    - a PodObserved of pod `key`: `subject.track(state, key)` then `event`;
+    - a CycleStarted: `cycle_started` (with the cut's `CutNumbers`);
+    - a CycleCompleted: `cycle_completed`;
+    - any other record: `event` with its `record_key`.
+
+    A caller may leave out a record that cannot change the timeline: an `event` of a pod it
+    does not follow, a `cycle_started` when none of its pods is pending then, a
+    `cycle_completed` of a cut it did not open (`open_cuts`). With `keep_events=False` an event
+    entry is kept as the position of its record, and `resolve` turns the report's positions
+    back into the entries (the entry is a function of the record and of the previous ones)."""
+
+    __slots__ = ("subject", "entries", "announced", "open_cuts", "queue_of", "phase", "keep_events")
+
+    def __init__(self, target: str, *, keep_events: bool = True) -> None:
+        self.subject = _Subject(target)
+        self.entries: list[dict[str, Any] | _Run | int] = []
+        self.announced: dict[str, list[p.Reason]] = {}
+        self.open_cuts: dict[int, _Cut] = {}
+        self.queue_of: dict[str, str] = {}
+        self.phase: dict[str, str] = {}
+        self.keep_events = keep_events
+
+    def cycle_started(self, record: Record, state: ClusterState, numbers: CutNumbers) -> bool:
+        """Open the cut of CycleStarted `record` if one of the subject's pods is pending at it
+        (True then)."""
+        cut = _cut(state, self.subject, record, self.announced, numbers)
+        if cut is None:
+            return False
+        self.open_cuts[record.position] = cut
+        return True
+
+    def cycle_completed(self, basedon: int | None) -> None:
+        cut = self.open_cuts.pop(basedon if basedon is not None else -1, None)
+        if cut is not None:
+            _verdict(cut, self.entries, self.announced)
+
+    def event(self, record: Record, key: str, state: ClusterState) -> None:
+        """A record other than a cycle's start or end, about pod `key` ("" for none)."""
+        if not key or not self.subject.follows(key):
+            return
+        env = record.envelope
+        data = env.data
+        pod = state.pods.get(key)
+        if pod is not None and pod.job_key in state.jobs:
+            self.queue_of[key] = state.jobs[pod.job_key].queue
+        cut = self.open_cuts.get(env.basedon) if env.basedon is not None else None
+        if isinstance(data, p.PodUnschedulable):
+            self.announced[key] = list(data.reasons)
+            if cut is not None:
+                cut.decided[key] = data
+            return
+        if isinstance(data, p.PodPipelined) and cut is not None:
+            cut.decided[key] = data
+            return
+        entry = _event(record, key, data, self.phase)
+        if entry is not None:
+            if isinstance(data, (p.BindingDecided, p.PodPipelined)):
+                self.announced.pop(key, None)
+                if cut is not None:
+                    cut.decided[key] = data
+            self.entries.append(entry if self.keep_events else record.position)
+
+    def report(self, state: ClusterState, first_ns: int, last_ns: int,
+               cluster: Callable[[], dict[str, int]]) -> dict[str, Any]:
+        """The report of `explain` over the records fed so far (`state` folded through them,
+        `first_ns`/`last_ns` their first and last logical time, `cluster()` the cluster-wide
+        order then as `positions.ranked(cluster_order(state, last_ns))`). Nothing it returns is
+        changed by feeding more; with `keep_events=False` its timeline holds record positions
+        (`resolve`). Raises ExplainError when the subject is not in the records."""
+        subject = self.subject
+        if not subject.pod_seen and not subject.job_pods:
+            raise ExplainError(f"the log has no pod or job {subject.key!r} (a job is named by its PodGroup "
+                               "or by the owner of its pods, e.g. default/my-pytorchjob)")
+        timeline: list[dict[str, Any] | int] = [e.as_json() if isinstance(e, _Run) else e for e in self.entries]
+        queue_of = self.queue_of
+        pods = sorted(k for k in set(queue_of) | subject.job_pods | ({subject.key} if subject.pod_seen else set())
+                      if subject.follows(k))
+        ranks: dict[str, int] | None = None
+        for key in pods:  # where each pod stands when the log ends (a pod that never ran says so)
+            pod = state.pods.get(key)
+            if pod is not None and self.phase.get(key) not in ("Succeeded", "Failed"):
+                end: dict[str, Any] = {"kind": "atEnd", "pod": key, **_at(state.position, last_ns),
+                                       "status": pod.status, "node": pod.node or None}
+                place = position(state, pod.job_key)
+                if place is not None:
+                    if ranks is None:
+                        ranks = cluster()
+                    end["place"] = {"inQueue": place[0], "of": place[1], **_cluster_place(ranks, pod.job_key)}
+                timeline.append(end)
+        return {
+            "subject": {"kind": subject.mode, "namespace": subject.namespace, "name": subject.name,
+                        "pods": pods, "queues": sorted(set(queue_of[k] for k in pods if k in queue_of))},
+            "units": UNITS,
+            "log": {"from": first_ns, "until": last_ns},
+            "timeline": timeline,
+        }
+
+
+def event_positions(report: dict[str, Any]) -> list[int]:
+    """The record positions a `Timeline.report` (keep_events=False) holds in place of entries."""
+    return [e for e in report["timeline"] if isinstance(e, int)]
+
+
+def resolve(report: dict[str, Any], records: dict[int, Record]) -> dict[str, Any]:
+    """`report` with each record position of its timeline replaced by that record's entry
+    (`records`: position -> record, for every `event_positions(report)`), as `explain` makes
+    it: an entry depends on its record and on the phase the previous entries left its pod in."""
+    phase: dict[str, str] = {}
+    timeline = []
+    for e in report["timeline"]:
+        if isinstance(e, int):
+            record = records[e]
+            data = record.envelope.data
+            entry = _event(record, record_key(data), data, phase)
+            if entry is None:
+                raise ValueError(f"the record at position {e} is not an entry of this timeline")
+            e = entry
+        timeline.append(e)
+    return {**report, "timeline": timeline}
+
+
 def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
     """The timeline of pod or job `target` (see module docstring); raises ExplainError when the
     log has no such pod or job. The shape is documented in docs/explain.md."""
-    subject = _Subject(target)
+    timeline = Timeline(target)
     state = ClusterState()
-    entries: list[dict[str, Any] | _Run] = []
-    announced: dict[str, list[p.Reason]] = {}
-    open_cuts: dict[int, _Cut] = {}
-    queue_of: dict[str, str] = {}
-    phase: dict[str, str] = {}
     span = _Span()
     for record in span.folded(records, state):
         env = record.envelope
         data = env.data
-        key = pod_key(data.namespace, data.name) if hasattr(data, "namespace") and hasattr(data, "name") else ""
-        if isinstance(data, p.PodObserved):
-            subject.track(state, key)
         if isinstance(data, p.CycleStarted):
-            cut = _cut(state, subject, record, announced)
-            if cut is not None:
-                open_cuts[record.position] = cut
-            continue
-        if isinstance(data, p.CycleCompleted):
-            cut = open_cuts.pop(env.basedon if env.basedon is not None else -1, None)
-            if cut is not None:
-                _verdict(cut, entries, announced)
-            continue
-        if not key or not subject.follows(key):
-            continue
-        pod = state.pods.get(key)
-        if pod is not None and pod.job_key in state.jobs:
-            queue_of[key] = state.jobs[pod.job_key].queue
-        cut = open_cuts.get(env.basedon) if env.basedon is not None else None
-        if isinstance(data, p.PodUnschedulable):
-            announced[key] = list(data.reasons)
-            if cut is not None:
-                cut.decided[key] = data
-            continue
-        if isinstance(data, p.PodPipelined) and cut is not None:
-            cut.decided[key] = data
-            continue
-        entry = _event(record, key, data, phase)
-        if entry is not None:
-            if isinstance(data, (p.BindingDecided, p.PodPipelined)):
-                announced.pop(key, None)
-                if cut is not None:
-                    cut.decided[key] = data
-            entries.append(entry)
-    if not subject.pod_seen and not subject.job_pods:
-        raise ExplainError(f"the log has no pod or job {subject.key!r} (a job is named by its PodGroup "
-                           "or by the owner of its pods, e.g. default/my-pytorchjob)")
-    pods = sorted(k for k in set(queue_of) | subject.job_pods | ({subject.key} if subject.pod_seen else set())
-                  if subject.follows(k))
-    cluster: dict[str, int] | None = None
-    for key in pods:  # where each pod stands when the log ends (a pod that never ran says so)
-        pod = state.pods.get(key)
-        if pod is not None and phase.get(key) not in ("Succeeded", "Failed"):
-            end: dict[str, Any] = {"kind": "atEnd", "pod": key, **_at(state.position, span.last_ns),
-                                   "status": pod.status, "node": pod.node or None}
-            place = position(state, pod.job_key)
-            if place is not None:
-                if cluster is None:
-                    cluster = ranked(cluster_order(state, span.last_ns))
-                end["place"] = {"inQueue": place[0], "of": place[1],
-                                   **_cluster_place(cluster, pod.job_key)}
-            entries.append(end)
-    return {
-        "subject": {"kind": subject.mode, "namespace": subject.namespace, "name": subject.name,
-                    "pods": pods, "queues": sorted(set(queue_of[k] for k in pods if k in queue_of))},
-        "units": UNITS,
-        "log": {"from": span.first_ns, "until": span.last_ns},
-        "timeline": [e.as_json() if isinstance(e, _Run) else e for e in entries],
-    }
+            timeline.cycle_started(record, state, CutNumbers(state, env.logicaltime))
+        elif isinstance(data, p.CycleCompleted):
+            timeline.cycle_completed(env.basedon)
+        else:
+            key = record_key(data)
+            if isinstance(data, p.PodObserved):
+                timeline.subject.track(state, key)
+            timeline.event(record, key, state)
+    return timeline.report(state, span.first_ns, span.last_ns, lambda: ranked(cluster_order(state, span.last_ns)))
 
 
 def _cut(state: ClusterState, subject: _Subject, record: Record,
-         announced: dict[str, list[p.Reason]]) -> _Cut | None:
+         announced: dict[str, list[p.Reason]], numbers: CutNumbers) -> _Cut | None:
     """What cycle `record` (a CycleStarted, folded) sees of the subject, or None if nothing."""
     pending: dict[str, tuple[str, list[p.Reason] | None]] = {}
     queue = ""
@@ -325,14 +464,10 @@ def _cut(state: ClusterState, subject: _Subject, record: Record,
             job_key = pod.job_key
     if not pending:
         return None
-    numbers = None
-    if queue:
-        shares, hint = cycle_shares(state, record.envelope.logicaltime)
-        numbers = queue_numbers(state, shares, hint, queue)
     env = record.envelope
     assert isinstance(env.data, p.CycleStarted)
-    return _Cut(env.data.cycle, record.position, env.logicaltime, pending, numbers,
-                place=position(state, job_key) if job_key else None)
+    return _Cut(env.data.cycle, record.position, env.logicaltime, pending, numbers.numbers(queue) if queue else None,
+                place=numbers.place(job_key) if job_key else None)
 
 
 #: reason numbers that change with each failed search while the verdict stays the same
@@ -346,7 +481,7 @@ def _without_backoff(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return key
 
 
-def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run], announced: dict[str, list[p.Reason]]) -> None:
+def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run | int], announced: dict[str, list[p.Reason]]) -> None:
     """Fold a completed cycle's verdict on the subject into the timeline (collapsing)."""
     kinds: Counter[tuple[Any, ...]] = Counter()
     detail: dict[tuple[Any, ...], dict[str, Any]] = {}

@@ -6,14 +6,19 @@ Contract:
   two committed assets), ``/api/position`` (records folded, as text: what live.js polls).
 - GET and HEAD are the only methods with a handler; POST, PUT, DELETE, PATCH and OPTIONS get
   405 (others http.server's 501). Nothing here writes the log: it is only read, through the
-  `LiveView` a `Follower` fills and, for a job's timeline, through `job_records()`.
+  `LiveView` a `Follower` fills and, for a job's timeline, through `records_at` (the records of
+  its event entries) or `job_records()`.
 - A bad query parameter is a 400 page, an unknown subject or path a 404 page, a failure while
   rendering a 500 page with one line; the server keeps serving after each.
 - Every response has a Content-Security-Policy allowing only this origin's script, style and
   images (so even markup that escaped escaping could not run a script of its own), and is not
   cached.
-- A job's timeline is `kai_es.explain.explain` over `job_records()` (the log read from its
-  start), kept per job until the view has folded records it did not see.
+- A job's timeline is the one the view keeps while it folds (`LiveView.timeline`: the report
+  `kai_es.explain.explain` makes over the records folded so far), its event entries made from
+  their records, read by position with `records_at` (default: picked from `job_records()`).
+  A subject the view keeps no timeline for (a pod that is not a job, a `pod/` or `job/` target, a
+  name not in the log) is `explain` over `job_records()` (the log read from its start), kept
+  per subject until the view has folded records it did not see.
 """
 
 from __future__ import annotations
@@ -23,16 +28,17 @@ import logging
 import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from kai_es.adapters.file_log import FileEventLog
 from kai_es.events import Record
-from kai_es.explain import ExplainError, explain
-from kai_es.ports import SetupError
+from kai_es.explain import ExplainError, event_positions, explain, resolve
+from kai_es.ports import EventLog, SetupError
 from kai_es.serve.follow import Follower
 from kai_es.visibility import pages
 from kai_es.visibility.live import LiveView
@@ -73,17 +79,33 @@ def read_whatif(f: Path) -> dict[str, Any]:
     return doc
 
 
+def records_at(log: EventLog) -> Callable[[Sequence[int]], list[Record]] | None:
+    """Reads of records by position for a job's timeline when `log` is a file (a reader of its
+    own, indexed now, one read at a time); None for a log without them (Kafka: `Site` then picks
+    them from `job_records()`)."""
+    if not isinstance(log, FileEventLog):
+        return None
+    reader, reading = FileEventLog(log.path, readonly=True), threading.Lock()
+
+    def read(positions: Sequence[int]) -> list[Record]:
+        with reading:
+            return [record for at in positions for record in reader.scan(at, at + 1)]
+
+    return read
+
+
 class Site:
     """What each route answers (no HTTP here: `handle` is called by the request handler)."""
 
     def __init__(self, view: LiveView, lock: threading.Lock, follower: Follower, *, source: str,
                  job_records: Callable[[], Iterable[Record]], whatif: Path | None = None,
-                 poll_ms: int = 1000) -> None:
+                 poll_ms: int = 1000, records_at: Callable[[Sequence[int]], Iterable[Record]] | None = None) -> None:
         self.view = view
         self.lock = lock
         self.follower = follower
         self.source = source
         self.job_records = job_records
+        self.records_at = records_at if records_at is not None else self._picked
         self.whatif = whatif
         self.poll_ms = poll_ms
         self._jobs: OrderedDict[str, tuple[int, dict[str, Any]]] = OrderedDict()
@@ -158,6 +180,10 @@ class Site:
     def _job(self, name: str) -> dict[str, Any]:
         with self.lock:
             fed = self.view.fed
+            kept = self.view.timeline(name)
+        if kept is not None:
+            positions = event_positions(kept)
+            return resolve(kept, {record.position: record for record in self.records_at(positions)})
         with self._jobs_lock:
             cached = self._jobs.get(name)
         if cached is not None and cached[0] >= fed:
@@ -180,6 +206,19 @@ class Site:
             while len(self._jobs) > JOB_CACHE:
                 self._jobs.popitem(last=False)
         return report
+
+    def _picked(self, positions: Sequence[int]) -> Iterable[Record]:
+        """The records at `positions` (ascending), picked from `job_records()` (a log without
+        reads by position: read from its start to the last of them, decoded, not folded)."""
+        if not positions:
+            return
+        wanted = set(positions)
+        last = max(positions)
+        for record in self.job_records():
+            if record.position in wanted:
+                yield record
+            if record.position >= last:
+                return
 
     def _error(self, status: int, message: str) -> Response:
         return status, HTML, pages.error_page(status, message).encode()

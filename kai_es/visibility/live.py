@@ -29,12 +29,13 @@ from typing import Any, Final
 
 from kai_es.events import Record
 from kai_es.events import payloads as p
-from kai_es.explain import cycle_shares, waiting_jobs
-from kai_es.scheduling.fairshare import RESOURCES, pending_request
+from kai_es.explain import CutNumbers, waiting_jobs
+from kai_es.scheduling.fairshare import RESOURCES
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key
 from kai_es.visibility.positions import cluster_order, ranked
 from kai_es.visibility.queue_metrics import pending_counts
+from kai_es.visibility.timelines import JobTimelines
 
 HISTORY_POINTS: Final = 512
 RECENT_EVENTS: Final = 100_000
@@ -122,6 +123,7 @@ class LiveView:
         self.announced: dict[str, list[p.Reason]] = {}
         self.recent: deque[tuple[int, int, str, str, p.Payload]] = deque(maxlen=recent_events)
         self._open: dict[int, Cut] = {}
+        self.timelines = JobTimelines()
 
     def feed(self, record: Record) -> None:
         env = record.envelope
@@ -137,7 +139,10 @@ class LiveView:
         elif isinstance(data, (p.BindingDecided, p.PodPipelined, p.PodRemoved)):
             self.announced.pop(pod_key(data.namespace, data.name), None)
         elif isinstance(data, p.CycleStarted):
-            self._open[record.position] = cut_of(self.state, data.cycle, record.position, env.logicaltime)
+            numbers = CutNumbers(self.state, env.logicaltime)
+            self._open[record.position] = cut_of(self.state, data.cycle, record.position, env.logicaltime, numbers)
+            self.timelines.feed(record, self.state, numbers)
+            return
         elif isinstance(data, p.CycleCompleted):
             cut = self._open.pop(env.basedon if env.basedon is not None else -1, None)
             if cut is not None:
@@ -145,6 +150,7 @@ class LiveView:
                 self.history.add(Point(cut.cycle, cut.time_ns, {
                     name: (q.resources["gpu"].allocated, q.resources["gpu"].fair_share, q.resources["gpu"].quota)
                     for name, q in cut.queues.items()}))
+        self.timelines.feed(record, self.state)
 
     @property
     def position(self) -> int:
@@ -156,31 +162,34 @@ class LiveView:
         (`explain.waiting_jobs`: position, pods, request, since, rule and reasons)."""
         if queue not in self.state.queues:
             return []
+        return waiting_jobs(self.state, queue, self.announced, self.last_ns, self._ranks())
+
+    def _ranks(self) -> dict[str, int]:
         at = self.state.position
         if self._cluster is None or self._cluster[0] != at:
             self._cluster = (at, ranked(cluster_order(self.state, self.last_ns)))
-        return waiting_jobs(self.state, queue, self.announced, self.last_ns, self._cluster[1])
+        return self._cluster[1]
+
+    def timeline(self, target: str) -> dict[str, Any] | None:
+        """Job `target`'s timeline over the records fed so far, as `kai-es explain` reports it,
+        with each event entry left as its record's position (`explain.resolve`); None when it
+        has none here (`JobTimelines.report`: then explain it from the log)."""
+        return self.timelines.report(target, self.state, self.first_ns, self.last_ns, self._ranks)
 
     def queues_waiting(self) -> list[str]:
         """The leaf queues with a job waiting now, by name."""
         return sorted(q for q, jobs in self.state.pending_jobs.items() if jobs and q in self.state.queues)
 
 
-def cut_of(state: ClusterState, cycle: int, position: int, time_ns: int) -> Cut:
-    """Every queue's numbers in `state` folded through the CycleStarted at `position`."""
-    shares, hint = cycle_shares(state, time_ns)
-    demand = pending_request(state, hint)
+def cut_of(state: ClusterState, cycle: int, position: int, time_ns: int, numbers: CutNumbers | None = None) -> Cut:
+    """Every queue's numbers in `state` folded through the CycleStarted at `position`
+    (`numbers`: the cut's, when the caller has them)."""
+    if numbers is None:
+        numbers = CutNumbers(state, time_ns)
+    shares = numbers.shares()[0]
+    pending = numbers.sums()  # a queue's pending demand: its own and its descendants' (a loop ends it)
     counts = pending_counts(state)
     parents = {name: q.spec.parent for name, q in state.queues.items()}
-    pending = {name: [0, 0, 0] for name in parents}
-    for leaf, asks in demand.items():
-        seen: set[str] = set()
-        at = leaf
-        while at in pending and at not in seen:  # the leaf and its ancestors (a loop ends it)
-            seen.add(at)
-            for r in range(3):
-                pending[at][r] += asks[r]
-            at = parents[at]
     queues: dict[str, QueueAtCut] = {}
     for name in sorted(parents):
         if name not in shares["gpu"]:

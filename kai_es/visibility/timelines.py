@@ -1,0 +1,170 @@
+"""Every job's timeline kept up to date while a log is folded, so `kai-es serve` shows one without
+reading the log again. Pure: records in, no I/O.
+
+Contract:
+- `JobTimelines.feed(record, state, numbers)` is called for each record right after `state`
+  folded it (in log order, each once; `numbers`: the `explain.CutNumbers` of the cut when the
+  record is a CycleStarted). It keeps one `explain.Timeline` per subject that names a job: the
+  job key (`NS/PODGROUP`) of every observed pod and the `NS/OWNER` of every pod with an owner,
+  made at the first PodObserved that names it, and feeds each only the records that can change
+  it (the `Timeline` contract): records about a pod it follows (or about the pod its subject
+  names), the CycleStarted whose cut has one of its pods pending, and the CycleCompleted of a cut
+  it opened. So the cost of a record is that of the timelines that follow its pod, and a cycle's
+  that of its pending pods, not of the jobs in the log.
+- `report(target, state, first_ns, last_ns, cluster)` is `Timeline.report` for `target`
+  ("NS/NAME" or "NAME", as `kai-es explain` takes it), with its event entries left as record
+  positions (`explain.resolve` with those records makes it `explain`'s report over the records
+  fed); None when the subject has no timeline here: a pod that is not also a job, a
+  `pod/`/`job/`-prefixed target, a name not in the log, or a subject whose first record came
+  before the first PodObserved naming it (an earlier record about a pod of that name, which a
+  timeline started then would have missed). The caller then runs `explain` over the log.
+- Pending pods at a cut are found from the state's pending index (`Job.pending` of the jobs in
+  `pending_jobs`, which holds every Pending pod of this scheduler that is not terminating) and
+  the pods observed terminating (kept in a set, pruned at each cut): together every pod a
+  timeline's cut can consider.
+- Memory: per subject a `Timeline` (its pods, their queue and phase, its entries: one record
+  position per event entry, one run per stretch of equal verdicts), per followed pod key the
+  timelines that follow it. Nothing is dropped: a removed pod's key can come back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kai_es.events import Record
+from kai_es.events import payloads as p
+from kai_es.explain import EVENT_TYPES, CutNumbers, Timeline, _Subject, record_key
+from kai_es.state import ClusterState
+
+
+class JobTimelines:
+    """The timelines of every job of the records fed (module docstring)."""
+
+    def __init__(self) -> None:
+        #: subject key -> its timeline
+        self.timelines: dict[str, Timeline] = {}
+        #: pod key -> the timelines whose subject tracked it (`_Subject.job_pods`)
+        self._followers: dict[str, list[Timeline]] = {}
+        #: subjects whose first record came before their timeline could be made
+        self._late: set[str] = set()
+        #: pod keys of records that change a timeline of that name, fed before anything followed them
+        self._orphans: set[str] = set()
+        #: pods observed terminating (a terminating Pending pod is not in the pending index)
+        self._terminating: set[str] = set()
+        #: CycleStarted position -> the timelines that opened a cut there
+        self._open: dict[int, list[Timeline]] = {}
+
+    def feed(self, record: Record, state: ClusterState, numbers: CutNumbers | None = None) -> None:
+        env = record.envelope
+        data = env.data
+        if isinstance(data, p.CycleStarted):
+            assert numbers is not None
+            self._cycle_started(record, state, numbers)
+            return
+        if isinstance(data, p.CycleCompleted):
+            if env.basedon is not None:
+                for timeline in self._open.pop(env.basedon, ()):
+                    timeline.cycle_completed(env.basedon)
+            return
+        key = record_key(data)
+        if not key:
+            return
+        if isinstance(data, p.PodObserved):
+            self._observed(key, state)
+        followers = self._followers.get(key)
+        own = self.timelines.get(key)
+        if followers is None and own is None:
+            if isinstance(data, EVENT_TYPES):
+                self._orphans.add(key)
+            return
+        for timeline in followers or ():
+            timeline.event(record, key, state)
+        if own is not None and (followers is None or own not in followers):
+            own.event(record, key, state)
+
+    def _observed(self, key: str, state: ClusterState) -> None:
+        pod = state.pods.get(key)
+        if pod is None:  # an observation the reducer rejected: no timeline tracks it
+            return
+        spec = pod.spec
+        if spec.terminating:
+            self._terminating.add(key)
+        else:
+            self._terminating.discard(key)
+        jobs = [pod.job_key]
+        if spec.owner is not None:
+            jobs.append(f"{spec.namespace}/{spec.owner.name}")
+        followers = self._followers.get(key)
+        done: list[Timeline] = []
+        for name in [*jobs, key]:  # the subjects that track the pod: its job's, its owner's, its own
+            timeline = self.timelines.get(name)
+            if timeline is None and name in jobs:
+                timeline = self._start(name)
+            if timeline is None or timeline in done:
+                continue
+            done.append(timeline)
+            before = key in timeline.subject.job_pods
+            timeline.subject.track(state, key)
+            if not before and key in timeline.subject.job_pods:
+                if followers is None:
+                    followers = self._followers[key] = []
+                followers.append(timeline)
+        if followers is None:  # no timeline follows the pod (its job's could not be made): a later
+            self._orphans.add(key)  # subject of its name would have missed it
+
+    def _start(self, name: str) -> Timeline | None:
+        """A new timeline for subject `name`, or None if it cannot be indexed (module docstring)."""
+        if name in self._late:
+            return None
+        if name in self._followers or name in self._orphans or not _plain(name):
+            self._late.add(name)
+            return None
+        timeline = self.timelines[name] = Timeline(name, keep_events=False)
+        return timeline
+
+    def _cycle_started(self, record: Record, state: ClusterState, numbers: CutNumbers) -> None:
+        keys: list[str] = []
+        jobs = state.jobs
+        for bucket in state.pending_jobs.values():
+            for entry in bucket:
+                keys.extend(pending.pod_key for pending in jobs[entry.job_key].pending)
+        for key in sorted(self._terminating):
+            pod = state.pods.get(key)
+            if pod is None or not pod.spec.terminating:
+                self._terminating.discard(key)
+            else:
+                keys.append(key)
+        seen: dict[int, Timeline] = {}
+        for key in keys:
+            for timeline in self._followers.get(key, ()):
+                seen.setdefault(id(timeline), timeline)
+            own = self.timelines.get(key)
+            if own is not None:
+                seen.setdefault(id(own), own)
+        opened = [t for t in seen.values() if t.cycle_started(record, state, numbers)]
+        if opened:
+            self._open[record.position] = opened
+
+    def report(self, target: str, state: ClusterState, first_ns: int, last_ns: int,
+               cluster: Callable[[], dict[str, int]]) -> dict[str, Any] | None:
+        """`target`'s report with record positions for its event entries, or None (module docstring)."""
+        try:
+            subject = _Subject(target)
+        except ValueError:
+            return None
+        if subject.forced:
+            return None
+        timeline = self.timelines.get(subject.key)
+        if timeline is None:
+            return None
+        return timeline.report(state, first_ns, last_ns, cluster)
+
+
+def _plain(name: str) -> bool:
+    """Whether `name` is a subject `explain` reads as itself (NS/NAME, not forced)."""
+    try:
+        subject = _Subject(name)
+    except ValueError:
+        return False
+    return not subject.forced and subject.key == name
