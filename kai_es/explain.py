@@ -38,6 +38,8 @@ from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request, 
 from kai_es.scheduling.policy import policy_for
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
+from kai_es.scheduling.session import queued_job
+from kai_es.state.keys import job_key_of_index
 from kai_es.visibility.positions import cluster_order, position, queue_order, ranked
 
 #: reason code -> the rule it names, as a person says it
@@ -77,7 +79,7 @@ class _Cut:
     time_ns: int
     #: pod key -> (fingerprint folded at the cut, the last announced reasons we saw)
     pending: dict[str, tuple[str, list[p.Reason] | None]]
-    queue: dict[str, Any] | None
+    queue: QueueAt | None
     decided: dict[str, p.Payload] = field(default_factory=dict)
     #: the subject's job's place in its queue at the cut (`visibility.positions`): (n, of)
     place: tuple[int, int] | None = None
@@ -101,7 +103,7 @@ class _Run:
                 "from": _at(self.first.position, self.first.time_ns),
                 "until": _at(self.last.position, self.last.time_ns),
                 "verdicts": [dict(v) for v in self.verdicts],
-                "queueAtFirst": self.first.queue, "queueAtLast": self.last.queue,
+                "queueAtFirst": _queue_json(self.first.queue), "queueAtLast": _queue_json(self.last.queue),
                 "positionAtFirst": _position_json(self.first.place),
                 "positionAtLast": _position_json(self.last.place)}
 
@@ -120,18 +122,34 @@ def queue_numbers(state: ClusterState, shares: dict[str, dict[str, QueueShare]],
     fair share, request (allocated + pending, capped by the limit, as the division counts it)
     and pending (what its pending pods ask for, its leaves' summed for a parent). None when the
     queue does not exist."""
-    return _numbers(state, shares, pending_sums(state, pending_request(state, hint)), name)
+    return _queue_json(_queue_at(state, shares, pending_sums(state, pending_request(state, hint)), name))
 
 
-def _numbers(state: ClusterState, shares: dict[str, dict[str, QueueShare]], sums: dict[str, list[int]],
-             name: str) -> dict[str, Any] | None:
+#: a queue's numbers at a cut, compact (a timeline keeps one per cut it shows; `_queue_json` makes
+#: `queue_numbers`'s dict of it): name, parent (None: a root), then per resource of `RESOURCES`
+#: (quota, limit, allocated, fair share, request, pending)
+QueueAt = tuple[Any, ...]
+
+
+def _queue_at(state: ClusterState, shares: dict[str, dict[str, QueueShare]], sums: dict[str, list[int]],
+              name: str) -> QueueAt | None:
     if name not in state.queues or name not in shares["gpu"]:
         return None
-    out: dict[str, Any] = {"name": name, "parent": state.queues[name].spec.parent or None}
-    for r, resource in enumerate(RESOURCES):
-        share = shares[resource][name]
-        out[resource] = {"quota": share.quota, "limit": share.limit, "allocated": share.allocated,
-                         "fairShare": share.fair_share, "request": share.request, "pending": sums[name][r]}
+    pending = sums[name]
+    gpu, cpu, memory = (shares[resource][name] for resource in RESOURCES)
+    return (name, state.queues[name].spec.parent or None,
+            (gpu.quota, gpu.limit, gpu.allocated, gpu.fair_share, gpu.request, pending[0]),
+            (cpu.quota, cpu.limit, cpu.allocated, cpu.fair_share, cpu.request, pending[1]),
+            (memory.quota, memory.limit, memory.allocated, memory.fair_share, memory.request, pending[2]))
+
+
+def _queue_json(numbers: QueueAt | None) -> dict[str, Any] | None:
+    if numbers is None:
+        return None
+    out: dict[str, Any] = {"name": numbers[0], "parent": numbers[1]}
+    for resource, (quota, limit, allocated, fair_share, request, pending) in zip(RESOURCES, numbers[2:]):
+        out[resource] = {"quota": quota, "limit": limit, "allocated": allocated, "fairShare": fair_share,
+                         "request": request, "pending": pending}
     return out
 
 
@@ -159,15 +177,15 @@ class CutNumbers:
     numbers (`queue_numbers`) and each queue's order of waiting jobs (`positions.position`).
     The state must stay at the cut while this is used."""
 
-    __slots__ = ("state", "now_ns", "_shares", "_sums", "_numbers", "_orders")
+    __slots__ = ("state", "now_ns", "_shares", "_sums", "_numbers", "_places")
 
     def __init__(self, state: ClusterState, now_ns: int) -> None:
         self.state = state
         self.now_ns = now_ns
         self._shares: tuple[dict[str, dict[str, QueueShare]], int] | None = None
         self._sums: dict[str, list[int]] | None = None
-        self._numbers: dict[str, dict[str, Any] | None] = {}
-        self._orders: dict[str, dict[str, int]] = {}
+        self._numbers: dict[str, QueueAt | None] = {}
+        self._places: dict[str, tuple[int, int]] | None = None
 
     def shares(self) -> tuple[dict[str, dict[str, QueueShare]], int]:
         """`cycle_shares` at the cut: (shares, the GPU memory hint)."""
@@ -181,24 +199,27 @@ class CutNumbers:
             self._sums = pending_sums(self.state, pending_request(self.state, self.shares()[1]))
         return self._sums
 
-    def numbers(self, name: str) -> dict[str, Any] | None:
-        """`queue_numbers` of queue `name` at the cut (one dict per queue, shared: not to be changed)."""
+    def numbers(self, name: str) -> QueueAt | None:
+        """`queue_numbers` of queue `name` at the cut, compact (`_queue_json` makes the dict)."""
         if name not in self._numbers:
             shares = self.shares()[0]
-            self._numbers[name] = (_numbers(self.state, shares, self.sums(), name)
+            self._numbers[name] = (_queue_at(self.state, shares, self.sums(), name)
                                    if name in self.state.queues and name in shares["gpu"] else None)
         return self._numbers[name]
 
     def place(self, job_key: str) -> tuple[int, int] | None:
-        """`positions.position(state, job_key)` at the cut."""
+        """`positions.position(state, job_key)` at the cut (every queue's order made at once)."""
         job = self.state.jobs.get(job_key)
         if job is None or not job.pending:
             return None
-        order = self._orders.get(job.queue)
-        if order is None:
-            order = self._orders[job.queue] = ranked(queue_order(self.state, job.queue))
-        at = order.get(job_key)
-        return None if at is None else (at + 1, len(order))
+        if self._places is None:
+            self._places = {}
+            jobs = self.state.jobs
+            for bucket in self.state.pending_jobs.values():  # `positions.queue_order` of each queue
+                order = sorted(queued_job(j) for j in (jobs[job_key_of_index(k)] for k in bucket) if j.pending)
+                for n, entry in enumerate(order, 1):
+                    self._places[entry.job_key] = (n, len(order))
+        return self._places.get(job_key)
 
 
 def cycle_shares(state: ClusterState, now_ns: int) -> tuple[dict[str, dict[str, QueueShare]], int]:
@@ -247,6 +268,8 @@ class _Subject:
     """Which pods the explanation follows: one pod (`ns/name`) or every member of a job (its
     PodGroup `ns/name`, or the owner `ns/name` of its pods, e.g. a PyTorchJob)."""
 
+    __slots__ = ("key", "forced", "pod_seen", "job_pods")
+
     def __init__(self, target: str) -> None:
         kind, _, rest = target.partition("/")
         self.forced = ""
@@ -258,9 +281,17 @@ class _Subject:
         if target.count("/") != 1:
             raise ExplainError(f"{target!r}: name a pod or job as NAMESPACE/NAME (or pod/NS/NAME, job/NS/NAME)")
         self.key = target
-        self.namespace, self.name = target.split("/")
         self.pod_seen = False
-        self.job_pods: set[str] = set()
+        #: the pods it follows as the job's (a tuple while they are few: most jobs have one)
+        self.job_pods: tuple[str, ...] | set[str] = ()
+
+    @property
+    def namespace(self) -> str:
+        return self.key.partition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.key.partition("/")[2]
 
     def track(self, state: ClusterState, key: str) -> None:
         """Note pod `key` (just observed) if it is the subject or a member of the subject job."""
@@ -272,7 +303,11 @@ class _Subject:
         owner = pod.spec.owner
         if pod.job_key == self.key or (pod.spec.namespace == self.namespace and owner is not None
                                        and owner.name == self.name):
-            self.job_pods.add(key)
+            if key not in self.job_pods:
+                if isinstance(self.job_pods, set):
+                    self.job_pods.add(key)
+                else:
+                    self.job_pods = (*self.job_pods, key) if len(self.job_pods) < 8 else {*self.job_pods, key}
 
     def follows(self, key: str) -> bool:
         if self.forced == "pod" or (not self.forced and self.pod_seen):
@@ -289,7 +324,14 @@ class _Subject:
 def record_key(data: p.Payload) -> str:
     """The pod key a record is about, as a timeline reads it ("" for none): the namespace and name
     of any payload that has both."""
-    return pod_key(data.namespace, data.name) if hasattr(data, "namespace") and hasattr(data, "name") else ""
+    keyed = _KEYED.get(type(data))
+    if keyed is None:
+        keyed = _KEYED[type(data)] = hasattr(data, "namespace") and hasattr(data, "name")
+    return pod_key(data.namespace, data.name) if keyed else ""  # type: ignore[attr-defined]
+
+
+#: payload type -> whether it has a namespace and a name (`record_key`)
+_KEYED: dict[type[p.Payload], bool] = {}
 
 
 #: the payloads a timeline follows that change it for a pod it follows (`Timeline.event`); a
@@ -315,16 +357,19 @@ class Timeline:
     entry is kept as the position of its record, and `resolve` turns the report's positions
     back into the entries (the entry is a function of the record and of the previous ones)."""
 
-    __slots__ = ("subject", "entries", "announced", "open_cuts", "queue_of", "phase", "keep_events")
+    __slots__ = ("subject", "entries", "announced", "open_cuts", "queue_of", "phase", "keep_events", "_steady")
 
     def __init__(self, target: str, *, keep_events: bool = True) -> None:
         self.subject = _Subject(target)
         self.entries: list[dict[str, Any] | _Run | int] = []
-        self.announced: dict[str, list[p.Reason]] = {}
-        self.open_cuts: dict[int, _Cut] = {}
+        #: (None while empty, as most are: a timeline is kept for every job of a log)
+        self.announced: dict[str, list[p.Reason]] | None = None
+        self.open_cuts: dict[int, _Cut] | None = None
         self.queue_of: dict[str, str] = {}
         self.phase: dict[str, str] = {}
         self.keep_events = keep_events
+        #: the run the last completed cut began or extended when nothing was decided in it
+        self._steady: _Run | None = None
 
     def cycle_started(self, record: Record, state: ClusterState, numbers: CutNumbers) -> bool:
         """Open the cut of CycleStarted `record` if one of the subject's pods is pending at it
@@ -332,25 +377,53 @@ class Timeline:
         cut = _cut(state, self.subject, record, self.announced, numbers)
         if cut is None:
             return False
+        if self.open_cuts is None:
+            self.open_cuts = {}
         self.open_cuts[record.position] = cut
         return True
 
     def cycle_completed(self, basedon: int | None) -> None:
+        if self.open_cuts is None:
+            return
         cut = self.open_cuts.pop(basedon if basedon is not None else -1, None)
-        if cut is not None:
-            _verdict(cut, self.entries, self.announced)
+        if cut is None:
+            return
+        if not self.open_cuts:
+            self.open_cuts = None
+        entries = self.entries
+        run = self._steady
+        if run is not None and not cut.decided and entries and entries[-1] is run and run.last.pending == cut.pending:
+            # the cycle before extended or began this run with the same pods pending, their same
+            # fingerprints and last verdicts, and nothing decided then or now: `_verdict` would
+            # find the same verdicts and extend the run, changing nothing else in it
+            run.cycles += 1
+            run.last = cut
+            return
+        _verdict(cut, entries)
+        last = entries[-1] if entries else None
+        self._steady = last if isinstance(last, _Run) and last.last is cut and not cut.decided else None
 
     def event(self, record: Record, key: str, state: ClusterState) -> None:
         """A record other than a cycle's start or end, about pod `key` ("" for none)."""
-        if not key or not self.subject.follows(key):
+        subject = self.subject
+        if not key:
+            return
+        if subject.forced == "pod" or (not subject.forced and subject.pod_seen):  # subject.follows(key), inlined:
+            if key != subject.key:  # this is the hot path of `kai-es serve`'s fold
+                return
+        elif key not in subject.job_pods and (subject.forced == "job" or key != subject.key):
             return
         env = record.envelope
         data = env.data
         pod = state.pods.get(key)
-        if pod is not None and pod.job_key in state.jobs:
-            self.queue_of[key] = state.jobs[pod.job_key].queue
-        cut = self.open_cuts.get(env.basedon) if env.basedon is not None else None
+        if pod is not None:
+            job = state.jobs.get(pod.job_key)
+            if job is not None:
+                self.queue_of[key] = job.queue
+        cut = self.open_cuts.get(env.basedon) if env.basedon is not None and self.open_cuts is not None else None
         if isinstance(data, p.PodUnschedulable):
+            if self.announced is None:
+                self.announced = {}
             self.announced[key] = list(data.reasons)
             if cut is not None:
                 cut.decided[key] = data
@@ -358,13 +431,20 @@ class Timeline:
         if isinstance(data, p.PodPipelined) and cut is not None:
             cut.decided[key] = data
             return
-        entry = _event(record, key, data, self.phase)
+        entry: dict[str, Any] | int | None
+        if self.keep_events:
+            entry = _event(record, key, data, self.phase)
+        else:  # the entry is made from its record when asked (`resolve`): here only whether there is one
+            entry = record.position if _advance(key, data, self.phase)[0] else None
         if entry is not None:
             if isinstance(data, (p.BindingDecided, p.PodPipelined)):
-                self.announced.pop(key, None)
+                if self.announced is not None:
+                    self.announced.pop(key, None)
+                    if not self.announced:
+                        self.announced = None
                 if cut is not None:
                     cut.decided[key] = data
-            self.entries.append(entry if self.keep_events else record.position)
+            self.entries.append(entry)
 
     def report(self, state: ClusterState, first_ns: int, last_ns: int,
                cluster: Callable[[], dict[str, int]]) -> dict[str, Any]:
@@ -379,7 +459,7 @@ class Timeline:
                                "or by the owner of its pods, e.g. default/my-pytorchjob)")
         timeline: list[dict[str, Any] | int] = [e.as_json() if isinstance(e, _Run) else e for e in self.entries]
         queue_of = self.queue_of
-        pods = sorted(k for k in set(queue_of) | subject.job_pods | ({subject.key} if subject.pod_seen else set())
+        pods = sorted(k for k in {*queue_of, *subject.job_pods, *((subject.key,) if subject.pod_seen else ())}
                       if subject.follows(k))
         ranks: dict[str, int] | None = None
         for key in pods:  # where each pod stands when the log ends (a pod that never ran says so)
@@ -447,18 +527,18 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
 
 
 def _cut(state: ClusterState, subject: _Subject, record: Record,
-         announced: dict[str, list[p.Reason]], numbers: CutNumbers) -> _Cut | None:
+         announced: dict[str, list[p.Reason]] | None, numbers: CutNumbers) -> _Cut | None:
     """What cycle `record` (a CycleStarted, folded) sees of the subject, or None if nothing."""
     pending: dict[str, tuple[str, list[p.Reason] | None]] = {}
     queue = ""
     job_key = ""
-    for key in sorted(subject.job_pods | ({subject.key} if subject.pod_seen else set())):
+    for key in sorted({*subject.job_pods, *((subject.key,) if subject.pod_seen else ())}):
         if not subject.follows(key):
             continue
         pod = state.pods.get(key)
         if pod is None or pod.status != "Pending" or pod.spec.scheduler_name != state.scheduler_name:
             continue
-        pending[key] = (pod.last_unschedulable, announced.get(key))
+        pending[key] = (pod.last_unschedulable, announced.get(key) if announced is not None else None)
         if pod.job_key in state.jobs and not queue:
             queue = state.jobs[pod.job_key].queue
             job_key = pod.job_key
@@ -481,7 +561,7 @@ def _without_backoff(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return key
 
 
-def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run | int], announced: dict[str, list[p.Reason]]) -> None:
+def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run | int]) -> None:
     """Fold a completed cycle's verdict on the subject into the timeline (collapsing)."""
     kinds: Counter[tuple[Any, ...]] = Counter()
     detail: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -526,13 +606,33 @@ def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run | int], announced: d
 def _event(record: Record, key: str, data: p.Payload, phase: dict[str, str]) -> dict[str, Any] | None:
     """The timeline entry of one event of a followed pod, or None if it changes nothing a
     reader of the timeline needs (a re-observation in the same phase)."""
-    env = record.envelope
-    base: dict[str, Any] = {"pod": key, **_at(record.position, env.logicaltime)}
+    entry, was = _advance(key, data, phase)
+    return _entry(record, key, data, was) if entry else None
+
+
+#: the events of a followed pod that are always an entry of their own
+_ENTRY_TYPES = (p.BindingDecided, p.PodPipelined, p.PodBound, p.PodBindFailed, p.EvictionDecided, p.PodEvicted,
+                p.PodEvictionFailed, p.PodRemoved)
+
+
+def _advance(key: str, data: p.Payload, phase: dict[str, str]) -> tuple[bool, str | None]:
+    """Whether event `data` of followed pod `key` is an entry (a PodObserved only when it changes
+    the pod's phase), and the pod's phase before it; notes the phase it leaves in `phase`."""
     if isinstance(data, p.PodObserved):
         was = phase.get(key)
         phase[key] = data.phase
-        if was == data.phase:
-            return None
+        return was != data.phase, was
+    if isinstance(data, p.PodRemoved):
+        phase.pop(key, None)
+        return True, None
+    return isinstance(data, _ENTRY_TYPES), None
+
+
+def _entry(record: Record, key: str, data: p.Payload, was: str | None) -> dict[str, Any] | None:
+    """The entry of an event `_advance` found is one (`was`: the pod's phase before it)."""
+    env = record.envelope
+    base: dict[str, Any] = {"pod": key, **_at(record.position, env.logicaltime)}
+    if isinstance(data, p.PodObserved):
         kind = "observed" if was is None else "phase"
         return {"kind": kind, **base, "phase": data.phase, "node": data.node_name or None,
                 "queue": data.queue or None, "podgroup": data.podgroup}
@@ -555,7 +655,6 @@ def _event(record: Record, key: str, data: p.Payload, phase: dict[str, str]) -> 
     if isinstance(data, p.PodEvictionFailed):
         return {"kind": "evictionFailed", **base, "node": data.node, "message": data.message}
     if isinstance(data, p.PodRemoved):
-        phase.pop(key, None)
         return {"kind": "removed", **base}
     return None
 

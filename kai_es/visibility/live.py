@@ -141,7 +141,7 @@ class LiveView:
         elif isinstance(data, p.CycleStarted):
             numbers = CutNumbers(self.state, env.logicaltime)
             self._open[record.position] = cut_of(self.state, data.cycle, record.position, env.logicaltime, numbers)
-            self.timelines.feed(record, self.state, numbers)
+            self.timelines.cycle_started(record, self.state, numbers)
             return
         elif isinstance(data, p.CycleCompleted):
             cut = self._open.pop(env.basedon if env.basedon is not None else -1, None)
@@ -150,7 +150,9 @@ class LiveView:
                 self.history.add(Point(cut.cycle, cut.time_ns, {
                     name: (q.resources["gpu"].allocated, q.resources["gpu"].fair_share, q.resources["gpu"].quota)
                     for name, q in cut.queues.items()}))
-        self.timelines.feed(record, self.state)
+            self.timelines.cycle_completed(record)
+            return
+        self.timelines.event(record, self.state)
 
     @property
     def position(self) -> int:

@@ -29,6 +29,7 @@ Contract:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -56,21 +57,30 @@ class JobTimelines:
         self._open: dict[int, list[Timeline]] = {}
 
     def feed(self, record: Record, state: ClusterState, numbers: CutNumbers | None = None) -> None:
-        env = record.envelope
-        data = env.data
+        """Record `record`, just folded into `state` (`numbers`: the cut's, for a CycleStarted)."""
+        data = record.envelope.data
         if isinstance(data, p.CycleStarted):
-            assert numbers is not None
-            self._cycle_started(record, state, numbers)
-            return
-        if isinstance(data, p.CycleCompleted):
-            if env.basedon is not None:
-                for timeline in self._open.pop(env.basedon, ()):
-                    timeline.cycle_completed(env.basedon)
-            return
+            self.cycle_started(record, state, numbers if numbers is not None else CutNumbers(state, record.envelope.logicaltime))
+        elif isinstance(data, p.CycleCompleted):
+            self.cycle_completed(record)
+        else:
+            self.event(record, state)
+
+    def cycle_completed(self, record: Record) -> None:
+        """CycleCompleted `record`: the timelines that opened its cut judge it."""
+        basedon = record.envelope.basedon
+        if basedon is not None:
+            for timeline in self._open.pop(basedon, ()):
+                timeline.cycle_completed(basedon)
+
+    def event(self, record: Record, state: ClusterState) -> None:
+        """Any record but a cycle's start or end."""
+        data = record.envelope.data
         key = record_key(data)
         if not key:
             return
-        if isinstance(data, p.PodObserved):
+        if isinstance(data, p.PodObserved):  # (where a pod's key is first kept: one string for it
+            key = sys.intern(key)  # however many timelines and records hold it)
             self._observed(key, state)
         followers = self._followers.get(key)
         own = self.timelines.get(key)
@@ -78,40 +88,53 @@ class JobTimelines:
             if isinstance(data, EVENT_TYPES):
                 self._orphans.add(key)
             return
-        for timeline in followers or ():
-            timeline.event(record, key, state)
+        if followers is not None:
+            for timeline in followers:
+                timeline.event(record, key, state)
         if own is not None and (followers is None or own not in followers):
             own.event(record, key, state)
 
     def _observed(self, key: str, state: ClusterState) -> None:
+        """PodObserved of `key`, folded: the subjects that track the pod (its job's, its owner's,
+        made now if new; its own name's) note it."""
         pod = state.pods.get(key)
         if pod is None:  # an observation the reducer rejected: no timeline tracks it
             return
         spec = pod.spec
         if spec.terminating:
             self._terminating.add(key)
-        else:
+        elif self._terminating:
             self._terminating.discard(key)
-        jobs = [pod.job_key]
-        if spec.owner is not None:
-            jobs.append(f"{spec.namespace}/{spec.owner.name}")
+        timelines = self.timelines
         followers = self._followers.get(key)
-        done: list[Timeline] = []
-        for name in [*jobs, key]:  # the subjects that track the pod: its job's, its owner's, its own
-            timeline = self.timelines.get(name)
-            if timeline is None and name in jobs:
-                timeline = self._start(name)
-            if timeline is None or timeline in done:
-                continue
-            done.append(timeline)
-            before = key in timeline.subject.job_pods
-            timeline.subject.track(state, key)
-            if not before and key in timeline.subject.job_pods:
-                if followers is None:
-                    followers = self._followers[key] = []
-                followers.append(timeline)
+        job = timelines.get(pod.job_key) or self._start(pod.job_key)
+        if job is not None:
+            followers = self._track(job, key, state, followers)
+        owner = None
+        if spec.owner is not None:
+            name = f"{spec.namespace}/{spec.owner.name}"
+            owner = timelines.get(name) or self._start(name)
+            if owner is not None and owner is not job:
+                followers = self._track(owner, key, state, followers)
+        own = timelines.get(key)
+        if own is not None and own is not job and own is not owner:
+            followers = self._track(own, key, state, followers)
         if followers is None:  # no timeline follows the pod (its job's could not be made): a later
             self._orphans.add(key)  # subject of its name would have missed it
+
+    def _track(self, timeline: Timeline, key: str, state: ClusterState,
+               followers: list[Timeline] | None) -> list[Timeline] | None:
+        """`timeline` tracks pod `key` (`_Subject.track`); it follows it from now on if it did not."""
+        subject = timeline.subject
+        if key in subject.job_pods:
+            subject.track(state, key)
+            return followers
+        subject.track(state, key)
+        if key in subject.job_pods:
+            if followers is None:
+                followers = self._followers[key] = []
+            followers.append(timeline)
+        return followers
 
     def _start(self, name: str) -> Timeline | None:
         """A new timeline for subject `name`, or None if it cannot be indexed (module docstring)."""
@@ -123,7 +146,8 @@ class JobTimelines:
         timeline = self.timelines[name] = Timeline(name, keep_events=False)
         return timeline
 
-    def _cycle_started(self, record: Record, state: ClusterState, numbers: CutNumbers) -> None:
+    def cycle_started(self, record: Record, state: ClusterState, numbers: CutNumbers) -> None:
+        """CycleStarted `record`: the timelines with a pod pending now open its cut."""
         keys: list[str] = []
         jobs = state.jobs
         for bucket in state.pending_jobs.values():
@@ -135,14 +159,15 @@ class JobTimelines:
                 self._terminating.discard(key)
             else:
                 keys.append(key)
-        seen: dict[int, Timeline] = {}
+        seen: dict[Timeline, None] = {}  # (by identity, in a fixed order)
+        followers, timelines = self._followers, self.timelines
         for key in keys:
-            for timeline in self._followers.get(key, ()):
-                seen.setdefault(id(timeline), timeline)
-            own = self.timelines.get(key)
+            for timeline in followers.get(key, ()):
+                seen[timeline] = None
+            own = timelines.get(key)
             if own is not None:
-                seen.setdefault(id(own), own)
-        opened = [t for t in seen.values() if t.cycle_started(record, state, numbers)]
+                seen[own] = None
+        opened = [t for t in seen if t.cycle_started(record, state, numbers)]
         if opened:
             self._open[record.position] = opened
 
@@ -162,9 +187,6 @@ class JobTimelines:
 
 
 def _plain(name: str) -> bool:
-    """Whether `name` is a subject `explain` reads as itself (NS/NAME, not forced)."""
-    try:
-        subject = _Subject(name)
-    except ValueError:
-        return False
-    return not subject.forced and subject.key == name
+    """Whether `name` is a subject `explain` reads as itself: NS/NAME (no `default/` added, not a
+    `pod/`, `job/` or `podgroup/` target, which have two slashes)."""
+    return name.count("/") == 1
