@@ -532,16 +532,25 @@ def _cut(state: ClusterState, subject: _Subject, record: Record,
     pending: dict[str, tuple[str, list[p.Reason] | None]] = {}
     queue = ""
     job_key = ""
-    for key in sorted({*subject.job_pods, *((subject.key,) if subject.pod_seen else ())}):
-        if not subject.follows(key):
-            continue
-        pod = state.pods.get(key)
-        if pod is None or pod.status != "Pending" or pod.spec.scheduler_name != state.scheduler_name:
+    keys: Iterable[str]  # the pods it follows, in order (once a cycle for every waiting job kept by serve)
+    if subject.forced:
+        keys = [k for k in sorted({*subject.job_pods, *((subject.key,) if subject.pod_seen else ())})
+                if subject.follows(k)]
+    elif subject.pod_seen:
+        keys = (subject.key,)
+    else:
+        keys = subject.job_pods if len(subject.job_pods) < 2 else sorted(subject.job_pods)
+    pods, jobs, scheduler = state.pods, state.jobs, state.scheduler_name
+    for key in keys:
+        pod = pods.get(key)
+        if pod is None or pod.status != "Pending" or pod.spec.scheduler_name != scheduler:
             continue
         pending[key] = (pod.last_unschedulable, announced.get(key) if announced is not None else None)
-        if pod.job_key in state.jobs and not queue:
-            queue = state.jobs[pod.job_key].queue
-            job_key = pod.job_key
+        if not queue:
+            job = jobs.get(pod.job_key)
+            if job is not None:
+                queue = job.queue
+                job_key = pod.job_key
     if not pending:
         return None
     env = record.envelope
