@@ -51,6 +51,9 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';
 STATIC = {"live.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 WHATIF_IMAGES = ("allocation.png", "waits.png")
 JOB_CACHE = 16
+#: positions at most this far apart are read in one pass for a job's timeline (records between
+#: them decoded and dropped rather than the file's index looked up again)
+READ_GAP = 256
 
 Response = tuple[int, str, bytes]
 
@@ -88,8 +91,18 @@ def records_at(log: EventLog) -> Callable[[Sequence[int]], list[Record]] | None:
     reader, reading = FileEventLog(log.path, readonly=True), threading.Lock()
 
     def read(positions: Sequence[int]) -> list[Record]:
+        wanted = sorted(set(positions))
+        out: list[Record] = []
         with reading:
-            return [record for at in positions for record in reader.scan(at, at + 1)]
+            i = 0
+            while i < len(wanted):  # nearby positions in one read (an older stretch is indexed per read)
+                j = i
+                while j + 1 < len(wanted) and wanted[j + 1] - wanted[j] <= READ_GAP:
+                    j += 1
+                want = set(wanted[i:j + 1])
+                out.extend(r for r in reader.scan(wanted[i], wanted[j] + 1) if r.position in want)
+                i = j + 1
+        return out
 
     return read
 
