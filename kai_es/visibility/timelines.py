@@ -4,7 +4,8 @@ reading the log again. Pure: records in, no I/O.
 Contract:
 - `JobTimelines.feed(record, state, numbers)` is called for each record right after `state`
   folded it (in log order, each once; `numbers`: the `explain.CutNumbers` of the cut when the
-  record is a CycleStarted). It keeps one `explain.Timeline` per subject that names a job: the
+  record is a CycleStarted; `cycle_started`, `cycle_completed` and `event` are its three cases,
+  for a caller that has told them apart already). It keeps one `explain.Timeline` per subject that names a job: the
   job key (`NS/PODGROUP`) of every observed pod and the `NS/OWNER` of every pod with an owner,
   made at the first PodObserved that names it, and feeds each only the records that can change
   it (the `Timeline` contract): records about a pod it follows (or about the pod its subject
@@ -23,8 +24,12 @@ Contract:
   the pods observed terminating (kept in a set, pruned at each cut): together every pod a
   timeline's cut can consider.
 - Memory: per subject a `Timeline` (its pods, their queue and phase, its entries: one record
-  position per event entry, one run per stretch of equal verdicts), per followed pod key the
-  timelines that follow it. Nothing is dropped: a removed pod's key can come back.
+  position per event entry, one run per stretch of equal verdicts with its first and last cut),
+  per followed pod key the timelines that follow it. Nothing is dropped: a removed pod's key can
+  come back. About 1.2 KB a job: 225 MiB for the 200,000 jobs of the 1,000,000-event benchmark
+  log (`tools/bench/bench_serve.py`).
+- Cost: a record about a pod, that of the timelines following it (~4.5 us on the benchmark log,
+  where folding a record costs ~10); a cycle's cut, ~10 us per job waiting then.
 """
 
 from __future__ import annotations
