@@ -132,7 +132,8 @@ class JobTimelines:
         """`timeline` tracks pod `key` (`_Subject.track`); it follows it from now on if it did not."""
         subject = timeline.subject
         if key in subject.job_pods:
-            subject.track(state, key)
+            if key == subject.key:  # (otherwise tracking it again changes nothing)
+                subject.track(state, key)
             return followers
         subject.track(state, key)
         if key in subject.job_pods:
