@@ -36,10 +36,10 @@ from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling.config import config_or_default
 from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request, pod_request
 from kai_es.scheduling.policy import policy_for
-from kai_es.state import ClusterState
-from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
 from kai_es.scheduling.session import queued_job
+from kai_es.state import ClusterState
 from kai_es.state.keys import job_key_of_index
+from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
 from kai_es.visibility.positions import cluster_order, position, queue_order, ranked
 
 #: reason code -> the rule it names, as a person says it
