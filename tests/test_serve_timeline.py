@@ -190,3 +190,20 @@ def test_the_served_timeline_is_explains_while_the_log_grows(tmp_path: Path) -> 
                if isinstance(d, p.PodObserved) and f"{d.namespace}/{d.name}" not in early + later)
     page(pod, len(records))  # a pod that is no job: explain over the log, the same page
     assert read_from_start
+
+
+def test_records_are_read_by_position_near_or_far(tmp_path: Path) -> None:
+    """A job's records are read in one pass where close together and one by one where far apart
+    (`http.READ_GAP`): either way exactly the records asked for, in order, duplicates once."""
+    t = 1_800_000_000 * 10**9
+    records = [Record(n, make_envelope(_pod(f"p{n}", t), event_id=f"e{n}", source="test", subject=f"pod/default/p{n}",
+                                       logicaltime=t)) for n in range(1200)]
+    path = tmp_path / "positions.events.jsonl"
+    _write(path, records)
+    read = records_at(FileEventLog(path, readonly=True))
+    assert read is not None
+    wanted = [0, 1, 5, 300, 301, 700, 1199, 5, 1000]
+    got = read(wanted)
+    assert [r.position for r in got] == sorted(set(wanted))
+    assert [r.envelope.id for r in got] == [records[at].envelope.id for at in sorted(set(wanted))]
+    assert read([]) == []
