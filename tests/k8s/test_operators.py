@@ -145,8 +145,10 @@ def bound(pod: Mapping[str, Any], nodes: set[str]) -> bool:
 
 
 async def gang_waits(run: Run, size: int) -> list[dict[str, Any]]:
-    """The workload's `size` pods once each was reported unschedulable as a gang that does not
-    fit whole, after all of them were observed; and not one of them bound."""
+    """The workload's `size` pods once a cycle has ended after all of them were observed and each
+    one's latest verdict is that the gang does not fit whole (a pod observed early keeps the
+    verdict it was told then: kai-es tells a verdict again only when it changes); and not one of
+    them bound."""
 
     async def reported() -> list[dict[str, Any]] | None:
         got = await run.pods()
@@ -154,15 +156,19 @@ async def gang_waits(run: Run, size: int) -> list[dict[str, Any]]:
             return None
         names = {pod["metadata"]["name"] for pod in got}
         seen: set[str] = set()
-        seen_all, unschedulable = False, set()
-        for d in data_in(await run.records(), run.ns):
-            if isinstance(d, p.PodObserved) and d.name in names:
+        judged = False  # a cycle ended after every pod of the gang was observed
+        verdict: dict[str, set[str]] = {}  # each pod's latest reasons (a verdict is told once, when it changes)
+        for record in await run.records():
+            d = record.envelope.data
+            if isinstance(d, p.CycleCompleted):
+                judged = judged or seen == names
+            elif getattr(d, "namespace", None) != run.ns or getattr(d, "name", None) not in names:
+                continue
+            elif isinstance(d, p.PodObserved):
                 seen.add(d.name)
-                seen_all = seen == names
-            elif seen_all and isinstance(d, p.PodUnschedulable) and d.name in names \
-                    and "GangUnsatisfied" in {reason.code for reason in d.reasons}:
-                unschedulable.add(d.name)
-        return got if unschedulable == names else None
+            elif isinstance(d, p.PodUnschedulable):
+                verdict[d.name] = {reason.code for reason in d.reasons}
+        return got if judged and all("GangUnsatisfied" in verdict.get(n, ()) for n in names) else None
 
     waiting = await wait_for(reported, f"the gang's {size} pods reported unschedulable", timeout_s=90)
     assert not [pod["metadata"]["name"] for pod in waiting if pod["spec"].get("nodeName")]
