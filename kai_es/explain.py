@@ -264,7 +264,7 @@ class _Span:
             apply(state, record)
             yield record
 
-class _Subject:
+class Subject:
     """Which pods the explanation follows: one pod (`ns/name`) or every member of a job (its
     PodGroup `ns/name`, or the owner `ns/name` of its pods, e.g. a PyTorchJob)."""
 
@@ -360,7 +360,7 @@ class Timeline:
     __slots__ = ("subject", "entries", "announced", "open_cuts", "queue_of", "phase", "keep_events", "_steady")
 
     def __init__(self, target: str, *, keep_events: bool = True) -> None:
-        self.subject = _Subject(target)
+        self.subject = Subject(target)
         self.entries: list[dict[str, Any] | _Run | int] = []
         #: (None while empty, as most are: a timeline is kept for every job of a log)
         self.announced: dict[str, list[p.Reason]] | None = None
@@ -526,7 +526,7 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
     return timeline.report(state, span.first_ns, span.last_ns, lambda: ranked(cluster_order(state, span.last_ns)))
 
 
-def _cut(state: ClusterState, subject: _Subject, record: Record,
+def _cut(state: ClusterState, subject: Subject, record: Record,
          announced: dict[str, list[p.Reason]] | None, numbers: CutNumbers) -> _Cut | None:
     """What cycle `record` (a CycleStarted, folded) sees of the subject, or None if nothing."""
     pending: dict[str, tuple[str, list[p.Reason] | None]] = {}

@@ -230,8 +230,9 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
             if len(queue_names) != len(state.queues) or isinstance(data, (p.QueueObserved, p.QueueRemoved)):
                 queue_names = sorted(state.queues)
             queues = state.queues
-            if unaccrued and (new_capacity != capacity or any(
-                    alloc.get(name, 0) != queues[name].allocated_milli_gpu for name in queue_names)):
+            changed = [(name, milli) for name in queue_names
+                       if alloc.get(name, 0) != (milli := queues[name].allocated_milli_gpu) or name not in s.queues]
+            if unaccrued and (new_capacity != capacity or any(alloc.get(name, 0) != milli for name, milli in changed)):
                 _accrue(s, unaccrued, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
                 unaccrued = 0
             if new_capacity != capacity:
@@ -239,13 +240,11 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
                 if s.capacity and s.capacity[-1][0] == t:
                     s.capacity.pop()
                 s.capacity.append((t, capacity))
-            for name in queue_names:
-                milli = queues[name].allocated_milli_gpu
-                if alloc.get(name, 0) != milli or name not in s.queues:
-                    s.queues.setdefault(name, QueueSummary(name))
-                    if alloc.get(name) != milli:
-                        s.timeline.append((t, name, milli))
-                    alloc[name] = milli
+            for name, milli in changed:
+                s.queues.setdefault(name, QueueSummary(name))
+                if alloc.get(name) != milli:
+                    s.timeline.append((t, name, milli))
+                alloc[name] = milli
     end_ns = end[0]
     if last_t is not None and end_ns is not None and end_ns > last_t:
         unaccrued += end_ns - last_t

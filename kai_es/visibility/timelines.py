@@ -40,7 +40,7 @@ from typing import Any
 
 from kai_es.events import Record
 from kai_es.events import payloads as p
-from kai_es.explain import EVENT_TYPES, CutNumbers, Timeline, _Subject, record_key
+from kai_es.explain import EVENT_TYPES, CutNumbers, Timeline, Subject, record_key
 from kai_es.state import ClusterState
 
 
@@ -50,7 +50,7 @@ class JobTimelines:
     def __init__(self) -> None:
         #: subject key -> its timeline
         self.timelines: dict[str, Timeline] = {}
-        #: pod key -> the timelines whose subject tracked it (`_Subject.job_pods`)
+        #: pod key -> the timelines whose subject tracked it (`Subject.job_pods`)
         self._followers: dict[str, list[Timeline]] = {}
         #: subjects whose first record came before their timeline could be made
         self._late: set[str] = set()
@@ -129,7 +129,7 @@ class JobTimelines:
 
     def _track(self, timeline: Timeline, key: str, state: ClusterState,
                followers: list[Timeline] | None) -> list[Timeline] | None:
-        """`timeline` tracks pod `key` (`_Subject.track`); it follows it from now on if it did not."""
+        """`timeline` tracks pod `key` (`Subject.track`); it follows it from now on if it did not."""
         subject = timeline.subject
         if key in subject.job_pods:
             if key == subject.key:  # (otherwise tracking it again changes nothing)
@@ -181,7 +181,7 @@ class JobTimelines:
                cluster: Callable[[], dict[str, int]]) -> dict[str, Any] | None:
         """`target`'s report with record positions for its event entries, or None (module docstring)."""
         try:
-            subject = _Subject(target)
+            subject = Subject(target)
         except ValueError:
             return None
         if subject.forced:

@@ -26,7 +26,7 @@ import anyio
 
 from pathlib import Path
 
-from kai_es.adapters.file_log import frame_batch
+from kai_es.adapters.file_log import FileEventLog, frame_batch
 from kai_es.events import Envelope, Record, encode
 
 
@@ -82,8 +82,6 @@ class RecordingFileLog:
 
     def _from_file(self, start: int, end: int) -> list[Record]:
         """Records [start, end) decoded from the file written so far."""
-        from kai_es.adapters.file_log import FileEventLog  # noqa: PLC0415 - the rare path
-
         if self._file is None or self.path is None:
             raise RuntimeError(f"records {start}-{end - 1} are no longer kept (a log without a file keeps the "
                                f"last {self.window:,} to {2 * self.window:,})")

@@ -8,7 +8,7 @@ the nodes it touched, each in O(log n), where sorting every node per search cost
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedList
 
@@ -46,21 +46,22 @@ class NodeViews:
         self._units: dict[str, tuple[int, list[tuple[tuple[object, ...], Unit]]]] = {}
         self._room: dict[tuple[int, TaskShape], tuple[int, bool]] = {}
         self._short: dict[tuple[int, tuple[TaskShape, ...]], tuple[int, tuple[bool, bool, bool]]] = {}
-        #: `free_capacity` per node and summed, and the nodes operations touched since
+        #: the node of every operation, in order (each view below notes how many it has seen)
+        self.touched: list[int] = []
+        #: `free_capacity` per node and summed
         self._capacity: list[Vector] | None = None
         self._capacity_sum: Vector | None = None
-        self._changed: list[int] = []
-        #: each node's free GPU capacity, the nodes by it (`most_free_first`), the nodes touched since
+        self._capacity_seen = 0
+        #: each node's free GPU capacity and the nodes by it (`most_free_first`)
         self._free_now: list[int] | None = None
         self._by_free: SortedList = SortedList()
-        self._order_changed: list[int] = []
+        self._order_seen = 0
         self.plan.listeners.append(self)
 
     def on_operation(self, op: Announced, sign: int) -> None:
         self.seq += 1
         self.node_seq[op.node] = self.seq
-        self._changed.append(op.node)
-        self._order_changed.append(op.node)
+        self.touched.append(op.node)
         pod = self.state.pods.get(op.pod_key)
         if pod is not None:
             self.job_seq[pod.job_key] = self.seq
@@ -72,28 +73,30 @@ class NodeViews:
     def _fresh(self, node: int, at: int) -> bool:
         return self.node_seq.get(node, 0) <= at
 
+    def _touched_since(self, seen: int) -> Iterable[int]:
+        """Each node operations touched after the first `seen` of them, once, in order."""
+        return dict.fromkeys(self.touched[seen:])
+
     def free_capacity(self) -> Vector:
         """`victims.free_capacity` of the whole cluster: summed once; asked again after
         operations, each node's is kept from then on and brought up to date on the nodes
         touched since (a cycle whose searches never start pays one pass, as before)."""
-        session = self.session
+        session, seen = self.session, self._capacity_seen
+        self._capacity_seen = len(self.touched)
         if self._capacity is None:
             if self._capacity_sum is None:
                 self._capacity_sum = free_capacity(session, None)
-            elif self._changed:
+            elif seen < len(self.touched):
                 self._capacity = [free_capacity(session, (n,)) for n in range(len(self.plan.names))]
                 self._capacity_sum = _sum(self._capacity)
-            self._changed.clear()
             return self._capacity_sum
         assert self._capacity_sum is not None
-        if self._changed:
-            gpu, cpu, mem = self._capacity_sum
-            for n in dict.fromkeys(self._changed):
-                (g0, c0, m0), (g1, c1, m1) = self._capacity[n], free_capacity(session, (n,))
-                self._capacity[n] = (g1, c1, m1)
-                gpu, cpu, mem = gpu - g0 + g1, cpu - c0 + c1, mem - m0 + m1
-            self._changed.clear()
-            self._capacity_sum = (gpu, cpu, mem)
+        gpu, cpu, mem = self._capacity_sum
+        for n in self._touched_since(seen):
+            (g0, c0, m0), (g1, c1, m1) = self._capacity[n], free_capacity(session, (n,))
+            self._capacity[n] = (g1, c1, m1)
+            gpu, cpu, mem = gpu - g0 + g1, cpu - c0 + c1, mem - m0 + m1
+        self._capacity_sum = (gpu, cpu, mem)
         return self._capacity_sum
 
     def most_free_first(self) -> Iterator[tuple[int, int]]:
@@ -103,18 +106,17 @@ class NodeViews:
         operate on the Plan while iterating."""
         table = self.plan.future
         start, dev = table.gpu_start, table.dev_free_milli
+        seen, self._order_seen = self._order_seen, len(self.touched)
         if self._free_now is None:
             self._free_now = [sum(dev[start[n]:start[n + 1]]) for n in range(len(self.plan.names))]
             self._by_free = SortedList((-f, n) for n, f in enumerate(self._free_now))
-            self._order_changed.clear()
-        elif self._order_changed:
-            for n in dict.fromkeys(self._order_changed):
+        else:
+            for n in self._touched_since(seen):
                 now = sum(dev[start[n]:start[n + 1]])
                 if now != self._free_now[n]:
                     self._by_free.remove((-self._free_now[n], n))
                     self._by_free.add((-now, n))
                     self._free_now[n] = now
-            self._order_changed.clear()
         for negative, n in self._by_free:
             yield n, -negative
 
