@@ -16,7 +16,7 @@ from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Announced
 from kai_es.scheduling.session import Session
-from kai_es.scheduling.victims import Unit, free_capacity, job_order, keyed_units, room
+from kai_es.scheduling.victims import Unit, free_capacity, job_order, keyed_units, room, shared
 from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
 
@@ -37,10 +37,11 @@ class NodeViews:
 
     def __init__(self, session: Session) -> None:
         self.session, self.state, self.plan = session, session.state, session.plan
-        self.seq = 0
-        #: node index / job key -> the number of the last Plan operation on it (or one of its pods)
+        #: the cycle's shared victim buckets, which number the Plan's operations and note the
+        #: last one on each job (`victims.SharedBuckets`, a listener told before this one)
+        self.jobs = shared(session)
+        #: node index -> the number of the last Plan operation on it
         self.node_seq: dict[int, int] = {}
-        self.job_seq: dict[str, int] = {}
         self._movable: dict[int, tuple[int, list[PodState], Freed]] = {}
         self._cheapest: dict[int, tuple[int, tuple[str, ...], tuple[object, ...] | None]] = {}
         self._units: dict[str, tuple[int, list[tuple[tuple[object, ...], Unit]]]] = {}
@@ -58,13 +59,14 @@ class NodeViews:
         self._order_seen = 0
         self.plan.listeners.append(self)
 
+    @property
+    def seq(self) -> int:
+        """The number of the Plan's last operation (`SharedBuckets.seq`)."""
+        return self.jobs.seq
+
     def on_operation(self, op: Announced, sign: int) -> None:
-        self.seq += 1
-        self.node_seq[op.node] = self.seq
+        self.node_seq[op.node] = self.jobs.seq
         self.touched.append(op.node)
-        pod = self.state.pods.get(op.pod_key)
-        if pod is not None:
-            self.job_seq[pod.job_key] = self.seq
 
     def close(self) -> None:
         if self in self.plan.listeners:
@@ -191,7 +193,7 @@ class NodeViews:
         among the units of the jobs first in that order that offer one with a pod there: only
         those jobs' units are built. Kept per node while neither the node nor a job it read
         changed; a node whose list lacks the preemptor's own pods there is computed for it alone."""
-        job_seq = self.job_seq
+        job_seq = self.jobs.touched
         out: dict[int, tuple[object, ...] | None] = {}
         for n, _, movable in nodes:
             whole = self._movable.get(n)
@@ -228,7 +230,7 @@ class NodeViews:
 
     def _units_of(self, job: Job) -> list[tuple[tuple[object, ...], Unit]]:
         found = self._units.get(job.key)
-        if found is None or self.job_seq.get(job.key, 0) > found[0]:
+        if found is None or self.jobs.touched.get(job.key, 0) > found[0]:
             found = self._units[job.key] = (self.seq, keyed_units(self.session, [job], backoff=True))
         return found[1]
 
