@@ -759,6 +759,37 @@ CASES = (
          (J('job0', 1, 'queue0', tasks=('', '', 'node0', 'node0'), subgroups=(SG('group-a', parent=''), SG('ps-target', 2, parent='group-a'), SG('group-b', parent=''), SG('ps-other', 1, parent='group-b'),), task_subgroups=('ps-target', 'ps-target', 'ps-other', 'ps-other')),
           J('preemptor0', 4, 'queue0', priority=100),),
          {'job0-0': '', 'job0-1': '', 'job0-2': '', 'job0-3': '', 'preemptor0-0': 'node0'}),
+    # kai-es/v12 (`rules.replacement.ReplaceInAllocationOrder`): v11 decided otherwise. KAI pops
+    # the preemptor and its victims from one allocation order (every pending job counts as its
+    # queue's head): queue0's head is the victim running-job1 (1 GPU), queue1's pending-job0 (3
+    # GPUs), so queue0 goes first, the victim takes its place back and pending-job1 does not fit
+    # (seen in KAI's own run: pops running_job1, pending_job0, pending_job1). v11 placed the
+    # preemptor first and reclaimed. KAI's test name calls its own outcome a bug; it is what
+    # KAI decides all the same
+    Case("reclaim/reclaim_test.go: queue0 is over quota, queue1 is under quota, yet we don't reclaim because allocate will case a loop (this is a bug in allocate)",
+         {'node0': 4},
+         (Q('queue0', 2, weight=2), Q('queue1', 2, weight=2),),
+         (J('running-job0', 2, 'queue0', tasks=('node0',)),
+          J('running-job1', 1, 'queue0', tasks=('node0',)),
+          J('running-job2', 1, 'queue1', tasks=('node0',)),
+          J('pending-job0', 3, 'queue1'),
+          J('pending-job1', 1, 'queue1'),
+          J('pending-job2', 1, 'queue0'),),
+         {'pending-job0': '', 'pending-job1': '', 'pending-job2': '', 'running-job0': 'node0', 'running-job1': 'node0', 'running-job2': 'node0'}),
+    # kai-es/v12 (`rules.replacement.ReplaceInAllocationOrder`): v11 decided otherwise in round
+    # 2. running-job1 (queue0) would reclaim from queue2, whose priority is 101: KAI's allocation
+    # order pops queue2's victim before the preemptor (queue priority decides first), the victim
+    # takes its place back and the preemptor does not fit (KAI's run: pops running_job3, then
+    # running_job1, placed=false); v11 placed the preemptor first
+    Case('reclaim/reclaim_test.go: 2 train job for overquota project 1, 1 job for overquota project with deserved of 0, 1 job recalim from different project - reclaim from less prioritized queue',
+         {'node0': 4},
+         (Q('queue0', 1, weight=1), Q('queue1', 1, weight=1), Q('queue2', 1, priority=101),),
+         (J('running-job0', 1, 'queue0', tasks=('node0',)),
+          J('running-job1', 1, 'queue0', tasks=('node0',)),
+          J('running-job2', 1, 'queue2', tasks=('node0',)),
+          J('running-job3', 1, 'queue2', tasks=('node0',)),
+          J('pending-job0', 1, 'queue1'),),
+         {'pending-job0': 'node0', 'running-job0': 'node0', 'running-job1': '', 'running-job2': 'node0', 'running-job3': 'node0'}),
 )
 
 

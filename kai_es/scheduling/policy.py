@@ -142,6 +142,14 @@ never changed: new behaviour is a new version here, and every old log keeps repl
     victim's eviction back-off ended, could not use it, nor could its replacement use the room
     the second move held).
 
+- `kai-es/v12`: v11's rules, and a reclaim or preempt search places the preemptor and its
+  victims in one allocation order, as KAI's `TryToVirtuallyAllocatePreemptorAndGetVictims`:
+  before each try to place the preemptor, the victim jobs KAI's jobs-by-queues order takes first
+  get their place back first (`rules.replacement.ReplaceInAllocationOrder`; v11 placed the
+  preemptor first, so a queue reclaimed from a queue of higher priority the room that queue's
+  victim takes back in KAI: KAI's reclaim integration tests "reclaim from less prioritized
+  queue" and "queue0 is over quota, queue1 is under quota, yet we don't reclaim").
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -196,7 +204,8 @@ from kai_es.scheduling.rules.queue_order import AllocatableShareOrder, KaiQueueO
 from kai_es.scheduling.rules.consolidation_nodes import CheapestVictimBreaksTies, MostFreeFirstV8
 from kai_es.scheduling.rules.reclaim_victims import (DominantShareReclaimV5, FinalVictimsReclaim, KaiReclaimStrategies,
                                                      QueuePriorityInQuota)
-from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims, ReplaceVictims, ReplaceWholeGangs
+from kai_es.scheduling.rules.replacement import (EvictVictimsV3, MoveVictims, ReplaceInAllocationOrder, ReplaceVictims,
+                                                  ReplaceWholeGangs)
 from kai_es.scheduling.rules.search_backoff import FailedSearchesBackOff, NoSearchBackoffV7
 from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
 from kai_es.scheduling.rules.staleness import PlacedPodsKeepTheGang, SubGroupStaleness, TopLevelStalenessV3
@@ -340,6 +349,9 @@ RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), re
 #: victims queue): a lower-priority queue gives its victims before a higher-priority one. (And
 #: its fold drops the holds of a move whose eviction failed: `releases_failed_moves`)
 RULES_V11: Final = replace(RULES_V10, victim_queue_order=ReverseQueueOrder())
+#: kai-es/v12: a search re-places the victims KAI's allocation order takes before the preemptor
+#: first, and places the preemptor on what is left (KAI's TryToVirtuallyAllocatePreemptorAndGetVictims)
+RULES_V12: Final = replace(RULES_V11, replacement=ReplaceInAllocationOrder())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -385,9 +397,12 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v11", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V11, FOLD_RULES["kai-es/v11"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v12", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V12, FOLD_RULES["kai-es/v12"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v11"
+CURRENT_POLICY: Final = "kai-es/v12"
 
 
 def policy_for(version: str) -> PolicyVersion:

@@ -76,6 +76,8 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v10": _HOLDING,
     # a failed move's holds are dropped (victims taken queue by queue change no fold)
     "kai-es/v11": _RELEASING,
+    # victims re-placed in the allocation order with the preemptor: no fold changes
+    "kai-es/v12": _RELEASING,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}

@@ -249,6 +249,9 @@ class Consolidation(PreemptingAction):
 
         return why
 
+    def before_place(self, job: Job, request: Vector, start: int) -> None:
+        """Nothing: every victim of a consolidation is re-placed after the preemptor (`settle`)."""
+
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         plan, state = self.plan, self.state
         evictions = [op for op in plan.operations[start:] if isinstance(op, Eviction) and not op.undone]

@@ -263,6 +263,11 @@ class PreemptingAction:
         # change only with the verdict); the numbers say how many and until when
         return f"{message}; {BACKING_OFF}", {**numbers, **backoff}
 
+    def before_place(self, job: Job, request: Vector, start: int) -> None:
+        """Called before each try to place `job` (requesting `request`) with the evictions after
+        checkpoint `start`: the re-placement rule's victims that go before it (`rules.replacement`)."""
+        self.session.rules.replacement.before_preemptor(self.session, start, job, request)
+
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         """Called when the search placed `job` with the evictions after checkpoint `start`: the
         action's last word on the attempt (False: it is rolled back, as a failed search). Here:
@@ -390,6 +395,7 @@ class PreemptingAction:
 
         def place() -> list[Entry] | None:
             cp_place = self.plan.checkpoint()
+            self.before_place(job, request, start)
             if topology is not None:
                 cp = self.plan.checkpoint()
                 entries, _ = topology.place(job, pods, place_each, self.session.request_of)
@@ -398,9 +404,10 @@ class PreemptingAction:
             else:
                 entries, _ = place_each(pods)
             if entries is not None and not rules.queue_limits.holds(self.session, leaf, job, request):
-                self.plan.rollback(cp_place)  # over a queue limit even with the victims taken so far
-                entries = None
-            if entries is not None:
+                entries = None  # over a queue limit even with the victims taken so far
+            if entries is None:
+                self.plan.rollback(cp_place)  # (and the victims given their place back before it)
+            else:
                 placed[:] = entries
             return entries
 

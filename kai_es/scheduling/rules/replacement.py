@@ -18,6 +18,17 @@ placed; and `relocate`, the re-placement of evicted pods that consolidation shar
   evicted pods back where they run, else all moved elsewhere on idle capacity, else it stays
   evicted and so do its pods still running (evicted with it, the reason saying so); a job left
   at its minimum has its surplus pods tried one at a time, as before.
+- `ReplaceInAllocationOrder` (kai-es/v12 on): as `ReplaceWholeGangs`, and the victims are
+  re-placed in KAI's allocation order *with* the preemptor, not all after it (KAI's
+  `TryToVirtuallyAllocatePreemptorAndGetVictims` pops the preemptor and the victim jobs from one
+  jobs-by-queues order built once the victims are evicted): before each try to place the
+  preemptor, the victim jobs that order takes first — a job of a queue the queue order puts
+  first (a queue of higher priority, whatever its share; compared level by level below the
+  lowest common ancestor), or of the same queue and first in job order — get their place back
+  first (`before_preemptor`), and the preemptor is placed on what is left. So a queue cannot
+  reclaim from a queue of higher priority the room that queue's victims would take back (KAI's
+  reclaim integration test "reclaim from less prioritized queue", round 2); v8–v11 placed the
+  preemptor first and re-placed only what was left over.
 - With `rules.queue_limits.LimitsOnThePlan` (kai-es/v10 on) a victim comes back (put back or
   moved) only if its queues stay within their limits with it (KAI re-places a victim through
   the same capacity predicate as any task): a job whose own victim made room under its queue's
@@ -28,27 +39,43 @@ Contract: pure; writes only the Session's Plan.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from operator import itemgetter
 from typing import Protocol
 
 from kai_es.scheduling.plan import Eviction
 from kai_es.scheduling.session import Session
 from kai_es.state.model import Job
-from kai_es.state.quantities import ZERO
+from kai_es.state.quantities import ZERO, Vector
 
 
 class Replacement(Protocol):
+    def before_preemptor(self, session: Session, start: int, preemptor: Job, request: Vector) -> None:
+        """Called before each try to place `preemptor` (requesting `request`), with the
+        evictions after checkpoint `start` on the Plan (reclaim and preempt; what it changes, a
+        failed try rolls back)."""
+
     def settle(self, session: Session, start: int) -> None:
         """Called once a search placed its preemptor with the evictions after checkpoint `start`."""
 
 
-class EvictVictimsV3:
+class _PreemptorFirst:
+    """Nothing is re-placed before the preemptor (kai-es/v1 to v11)."""
+
+    __slots__ = ()
+
+    def before_preemptor(self, session: Session, start: int, preemptor: Job, request: Vector) -> None:
+        return None
+
+
+class EvictVictimsV3(_PreemptorFirst):
     __slots__ = ()
 
     def settle(self, session: Session, start: int) -> None:
         return None
 
 
-class MoveVictims:
+class MoveVictims(_PreemptorFirst):
     __slots__ = ()
 
     def settle(self, session: Session, start: int) -> None:
@@ -77,7 +104,7 @@ def _announce_moves(session: Session, moves: list[tuple[Eviction, int]]) -> None
                  f"{op.reason}", op.reason)
 
 
-class ReplaceVictims:
+class ReplaceVictims(_PreemptorFirst):
     __slots__ = ()
 
     def settle(self, session: Session, start: int) -> None:
@@ -91,6 +118,96 @@ class ReplaceWholeGangs(ReplaceVictims):
 
     def settle(self, session: Session, start: int) -> None:
         replace_victims(session, start, whole_gangs=True)
+
+
+class ReplaceInAllocationOrder(ReplaceWholeGangs):
+    """`ReplaceWholeGangs`, the victims KAI's allocation order takes before the preemptor
+    re-placed first (see module docstring)."""
+
+    __slots__ = ()
+
+    def before_preemptor(self, session: Session, start: int, preemptor: Job, request: Vector) -> None:
+        by_job = _victim_jobs(session, start)
+        if not by_job:
+            return
+        pods = session.state.pods
+        requests = {key: session.request_of([pods[op.pod_key] for op in ops]) for key, ops in by_job.items()}
+        for key in popped_before(session, requests, preemptor, request):
+            _replace_job(session, session.state.jobs[key], by_job[key], whole_gangs=True)
+
+
+#: a job in a queue's lane of the allocation order: (job order, job, its request)
+_Lane = list[tuple[tuple[object, ...], Job, Vector]]
+
+
+def popped_before(session: Session, victims: dict[str, Vector], preemptor: Job, request: Vector) -> Iterator[str]:
+    """The victim jobs (key -> the request of their evicted pods) that KAI's allocation order
+    pops before `preemptor` (requesting `request`), in that order (KAI's jobs-by-queues order
+    of `GetJobsToAllocate`: every pending job, the victim jobs and the preemptor). Each queue
+    holding a victim or the preemptor is a lane of its jobs in job order — its pending jobs
+    ahead of them too (`ClusterState.pending_jobs`, each with the pods it would place now:
+    a queue's head decides how the queue compares, even a job that is then passed over); the
+    next pop is the lane whose head `allocated_before` puts first. Lazy: the Session's
+    accounting is read at each pop, so a victim re-placed before the next is counted.
+    Queues holding neither are left out (their pops change nothing; under a common parent
+    KAI would compare it with its best job below, which may be theirs)."""
+    state, placed = session.state, session.placed_pods
+    relevant = {preemptor.key: request, **victims}
+    lanes: dict[str, _Lane] = {}
+    for key, wanted in relevant.items():
+        job = state.jobs[key]
+        lanes.setdefault(job.queue, []).append((_job_order(job), job, wanted))
+    for name, lane in lanes.items():
+        last = max(order for order, _, _ in lane)
+        for entry in state.pending_jobs.get(name, ()):
+            order = (entry.neg_priority, entry.created_ns, entry.uid, entry.job_key)
+            if order >= last:
+                break
+            if entry.job_key in relevant:
+                continue
+            job = state.jobs[entry.job_key]
+            picked = session.job_candidate(job, exclude=placed)
+            if picked is not None:
+                lane.append((order, job, picked[1]))
+        lane.sort(key=itemgetter(0))
+    heads = dict.fromkeys(lanes, 0)
+    while True:
+        best: tuple[str, Job, Vector] | None = None
+        for name, lane in lanes.items():
+            i = heads[name]
+            if i < len(lane):
+                _, job, wanted = lane[i]
+                if best is None or allocated_before(session, job, wanted, best[1], best[2]):
+                    best = (name, job, wanted)
+        if best is None:
+            return
+        heads[best[0]] += 1
+        key = best[1].key
+        if key == preemptor.key:
+            return
+        if key in victims:
+            yield key
+
+
+def _job_order(job: Job) -> tuple[object, ...]:
+    """Job order inside one queue (as `ClusterState.pending_jobs`): higher priority, older, uid."""
+    return (-job.priority, job.created_ns, job.uid, job.key)
+
+
+def allocated_before(session: Session, job: Job, request: Vector, other: Job, other_request: Vector) -> bool:
+    """Whether KAI's allocation order takes `job` (requesting `request`) before `other`: down
+    the queue tree, the queue order of the two siblings below their lowest common ancestor
+    (`Session.key` with each job as its queue's candidate, on the Session's accounting now); in
+    one queue, job order. A job whose queue the Session does not know comes after."""
+    mine, theirs = session.queues.get(job.queue), session.queues.get(other.queue)
+    if mine is None or theirs is None:
+        return False
+    if mine is theirs:
+        return _job_order(job) < _job_order(other)
+    for a, b in zip(mine.chain[::-1], theirs.chain[::-1]):
+        if a is not b:
+            return session.key(a, request) < session.key(b, other_request)
+    return False  # (a leaf is never another's ancestor)
 
 
 def _put_back(session: Session, ops: list[Eviction]) -> bool:
@@ -129,16 +246,23 @@ def _evict_the_rest(session: Session, job: Job, ops: list[Eviction]) -> None:
                        f"so its other running pods go with it", dict(first.numbers))
 
 
+def _victim_jobs(session: Session, start: int) -> dict[str, list[Eviction]]:
+    """The evictions after checkpoint `start` that stand, by job, in the order of the first."""
+    state = session.state
+    by_job: dict[str, list[Eviction]] = {}
+    for op in session.plan.operations[start:]:
+        if isinstance(op, Eviction) and not op.undone:
+            by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
+    return by_job
+
+
 def replace_victims(session: Session, start: int, whole_gangs: bool = False) -> None:
     """`ReplaceVictims` (see module docstring): of the evictions after checkpoint `start`, undo
     those whose pods fit back where they run, move those that fit elsewhere, keep the rest;
     `whole_gangs` (`ReplaceWholeGangs`): a job taken below its minimum comes back whole or its
     remaining pods go too."""
-    plan, state, queues = session.plan, session.state, session.queues
-    by_job: dict[str, list[Eviction]] = {}
-    for op in plan.operations[start:]:
-        if isinstance(op, Eviction) and not op.undone:
-            by_job.setdefault(state.pods[op.pod_key].job_key, []).append(op)
+    state, queues = session.state, session.queues
+    by_job = _victim_jobs(session, start)
     if not by_job:
         return
 
@@ -153,23 +277,26 @@ def replace_victims(session: Session, start: int, whole_gangs: bool = False) -> 
         return (found, -job.priority, job.created_ns, job.uid, key)
 
     for key in sorted(by_job, key=job_order):
-        job = state.jobs[key]
-        ops = by_job[key]
-        if whole_gangs:
-            if len(session.rules.elastic_surplus.held(session, job)) < job.min_member:
-                if not _put_back(session, ops):
-                    _evict_the_rest(session, job, ops)
-                continue
-            for op in ops:
-                _put_back(session, [op])
-            continue
-        # the job's surplus pods (evicted first, one by one), then its gang as one
-        surplus = max(0, job.occupying - job.min_member)
-        units = [[op] for op in ops[:surplus]]
-        if ops[surplus:]:
-            units.append(ops[surplus:])
-        for unit in units:
-            _put_back(session, unit)
+        _replace_job(session, state.jobs[key], by_job[key], whole_gangs)
+
+
+def _replace_job(session: Session, job: Job, ops: list[Eviction], whole_gangs: bool) -> None:
+    """Re-place one victim job's evictions `ops` (see `replace_victims`)."""
+    if whole_gangs:
+        if len(session.rules.elastic_surplus.held(session, job)) < job.min_member:
+            if not _put_back(session, ops):
+                _evict_the_rest(session, job, ops)
+            return
+        for op in ops:
+            _put_back(session, [op])
+        return
+    # the job's surplus pods (evicted first, one by one), then its gang as one
+    surplus = max(0, job.occupying - job.min_member)
+    units = [[op] for op in ops[:surplus]]
+    if ops[surplus:]:
+        units.append(ops[surplus:])
+    for unit in units:
+        _put_back(session, unit)
 
 
 def relocate(session: Session, ops: list[Eviction]) -> list[tuple[Eviction, int]] | None:
