@@ -39,11 +39,13 @@ Contract: pure; writes only the Session's Plan.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from operator import itemgetter
 from typing import Protocol
+from weakref import WeakKeyDictionary
 
-from kai_es.scheduling.plan import Eviction
+from kai_es.scheduling.plan import Eviction, VerificationError
 from kai_es.scheduling.session import Session
 from kai_es.state.model import Job
 from kai_es.state.quantities import ZERO, Vector
@@ -145,30 +147,25 @@ def popped_before(session: Session, victims: dict[str, Vector], preemptor: Job, 
     pops before `preemptor` (requesting `request`), in that order (KAI's jobs-by-queues order
     of `GetJobsToAllocate`: every pending job, the victim jobs and the preemptor). Each queue
     holding a victim or the preemptor is a lane of its jobs in job order — its pending jobs
-    ahead of them too (`ClusterState.pending_jobs`, each with the pods it would place now:
-    a queue's head decides how the queue compares, even a job that is then passed over); the
-    next pop is the lane whose head `allocated_before` puts first. Lazy: the Session's
-    accounting is read at each pop, so a victim re-placed before the next is counted.
-    Queues holding neither are left out (their pops change nothing; under a common parent
-    KAI would compare it with its best job below, which may be theirs)."""
-    state, placed = session.state, session.placed_pods
+    ahead of them too, each with the pods it would place now (`PendingAhead`: a queue's head
+    decides how the queue compares, even a job that is then passed over); the next pop is the
+    lane whose head `allocated_before` puts first. Lazy: the Session's accounting is read at
+    each pop, so a victim re-placed before the next is counted. Queues holding neither are left
+    out (their pops change nothing; under a common parent KAI would compare it with its best
+    job below, which may be theirs)."""
     relevant = {preemptor.key: request, **victims}
+    jobs = session.state.jobs
     lanes: dict[str, _Lane] = {}
     for key, wanted in relevant.items():
-        job = state.jobs[key]
+        job = jobs[key]
         lanes.setdefault(job.queue, []).append((_job_order(job), job, wanted))
+    ahead = _ahead(session)
     for name, lane in lanes.items():
         last = max(order for order, _, _ in lane)
-        for entry in state.pending_jobs.get(name, ()):
-            order = (entry.neg_priority, entry.created_ns, entry.uid, entry.job_key)
-            if order >= last:
-                break
-            if entry.job_key in relevant:
-                continue
-            job = state.jobs[entry.job_key]
-            picked = session.job_candidate(job, exclude=placed)
-            if picked is not None:
-                lane.append((order, job, picked[1]))
+        read = ahead.before(session, name, last)
+        if session.plan.verify and read != PendingAhead().before(session, name, last):
+            raise VerificationError(f"the pending jobs kept for queue {name} differ from a fresh read")
+        lane.extend(entry for entry in read if entry[1].key not in relevant)
         lane.sort(key=itemgetter(0))
     heads = dict.fromkeys(lanes, 0)
     while True:
@@ -187,6 +184,61 @@ def popped_before(session: Session, victims: dict[str, Vector], preemptor: Job, 
             return
         if key in victims:
             yield key
+
+
+class PendingAhead:
+    """A queue's pending jobs in job order with the request of the pods each would place now
+    (`Session.job_candidate`, pods placed this cycle left out), read from
+    `ClusterState.pending_jobs` only as far as asked. What was read holds while the cycle places
+    no pod (a search's tries share it); a job with nothing to place is skipped for the rest of
+    the cycle (placed pods stay placed), so a queue's placed head jobs are read once."""
+
+    __slots__ = ("placed", "skip", "read")
+
+    def __init__(self) -> None:
+        #: len(Session.placed_pods) when `read` was filled
+        self.placed = -1
+        #: per queue: the index in its pending jobs before which none has anything to place
+        self.skip: dict[str, int] = {}
+        #: per queue: the entries read (with something to place) and the next index to read
+        self.read: dict[str, tuple[_Lane, int]] = {}
+
+    def before(self, session: Session, queue: str, bound: tuple[object, ...]) -> _Lane:
+        """The queue's entries whose job order is before `bound`."""
+        placed = session.placed_pods
+        if len(placed) != self.placed:
+            self.placed = len(placed)
+            self.read.clear()
+        index = session.state.pending_jobs.get(queue)
+        if not index:
+            return []
+        entries, at = self.read.get(queue) or ([], self.skip.get(queue, 0))
+        jobs = session.state.jobs
+        while (not entries or entries[-1][0] < bound) and at < len(index):
+            entry = index[at]
+            order = (entry.neg_priority, entry.created_ns, entry.uid, entry.job_key)
+            if order >= bound and not entries:
+                break
+            at += 1
+            job = jobs[entry.job_key]
+            picked = session.job_candidate(job, exclude=placed)
+            if picked is None:
+                if not entries:
+                    self.skip[queue] = at
+                continue
+            entries.append((order, job, picked[1]))
+        self.read[queue] = (entries, at)
+        return entries[:bisect_left(entries, bound, key=itemgetter(0))]
+
+
+_AHEAD: WeakKeyDictionary[Session, PendingAhead] = WeakKeyDictionary()
+
+
+def _ahead(session: Session) -> PendingAhead:
+    found = _AHEAD.get(session)
+    if found is None:
+        found = _AHEAD[session] = PendingAhead()
+    return found
 
 
 def _job_order(job: Job) -> tuple[object, ...]:
