@@ -237,3 +237,29 @@ def test_json_patch_adds_and_replaces_as_the_operators_kustomizations_do() -> No
         cp_mod.json_patch(doc, [{"op": "remove", "path": "/metadata"}])
     with pytest.raises(cp_mod.ControlPlaneError, match="not there"):
         cp_mod.json_patch(doc, [{"op": "replace", "path": "/metadata/labels", "value": {}}])
+
+
+def test_argo_builds_apart_with_its_crds_configmap_and_cluster_role() -> None:
+    """Argo Workflows' workflow-controller: a module of its own (its Kubernetes v0.33 modules
+    cannot join the shared build), the minimal CRDs of every kind whose informer it waits for
+    (not argo-server's WorkflowEventBinding), its install's ConfigMap, the cluster-wide install's
+    ClusterRole; run by `ArgoProcess` without leader election and without metrics servers."""
+    op, recipe = cp_mod.ARGO_CONTROLLER, cp_mod.ARGO_RECIPE
+    assert (op.module, op.version) == ("github.com/argoproj/argo-workflows/v4", "v4.0.5")
+    assert recipe.outputs[0] == op.name and op.name not in cp_mod.KUBERNETES.outputs
+    assert cp_mod.SEPARATE_OPERATOR_RECIPES[op.name] is recipe and cp_mod.operator_bin(op).parent == recipe.dir
+    plurals = {Path(f).name.removeprefix("argoproj.io_").removesuffix(".yaml") for f in op.crds}
+    assert plurals == {"workflows", "workflowtemplates", "clusterworkflowtemplates", "cronworkflows",
+                       "workflowtasksets", "workflowtaskresults", "workflowartifactgctasks"}
+    assert all("/crds/minimal/" in f for f in op.crds)
+    assert set(op.files()) | {op.cached(cp_mod.ARGO_CONFIGMAP)} == set(recipe.outputs[1:])
+    assert cp_mod.OPERATOR_ROLES[op.name][1] == "argo-cluster-role" and not op.webhooks
+    argo = cp_mod.ControlPlane(operators=(op.name,))
+    try:
+        (proc,) = argo.operators.values()
+        assert type(proc).__name__ == "ArgoProcess"
+        assert f"--namespace={cp_mod.ARGO_NAMESPACE}" in proc.command()
+        assert not any(a.startswith("--namespaced") for a in proc.command())  # every namespace
+        assert proc.CONFIG == {"metricsConfig": "enabled: false\n", "telemetryConfig": "enabled: false\n"}
+    finally:
+        argo.close()

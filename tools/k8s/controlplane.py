@@ -38,7 +38,9 @@ controller alone, with its module's MPIJob v1 CRD (TRAINING_OPERATOR_MPI), on a 
 without the MPI operator, whose v2beta1 CRD has the same name. ``operators=("knative-controller",)``
 runs Knative Serving (its controller and the webhook it needs: KNATIVE_OPERATORS, `KnativeProcess`)
 with what its install creates in namespace knative-serving, the apiserver reaching the webhook
-through its Service's endpoints (``--enable-aggregator-routing``).
+through its Service's endpoints (``--enable-aggregator-routing``). ``operators=("workflow-controller",)``
+runs Argo Workflows' workflow-controller (ARGO_CONTROLLER, `ArgoProcess`), cluster-wide, with its
+CRDs and its ConfigMap in namespace argo.
 
 ``ControlPlane(real_node=True)`` also runs a real node (``RealNode``): the kubelet built here with
 Debian's containerd and runc (root; REAL_NODE_PACKAGES), a CNI bridge, and busybox images made
@@ -70,6 +72,9 @@ toolchain (1.26+, ``/usr/local/go/bin`` is searched too) builds
 * Knative Serving v0.50.0's controller and webhook — by one ``go build`` in a module of their own
   (KNATIVE_SERVING_VERSION says why), with its CRDs and install files and those of the
   networking and caching modules it requires (KNATIVE_RECIPE; about 3 minutes cold on 2 cores);
+* Argo Workflows v4.0.5's workflow-controller — in a module of its own (Kubernetes v0.33
+  modules), with its minimal CRDs and its ConfigMap out of the module (ARGO_RECIPE; about 3
+  minutes cold on 2 cores; a test dependency only: ARGO_CONTROLLER says why);
 * etcd v3.6.8 — the same way (its server module replaces its sibling modules);
 * kube-router v2.1.0 — ``go install`` (``fetch_kube_router``; a real node with network policy);
 * KWOK v0.8.0 — ``go install``; its three "fast" stage files are copied from the module cache
@@ -288,8 +293,27 @@ KNATIVE_INSTALL = (
     ("knative.dev/serving", "config/core/webhooks/resource-validation.yaml"),
     ("knative.dev/serving", "config/core/webhooks/configmap-validation.yaml"),
 )
+#: Argo Workflows' workflow-controller, v4.0.5 (`github.com/argoproj/argo-workflows/v4`; the Go
+#: module proxy refuses the v3 module: 403, "not available"). A TEST DEPENDENCY ONLY: the package
+#: lists here mark v4.0.5 "untested; security flaws reported", and it runs on this machine's
+#: loopback apiserver only, never in kai-es's image or chart. It is written against the Kubernetes
+#: v0.33 modules, so it builds in a module of its own (ARGO_RECIPE). Its CRDs are the "minimal"
+#: ones its module ships (manifests/base/crds/minimal: the big Workflow, template and CronWorkflow
+#: schemas left out, Argo's own workaround for kubernetes#82292; the full ones are 2.5 MB of YAML
+#: each) for the kinds whose informers it waits for at start (WorkflowEventBinding is argo-server's,
+#: not the controller's). `ArgoProcess` says how it runs.
+ARGO_WORKFLOWS_VERSION = "v4.0.5"
+ARGO_CONTROLLER = Operator(
+    "workflow-controller", "github.com/argoproj/argo-workflows/v4", ARGO_WORKFLOWS_VERSION,
+    "github.com/argoproj/argo-workflows/v4/cmd/workflow-controller",
+    tuple(f"manifests/base/crds/minimal/argoproj.io_{p}.yaml" for p in (
+        "workflows", "workflowtemplates", "clusterworkflowtemplates", "cronworkflows", "workflowtasksets",
+        "workflowtaskresults", "workflowartifactgctasks")))
+#: The controller's ConfigMap as its install ships it (`ArgoProcess.CONFIG` sets keys over it);
+#: copied by ARGO_RECIPE next to its CRDs.
+ARGO_CONFIGMAP = "manifests/base/workflow-controller/workflow-controller-configmap.yaml"
 OPERATORS = {o.name: o for o in (*SHARED_OPERATORS, KUBERAY, TRAINING_OPERATOR, TRAINING_OPERATOR_MPI,
-                                 *KNATIVE_OPERATORS)}
+                                 *KNATIVE_OPERATORS, ARGO_CONTROLLER)}
 #: Operators that run another's binary under its manager ClusterRole: name -> that operator.
 SAME_INSTALL: Mapping[str, Operator] = {TRAINING_OPERATOR_MPI.name: TRAINING_OPERATOR}
 
@@ -310,6 +334,10 @@ OPERATOR_ROLES: Mapping[str, tuple[str, str]] = {
     # knative-serving-activator-cluster (services and endpoints), which core's rules cover
     KNATIVE_CONTROLLER.name: ("config/core/200-roles/clusterrole.yaml", "knative-serving-core"),
     KNATIVE_WEBHOOK.name: ("config/core/200-roles/clusterrole.yaml", "knative-serving-core"),
+    # the cluster-wide install's; its namespaced Role argo-role (Leases, Secrets) is for leader
+    # election, which `ArgoProcess` turns off
+    ARGO_CONTROLLER.name: ("manifests/cluster-install-no-crds/workflow-controller-rbac/"
+                           "workflow-controller-clusterrole.yaml", "argo-cluster-role"),
 }
 
 #: kube-controller-manager's --controllers: what makes user-written workloads run (Deployment ->
@@ -727,6 +755,24 @@ def _build_knative(b: _Builder, out_dir: Path, workdir: Path) -> None:
         dst.chmod(0o644)  # the module cache is read-only
 
 
+def _build_argo(b: _Builder, out_dir: Path, workdir: Path) -> None:
+    """Argo Workflows' workflow-controller in a module of its own (see ARGO_CONTROLLER), at the
+    versions its go.mod asks, with the version it reports (and tags its executor image with) set
+    as its Makefile sets it; then its CRDs and ARGO_CONFIGMAP out of the module cache."""
+    op = ARGO_CONTROLLER
+    b.run([b.go, "mod", "init", "kai-es.local/build/argo-workflows"], workdir)
+    b.run([b.go, "mod", "edit", f"-require={op.module}@{op.version}"], workdir)
+    _write_tools_go(workdir, op.package)
+    b.run([b.go, "mod", "tidy"], workdir)
+    ldflags = f"-s -w -X {op.module}.version={op.version}"
+    b.run([b.go, "build", "-trimpath", "-ldflags", ldflags, "-o", f"{out_dir}{os.sep}", op.package],
+          workdir, env={"CGO_ENABLED": "0"})  # fmt: skip
+    _place_operators(b, out_dir, workdir, (op,))
+    dst = out_dir / op.cached(ARGO_CONFIGMAP)
+    shutil.copyfile(Path(b.download(f"{op.module}@{op.version}", workdir)["Dir"]) / ARGO_CONFIGMAP, dst)
+    dst.chmod(0o644)  # the module cache is read-only
+
+
 def _build_etcd(b: _Builder, out_dir: Path, workdir: Path) -> None:
     b.run([b.go, "mod", "init", "kai-es.local/build/etcd"], workdir)
     info = b.download(f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}", workdir)
@@ -838,6 +884,12 @@ KNATIVE_RECIPE = Recipe(
      "required": KNATIVE_REQUIRED_CRDS, "install": KNATIVE_INSTALL,
      "helpers": (_write_tools_go, _place_operators)},
 )  # fmt: skip
+ARGO_RECIPE = Recipe(
+    ARGO_CONTROLLER.name, ARGO_CONTROLLER.version,
+    (ARGO_CONTROLLER.name, *ARGO_CONTROLLER.files(), ARGO_CONTROLLER.cached(ARGO_CONFIGMAP)), _build_argo,
+    {"builder": _Builder, "operator": ARGO_CONTROLLER, "operator_class": Operator, "configmap": ARGO_CONFIGMAP,
+     "helpers": (_write_tools_go, _place_operators)},
+)  # fmt: skip
 ETCD = Recipe(
     "etcd", ETCD_VERSION, ("etcd",), _build_etcd,
     {"builder": _Builder, "helpers": (_sibling_replaces, _write_tools_go)},
@@ -854,7 +906,8 @@ CONTROL_PLANE_RECIPES = (ETCD, KWOK, KUBERNETES)
 #: Operators built apart from the control plane (`fetch_operators`), each in a module of its own.
 SEPARATE_OPERATOR_RECIPES = {KUBERAY.name: KUBERAY_RECIPE, TRAINING_OPERATOR.name: TRAINING_OPERATOR_RECIPE,
                              TRAINING_OPERATOR_MPI.name: TRAINING_OPERATOR_MPI_RECIPE,
-                             **{op.name: KNATIVE_RECIPE for op in KNATIVE_OPERATORS}}
+                             **{op.name: KNATIVE_RECIPE for op in KNATIVE_OPERATORS},
+                             ARGO_CONTROLLER.name: ARGO_RECIPE}
 
 
 def _fetch_one(recipe: Recipe, *, quiet: bool) -> Path:
@@ -2042,6 +2095,68 @@ class KnativeProcess(OperatorProcess):
                                    for crd in _load_yaml_documents(knative_file(rel)))]
 
 
+#: The workflow-controller's namespace (its install's `argo`): its --namespace, where its ConfigMap is.
+ARGO_NAMESPACE = "argo"
+#: The Workflow `ArgoProcess.ready` submits (in ARGO_NAMESPACE) to see the controller work: no
+#: template, so the controller fails it at once (it makes no pod); deleted once it has a phase.
+ARGO_PROBE_NAME = "kai-es-ready-probe"
+ARGO_PROBE: Mapping[str, Any] = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                                 "metadata": {"name": ARGO_PROBE_NAME},
+                                 "spec": {"entrypoint": "none", "templates": []}}
+
+
+class ArgoProcess(OperatorProcess):
+    """Argo Workflows' workflow-controller (ARGO_CONTROLLER), run as its cluster-wide install's
+    Deployment runs it, on this machine, as its own user with the install's ClusterRole
+    (argo-cluster-role, OPERATOR_ROLES).
+
+    It takes the apiserver from --kubeconfig, its namespace from --namespace (ARGO_NAMESPACE,
+    which `start` creates with the install's ConfigMap, CONFIG's keys set over it), and watches
+    every namespace (not --namespaced). Leader election is off (LEADER_ELECTION_DISABLE=true,
+    the controller's own switch; its install elects with a Lease in its namespace, which its
+    namespaced Role argo-role allows: not granted here). Its metrics and telemetry servers (both
+    :9090 of every interface by default) are off by CONFIG. Its /healthz listens on :6060 of
+    every interface, fixed in its code (cmd/workflow-controller): it is the only operator here on
+    that port; a second controller on the machine logs that the port is taken and runs on (the
+    controller treats it as non-fatal, and readiness does not use it). pprof stays off
+    (ARGO_PPROF unset).
+
+    Ready once the controller has given ARGO_PROBE a phase (its informers synced and its workers
+    running: a Workflow is only processed after both); the probe is then deleted."""
+
+    #: ConfigMap keys set over the install's (an empty ConfigMap): no metrics or telemetry server.
+    CONFIG: Mapping[str, str] = {"metricsConfig": "enabled: false\n", "telemetryConfig": "enabled: false\n"}
+
+    def _write_files(self) -> None:
+        creds = self.cp.creds
+        assert creds is not None
+        self.kubeconfig.write_text(_kubeconfig(self.cp.base_url, creds.ca_cert, self.user))
+
+    def command(self) -> list[str]:
+        return [str(operator_bin(self.op)), f"--kubeconfig={self.kubeconfig}", f"--namespace={ARGO_NAMESPACE}"]
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_files()
+        self.cp.create_namespace(ARGO_NAMESPACE)
+        for doc in _load_yaml_documents(operator_file(self.op, ARGO_CONFIGMAP)):
+            doc["data"] = {**(doc.get("data") or {}), **self.CONFIG}
+            self.cp.create_object(doc, ARGO_NAMESPACE)
+        self.cp.create_object(ARGO_PROBE, ARGO_NAMESPACE)
+        self.proc.start(self.command(), cwd=self.dir,
+                        env={"KUBECONFIG": str(self.kubeconfig), "TMPDIR": str(self.dir),
+                             "LEADER_ELECTION_DISABLE": "true"})
+
+    def ready(self) -> bool:
+        self.proc.check_alive()
+        path = f"/apis/argoproj.io/v1alpha1/namespaces/{ARGO_NAMESPACE}/workflows/{ARGO_PROBE_NAME}"
+        status, out = self.cp.request("GET", path)
+        if status != 200 or not (out.get("status") or {}).get("phase"):
+            return False
+        self.cp.call("DELETE", path, ok=(200, 202, 404))
+        return True
+
+
 #: The MPI operator's leader-election Lease (namespace, name): it always elects a leader.
 MPI_OPERATOR_LOCK = ("mpi-operator", "mpi-operator")
 
@@ -2065,6 +2180,13 @@ TRAINING_OPERATOR_RUNS: Mapping[str, tuple[str, ...]] = {
 #: `cert_dir` (the control plane's certificate, which its webhook server serves: TMPDIR=/tmp)
 #: is that path; nothing is written outside the data dir.
 TRAINING_OPERATOR_CERTS = ("kubeflow", "training-operator-webhook-cert")
+
+
+def _process_class(op: Operator) -> type[OperatorProcess]:
+    """How the control plane runs `op`."""
+    if op in KNATIVE_OPERATORS:
+        return KnativeProcess
+    return ArgoProcess if op is ARGO_CONTROLLER else OperatorProcess
 
 
 class ControlPlane:
@@ -2177,8 +2299,8 @@ class ControlPlane:
         #: started after KWOK (OperatorProcess), in the order they need each other
         taken = {self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.controller_manager_port,
                  self.kube_scheduler_port}
-        self.operators = {name: (KnativeProcess if OPERATORS[name] in KNATIVE_OPERATORS else OperatorProcess)(
-                              self, OPERATORS[name], die_with_parent, taken) for name in operators}
+        self.operators = {name: _process_class(OPERATORS[name])(self, OPERATORS[name], die_with_parent, taken)
+                          for name in operators}
         if any(OPERATORS[name] in KNATIVE_OPERATORS for name in operators):
             # the apiserver calls Knative's webhook through its Service's endpoints (KnativeProcess)
             self.extra_apiserver_flags += ("--enable-aggregator-routing=true",)
