@@ -39,6 +39,12 @@ class Reclaim(PreemptingAction):
     def why_not(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
         return self.judge.why_not(leaf, job, request)
 
+    def search_failed(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
+        message, numbers = super().search_failed(leaf, job, request)
+        note = self.session.rules.replacement.failed_search_note(
+            self.session, leaf, (queue for queue, _ in self.victim_buckets(leaf, job, request)))
+        return message + note, numbers
+
     def no_victims(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
         return (f"no other queue is above its fair share or quota in what job {job.key} requests, with "
                 f"preemptible jobs queue {leaf.name} may take", {"requested_milli_gpu": request[0]})

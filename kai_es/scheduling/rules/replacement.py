@@ -40,13 +40,14 @@ Contract: pure; writes only the Session's Plan.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from typing import Protocol
 from weakref import WeakKeyDictionary
 
 from kai_es.scheduling.plan import Eviction, VerificationError
-from kai_es.scheduling.session import Session
+from kai_es.scheduling.rules.reclaim_victims import sides
+from kai_es.scheduling.session import QueueNode, Session
 from kai_es.state.model import Job
 from kai_es.state.quantities import ZERO, Vector
 
@@ -60,6 +61,10 @@ class Replacement(Protocol):
     def settle(self, session: Session, start: int) -> None:
         """Called once a search placed its preemptor with the evictions after checkpoint `start`."""
 
+    def failed_search_note(self, session: Session, leaf: QueueNode, victim_queues: Iterable[str]) -> str:
+        """What a failed reclaim search for a job of `leaf` adds to its reason, given the queues
+        it may take victims from ("" for nothing; the same words for the same queues)."""
+
 
 class _PreemptorFirst:
     """Nothing is re-placed before the preemptor (kai-es/v1 to v11)."""
@@ -68,6 +73,9 @@ class _PreemptorFirst:
 
     def before_preemptor(self, session: Session, start: int, preemptor: Job, request: Vector) -> None:
         return None
+
+    def failed_search_note(self, session: Session, leaf: QueueNode, victim_queues: Iterable[str]) -> str:
+        return ""
 
 
 class EvictVictimsV3(_PreemptorFirst):
@@ -127,6 +135,22 @@ class ReplaceInAllocationOrder(ReplaceWholeGangs):
     re-placed first (see module docstring)."""
 
     __slots__ = ()
+
+    def failed_search_note(self, session: Session, leaf: QueueNode, victim_queues: Iterable[str]) -> str:
+        """Names the victim queues whose side of the queue tree has a higher priority than the
+        job's: their victims get their place back before the job is tried, whatever their
+        share, so those queues give it nothing."""
+        queues = session.queues
+        first = []
+        for name in sorted(set(victim_queues)):
+            theirs = queues.get(name)
+            found = sides(leaf, theirs) if theirs is not None else None
+            if found is not None and found[2].priority > found[1].priority:
+                first.append(f"{name} (priority {found[2].priority} > {found[1].priority})")
+        if not first:
+            return ""
+        return (f"; the victims of queue{'s' if len(first) > 1 else ''} {', '.join(first)} get their place back "
+                f"before it: KAI's allocation order takes a queue of higher priority first")
 
     def before_preemptor(self, session: Session, start: int, preemptor: Job, request: Vector) -> None:
         by_job = _victim_jobs(session, start)
