@@ -21,6 +21,10 @@ from kai_es.serve.http import Site, ViewServer, records_at, whatif_file
 from kai_es.visibility.live import LiveView
 
 
+#: default of --keep-timelines: about 120 MiB of timelines before finished jobs' are dropped
+KEEP_TIMELINES = 100_000
+
+
 @click.command(name="serve")
 @click.argument("log_url")
 @click.option("--bind", "bind", default=DEFAULT_BIND, show_default=True,
@@ -31,8 +35,12 @@ from kai_es.visibility.live import LiveView
               help="A `kai-es whatif` report directory (or its whatif.json) for the what-if page.")
 @click.option("--poll", "poll_ms", default=1000, type=click.IntRange(min=100), show_default=True,
               help="How often (ms) an open page asks whether the log has grown.")
+@click.option("--keep-timelines", "keep_timelines", default=KEEP_TIMELINES, type=click.IntRange(min=1),
+              show_default=True,
+              help="Job timelines kept in memory (about 1.2 KB each); past it, finished jobs' are dropped "
+                   "and their pages read from the log.")
 @friendly
-def serve(log_url: str, bind: str, allow_remote: bool, whatif: str | None, poll_ms: int) -> None:
+def serve(log_url: str, bind: str, allow_remote: bool, whatif: str | None, poll_ms: int, keep_timelines: int) -> None:
     """Serve a read-only web view of LOG (file path or kafka://), following it as it grows: the
     queue tree with fair share and allocation over time, pending jobs with their positions and
     reasons, each job's timeline, the decision stream, and a what-if comparison."""
@@ -43,7 +51,7 @@ def serve(log_url: str, bind: str, allow_remote: bool, whatif: str | None, poll_
     def job_records() -> Iterator[Record]:
         return records_from(open_log(log_url, readonly=True), 0)
 
-    view = LiveView()
+    view = LiveView(keep_timelines=keep_timelines)
     lock = threading.Lock()
     follower = Follower(log, view, lock)
     site = Site(view, lock, follower, source=log_url, job_records=job_records, whatif=whatif_path,

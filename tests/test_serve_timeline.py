@@ -207,3 +207,39 @@ def test_records_are_read_by_position_near_or_far(tmp_path: Path) -> None:
     assert [r.position for r in got] == sorted(set(wanted))
     assert [r.envelope.id for r in got] == [records[at].envelope.id for at in sorted(set(wanted))]
     assert read([]) == []
+
+
+@pytest.mark.parametrize("name", ["preempt-basic", "reclaim-basic"])
+def test_finished_jobs_timelines_are_dropped_past_the_limit_and_read_from_the_log(name: str) -> None:
+    """`kai-es serve --keep-timelines N`: past N kept timelines a cycle's end drops those of jobs
+    with no pod left (evicted and removed here), oldest first; such a job's page is `explain`
+    over the log, the same page; a job with a pod in the state keeps its timeline."""
+    records = _records(name)
+    view, lock = LiveView(keep_timelines=1), threading.Lock()
+    for record in records:
+        view.feed(record)
+    jobs = _jobs(records)
+    kept = set(view.timelines.timelines)
+    dropped = [job for job in jobs if job not in kept]
+    assert dropped  # evicted jobs, gone from the state, past a limit of 1
+    pods = view.state.pods
+    for job in kept:
+        assert _kept(view, records, job) == explain(records, job), job
+    for job in dropped:
+        assert view.timeline(job) is None
+        assert job not in pods and not any(pod.job_key == job for pod in pods.values()), job
+    for job in jobs:  # a job with a pod in the state is never dropped
+        if any(pod.job_key == job for pod in pods.values()):
+            assert job in kept, job
+    read_from_start: list[int] = []
+
+    def job_records() -> Any:
+        read_from_start.append(1)
+        return iter(records)
+
+    site = Site(view, lock, Follower(MemoryEventLog(), view, lock), source="memory", job_records=job_records)
+    for job in dropped:
+        status, _, body = site.handle(f"/job?name={job}")
+        assert status == 200, body
+        assert pages.job_page(explain(records, job)) in body.decode(), job
+    assert read_from_start  # the dropped ones came from the log

@@ -111,7 +111,8 @@ class History:
 class LiveView:
     """The folded state of a log and what the web view derives from it (module docstring)."""
 
-    def __init__(self, *, history_points: int = HISTORY_POINTS, recent_events: int = RECENT_EVENTS) -> None:
+    def __init__(self, *, history_points: int = HISTORY_POINTS, recent_events: int = RECENT_EVENTS,
+                 keep_timelines: int | None = None) -> None:
         self.state = ClusterState()
         self.fed = 0
         self.first_ns = 0
@@ -123,7 +124,7 @@ class LiveView:
         self.announced: dict[str, list[p.Reason]] = {}
         self.recent: deque[tuple[int, int, str, str, p.Payload]] = deque(maxlen=recent_events)
         self._open: dict[int, Cut] = {}
-        self.timelines = JobTimelines()
+        self.timelines = JobTimelines(keep_timelines)
 
     def feed(self, record: Record) -> None:
         env = record.envelope
@@ -151,6 +152,7 @@ class LiveView:
                     name: (q.resources["gpu"].allocated, q.resources["gpu"].fair_share, q.resources["gpu"].quota)
                     for name, q in cut.queues.items()}))
             self.timelines.cycle_completed(record)
+            self.timelines.prune(self.state)
             return
         self.timelines.event(record, self.state)
 

@@ -25,9 +25,14 @@ Contract:
   timeline's cut can consider.
 - Memory: per subject a `Timeline` (its pods, their queue and phase, its entries: one record
   position per event entry, one run per stretch of equal verdicts with its first and last cut),
-  per followed pod key the timelines that follow it. Nothing is dropped: a removed pod's key can
-  come back. About 1.2 KB a job: 225 MiB for the 200,000 jobs of the 1,000,000-event benchmark
-  log (`tools/bench/bench_serve.py`).
+  per followed pod key the timelines that follow it. About 1.2 KB a job: 225 MiB for the 200,000
+  jobs of the 1,000,000-event benchmark log (`tools/bench/bench_serve.py`). With `limit` (serve's
+  `--keep-timelines`), once more than `limit` timelines are kept, a CycleCompleted drops the
+  oldest (by when their timeline was made) of those whose job has no pod in the state any more,
+  down to 3/4 of `limit`: a finished job's page is then read from the log (`report` says None,
+  and its name is never given a timeline again — a pod of that name coming back would start
+  one half-way through its story). A job with a pod in the state is never dropped, so the
+  count can stay above `limit` while that many jobs live; what a dropped job leaves is its name.
 - Cost: a record about a pod, that of the timelines following it (~4.5 us on the benchmark log,
   where folding a record costs ~10); a cycle's cut, ~10 us per job waiting then.
 """
@@ -47,9 +52,13 @@ from kai_es.state import ClusterState
 class JobTimelines:
     """The timelines of every job of the records fed (module docstring)."""
 
-    def __init__(self) -> None:
-        #: subject key -> its timeline
+    def __init__(self, limit: int | None = None) -> None:
+        #: how many timelines to keep before finished jobs' are dropped (None: all; module docstring)
+        self.limit = limit
+        #: subject key -> its timeline (in the order they were made)
         self.timelines: dict[str, Timeline] = {}
+        #: `prune` waits until more timelines than this are kept (set by the last prune)
+        self._prune_above = 0
         #: pod key -> the timelines whose subject tracked it (`Subject.job_pods`)
         self._followers: dict[str, list[Timeline]] = {}
         #: subjects whose first record came before their timeline could be made
@@ -77,6 +86,40 @@ class JobTimelines:
         if basedon is not None:
             for timeline in self._open.pop(basedon, ()):
                 timeline.cycle_completed(basedon)
+
+    def prune(self, state: ClusterState) -> int:
+        """With a `limit` exceeded, drop finished jobs' timelines, oldest first, down to 3/4 of
+        it (module docstring); how many were dropped. The caller calls it between cycles (no
+        cut open: a timeline in `_open` is never dropped)."""
+        limit = self.limit
+        if limit is None or len(self.timelines) <= max(limit, self._prune_above):
+            return 0
+        pods, target = state.pods, limit * 3 // 4
+        opened = {id(t) for ts in self._open.values() for t in ts}
+        gone: list[str] = []
+        excess = len(self.timelines) - target
+        for name, timeline in self.timelines.items():
+            if len(gone) >= excess:
+                break
+            subject = timeline.subject
+            if id(timeline) in opened or name in pods or any(key in pods for key in subject.job_pods):
+                continue
+            gone.append(name)
+        for name in gone:
+            timeline = self.timelines.pop(name)
+            self._late.add(name)  # never started again: its first records are gone with it
+            for key in timeline.subject.job_pods:
+                followers = self._followers.get(key)
+                if followers is None:
+                    continue
+                followers[:] = [t for t in followers if t is not timeline]
+                if not followers:
+                    del self._followers[key]
+                    self._orphans.add(key)  # a later subject of that name would miss what came before
+        # the next prune waits for a quarter of `limit` more (live jobs it skipped are not walked
+        # again every cycle while they alone keep the count above it)
+        self._prune_above = len(self.timelines) + max(1, limit // 4)
+        return len(gone)
 
     def event(self, record: Record, state: ClusterState) -> None:
         """Any record but a cycle's start or end."""
