@@ -759,7 +759,7 @@ CASES = (
          (J('job0', 1, 'queue0', tasks=('', '', 'node0', 'node0'), subgroups=(SG('group-a', parent=''), SG('ps-target', 2, parent='group-a'), SG('group-b', parent=''), SG('ps-other', 1, parent='group-b'),), task_subgroups=('ps-target', 'ps-target', 'ps-other', 'ps-other')),
           J('preemptor0', 4, 'queue0', priority=100),),
          {'job0-0': '', 'job0-1': '', 'job0-2': '', 'job0-3': '', 'preemptor0-0': 'node0'}),
-    # kai-es/v12 (`rules.replacement.ReplaceInAllocationOrder`): v11 decided otherwise. KAI pops
+    # kai-es/v12 (`rules.replacement_order.InAllocationOrder`): v11 decided otherwise. KAI pops
     # the preemptor and its victims from one allocation order (every pending job counts as its
     # queue's head): queue0's head is the victim running-job1 (1 GPU), queue1's pending-job0 (3
     # GPUs), so queue0 goes first, the victim takes its place back and pending-job1 does not fit
@@ -776,7 +776,7 @@ CASES = (
           J('pending-job1', 1, 'queue1'),
           J('pending-job2', 1, 'queue0'),),
          {'pending-job0': '', 'pending-job1': '', 'pending-job2': '', 'running-job0': 'node0', 'running-job1': 'node0', 'running-job2': 'node0'}),
-    # kai-es/v12 (`rules.replacement.ReplaceInAllocationOrder`): v11 decided otherwise in round
+    # kai-es/v12 (`rules.replacement_order.InAllocationOrder`): v11 decided otherwise in round
     # 2. running-job1 (queue0) would reclaim from queue2, whose priority is 101: KAI's allocation
     # order pops queue2's victim before the preemptor (queue priority decides first), the victim
     # takes its place back and the preemptor does not fit (KAI's run: pops running_job3, then

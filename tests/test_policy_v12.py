@@ -1,5 +1,5 @@
 """kai-es/v12: a reclaim or preempt search places the preemptor and its victims in one allocation
-order (`rules.replacement.ReplaceInAllocationOrder`; KAI's `TryToVirtuallyAllocatePreemptorAndGetVictims`
+order (`rules.replacement_order.InAllocationOrder`; KAI's `TryToVirtuallyAllocatePreemptorAndGetVictims`
 pops them from one jobs-by-queues order built once the victims are evicted): a victim whose job
 that order takes first gets its place back before the preemptor is tried. kai-es/v11 placed the
 preemptor first, so a queue could reclaim from a queue of higher priority, and a queue whose head
@@ -18,7 +18,7 @@ from kai_es.oneshot import one_cycle
 from kai_es.scenario import load_scenario, load_scenario_text
 from kai_es.scheduling import policy
 from kai_es.scheduling.packing import load_packer
-from kai_es.scheduling.rules.replacement import ReplaceWholeGangs
+from kai_es.scheduling.rules.replacement_order import PreemptorFirstV11
 from tests import test_kai_rounds as rounds
 from tests.policy_patch import without
 from tests.test_cycle_scenarios import check, expectations
@@ -44,7 +44,7 @@ def test_the_higher_priority_queue_takes_its_place_back(engine: str, monkeypatch
                and d["type"] == "kai.scheduler.pod.unschedulable" for r in d["data"]["reasons"]}
     # the reason names the queue whose victims come back first, and why
     assert "the victims of queue serving (priority 101 > 100) get their place back" in reasons["ReclaimNotPossible"]
-    without(monkeypatch, "kai-es/v12", "replacement", ReplaceWholeGangs())
+    without(monkeypatch, "kai-es/v12", "replacement_order", PreemptorFirstV11())
     outcome = one_cycle(load_scenario(SCENARIO), load_packer(engine))  # type: ignore[arg-type]
     assert _evicted(outcome) == ["default/embed-b-0"]  # serving's newer job, for nightly-b
     with pytest.raises(AssertionError):
@@ -61,7 +61,7 @@ def test_kai_es_v11_decides_the_scenario_as_before() -> None:
 def test_kais_integration_cases_need_v12s_rule(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     case, = (c for c in rounds.CASES if name in c.kai_test)
     rounds.test_the_cycles_converge_where_kais_integration_test_expects_and_stay(case, "native")
-    without(monkeypatch, "kai-es/v12", "replacement", ReplaceWholeGangs())
+    without(monkeypatch, "kai-es/v12", "replacement_order", PreemptorFirstV11())
     with pytest.raises(AssertionError):
         rounds.test_the_cycles_converge_where_kais_integration_test_expects_and_stay(case, "native")
 
@@ -70,4 +70,4 @@ def test_the_default_policy_is_v12_and_its_fold_is_v11s() -> None:
     assert policy.CURRENT_POLICY == "kai-es/v12"
     v11, v12 = policy.POLICIES["kai-es/v11"], policy.POLICIES["kai-es/v12"]
     assert v12.fold == v11.fold
-    assert dataclasses.replace(v12.rules, replacement=v11.rules.replacement) == v11.rules
+    assert dataclasses.replace(v12.rules, replacement_order=v11.rules.replacement_order) == v11.rules

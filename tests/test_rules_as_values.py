@@ -74,5 +74,5 @@ def test_each_version_differs_from_the_previous_by_named_rules() -> None:
         "kai-es/v10": ["background_pods", "elastic_surplus", "fair_share_division", "queue_limits",
                        "queue_order", "releasing_capacity", "staleness"],
         "kai-es/v11": ["victim_queue_order"],
-        "kai-es/v12": ["replacement"],
+        "kai-es/v12": ["replacement_order"],
     }

@@ -145,7 +145,7 @@ never changed: new behaviour is a new version here, and every old log keeps repl
 - `kai-es/v12`: v11's rules, and a reclaim or preempt search places the preemptor and its
   victims in one allocation order, as KAI's `TryToVirtuallyAllocatePreemptorAndGetVictims`:
   before each try to place the preemptor, the victim jobs KAI's jobs-by-queues order takes first
-  get their place back first (`rules.replacement.ReplaceInAllocationOrder`; v11 placed the
+  get their place back first (`rules.replacement_order.InAllocationOrder`; v11 placed the
   preemptor first, so a queue reclaimed from a queue of higher priority the room that queue's
   victim takes back in KAI: KAI's reclaim integration tests "reclaim from less prioritized
   queue" and "queue0 is over quota, queue1 is under quota, yet we don't reclaim").
@@ -204,8 +204,8 @@ from kai_es.scheduling.rules.queue_order import AllocatableShareOrder, KaiQueueO
 from kai_es.scheduling.rules.consolidation_nodes import CheapestVictimBreaksTies, MostFreeFirstV8
 from kai_es.scheduling.rules.reclaim_victims import (DominantShareReclaimV5, FinalVictimsReclaim, KaiReclaimStrategies,
                                                      QueuePriorityInQuota)
-from kai_es.scheduling.rules.replacement import (EvictVictimsV3, MoveVictims, ReplaceInAllocationOrder, ReplaceVictims,
-                                                  ReplaceWholeGangs)
+from kai_es.scheduling.rules.replacement import EvictVictimsV3, MoveVictims, ReplaceVictims, ReplaceWholeGangs
+from kai_es.scheduling.rules.replacement_order import InAllocationOrder, PreemptorFirstV11
 from kai_es.scheduling.rules.search_backoff import FailedSearchesBackOff, NoSearchBackoffV7
 from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
 from kai_es.scheduling.rules.staleness import PlacedPodsKeepTheGang, SubGroupStaleness, TopLevelStalenessV3
@@ -287,6 +287,7 @@ RULES_V1: Final = Rules(
     victim_search=UnboundedSearchV2(),
     victim_eligibility=ActionRuleOnlyV3(),
     replacement=EvictVictimsV3(),
+    replacement_order=PreemptorFirstV11(),
     staleness=TopLevelStalenessV3(),
     wakeups=NoWakeupsV2(),
     preemptors=AllocateLeftoversV5(),
@@ -351,7 +352,7 @@ RULES_V10: Final = replace(RULES_V9, background_pods=BackgroundPodsGiveWay(), re
 RULES_V11: Final = replace(RULES_V10, victim_queue_order=ReverseQueueOrder())
 #: kai-es/v12: a search re-places the victims KAI's allocation order takes before the preemptor
 #: first, and places the preemptor on what is left (KAI's TryToVirtuallyAllocatePreemptorAndGetVictims)
-RULES_V12: Final = replace(RULES_V11, replacement=ReplaceInAllocationOrder())
+RULES_V12: Final = replace(RULES_V11, replacement_order=InAllocationOrder())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

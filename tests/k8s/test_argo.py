@@ -44,6 +44,7 @@ from tests.k8s.test_operators import (
     bound,
     data_in,
     groups_in,
+    operator_may,
     operator_user,
     podgroup_of,
     running,
@@ -165,16 +166,7 @@ def test_argo_runs_as_built_at_its_pinned_version_as_its_own_user(ops: K8s) -> N
     assert (op.module, op.version) == ("github.com/argoproj/argo-workflows/v4", cp_mod.ARGO_WORKFLOWS_VERSION)
     assert proc.proc.running(), proc.proc.tail()
     assert Path(os.readlink(f"/proc/{proc.proc.pid}/exe")) == cp_mod.operator_bin(op).resolve()
-    info = operator_user(cp, name, proc)
-
-    def may(verb: str, group: str, resource: str, namespace: str = "default") -> bool:
-        sar = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-               "spec": {"user": proc.user.name, "groups": info.get("groups", []),
-                        "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
-                                               "namespace": namespace}}}
-        out = cp.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", sar)
-        return bool(out["status"].get("allowed"))
-
+    may = operator_may(cp, proc, operator_user(cp, name, proc))
     assert may("create", "", "pods") and may("update", "argoproj.io", "workflows")
     assert not may("create", "rbac.authorization.k8s.io", "clusterroles")
     assert not may("delete", "", "nodes", "")

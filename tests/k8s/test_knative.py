@@ -47,6 +47,7 @@ from tests.k8s.test_operators import (
     gang_waits,
     groups_in,
     minimum_first,
+    operator_may,
     operator_user,
     podgroup_of,
     running,
@@ -174,16 +175,7 @@ def test_knative_runs_as_built_at_its_pinned_version_as_its_own_users(ops: K8s) 
         assert op.module == "knative.dev/serving" and op.version == cp_mod.KNATIVE_SERVING_VERSION
         assert proc.proc.running(), proc.proc.tail()
         assert Path(os.readlink(f"/proc/{proc.proc.pid}/exe")) == cp_mod.operator_bin(op).resolve()
-        info = operator_user(cp, name, proc)
-
-        def may(verb: str, group: str, resource: str, namespace: str = "default") -> bool:
-            sar = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-                   "spec": {"user": proc.user.name, "groups": info.get("groups", []),
-                            "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
-                                                   "namespace": namespace}}}
-            out = cp.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", sar)
-            return bool(out["status"].get("allowed"))
-
+        may = operator_may(cp, proc, operator_user(cp, name, proc))
         assert may("create", "apps", "deployments"), name
         assert may("update", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", ""), name
         assert not may("create", "rbac.authorization.k8s.io", "clusterroles"), name

@@ -764,6 +764,20 @@ def operator_user(cp: Any, name: str, proc: Any) -> dict[str, Any]:
     return info
 
 
+def operator_may(cp: Any, proc: Any, info: dict[str, Any]) -> Callable[..., bool]:
+    """`may(verb, group, resource, namespace="default")`: whether the apiserver allows operator
+    process `proc` (its user `info`, from `operator_user`) that, by a SubjectAccessReview."""
+    def may(verb: str, group: str, resource: str, namespace: str = "default") -> bool:
+        sar = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+               "spec": {"user": proc.user.name, "groups": info.get("groups", []),
+                        "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                               "namespace": namespace}}}
+        out = cp.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", sar)
+        return bool(out["status"].get("allowed"))
+
+    return may
+
+
 def test_each_operator_runs_as_its_own_user_with_only_its_installs_role(ops: K8s) -> None:
     """No operator is in system:masters: the apiserver knows each by its own user, holding only
     the manager ClusterRole its install ships (what let the tests above run). Each may create
@@ -772,16 +786,7 @@ def test_each_operator_runs_as_its_own_user_with_only_its_installs_role(ops: K8s
     `forbidden`)."""
     cp = ops.cp
     for name, proc in cp.operators.items():
-        info = operator_user(cp, name, proc)
-
-        def may(verb: str, group: str, resource: str) -> bool:
-            sar = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-                   "spec": {"user": proc.user.name, "groups": info.get("groups", []),
-                            "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
-                                                   "namespace": "default"}}}
-            out = cp.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", sar)
-            return bool(out["status"].get("allowed"))
-
+        may = operator_may(cp, proc, operator_user(cp, name, proc))
         makes = {"jobset": ("batch", "jobs"), "trainer-controller-manager": ("jobset.x-k8s.io", "jobsets"),
                  "lws": ("apps", "statefulsets")}.get(name, ("", "pods"))
         assert may("create", *makes), (name, makes)

@@ -265,8 +265,8 @@ class PreemptingAction:
 
     def before_place(self, job: Job, request: Vector, start: int) -> None:
         """Called before each try to place `job` (requesting `request`) with the evictions after
-        checkpoint `start`: the re-placement rule's victims that go before it (`rules.replacement`)."""
-        self.session.rules.replacement.before_preemptor(self.session, start, job, request)
+        checkpoint `start`: the victims that go before it (`rules.replacement_order`)."""
+        self.session.rules.replacement_order.before_preemptor(self.session, start, job, request)
 
     def settle(self, job: Job, start: int, request: Vector) -> bool:
         """Called when the search placed `job` with the evictions after checkpoint `start`: the

@@ -41,7 +41,7 @@ class Reclaim(PreemptingAction):
 
     def search_failed(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
         message, numbers = super().search_failed(leaf, job, request)
-        note = self.session.rules.replacement.failed_search_note(
+        note = self.session.rules.replacement_order.failed_search_note(
             self.session, leaf, (queue for queue, _ in self.victim_buckets(leaf, job, request)))
         return message + note, numbers
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.reclaim_victims import ReclaimVictims
     from kai_es.scheduling.rules.releasing_capacity import ReleasingCapacity
     from kai_es.scheduling.rules.replacement import Replacement
+    from kai_es.scheduling.rules.replacement_order import ReplacementOrder
     from kai_es.scheduling.rules.search_backoff import SearchBackoff
     from kai_es.scheduling.rules.semi_preemptible import SemiPreemptible
     from kai_es.scheduling.rules.staleness import Staleness
@@ -70,6 +71,8 @@ class Rules:
     victim_eligibility: VictimEligibility
     #: reclaim and preempt: victims moved rather than evicted
     replacement: Replacement
+    #: reclaim and preempt: which victims get their place back before the preemptor is placed
+    replacement_order: ReplacementOrder
     #: stalegangeviction: which gangs are stale and the eviction's reason
     staleness: Staleness
     #: the scheduler's wake-ups for the time rules
