@@ -107,7 +107,8 @@ def popped_before(session: Session, victims: dict[str, Vector], preemptor: Job, 
     lanes: dict[str, _Lane] = {}
     for key, wanted in relevant.items():
         job = jobs[key]
-        lanes.setdefault(job.queue, []).append((_job_order(job), job, wanted))
+        if job.queue in session.queues:  # (a victim of a queue the Session does not know waits)
+            lanes.setdefault(job.queue, []).append((_job_order(job), job, wanted))
     ahead = _ahead(session)
     for name, lane in lanes.items():
         last = max(order for order, _, _ in lane)
