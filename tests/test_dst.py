@@ -143,12 +143,12 @@ def test_a_reducer_that_forgets_an_inflight_bind_is_caught_binding_a_pod_twice(
     while the bind is in flight) goes back to Pending, so the next cycle binds it again."""
     real = pod_handlers._reconcile_placement
 
-    def forgetful(state: Any, pod: Any, spec: Any, now: int) -> None:
+    def forgetful(state: Any, pod: Any, spec: Any, now: int, job: Any = None) -> None:
         if not spec.node_name and pod.status == "Binding":
-            release(state, pod)
-            set_pending(state, pod, not spec.terminating)
+            release(state, pod, job)
+            set_pending(state, pod, not spec.terminating, job)
             return
-        real(state, pod, spec, now)
+        real(state, pod, spec, now, job)
 
     monkeypatch.setattr(pod_handlers, "_reconcile_placement", forgetful)
     assert _violations_over(range(60), lambda v: "bound twice" in v)

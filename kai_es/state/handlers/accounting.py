@@ -39,18 +39,21 @@ def count_subgroup(job: Job, name: str, sign: int) -> None:
         del counts[name]
 
 
-def queue_usage(state: ClusterState, pod: PodState, sign: int) -> None:
+def queue_usage(state: ClusterState, pod: PodState, sign: int, job: Job | None = None) -> None:
     """Add (`sign` +1) the pod's usage to its job's queue, or take it back (-1) from the queue
     it was added to (`PodState.accounted_queue`): a queue label that changed in between (the
-    pod observed again with another queue) must not take from a queue that never got it."""
-    job = state.jobs.get(pod.job_key)
+    pod observed again with another queue) must not take from a queue that never got it.
+    `job`, when the caller has it at hand, must be the pod's job (`state.jobs[pod.job_key]`);
+    None looks it up (and a pod whose job is gone moves only its queue's usage)."""
+    if job is None:
+        job = state.jobs.get(pod.job_key)
     spec = pod.spec
     if job is not None:
-        job.occupying += sign
+        occupying = job.occupying = job.occupying + sign
         if spec.subgroup:
             count_subgroup(job, spec.subgroup, sign)
         state.stale_jobs.add(job.key)
-        if job.preemptible and job.queue and job.occupying == (1 if sign > 0 else 0):
+        if occupying == (1 if sign > 0 else 0) and job.preemptible and job.queue:
             index_victim(state, job, job.priority, sign)
         if state.timed:
             state.occupancy_changed.add(job.key)  # judged once the event is folded (`apply`)

@@ -16,17 +16,17 @@ from kai_es.state.model import BIND_BACKOFF_BASE_NS, BIND_BACKOFF_CAP_NS, OCCUPY
 
 def pod_bound(state: ClusterState, env: Envelope) -> None:
     data: p.PodBound = env.data
-    pod = state.pods.get(pod_key(data.namespace, data.name))
+    pod = state.pods.get(f"{data.namespace}/{data.name}")  # (pod_key written out: a hot path)
     if pod is None or pod.spec.uid != data.uid:
         state.ignored_events += 1
         return
-    state.stale_pods.add(pod.key)
     pod.bind_failures = 0
     pod.backoff_until_ns = 0
+    # the pod is marked changed (`state.stale_pods`) by set_status or occupy, else here
     if pod.status == "Binding" and pod.node == data.node:
         set_status(state, pod, "Running")
     elif pod.status in OCCUPYING and pod.node == data.node:
-        pass
+        state.stale_pods.add(pod.key)
     else:
         release(state, pod)
         occupy(state, pod, data.node, data.gpu_devices, (), "Running")

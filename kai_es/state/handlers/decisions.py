@@ -28,15 +28,17 @@ def cycle_completed(state: ClusterState, env: Envelope) -> None:
 
 def binding_decided(state: ClusterState, env: Envelope) -> None:
     data: p.BindingDecided = env.data
-    pod = state.pods.get(pod_key(data.namespace, data.name))
+    pod = state.pods.get(f"{data.namespace}/{data.name}")  # (pod_key written out: a hot path)
     if pod is None or pod.spec.uid != data.uid or pod.status != "Pending":
         state.ignored_events += 1
         return
     pod.decision_id = env.id  # the pod is marked by occupy
     pod.last_unschedulable = ""
-    occupy(state, pod, data.node, data.gpu_devices, data.gpu_groups, "Binding")
-    set_pending(state, pod, False)
-    job = state.jobs[pod.job_key]
+    job = state.jobs.get(pod.job_key)  # (looked up once for occupy, set_pending and the back-off)
+    occupy(state, pod, data.node, data.gpu_devices, data.gpu_groups, "Binding", job)
+    set_pending(state, pod, False, job)
+    if job is None:
+        job = state.jobs[pod.job_key]
     if job.search_retry_ns:  # (a check per bind: the fold's hot path)
         _searches_succeeded(state, job)
 

@@ -47,11 +47,17 @@ def track_stale(state: ClusterState, job: Job) -> None:
     another second than the kept time (the annotation carries seconds: kai-es's own time written
     back and read again is the same second and changes nothing). A timestamp later than the
     event counts as the event's time, one at or before the epoch as 1 ns after it."""
-    stale = job.succeeded == 0 and 0 < job.occupying and (
-        job.occupying < job.min_member or (state.subgroup_stale and bool(job.leaves_below_minimum())))
+    # (on the fold's hot path, once per event that changes a job's occupancy: `Job.min_member`
+    # written out, and a job that is not stale and was not returns after a few comparisons)
+    occupying, spec = job.occupying, job.spec
+    stale = job.succeeded == 0 and 0 < occupying and (
+        occupying < (spec.min_member if spec is not None else 1)
+        or (state.subgroup_stale and spec is not None and bool(spec.subgroups) and bool(job.leaves_below_minimum())))
+    if not stale and not job.stale_since_ns:
+        return
     stamp = None
-    if stale and state.handover_stamps and job.spec is not None and job.spec.stale_timestamp_ns is not None:
-        stamp = max(1, min(job.spec.stale_timestamp_ns, state.event_ns))  # 0 is "not stale"
+    if stale and state.handover_stamps and spec is not None and spec.stale_timestamp_ns is not None:
+        stamp = max(1, min(spec.stale_timestamp_ns, state.event_ns))  # 0 is "not stale"
     if stale and not job.stale_since_ns:
         job.stale_since_ns = state.event_ns if stamp is None else stamp
         state.stale_jobs.add(job.key)
@@ -72,7 +78,10 @@ def pod_queue(state: ClusterState, pod: PodState) -> str:
     return pod.spec.queue
 
 
-def set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
+def set_pending(state: ClusterState, pod: PodState, pending: bool, job: Job | None = None) -> None:
+    """Put the pod in (`pending`, when it is of kai-es's scheduler) or take it out of its job's
+    pending pods, and the job in or out of its queue's pending jobs. `job`, when the caller has
+    it at hand, must be the pod's job (`state.jobs[pod.job_key]`): it saves the lookup."""
     old = pod.pending_key
     spec = pod.spec
     new = None
@@ -83,7 +92,8 @@ def set_pending(state: ClusterState, pod: PodState, pending: bool) -> None:
             return
     elif old is None:
         return  # the job's pending set is unchanged (job field changes reindex in refresh_job)
-    job = state.jobs[pod.job_key]
+    if job is None:
+        job = state.jobs[pod.job_key]
     state.stale_jobs.add(job.key)
     if old is not None:
         job.pending.remove(old)
@@ -175,6 +185,26 @@ def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
     _reindex_job(state, job)
 
 
+def new_job(state: ClusterState, key: str, spec: p.PodObserved, member: str) -> Job:
+    """Create and add the job `key` (not in `state.jobs`) of the pod `member` observed with `spec`,
+    its only member, as `job_for` then `refresh_job` would make it. (Every implicit PodGroup is
+    created so, nearly once per pod; refresh_job's outcome for a job without a PodGroup and with
+    one pod, none occupying or pending, written out: its fields are the pod's, the age its
+    creation time; its queue and mode count no usage yet and no index holds it.)"""
+    priority = resolve_priority(state, spec.priority_class, spec.priority)
+    mode = spec.preemptibility
+    preemptible = (mode != "non-preemptible") if mode else priority < NON_PREEMPTIBLE_PRIORITY
+    semi = mode == "semi-preemptible"
+    # positional: keyword calls to these many-field dataclasses cost measurably more per pod
+    job = Job(key, spec.namespace, spec.podgroup, None, spec.implicit_podgroup, spec.queue, priority,
+              spec.created_ns, spec.uid, {member}, [], 0, preemptible, semi)
+    state.jobs[key] = job
+    if semi:
+        state.semi_jobs.add(key)
+    state.stale_jobs.add(key)
+    return job
+
+
 def job_for(state: ClusterState, spec: p.PodObserved) -> Job:
     key = pod_key(spec.namespace, spec.podgroup)
     job = state.jobs.get(key)
@@ -188,7 +218,8 @@ def job_for(state: ClusterState, spec: p.PodObserved) -> Job:
 def refresh_or_drop_job(state: ClusterState, job: Job) -> None:
     """After a job lost a member or its spec: forget it when nothing holds it, else refresh it."""
     if not job.members and job.spec is None:
-        _reindex_job(state, job)
+        if job.pending or job.index_key is not None:  # (else _reindex_job has nothing to do)
+            _reindex_job(state, job)
         del state.jobs[job.key]
         state.stale_jobs.add(job.key)
         state.gangs_below_minimum.discard(job.key)

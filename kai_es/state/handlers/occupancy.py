@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from kai_es.events import payloads as p
 from kai_es.state.handlers.accounting import queue_usage
-from kai_es.state.model import OCCUPYING, ClusterState, NodeState, PodState
+from kai_es.state.model import OCCUPYING, ClusterState, Job, NodeState, PodState
 from kai_es.state.quantities import device_count, device_milli_on
 
 
@@ -28,7 +28,10 @@ def _assign_devices(node: NodeState, pod: PodState, milli: int, count: int) -> t
 
 
 def occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterable[int],
-            groups: Iterable[str], status: str, *, trust_devices: bool = False) -> None:
+            groups: Iterable[str], status: str, job: Job | None = None, *, trust_devices: bool = False) -> None:
+    """The pod takes `node_name`'s capacity (`devices`, or devices picked for it when they do not
+    match its request) with `status`, and its usage goes to its queue. `job`, when the caller
+    has it at hand, must be the pod's job: it saves `queue_usage` the lookup."""
     node = state.nodes.get(node_name)
     spec = pod.spec
     state.stale_pods.add(pod.key)
@@ -39,12 +42,15 @@ def occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterable
         pod.devices = tuple(devices)
         pod.gpu_groups = tuple(groups)
         pod.device_milli = 0
-        queue_usage(state, pod, +1)
+        queue_usage(state, pod, +1, job)
         return
     gpu = spec.gpu
     shared = bool(gpu.fraction_milli or gpu.gpu_memory_mib)
-    milli = device_milli_on(node.spec, gpu)
-    count = device_count(gpu)
+    if gpu.whole:  # device_milli_on and device_count of the common whole-device request, written out
+        milli, count = 1000, gpu.whole
+    else:
+        milli = device_milli_on(node.spec, gpu)
+        count = device_count(gpu)
     device_used = node.device_used
     devs = tuple(devices)
     if devs and (min(devs) < 0 or max(devs) >= len(device_used)):  # indexes the node does not have
@@ -79,14 +85,16 @@ def occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterable
     state.stale_nodes.add(node_name)
     if status == "Releasing":
         releasing(node, pod, +1)
-    queue_usage(state, pod, +1)
+    queue_usage(state, pod, +1, job)
 
 
-def release(state: ClusterState, pod: PodState) -> None:
+def release(state: ClusterState, pod: PodState, job: Job | None = None) -> None:
+    """An occupying pod gives its node's capacity and its queue's usage back and is Pending
+    (nothing else); `job` as in `occupy`."""
     if pod.status not in OCCUPYING:
         return
     state.stale_pods.add(pod.key)
-    queue_usage(state, pod, -1)
+    queue_usage(state, pod, -1, job)
     node = state.nodes.get(pod.node)
     if node is not None and pod.key in node.pods:
         spec = pod.spec

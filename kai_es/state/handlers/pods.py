@@ -8,12 +8,19 @@ from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.ingest import bounds
 from kai_es.state.handlers.accounting import count_subgroup
-from kai_es.state.handlers.jobs import job_for, refresh_job, refresh_or_drop_job, set_pending, track_stale
+from kai_es.state.handlers.jobs import (
+    job_for,
+    new_job,
+    refresh_job,
+    refresh_or_drop_job,
+    set_pending,
+    track_stale,
+)
 from kai_es.state.handlers.move_holds import claim_hold
 from kai_es.state.handlers.occupancy import index_labels, occupy, release, releasing
 from kai_es.state.handlers.seen import mark_seen
 from kai_es.state.keys import pod_key
-from kai_es.state.model import OCCUPYING, ClusterState, PodState
+from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 from kai_es.state.quantities import MAX_QUANTITY
 
 
@@ -36,7 +43,7 @@ def _out_of_bounds_pod(spec: p.PodObserved) -> bool:
 
 def pod_observed(state: ClusterState, env: Envelope) -> None:
     spec: p.PodObserved = env.data
-    key = pod_key(spec.namespace, spec.name)
+    key = f"{spec.namespace}/{spec.name}"  # (pod_key written out: every pod observation)
     pod = state.pods.get(key)
     if pod is not None:
         old_spec = pod.spec
@@ -51,17 +58,19 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
     if state.resync_seen:
         mark_seen(state, "Pod", key)
     state.stale_pods.add(key)
-    if spec.phase in ("Succeeded", "Failed"):
-        if state.timed and spec.phase == "Succeeded":
+    phase = spec.phase
+    if phase == "Succeeded" or phase == "Failed":
+        finished: Job | None = None
+        if state.timed and phase == "Succeeded":
             # a gang with a succeeded pod is finishing, not stale (the pod need not have been seen
             # before: a relist reports finished pods too)
-            job = state.jobs.get(pod.job_key if pod is not None else pod_key(spec.namespace, spec.podgroup))
-            if job is not None:
-                job.succeeded += 1
-                state.stale_jobs.add(job.key)
-                track_stale(state, job)
+            finished = state.jobs.get(pod.job_key if pod is not None else pod_key(spec.namespace, spec.podgroup))
+            if finished is not None:
+                finished.succeeded += 1
+                state.stale_jobs.add(finished.key)
+                track_stale(state, finished)
         if pod is not None:
-            drop_pod(state, pod)
+            drop_pod(state, pod, finished)
         return
     if pod is not None and pod.spec.uid != spec.uid:
         drop_pod(state, pod)  # same name, new incarnation
@@ -70,12 +79,17 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
     if pod is not None and pod.bind_final_message and pod.spec != spec:
         pod.bind_final_message = ""  # the pod changed: the binder's final verdict may not hold
         pod.bind_failures = 0
+    job: Job | None = None  # the pod's job where a branch below has it at hand
     if pod is None:
-        job = job_for(state, spec)
-        pod = PodState(key, spec, job.key)  # positional, as in job_for
+        job_key = f"{spec.namespace}/{spec.podgroup}"  # (pod_key, as above)
+        pod = PodState(key, spec, job_key)  # positional: keyword calls to these dataclasses cost more
         state.pods[key] = pod
-        job.members.add(key)
-        refresh_job(state, job)
+        job = state.jobs.get(job_key)
+        if job is None:
+            job = new_job(state, job_key, spec, key)
+        else:
+            job.members.add(key)
+            refresh_job(state, job)
         if state.move_holds:
             claim_hold(state, pod, env.logicaltime)
         if spec.labels or spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity \
@@ -97,7 +111,7 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         refresh_or_drop_job(state, old_job)
         refresh_job(state, job)
         if status in OCCUPYING and not spec.node_name:
-            occupy(state, pod, node, devices, groups, status)
+            occupy(state, pod, node, devices, groups, status, job)
     else:
         old = pod.spec
         if old.labels != spec.labels or ((old.pod_affinity or old.pod_anti_affinity or old.preferred_pod_affinity
@@ -122,16 +136,19 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
                 state.occupancy_changed.add(job.key)  # an occupying pod moved between sub-groups
         if old.queue != spec.queue or old.priority_class != spec.priority_class or \
                 old.priority != spec.priority or old.created_ns != spec.created_ns:
-            refresh_job(state, state.jobs[pod.job_key])  # a field the job takes from its pods
-    _reconcile_placement(state, pod, spec, env.logicaltime)
+            job = state.jobs[pod.job_key]
+            refresh_job(state, job)  # a field the job takes from its pods
+    _reconcile_placement(state, pod, spec, env.logicaltime, job)
 
 
-def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved, now: int) -> None:
+def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved, now: int,
+                         job: Job | None = None) -> None:
     """Make the pod's placement agree with what the cluster reports.
 
     A pod with a node is bound (Running), or Releasing when terminating or when an eviction was
     decided. A pod without a node keeps an in-flight Binding or Releasing; a Running pod the
-    cluster no longer places goes back to Pending.
+    cluster no longer places goes back to Pending. `job`: the pod's job, when the caller has it
+    (None: looked up where needed).
     """
     if spec.node_name:
         status = "Releasing" if spec.terminating or pod.status == "Releasing" else "Running"
@@ -139,22 +156,22 @@ def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved
             if status != pod.status:
                 set_status(state, pod, status)
         else:
-            release(state, pod)
+            release(state, pod, job)
             occupy(state, pod, spec.node_name, spec.gpu_devices,
-                    (spec.gpu_group,) if spec.gpu_group else (), status)
+                   (spec.gpu_group,) if spec.gpu_group else (), status, job)
         if not pod.started_ns:
             # the pod's own start time when the cluster reports one (a pod running before it was
             # first observed), else the time it was observed running
             pod.started_ns = spec.started_ns if 0 < spec.started_ns <= now else now
         if pod.pending_key is not None:
-            set_pending(state, pod, False)
+            set_pending(state, pod, False, job)
     elif pod.status in ("Binding", "Releasing"):
         if pod.pending_key is not None:
-            set_pending(state, pod, False)
+            set_pending(state, pod, False, job)
     else:
         if pod.status == "Running":
-            release(state, pod)
-        set_pending(state, pod, not spec.terminating)
+            release(state, pod, job)
+        set_pending(state, pod, not spec.terminating, job)
 
 
 def _moved_job(pod: PodState, new: p.PodObserved) -> bool:
@@ -180,20 +197,29 @@ def set_status(state: ClusterState, pod: PodState, status: str) -> None:
     pod.status = status  # type: ignore[assignment]
 
 
-def drop_pod(state: ClusterState, pod: PodState) -> None:
-    release(state, pod)
+def drop_pod(state: ClusterState, pod: PodState, job: Job | None = None) -> None:
+    """Remove the pod: its capacity, pending entry and labels go, and its job is refreshed, or
+    forgotten when nothing holds it any more. `job`: the pod's job when the caller has it at
+    hand (None: looked up)."""
+    if job is None:
+        job = state.jobs.get(pod.job_key)  # (looked up once for release and set_pending)
+    release(state, pod, job)
     if pod.pending_key is not None:
-        set_pending(state, pod, False)
+        set_pending(state, pod, False, job)
     spec = pod.spec
     if spec.labels or spec.pod_affinity or spec.pod_anti_affinity or spec.preferred_pod_affinity \
             or spec.preferred_pod_anti_affinity:
         index_labels(state, pod, -1)
-    del state.pods[pod.key]
-    state.stale_pods.add(pod.key)
-    job = state.jobs[pod.job_key]
-    job.members.discard(pod.key)
+    pods = state.pods
+    key = pod.key
+    del pods[key]
+    stale_pods = state.stale_pods
+    stale_pods.add(key)
+    if job is None:
+        job = state.jobs[pod.job_key]
+    job.members.discard(key)
     refresh_or_drop_job(state, job)
-    if len(state.stale_pods) + len(state.stale_jobs) > 2 * (len(state.pods) + len(state.jobs)) + 4096:
+    if len(stale_pods) + len(state.stale_jobs) > 2 * (len(pods) + len(state.jobs)) + 4096:
         _forget_hashes(state)
 
 
