@@ -112,15 +112,28 @@ def started_control_plane(*, prepare: Callable[[Any], None] | None = None,
         cp.close()
 
 
+def k8s_of(cp: Any) -> K8s:
+    """The tests' handle on started control plane `cp`."""
+    return K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
+               admin_token=cp.admin_token, scheduler_token=cp.scheduler_token, base_url=cp.base_url)
+
+
+@contextlib.contextmanager
+def operator_plane(operators: tuple[str, ...], what: str = "the Kubernetes test control plane") -> Iterator[K8s]:
+    """A control plane running `operators` (`started_control_plane`), with KAI's CRDs and the
+    scheduler's RBAC (deploy/rbac) bound."""
+    with started_control_plane(operators=operators, what=what) as cp:
+        grant_scheduler_roles(cp)
+        yield k8s_of(cp)
+
+
 @pytest.fixture(scope="session")
 def k8s() -> Iterator[K8s]:
     """The session's control plane with KAI's CRDs installed. At its end, no node may carry a
     taint: none of the tests taints one, and the controller-manager runs no node-lifecycle
     controller (controlplane.CONTROLLERS: KWOK fakes node health)."""
     with started_control_plane() as cp:
-        yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
-                  admin_token=cp.admin_token, scheduler_token=cp.scheduler_token,
-                  base_url=cp.base_url)
+        yield k8s_of(cp)
         tainted = {n["metadata"]["name"]: n["spec"]["taints"] for n in cp.call("GET", "/api/v1/nodes")["items"]
                    if n["spec"].get("taints")}
         if tainted:

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.k8s.conftest import K8s, cp_mod, grant_scheduler_roles, started_control_plane
+from tests.k8s.conftest import K8s, cp_mod, operator_plane
 from tests.k8s.helpers import wait_for
 from tests.k8s.test_operators import (
     ONE_GPU,
@@ -62,10 +62,8 @@ PRIORITY_LABEL = "priorityClassName"
 def ops() -> Iterator[K8s]:
     """A control plane running Argo's workflow-controller, with KAI's CRDs and the scheduler's
     RBAC (deploy/rbac) bound."""
-    with started_control_plane(operators=OPERATORS, what="the Argo Workflows control plane") as cp:
-        grant_scheduler_roles(cp)
-        yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
-                  admin_token=cp.admin_token, scheduler_token=cp.scheduler_token, base_url=cp.base_url)
+    with operator_plane(OPERATORS, "the Argo Workflows control plane") as plane:
+        yield plane
 
 
 def workflow(run: Run, name: str = "train") -> dict[str, Any]:

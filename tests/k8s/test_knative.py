@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.k8s.conftest import K8s, cp_mod, grant_scheduler_roles, started_control_plane
+from tests.k8s.conftest import K8s, cp_mod, operator_plane
 from tests.k8s.test_operators import (
     ONE_GPU,
     QUEUE_LABEL,
@@ -64,10 +64,8 @@ MIN_SCALE = 3
 def ops() -> Iterator[K8s]:
     """A control plane running Knative Serving's webhook and controller, with KAI's CRDs and
     the scheduler's RBAC (deploy/rbac) bound."""
-    with started_control_plane(operators=("knative-controller",), what="the Knative control plane") as cp:
-        grant_scheduler_roles(cp)
-        yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
-                  admin_token=cp.admin_token, scheduler_token=cp.scheduler_token, base_url=cp.base_url)
+    with operator_plane(("knative-controller",), "the Knative control plane") as plane:
+        yield plane
 
 
 def knative_service(run: Run, name: str = "hello", min_scale: int = MIN_SCALE,

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.conftest import K8s, cp_mod, grant_scheduler_roles, started_control_plane
+from tests.k8s.conftest import K8s, cp_mod, operator_plane
 from tests.k8s.test_operators import scenario as operators_scenario
 from tests.k8s.test_operators import (
     NO_GPU,
@@ -57,10 +57,8 @@ EPHEMERAL_STORAGE = "100Gi"
 def ops() -> Iterator[K8s]:
     """A control plane running the training-operator's MPIJob v1 controller (and no MPI
     operator), with KAI's CRDs and the scheduler's RBAC (deploy/rbac) bound."""
-    with started_control_plane(operators=(OPERATOR,), what="the MPIJob v1 control plane") as cp:
-        grant_scheduler_roles(cp)
-        yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
-                  admin_token=cp.admin_token, scheduler_token=cp.scheduler_token, base_url=cp.base_url)
+    with operator_plane((OPERATOR,), "the MPIJob v1 control plane") as plane:
+        yield plane
 
 
 async def scenario(ops: K8s, gpus: int, fill: int, body: Callable[[Run], Awaitable[None]]) -> None:

@@ -36,7 +36,7 @@ from kai_es.events import payloads as p
 from kai_es.events.envelope import Record
 from kai_es.replay import replay
 from kai_es.scheduling.packing import load_packer
-from tests.k8s.conftest import K8s, cp_mod, grant_scheduler_roles, started_control_plane
+from tests.k8s.conftest import K8s, cp_mod, operator_plane
 from tests.k8s.helpers import create_queue, raw, services_running, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
@@ -51,10 +51,8 @@ OPERATORS = ("jobset", "lws", "ray-operator", "mpi-operator", "trainer-controlle
 def ops() -> Iterator[K8s]:
     """A control plane running every operator of OPERATORS, with KAI's CRDs and the scheduler's
     RBAC (deploy/rbac) bound."""
-    with started_control_plane(operators=OPERATORS) as cp:
-        grant_scheduler_roles(cp)
-        yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
-                  admin_token=cp.admin_token, scheduler_token=cp.scheduler_token, base_url=cp.base_url)
+    with operator_plane(OPERATORS) as plane:
+        yield plane
 
 
 def container(name: str, resources: Mapping[str, Any] = ONE_GPU) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from kai_es.events import payloads as p
 from kai_es.replay import replay
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.packing import load_packer
-from tests.k8s.conftest import K8s, cp_mod, grant_scheduler_roles, started_control_plane
+from tests.k8s.conftest import K8s, cp_mod, grant_scheduler_roles, k8s_of, started_control_plane
 from tests.k8s.helpers import create_queue, raw, services_running, wait_for
 from tests.k8s.test_controllers import POOL_LABEL, QUEUE_LABEL, bind_cycles, created, data_in, deployment, running_on, template
 
@@ -38,8 +38,7 @@ GROUP, VERSION = "scheduling.k8s.io", "v1alpha2"
 @pytest.fixture(scope="module")
 def wl() -> Iterator[K8s]:
     with started_control_plane(what="a control plane serving the Workload API", **cp_mod.WORKLOAD_API) as cp:
-        yield K8s(cp=cp, kubeconfig=cp.kubeconfig, scheduler_kubeconfig=cp.scheduler_kubeconfig,
-                  admin_token=cp.admin_token, scheduler_token=cp.scheduler_token, base_url=cp.base_url)
+        yield k8s_of(cp)
 
 
 @pytest.fixture(scope="module")
