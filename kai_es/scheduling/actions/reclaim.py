@@ -42,7 +42,7 @@ class Reclaim(PreemptingAction):
     def search_failed(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
         message, numbers = super().search_failed(leaf, job, request)
         note = self.session.rules.replacement_order.failed_search_note(
-            self.session, leaf, (queue for queue, _ in self.victim_buckets(leaf, job, request)))
+            self.session, leaf, lambda: (queue for queue, _ in self.victim_buckets(leaf, job, request)))
         return message + note, numbers
 
     def no_victims(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:

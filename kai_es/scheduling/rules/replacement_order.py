@@ -25,7 +25,7 @@ try rolls back with the preemptor's placements); `failed_search_note` reads.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import Protocol
 from weakref import WeakKeyDictionary
@@ -34,6 +34,7 @@ from kai_es.scheduling.plan import VerificationError
 from kai_es.scheduling.rules.reclaim_victims import sides
 from kai_es.scheduling.rules.replacement import victim_jobs
 from kai_es.scheduling.session import QueueNode, Session
+from kai_es.state.keys import PendingJob
 from kai_es.state.model import Job
 from kai_es.state.quantities import Vector
 
@@ -43,9 +44,11 @@ class ReplacementOrder(Protocol):
         """Called before each try to place `preemptor` (requesting `request`), with the
         evictions after checkpoint `start` on the Plan (reclaim and preempt)."""
 
-    def failed_search_note(self, session: Session, leaf: QueueNode, victim_queues: Iterable[str]) -> str:
+    def failed_search_note(self, session: Session, leaf: QueueNode,
+                           victim_queues: Callable[[], Iterable[str]]) -> str:
         """What a failed reclaim search for a job of `leaf` adds to its reason, given the queues
-        it may take victims from ("" for nothing; the same words for the same queues)."""
+        it may take victims from (asked only when needed); "" for nothing, the same words for
+        the same queues."""
 
 
 class PreemptorFirstV11:
@@ -54,7 +57,8 @@ class PreemptorFirstV11:
     def before_preemptor(self, session: Session, start: int, preemptor: Job, request: Vector) -> None:
         return None
 
-    def failed_search_note(self, session: Session, leaf: QueueNode, victim_queues: Iterable[str]) -> str:
+    def failed_search_note(self, session: Session, leaf: QueueNode,
+                           victim_queues: Callable[[], Iterable[str]]) -> str:
         return ""
 
 
@@ -70,13 +74,14 @@ class InAllocationOrder:
         for key in popped_before(session, requests, preemptor, request):
             replace_job(session, jobs[key], by_job[key])
 
-    def failed_search_note(self, session: Session, leaf: QueueNode, victim_queues: Iterable[str]) -> str:
+    def failed_search_note(self, session: Session, leaf: QueueNode,
+                           victim_queues: Callable[[], Iterable[str]]) -> str:
         """Names the victim queues whose side of the queue tree has a higher priority than the
         job's: their victims get their place back before the job is tried, whatever their
         share, so those queues give it nothing."""
         queues = session.queues
         first = []
-        for name in sorted(set(victim_queues)):
+        for name in sorted(set(victim_queues())):
             theirs = queues.get(name)
             found = sides(leaf, theirs) if theirs is not None else None
             if found is not None and found[2].priority > found[1].priority:
@@ -88,7 +93,7 @@ class InAllocationOrder:
 
 
 #: a job in a queue's lane of the allocation order: (job order, job, its request)
-_Lane = list[tuple[tuple[object, ...], Job, Vector]]
+_Lane = list[tuple[PendingJob, Job, Vector]]
 
 
 def popped_before(session: Session, victims: dict[str, Vector], preemptor: Job, request: Vector) -> Iterator[str]:
@@ -101,17 +106,22 @@ def popped_before(session: Session, victims: dict[str, Vector], preemptor: Job, 
     lane whose head `allocated_before` puts first. Lazy: the Session's accounting is read at
     each pop, so a victim re-placed before the next is counted. Queues holding neither are left
     out (their pops change nothing; under a common parent KAI would compare it with its best
-    job below, which may be theirs)."""
+    job below, which may be theirs). In the preemptor's own queue nothing after it in job
+    order pops before it: its lane ends there."""
     relevant = {preemptor.key: request, **victims}
     jobs = session.state.jobs
     lanes: dict[str, _Lane] = {}
+    own = _job_order(preemptor)
     for key, wanted in relevant.items():
         job = jobs[key]
-        if job.queue in session.queues:  # (a victim of a queue the Session does not know waits)
-            lanes.setdefault(job.queue, []).append((_job_order(job), job, wanted))
+        order = _job_order(job)
+        # (a victim of a queue the Session does not know waits; one after the preemptor in its
+        # own queue comes after it)
+        if job.queue in session.queues and (job.queue != preemptor.queue or order <= own):
+            lanes.setdefault(job.queue, []).append((order, job, wanted))
     ahead = _ahead(session)
     for name, lane in lanes.items():
-        last = max(order for order, _, _ in lane)
+        last = own if name == preemptor.queue else max(order for order, _, _ in lane)
         read = ahead.before(session, name, last)
         if session.plan.verify and read != PendingAhead().before(session, name, last):
             raise VerificationError(f"the pending jobs kept for queue {name} differ from a fresh read")
@@ -155,7 +165,7 @@ class PendingAhead:
         #: per queue: the entries read and the next index to read
         self.read: dict[str, tuple[list[_Read], int]] = {}
 
-    def before(self, session: Session, queue: str, bound: tuple[object, ...]) -> _Lane:
+    def before(self, session: Session, queue: str, bound: PendingJob) -> _Lane:
         """The queue's jobs with something to place now whose job order is before `bound`."""
         placed = session.placed_pods
         if len(placed) != self.placed:
@@ -173,12 +183,11 @@ class PendingAhead:
                 entries[i] = _read(session, order, job)
         jobs = session.state.jobs
         while (not entries or entries[-1][0] < bound) and at < len(index):
-            entry = index[at]
-            order = (entry.neg_priority, entry.created_ns, entry.uid, entry.job_key)
+            order = index[at]  # (the index's own entry is the job order)
             if order >= bound and not entries:
                 break
             at += 1
-            job = jobs[entry.job_key]
+            job = jobs[order.job_key]
             if all(pending.pod_key in placed for pending in job.pending):
                 if not entries:
                     self.skip[queue] = at
@@ -191,10 +200,10 @@ class PendingAhead:
 
 #: an entry read: (job order, job, the request of what it would place now or None, whether
 #: none of its pods was evicted on the Plan when it was read)
-_Read = tuple[tuple[object, ...], Job, Vector | None, bool]
+_Read = tuple[PendingJob, Job, Vector | None, bool]
 
 
-def _read(session: Session, order: tuple[object, ...], job: Job) -> _Read:
+def _read(session: Session, order: PendingJob, job: Job) -> _Read:
     picked = session.job_candidate(job, exclude=session.placed_pods)
     evicted = session.plan.evicted_pods
     return (order, job, picked[1] if picked is not None else None, not (evicted and _touched(job, evicted)))
@@ -218,9 +227,10 @@ def _ahead(session: Session) -> PendingAhead:
     return found
 
 
-def _job_order(job: Job) -> tuple[object, ...]:
-    """Job order inside one queue (as `ClusterState.pending_jobs`): higher priority, older, uid."""
-    return (-job.priority, job.created_ns, job.uid, job.key)
+def _job_order(job: Job) -> PendingJob:
+    """Job order inside one queue: the job's entry in `ClusterState.pending_jobs` (higher
+    priority, older, uid), made for a job that is not pending too."""
+    return PendingJob(-job.priority, job.created_ns, job.uid, job.queue, job.key)
 
 
 def allocated_before(session: Session, job: Job, request: Vector, other: Job, other_request: Vector) -> bool:

@@ -156,10 +156,7 @@ def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
     if created is None:
         created = min(pods[m].spec.created_ns for m in members)
     priority = resolve_priority(state, class_name, explicit)
-    # a semi-preemptible job is preemptible above its minimum shape: the reducer counts it as
-    # preemptible; the cycle's rule (`rules.semi_preemptible`) keeps its minimum in quota
-    preemptible = (mode != "non-preemptible") if mode else priority < NON_PREEMPTIBLE_PRIORITY
-    semi = mode == "semi-preemptible"
+    preemptible, semi = _preemptibility(mode, priority)
     if semi != job.semi:
         job.semi = semi
         if semi:
@@ -185,6 +182,15 @@ def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
     _reindex_job(state, job)
 
 
+def _preemptibility(mode: str, priority: int) -> tuple[bool, bool]:
+    """(preemptible, semi-preemptible) of a job of preemptibility `mode` ("" when neither its
+    PodGroup nor its pod says) and `priority`. A semi-preemptible job is preemptible above its
+    minimum shape: the reducer counts it as preemptible; the cycle's rule
+    (`rules.semi_preemptible`) keeps its minimum in quota."""
+    preemptible = (mode != "non-preemptible") if mode else priority < NON_PREEMPTIBLE_PRIORITY
+    return preemptible, mode == "semi-preemptible"
+
+
 def new_job(state: ClusterState, key: str, spec: p.PodObserved, member: str) -> Job:
     """Create and add the job `key` (not in `state.jobs`) of the pod `member` observed with `spec`,
     its only member, as `job_for` then `refresh_job` would make it. (Every implicit PodGroup is
@@ -192,9 +198,7 @@ def new_job(state: ClusterState, key: str, spec: p.PodObserved, member: str) -> 
     one pod, none occupying or pending, written out: its fields are the pod's, the age its
     creation time; its queue and mode count no usage yet and no index holds it.)"""
     priority = resolve_priority(state, spec.priority_class, spec.priority)
-    mode = spec.preemptibility
-    preemptible = (mode != "non-preemptible") if mode else priority < NON_PREEMPTIBLE_PRIORITY
-    semi = mode == "semi-preemptible"
+    preemptible, semi = _preemptibility(spec.preemptibility, priority)
     # positional: keyword calls to these many-field dataclasses cost measurably more per pod
     job = Job(key, spec.namespace, spec.podgroup, None, spec.implicit_podgroup, spec.queue, priority,
               spec.created_ns, spec.uid, {member}, [], 0, preemptible, semi)
