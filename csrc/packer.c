@@ -403,32 +403,29 @@ static int64_t frag_place(const kai_pack_table *tb, const kai_pack_task *t, int 
     return frag_total(tb, st, &nd, &agg, -1, 0, 0) - before;
 }
 
-/* --- the entry point ---------------------------------------------------- */
+/* --- the scan ------------------------------------------------------------ */
 
-int kai_pack_place(const kai_pack_table *table,
-                   const int64_t *eligible,
-                   const kai_pack_task *task,
-                   const kai_pack_strategy *strategy,
-                   int64_t *node_out,
-                   int64_t *devices_out,
-                   int64_t devices_cap,
-                   int64_t *reasons_out,
-                   int64_t reasons_cap)
+/* One ranked node: its index and score (s0, s1, s2). */
+typedef struct rank_row {
+    int64_t node, s0, s1, s2;
+} rank_row;
+
+/* Whether score (s0, s1, s2) is strictly better than row r's. */
+static int outranks(int64_t s0, int64_t s1, int64_t s2, const rank_row *r)
+{
+    return s0 > r->s0 || (s0 == r->s0 && (s1 > r->s1 || (s1 == r->s1 && s2 > r->s2)));
+}
+
+/*
+ * Validate the arguments; on success store the task kind and return KAI_PACK_OK.
+ */
+static int check_args(const kai_pack_table *table, const int64_t *eligible,
+                      const kai_pack_task *task, const kai_pack_strategy *strategy,
+                      int64_t *devices_out, int64_t devices_cap, int *kind_out)
 {
     int kind;
-    int64_t i, j, n, want, best = -1;
-    int64_t best_s0 = 0, best_s1 = 0, best_s2 = 0;
-    int64_t gpu_sign, cpu_sign, gpuspread, frag;
+    int64_t i, want;
 
-    if (node_out != NULL)
-        *node_out = -1;
-    if (reasons_out != NULL && reasons_cap >= KAI_PACK_REASON_COUNT)
-        for (i = 0; i < KAI_PACK_REASON_COUNT; i++)
-            reasons_out[i] = 0;
-
-    if (table == NULL || task == NULL || strategy == NULL || node_out == NULL ||
-        reasons_out == NULL || reasons_cap < KAI_PACK_REASON_COUNT)
-        return KAI_PACK_EINVAL;
     kind = task_kind(task);
     if (kind < 0)
         return KAI_PACK_EINVAL;
@@ -443,12 +440,27 @@ int kai_pack_place(const kai_pack_table *table,
         return KAI_PACK_EINVAL;
     if (!table_valid(table, eligible))
         return KAI_PACK_EINVAL;
-    frag = strategy->gpu_strategy == KAI_PACK_GPU_FRAGMENTATION;
-    if (frag)
+    if (strategy->gpu_strategy == KAI_PACK_GPU_FRAGMENTATION)
         for (i = 0; i < table->n_nodes; i++)
             if (table->gpu_start[i + 1] - table->gpu_start[i] > KAI_PACK_MAX_NODE_DEVICES)
                 return KAI_PACK_EINVAL;
+    *kind_out = kind;
+    return KAI_PACK_OK;
+}
 
+/*
+ * Filter and score every node; count the rejected ones in reasons_out and
+ * keep the best `cap` (>= 1) that passed in top[0..*count), best first (ties:
+ * the lower index first).  With cap == 1 this is exactly the single best node.
+ */
+static void scan(const kai_pack_table *table, const int64_t *eligible,
+                 const kai_pack_task *task, const kai_pack_strategy *strategy, int kind,
+                 rank_row *top, int64_t cap, int64_t *count, int64_t *reasons_out)
+{
+    int64_t i, j, n, m = 0;
+    int64_t gpu_sign, cpu_sign, gpuspread, frag;
+
+    frag = strategy->gpu_strategy == KAI_PACK_GPU_FRAGMENTATION;
     gpu_sign = strategy->gpu_strategy == KAI_PACK_GPU_SPREAD ? 1 : -1;
     cpu_sign = strategy->cpu_strategy == KAI_PACK_CPU_SPREAD ? 1 : -1;
     gpuspread = strategy->device_strategy == KAI_PACK_DEVICE_GPUSPREAD;
@@ -456,7 +468,7 @@ int kai_pack_place(const kai_pack_table *table,
 
     for (i = 0; i < n; i++) {
         int64_t s = table->gpu_start[i], e = table->gpu_start[i + 1];
-        int64_t s0, s1, s2, cpu_key;
+        int64_t s0, s1, s2, cpu_key, at;
 
         if (eligible[i] == 0) {
             reasons_out[KAI_PACK_R_NOT_ELIGIBLE]++;
@@ -563,11 +575,12 @@ int kai_pack_place(const kai_pack_table *table,
                 continue;
             }
             /* The reuse count can never exceed min(fraction_devices, shared
-             * takers): a node whose bound is below the best reuse so far
-             * cannot win, so its devices need not be chosen. */
+             * takers): a node whose bound is below the reuse of the last
+             * node kept (the list being full) cannot enter it, so its
+             * devices need not be chosen. */
             if (shared_takers > task->fraction_devices)
                 shared_takers = task->fraction_devices;
-            if (best >= 0 && shared_takers < best_s0)
+            if (m == cap && shared_takers < top[m - 1].s0)
                 continue;
             if (!gpuspread && task->fraction_milli != 0) {
                 /* GPUPACK takes the shared takers first, and every device
@@ -582,25 +595,37 @@ int kai_pack_place(const kai_pack_table *table,
             s2 = cpu_key;
         }
 
-        if (best < 0 || s0 > best_s0 || (s0 == best_s0 && (s1 > best_s1 ||
-                                          (s1 == best_s1 && s2 > best_s2)))) {
-            best = i;
-            best_s0 = s0;
-            best_s1 = s1;
-            best_s2 = s2;
+        /* keep it if the list has room or it outranks the last kept; it goes
+         * after every kept node it does not outrank (those have lower indexes) */
+        if (m == cap && !outranks(s0, s1, s2, &top[m - 1]))
+            continue;
+        at = m < cap ? m : m - 1;
+        while (at > 0 && outranks(s0, s1, s2, &top[at - 1])) {
+            top[at] = top[at - 1];
+            at--;
         }
+        top[at].node = i;
+        top[at].s0 = s0;
+        top[at].s1 = s1;
+        top[at].s2 = s2;
+        if (m < cap)
+            m++;
     }
+    *count = m;
+}
 
-    if (best < 0)
-        return KAI_PACK_NO_FIT;
-
-    *node_out = best;
-    if (frag) {
+/* Write the devices `task` takes on node `best` (which passed the filter). */
+static void choose_devices(const kai_pack_table *table, const kai_pack_task *task,
+                           const kai_pack_strategy *strategy, int kind, int64_t best,
+                           int64_t *devices_out)
+{
+    int64_t j, gpuspread = strategy->device_strategy == KAI_PACK_DEVICE_GPUSPREAD;
+    if (strategy->gpu_strategy == KAI_PACK_GPU_FRAGMENTATION) {
         int64_t taken;
         frag_place(table, task, kind, strategy, gpuspread, best, devices_out, &taken);
     } else if (kind == KIND_WHOLE) {
         int64_t got = 0;
-        for (j = table->gpu_start[best]; j < table->gpu_start[best + 1] && got < want; j++)
+        for (j = table->gpu_start[best]; j < table->gpu_start[best + 1] && got < task->whole_gpus; j++)
             if (table->dev_free_milli[j] == 1000)
                 devices_out[got++] = j;
     } else if (kind == KIND_SHARED) {
@@ -608,5 +633,83 @@ int kai_pack_place(const kai_pack_table *table,
         choose_shared(table, task, gpuspread, table->gpu_start[best],
                       table->gpu_start[best + 1], devices_out, &reuse, &taken);
     }
+}
+
+/* --- the entry points --------------------------------------------------- */
+
+int kai_pack_place(const kai_pack_table *table,
+                   const int64_t *eligible,
+                   const kai_pack_task *task,
+                   const kai_pack_strategy *strategy,
+                   int64_t *node_out,
+                   int64_t *devices_out,
+                   int64_t devices_cap,
+                   int64_t *reasons_out,
+                   int64_t reasons_cap)
+{
+    int kind, code;
+    int64_t i, count;
+    rank_row top[1];
+
+    if (node_out != NULL)
+        *node_out = -1;
+    if (reasons_out != NULL && reasons_cap >= KAI_PACK_REASON_COUNT)
+        for (i = 0; i < KAI_PACK_REASON_COUNT; i++)
+            reasons_out[i] = 0;
+    if (table == NULL || task == NULL || strategy == NULL || node_out == NULL ||
+        reasons_out == NULL || reasons_cap < KAI_PACK_REASON_COUNT)
+        return KAI_PACK_EINVAL;
+    code = check_args(table, eligible, task, strategy, devices_out, devices_cap, &kind);
+    if (code != KAI_PACK_OK)
+        return code;
+    scan(table, eligible, task, strategy, kind, top, 1, &count, reasons_out);
+    if (count == 0)
+        return KAI_PACK_NO_FIT;
+    *node_out = top[0].node;
+    choose_devices(table, task, strategy, kind, top[0].node, devices_out);
+    return KAI_PACK_OK;
+}
+
+int kai_pack_rank(const kai_pack_table *table,
+                  const int64_t *eligible,
+                  const kai_pack_task *task,
+                  const kai_pack_strategy *strategy,
+                  int64_t *ranked_out,
+                  int64_t ranked_cap,
+                  int64_t *ranked_n_out,
+                  int64_t *devices_out,
+                  int64_t devices_cap,
+                  int64_t *reasons_out,
+                  int64_t reasons_cap)
+{
+    int kind, code;
+    int64_t i, count;
+
+    if (ranked_n_out != NULL)
+        *ranked_n_out = 0;
+    if (reasons_out != NULL && reasons_cap >= KAI_PACK_REASON_COUNT)
+        for (i = 0; i < KAI_PACK_REASON_COUNT; i++)
+            reasons_out[i] = 0;
+    if (table == NULL || task == NULL || strategy == NULL || ranked_out == NULL ||
+        ranked_n_out == NULL || !in_range(ranked_cap, 1, KAI_PACK_MAX_RANKED) ||
+        reasons_out == NULL || reasons_cap < KAI_PACK_REASON_COUNT)
+        return KAI_PACK_EINVAL;
+    code = check_args(table, eligible, task, strategy, devices_out, devices_cap, &kind);
+    if (code != KAI_PACK_OK)
+        return code;
+    {
+        rank_row top[KAI_PACK_MAX_RANKED];  /* 32 KiB of stack, no allocation */
+        scan(table, eligible, task, strategy, kind, top, ranked_cap, &count, reasons_out);
+        for (i = 0; i < count; i++) {
+            ranked_out[4 * i] = top[i].node;
+            ranked_out[4 * i + 1] = top[i].s0;
+            ranked_out[4 * i + 2] = top[i].s1;
+            ranked_out[4 * i + 3] = top[i].s2;
+        }
+    }
+    *ranked_n_out = count;
+    if (count == 0)
+        return KAI_PACK_NO_FIT;
+    choose_devices(table, task, strategy, kind, ranked_out[0], devices_out);
     return KAI_PACK_OK;
 }

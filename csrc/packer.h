@@ -186,8 +186,22 @@
  *                          returns it at ABI version 2.
  *   ABI version 2 (was 1): struct kai_pack_strategy gained n_shapes and
  *   shapes; FRAGMENTATION is implemented.
+ *   ABI version 3 (was 2): kai_pack_rank.
  *   On a negative code *node_out (if non-NULL) is -1, reasons_out (if it is
  *   non-NULL and long enough) is all zero, devices_out is untouched.
+ *
+ * ---------------------------------------------------------------------------
+ * RANKING (kai_pack_rank)
+ * ---------------------------------------------------------------------------
+ * The same filter, scores, rejection counts, result code and devices as
+ * kai_pack_place, and the best ranked_cap (1..KAI_PACK_MAX_RANKED) nodes that
+ * passed the filter, best first (score descending, equal scores by ascending
+ * index), as rows of four int64_t in ranked_out (node, s0, s1, s2: the score
+ * tuple, padded with 0 after its last key), their number in *ranked_n_out.
+ * Row 0 is kai_pack_place's node.  A caller that knows which nodes changed
+ * since (and how their scores moved) knows the next answers without a scan:
+ * every node not listed ranks after the last listed one.  ranked_out must
+ * hold 4 * ranked_cap values.  On a negative code *ranked_n_out is 0.
  *
  * The declarations between the CDEF markers are fed verbatim to cffi's
  * cdef(), so they use plain C types and integer-literal #defines only.
@@ -202,7 +216,8 @@ extern "C" {
 #endif
 
 /* CDEF-BEGIN */
-#define KAI_PACK_ABI_VERSION 2
+#define KAI_PACK_ABI_VERSION 3
+#define KAI_PACK_MAX_RANKED 1024
 #define KAI_PACK_REASON_COUNT 7
 #define KAI_PACK_SHAPE_FIELDS 7
 #define KAI_PACK_MAX_SHAPES 64
@@ -286,6 +301,18 @@ int kai_pack_place(const kai_pack_table *table,
                    int64_t devices_cap,
                    int64_t *reasons_out,
                    int64_t reasons_cap);
+
+int kai_pack_rank(const kai_pack_table *table,
+                  const int64_t *eligible,
+                  const kai_pack_task *task,
+                  const kai_pack_strategy *strategy,
+                  int64_t *ranked_out,
+                  int64_t ranked_cap,
+                  int64_t *ranked_n_out,
+                  int64_t *devices_out,
+                  int64_t devices_cap,
+                  int64_t *reasons_out,
+                  int64_t reasons_cap);
 /* CDEF-END */
 
 #ifdef __cplusplus

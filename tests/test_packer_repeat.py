@@ -21,13 +21,14 @@ from kai_es.scheduling.packing import (
     NodeRow,
     Packer,
     Placement,
+    Ranking,
     Strategy,
     TaskShape,
     WorkloadShape,
     bind_place,
     load_packer,
 )
-from kai_es.scheduling.packing.repeat import RepeatedPlace
+from kai_es.scheduling.packing.repeat import RANK_CAP, RepeatedPlace
 
 GIB = 1 << 30
 TASKS = (
@@ -113,6 +114,43 @@ def test_identical_binpacked_pods_ask_the_packer_only_when_their_node_fills() ->
     nodes = _run(RepeatedPlace(counted, table, strategy), packer, table, strategy, TaskShape.whole(1, 1000, GIB), 12)
     assert nodes == [0] * 4 + [1] * 4 + [2] * 4
     assert len(asked) == 3  # once per node: when the last one filled up
+
+
+@pytest.mark.parametrize("kind", ["native", "reference"])
+@pytest.mark.parametrize(("nodes", "task", "scans"), [
+    # two nodes in three have one idle GPU (a full cluster's steady state): each pod fills its
+    # node, and the next answer is the scan's runner-up; more than RANK_CAP need a second scan
+    (2 * RANK_CAP, TaskShape.whole(1, 0, 0), 2),
+    # the node's CPU runs out before its GPUs: the node given up is counted under CPU
+    (5, TaskShape.whole(1, 3000, 0), 1),
+])
+def test_a_run_of_identical_pods_scans_once_per_ranked_nodes(kind: str, nodes: int, task: TaskShape,
+                                                            scans: int) -> None:
+    """Once the node of a run's answer fills up, the next answer is the node the scan ranked
+    next (`Packer.rank_raw`), its rejection counts the last answer's plus the node given up:
+    one scan per `RANK_CAP` nodes filled, each answer the packer's own in every field."""
+    table = ArrayPackTable.from_rows([
+        NodeRow(free_milli_cpu=4000, free_memory_bytes=GIB, free_pods=110,
+                devices=(DeviceRow(free_milli=0 if i % 3 == 2 else 1000), DeviceRow(free_milli=0)))
+        for i in range(nodes)])
+    strategy = Strategy(GpuStrategy.BINPACK, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK)
+    packer = load_packer(kind)  # type: ignore[arg-type]
+    place = bind_place(packer, table, strategy)
+    assert isinstance(place, RepeatedPlace) and place.rank is not None
+    ranks: list[int] = []
+    rank = place.rank
+
+    def counted(task: TaskShape, eligible: array[int] | None, cap: int) -> Ranking:
+        ranks.append(cap)
+        return rank(task, eligible, cap)
+
+    place.rank = counted
+    idle = [i for i in range(nodes) if i % 3 != 2]
+    filled = _run(place, packer, table, strategy, task, len(idle))
+    assert sorted(filled) == idle
+    assert len(ranks) == scans
+    after = place(task, array("q", [1] * nodes))
+    assert after == packer.place(table, task, strategy, array("q", [1] * nodes)) and not after.placed
 
 
 @pytest.mark.parametrize(("task", "strategy"), [

@@ -32,7 +32,14 @@ from kai_es.scheduling.packing import (
     WorkloadShape,
     load_packer,
 )
-from kai_es.scheduling.packing.model import MAX_NODE_DEVICES, MAX_SHAPES, MAX_TOTAL_WEIGHT, workload_from_tasks
+from kai_es.scheduling.packing.model import (
+    MAX_NODE_DEVICES,
+    MAX_RANKED,
+    MAX_SHAPES,
+    MAX_TOTAL_WEIGHT,
+    workload_from_tasks,
+)
+from kai_es.scheduling.packing.reference import filter_node, score_node
 from kai_es.scheduling.packing import native as native_module
 
 GIB = 1 << 30
@@ -500,7 +507,8 @@ def test_apply_unapply_known_answer() -> None:
         t.apply(0, (0,), whole, sign=2)
 
 
-def _sized_clusters(max_nodes: int, max_devices: int) -> st.SearchStrategy[ArrayPackTable]:
+def _sized_clusters(max_nodes: int, max_devices: int, repeats: int = 1) -> st.SearchStrategy[ArrayPackTable]:
+    """Tables of up to `max_nodes` distinct rows, each repeated 1..`repeats` times (ties)."""
     mem_sizes = st.sampled_from([0, 16384, 40000, 40960, 81920])
     device = st.builds(
         lambda free, total, shared: DeviceRow(free_milli=free, total_memory_mib=total, shared=shared),
@@ -517,7 +525,8 @@ def _sized_clusters(max_nodes: int, max_devices: int) -> st.SearchStrategy[Array
         eligible=st.sampled_from([0, 1, 1, 1, 1, 1]),
         alloc_milli_cpu=st.sampled_from([None, 16000]),
     )
-    return st.lists(row, max_size=max_nodes).map(ArrayPackTable.from_rows)
+    rows = st.lists(st.tuples(row, st.integers(1, repeats)), max_size=max_nodes)
+    return rows.map(lambda drawn: ArrayPackTable.from_rows([r for r, times in drawn for _ in range(times)]))
 
 
 _cpu = st.sampled_from([0, 500, 1000, 2000])
@@ -564,8 +573,8 @@ any_strategies = _one_in_ten.flatmap(lambda odd: _odd_strategies if odd else str
 
 
 @st.composite
-def maybe_corrupted(draw: st.DrawFn) -> ArrayPackTable:
-    t = draw(_sized_clusters(6, 6))
+def maybe_corrupted(draw: st.DrawFn, repeats: int = 1) -> ArrayPackTable:
+    t = draw(_sized_clusters(6, 6, repeats))
     if draw(_one_in_ten):
         names = ["free_milli_cpu", "free_pods", "eligible", "dev_free_milli", "dev_total_memory_mib", "dev_shared"]
         name = draw(st.sampled_from(names))
@@ -593,6 +602,49 @@ def test_native_agrees_with_reference(t: ArrayPackTable, task: TaskShape, strate
         assert sum(expected.rejections) < len(t.free_milli_cpu)
     elif expected.code == ReturnCode.NO_FIT:
         assert sum(expected.rejections) == len(t.free_milli_cpu)
+
+
+def test_ranking_lists_the_best_nodes_ties_by_index(packer: Packer) -> None:
+    """Nodes of one score rank by index; a better one goes first; the ineligible and the full
+    are not listed but counted; the cap cuts the list (`kai_pack_rank`)."""
+    same = node(cpu=4000, devs=(dev(), dev(free=0)))
+    t = table(same, same, node(cpu=4000, devs=(dev(free=0), dev(free=0))), same,
+              node(cpu=4000, devs=(dev(), dev(free=0)), elig=0), node(cpu=2000, devs=(dev(), dev(free=0))), same)
+    task = TaskShape.whole(1, 1000, 0)
+    placement, ranked = packer.rank_raw(t, task, BINPACK, None, 4)
+    assert (placement.node, ranked) == (5, (5, 0, 1, 3))  # node 5: least CPU left, then by index
+    assert placement.rejected(Reason.NOT_ELIGIBLE) == 1 and placement.rejected(Reason.GPU) == 1
+    assert packer.rank_raw(t, task, BINPACK, None, MAX_RANKED)[1] == (5, 0, 1, 3, 6)
+    assert packer.rank_raw(t, task, SPREAD, None, 2)[1] == (0, 1)  # spread: most CPU left first
+    assert packer.rank_raw(t, TaskShape.whole(2, 0, 0), BINPACK, None, 4) == \
+        (packer.place_raw(t, TaskShape.whole(2, 0, 0), BINPACK), ())
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(t=maybe_corrupted(repeats=3), task=any_tasks, strategy=any_strategies,
+       cap=st.sampled_from([-1, 0, 1, 2, 3, 7, MAX_RANKED, MAX_RANKED + 1, 1 << 64]),
+       mask_seed=st.integers(0, 2**6 - 1))
+def test_native_ranking_agrees_with_reference(t: ArrayPackTable, task: TaskShape, strategy: Strategy, cap: int,
+                                              mask_seed: int) -> None:
+    """`rank_raw` (``kai_pack_rank``): both engines give the same answer, which is `place_raw`'s,
+    and the same ranked nodes: each passes the filter, they go best first (score descending,
+    ties by index), and every other node that passes ranks after the last of them."""
+    mask = array("q", [(mask_seed >> (i % 6)) & 1 for i in range(len(t.free_milli_cpu))])
+    expected = _REFERENCE.rank_raw(t, task, strategy, mask, cap)
+    assert _native().rank_raw(t, task, strategy, mask, cap) == expected
+    placement, ranked = expected
+    if not 1 <= cap <= MAX_RANKED:
+        assert expected == (Placement.failure(ReturnCode.EINVAL), ())
+        return
+    assert placement == _REFERENCE.place_raw(t, task, strategy, mask)
+    if not placement.placed:
+        assert ranked == ()
+        return
+    passed = [i for i in range(len(t.free_milli_cpu)) if filter_node(t, mask, i, task) is None]
+    assert ranked[0] == placement.node and len(ranked) == min(cap, len(passed))
+    order = {i: (tuple(-k for k in score_node(t, i, task, strategy)), i) for i in passed}
+    assert list(ranked) == sorted(ranked, key=order.__getitem__)
+    assert all(order[i] > order[ranked[-1]] for i in passed if i not in ranked)
 
 
 def _place_sequence(t: ArrayPackTable, seq: list[tuple[TaskShape, Strategy]]) -> Iterator[tuple[int, tuple[int, ...], TaskShape]]:

@@ -38,6 +38,8 @@ from .model import (
     PackTable,
     PlaceFn,
     Placement,
+    RankFn,
+    Ranking,
     Reason,
     ReturnCode,
     Strategy,
@@ -45,7 +47,11 @@ from .model import (
     TaskShape,
     UnsupportedStrategy,
     WorkloadShape,
+    ensure,
     need_milli,
+    raise_for_result,
+    strategy_problem,
+    task_problem,
     workload_from_tasks,
     workload_problem,
 )
@@ -113,7 +119,8 @@ def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> PlaceFn:
     """`packer.place` for one table and strategy: the packer's own `bind` when it has one
     (the native packer checks once what does not change between calls), else a plain wrapper;
     for an `ArrayPackTable`, one that knows the answer to a task asked again without a scan
-    (`repeat.RepeatedPlace`). Same answers as `packer.place` in every field."""
+    (`repeat.RepeatedPlace`, with the packer's ranking). Same answers as `packer.place` in
+    every field."""
     bind = getattr(packer, "bind", None)
     fn: PlaceFn
     if bind is not None:
@@ -123,5 +130,18 @@ def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> PlaceFn:
             return packer.place(table, task, strategy, eligible)
 
     if isinstance(table, ArrayPackTable):
-        return RepeatedPlace(fn, table, strategy)
+        bind_rank = getattr(packer, "bind_rank", None)
+        rank: RankFn
+        if bind_rank is not None:
+            rank = bind_rank(table, strategy)
+        else:
+            def rank(task: TaskShape, eligible: array[int] | None, cap: int) -> Ranking:
+                problem = task_problem(task) or strategy_problem(strategy)
+                ensure(problem is None, problem)  # as `place` says it
+                answer, ranked = packer.rank_raw(table, task, strategy, eligible, cap)
+                if answer.code < 0:
+                    raise_for_result(answer, table, strategy, eligible)
+                return answer, ranked
+
+        return RepeatedPlace(fn, table, strategy, rank)
     return fn

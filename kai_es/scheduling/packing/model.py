@@ -66,6 +66,9 @@ __all__ = [
     "DeviceRow",
     "NodeRow",
     "Packer",
+    "RankFn",
+    "Ranking",
+    "MAX_RANKED",
 ]
 
 MILLI_PER_GPU = 1000
@@ -81,6 +84,8 @@ MAX_QUANTITY = 1 << 62
 INT64_MAX = (1 << 63) - 1
 SHAPE_FIELDS = 7
 """Integers per workload-shape row in the C ABI: the six task fields, then the weight."""
+MAX_RANKED = 1024
+"""Most nodes one ranking (`Packer.rank_raw`) may list."""
 MAX_SHAPES = 64
 """Most shapes a workload table (:attr:`Strategy.workload`) may hold."""
 MAX_TOTAL_WEIGHT = 1 << 20
@@ -812,6 +817,14 @@ class ArrayPackTable:
 #: `place` bound to one table and strategy: (task, eligible) -> Placement (see `Packer.bind`)
 PlaceFn = Callable[["TaskShape", "array[int] | None"], "Placement"]
 
+#: A placement and the nodes that passed the filter, best first, at most the cap asked for:
+#: `ranked[0]` is the placement's node. Every node not listed ranks after the last listed one
+#: (a lower score, or the same score and a higher index). Empty when nothing fits.
+Ranking = tuple["Placement", tuple[int, ...]]
+
+#: `rank_raw` bound to one table and strategy: (task, eligible, cap) -> Ranking
+RankFn = Callable[["TaskShape", "array[int] | None", int], Ranking]
+
 
 
 class Packer(Protocol):
@@ -829,3 +842,10 @@ class Packer(Protocol):
     def place_raw(
         self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None = None
     ) -> Placement: ...
+
+    def rank_raw(
+        self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None, cap: int
+    ) -> Ranking:
+        """`place_raw`'s answer and the best `cap` (1..MAX_RANKED) nodes that passed the filter,
+        best first (`Ranking`). A `cap` out of range is EINVAL."""
+        ...

@@ -26,6 +26,7 @@ from kai_es._native import load
 
 from .model import (
     MAX_NODE_DEVICES,
+    MAX_RANKED,
     MAX_MEMORY_MIB,
     MAX_QUANTITY,
     MAX_SHAPES,
@@ -35,8 +36,11 @@ from .model import (
     SHAPE_FIELDS,
     NativePackerUnavailable,
     PackTable,
+    PackingError,
     PlaceFn,
     Placement,
+    RankFn,
+    Ranking,
     ReturnCode,
     Strategy,
     TaskShape,
@@ -49,7 +53,7 @@ from .model import (
 __all__ = ["NativePacker", "import_native", "NATIVE_MODULE", "ABI_VERSION"]
 
 NATIVE_MODULE = "kai_es._native._packer"
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 _NODE_FIELDS = ("free_milli_cpu", "free_memory_bytes", "free_pods", "alloc_milli_cpu")
 _DEVICE_FIELDS = ("dev_free_milli", "dev_total_memory_mib", "dev_shared")
@@ -68,7 +72,7 @@ def import_native(module: ModuleType | None = None) -> ModuleType:
                            "KAI_PACK_MAX_MEMORY_MIB": MAX_MEMORY_MIB, "KAI_PACK_MAX_QUANTITY": MAX_QUANTITY,
                            "KAI_PACK_SHAPE_FIELDS": SHAPE_FIELDS, "KAI_PACK_MAX_SHAPES": MAX_SHAPES,
                            "KAI_PACK_MAX_TOTAL_WEIGHT": MAX_TOTAL_WEIGHT,
-                           "KAI_PACK_MAX_NODE_DEVICES": MAX_NODE_DEVICES})
+                           "KAI_PACK_MAX_NODE_DEVICES": MAX_NODE_DEVICES, "KAI_PACK_MAX_RANKED": MAX_RANKED})
 
 
 def _lengths_agree(arrays: tuple[array[int], ...], eligible: int) -> bool:
@@ -86,6 +90,8 @@ def _check_buffer(name: str, value: object) -> array[int]:
 
 
 _OK = ReturnCode.OK
+#: where the devices start in a task's output buffer: node, then the rejection counts
+_DEVICES_AT = 1 + REASON_COUNT
 
 
 class _Bound:
@@ -216,56 +222,23 @@ class NativePacker:
         The returned function answers exactly as `place(table, task, strategy, eligible)` would,
         provided the table's buffers are not replaced or resized while it is used (an
         `ArrayPackTable` never resizes them; a `Plan` never replaces them)."""
-        problem = strategy_problem(strategy)
-        ensure(problem is None, problem)
-        ffi, lib = self._ffi, self._lib
-        bound = self._bind(table)
-        arrays = bound.arrays
-        n = len(arrays[0])
-        if not _lengths_agree(arrays, len(arrays[8])):
-            raise_for_result(Placement.failure(ReturnCode.EINVAL), table, strategy, None)
-        shapes = self._shapes(strategy)
-        if shapes is None:
-            raise_for_result(Placement.failure(ReturnCode.EINVAL), table, strategy, None)
-        assert shapes is not None
-        c_strategy = ffi.new("kai_pack_strategy *", (*strategy.as_tuple(), *shapes))
-        keep = (bound, shapes, c_strategy)  # alive as long as the function
-        struct = bound.struct
-        c_tasks: dict[TaskShape, tuple[Any, Any, int]] = {}  # the tasks checked valid
-        task_c = self._task_c
-        c_eligible: dict[int, tuple[array[int], Any]] = {}
-        place_c = lib.kai_pack_place
-        unpack = ffi.unpack
-        reasons_at = 1
-        devices_at = 1 + REASON_COUNT
+        return _Calls(self, table, strategy).place
 
-        def place(task: TaskShape, eligible: array[int] | None = None) -> Placement:
-            c = c_tasks.get(task)
-            if c is None:
-                problem = task_problem(task)
-                ensure(problem is None, problem)
-                c = c_tasks[task] = task_c(task)
-            c_task, out, want = c
-            if eligible is None:
-                elig = bound.views[8]
-            else:
-                e = c_eligible.get(id(eligible))
-                if e is None or e[0] is not eligible:
-                    if len(_check_buffer("eligible", eligible)) != n:
-                        raise_for_result(Placement.failure(ReturnCode.EINVAL), table, strategy, eligible)
-                    e = c_eligible[id(eligible)] = (eligible, ffi.from_buffer("int64_t[]", eligible))
-                elig = e[1]
-            code = place_c(struct, elig, c_task, c_strategy, out, out + devices_at, want,
-                           out + reasons_at, REASON_COUNT)
-            if code == 0:
-                return Placement(_OK, out[0], tuple(unpack(out + devices_at, want)),
-                                 tuple(unpack(out + reasons_at, REASON_COUNT)))
-            if code < 0:
-                raise_for_result(Placement.failure(ReturnCode(code)), table, strategy, eligible)
-            return Placement(ReturnCode(code), -1, (), tuple(unpack(out + reasons_at, REASON_COUNT)))
+    def bind_rank(self, table: PackTable, strategy: Strategy) -> RankFn:
+        """`rank_raw` for one table and strategy, checked once as `bind` is; raises
+        `InvalidArgument` for a cap outside 1..MAX_RANKED."""
+        return _Calls(self, table, strategy).rank
 
-        place.keep = keep  # type: ignore[attr-defined]
-        return place
+    def rank_raw(
+        self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None, cap: int
+    ) -> Ranking:
+        """Call ``kai_pack_rank`` (`Packer.rank_raw`); negative codes are returned, not raised."""
+        if not isinstance(cap, int) or not 1 <= cap <= MAX_RANKED:
+            return Placement.failure(ReturnCode.EINVAL), ()
+        try:
+            return _Calls(self, table, strategy).rank(task, eligible, cap)
+        except (PackingError, OverflowError, TypeError):
+            return Placement.failure(ReturnCode.EINVAL), ()
 
     def _task_c(self, task: TaskShape) -> tuple[Any, Any, int]:
         """(`kai_pack_task`, output buffer, devices wanted) for `task`, made once per shape (the
@@ -333,3 +306,82 @@ class NativePacker:
         if code == 0:
             return Placement(_OK, int(out[0]), tuple(ffi.unpack(out + 1 + REASON_COUNT, want)), reasons)
         return Placement(ReturnCode(code), -1, (), reasons)
+
+
+class _Calls:
+    """`kai_pack_place` and `kai_pack_rank` bound to one table and strategy: the checks that
+    cannot change between calls made once (`NativePacker.bind`)."""
+
+    __slots__ = ("packer", "table", "strategy", "struct", "c_strategy", "keep", "n", "c_tasks",
+                 "c_eligible", "ranked")
+
+    def __init__(self, packer: NativePacker, table: PackTable, strategy: Strategy) -> None:
+        problem = strategy_problem(strategy)
+        ensure(problem is None, problem)
+        bound = packer._bind(table)
+        arrays = bound.arrays
+        if not _lengths_agree(arrays, len(arrays[8])):
+            raise_for_result(Placement.failure(ReturnCode.EINVAL), table, strategy, None)
+        shapes = packer._shapes(strategy)
+        if shapes is None:
+            raise_for_result(Placement.failure(ReturnCode.EINVAL), table, strategy, None)
+        assert shapes is not None
+        self.packer, self.table, self.strategy = packer, table, strategy
+        self.struct = bound.struct
+        self.c_strategy = packer._ffi.new("kai_pack_strategy *", (*strategy.as_tuple(), *shapes))
+        self.keep = (bound, shapes)  # alive as long as the calls
+        self.n = len(arrays[0])
+        #: the tasks checked valid: (`kai_pack_task`, output buffer, devices wanted)
+        self.c_tasks: dict[TaskShape, tuple[Any, Any, int]] = {}
+        #: id(eligible) -> (eligible, its cffi view)
+        self.c_eligible: dict[int, tuple[array[int], Any]] = {}
+        #: cap -> (ranked rows buffer, count buffer)
+        self.ranked: dict[int, tuple[Any, Any]] = {}
+
+    def _task(self, task: TaskShape) -> tuple[Any, Any, int]:
+        c = self.c_tasks.get(task)
+        if c is None:
+            problem = task_problem(task)
+            ensure(problem is None, problem)
+            c = self.c_tasks[task] = self.packer._task_c(task)
+        return c
+
+    def _eligible(self, eligible: array[int] | None) -> Any:
+        if eligible is None:
+            return self.keep[0].views[8]
+        e = self.c_eligible.get(id(eligible))
+        if e is None or e[0] is not eligible:
+            if len(_check_buffer("eligible", eligible)) != self.n:
+                raise_for_result(Placement.failure(ReturnCode.EINVAL), self.table, self.strategy, eligible)
+            e = self.c_eligible[id(eligible)] = (eligible, self.packer._ffi.from_buffer("int64_t[]", eligible))
+        return e[1]
+
+    def place(self, task: TaskShape, eligible: array[int] | None = None) -> Placement:
+        c_task, out, want = self._task(task)
+        code = self.packer._lib.kai_pack_place(self.struct, self._eligible(eligible), c_task, self.c_strategy,
+                                               out, out + _DEVICES_AT, want, out + 1, REASON_COUNT)
+        unpack = self.packer._ffi.unpack
+        if code == 0:
+            return Placement(_OK, out[0], tuple(unpack(out + _DEVICES_AT, want)),
+                             tuple(unpack(out + 1, REASON_COUNT)))
+        if code < 0:
+            raise_for_result(Placement.failure(ReturnCode(code)), self.table, self.strategy, eligible)
+        return Placement(ReturnCode(code), -1, (), tuple(unpack(out + 1, REASON_COUNT)))
+
+    def rank(self, task: TaskShape, eligible: array[int] | None, cap: int) -> Ranking:
+        ensure(isinstance(cap, int) and 1 <= cap <= MAX_RANKED, f"cap {cap!r}: expected 1..{MAX_RANKED}")
+        c_task, out, want = self._task(task)
+        buffers = self.ranked.get(cap)
+        ffi = self.packer._ffi
+        if buffers is None:
+            buffers = self.ranked[cap] = (ffi.new("int64_t[]", 4 * cap), ffi.new("int64_t *"))
+        rows, count = buffers
+        code = self.packer._lib.kai_pack_rank(self.struct, self._eligible(eligible), c_task, self.c_strategy,
+                                              rows, cap, count, out + _DEVICES_AT, want, out + 1, REASON_COUNT)
+        if code < 0:
+            raise_for_result(Placement.failure(ReturnCode(code)), self.table, self.strategy, eligible)
+        reasons = tuple(ffi.unpack(out + 1, REASON_COUNT))
+        if code != 0:
+            return Placement(ReturnCode(code), -1, (), reasons), ()
+        ranked = tuple(ffi.unpack(rows, 4 * count[0])[::4])
+        return Placement(_OK, ranked[0], tuple(ffi.unpack(out + _DEVICES_AT, want)), reasons), ranked

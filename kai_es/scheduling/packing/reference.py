@@ -87,6 +87,7 @@ from array import array
 
 from .model import (
     MAX_NODE_DEVICES,
+    MAX_RANKED,
     MILLI_PER_GPU,
     REASON_COUNT,
     CpuStrategy,
@@ -94,6 +95,7 @@ from .model import (
     GpuStrategy,
     PackTable,
     Placement,
+    Ranking,
     Reason,
     ReturnCode,
     Strategy,
@@ -412,4 +414,22 @@ class ReferencePacker:
             return Placement(ReturnCode.NO_FIT, -1, (), tuple(rejections))
         devices = choose_devices(table, best_node, task, strategy)
         return Placement(ReturnCode.OK, best_node, devices, tuple(rejections))
+
+    def rank_raw(
+        self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None, cap: int
+    ) -> Ranking:
+        """`place_raw`'s answer and the best `cap` nodes that passed the filter, best first:
+        by score descending, equal scores by ascending index -- the exact counterpart of
+        ``kai_pack_rank``."""
+        if not isinstance(cap, int) or not 1 <= cap <= MAX_RANKED:
+            return Placement.failure(ReturnCode.EINVAL), ()
+        placement = self.place_raw(table, task, strategy, eligible)
+        if placement.code != ReturnCode.OK:
+            return placement, ()
+        elig = table.eligible if eligible is None else eligible
+        passed = [node for node in range(len(table.free_milli_cpu))
+                  if filter_node(table, elig, node, task) is None]
+        scores = {node: score_node(table, node, task, strategy) for node in passed}
+        ranked = sorted(passed, key=lambda node: (tuple(-k for k in scores[node]), node))
+        return placement, tuple(ranked[:cap])
 

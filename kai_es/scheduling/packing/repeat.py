@@ -5,15 +5,19 @@ after each placement. Two answers are known without a scan of the table:
 
 - nothing changed since the last answer (no placement applied or undone): the same answer;
 - the only change is that answer's placement, applied: under GPU binpack for a whole-GPU task,
-  or CPU binpack (not fragmentation) for a CPU-only task, the node it chose is chosen again if
-  it still passes every filter. Placing the task lowered that node's free GPU (or CPU) and
-  raised its rank (binpack ranks by least left after placement), while every other node kept
-  its rank, and among equal ranks the first node wins, which it already was. Its devices are
-  the first idle ones by index, as the packer picks them, and the rejection counts are the last
-  answer's: every other node is rejected or not as before, and this one is not.
+  or CPU binpack (not fragmentation) for a CPU-only task, placing the task lowered that node's
+  free GPU (or CPU) and raised its rank (binpack ranks by least left after placement), while
+  every other node kept its rank. So the node it chose is chosen again if it still passes
+  every filter (among equal ranks the first node wins, which it already was); if it no longer
+  does, the answer is the node ranked next by the scan that gave the first answer of the run
+  (`Packer.rank_raw`, its best `RANK_CAP` nodes): every node ranked between them was an answer
+  of this run and fails a filter since, and no other node changed. Devices are the first idle
+  ones by index, as the packer picks them; the rejection counts are the last answer's, plus
+  one under the first filter the node given up now fails.
 
-Anything else asks the packer. Answers are identical to the packer's in every field (node,
-devices, rejections); `tests/test_packer_repeat.py` checks them against a fresh scan."""
+Anything else scans the table (a ranking where the run may go on). Answers are identical to the
+packer's in every field (node, devices, rejections); `tests/test_packer_repeat.py` checks them
+against a fresh scan by both packers."""
 
 from __future__ import annotations
 
@@ -26,61 +30,104 @@ from .model import (
     GpuStrategy,
     Placement,
     PlaceFn,
+    RankFn,
+    Reason,
     ReturnCode,
     Strategy,
     TaskShape,
 )
 
+#: how many nodes a scan ranks for the answers after its first (one scan per this many nodes
+#: filled by a run of identical one-GPU pods, instead of one per pod)
+RANK_CAP = 128
+
 
 class RepeatedPlace:
     """`place(task, eligible)` of a bound packer for one `ArrayPackTable` and strategy, with the
-    last answer kept (see the module docstring). Call it as the bound function."""
+    last answer kept (see the module docstring). Call it as the bound function. Without `rank`
+    a node that no longer fits ends the run (the packer is asked)."""
 
-    __slots__ = ("place", "table", "whole_again", "cpu_again", "last")
+    __slots__ = ("place", "rank", "table", "whole_again", "cpu_again", "last")
 
-    def __init__(self, place: PlaceFn, table: ArrayPackTable, strategy: Strategy) -> None:
+    def __init__(self, place: PlaceFn, table: ArrayPackTable, strategy: Strategy,
+                 rank: RankFn | None = None) -> None:
         self.place = place
+        self.rank = rank
         self.table = table
         self.whole_again = strategy.gpu_strategy == GpuStrategy.BINPACK
         self.cpu_again = strategy.gpu_strategy != GpuStrategy.FRAGMENTATION and \
             strategy.cpu_strategy == CpuStrategy.BINPACK
-        #: (task, a copy of its eligible nodes, the answer, the table's `changes` then)
-        self.last: tuple[TaskShape, array[int], Placement, int] | None = None
+        #: (task, a copy of its eligible nodes, the answer, the table's `changes` then, the
+        #: scan's ranked nodes, the index in them of the next node to give)
+        self.last: tuple[TaskShape, array[int], Placement, int, tuple[int, ...], int] | None = None
 
     def __call__(self, task: TaskShape, eligible: array[int] | None = None) -> Placement:
         table, last = self.table, self.last
         if last is not None and eligible is not None and last[0] == task and last[1] == eligible:
-            _, kept, answer, changes = last
+            _, kept, answer, changes, ranked, at = last
             if table.changes == changes:
                 return answer
             if table.changes == changes + 1 and answer.code == ReturnCode.OK and \
                     table.last_change == (answer.node, answer.devices, task, 1):
-                again = self._again(task, answer)
+                again = self._again(task, answer, ranked, at)
                 if again is not None:
-                    self.last = (task, kept, again, table.changes)
-                    return again
-        answer = self.place(task, eligible)
+                    self.last = (task, kept, again[0], table.changes, ranked, again[1])
+                    return again[0]
+        order: tuple[int, ...] = ()
+        if eligible is not None and self.rank is not None and self._repeats(task):
+            answer, order = self.rank(task, eligible, RANK_CAP)
+        else:
+            answer = self.place(task, eligible)
         if eligible is not None:
-            self.last = (task, array("q", eligible), answer, table.changes)
+            self.last = (task, array("q", eligible), answer, table.changes, order, 1)
         return answer
 
-    def _again(self, task: TaskShape, answer: Placement) -> Placement | None:
-        """The same node for `task` after `answer`'s placement, or None when the packer must
-        be asked (another strategy or task kind, or the node no longer passes a filter)."""
-        table, node = self.table, answer.node
-        whole = task.whole_gpus > 0
-        if whole:
-            if not self.whole_again:
-                return None
-        elif task.fraction_devices or task.fraction_milli or task.gpu_memory_mib or not self.cpu_again:
+    def _repeats(self, task: TaskShape) -> bool:
+        """Whether a placement of `task` only raises its node's rank (see the module docstring)."""
+        if task.whole_gpus > 0:
+            return self.whole_again
+        return not (task.fraction_devices or task.fraction_milli or task.gpu_memory_mib) and self.cpu_again
+
+    def _again(self, task: TaskShape, answer: Placement, ranked: tuple[int, ...], at: int
+               ) -> tuple[Placement, int] | None:
+        """The answer for `task` after `answer`'s placement and the index of the next ranked node
+        after it, or None when the packer must be asked (another strategy or task kind, or the
+        node no longer fits and no ranked node is left)."""
+        if not self._repeats(task):
             return None
-        if table.free_pods[node] < 1 or table.free_milli_cpu[node] < task.milli_cpu or \
-                table.free_memory_bytes[node] < task.memory_bytes:
+        node = answer.node
+        reason = self._fails(task, node)
+        if reason is None:
+            return Placement(ReturnCode.OK, node, self._devices(task, node), answer.rejections), at
+        if at >= len(ranked):
             return None
-        if not whole:
-            return Placement(ReturnCode.OK, node, (), answer.rejections)
-        free = table.dev_free_milli
+        rejections = list(answer.rejections)
+        rejections[reason] += 1
+        following = ranked[at]
+        return Placement(ReturnCode.OK, following, self._devices(task, following), tuple(rejections)), at + 1
+
+    def _fails(self, task: TaskShape, node: int) -> Reason | None:
+        """The first filter `node` (eligible for `task`) fails, in the packer's order, or None."""
+        table = self.table
+        if table.free_pods[node] < 1:
+            return Reason.PODS
+        if table.free_milli_cpu[node] < task.milli_cpu:
+            return Reason.CPU
+        if table.free_memory_bytes[node] < task.memory_bytes:
+            return Reason.MEMORY
+        if task.whole_gpus > 0:
+            free = table.dev_free_milli
+            idle = sum(1 for j in range(table.gpu_start[node], table.gpu_start[node + 1])
+                       if free[j] == MILLI_PER_GPU)
+            if idle < task.whole_gpus:
+                return Reason.GPU
+        return None
+
+    def _devices(self, task: TaskShape, node: int) -> tuple[int, ...]:
+        """The devices the packer gives `task` on `node` (which passes every filter): the
+        first idle ones by index for a whole-GPU task, none for a CPU-only one."""
+        if task.whole_gpus == 0:
+            return ()
+        table, free = self.table, self.table.dev_free_milli
         devices = [j for j in range(table.gpu_start[node], table.gpu_start[node + 1]) if free[j] == MILLI_PER_GPU]
-        if len(devices) < task.whole_gpus:
-            return None
-        return Placement(ReturnCode.OK, node, tuple(devices[:task.whole_gpus]), answer.rejections)
+        return tuple(devices[:task.whole_gpus])
