@@ -41,6 +41,9 @@ from kai_es.scheduling.cycle import run_cycle  # noqa: E402
 from kai_es.scheduling.packing import load_packer  # noqa: E402
 from kai_es.state import ClusterState  # noqa: E402
 from kai_es.state.reducer import apply  # noqa: E402
+from kai_es.state.snapshot import load_snapshot, restore, snapshot_bytes  # noqa: E402
+from kai_es.scheduling.policy import state_digest  # noqa: E402
+from kai_es.app import freeze_long_lived  # noqa: E402
 
 START = 1_767_225_600_000_000_000
 SEC = 1_000_000_000
@@ -123,6 +126,26 @@ def arrivals(feed: Feed, first: int, count: int) -> None:
                                          gpu=p.GpuRequest(whole=1), created_ns=feed.t)))
 
 
+def restart(feed: Feed, config: SchedulerConfig) -> ClusterState:
+    """The state a restarted scheduler starts its first cycle from: `feed`'s state written as a
+    snapshot, restored and checked as `restore_validated` does (the digest of every entity),
+    then the GC frozen over it (`freeze_long_lived`, as `kai-es scheduler` does before its first
+    cycle). Prints what each step took; `feed` folds into the restored state from then on."""
+    t0 = time.perf_counter()
+    data = snapshot_bytes(feed.state)
+    t1 = time.perf_counter()
+    state = restore(load_snapshot(data))
+    t2 = time.perf_counter()
+    state_digest(config.policy_version, state)
+    t3 = time.perf_counter()
+    freeze_long_lived()
+    t4 = time.perf_counter()
+    print(f"restart: snapshot {len(data) / 2**20:,.0f} MiB written in {t1 - t0:.1f} s, restored in {t2 - t1:.1f} s, "
+          f"digest checked in {t3 - t2:.1f} s, GC frozen in {t4 - t3:.1f} s")
+    feed.state = state
+    return state
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=4000)
@@ -133,6 +156,9 @@ def main() -> None:
     ap.add_argument("--packer", default="native")
     ap.add_argument("--actions", default=None,
                     help="comma-separated actions (default: the config's default), e.g. allocate,reclaim,preempt")
+    ap.add_argument("--restart", action="store_true",
+                    help="time the first cycle as a restarted scheduler runs it: the built state is "
+                         "snapshotted, restored and checked (restore_validated's digest), the GC frozen")
     ap.add_argument("--verify", action="store_true",
                     help="at the end, check the incremental digest against a recomputation from scratch")
     args = ap.parse_args()
@@ -156,6 +182,8 @@ def main() -> None:
           f"(folded {feed.pos:,} events in {dt:.1f}s: {feed.pos / dt:,.0f} events/s)")
     print(f"config: actions {','.join(config.action_list)}, policyVersion {config.policy_version}, "
           f"stateDigestEvery {config.state_digest_every}, packer {packer.kind}")
+    if args.restart:
+        state = restart(feed, config)
     digest_every = config_digest(config)
     times: list[float] = []
     arrived = args.pending * 3 // 4
@@ -194,8 +222,12 @@ def main() -> None:
         arrivals(feed, arrived, len(bound))
         arrived += len(bound)
     steady = times[1:]
-    print(f"first cycle (hashes every entity once): {times[0] * 1000:.1f} ms   (issue #21: <= 5 s for the first "
-          f"cycle after a restart from a snapshot: {times[0] / 5:.2f}x it)")
+    if args.restart:
+        print(f"first cycle after the restart: {times[0] * 1000:.1f} ms   (issue #21: <= 5 s for the first "
+              f"cycle after a restart from a snapshot: {times[0] / 5:.2f}x it)")
+    else:
+        print(f"first cycle (hashes every entity once): {times[0] * 1000:.1f} ms   (--restart for the "
+              "issue's first cycle after a restart from a snapshot)")
     if steady:
         target_ms = 100 if args.nodes >= 20_000 else 50  # issue #21's shape, else KAI's largest
         median = statistics.median(steady)

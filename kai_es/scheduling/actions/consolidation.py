@@ -45,7 +45,7 @@ from kai_es.scheduling.actions.preempting import PreemptingAction
 from kai_es.scheduling.fairshare import RESOURCES, pod_request
 from kai_es.scheduling.framework import ActionResult
 from kai_es.scheduling.packing import TaskShape
-from kai_es.scheduling.plan import Eviction
+from kai_es.scheduling.plan import Eviction, VerificationError
 from kai_es.scheduling.rules.replacement import relocate
 from kai_es.scheduling.session import QueueNode, Session, format_quantity
 from kai_es.scheduling.victims import Unit, free_capacity, keyed_units
@@ -145,8 +145,8 @@ class Consolidation(PreemptingAction):
         lacks (`consolidation_views.short_of`), cheapest first. Room for a task is made on one node, so taking the
         cheapest units of the whole cluster (reclaim's and preempt's order) would spread the
         moves over many nodes and make room on none; and only these nodes' pods are looked at,
-        so a search costs what its nodes hold, not what the cluster runs."""
-        plan = self.plan
+        so a search costs what its nodes hold, not what the cluster runs. Which nodes, in
+        which order: `NodeViews.nodes_to_try`, which keeps them from one search to the next."""
         # what this search depends on: not the preemptor's queue or priority (any preemptible
         # pod may move for any preemptor), but its own running pods, which never move for it
         _, _, _, *rest = self._scenario(leaf, job, pods, request, shapes)
@@ -154,40 +154,19 @@ class Consolidation(PreemptingAction):
         if scenario in self.failed_scenarios:
             self.refuse(job, *self.search_failed(leaf, job, request))
             return None
-        tasks = [shape for shape, _ in shapes]
-        masks = [mask for _, mask in shapes]
-        table = plan.future
-        start = table.gpu_start
         if self._views is None:  # (outside `run`: kept until the Plan goes)
             self._views = NodeViews(self.session)
         views = self._views
-        free_of: dict[int, int] = {}
-        order = self.session.rules.consolidation_nodes
-        nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]] = []
-        specs = plan.nodes
-        for n, free in views.most_free_first():
-            if not any(mask[n] for mask in masks):
-                continue  # none of its tasks may use the node
-            if len(nodes) >= MAX_NODES and (not order.breaks_ties or free != free_of[nodes[-1][0]]):
-                break  # (a rule that breaks ties sees the whole group of the last node kept)
-            free_of[n] = free
-            size, spec = start[n + 1] - start[n], specs[n].spec
-            if not any(t.whole_gpus <= size and t.milli_cpu <= spec.milli_cpu and t.memory_bytes <= spec.memory_bytes
-                       for t in tasks):
-                continue  # too small for any task, whatever moves
-            movable, freed = views.movable(n, job)
-            if movable and views.could_fit(n, shapes, movable, freed):
-                nodes.append((n, views.short_of(n, tasks), movable))
+        nodes = views.nodes_to_try(job, shapes, self.session.rules.consolidation_nodes, MAX_NODES)
         if not nodes:
             self.failed_scenarios.add(scenario)
             return None
         state = self.state
-        if order.breaks_ties and len(nodes) > 1:
-            cheapest = views.cheapest(nodes)
-            by_node = {entry[0]: entry for entry in nodes}
-            nodes = [by_node[n] for n in order.order([n for n, _, _ in nodes], free_of, cheapest)[:MAX_NODES]]
         jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
-        units = keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)
+        units = views.units(jobs[k] for k in sorted(jobs))  # keyed_units(..., backoff=True), kept per job
+        if self.plan.verify and _unit_form(units) != \
+                _unit_form(keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)):
+            raise VerificationError(f"consolidation's kept victim units of {sorted(jobs)} are not keyed_units'")
         return {n for n, _, _ in nodes}, self._units_by_node(nodes, units), scenario
 
     def _units_by_node(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]],
@@ -269,6 +248,11 @@ class Consolidation(PreemptingAction):
             op.numbers = {"moved_jobs": len(jobs), "moved_pods": len(evictions), "requested_milli_gpu": request[0]}
         self.moved_jobs |= jobs
         return True
+
+
+def _unit_form(units: list[tuple[tuple[object, ...], Unit]]) -> list[tuple[object, ...]]:
+    """What a list of keyed units says (for the verification's comparison)."""
+    return [(key, unit.job.key, tuple(pod.key for pod in unit.pods), unit.surplus) for key, unit in units]
 
 
 def _frees(pod: PodState, short: tuple[bool, bool, bool]) -> bool:

@@ -7,14 +7,17 @@ the nodes it touched, each in O(log n), where sorting every node per search cost
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
-from kai_es.scheduling.plan import Announced
+from kai_es.scheduling.plan import Announced, VerificationError
+from kai_es.scheduling.rules.consolidation_nodes import ConsolidationNodes
 from kai_es.scheduling.session import Session
 from kai_es.scheduling.victims import Unit, free_capacity, job_order, keyed_units, room, shared
 from kai_es.state.model import Job, PodState
@@ -22,6 +25,24 @@ from kai_es.state.quantities import Vector
 
 #: what a node's movable pods free, summed: (CPU, memory, their number, device -> share freed)
 Freed = tuple[int, int, int, dict[int, int]]
+
+#: a node a search tries: (its index, the resources it lacks (`short_of`), its movable pods)
+Candidate = tuple[int, tuple[bool, bool, bool], list[PodState]]
+
+
+@dataclass(slots=True)
+class _Walk:
+    """One search's candidates, kept for the next search of the same tasks (`nodes_to_try`)."""
+
+    #: how many of the Plan's operations it has seen
+    seen: int
+    #: the walk key (-free, node) of the first node the walk did not examine (for an order that
+    #: breaks ties, (-free, -1): the whole group was not examined); None: every node was
+    stop: tuple[int, int] | None
+    #: each candidate node kept (every one that ranks before `stop`) -> its order key
+    keys: dict[int, tuple[object, ...]]
+    #: those keys, sorted (each ends in its node)
+    ordered: SortedList
 
 
 class NodeViews:
@@ -47,8 +68,14 @@ class NodeViews:
         self._units: dict[str, tuple[int, list[tuple[tuple[object, ...], Unit]]]] = {}
         self._room: dict[tuple[int, TaskShape], tuple[int, bool]] = {}
         self._short: dict[tuple[int, tuple[TaskShape, ...]], tuple[int, tuple[bool, bool, bool]]] = {}
-        #: the node of every operation, in order (each view below notes how many it has seen)
+        #: the node of every operation, in order (each view below notes how many it has seen),
+        #: and the job of its pod
         self.touched: list[int] = []
+        self.touched_jobs: list[str] = []
+        #: job key -> the nodes whose kept cheapest unit read its units (`cheapest`)
+        self._readers: dict[str, set[int]] = {}
+        #: a search's candidate nodes in the order they are tried (`nodes_to_try`), per search
+        self._walks: dict[tuple[object, ...], _Walk] = {}
         #: `free_capacity` per node and summed
         self._capacity: list[Vector] | None = None
         self._capacity_sum: Vector | None = None
@@ -67,6 +94,8 @@ class NodeViews:
     def on_operation(self, op: Announced, sign: int) -> None:
         self.node_seq[op.node] = self.jobs.seq
         self.touched.append(op.node)
+        pod = self.state.pods.get(op.pod_key)
+        self.touched_jobs.append(pod.job_key if pod is not None else "")
 
     def close(self) -> None:
         if self in self.plan.listeners:
@@ -106,6 +135,12 @@ class NodeViews:
         devices' free shares in the Plan's `future` table), most first, then by index. Kept
         sorted and brought up to date on the nodes touched since it was last asked for; do not
         operate on the Plan while iterating."""
+        self._sync_free()
+        for negative, n in self._by_free:
+            yield n, -negative
+
+    def _sync_free(self) -> list[int]:
+        """Each node's free GPU capacity once released, brought up to date (and `_by_free`)."""
         table = self.plan.future
         start, dev = table.gpu_start, table.dev_free_milli
         seen, self._order_seen = self._order_seen, len(self.touched)
@@ -119,8 +154,7 @@ class NodeViews:
                     self._by_free.remove((-self._free_now[n], n))
                     self._by_free.add((-now, n))
                     self._free_now[n] = now
-        for negative, n in self._by_free:
-            yield n, -negative
+        return self._free_now
 
     def movable(self, node: int, job: Job) -> tuple[list[PodState], Freed]:
         """The pods on `node` a search for `job` may move — Running or Binding, of another
@@ -206,8 +240,123 @@ class NodeViews:
                 continue
             read, best = self._cheapest_on(movable)
             self._cheapest[n] = (self.seq, read, best)
+            for k in read:
+                self._readers.setdefault(k, set()).add(n)
             out[n] = best
         return out
+
+    def nodes_to_try(self, job: Job, shapes: list[tuple[TaskShape, array[int]]], order: ConsolidationNodes,
+                     most: int) -> list[Candidate]:
+        """The nodes a search for `job` tries, in order, at most `most`: of the nodes one of its
+        tasks (shape, eligible nodes) may use, large enough for one, with pods it may move whose
+        going would make room for one (`could_fit`), the first `most` by `order.key` — what
+        walking the nodes most free first, stopping once `most` are found (and, for an order
+        that `breaks_ties`, their last one's group of equal free capacity is complete), then
+        ordering them gives. Each with what it lacks (`short_of`) and its movable pods.
+
+        A search is kept (`_Walk`): the next one for the same tasks and nodes (and a preemptor
+        with no pod running) re-examines only the nodes touched since and those whose cheapest
+        unit read a job touched since, instead of walking the cluster again — when every node
+        ties on free capacity that walk is every node, every search. The nodes it kept are
+        every candidate that ranked before the first node it did not examine; a node entering
+        or leaving that range is a touched one, so what it keeps stays the first by the key
+        while it holds `most` of them (else the cluster is walked again)."""
+        masks = [mask for _, mask in shapes]
+        key: tuple[object, ...] | None = None
+        if not job.occupying:  # (its own pods never move for it: what it may move is its own)
+            key = (type(order).__name__, most, tuple(shape for shape, _ in shapes),
+                   tuple(mask.tobytes() for mask in masks))
+        walk = self._walks.get(key) if key is not None else None
+        if walk is not None and not self._bring_up_to_date(walk, job, shapes, order, most):
+            walk = None
+        if walk is None:
+            walk = self._walk(job, shapes, order, most)
+            if key is not None:
+                self._walks[key] = walk
+        tried = (self._candidate(k[-1], job, shapes) for k in walk.ordered.islice(0, most))
+        out = [c for c in tried if c is not None]
+        if self.plan.verify:
+            fresh = [n for n, _, _ in self._walk_nodes(job, shapes, order, most)[0]]
+            if [n for n, _, _ in out] != fresh:
+                raise VerificationError(f"consolidation's kept search tries nodes {[n for n, _, _ in out]}, "
+                                        f"a fresh walk {fresh}")
+        return out
+
+    def _candidate(self, n: int, job: Job, shapes: list[tuple[TaskShape, array[int]]]) -> Candidate | None:
+        """(n, what it lacks, its movable pods) if `n` is a candidate for the search, else None."""
+        if not any(mask[n] for _, mask in shapes):
+            return None
+        tasks = [shape for shape, _ in shapes]
+        start = self.plan.future.gpu_start
+        size, spec = start[n + 1] - start[n], self.plan.nodes[n].spec
+        if not any(t.whole_gpus <= size and t.milli_cpu <= spec.milli_cpu and t.memory_bytes <= spec.memory_bytes
+                   for t in tasks):
+            return None  # too small for any task, whatever moves
+        movable, freed = self.movable(n, job)
+        if movable and self.could_fit(n, shapes, movable, freed):
+            return n, self.short_of(n, tasks), movable
+        return None
+
+    def _walk_nodes(self, job: Job, shapes: list[tuple[TaskShape, array[int]]], order: ConsolidationNodes,
+                    most: int) -> tuple[list[Candidate], tuple[int, int] | None, dict[int, tuple[object, ...]]]:
+        """Walk the nodes most free first: (the first `most` candidates by `order`, the walk key
+        (-free, node) below which every node was examined (None: every node), each candidate
+        found with its order key)."""
+        found: list[Candidate] = []
+        free_of: dict[int, int] = {}
+        stop: tuple[int, int] | None = None
+        masks = [mask for _, mask in shapes]
+        for n, free in self.most_free_first():
+            if not any(mask[n] for mask in masks):
+                continue  # none of its tasks may use the node
+            if len(found) >= most and (not order.breaks_ties or free != free_of[found[-1][0]]):
+                # (a rule that breaks ties sees the whole group of the last node kept)
+                stop = (-free, n) if not order.breaks_ties else (-free, -1)
+                break
+            free_of[n] = free
+            candidate = self._candidate(n, job, shapes)
+            if candidate is not None:
+                found.append(candidate)
+        cheapest: dict[int, tuple[object, ...] | None] = {}
+        if order.breaks_ties and found:
+            cheapest = self.cheapest(found)
+        keys = {n: order.key(n, free_of[n], cheapest.get(n)) for n, _, _ in found}
+        if order.breaks_ties and len(found) > 1:
+            by_node = {entry[0]: entry for entry in found}
+            found = [by_node[n] for n in order.order([n for n, _, _ in found], free_of, cheapest)]
+        return found[:most], stop, keys
+
+    def _walk(self, job: Job, shapes: list[tuple[TaskShape, array[int]]], order: ConsolidationNodes,
+              most: int) -> _Walk:
+        _, stop, keys = self._walk_nodes(job, shapes, order, most)
+        return _Walk(seen=len(self.touched), stop=stop, keys=keys, ordered=SortedList(keys.values()))
+
+    def _bring_up_to_date(self, walk: _Walk, job: Job, shapes: list[tuple[TaskShape, array[int]]],
+                          order: ConsolidationNodes, most: int) -> bool:
+        """Re-examine the nodes that changed since `walk` was last brought up to date: False when
+        it no longer holds enough candidates to answer (walk the cluster again)."""
+        seen = walk.seen
+        if seen == len(self.touched):
+            return True
+        free_now = self._sync_free()
+        changed = set(self.touched[seen:])
+        for k in set(self.touched_jobs[seen:]):
+            changed |= {n for n in self._readers.get(k, ()) if n in walk.keys}
+        walk.seen = len(self.touched)
+        for n in changed:
+            old = walk.keys.pop(n, None)
+            if old is not None:
+                walk.ordered.remove(old)
+            free = free_now[n]
+            if walk.stop is not None and (-free, n) >= walk.stop:
+                continue  # ranks after a node never examined: not kept
+            candidate = self._candidate(n, job, shapes)
+            if candidate is None:
+                continue
+            cheapest = self.cheapest([candidate])[n] if order.breaks_ties else None
+            walk.keys[n] = order.key(n, free, cheapest)
+            walk.ordered.add(walk.keys[n])
+        return walk.stop is None or len(walk.ordered) >= most
 
     def _cheapest_on(self, movable: list[PodState]) -> tuple[tuple[str, ...], tuple[object, ...] | None]:
         """(the jobs whose units were read, the cheapest key of a unit with a pod in `movable`)."""
@@ -228,11 +377,21 @@ class NodeViews:
                     break
         return tuple(read), best
 
+    def units(self, jobs: Iterable[Job]) -> list[tuple[tuple[object, ...], Unit]]:
+        """`victims.keyed_units(session, jobs, backoff=True)`, each job's kept while no Plan
+        operation touched it: a unit's key is unique (it ends in a pod's key), so the merge of
+        each job's list, cheapest first, is the list of all of them."""
+        return list(heapq.merge(*(self._units_of(job) for job in jobs), key=_unit_key))
+
     def _units_of(self, job: Job) -> list[tuple[tuple[object, ...], Unit]]:
         found = self._units.get(job.key)
         if found is None or self.jobs.touched.get(job.key, 0) > found[0]:
             found = self._units[job.key] = (self.seq, keyed_units(self.session, [job], backoff=True))
         return found[1]
+
+
+def _unit_key(item: tuple[tuple[object, ...], Unit]) -> tuple[object, ...]:
+    return item[0]
 
 
 def short_of(table: ArrayPackTable, node: int, shapes: list[TaskShape]) -> tuple[bool, bool, bool]:

@@ -16,7 +16,10 @@ gone, by most free GPU capacity then index, keeping at most `MAX_NODES` — and,
 `breaks_ties`, the rest of the last kept node's group of equal free capacity; `order(nodes, free,
 cheapest)` then returns the order to try them in, where `free[n]` is a node's free GPU capacity
 and `cheapest[n]` the victim-order key of its cheapest movable unit (None: none offered); the
-action keeps the first `MAX_NODES`.
+action keeps the first `MAX_NODES`. `key(node, free, cheapest)` is the same order as a key
+(the walk's order, most free first then index, is `(-free, node)`): `order` sorts by it, and a
+node's key depends only on its own free capacity and cheapest unit, which is what lets
+`consolidation_views.NodeViews` keep a search's ordered nodes and re-key only those that changed.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class ConsolidationNodes(Protocol):
     def order(self, nodes: Sequence[int], free: Mapping[int, int],
               cheapest: Mapping[int, tuple[object, ...] | None]) -> list[int]: ...
 
+    def key(self, node: int, free: int, cheapest: tuple[object, ...] | None) -> tuple[object, ...]:
+        """Where `node` goes in `order`: listed nodes sorted by it are `order`'s answer."""
+
 
 class MostFreeFirstV8:
     __slots__ = ()
@@ -41,6 +47,9 @@ class MostFreeFirstV8:
     def order(self, nodes: Sequence[int], free: Mapping[int, int],
               cheapest: Mapping[int, tuple[object, ...] | None]) -> list[int]:
         return list(nodes)  # as listed: most free first, then index
+
+    def key(self, node: int, free: int, cheapest: tuple[object, ...] | None) -> tuple[object, ...]:
+        return (-free, node)
 
 
 class CheapestVictimBreaksTies:
@@ -54,3 +63,6 @@ class CheapestVictimBreaksTies:
             # nodes without a unit on offer last; the index breaks the remaining ties
             out.extend(sorted(same, key=lambda n: (cheapest[n] is None, cheapest[n] or (), n)))
         return out
+
+    def key(self, node: int, free: int, cheapest: tuple[object, ...] | None) -> tuple[object, ...]:
+        return (-free, cheapest is None, cheapest or (), node)
