@@ -55,7 +55,7 @@ def serve(log_url: str, bind: str, allow_remote: bool, whatif: str | None, poll_
     lock = threading.Lock()
     follower = Follower(log, view, lock)
     site = Site(view, lock, follower, source=log_url, job_records=job_records, whatif=whatif_path,
-                poll_ms=poll_ms, records_at=records_at(log))
+                poll_ms=poll_ms, records_at=records_at(log, lambda: open_log(log_url, readonly=True)))
     try:
         server = ViewServer(site, host, port)
     except OSError as exc:

@@ -15,7 +15,8 @@ Contract:
   cached.
 - A job's timeline is the one the view keeps while it folds (`LiveView.timeline`: the report
   `kai_es.explain.explain` makes over the records folded so far), its event entries made from
-  their records, read by position with `records_at` (default: picked from `job_records()`).
+  their records, read by position with `records_at` (a file's index, Kafka's offsets; default:
+  picked from `job_records()`).
   A subject the view keeps no timeline for (a pod that is not a job, a `pod/` or `job/` target, a
   name not in the log) is `explain` over `job_records()` (the log read from its start), kept
   per subject until the view has folded records it did not see.
@@ -28,12 +29,14 @@ import logging
 import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
+
+import anyio
 
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.events import Record
@@ -82,29 +85,78 @@ def read_whatif(f: Path) -> dict[str, Any]:
     return doc
 
 
-def records_at(log: EventLog) -> Callable[[Sequence[int]], list[Record]] | None:
-    """Reads of records by position for a job's timeline when `log` is a file (a reader of its
-    own, indexed now, one read at a time); None for a log without them (Kafka: `Site` then picks
-    them from `job_records()`)."""
-    if not isinstance(log, FileEventLog):
-        return None
-    reader, reading = FileEventLog(log.path, readonly=True), threading.Lock()
+class Reader(Protocol):
+    """What `records_at` needs of a log handle: reads from a position, and closing."""
 
-    def read(positions: Sequence[int]) -> list[Record]:
-        wanted = sorted(set(positions))
+    def read(self, from_position: int = 0, *, follow: bool = False) -> AsyncIterator[Record]: ...
+
+    async def close(self) -> None: ...
+
+
+def records_at(log: EventLog, reopen: Callable[[], Reader] | None = None
+               ) -> Callable[[Sequence[int]], list[Record]] | None:
+    """Reads of records by position for a job's timeline: of a file log, through a reader of its
+    own (indexed now); of another log (Kafka), through `reopen()`'s handle, which reads from a
+    position (Kafka seeks to the offset) in an event loop of the calling thread, closed after
+    each call; None when neither applies (`Site` then picks them from `job_records()`). One
+    read at a time; nearby positions (`READ_GAP`) in one pass."""
+    if isinstance(log, FileEventLog):
+        reader, reading = FileEventLog(log.path, readonly=True), threading.Lock()
+
+        def read(positions: Sequence[int]) -> list[Record]:
+            out: list[Record] = []
+            with reading:
+                for first, last, want in _windows(positions):  # (an older stretch is indexed per read)
+                    out.extend(r for r in reader.scan(first, last + 1) if r.position in want)
+            return out
+
+        return read
+    if reopen is None:
+        return None
+    handle, lock = reopen(), threading.Lock()
+
+    async def collect(windows: list[tuple[int, int, set[int]]]) -> list[Record]:
         out: list[Record] = []
-        with reading:
-            i = 0
-            while i < len(wanted):  # nearby positions in one read (an older stretch is indexed per read)
-                j = i
-                while j + 1 < len(wanted) and wanted[j + 1] - wanted[j] <= READ_GAP:
-                    j += 1
-                want = set(wanted[i:j + 1])
-                out.extend(r for r in reader.scan(wanted[i], wanted[j] + 1) if r.position in want)
-                i = j + 1
+        try:
+            for first, last, want in windows:
+                stream = handle.read(first)
+                try:
+                    async for record in stream:
+                        if record.position in want:
+                            out.append(record)
+                        if record.position >= last:
+                            break
+                finally:  # (a reader left half-read goes back to the log now, not at collection)
+                    aclose = getattr(stream, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+        finally:
+            await handle.close()
         return out
 
-    return read
+    def read_async(positions: Sequence[int]) -> list[Record]:
+        windows = _windows(positions)
+        if not windows:
+            return []
+        with lock:
+            return anyio.run(collect, windows)
+
+    return read_async
+
+
+def _windows(positions: Sequence[int]) -> list[tuple[int, int, set[int]]]:
+    """`positions` (any order, repeats) as (first, last, the positions) of runs at most
+    `READ_GAP` apart, ascending: each run is one pass over the log."""
+    wanted = sorted(set(positions))
+    out: list[tuple[int, int, set[int]]] = []
+    i = 0
+    while i < len(wanted):
+        j = i
+        while j + 1 < len(wanted) and wanted[j + 1] - wanted[j] <= READ_GAP:
+            j += 1
+        out.append((wanted[i], wanted[j], set(wanted[i:j + 1])))
+        i = j + 1
+    return out
 
 
 class Site:

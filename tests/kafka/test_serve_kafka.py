@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -19,8 +21,15 @@ from kai_es.adapters.kafka_log import KafkaEventLog
 from kai_es.app import open_log
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
-from kai_es.explain import explain_queue
+from kai_es.explain import explain, explain_queue
+from kai_es.ports import EventLog
+from kai_es.serve.follow import Follower
+from kai_es.serve.http import Site, records_at
+from kai_es.visibility import pages
+from kai_es.visibility.live import LiveView
 from tests.kafka.procs import ROOT
+from tests.test_serve_timeline import _jobs
+from tests.test_serve_timeline import _records as _memory_records
 
 SCENARIO = ROOT / "tests" / "scenarios" / "hierarchy-quota-order.yaml"
 
@@ -100,3 +109,50 @@ def _records(url: str) -> list[Record]:
         finally:
             await log.close()
     return anyio.run(read)
+
+
+class _Starts:
+    """A log whose reads note where they start (the rest is the log's own)."""
+
+    def __init__(self, log: EventLog, starts: list[int]) -> None:
+        self.log, self.starts = log, starts
+
+    def read(self, from_position: int = 0, *, follow: bool = False) -> AsyncIterator[Record]:
+        self.starts.append(from_position)
+        return self.log.read(from_position, follow=follow)
+
+    async def close(self) -> None:
+        await self.log.close()
+
+
+def test_a_jobs_page_reads_its_records_by_offset(kafka_bootstrap: str, unique_name: str) -> None:
+    """On a Kafka log a job's page reads the records of its timeline's events where they are
+    (seeking to their offsets), never the topic from its start, and is `kai-es explain`'s page."""
+    simulated = _memory_records("preempt-basic")
+    anyio.run(_append, kafka_bootstrap, unique_name, [r.envelope for r in simulated], f"{unique_name}-w")
+    url = f"kafka://{kafka_bootstrap}/{unique_name}"
+    records = _records(url)  # (Kafka's offsets: the transaction markers take some)
+    view, lock = LiveView(), threading.Lock()
+    follower = Follower(open_log(url, readonly=True), view, lock)
+    follower.start()
+    deadline = time.monotonic() + 60
+    while view.fed < len(records):
+        assert time.monotonic() < deadline and follower.error is None, (view.fed, follower.error)
+        time.sleep(0.05)
+    from_start: list[int] = []
+    starts: list[int] = []
+
+    def job_records() -> Iterator[Record]:
+        from_start.append(1)
+        return iter(records)
+
+    site = Site(view, lock, follower, source=url, job_records=job_records,
+                records_at=records_at(open_log(url, readonly=True), lambda: _Starts(open_log(url, readonly=True), starts)))
+    jobs = _jobs(records)
+    assert len(jobs) >= 3
+    for job in jobs:
+        status, _, body = site.handle(f"/job?name={job}")
+        assert status == 200, body
+        assert pages.job_page(explain(records, job)) in body.decode(), job
+    assert not from_start  # every page came from the kept timelines and reads by offset
+    assert starts and min(starts) > records[0].position  # none read the topic from its start
