@@ -229,6 +229,8 @@ class PodAffinityIndex:
     def _classes_for(self, labels: Mapping[str, str]) -> list[TermClass]:
         """Each class that may select a pod with `labels` once: those indexed under one of its
         label pairs, then the unindexed ones."""
+        if not self._by_label:  # (no term indexed by a label: the common cluster without affinity)
+            return list(self._unindexed)
         seen: set[int] = set()
         out: list[TermClass] = []
         for pair in labels.items():
