@@ -438,6 +438,8 @@ class _KaiJudge:
         self.session = session
         #: `queuePriorityInQuotaReclaim` in force (`QueuePriorityInQuota`)
         self.by_priority = by_priority
+        #: `victim_buckets` answers by (leaf, request, every queue's allocation then)
+        self._buckets: dict[tuple[str, Vector, tuple[Vector, ...]], list[tuple[str, int]]] = {}
 
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
         return all(leaf.allocated[r] + request[r] <= leaf.fair[r] for r in (0, 1, 2))
@@ -466,7 +468,16 @@ class _KaiJudge:
         return not under
 
     def victim_buckets(self, leaf: QueueNode, job: Job, request: Vector) -> list[tuple[str, int]]:
+        """The (queue, priority) buckets of `state.victim_jobs` whose queue passes KAI's victim
+        filter (`_candidate_queue`) for `request` of `leaf`. A function of the leaf, the request
+        and the queues' allocations (the rest is fixed for the cycle), so kept by those: the
+        many waiting jobs of a queue that ask alike (a cycle's failed reclaims, each rolled back)
+        share one answer while no allocation moved."""
         queues, found = self.session.queues, self.session.state.victim_jobs
+        key = (leaf.name, request, tuple(q.allocated for q in queues.values()))
+        kept = self._buckets.get(key)
+        if kept is not None:
+            return list(kept)
         out: list[tuple[str, int]] = []
         for name in sorted(found):
             victim = queues.get(name)
@@ -474,7 +485,10 @@ class _KaiJudge:
                 continue
             if self._candidate_queue(leaf, request, victim):
                 out.extend((name, priority) for priority in sorted(found[name]))
-        return out
+        if len(self._buckets) >= 4096:
+            self._buckets.clear()
+        self._buckets[key] = out
+        return list(out)
 
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         queues = self.session.queues
