@@ -417,15 +417,24 @@ static int outranks(int64_t s0, int64_t s1, int64_t s2, const rank_row *r)
 }
 
 /*
- * Validate the arguments; on success store the task kind and return KAI_PACK_OK.
+ * Zero the rejection counts (when they can be), then validate the arguments
+ * both entry points share; on success store the task kind and return
+ * KAI_PACK_OK.
  */
 static int check_args(const kai_pack_table *table, const int64_t *eligible,
                       const kai_pack_task *task, const kai_pack_strategy *strategy,
-                      int64_t *devices_out, int64_t devices_cap, int *kind_out)
+                      int64_t *devices_out, int64_t devices_cap,
+                      int64_t *reasons_out, int64_t reasons_cap, int *kind_out)
 {
     int kind;
     int64_t i, want;
 
+    if (reasons_out != NULL && reasons_cap >= KAI_PACK_REASON_COUNT)
+        for (i = 0; i < KAI_PACK_REASON_COUNT; i++)
+            reasons_out[i] = 0;
+    if (table == NULL || task == NULL || strategy == NULL || reasons_out == NULL ||
+        reasons_cap < KAI_PACK_REASON_COUNT)
+        return KAI_PACK_EINVAL;
     kind = task_kind(task);
     if (kind < 0)
         return KAI_PACK_EINVAL;
@@ -648,20 +657,17 @@ int kai_pack_place(const kai_pack_table *table,
                    int64_t reasons_cap)
 {
     int kind, code;
-    int64_t i, count;
+    int64_t count;
     rank_row top[1];
 
     if (node_out != NULL)
         *node_out = -1;
-    if (reasons_out != NULL && reasons_cap >= KAI_PACK_REASON_COUNT)
-        for (i = 0; i < KAI_PACK_REASON_COUNT; i++)
-            reasons_out[i] = 0;
-    if (table == NULL || task == NULL || strategy == NULL || node_out == NULL ||
-        reasons_out == NULL || reasons_cap < KAI_PACK_REASON_COUNT)
-        return KAI_PACK_EINVAL;
-    code = check_args(table, eligible, task, strategy, devices_out, devices_cap, &kind);
+    code = check_args(table, eligible, task, strategy, devices_out, devices_cap,
+                      reasons_out, reasons_cap, &kind);
     if (code != KAI_PACK_OK)
         return code;
+    if (node_out == NULL)
+        return KAI_PACK_EINVAL;
     scan(table, eligible, task, strategy, kind, top, 1, &count, reasons_out);
     if (count == 0)
         return KAI_PACK_NO_FIT;
@@ -687,16 +693,12 @@ int kai_pack_rank(const kai_pack_table *table,
 
     if (ranked_n_out != NULL)
         *ranked_n_out = 0;
-    if (reasons_out != NULL && reasons_cap >= KAI_PACK_REASON_COUNT)
-        for (i = 0; i < KAI_PACK_REASON_COUNT; i++)
-            reasons_out[i] = 0;
-    if (table == NULL || task == NULL || strategy == NULL || ranked_out == NULL ||
-        ranked_n_out == NULL || !in_range(ranked_cap, 1, KAI_PACK_MAX_RANKED) ||
-        reasons_out == NULL || reasons_cap < KAI_PACK_REASON_COUNT)
-        return KAI_PACK_EINVAL;
-    code = check_args(table, eligible, task, strategy, devices_out, devices_cap, &kind);
+    code = check_args(table, eligible, task, strategy, devices_out, devices_cap,
+                      reasons_out, reasons_cap, &kind);
     if (code != KAI_PACK_OK)
         return code;
+    if (ranked_out == NULL || ranked_n_out == NULL || !in_range(ranked_cap, 1, KAI_PACK_MAX_RANKED))
+        return KAI_PACK_EINVAL;
     {
         rank_row top[KAI_PACK_MAX_RANKED];  /* 32 KiB of stack, no allocation */
         scan(table, eligible, task, strategy, kind, top, ranked_cap, &count, reasons_out);

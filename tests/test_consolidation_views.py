@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 from array import array
+from collections.abc import Iterator
+from itertools import chain
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -56,6 +58,27 @@ def _preemptor(session: Session) -> Job:
     return next(job for job in session.state.jobs.values() if not job.occupying)
 
 
+def evict_or_roll_back(session: Session, job: Job, steps: list[tuple[bool, int]]) -> Iterator[None]:
+    """For each step (roll back?, a number to pick with): roll the Plan back to a checkpoint
+    of an earlier step, or evict a running pod (for `job`, a checkpoint before it), then yield;
+    a step that finds no running pod to evict is skipped."""
+    plan = session.plan
+    checkpoints: list[int] = []
+    for rollback, pick in steps:
+        if rollback and checkpoints:
+            at = pick % len(checkpoints)
+            plan.rollback(checkpoints[at])
+            del checkpoints[at:]
+        else:
+            running = sorted(k for k, pod in session.state.pods.items()
+                             if pod.status == "Running" and k not in plan.evicted_pods)
+            if not running:
+                continue
+            checkpoints.append(len(plan.operations))
+            plan.evict(running[pick % len(running)], "consolidation", job.key, "test")
+        yield
+
+
 def _answers(views: NodeViews, job: Job) -> list[object]:
     shape = TaskShape.whole(8, 0, 0)
     mask = array("q", [1] * NODES)
@@ -90,24 +113,10 @@ def test_an_untouched_node_is_reused_and_a_touched_one_computed_again() -> None:
 @given(st.integers(0, 2**32), st.lists(st.tuples(st.booleans(), st.integers(0, 10**6)), max_size=12))
 def test_after_any_evictions_and_rollbacks_every_answer_is_a_fresh_one(seed: int, steps: list[tuple[bool, int]]) -> None:
     session = _session(seed)
-    plan = session.plan
     views = NodeViews(session)
     job = _preemptor(session)
-    checkpoints: list[int] = []
     _answers(views, job)  # everything computed once, then kept
-    for rollback, pick in steps:
-        if rollback and checkpoints:
-            i = pick % len(checkpoints)
-            to = checkpoints[i]
-            del checkpoints[i:]
-            plan.rollback(to)
-        else:
-            running = sorted(k for k, pod in session.state.pods.items()
-                             if pod.status == "Running" and k not in plan.evicted_pods)
-            if not running:
-                continue
-            checkpoints.append(len(plan.operations))
-            plan.evict(running[pick % len(running)], "consolidation", job.key, "test")
+    for _ in evict_or_roll_back(session, job, steps):
         assert _answers(views, job) == _answers(NodeViews(session), job)
 
 
@@ -122,26 +131,10 @@ def test_a_kept_search_tries_the_nodes_a_fresh_walk_tries(seed: int, order: Cons
     and those whose cheapest unit read a job touched since: after any evictions and rollbacks
     it answers as a walk of the cluster from scratch (nodes, order, what they lack, movable pods)."""
     session = _session(seed, nodes=7)
-    plan = session.plan
     views = NodeViews(session)
     job = _preemptor(session)
     shapes = [(TaskShape.whole(8, 0, 0), array("q", [1] * 7)), (TaskShape.whole(2, 0, 0), array("q", [1, 1, 0, 1, 1, 1, 1]))]
-    checkpoints: list[int] = []
-    for i, (rollback, pick) in enumerate([(False, -1), *steps]):
-        if pick < 0:
-            pass
-        elif rollback and checkpoints:
-            at = pick % len(checkpoints)
-            to = checkpoints[at]
-            del checkpoints[at:]
-            plan.rollback(to)
-        else:
-            running = sorted(k for k, pod in session.state.pods.items()
-                             if pod.status == "Running" and k not in plan.evicted_pods)
-            if not running:
-                continue
-            checkpoints.append(len(plan.operations))
-            plan.evict(running[pick % len(running)], "consolidation", job.key, "test")
+    for i, _ in enumerate(chain([None], evict_or_roll_back(session, job, steps))):  # (first: nothing done yet)
         kept = views.nodes_to_try(job, shapes[:1 + i % 2], order, most)
         fresh = NodeViews(session).nodes_to_try(job, shapes[:1 + i % 2], order, most)
         assert [(n, short, [pod.key for pod in pods]) for n, short, pods in kept] == \

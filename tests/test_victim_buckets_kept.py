@@ -4,11 +4,13 @@ Plan, a kept answer is the one a fresh judge gives."""
 
 from __future__ import annotations
 
+from itertools import chain
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kai_es.scheduling.rules.reclaim_victims import QueuePriorityInQuota
-from tests.test_consolidation_views import _preemptor, _session
+from tests.test_consolidation_views import _preemptor, _session, evict_or_roll_back
 
 REQUESTS = [(1000, 0, 0), (8000, 0, 0), (1000, 500, 1 << 30)]
 
@@ -17,24 +19,9 @@ REQUESTS = [(1000, 0, 0), (8000, 0, 0), (1000, 500, 1 << 30)]
 @given(st.integers(0, 2**32), st.lists(st.tuples(st.booleans(), st.integers(0, 10**6)), max_size=12))
 def test_kept_victim_buckets_are_a_fresh_judges(seed: int, steps: list[tuple[bool, int]]) -> None:
     session = _session(seed)
-    plan = session.plan
     judge = QueuePriorityInQuota().judge(session)
     job = _preemptor(session)
-    checkpoints: list[int] = []
-    for rollback, pick in [(False, -1), *steps]:
-        if pick < 0:
-            pass
-        elif rollback and checkpoints:
-            at = pick % len(checkpoints)
-            plan.rollback(checkpoints[at])
-            del checkpoints[at:]
-        else:
-            running = sorted(k for k, pod in session.state.pods.items()
-                             if pod.status == "Running" and k not in plan.evicted_pods)
-            if not running:
-                continue
-            checkpoints.append(len(plan.operations))
-            plan.evict(running[pick % len(running)], "reclaim", job.key, "test")
+    for _ in chain([None], evict_or_roll_back(session, job, steps)):  # (first: nothing done yet)
         for leaf in ("a", "b"):
             for request in REQUESTS:
                 kept = judge.victim_buckets(session.queues[leaf], job, request)

@@ -31,11 +31,11 @@ from .model import (
     Placement,
     PlaceFn,
     RankFn,
-    Reason,
     ReturnCode,
     Strategy,
     TaskShape,
 )
+from .reference import filter_node
 
 #: how many nodes a scan ranks for the answers after its first (one scan per this many nodes
 #: filled by a run of identical one-GPU pods, instead of one per pod)
@@ -69,7 +69,7 @@ class RepeatedPlace:
                 return answer
             if table.changes == changes + 1 and answer.code == ReturnCode.OK and \
                     table.last_change == (answer.node, answer.devices, task, 1):
-                again = self._again(task, answer, ranked, at)
+                again = self._again(task, kept, answer, ranked, at)
                 if again is not None:
                     self.last = (task, kept, again[0], table.changes, ranked, again[1])
                     return again[0]
@@ -88,7 +88,7 @@ class RepeatedPlace:
             return self.whole_again
         return not (task.fraction_devices or task.fraction_milli or task.gpu_memory_mib) and self.cpu_again
 
-    def _again(self, task: TaskShape, answer: Placement, ranked: tuple[int, ...], at: int
+    def _again(self, task: TaskShape, eligible: array[int], answer: Placement, ranked: tuple[int, ...], at: int
                ) -> tuple[Placement, int] | None:
         """The answer for `task` after `answer`'s placement and the index of the next ranked node
         after it, or None when the packer must be asked (another strategy or task kind, or the
@@ -96,7 +96,7 @@ class RepeatedPlace:
         if not self._repeats(task):
             return None
         node = answer.node
-        reason = self._fails(task, node)
+        reason = filter_node(self.table, eligible, node, task)  # (the packer's filter, in its order)
         if reason is None:
             return Placement(ReturnCode.OK, node, self._devices(task, node), answer.rejections), at
         if at >= len(ranked):
@@ -105,23 +105,6 @@ class RepeatedPlace:
         rejections[reason] += 1
         following = ranked[at]
         return Placement(ReturnCode.OK, following, self._devices(task, following), tuple(rejections)), at + 1
-
-    def _fails(self, task: TaskShape, node: int) -> Reason | None:
-        """The first filter `node` (eligible for `task`) fails, in the packer's order, or None."""
-        table = self.table
-        if table.free_pods[node] < 1:
-            return Reason.PODS
-        if table.free_milli_cpu[node] < task.milli_cpu:
-            return Reason.CPU
-        if table.free_memory_bytes[node] < task.memory_bytes:
-            return Reason.MEMORY
-        if task.whole_gpus > 0:
-            free = table.dev_free_milli
-            idle = sum(1 for j in range(table.gpu_start[node], table.gpu_start[node + 1])
-                       if free[j] == MILLI_PER_GPU)
-            if idle < task.whole_gpus:
-                return Reason.GPU
-        return None
 
     def _devices(self, task: TaskShape, node: int) -> tuple[int, ...]:
         """The devices the packer gives `task` on `node` (which passes every filter): the
