@@ -360,14 +360,14 @@ class NodeViews:
 
     def _cheapest_on(self, movable: list[PodState]) -> tuple[tuple[str, ...], tuple[object, ...] | None]:
         """(the jobs whose units were read, the cheapest key of a unit with a pod in `movable`)."""
-        state = self.state
+        jobs = self.state.jobs
         here = {pod.key for pod in movable}
-        owners = sorted({pod.job_key for pod in movable}, key=lambda k: (job_order(state.jobs[k]), k))
+        owners = sorted([(job_order(jobs[k]), k) for k in {pod.job_key for pod in movable}])  # (keys unique by k)
         best: tuple[object, ...] | None = None
         read: list[str] = []
-        for k in owners:
-            job = state.jobs[k]
-            if best is not None and best[:3] != job_order(job):
+        for order, k in owners:
+            job = jobs[k]
+            if best is not None and best[:3] != order:
                 break  # every later job's units cost more
             read.append(k)
             for key, unit in self._units_of(job):  # cheapest first
