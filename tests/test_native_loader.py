@@ -9,6 +9,7 @@ import pytest
 from kai_es.adapters.framing import NativeIndexer, NativeIndexerUnavailable
 from kai_es.adapters.framing import import_native as import_framing
 from kai_es.scheduling.packing import NativePacker, NativePackerUnavailable
+from kai_es.scheduling.packing.native import ABI_VERSION as PACKER_ABI
 from kai_es.scheduling.packing.native import import_native as import_packer
 
 
@@ -20,7 +21,7 @@ def _stale(real: types.ModuleType, **override: object) -> types.SimpleNamespace:
 
 
 def test_an_old_abi_version_is_refused_with_how_to_rebuild() -> None:
-    with pytest.raises(NativePackerUnavailable, match="ABI version 1, expected 2; rebuild it .*build.py"):
+    with pytest.raises(NativePackerUnavailable, match=f"ABI version 1, expected {PACKER_ABI}; rebuild it .*build.py"):
         NativePacker(_stale(import_packer(), kai_pack_abi_version=lambda: 1))  # type: ignore[arg-type]
     with pytest.raises(NativeIndexerUnavailable, match="ABI version 9, expected 2"):
         NativeIndexer(_stale(import_framing(), kai_frame_abi_version=lambda: 9))  # type: ignore[arg-type]
