@@ -314,7 +314,7 @@ def _workload(log_url: str) -> Any:
     the log is empty."""
     from kai_es.whatif.workload import extract
 
-    with bulk_fold():
+    with bulk_fold(keep=True):
         workload = extract(records(open_log(log_url, readonly=True)))
     if workload.records == 0:
         raise UserError(f"{log_url}: the log is empty: there is no recorded run to re-run")
@@ -351,7 +351,7 @@ def _play(workload: Any, events: Any, engine: Any, seed: str, until_ns: int | No
         finally:
             await events.close()
 
-    with bulk_fold():
+    with bulk_fold(keep=True):
         anyio.run(run_and_close)
     end_ns = workload.start_ns + until_ns if until_ns is not None else workload.end_ns
     return observer.finish(end_ns), digest.facts()
@@ -421,7 +421,7 @@ def _summarize_log(log_url: str, end_ns: int | None) -> tuple[Any, Any]:
     from kai_es.whatif.compare import DecisionDigest
 
     digest = DecisionDigest()
-    with bulk_fold():
+    with bulk_fold(keep=True):
         summary = summarize(digest.tee(_until(records(open_log(log_url, readonly=True)), end_ns)), end_ns=end_ns)
     return summary, digest.facts()
 
