@@ -35,6 +35,8 @@ from kai_es.state.reducer import apply, pod_key
 
 _ALLOCATION_TYPES = (p.BindingDecided, p.PodBound, p.PodBindFailed, p.PodObserved, p.PodRemoved,
                      p.PodEvicted, p.EvictionDecided, p.NodeObserved, p.NodeRemoved, p.QueueObserved)
+#: the same, for a dispatch on `type(data)` (payload classes have no subclasses)
+_ALLOCATION_KINDS = frozenset(_ALLOCATION_TYPES)
 
 
 @dataclass(slots=True)
@@ -168,6 +170,10 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
     # every record whose time moved on
     unaccrued = 0
     queue_names: list[str] = []
+    # payload classes are final (no payload subclasses another), so `type(data) is C` is
+    # `isinstance(data, C)`: one dispatch per record instead of a chain of isinstance calls
+    allocation_types = _ALLOCATION_KINDS
+    pods, jobs, queues_of = state.pods, state.jobs, s.queues
     while True:
         record = yield
         if record is None:
@@ -180,7 +186,8 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
             unaccrued += t - last_t
             last_t = t
         data = env.data
-        if isinstance(data, p.CycleStarted):
+        kind = type(data)
+        if kind is p.CycleStarted:
             if unaccrued:
                 _accrue(s, unaccrued, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
                 unaccrued = 0
@@ -191,60 +198,73 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
             if now_stranded != stranded or not s.stranded:
                 s.stranded.append((t, now_stranded))
                 stranded = now_stranded
-        elif isinstance(data, p.PodUnschedulable):
+            continue
+        if kind is p.PodUnschedulable:
+            assert isinstance(data, p.PodUnschedulable)
             last_reasons[data.uid] = tuple(sorted({r.code for r in data.reasons}))
-        elif isinstance(data, p.PodEvicted):
+            continue
+        if kind not in allocation_types:
+            continue
+        if kind is p.PodEvicted:
+            assert isinstance(data, p.PodEvicted)
             s.evictions += 1
-            pod = state.pods.get(pod_key(data.namespace, data.name))
-            if pod is not None and pod.job_key in state.jobs:
-                s.queues.setdefault(state.jobs[pod.job_key].queue, QueueSummary(state.jobs[pod.job_key].queue)).evictions += 1
+            pod = pods.get(pod_key(data.namespace, data.name))
+            if pod is not None and pod.job_key in jobs:
+                queue = jobs[pod.job_key].queue
+                s.queues.setdefault(queue, QueueSummary(queue)).evictions += 1
                 if pod.job_key in s.jobs:
                     s.jobs[pod.job_key].evictions += 1
-        if isinstance(data, p.PodObserved):
+        elif kind is p.PodObserved:
+            assert isinstance(data, p.PodObserved)
             uid = data.uid
             if uid not in first_seen and data.scheduler_name == state.scheduler_name:
                 first_seen[uid] = t
                 s.pods_seen += 1
-                pod = state.pods.get(pod_key(data.namespace, data.name))
-                if pod is not None and pod.job_key in state.jobs:
+                pod = pods.get(pod_key(data.namespace, data.name))
+                if pod is not None and pod.job_key in jobs:
                     job = s.jobs.get(pod.job_key)
                     if job is None:
-                        job = s.jobs[pod.job_key] = JobOutcome(queue=state.jobs[pod.job_key].queue, arrived_ns=t)
+                        job = s.jobs[pod.job_key] = JobOutcome(queue=jobs[pod.job_key].queue, arrived_ns=t)
                     job.pods += 1
                     if data.node_name and job.started_ns is None:
                         job.started_ns = t  # first seen running (bound before the log began): no wait
-        if isinstance(data, p.PodBound) and data.uid not in scheduled and data.uid in first_seen:
-            scheduled.add(data.uid)
-            pod = state.pods.get(pod_key(data.namespace, data.name))
-            queue = state.jobs[pod.job_key].queue if pod is not None and pod.job_key in state.jobs else ""
-            qs = s.queues.setdefault(queue, QueueSummary(queue))
-            qs.scheduled += 1
-            qs.waits_ns.append(t - first_seen[data.uid])
-            s.pods_scheduled += 1
-            if pod is not None and pod.job_key in s.jobs and s.jobs[pod.job_key].started_ns is None:
-                s.jobs[pod.job_key].started_ns = t
-        if isinstance(data, _ALLOCATION_TYPES):
-            # capacity changes only with nodes (summing every node per pod event cost O(nodes))
-            new_capacity = (sum(state.nodes[n].spec.gpus for n in state.node_names) * 1000
-                            if isinstance(data, (p.NodeObserved, p.NodeRemoved)) else capacity)
-            if len(queue_names) != len(state.queues) or isinstance(data, (p.QueueObserved, p.QueueRemoved)):
-                queue_names = sorted(state.queues)
-            queues = state.queues
-            changed = [(name, milli) for name in queue_names
-                       if alloc.get(name, 0) != (milli := queues[name].allocated_milli_gpu) or name not in s.queues]
-            if unaccrued and (new_capacity != capacity or any(alloc.get(name, 0) != milli for name, milli in changed)):
-                _accrue(s, unaccrued, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
-                unaccrued = 0
-            if new_capacity != capacity:
-                capacity = new_capacity
-                if s.capacity and s.capacity[-1][0] == t:
-                    s.capacity.pop()
-                s.capacity.append((t, capacity))
-            for name, milli in changed:
-                s.queues.setdefault(name, QueueSummary(name))
-                if alloc.get(name) != milli:
-                    s.timeline.append((t, name, milli))
-                alloc[name] = milli
+        elif kind is p.PodBound:
+            assert isinstance(data, p.PodBound)
+            if data.uid not in scheduled and data.uid in first_seen:
+                scheduled.add(data.uid)
+                pod = pods.get(pod_key(data.namespace, data.name))
+                queue = jobs[pod.job_key].queue if pod is not None and pod.job_key in jobs else ""
+                qs = s.queues.setdefault(queue, QueueSummary(queue))
+                qs.scheduled += 1
+                qs.waits_ns.append(t - first_seen[data.uid])
+                s.pods_scheduled += 1
+                if pod is not None and pod.job_key in s.jobs and s.jobs[pod.job_key].started_ns is None:
+                    s.jobs[pod.job_key].started_ns = t
+        # an allocation type: capacity changes only with nodes (summing every node per pod event
+        # cost O(nodes))
+        node_event = kind is p.NodeObserved or kind is p.NodeRemoved
+        new_capacity = (sum(state.nodes[n].spec.gpus for n in state.node_names) * 1000
+                        if node_event else capacity)
+        queues = state.queues
+        if len(queue_names) != len(queues) or kind is p.QueueObserved:
+            queue_names = sorted(queues)
+        changed = [(name, milli) for name in queue_names
+                   if alloc.get(name, 0) != (milli := queues[name].allocated_milli_gpu) or name not in queues_of]
+        if not changed and new_capacity == capacity:
+            continue
+        if unaccrued and (new_capacity != capacity or any(alloc.get(name, 0) != milli for name, milli in changed)):
+            _accrue(s, unaccrued, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
+            unaccrued = 0
+        if new_capacity != capacity:
+            capacity = new_capacity
+            if s.capacity and s.capacity[-1][0] == t:
+                s.capacity.pop()
+            s.capacity.append((t, capacity))
+        for name, milli in changed:
+            queues_of.setdefault(name, QueueSummary(name))
+            if alloc.get(name) != milli:
+                s.timeline.append((t, name, milli))
+            alloc[name] = milli
     end_ns = end[0]
     if last_t is not None and end_ns is not None and end_ns > last_t:
         unaccrued += end_ns - last_t

@@ -206,6 +206,9 @@ def test_whatif_is_deterministic_and_its_text_output_compares_side_by_side(tmp_p
                 "--set", "queue.b.gpu.quota=8", "--set", "queue.a.gpu.quota=0")
     assert text.returncode == 0, text.stderr
     assert "recorded -> counterfactual" in text.stdout and "jobs whose wait changed most" in text.stdout
+    # the count of the counterfactual's records is said after the last records were let go
+    written = sum(1 for _ in FileEventLog(tmp_path / "t.events.jsonl", readonly=True).scan())
+    assert written > 0 and f"({written} events;" in " ".join(text.stdout.split())
 
 
 @pytest.mark.parametrize("change, message", [

@@ -59,6 +59,17 @@ log = logging.getLogger(__name__)
 _READ_CHUNK = 1 << 16
 
 
+def _release(m: mmap.mmap, start: int, end: int) -> None:
+    """Drop the whole pages of map offsets [start, end) from this process's resident set once
+    they are read (a scan of a large log otherwise keeps every page it touched resident: the
+    size of the file). The file's bytes are untouched and the map stays valid: a later read of
+    them faults them in again from the page cache."""
+    lo = start - start % mmap.PAGESIZE
+    hi = end - end % mmap.PAGESIZE
+    if hi > lo:
+        m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
 class CorruptLogError(Exception):
     """A record in the middle of the log is damaged; the message names its position."""
 
@@ -157,6 +168,7 @@ class FileEventLog:
         m, base = region
         scan = self._indexer.index(m, self._index.dense, start=start - base, base=base)
         self._indexed_size = scan.stop
+        _release(m, start - base, scan.stop - base)
         if scan.reason is Reason.OK:
             if base == 0:
                 self._map = m  # it covers every indexed line: reads need not map the file again
@@ -324,6 +336,8 @@ class FileEventLog:
             view = memoryview(m)
             for p, s, e in zip(range(pos, good), starts, islice(starts, 1, None)):
                 yield p, view[s + HEAD:e - 1]
+            if good > pos:
+                _release(m, starts[0], starts[good - pos])
             if good < chunk:
                 raise CorruptLogError(self.path, good, "the file changed after it was verified")
             pos = chunk

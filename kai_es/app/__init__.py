@@ -70,15 +70,23 @@ def _not_a_file(path: Path) -> str:
 
 
 @contextmanager
-def bulk_fold() -> Iterator[None]:
+def bulk_fold(*, keep: bool = False) -> Iterator[None]:
     """Pause the cyclic garbage collector while folding many records (replay, reports, cold
     start). The folded state has no reference cycles worth scanning; collection resumes after,
-    so nothing is leaked. Measured: +20% fold throughput on a 1,000,000-event log."""
+    so nothing is leaked. Measured: +20% fold throughput on a 1,000,000-event log.
+
+    `keep`: what was built is kept until the process ends (a one-shot command's workload and
+    runs): it is moved out of the collector's reach (`gc.freeze`) before collection resumes,
+    instead of being scanned once by the first collection after (every object allocated
+    meanwhile is in the youngest generation: 1.2 s for a million-record what-if). Objects it
+    drops are still freed by reference counting; only reference cycles made meanwhile stay."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if keep:
+            gc.freeze()
         if was_enabled:
             gc.enable()
 
