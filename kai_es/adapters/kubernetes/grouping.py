@@ -26,6 +26,11 @@ Contract:
   not passed on), else each is read with a GET. A pod whose PodGroup does not exist yet is
   rejected with that reason and grouped as soon as the PodGroup appears (passed on again as
   MODIFIED), never scheduled as a group of its own.
+- A pod's grouping is kept with everything the podgrouper read for it (`group_cache.py`): a
+  change of the pod that leaves all of it as it was (its status, its binding when it has no
+  owners) reuses the PodGroup instead of grouping it again; an owner read afresh with a new
+  resourceVersion, a new label, a changed live-pod index regroup it. `cache_groups=False`
+  groups every change (the same changes come out either way, `tests/test_group_cache.py`).
 - An owner that cannot be read (after `owner_attempts` tries; a 404 for the object itself) or
   a malformed owner marks the pod with `kai-es.io/grouping-error`: the informer rejects it with
   that message (an ObjectRejected in the log), it is not scheduled in a wrong group. A later
@@ -43,6 +48,8 @@ from typing import Any
 import anyio
 from kubernetes_asyncio import client
 
+from kai_es.adapters.kubernetes import group_cache as gc
+from kai_es.adapters.kubernetes.group_cache import GroupCache
 from kai_es.adapters.kubernetes.http import read_response as _read
 from kai_es.adapters.kubernetes.source import WORKLOAD_PODGROUP
 from kai_es.ingest import podgrouper as pg
@@ -105,13 +112,16 @@ def api_reader(api: client.ApiClient, rules: Mapping[tuple[str, str], pg.Groupin
 class _Pods:
     """The live pods by the labels `INDEXED_LABELS` names (a PodIndex for the podgrouper)."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: int = 0) -> None:
         self._by_label: dict[tuple[str, str, str], set[str]] = {}
         self._of: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+        #: changes whenever what `has_pod` answers may have changed
+        self.version = version
 
     def update(self, pod: Mapping[str, Any], gone: bool = False) -> None:
         key = _key(pod)
-        for entry in self._of.pop(key, []):
+        old = self._of.pop(key, None)
+        for entry in old or ():
             names = self._by_label.get(entry)
             if names is not None:
                 names.discard(key[1])
@@ -121,13 +131,14 @@ class _Pods:
         assert isinstance(meta, Mapping)
         labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
         assert isinstance(labels, Mapping)
-        if gone or meta.get("deletionTimestamp") is not None:
-            return
-        entries = [(key[0], k, str(v)) for k, v in labels.items() if k in INDEXED_LABELS]
+        entries = [] if gone or meta.get("deletionTimestamp") is not None else \
+            [(key[0], k, str(v)) for k, v in labels.items() if k in INDEXED_LABELS]
         for entry in entries:
             self._by_label.setdefault(entry, set()).add(key[1])
         if entries:
             self._of[key] = entries
+        if (old or []) != entries:
+            self.version += 1
 
     def has_pod(self, namespace: str, labels: Mapping[str, str]) -> bool:
         sets = [self._by_label.get((namespace, k, v), set()) for k, v in labels.items()]
@@ -141,7 +152,7 @@ class PodGroupingSource:
     def __init__(self, inner: Any, api: client.ApiClient | None, *, owner_attempts: int = 3,
                  owner_ttl_s: float = 5.0, max_owners: int = 10_000,
                  retry_delay_s: float = 0.2, rules: Sequence[pg.GroupingRule] = (),
-                 reader: Reader | None = None, ours: str = SCHEDULER_NAME) -> None:
+                 reader: Reader | None = None, ours: str = SCHEDULER_NAME, cache_groups: bool = True) -> None:
         self.inner = inner
         #: the scheduler name kai-es answers to: only its pods are grouped
         self.ours = ours
@@ -161,6 +172,8 @@ class PodGroupingSource:
         self._noted: set[str] = set()  # uids of bound pods whose device facts were checked
         self._unserved: set[tuple[str, str]] = set()  # kinds said to be unserved (logged once)
         self._pods = _Pods()
+        #: the podgrouper's last answer per pod and its inputs (None: every change regrouped)
+        self.group_cache: GroupCache | None = GroupCache() if cache_groups else None
         #: the Workload API's PodGroups by (namespace, name), when `inner` watches them
         #: (WORKLOAD_PODGROUP); else each is read with a GET, like an owner
         self._watch_k8s_groups = WORKLOAD_PODGROUP in tuple(getattr(inner, "kinds", ()))
@@ -289,7 +302,18 @@ class PodGroupingSource:
                     self._waiting[_key(pod)] = ((_key(pod)[0], wanted), pod)
                 else:
                     related[(wa.RELATED_KIND, wanted)] = k8s_group
+            cache, key = self.group_cache, _key(pod)
+            inputs = gc.inputs(pod, chain, related, self._pods.version) if cache is not None else None
+            if cache is not None and inputs is not None:
+                answer = cache.get(key, inputs)
+                if answer is not gc.MISS:
+                    if answer.podgroup is None:
+                        return None, pod
+                    return answer.podgroup, pg.annotate(pod, answer.podgroup["metadata"]["name"], answer.subgroup)
             grouping = pg.group_pod(pod, chain, related=related, pods=self._pods, rules=self.rules, ours=self.ours)
+            if cache is not None and inputs is not None:
+                cache.put(key, inputs, gc.Answer(grouping.podgroup, grouping.subgroup) if grouping is not None
+                          else gc.Answer(None))
         except (IngestError, OwnerUnavailable) as exc:
             ns, name = _key(pod)
             log.warning("pod %s/%s: no PodGroup (%s); it is rejected until it can be grouped", ns, name, exc)
@@ -336,6 +360,8 @@ class PodGroupingSource:
             self._pods.update(obj, gone=True)
             self._waiting.pop(key, None)
             self._leave(key, out)
+            if self.group_cache is not None:
+                self.group_cache.drop(key)
             self._noted.discard(str((obj.get("metadata") or {}).get("uid", "")))
             return
         self._note_devices(obj)
@@ -377,7 +403,7 @@ class PodGroupingSource:
                 if change.kind == "Pod":
                     pods: list[dict[str, object]] = []
                     seen: set[tuple[str, str]] = set()
-                    self._pods = _Pods()
+                    self._pods = _Pods(self._pods.version + 1)
                     for obj in change.objects:
                         self._pods.update(obj)
                     for obj in change.objects:
@@ -387,6 +413,8 @@ class PodGroupingSource:
                         pods.append(pod)
                     for gone in sorted(set(self._pod_group) - seen):
                         self._leave(gone, out)
+                    if self.group_cache is not None:
+                        self.group_cache.keep_only(seen)
                     out.append(Relist("Pod", tuple(pods)))
                 elif change.kind == "PodGroup":
                     self._real_groups = {_key(o) for o in change.objects}
