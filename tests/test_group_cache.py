@@ -178,12 +178,14 @@ async def _run(cache: bool) -> tuple[list[list[Change]], list[bytes], PodGroupin
     from kai_es.services.informer import InformerService  # noqa: PLC0415
     informer = InformerService(log, PodGroupingSource(_Swapping(initial, batches, jobs, reader2), None,
                                                       reader=reader2, owner_ttl_s=0.0, cache_groups=cache),
-                               SimClock(1_000), SeededIds("t"))
+                               SimClock(1_000), SeededIds("t"), memo_pods=cache)
     await informer.run()
     return shaped, [encode(r.envelope) for r in [r async for r in log.read()]], source
 
 
 async def test_the_informer_appends_the_same_events_with_and_without_the_cache() -> None:
+    """The podgrouper's cache and the pods' translation memo (kai_es/ingest/pod_memo.py) on,
+    then off: the same changes, the same log."""
     plain_shaped, plain_log, _ = await _run(cache=False)
     cached_shaped, cached_log, source = await _run(cache=True)
     assert cached_shaped == plain_shaped
