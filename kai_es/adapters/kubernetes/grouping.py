@@ -87,8 +87,9 @@ class _Forbidden(Exception):
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
+    meta = obj.get("metadata")
+    if type(meta) is not dict and not isinstance(meta, Mapping):  # (a dict nearly always: fast)
+        meta = {}
     return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
 
 
@@ -118,8 +119,9 @@ class _Pods:
         #: changes whenever what `has_pod` answers may have changed
         self.version = version
 
-    def update(self, pod: Mapping[str, Any], gone: bool = False) -> None:
-        key = _key(pod)
+    def update(self, pod: Mapping[str, Any], gone: bool = False, key: tuple[str, str] | None = None) -> None:
+        """Index `pod` as it is now (`key`: its `_key`, when the caller has it)."""
+        key = _key(pod) if key is None else key
         old = self._of.pop(key, None)
         for entry in old or ():
             names = self._by_label.get(entry)
@@ -291,18 +293,19 @@ class PodGroupingSource:
         """(the pod's PodGroup or None, the pod to pass on)."""
         if not pg.needs_group(pod, ours=self.ours):
             return None, pod
-        self._waiting.pop(_key(pod), None)
+        key = _key(pod)
+        self._waiting.pop(key, None)
         try:
             chain = await self._owner_chain(pod, fresh)
-            related = await self._related(chain, _key(pod)[0], fresh)
+            related = await self._related(chain, key[0], fresh)
             wanted = wa.wanted(pod, chain)
             if wanted is not None:
-                k8s_group = await self._k8s_group(_key(pod)[0], wanted, fresh)
+                k8s_group = await self._k8s_group(key[0], wanted, fresh)
                 if k8s_group is None:
-                    self._waiting[_key(pod)] = ((_key(pod)[0], wanted), pod)
+                    self._waiting[key] = ((key[0], wanted), pod)
                 else:
                     related[(wa.RELATED_KIND, wanted)] = k8s_group
-            cache, key = self.group_cache, _key(pod)
+            cache = self.group_cache
             inputs = gc.inputs(pod, chain, related, self._pods.version) if cache is not None else None
             if cache is not None and inputs is not None:
                 answer = cache.get(key, inputs)
@@ -315,7 +318,7 @@ class PodGroupingSource:
                 cache.put(key, inputs, gc.Answer(grouping.podgroup, grouping.subgroup) if grouping is not None
                           else gc.Answer(None))
         except (IngestError, OwnerUnavailable) as exc:
-            ns, name = _key(pod)
+            ns, name = key
             log.warning("pod %s/%s: no PodGroup (%s); it is rejected until it can be grouped", ns, name, exc)
             meta = dict(pod.get("metadata") or {})
             annotations = meta.get("annotations")
@@ -357,7 +360,7 @@ class PodGroupingSource:
         key = _key(obj)
         if change.action == "DELETED":
             out.append(change)
-            self._pods.update(obj, gone=True)
+            self._pods.update(obj, gone=True, key=key)
             self._waiting.pop(key, None)
             self._leave(key, out)
             if self.group_cache is not None:
@@ -365,7 +368,7 @@ class PodGroupingSource:
             self._noted.discard(str((obj.get("metadata") or {}).get("uid", "")))
             return
         self._note_devices(obj)
-        self._pods.update(obj)
+        self._pods.update(obj, key=key)
         group_obj, pod = await self._group(obj, fresh=change.action == "ADDED")
         self._join(key, group_obj, out)
         out.append(ObjectChange("Pod", change.action, pod))
@@ -373,13 +376,17 @@ class PodGroupingSource:
     def _note_devices(self, obj: Mapping[str, Any]) -> None:
         """Say (once per pod) when a bound pod's GPU devices are not facts (see
         kai_es.ingest.translate.unknown_devices for how it is then accounted)."""
+        spec = obj.get("spec")
+        if type(spec) is not dict and not isinstance(spec, Mapping):
+            return  # not bound (nor a pod the translation accepts)
+        if not spec.get("nodeName"):
+            return
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-        spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
-        assert isinstance(meta, Mapping) and isinstance(spec, Mapping)
+        assert isinstance(meta, Mapping)
         uid = str(meta.get("uid", ""))
         annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
         assert isinstance(annotations, Mapping)
-        if not spec.get("nodeName") or uid in self._noted or tr.GPU_DEVICES_ANNOTATION in annotations:
+        if uid in self._noted or tr.GPU_DEVICES_ANNOTATION in annotations:
             return
         if spec.get("schedulerName") == self.ours and not (
                 "gpu-fraction" in annotations or "gpu-memory" in annotations):
