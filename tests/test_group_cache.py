@@ -218,3 +218,27 @@ def test_the_cache_answers_only_for_equal_inputs() -> None:
     cache.put(("ns", "b"), b"k", gc.Answer(None))
     cache.keep_only([("ns", "b")])
     assert len(cache) == 1 and cache.get(("ns", "b"), b"k") == gc.Answer(None)
+
+
+@pytest.mark.parametrize("hostile", [
+    lambda o: o["metadata"].__setitem__("labels", ["kai.scheduler/queue"]),
+    lambda o: o["metadata"].__setitem__("annotations", "pod-group-name"),
+    lambda o: o["metadata"].__setitem__("ownerReferences", [{"kind": "Job"}]),
+    lambda o: o.__setitem__("spec", None),
+    lambda o: o["metadata"].__setitem__("name", 7),
+])
+async def test_a_broken_change_is_handled_as_without_the_cache(hostile: Any) -> None:
+    """A change the podgrouper refuses (or that is no pod of ours) in the middle of a pod's
+    life comes out as without the cache, and so does the next, sound one."""
+    obj = _pod("a", "ua")
+    broken = _running(obj, "3")
+    hostile(broken)
+    batches: list[list[Change]] = [[ObjectChange("Pod", "MODIFIED", _bound(obj, "n1", "2"))],
+                                   [ObjectChange("Pod", "MODIFIED", broken)],
+                                   [ObjectChange("Pod", "MODIFIED", _running(_bound(obj, "n1", "2"), "4"))]]
+    outs = []
+    for cache in (False, True):
+        source = PodGroupingSource(ScriptedSource([ObjectChange("Pod", "ADDED", obj)], batches), None,
+                                   cache_groups=cache)
+        outs.append([list(await source.list_objects())] + [list(b) async for b in source.changes()])
+    assert outs[0] == outs[1]

@@ -119,3 +119,28 @@ def test_deleted_and_relisted_pods_leave_the_memo() -> None:
     assert len(memo) == 2  # the oldest went first
     memo.forget("default", "p2")
     assert len(memo) == 1
+
+
+@pytest.mark.parametrize("hostile", [
+    lambda o: o.__setitem__("status", "Running"),
+    lambda o: o.__setitem__("status", {"containerStatuses": {"main": {}}, "phase": "Running"}),
+    lambda o: o["status"].__setitem__("conditions", "Ready"),
+    lambda o: o["status"].__setitem__("containerStatuses", [7, {"name": 3, "resources": {}}]),
+    lambda o: o["status"].__setitem__("containerStatuses", [{"name": "main", "resources": "lots"}]),
+    lambda o: o["status"].__setitem__("phase", ["Running"]),
+    lambda o: o["status"].__setitem__("startTime", 12),
+    lambda o: o["spec"].__setitem__("nodeName", 5),
+    lambda o: o.__setitem__("spec", ["containers"]),
+    lambda o: o["metadata"].__setitem__("labels", {"a": {"b": 1}}),
+    lambda o: o.__setitem__("metadata", "p"),
+])
+def test_what_the_cluster_should_not_send_is_refused_as_without_the_memo(hostile: Callable[[Obj], None]) -> None:
+    """Bad input never gets past the memo or breaks it: each event of a life with a broken one
+    in the middle translates (or is refused) as without the memo."""
+    obj = _lives()[0][0]
+    memo = PodMemo()
+    events = [obj, _step(obj, 2, _bind("n1")),
+              _step(obj, 3, lambda o: (_bind("n1")(o), _status(phase="Running")(o), hostile(o))),
+              _step(obj, 4, lambda o: (_bind("n1")(o), _status(phase="Running")(o)))]
+    for event in events:
+        assert _outcome(memo.translate, event) == _outcome(tr.translate, event)

@@ -7,8 +7,9 @@ fifth of its CPU. Pure (no clock, no I/O); one per informer.
 Contract:
 - `PodMemo.translate(obj, ours=...)` returns exactly what `translate.translate(obj, ours=...)`
   returns, and raises exactly what it raises, for any object (`tests/test_pod_memo.py`).
-- For a Pod it keeps, per pod (namespace/name), the last payload translated, keyed by the JSON
-  bytes of everything the translation reads except the pod's node, phase and start time: the
+- For a Pod it keeps, per pod (namespace/name), the last payload translated, keyed by (a
+  128-bit digest of) the JSON bytes of everything the translation reads except the pod's node,
+  phase and start time: the
   metadata without `resourceVersion` and `managedFields`, the spec without `nodeName`, and of
   the status only what the in-place-resize accounting reads (each container status's name,
   `resources` and `allocatedResources`; the `PodResizePending` conditions). A pod whose key is
@@ -22,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -68,8 +70,9 @@ def _conditions(raw: Any) -> Any:
 
 
 def key_of(obj: Mapping[str, Any], ours: str) -> bytes | None:
-    """The bytes a pod's payload depends on, its node, phase and start time left out (see the
-    module docstring); None when they cannot be encoded (not JSON): not memoised."""
+    """The 128-bit BLAKE2b digest of the JSON bytes a pod's payload depends on, its node, phase
+    and start time left out (see the module docstring): the bytes themselves would cost ~1.5 KB
+    a pod kept. None when they cannot be encoded (not JSON): not memoised."""
     meta = obj.get("metadata")
     spec = obj.get("spec")
     status = obj.get("status")
@@ -79,9 +82,10 @@ def key_of(obj: Mapping[str, Any], ours: str) -> bytes | None:
     resize = [_resizing(status), _conditions(status.get("conditions"))] if isinstance(status, Mapping) else status
     rest = {k: v for k, v in obj.items() if k not in ("metadata", "spec", "status")}
     try:
-        return _ENCODE((ours, rest, stable, unplaced, resize))
+        encoded = _ENCODE((ours, rest, stable, unplaced, resize))
     except (TypeError, ValueError):  # msgspec's EncodeError is a ValueError
         return None
+    return hashlib.blake2b(encoded, digest_size=16).digest()
 
 
 class PodMemo:

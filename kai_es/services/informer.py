@@ -203,6 +203,8 @@ class InformerService:
 
         for change in changes:
             if isinstance(change, Relist):
+                if change.kind == "Pod":
+                    self.pod_memo = PodMemo()  # (pods that vanished meanwhile leave it)
                 for name in router.shards.names:
                     batches[name].append(self._envelope(p.ResyncStarted(kind=change.kind),  # type: ignore[arg-type]
                                                         f"resync/{change.kind.lower()}"))

@@ -23,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -50,9 +51,10 @@ MISS: Final = Answer(None, "\0miss")
 
 def inputs(pod: Mapping[str, Any], chain: Sequence[Mapping[str, Any]],
            related: Mapping[tuple[str, str], Mapping[str, Any]], pods_version: int) -> bytes | None:
-    """Everything the podgrouper reads for `pod` (see the module docstring), as JSON bytes:
-    equal bytes are equal inputs, types included (`1`, `1.0` and `true` differ), and the cache
-    holds no reference to the objects. None when it cannot be encoded (not JSON): not cached."""
+    """Everything the podgrouper reads for `pod` (see the module docstring), as the 128-bit
+    BLAKE2b digest of its JSON bytes: equal bytes are equal inputs, types included (`1`, `1.0`
+    and `true` differ), and the cache holds 16 bytes a pod, no reference to the objects. None
+    when it cannot be encoded (not JSON): not cached."""
     meta = pod.get("metadata")
     stable = ({k: v for k, v in meta.items() if k not in VOLATILE_METADATA}
               if isinstance(meta, Mapping) else meta)
@@ -61,10 +63,11 @@ def inputs(pod: Mapping[str, Any], chain: Sequence[Mapping[str, Any]],
     if not chain and isinstance(spec, Mapping) and "nodeName" in spec:  # a bare pod: binding changes nothing
         rest["spec"] = {k: v for k, v in spec.items() if k != "nodeName"}
     try:
-        return _ENCODE((stable, rest, [_version(o) for o in chain],
-                        sorted([*k, _version(o)] for k, o in related.items()), pods_version if chain else 0))
+        encoded = _ENCODE((stable, rest, [_version(o) for o in chain],
+                           sorted([*k, _version(o)] for k, o in related.items()), pods_version if chain else 0))
     except (TypeError, ValueError):  # msgspec's EncodeError is a ValueError
         return None
+    return hashlib.blake2b(encoded, digest_size=16).digest()
 
 
 _ENCODE: Final = msgspec.json.Encoder().encode
