@@ -140,8 +140,10 @@ def written_version(payload: p.Payload) -> int:
     added = ADDED_FIELDS.get(kind)
     if added is not None:
         defaults = _DEFAULTS[kind]
-        if all(getattr(payload, name) == defaults[name] for name in added[0]):
-            return added[1]
+        for name in added[0]:  # (a loop, not all() over a generator: every observed pod comes here)
+            if getattr(payload, name) != defaults[name]:
+                return PAYLOAD_VERSION[kind]
+        return added[1]
     return PAYLOAD_VERSION[kind]
 
 

@@ -25,12 +25,19 @@ def rfc3339(ns: int) -> str:
     if not MIN_TIME_NS <= ns <= MAX_TIME_NS:
         return f"{ns}ns since the epoch"
     seconds, frac = divmod(ns, 1_000_000_000)
-    t = _EPOCH + _dt.timedelta(seconds=seconds)
-    # not strftime: its %Y drops the leading zeros of years before 1000 on glibc
-    base = f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
+    base = _second(seconds)
     if frac:
         return f"{base}.{frac:09d}".rstrip("0") + "Z"
     return base + "Z"
+
+
+@functools.lru_cache(maxsize=64)
+def _second(seconds: int) -> str:
+    """The date and time of a second since the epoch, without zone (memoised: an observed
+    event's time is the wall clock's, distinct to the nanosecond, yet many share a second)."""
+    t = _EPOCH + _dt.timedelta(seconds=seconds)
+    # not strftime: its %Y drops the leading zeros of years before 1000 on glibc
+    return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
 
 
 @functools.lru_cache(maxsize=4096)  # a pod's timestamps come back in each of its watch events

@@ -69,7 +69,7 @@ SKIP_ANNOTATION = "kai.scheduler/skip-podgrouper"
 Obj = Mapping[str, Any]
 
 __all__ = ["MIN_MEMBER_OVERRIDE", "PRIORITY_LABEL", "SKIP_ANNOTATION", "TOPOLOGY_ANNOTATIONS", "Grouping",
-           "GroupingRule", "api_group", "fetched_kinds", "first_owner", "group_pod", "is_fetched",
+           "GroupingRule", "annotate", "api_group", "fetched_kinds", "first_owner", "group_pod", "is_fetched",
            "needs_group", "plural_of", "ref_object", "related_refs", "rules_by_kind"]
 
 
@@ -79,6 +79,9 @@ class Grouping:
 
     podgroup: dict[str, Any]
     pod: dict[str, Any]
+    #: the sub-group the pod is labelled with ("" when none): `annotate(pod, name, subgroup)`
+    #: gives `pod` again from the pod as it was given
+    subgroup: str = ""
 
 
 def api_group(api_version: str) -> str:
@@ -186,12 +189,21 @@ def group_pod(pod: Obj, owners: Sequence[Obj], *, related: Mapping[tuple[str, st
     if NODE_POOL_LABEL not in decision.labels and isinstance(pool, str):
         decision = replace(decision, labels={**decision.labels, NODE_POOL_LABEL: pool})
     podgroup = render(decision, str(m.get("namespace") or "default"))
+    subgroup = decision.pod_subgroup or ""
+    return Grouping(podgroup=podgroup, pod=annotate(pod, decision.name, subgroup), subgroup=subgroup)
+
+
+def annotate(pod: Obj, name: str, subgroup: str = "") -> dict[str, Any]:
+    """`pod` as KAI's podgrouper patches it: annotated `pod-group-name: name`, and labelled
+    `kai.scheduler/subgroup-name: subgroup` when `subgroup` is not empty. `pod` must be one
+    `group_pod` accepted (its annotations and labels are maps); it is not modified."""
+    m = meta(pod)
     annotated = dict(pod)
-    new_meta = {**m, "annotations": {**raw_annotations, PODGROUP_ANNOTATION: decision.name}}
-    if decision.pod_subgroup:
-        new_meta["labels"] = {**raw_labels, SUBGROUP_LABEL: decision.pod_subgroup}
+    new_meta = {**m, "annotations": {**(m.get("annotations") or {}), PODGROUP_ANNOTATION: name}}
+    if subgroup:
+        new_meta["labels"] = {**(m.get("labels") or {}), SUBGROUP_LABEL: subgroup}
     annotated["metadata"] = new_meta
-    return Grouping(podgroup=podgroup, pod=annotated)
+    return annotated
 
 
 def render(d: Decision, namespace: str) -> dict[str, Any]:

@@ -712,6 +712,27 @@ def unknown_devices(scheduler: str, node_name: str, gpu: p.GpuRequest, group: st
     return ""
 
 
+_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+
+
+def pod_phase(obj: Obj) -> p.Phase:
+    """A Pod's `status.phase` (Pending when absent); IngestError for an unknown one."""
+    phase = _get(obj, "status.phase", "Pending")
+    if phase not in _PHASES:
+        raise IngestError("status.phase", f"unknown phase {phase!r}")
+    return phase  # type: ignore[no-any-return]  # one of _PHASES
+
+
+def pod_node_name(obj: Obj) -> str:
+    """A Pod's `spec.nodeName` ("" when unbound)."""
+    return str(_get(obj, "spec.nodeName", "") or "")
+
+
+def pod_started_ns(obj: Obj) -> int:
+    """A Pod's `status.startTime` as int ns (0 when absent); IngestError for a bad one."""
+    return _timestamp(obj, "status.startTime")
+
+
 def pod(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.PodObserved:
     """A Pod (`ours`: the scheduler name kai-es answers to, for `unknown_devices`)."""
     name = _name(obj)
@@ -726,9 +747,7 @@ def pod(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.PodObserved:
     implicit = not group
     if implicit:
         group = implicit_podgroup_name(obj)
-    phase = _get(obj, "status.phase", "Pending")
-    if phase not in ("Pending", "Running", "Succeeded", "Failed", "Unknown"):
-        raise IngestError("status.phase", f"unknown phase {phase!r}")
+    phase = pod_phase(obj)
     preempt = labels.get(PREEMPTIBILITY_LABEL, "")
     if preempt not in PREEMPTIBILITY_MODES:
         raise IngestError(f"metadata.labels[{PREEMPTIBILITY_LABEL}]",
@@ -752,7 +771,7 @@ def pod(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.PodObserved:
     claims, config_maps = _volumes(obj)
     delay, grace = _time_annotations(annotations)
     scheduler = str(_get(obj, "spec.schedulerName", "default-scheduler"))
-    node_name = str(_get(obj, "spec.nodeName", "") or "")
+    node_name = pod_node_name(obj)
     if (gpu.fraction_milli or gpu.gpu_memory_mib) and scheduler != ours and \
             unknown_devices(scheduler, node_name, gpu, labels.get(GPU_GROUP_LABEL, ""), devices, ours=ours):
         gpu = p.GpuRequest(whole=gpu.fraction_devices)  # conservative: see unknown_devices
@@ -777,7 +796,7 @@ def pod(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.PodObserved:
         pod_affinity=affinity, pod_anti_affinity=anti, preferred_pod_affinity=preferred,
         preferred_pod_anti_affinity=preferred_anti, host_ports=_host_ports(obj),
         scalar_requests=scalar, claims=claims, config_maps=config_maps,
-        started_ns=_timestamp(obj, "status.startTime"), preemption_delay_ns=delay, staleness_grace_ns=grace,
+        started_ns=pod_started_ns(obj), preemption_delay_ns=delay, staleness_grace_ns=grace,
     )
 
 

@@ -27,6 +27,7 @@ from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from kai_es.ingest import translate as tr
 from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.ingest.pod_memo import PodMemo
 from kai_es.ingest.shards import PARTITIONED, Route, Router, ShardMap
 from kai_es.ports import Clock, ClusterSource, EventLog, IdFactory, ObjectChange, Relist
 
@@ -44,8 +45,10 @@ def _subject(payload: p.Payload) -> str:
 
 class InformerService:
     def __init__(self, events: EventLog | Mapping[str, EventLog], source: ClusterSource, clock: Clock,
-                 ids: IdFactory, *, ours: str = SCHEDULER_NAME, shards: ShardMap | None = None) -> None:
-        """`events`: the log, or with `shards` each shard's log by shard name."""
+                 ids: IdFactory, *, ours: str = SCHEDULER_NAME, shards: ShardMap | None = None,
+                 memo_pods: bool = True) -> None:
+        """`events`: the log, or with `shards` each shard's log by shard name; `memo_pods`: pods
+        are translated through a `PodMemo` (the same payloads, less work per watch event)."""
         if (shards is None) != (not isinstance(events, Mapping)):
             raise TypeError("one log without shards, a log per shard with them")
         #: each shard's log by name (with shards)
@@ -65,9 +68,22 @@ class InformerService:
         self.clock = clock
         self.ids = ids
         self._last: dict[str, p.Payload] = {}
+        self._memo_pods = memo_pods
+        self.pod_memo = PodMemo()
         self.appended = 0
         self.dropped = 0
         self.rejected = 0
+
+    def _translate(self, obj: Mapping[str, object]) -> p.Payload:
+        if self._memo_pods:
+            return self.pod_memo.translate(obj, ours=self.ours)
+        return tr.translate(obj, ours=self.ours)
+
+    def _removal(self, obj: Mapping[str, object]) -> p.Payload:
+        payload = tr.removal(obj)
+        if isinstance(payload, p.PodRemoved):
+            self.pod_memo.forget(payload.namespace, payload.name)
+        return payload
 
     def _envelope(self, payload: p.Payload, subject: str) -> Envelope:
         return make_envelope(payload, event_id=self.ids.new_id(), source=SOURCE, subject=subject,
@@ -78,11 +94,11 @@ class InformerService:
         obj = change.obj
         try:
             if change.action == "DELETED":
-                payload = tr.removal(obj)
+                payload = self._removal(obj)
                 subject = tr.subject_of(payload)
                 self._last.pop(subject, None)
                 return self._envelope(payload, subject)
-            payload = tr.translate(obj, ours=self.ours)
+            payload = self._translate(obj)
         except tr.IngestError as exc:
             rejected = self._rejected(change, exc)
             return self._envelope(rejected, _subject(rejected))
@@ -108,6 +124,8 @@ class InformerService:
         prefix = f"{kind.lower()}/"
         for subject in [s for s in self._last if s.startswith(prefix)]:
             del self._last[subject]
+        if kind == "Pod":
+            self.pod_memo = PodMemo()  # (pods that vanished meanwhile leave it)
         out = [self._envelope(p.ResyncStarted(kind=kind), f"resync/{kind.lower()}")]  # type: ignore[arg-type]
         for change in changes:
             env = self.translate(change)
@@ -185,6 +203,8 @@ class InformerService:
 
         for change in changes:
             if isinstance(change, Relist):
+                if change.kind == "Pod":
+                    self.pod_memo = PodMemo()  # (pods that vanished meanwhile leave it)
                 for name in router.shards.names:
                     batches[name].append(self._envelope(p.ResyncStarted(kind=change.kind),  # type: ignore[arg-type]
                                                         f"resync/{change.kind.lower()}"))
@@ -214,8 +234,8 @@ class InformerService:
         obj = change.obj
         try:
             if change.action == "DELETED":
-                return router.route(tr.removal(obj)), ""
-            payload = tr.translate(obj, ours=self.ours)
+                return router.route(self._removal(obj)), ""
+            payload = self._translate(obj)
         except tr.IngestError as exc:
             rejected = self._rejected(change, exc)
             kind, ns = change.kind.lower(), rejected.namespace

@@ -135,7 +135,7 @@ def main() -> int:
         cpu = r["cpu_etcd_s"] + r["cpu_kube-apiserver_s"] + r["cpu_kwok_s"]
         print(f"control-plane CPU during {name}: {cpu:.1f}s = {1000 * cpu / args.pods:.1f} ms/pod")
     ours_cpu = {w: cpu1[w] - cpu0[w] for w in cpu0}
-    print("kai-es CPU: " + ", ".join(f"{w} {s:.1f}s ({1000 * s / args.pods:.1f} ms/pod)"
+    print("kai-es CPU: " + ", ".join(f"{w} {s:.2f}s ({1000 * s / args.pods:.2f} ms/pod)"
                                       for w, s in ours_cpu.items()) + f"; log {log_mib:.1f} MiB")
     return 0
 

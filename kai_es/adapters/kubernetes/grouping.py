@@ -26,6 +26,11 @@ Contract:
   not passed on), else each is read with a GET. A pod whose PodGroup does not exist yet is
   rejected with that reason and grouped as soon as the PodGroup appears (passed on again as
   MODIFIED), never scheduled as a group of its own.
+- A pod's grouping is kept with everything the podgrouper read for it (`group_cache.py`): a
+  change of the pod that leaves all of it as it was (its status, its binding when it has no
+  owners) reuses the PodGroup instead of grouping it again; an owner read afresh with a new
+  resourceVersion, a new label, a changed live-pod index regroup it. `cache_groups=False`
+  groups every change (the same changes come out either way, `tests/test_group_cache.py`).
 - An owner that cannot be read (after `owner_attempts` tries; a 404 for the object itself) or
   a malformed owner marks the pod with `kai-es.io/grouping-error`: the informer rejects it with
   that message (an ObjectRejected in the log), it is not scheduled in a wrong group. A later
@@ -43,6 +48,8 @@ from typing import Any
 import anyio
 from kubernetes_asyncio import client
 
+from kai_es.adapters.kubernetes import group_cache as gc
+from kai_es.adapters.kubernetes.group_cache import GroupCache
 from kai_es.adapters.kubernetes.http import read_response as _read
 from kai_es.adapters.kubernetes.source import WORKLOAD_PODGROUP
 from kai_es.ingest import podgrouper as pg
@@ -80,8 +87,9 @@ class _Forbidden(Exception):
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
+    meta = obj.get("metadata")
+    if type(meta) is not dict and not isinstance(meta, Mapping):  # (a dict nearly always: fast)
+        meta = {}
     return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
 
 
@@ -105,13 +113,17 @@ def api_reader(api: client.ApiClient, rules: Mapping[tuple[str, str], pg.Groupin
 class _Pods:
     """The live pods by the labels `INDEXED_LABELS` names (a PodIndex for the podgrouper)."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: int = 0) -> None:
         self._by_label: dict[tuple[str, str, str], set[str]] = {}
         self._of: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+        #: changes whenever what `has_pod` answers may have changed
+        self.version = version
 
-    def update(self, pod: Mapping[str, Any], gone: bool = False) -> None:
-        key = _key(pod)
-        for entry in self._of.pop(key, []):
+    def update(self, pod: Mapping[str, Any], gone: bool = False, key: tuple[str, str] | None = None) -> None:
+        """Index `pod` as it is now (`key`: its `_key`, when the caller has it)."""
+        key = _key(pod) if key is None else key
+        old = self._of.pop(key, None)
+        for entry in old or ():
             names = self._by_label.get(entry)
             if names is not None:
                 names.discard(key[1])
@@ -121,13 +133,14 @@ class _Pods:
         assert isinstance(meta, Mapping)
         labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
         assert isinstance(labels, Mapping)
-        if gone or meta.get("deletionTimestamp") is not None:
-            return
-        entries = [(key[0], k, str(v)) for k, v in labels.items() if k in INDEXED_LABELS]
+        entries = [] if gone or meta.get("deletionTimestamp") is not None else \
+            [(key[0], k, str(v)) for k, v in labels.items() if k in INDEXED_LABELS]
         for entry in entries:
             self._by_label.setdefault(entry, set()).add(key[1])
         if entries:
             self._of[key] = entries
+        if (old or []) != entries:
+            self.version += 1
 
     def has_pod(self, namespace: str, labels: Mapping[str, str]) -> bool:
         sets = [self._by_label.get((namespace, k, v), set()) for k, v in labels.items()]
@@ -141,7 +154,7 @@ class PodGroupingSource:
     def __init__(self, inner: Any, api: client.ApiClient | None, *, owner_attempts: int = 3,
                  owner_ttl_s: float = 5.0, max_owners: int = 10_000,
                  retry_delay_s: float = 0.2, rules: Sequence[pg.GroupingRule] = (),
-                 reader: Reader | None = None, ours: str = SCHEDULER_NAME) -> None:
+                 reader: Reader | None = None, ours: str = SCHEDULER_NAME, cache_groups: bool = True) -> None:
         self.inner = inner
         #: the scheduler name kai-es answers to: only its pods are grouped
         self.ours = ours
@@ -161,6 +174,8 @@ class PodGroupingSource:
         self._noted: set[str] = set()  # uids of bound pods whose device facts were checked
         self._unserved: set[tuple[str, str]] = set()  # kinds said to be unserved (logged once)
         self._pods = _Pods()
+        #: the podgrouper's last answer per pod and its inputs (None: every change regrouped)
+        self.group_cache: GroupCache | None = GroupCache() if cache_groups else None
         #: the Workload API's PodGroups by (namespace, name), when `inner` watches them
         #: (WORKLOAD_PODGROUP); else each is read with a GET, like an owner
         self._watch_k8s_groups = WORKLOAD_PODGROUP in tuple(getattr(inner, "kinds", ()))
@@ -278,20 +293,32 @@ class PodGroupingSource:
         """(the pod's PodGroup or None, the pod to pass on)."""
         if not pg.needs_group(pod, ours=self.ours):
             return None, pod
-        self._waiting.pop(_key(pod), None)
+        key = _key(pod)
+        self._waiting.pop(key, None)
         try:
             chain = await self._owner_chain(pod, fresh)
-            related = await self._related(chain, _key(pod)[0], fresh)
+            related = await self._related(chain, key[0], fresh)
             wanted = wa.wanted(pod, chain)
             if wanted is not None:
-                k8s_group = await self._k8s_group(_key(pod)[0], wanted, fresh)
+                k8s_group = await self._k8s_group(key[0], wanted, fresh)
                 if k8s_group is None:
-                    self._waiting[_key(pod)] = ((_key(pod)[0], wanted), pod)
+                    self._waiting[key] = ((key[0], wanted), pod)
                 else:
                     related[(wa.RELATED_KIND, wanted)] = k8s_group
+            cache = self.group_cache
+            inputs = gc.inputs(pod, chain, related, self._pods.version) if cache is not None else None
+            if cache is not None and inputs is not None:
+                answer = cache.get(key, inputs)
+                if answer is not gc.MISS:
+                    if answer.podgroup is None:
+                        return None, pod
+                    return answer.podgroup, pg.annotate(pod, answer.podgroup["metadata"]["name"], answer.subgroup)
             grouping = pg.group_pod(pod, chain, related=related, pods=self._pods, rules=self.rules, ours=self.ours)
+            if cache is not None and inputs is not None:
+                cache.put(key, inputs, gc.Answer(grouping.podgroup, grouping.subgroup) if grouping is not None
+                          else gc.Answer(None))
         except (IngestError, OwnerUnavailable) as exc:
-            ns, name = _key(pod)
+            ns, name = key
             log.warning("pod %s/%s: no PodGroup (%s); it is rejected until it can be grouped", ns, name, exc)
             meta = dict(pod.get("metadata") or {})
             annotations = meta.get("annotations")
@@ -333,13 +360,15 @@ class PodGroupingSource:
         key = _key(obj)
         if change.action == "DELETED":
             out.append(change)
-            self._pods.update(obj, gone=True)
+            self._pods.update(obj, gone=True, key=key)
             self._waiting.pop(key, None)
             self._leave(key, out)
+            if self.group_cache is not None:
+                self.group_cache.drop(key)
             self._noted.discard(str((obj.get("metadata") or {}).get("uid", "")))
             return
         self._note_devices(obj)
-        self._pods.update(obj)
+        self._pods.update(obj, key=key)
         group_obj, pod = await self._group(obj, fresh=change.action == "ADDED")
         self._join(key, group_obj, out)
         out.append(ObjectChange("Pod", change.action, pod))
@@ -347,13 +376,17 @@ class PodGroupingSource:
     def _note_devices(self, obj: Mapping[str, Any]) -> None:
         """Say (once per pod) when a bound pod's GPU devices are not facts (see
         kai_es.ingest.translate.unknown_devices for how it is then accounted)."""
+        spec = obj.get("spec")
+        if type(spec) is not dict and not isinstance(spec, Mapping):
+            return  # not bound (nor a pod the translation accepts)
+        if not spec.get("nodeName"):
+            return
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-        spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
-        assert isinstance(meta, Mapping) and isinstance(spec, Mapping)
+        assert isinstance(meta, Mapping)
         uid = str(meta.get("uid", ""))
         annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
         assert isinstance(annotations, Mapping)
-        if not spec.get("nodeName") or uid in self._noted or tr.GPU_DEVICES_ANNOTATION in annotations:
+        if uid in self._noted or tr.GPU_DEVICES_ANNOTATION in annotations:
             return
         if spec.get("schedulerName") == self.ours and not (
                 "gpu-fraction" in annotations or "gpu-memory" in annotations):
@@ -377,7 +410,7 @@ class PodGroupingSource:
                 if change.kind == "Pod":
                     pods: list[dict[str, object]] = []
                     seen: set[tuple[str, str]] = set()
-                    self._pods = _Pods()
+                    self._pods = _Pods(self._pods.version + 1)
                     for obj in change.objects:
                         self._pods.update(obj)
                     for obj in change.objects:
@@ -387,6 +420,8 @@ class PodGroupingSource:
                         pods.append(pod)
                     for gone in sorted(set(self._pod_group) - seen):
                         self._leave(gone, out)
+                    if self.group_cache is not None:
+                        self.group_cache.keep_only(seen)
                     out.append(Relist("Pod", tuple(pods)))
                 elif change.kind == "PodGroup":
                     self._real_groups = {_key(o) for o in change.objects}

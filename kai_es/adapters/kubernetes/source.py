@@ -18,6 +18,9 @@ Contract:
   them). A change's kind is the source's name for it (`WorkloadPodGroup` for the Workload API's
   PodGroups, whose objects' kind is `PodGroup`). Nothing is decoded into kubernetes-asyncio's generated models (several times the CPU).
 - Within one kind, items come in the order the API server sent them; kinds interleave.
+- `changes()` yields what has arrived `coalesce_s` (5 ms) after the first item of a batch (at
+  most `batch_max` items): the informer appends a batch at once, so a burst of changes costs
+  one append (and one wake-up) instead of one per change; a change waits about `coalesce_s`.
 - Pods in `hidden_pod_namespaces` (by default the GPU reservation namespace,
   `kai-resource-reservation`) are filtered out by the apiserver (a field selector on LIST and
   WATCH): a reservation pod holds a shared GPU that the pods sharing it already account for
@@ -37,7 +40,7 @@ from typing import Any
 import aiohttp
 import anyio
 import msgspec
-from anyio.abc import ObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from kubernetes_asyncio import client
 
 from kai_es.ports import ObjectChange, Relist
@@ -178,6 +181,7 @@ class KubernetesSource:
         watch_timeout_s: int = 300,
         backoff_cap_s: float = 10.0,
         batch_max: int = 1000,
+        coalesce_s: float = 0.005,
         resume_from: Mapping[str, str] | None = None,
         hidden_pod_namespaces: Sequence[str] = (RESERVATION_NAMESPACE,),
     ) -> None:
@@ -190,6 +194,7 @@ class KubernetesSource:
         self.watch_timeout_s = watch_timeout_s
         self.backoff_cap_s = backoff_cap_s
         self.batch_max = batch_max
+        self.coalesce_s = coalesce_s
         self._rv: dict[str, str] = dict(resume_from or {})
         #: a field selector the apiserver filters Pods with (LIST and WATCH alike)
         self.pod_field_selector = ",".join(f"metadata.namespace!={ns}" for ns in hidden_pod_namespaces)
@@ -277,7 +282,7 @@ class KubernetesSource:
 
     # -- WATCH -----------------------------------------------------------------------------------
 
-    async def _watch_once(self, kind: str, send: ObjectSendStream[Change]) -> None:
+    async def _watch_once(self, kind: str, send: MemoryObjectSendStream[Change]) -> None:
         """One WATCH from the stored resourceVersion until the server ends it. Updates the
         stored version as events and bookmarks arrive. Raises Gone on 410."""
         kw = {"watch": True, "resource_version": self._rv[kind], "allow_watch_bookmarks": True,
@@ -310,14 +315,18 @@ class KubernetesSource:
                     raise ValueError(f"unknown watch event type {etype!r}")
                 if rv:
                     self._rv[kind] = rv
-                await send.send(ObjectChange(kind, etype, obj))
+                change = ObjectChange(kind, etype, obj)
+                try:  # without send()'s checkpoint: a loop iteration per change cost more than the change
+                    send.send_nowait(change)
+                except anyio.WouldBlock:  # the buffer is full: wait for room
+                    await send.send(change)
             ended = True
         finally:
             if not ended:
                 _abort(resp)
             resp.release()
 
-    async def _run_kind(self, kind: str, send: ObjectSendStream[Change]) -> None:
+    async def _run_kind(self, kind: str, send: MemoryObjectSendStream[Change]) -> None:
         if kind not in self._rv:
             await self._relist(kind, send)
         backoff = Backoff(cap_s=self.backoff_cap_s)
@@ -352,7 +361,7 @@ class KubernetesSource:
                         exc_info=not expected)
                 await anyio.sleep(delay)
 
-    async def _relist(self, kind: str, send: ObjectSendStream[Change]) -> None:
+    async def _relist(self, kind: str, send: MemoryObjectSendStream[Change]) -> None:
         objects = await self._list_retrying(kind)
         self.relists[kind] += 1
         await send.send(Relist(kind, tuple(objects)))
@@ -366,15 +375,25 @@ class KubernetesSource:
                 async with receive:
                     while True:
                         batch = [await receive.receive()]
-                        while len(batch) < self.batch_max:
-                            try:
-                                batch.append(receive.receive_nowait())
-                            except anyio.WouldBlock:
-                                break
+                        _drain(receive, batch, self.batch_max)
+                        if len(batch) < self.batch_max and self.coalesce_s > 0:
+                            # a sleep, not a receive under a timeout: a receive cancelled just
+                            # as an item reached it would lose the item
+                            await anyio.sleep(self.coalesce_s)
+                            _drain(receive, batch, self.batch_max)
                         yield batch
             finally:
                 tg.cancel_scope.cancel()
                 send.close()
+
+
+def _drain(receive: MemoryObjectReceiveStream[Change], batch: list[Change], limit: int) -> None:
+    """Add what `receive` holds now to `batch`, up to `limit` items in all."""
+    while len(batch) < limit:
+        try:
+            batch.append(receive.receive_nowait())
+        except anyio.WouldBlock:
+            return
 
 
 def _abort(resp: Any) -> None:
