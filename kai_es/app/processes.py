@@ -32,7 +32,6 @@ instance that another took over stops too instead of believing itself the writer
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -443,7 +442,7 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
                 # what start-up made (modules, the relist's state) lives as long as the process:
                 # out of the collector's sight, a full collection scans only what came since
                 # (one cost the informer ~0.1 ms per pod of a burst)
-                gc.freeze()
+                freeze_long_lived()
                 if ready is not None:
                     where = f" into {len(logs)} shards' logs" if shards is not None else ""
                     ready(f"informer ready in {time.monotonic() - t:.2f} s: relisted {appended} events{where}")
