@@ -348,7 +348,7 @@ async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, ti
         metrics = SchedulerMetrics(status.registry) if status is not None else None
         sched = SchedulerService(events, config, packer, clock, RandomIds(), snapshots=store,
                                  snapshot_every=snapshot_every, observer=metrics)
-        with bulk_fold():
+        with bulk_fold(keep=True):  # (frozen before the collector resumes: else its first pass walks it all)
             await sched.restore_snapshot()
             restored = sched.snapshot_restored
             await sched.catch_up()

@@ -52,7 +52,7 @@ class Follower:
             self.target = await self.log.end_position()
             position = 0
             if self.target:
-                with bulk_fold():
+                with bulk_fold(keep=True):  # (frozen before the collector resumes: else it walks it all)
                     async for record in self.log.read(0):
                         with self.lock:
                             self.view.feed(record)

@@ -134,7 +134,7 @@ def restart(feed: Feed, config: SchedulerConfig) -> ClusterState:
     t0 = time.perf_counter()
     data = snapshot_bytes(feed.state)
     t1 = time.perf_counter()
-    with bulk_fold():  # as `kai-es scheduler` restores (restore_validated under bulk_fold)
+    with bulk_fold(keep=True):  # as `kai-es scheduler` restores (restore_validated under bulk_fold)
         state = restore(load_snapshot(data))
         t2 = time.perf_counter()
         state_digest(config.policy_version, state)
