@@ -243,3 +243,19 @@ def test_finished_jobs_timelines_are_dropped_past_the_limit_and_read_from_the_lo
         assert status == 200, body
         assert pages.job_page(explain(records, job)) in body.decode(), job
     assert read_from_start  # the dropped ones came from the log
+
+
+def test_a_page_whose_records_the_log_no_longer_holds_says_so() -> None:
+    """A kept timeline whose records the log lost since (a Kafka topic's retention) is a 404
+    naming the positions, not a server error."""
+    records = _records("preempt-basic")
+    log = MemoryEventLog()
+    view, lock = LiveView(), threading.Lock()
+    for record in records:
+        view.feed(record)
+    job = _jobs(records)[0]
+    site = Site(view, lock, Follower(log, view, lock), source="memory:", job_records=lambda: iter(records),
+                records_at=lambda positions: [])
+    status, _, body = site.handle(f"/job?name={job}")
+    assert status == 404, body
+    assert b"no longer holds its records at positions" in body

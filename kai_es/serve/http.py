@@ -248,7 +248,12 @@ class Site:
             kept = self.view.timeline(name)
         if kept is not None:
             positions = event_positions(kept)
-            return resolve(kept, {record.position: record for record in self.records_at(positions)})
+            found = {record.position: record for record in self.records_at(positions)}
+            gone = sorted(set(positions) - set(found))
+            if gone:  # (a Kafka topic's retention, a log cut short since it was folded)
+                raise KeyError(f"job {name}: the log no longer holds its records at positions "
+                               f"{', '.join(map(str, gone[:5]))}{' ...' if len(gone) > 5 else ''}")
+            return resolve(kept, found)
         with self._jobs_lock:
             cached = self._jobs.get(name)
         if cached is not None and cached[0] >= fed:
