@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from kai_es.oneshot import initial_state
 from kai_es.scenario import load_scenario_text
-from kai_es.scheduling.actions.consolidation_views import NodeViews
+from kai_es.scheduling.actions.consolidation_views import KEPT_WALKS, NodeViews
 from kai_es.scheduling.rules.consolidation_nodes import CheapestVictimBreaksTies, ConsolidationNodes, MostFreeFirstV8
 from kai_es.scheduling.cycle import strategy_of
 from kai_es.scheduling.packing import TaskShape, load_packer
@@ -141,3 +141,20 @@ def test_a_kept_search_tries_the_nodes_a_fresh_walk_tries(seed: int, order: Cons
             [(n, short, [pod.key for pod in pods]) for n, short, pods in fresh]
         jobs = [session.state.jobs[k] for k in sorted({pod.job_key for _, _, pods in kept for pod in pods})]
         assert _unit_form(views.units(jobs)) == _unit_form(keyed_units(session, jobs, backoff=True))
+
+
+def test_a_cycle_keeps_the_walks_of_its_most_recent_searches_only() -> None:
+    """Searches for jobs of many different eligible nodes keep `KEPT_WALKS` walks (each may hold a
+    full cluster's tie group), the most recently used; each answer is still a fresh walk's."""
+    session = _session(3, nodes=7)
+    views = NodeViews(session)
+    job = _preemptor(session)
+    order = CheapestVictimBreaksTies()
+    masks = [array("q", [(k >> i) & 1 for i in range(7)]) for k in range(1, 2 * KEPT_WALKS + 1)]
+    for _ in range(2):
+        for mask in masks:
+            shapes = [(TaskShape.whole(2, 0, 0), mask)]
+            assert [n for n, _, _ in views.nodes_to_try(job, shapes, order, 2)] == \
+                [n for n, _, _ in NodeViews(session).nodes_to_try(job, shapes, order, 2)]
+            assert len(views._walks) <= KEPT_WALKS  # noqa: SLF001 - what the test is about
+    assert len(views._walks) == KEPT_WALKS  # noqa: SLF001

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -25,6 +26,10 @@ from kai_es.state.quantities import Vector
 
 #: what a node's movable pods free, summed: (CPU, memory, their number, device -> share freed)
 Freed = tuple[int, int, int, dict[int, int]]
+
+#: how many searches' walks a cycle keeps, the most recently used (a walk of a full cluster holds
+#: its whole tie group: preemptors of many different eligible nodes must not keep one each)
+KEPT_WALKS = 8
 
 #: a node a search tries: (its index, the resources it lacks (`short_of`), its movable pods)
 Candidate = tuple[int, tuple[bool, bool, bool], list[PodState]]
@@ -75,7 +80,7 @@ class NodeViews:
         #: job key -> the nodes whose kept cheapest unit read its units (`cheapest`)
         self._readers: dict[str, set[int]] = {}
         #: a search's candidate nodes in the order they are tried (`nodes_to_try`), per search
-        self._walks: dict[tuple[object, ...], _Walk] = {}
+        self._walks: OrderedDict[tuple[object, ...], _Walk] = OrderedDict()
         #: `free_capacity` per node and summed
         self._capacity: list[Vector] | None = None
         self._capacity_sum: Vector | None = None
@@ -266,13 +271,19 @@ class NodeViews:
         if not job.occupying:  # (its own pods never move for it: what it may move is its own)
             key = (type(order).__name__, most, tuple(shape for shape, _ in shapes),
                    tuple(mask.tobytes() for mask in masks))
-        walk = self._walks.get(key) if key is not None else None
+        walk = None
+        if key is not None:
+            walk = self._walks.get(key)
+            if walk is not None:
+                self._walks.move_to_end(key)
         if walk is not None and not self._bring_up_to_date(walk, job, shapes, order, most):
             walk = None
         if walk is None:
             walk = self._walk(job, shapes, order, most)
             if key is not None:
                 self._walks[key] = walk
+                if len(self._walks) > KEPT_WALKS:  # (each holds up to a tie group: keep memory bounded)
+                    self._walks.popitem(last=False)
         tried = (self._candidate(k[-1], job, shapes) for k in walk.ordered.islice(0, most))
         out = [c for c in tried if c is not None]
         if self.plan.verify:
