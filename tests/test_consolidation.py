@@ -20,6 +20,7 @@ from kai_es.oneshot import one_cycle
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.config import ConfigError, config_to_dict, parse_config
 from kai_es.scheduling.packing import load_packer
+from tests.builders import MakeNode, MakePod, queue, scenario_text
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 
@@ -223,60 +224,18 @@ def test_kai_es_events_shows_where_a_moved_pod_goes() -> None:
     assert "5 evicted" in run.stdout
 
 
-_VICTIM_ORDER = """
-apiVersion: kai-es.io/v1alpha1
-kind: Scenario
-metadata: {name: consolidation-victim-order}
-spec: {}
----
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {name: low}
-value: 10
----
-apiVersion: v1
-kind: Node
-metadata: {name: n1}
-status: {allocatable: {cpu: "64", memory: 512Gi, nvidia.com/gpu: "4"}}
----
-apiVersion: v1
-kind: Node
-metadata: {name: n2}
-status: {allocatable: {cpu: "64", memory: 512Gi, nvidia.com/gpu: "4"}}
----
-apiVersion: scheduling.run.ai/v2
-kind: Queue
-metadata: {name: q}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: hi, labels: {kai.scheduler/queue: q}}
-spec: {schedulerName: kai-scheduler, priorityClassName: train, nodeName: n1, containers: [{name: c, resources: {requests: {nvidia.com/gpu: "1"}}}]}
-status: {phase: Running}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: lo, labels: {kai.scheduler/queue: q}}
-spec: {schedulerName: kai-scheduler, priorityClassName: low, nodeName: n1, containers: [{name: c, resources: {requests: {nvidia.com/gpu: "1"}}}]}
-status: {phase: Running}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: fixed, labels: {kai.scheduler/queue: q}}
-spec: {schedulerName: kai-scheduler, priorityClassName: build, nodeName: n1, containers: [{name: c, resources: {requests: {nvidia.com/gpu: "1"}}}]}
-status: {phase: Running}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: fixed2, labels: {kai.scheduler/queue: q}}
-spec: {schedulerName: kai-scheduler, priorityClassName: build, nodeName: n2, containers: [{name: c, resources: {requests: {nvidia.com/gpu: "3"}}}]}
-status: {phase: Running}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: big, labels: {kai.scheduler/queue: q}}
-spec: {schedulerName: kai-scheduler, priorityClassName: train, containers: [{name: c, resources: {requests: {nvidia.com/gpu: "2"}}}]}
-"""
+
+def _victim_order() -> str:
+    """n1: a priority-10 and a `train` one-GPU pod that may move, a `build` one that may not; n2:
+    three GPUs of `build`, one idle; a two-GPU `train` job waits."""
+    low = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "low"}, "value": 10}
+    return scenario_text(
+        low, MakeNode("n1").gpus(4).obj(), MakeNode("n2").gpus(4).obj(), queue("q"),
+        MakePod("hi", queue="q").priority_class("train").gpu(1).running_on("n1").obj(),
+        MakePod("lo", queue="q").priority_class("low").gpu(1).running_on("n1").obj(),
+        MakePod("fixed", queue="q").priority_class("build").gpu(1).running_on("n1").obj(),
+        MakePod("fixed2", queue="q").priority_class("build").gpu(3).running_on("n2").obj(),
+        MakePod("big", queue="q").priority_class("train").gpu(2).obj())
 
 
 @pytest.mark.parametrize("engine", ["native", "reference"])
@@ -284,7 +243,7 @@ def test_of_two_pods_either_of_which_makes_room_the_cheaper_victim_moves(engine:
     """KAI's victim order within a node: n1 holds a priority-10 and a `train` (50) one-GPU pod and
     a `build` one that cannot move; a two-GPU job waits and n2 has one GPU idle. Moving either
     movable pod to n2 makes room on n1: the lower-priority one is taken, the other stays."""
-    outcome = one_cycle(load_scenario_text(_VICTIM_ORDER, "consolidation-victim-order.yaml"), load_packer(engine))
+    outcome = one_cycle(load_scenario_text(_victim_order(), "consolidation-victim-order.yaml"), load_packer(engine))
     (moved,) = _evictions(outcome)
     assert (moved["action"], moved["name"], moved["node"], moved["to_node"]) == ("consolidation", "lo", "n1", "n2")
     assert _status(outcome, "hi") == ("Running", "n1")

@@ -4,7 +4,7 @@ Contract: `Follower(log, view, lock).start()` reads `log` (any `EventLog`: a fil
 from position 0 to the end it has at start, with the cyclic GC paused (`bulk_fold`), then
 follows it, feeding each record to `view` exactly once, in order, holding `lock` for each feed
 (readers of `view` take the same lock); after the first part, what was folded is moved out of
-the cyclic GC's reach (`freeze_long_lived`), so folding each new record stays cheap. A failure (a corrupt or undecodable record, a broken
+the cyclic GC's reach (`bulk_fold(keep=True)`), so folding each new record stays cheap. A failure (a corrupt or undecodable record, a broken
 connection) stops the following and is kept in `error`; what was folded until then stays shown.
 `status()` is one line for the pages: folding (how far), following, or stopped and why.
 """
@@ -15,7 +15,7 @@ import threading
 
 import anyio
 
-from kai_es.app import bulk_fold, freeze_long_lived
+from kai_es.app import bulk_fold
 from kai_es.ports import EventLog
 from kai_es.visibility.live import LiveView
 
@@ -57,8 +57,6 @@ class Follower:
                         with self.lock:
                             self.view.feed(record)
                         position = record.position + 1
-                with self.lock:
-                    freeze_long_lived()  # the folded state is long-lived: keep the GC off it
             self.caught_up = True
             async for record in self.log.read(position, follow=True):
                 with self.lock:

@@ -313,7 +313,7 @@ class _Calls:
     cannot change between calls made once (`NativePacker.bind`)."""
 
     __slots__ = ("packer", "table", "strategy", "struct", "c_strategy", "keep", "n", "c_tasks",
-                 "c_eligible", "ranked")
+                 "c_eligible", "ranked", "place_c", "rank_c", "unpack")
 
     def __init__(self, packer: NativePacker, table: PackTable, strategy: Strategy) -> None:
         problem = strategy_problem(strategy)
@@ -337,6 +337,8 @@ class _Calls:
         self.c_eligible: dict[int, tuple[array[int], Any]] = {}
         #: cap -> (ranked rows buffer, count buffer)
         self.ranked: dict[int, tuple[Any, Any]] = {}
+        # looked up once: every placement a cycle asks comes through here
+        self.place_c, self.rank_c, self.unpack = packer._lib.kai_pack_place, packer._lib.kai_pack_rank, packer._ffi.unpack
 
     def _task(self, task: TaskShape) -> tuple[Any, Any, int]:
         c = self.c_tasks.get(task)
@@ -358,9 +360,9 @@ class _Calls:
 
     def place(self, task: TaskShape, eligible: array[int] | None = None) -> Placement:
         c_task, out, want = self._task(task)
-        code = self.packer._lib.kai_pack_place(self.struct, self._eligible(eligible), c_task, self.c_strategy,
-                                               out, out + _DEVICES_AT, want, out + 1, REASON_COUNT)
-        unpack = self.packer._ffi.unpack
+        code = self.place_c(self.struct, self._eligible(eligible), c_task, self.c_strategy,
+                            out, out + _DEVICES_AT, want, out + 1, REASON_COUNT)
+        unpack = self.unpack
         if code == 0:
             return Placement(_OK, out[0], tuple(unpack(out + _DEVICES_AT, want)),
                              tuple(unpack(out + 1, REASON_COUNT)))
@@ -376,12 +378,13 @@ class _Calls:
         if buffers is None:
             buffers = self.ranked[cap] = (ffi.new("int64_t[]", 4 * cap), ffi.new("int64_t *"))
         rows, count = buffers
-        code = self.packer._lib.kai_pack_rank(self.struct, self._eligible(eligible), c_task, self.c_strategy,
-                                              rows, cap, count, out + _DEVICES_AT, want, out + 1, REASON_COUNT)
+        code = self.rank_c(self.struct, self._eligible(eligible), c_task, self.c_strategy,
+                           rows, cap, count, out + _DEVICES_AT, want, out + 1, REASON_COUNT)
         if code < 0:
             raise_for_result(Placement.failure(ReturnCode(code)), self.table, self.strategy, eligible)
-        reasons = tuple(ffi.unpack(out + 1, REASON_COUNT))
+        unpack = self.unpack
+        reasons = tuple(unpack(out + 1, REASON_COUNT))
         if code != 0:
             return Placement(ReturnCode(code), -1, (), reasons), ()
-        ranked = tuple(ffi.unpack(rows, 4 * count[0])[::4])
-        return Placement(_OK, ranked[0], tuple(ffi.unpack(out + _DEVICES_AT, want)), reasons), ranked
+        ranked = tuple(unpack(rows, 4 * count[0])[::4])
+        return Placement(_OK, ranked[0], tuple(unpack(out + _DEVICES_AT, want)), reasons), ranked
