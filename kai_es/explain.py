@@ -40,7 +40,7 @@ from kai_es.scheduling.session import queued_job
 from kai_es.state import ClusterState
 from kai_es.state.keys import job_key_of_index
 from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
-from kai_es.visibility.positions import cluster_order, position, queue_order, ranked
+from kai_es.visibility.positions import cluster_order, position, queue_order, ranked, tried_ranks
 
 #: reason code -> the rule it names, as a person says it
 RULES: dict[str, str] = {
@@ -83,6 +83,10 @@ class _Cut:
     decided: dict[str, p.Payload] = field(default_factory=dict)
     #: the subject's job's place in its queue at the cut (`visibility.positions`): (n, of)
     place: tuple[int, int] | None = None
+    #: the subject's job (its first pending pod's), and its place in the order the cycle tried
+    #: the jobs in, once the cycle completed with one recorded (kai-es/v13 on): (n, of)
+    job: str = ""
+    cluster: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -104,12 +108,18 @@ class _Run:
                 "until": _at(self.last.position, self.last.time_ns),
                 "verdicts": [dict(v) for v in self.verdicts],
                 "queueAtFirst": _queue_json(self.first.queue), "queueAtLast": _queue_json(self.last.queue),
-                "positionAtFirst": _position_json(self.first.place),
-                "positionAtLast": _position_json(self.last.place)}
+                "positionAtFirst": _position_json(self.first),
+                "positionAtLast": _position_json(self.last)}
 
 
-def _position_json(place: tuple[int, int] | None) -> dict[str, int] | None:
-    return None if place is None else {"inQueue": place[0], "of": place[1]}
+def _position_json(cut: _Cut) -> dict[str, int] | None:
+    """The cut's place in the queue, and in the order the cycle tried when it recorded one."""
+    place = cut.place
+    if place is None:
+        return None
+    if cut.cluster is None:
+        return {"inQueue": place[0], "of": place[1]}
+    return {"inQueue": place[0], "of": place[1], "inCluster": cut.cluster[0], "clusterOf": cut.cluster[1]}
 
 
 def _at(position: int, ns: int) -> dict[str, Any]:
@@ -382,12 +392,19 @@ class Timeline:
         self.open_cuts[record.position] = cut
         return True
 
-    def cycle_completed(self, basedon: int | None) -> None:
+    def cycle_completed(self, basedon: int | None, state: ClusterState | None = None) -> None:
+        """The cycle of cut `basedon` completed (`state`: folded through its CycleCompleted, for
+        the place in the order it tried; None: not shown)."""
         if self.open_cuts is None:
             return
         cut = self.open_cuts.pop(basedon if basedon is not None else -1, None)
         if cut is None:
             return
+        if state is not None and cut.job and state.tried_order_cycle == cut.cycle:
+            ranks = tried_ranks(state)
+            at = ranks.get(cut.job) if ranks is not None else None
+            if ranks is not None and at is not None:
+                cut.cluster = (at + 1, len(ranks))
         if not self.open_cuts:
             self.open_cuts = None
         entries = self.entries
@@ -517,7 +534,7 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
         if isinstance(data, p.CycleStarted):
             timeline.cycle_started(record, state, CutNumbers(state, env.logicaltime))
         elif isinstance(data, p.CycleCompleted):
-            timeline.cycle_completed(env.basedon)
+            timeline.cycle_completed(env.basedon, state)
         else:
             key = record_key(data)
             if isinstance(data, p.PodObserved):
@@ -556,7 +573,7 @@ def _cut(state: ClusterState, subject: Subject, record: Record,
     env = record.envelope
     assert isinstance(env.data, p.CycleStarted)
     return _Cut(env.data.cycle, record.position, env.logicaltime, pending, numbers.numbers(queue) if queue else None,
-                place=numbers.place(job_key) if job_key else None)
+                place=numbers.place(job_key) if job_key else None, job=job_key)
 
 
 #: reason numbers that change with each failed search while the verdict stays the same
@@ -788,9 +805,13 @@ def render_text(report: dict[str, Any]) -> list[str]:
                 lines.append(f"{when(e['from'])} {pods}{state} for {e['cycles']} cycle(s) ({span}): {what}")
             place, first_place = e.get("positionAtLast"), e.get("positionAtFirst")
             if place:
-                moved = (f" (at the first of these cycles: #{first_place['inQueue']} of {first_place['of']})"
+                moved = (f" (at the first of these cycles: #{first_place['inQueue']} of {first_place['of']}"
+                         + (f", #{first_place['inCluster']} of {first_place['clusterOf']} tried"
+                            if "inCluster" in first_place else "") + ")"
                          if first_place and first_place != place else "")
-                lines.append(f"{'':30} #{place['inQueue']} of {place['of']} waiting in its queue{moved}")
+                tried = (f", #{place['inCluster']} of {place['clusterOf']} jobs the cycle tried"
+                         if "inCluster" in place else "")
+                lines.append(f"{'':30} #{place['inQueue']} of {place['of']} waiting in its queue{tried}{moved}")
             q = _queue_phrase(e["queueAtLast"])
             if q:
                 first = _queue_phrase(e["queueAtFirst"])

@@ -21,7 +21,7 @@ from kai_es.scheduling.actions.allocate import nominated_jobs
 from kai_es.scheduling.packing import load_packer
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
-from kai_es.visibility.positions import cluster_order, position, queue_order
+from kai_es.visibility.positions import cluster_order, position, queue_order, would_try
 from tests.builders import MakeNode, MakePod, queue, scenario_text
 from tests.test_simulation import small_scenarios
 
@@ -68,9 +68,11 @@ def test_a_jobs_position_over_time_moves_up_as_those_before_it_start() -> None:
                    MakePod("fourth").gpu(1), gpus=1)
     report = explain(records, "default/fourth")
     waits = [e for e in report["timeline"] if e["kind"] == "wait"]
-    assert waits and waits[0]["positionAtFirst"] == {"inQueue": 4, "of": 4}  # nothing runs at the first cut
-    assert waits[-1]["positionAtLast"] == {"inQueue": 3, "of": 3}  # `first` runs
-    assert "#3 of 3 waiting in its queue (at the first of these cycles: #4 of 4)" in "\n".join(render_text(report))
+    # nothing runs at the first cut; the cycle tries the four in their queue's order
+    assert waits and waits[0]["positionAtFirst"] == {"inQueue": 4, "of": 4, "inCluster": 4, "clusterOf": 4}
+    assert waits[-1]["positionAtLast"] == {"inQueue": 3, "of": 3, "inCluster": 3, "clusterOf": 3}  # `first` runs
+    assert ("#3 of 3 waiting in its queue, #3 of 3 jobs the cycle tried (at the first of these cycles: #4 of 4, "
+            "#4 of 4 tried)") in "\n".join(render_text(report))
 
 
 def _two_queues(team_a_priority: int | None = None) -> list[Record]:
@@ -125,9 +127,10 @@ def test_a_queue_of_higher_priority_goes_first_whatever_its_share() -> None:
 
 @settings(max_examples=20, deadline=None)
 @given(small_scenarios())
-def test_at_every_cut_the_cluster_order_holds_each_waiting_job_once_in_its_queues_order(text: str) -> None:
-    """Random small clusters (the simulation property's): at each cycle's cut the cluster-wide
-    order lists every job waiting in a leaf queue exactly once, jobs pipelined to a node first
+def test_at_every_cut_the_derived_order_holds_each_waiting_job_once_in_its_queues_order(text: str) -> None:
+    """Random small clusters (the simulation property's): at each cycle's cut the order derived
+    for logs that record none (`would_try`, as if nothing were placed) lists every job waiting in
+    a leaf queue exactly once, jobs pipelined to a node first
     (allocate's order for them), then each queue's jobs in that queue's own order — the cluster
     order interleaves queues, it never reorders one."""
     log = MemoryEventLog()
@@ -139,7 +142,7 @@ def test_at_every_cut_the_cluster_order_holds_each_waiting_job_once_in_its_queue
         if not isinstance(record.envelope.data, p.CycleStarted):
             continue
         cuts += 1
-        order = cluster_order(state, record.envelope.logicaltime)
+        order = would_try(state, record.envelope.logicaltime)
         assert len(order) == len(set(order))
         by_queue = {q: queue_order(state, q) for q in sorted(state.pending_jobs) if q in state.queues}
         assert sorted(order) == sorted(k for keys in by_queue.values() for k in keys)

@@ -68,11 +68,12 @@ def test_events_from_a_simulation_validate(tmp_path: Path) -> None:
                           "--log", str(tmp_path / "q.log"), "--report", str(tmp_path / "r")],
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    validators: dict[str, jsonschema.Draft202012Validator] = {}
+    validators: dict[tuple[str, int], jsonschema.Draft202012Validator] = {}
     count = 0
     for record in FileEventLog(tmp_path / "q.log", readonly=True).scan():
         env = record.envelope
-        v = validators.setdefault(env.type, _validator(env.type, env.schemaversion))
+        key = (env.type, env.schemaversion)
+        v = validators.get(key) or validators.setdefault(key, _validator(*key))
         assert list(v.iter_errors(json.loads(encode(env)))) == [], env.type
         count += 1
     assert count > 50 and len(validators) >= 10

@@ -64,6 +64,11 @@ class CoinFlipPacker:
 
     place_raw = place
 
+    def rank_raw(self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None,
+                 cap: int) -> tuple[Placement, tuple[int, ...]]:
+        """A coin flip and no ranked node after it: a run of alike pods asks again when its node fills."""
+        return self.place(table, task, strategy, eligible), ()
+
 
 def write_nondeterministic(golden: Path, target: Path) -> int:
     """Simulate the quickstart with coin-flip packers seeded 1, 2, ... into `target` until the

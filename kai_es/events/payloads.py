@@ -392,6 +392,18 @@ class CycleStarted(Payload, kw_only=True, frozen=True):
     config_digest: str
 
 
+class TriedOrder(Payload, kw_only=True, frozen=True):
+    """The order in which a cycle's allocate tried the waiting jobs (job keys, each at its first
+    try), as an edit of the order the state held at the cycle's cut (`ClusterState.tried_order`,
+    the order of cycle `since_cycle`; 0: none): the first `keep_head` and the last `keep_tail`
+    jobs of that order are kept, and `jobs` stands between them (policy kai-es/v13 on)."""
+
+    since_cycle: int
+    keep_head: int
+    keep_tail: int
+    jobs: list[str] = []
+
+
 class CycleCompleted(Payload, kw_only=True, frozen=True):
     cycle: int
     decisions: int
@@ -403,6 +415,10 @@ class CycleCompleted(Payload, kw_only=True, frozen=True):
     # config's `stuckInReleasingThreshold` at the cycle's time (pod keys, sorted): KAI's
     # StuckInReleasing, whose capacity nothing was pipelined onto (policy kai-es/v7 on)
     stuck_releasing: list[str] = []
+    # --- schema version 3 (optional): the order allocate tried the waiting jobs in, as an edit
+    # of the order of the last cycle (`TriedOrder`); None when it is that order unchanged
+    # (policy kai-es/v13 on: the positions `explain`, `serve` and the PodGroup condition show)
+    tried_order: TriedOrder | None = None
 
 
 class BindingDecided(Payload, kw_only=True, frozen=True):

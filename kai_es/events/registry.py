@@ -71,7 +71,8 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
     # v2 adds preemptor and numbers, v3 to_node (a move as one decision; `written_version`)
     "kai.scheduler.pod.evictiondecided": 3,
     "kai.binder.pod.bindfailed": 2,  # v2 adds final
-    "kai.scheduler.cycle.completed": 2,  # v2 adds stuck_releasing (`written_version`)
+    # v2 adds stuck_releasing, v3 tried_order (`written_version`)
+    "kai.scheduler.cycle.completed": 3,
 }
 
 #: type name -> the older versions whose payloads decode directly as the current version (the
@@ -85,7 +86,7 @@ ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
     "kai.cluster.queue.observed": frozenset({1}),
     "kai.scheduler.pod.evictiondecided": frozenset({1, 2}),
     "kai.binder.pod.bindfailed": frozenset({1}),
-    "kai.scheduler.cycle.completed": frozenset({1}),
+    "kai.scheduler.cycle.completed": frozenset({1, 2}),
 }
 
 TYPE_OF: Final[dict[type[p.Payload], str]] = {cls: name for name, cls in EVENT_TYPES.items()}
@@ -115,13 +116,14 @@ PAYLOAD_VERSION: Final[dict[type[p.Payload], int]] = {
 
 
 
-#: payload class -> (the optional fields its current schema version added, the version before):
-#: a payload that leaves them all unset is written as that older version (`written_version`)
-ADDED_FIELDS: Final[dict[type[p.Payload], tuple[tuple[str, ...], int]]] = {
-    p.EvictionDecided: (("to_node",), 2),
-    p.PodGroupObserved: (("stale_timestamp_ns", "last_eviction_timestamp_ns"), 4),
-    p.PodObserved: (("deletion_ns",), 3),
-    p.CycleCompleted: (("stuck_releasing",), 1),
+#: payload class -> the steps of its schema versions that only added optional fields, newest
+#: first: (the fields that version added, the version before). A payload that leaves a step's
+#: fields unset is written as the version before it, and so on down (`written_version`)
+ADDED_FIELDS: Final[dict[type[p.Payload], tuple[tuple[tuple[str, ...], int], ...]]] = {
+    p.EvictionDecided: ((("to_node",), 2),),
+    p.PodGroupObserved: ((("stale_timestamp_ns", "last_eviction_timestamp_ns"), 4),),
+    p.PodObserved: ((("deletion_ns",), 3),),
+    p.CycleCompleted: ((("tried_order",), 2), (("stuck_releasing",), 1)),
 }
 #: payload class -> its fields' defaults (a field "left unset" holds its default)
 _DEFAULTS: Final[dict[type[p.Payload], dict[str, object]]] = {
@@ -133,18 +135,22 @@ _DEFAULTS: Final[dict[type[p.Payload], dict[str, object]]] = {
 def written_version(payload: p.Payload) -> int:
     """The schema version an event carrying `payload` is written as: its type's current one,
     but where that version only added optional fields (`ADDED_FIELDS`) and the payload leaves
-    them unset, the version before — its bytes are those older versions wrote, so their logs
-    replay and a reader of the older schema reads everything in it (an EvictionDecided that is
-    no move is version 2, a PodGroupObserved without handover times version 4)."""
+    them unset, the version before — and so on down — its bytes are those older versions wrote,
+    so their logs replay and a reader of the older schema reads everything in it (an
+    EvictionDecided that is no move is version 2, a PodGroupObserved without handover times
+    version 4, a CycleCompleted with neither a tried order nor pods stuck releasing version 1)."""
     kind = type(payload)
-    added = ADDED_FIELDS.get(kind)
-    if added is not None:
-        defaults = _DEFAULTS[kind]
-        for name in added[0]:  # (a loop, not all() over a generator: every observed pod comes here)
+    steps = ADDED_FIELDS.get(kind)
+    if steps is None:
+        return PAYLOAD_VERSION[kind]
+    defaults = _DEFAULTS[kind]
+    version = PAYLOAD_VERSION[kind]
+    for names, before in steps:
+        for name in names:  # (a loop, not all() over a generator: every observed pod comes here)
             if getattr(payload, name) != defaults[name]:
-                return PAYLOAD_VERSION[kind]
-        return added[1]
-    return PAYLOAD_VERSION[kind]
+                return version
+        version = before
+    return version
 
 
 #: Types the scheduler writes as the outcome of a cycle (compared byte for byte by replay).

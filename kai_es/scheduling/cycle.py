@@ -14,6 +14,8 @@ Contract (what makes replay exact):
   the state digest of the config's policy version (`kai_es.scheduling.policy`).
 - A pod left Pending gets a PodUnschedulable only when its reasons differ from the last ones
   announced for it, so an unchanged verdict is not repeated every cycle.
+- The CycleCompleted carries what the policy's `rules.tried_order` records of the order
+  allocate tried the waiting jobs in (kai-es/v13 on).
 """
 
 from __future__ import annotations
@@ -105,4 +107,4 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
         emitter.unschedulable(state, key, unschedulable[key])
     every = config.state_digest_every
     digest = policy.state_digest(state) if every and cycle_payload.cycle % every == 0 else None
-    return emitter.completed(cycle_payload.cycle, digest, stuck)
+    return emitter.completed(cycle_payload.cycle, digest, stuck, policy.rules.tried_order.record(session))

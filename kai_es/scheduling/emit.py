@@ -87,11 +87,12 @@ class Emitter:
             podgroup=job.name, queue=job.queue, reasons=reasons),
             f"pod/{pod.spec.namespace}/{pod.spec.name}")
 
-    def completed(self, cycle: int, statedigest: str | None, stuck_releasing: list[str] | None = None
-                  ) -> list[Envelope]:
+    def completed(self, cycle: int, statedigest: str | None, stuck_releasing: list[str] | None = None,
+                  tried_order: p.TriedOrder | None = None) -> list[Envelope]:
         c = self.counts
         self.emit(p.CycleCompleted(
             cycle=cycle, decisions=len(self.out), bound=c["bound"], pipelined=c["pipelined"],
-            evicted=c["evicted"], unschedulable=c["unschedulable"], stuck_releasing=stuck_releasing or []),
+            evicted=c["evicted"], unschedulable=c["unschedulable"], stuck_releasing=stuck_releasing or [],
+            tried_order=tried_order),
             f"cycle/{cycle}", statedigest=statedigest)
         return self.out

@@ -150,6 +150,12 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   victim takes back in KAI: KAI's reclaim integration tests "reclaim from less prioritized
   queue" and "queue0 is over quota, queue1 is under quota, yet we don't reclaim").
 
+- `kai-es/v13`: v12's decisions, and each cycle's CycleCompleted records the order its allocate
+  tried the waiting jobs in, as an edit of the last cycle's (nothing when unchanged;
+  `rules.tried_order.Recorded`, folded by the fold rule `keeps_tried_order`): the positions
+  users read are the order the cycle used, where v12 derived them as the order a cycle would
+  try if none of the jobs were placed.
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -210,6 +216,7 @@ from kai_es.scheduling.rules.search_backoff import FailedSearchesBackOff, NoSear
 from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
 from kai_es.scheduling.rules.staleness import PlacedPodsKeepTheGang, SubGroupStaleness, TopLevelStalenessV3
 from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
+from kai_es.scheduling.rules.tried_order import NotRecordedV12, Recorded
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
 from kai_es.scheduling.rules.victim_order import NewestFirstV5, ReverseTaskOrder
 from kai_es.scheduling.rules.victim_queue_order import CheapestFirstV10, ReverseQueueOrder
@@ -303,6 +310,7 @@ RULES_V1: Final = Rules(
     queue_limits=LimitsBeforeSearchV9(),
     elastic_surplus=SurplusAboveMinMemberV9(),
     victim_queue_order=CheapestFirstV10(),
+    tried_order=NotRecordedV12(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -353,6 +361,9 @@ RULES_V11: Final = replace(RULES_V10, victim_queue_order=ReverseQueueOrder())
 #: kai-es/v12: a search re-places the victims KAI's allocation order takes before the preemptor
 #: first, and places the preemptor on what is left (KAI's TryToVirtuallyAllocatePreemptorAndGetVictims)
 RULES_V12: Final = replace(RULES_V11, replacement_order=InAllocationOrder())
+#: kai-es/v13: v12's decisions, and each cycle records the order its allocate tried the waiting
+#: jobs in (the positions users read), as an edit of the last cycle's
+RULES_V13: Final = replace(RULES_V12, tried_order=Recorded())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -401,9 +412,12 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v12", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V12, FOLD_RULES["kai-es/v12"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v13", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V13, FOLD_RULES["kai-es/v13"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v12"
+CURRENT_POLICY: Final = "kai-es/v13"
 
 
 def policy_for(version: str) -> PolicyVersion:

@@ -167,6 +167,8 @@ class Session:
         #: pods decided this cycle (placed, or given their reasons), and pods placed
         self.done: set[str] = set()
         self.placed_pods: set[str] = set()
+        #: the jobs allocate tried, each at its first try, in order (`rules.tried_order`)
+        self.tried: dict[str, None] = {}
         #: the gang minimum chosen for each job when it was last a candidate
         self.gang: dict[str, Minimum] = {}
         #: pods an action of this cycle left waiting, with the reasons (the cycle keeps it)

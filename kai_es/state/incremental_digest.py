@@ -233,6 +233,10 @@ def _header_hash(src: ClusterState | Snapshot) -> int:
         header["capacity_since_ns"] = src.capacity_since_ns
         header["capacity_usage"] = (src.capacity_usage if isinstance(src, Snapshot)
                                     else usage_form(src.capacity_usage))
+    # the last cycle's tried order (kai-es/v13 on) only when kept, so other states digest as before
+    if src.tried_order_cycle:
+        header["tried_order_cycle"] = src.tried_order_cycle
+        header["tried_order"] = src.tried_order
     return entity_hash("state", "", header)
 
 

@@ -281,6 +281,11 @@ class ClusterState:
     #: room held for moved pods' replacements: owner key ("<namespace>/<kind>/<name>" of the
     #: moved pod's owner) -> the holds for its pods, in decision order (`MoveHold`; kai-es/v8)
     move_holds: dict[str, list[MoveHold]] = field(default_factory=dict)
+    #: the order the last completed cycle's allocate tried the waiting jobs in (job keys, each
+    #: at its first try; kai-es/v13 on, `CycleCompleted.tried_order`), and that cycle's number
+    #: (0: no cycle of a version that keeps it, and then the order is empty)
+    tried_order: list[str] = field(default_factory=list)
+    tried_order_cycle: int = 0
     #: change tracking for caches derived from node usage (not part of the snapshot or digest):
     #: nodes whose usage changed since a cache last looked, and a counter bumped whenever the
     #: set of nodes or a node's spec changes.

@@ -136,6 +136,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     capacity_usage: dict[str, list[str]] = {}
     capacity_since_ns: int = 0
     move_holds: dict[str, list[MoveHold]] = {}
+    tried_order: list[str] = []
+    tried_order_cycle: int = 0
 
 
 def usage_form(buckets: dict[int, list[int]]) -> dict[str, list[str]]:
@@ -239,6 +241,7 @@ def snapshot(state: ClusterState) -> Snapshot:
         config_maps=sorted(state.config_maps),
         capacity_usage=usage_form(state.capacity_usage), capacity_since_ns=state.capacity_since_ns,
         move_holds={k: list(v) for k, v in sorted(state.move_holds.items())},
+        tried_order=list(state.tried_order), tried_order_cycle=state.tried_order_cycle,
     )
 
 
@@ -278,6 +281,7 @@ def restore(snap: Snapshot) -> ClusterState:
         volumes={v.name: v for v in snap.volumes}, config_maps=set(snap.config_maps),
         capacity_usage=usage_of(snap.capacity_usage), capacity_since_ns=snap.capacity_since_ns,
         move_holds={k: list(v) for k, v in snap.move_holds.items()},
+        tried_order=list(snap.tried_order), tried_order_cycle=snap.tried_order_cycle,
     )
     r.derive_config_flags(st)
     for q in snap.queues:

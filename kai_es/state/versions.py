@@ -23,6 +23,10 @@ reducer sits below the scheduler, so it is kept at the reducer's layer).
   replacement comes: the pod still runs where it was), so a move tried again holds its room
   once and its replacement claims that hold (`kai_es.state.handlers.move_holds.release_holds`;
   kai-es/v11 on; the config in force).
+- `keeps_tried_order`: a CycleCompleted carries the order its allocate tried the waiting jobs in
+  (`TriedOrder`, an edit of the last cycle's; none: unchanged), kept as
+  `ClusterState.tried_order`; a cycle of an older version leaves no order (kai-es/v13 on; the
+  decision's own `policyversion`).
 
 A version this build does not know folds as the newest (the scheduler rejects a config naming
 one before it is applied); a log with no version at all (None) folds as the first logs did.
@@ -44,6 +48,7 @@ class FoldRules:
     holds_moves: bool = False
     backs_off_searches: bool = False
     releases_failed_moves: bool = False
+    keeps_tried_order: bool = False
 
 
 _FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
@@ -57,6 +62,9 @@ _HOLDING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_no
 _RELEASING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
                               handover_stamps=True, holds_moves=True, backs_off_searches=True,
                               releases_failed_moves=True)
+_ORDERED: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
+                            handover_stamps=True, holds_moves=True, backs_off_searches=True,
+                            releases_failed_moves=True, keeps_tried_order=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {
@@ -78,10 +86,12 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v11": _RELEASING,
     # victims re-placed in the allocation order with the preemptor: no fold changes
     "kai-es/v12": _RELEASING,
+    # each cycle's tried order is kept (the positions shown)
+    "kai-es/v13": _ORDERED,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}
-_NEWEST: Final = _RELEASING
+_NEWEST: Final = _ORDERED
 
 
 def fold_rules(version: object) -> FoldRules:

@@ -151,7 +151,7 @@ class LiveView:
                 self.history.add(Point(cut.cycle, cut.time_ns, {
                     name: (q.resources["gpu"].allocated, q.resources["gpu"].fair_share, q.resources["gpu"].quota)
                     for name, q in cut.queues.items()}))
-            self.timelines.cycle_completed(record)
+            self.timelines.cycle_completed(record, self.state)
             self.timelines.prune(self.state)
             return
         self.timelines.event(record, self.state)

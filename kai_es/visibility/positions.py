@@ -1,23 +1,30 @@
-"""Where a pending job stands in its queue: the order in which a cycle takes the queue's jobs
-(`kai_es.scheduling.session.queued_job`: higher priority, below its gang minimum before elastic
-extras, older, uid). Pure.
+"""Where a pending job stands in its queue and in the cluster: the order in which a cycle takes
+the queue's jobs (`kai_es.scheduling.session.queued_job`: higher priority, below its gang
+minimum before elastic extras, older, uid), and the order in which a cycle tried every queue's
+jobs. Pure.
 
-Positions need no event of their own: they are a function of the folded state at a cycle's cut,
-which replay rebuilds exactly, so the position a job had at any cycle is known for any log,
-including logs written before this module existed. The position is the queue's own order; which
-queue goes next at each step of a cycle depends on the fair shares as they move within it (see
-`explain`'s queue numbers).
+In-queue positions need no event of their own: they are a function of the folded state at a
+cycle's cut, which replay rebuilds exactly, so the position a job had at any cycle is known for
+any log, including logs written before this module existed.
+
+The cluster-wide order is the one the last completed cycle used, where the log records it
+(kai-es/v13 on: `ClusterState.tried_order`, folded from each CycleCompleted's `tried_order`):
+each job at its first try — jobs with a pod pipelined to a node, gangs restored first, then KAI's
+queue order as the cycle's placements moved it. It lists the jobs that cycle tried, those it
+placed included, so a job's place says how many jobs that cycle tried before it. A log of an
+older version has no recorded order: there the order is derived from the state, as the order a
+cycle at `now_ns` would try the waiting jobs in if none of them were placed — jobs with a pod
+pipelined to a node first (as allocate takes them), then, at each step, the queue the policy's
+queue order puts first (fair share, allocation, the candidate's request: the Session's own
+`pick`), then that queue's next job. A job placed ahead moves its queue back, so that order is
+the worst case of a full cluster, which is when people ask. (Gangs restored ahead of the order
+are left out of it.)
 
 Contract: `queue_order(state, queue)` lists the job keys of the leaf queue's pending jobs that
 have pods waiting, in order; `position(state, job_key)` is (1-based position, jobs in the queue)
-or None for a job that is not waiting. `cluster_order(state, now_ns)` lists every waiting job
-of every leaf queue in the order a cycle at `now_ns` over `state` would try them if none of
-them were placed: jobs with a pod pipelined to a node first (as allocate takes them), then, at
-each step, the queue the policy's queue order puts first (fair share, allocation, the
-candidate's request: the Session's own `pick`), then that queue's next job. A job placed ahead
-moves its queue back, so the order is the worst case of a full cluster, which is when people
-ask. (Gangs restored ahead of the order and the same-shape shortcut of `rules.hopeless_batch`
-are left out: they skip tries, not positions.)
+or None for a job that is not waiting. `cluster_order(state, now_ns)` is the cluster-wide order
+above (the recorded one when the state holds one); `tried_ranks(state)` the recorded one as job
+-> 0-based index (None when there is none), made once per recorded order.
 """
 
 from __future__ import annotations
@@ -53,8 +60,32 @@ def ranked(order: list[str]) -> dict[str, int]:
     return {key: i for i, key in enumerate(order)}
 
 
+def tried_ranks(state: ClusterState) -> dict[str, int] | None:
+    """The last cycle's recorded tried order as job -> 0-based index; None when the state holds
+    none (a log before kai-es/v13). Kept in `state.caches` while the order is the same list."""
+    if not state.tried_order_cycle:
+        return None
+    kept = state.caches.get("tried_ranks")
+    if isinstance(kept, tuple) and kept[0] is state.tried_order:
+        ranks: dict[str, int] = kept[1]
+        return ranks
+    ranks = ranked(state.tried_order)
+    state.caches["tried_ranks"] = (state.tried_order, ranks)
+    return ranks
+
+
 def cluster_order(state: ClusterState, now_ns: int) -> list[str]:
-    """Every waiting job in the order a cycle at `now_ns` tries them (module docstring)."""
+    """Every job in the cluster-wide order (module docstring): the last cycle's recorded tried
+    order when the state holds one, else the order a cycle at `now_ns` would try the waiting
+    jobs in if none were placed."""
+    if state.tried_order_cycle:
+        return list(state.tried_order)
+    return would_try(state, now_ns)
+
+
+def would_try(state: ClusterState, now_ns: int) -> list[str]:
+    """Every waiting job in the order a cycle at `now_ns` tries them if none is placed (module
+    docstring)."""
     config = config_or_default(state.config)
     rules = policy_for(config.policy_version).rules
     session = Session(state, Plan(state, load_packer("reference"), strategy_of(config, state)), now_ns, rules,

@@ -76,16 +76,16 @@ class JobTimelines:
         if isinstance(data, p.CycleStarted):
             self.cycle_started(record, state, numbers if numbers is not None else CutNumbers(state, record.envelope.logicaltime))
         elif isinstance(data, p.CycleCompleted):
-            self.cycle_completed(record)
+            self.cycle_completed(record, state)
         else:
             self.event(record, state)
 
-    def cycle_completed(self, record: Record) -> None:
-        """CycleCompleted `record`: the timelines that opened its cut judge it."""
+    def cycle_completed(self, record: Record, state: ClusterState | None = None) -> None:
+        """CycleCompleted `record` (folded into `state`): the timelines that opened its cut judge it."""
         basedon = record.envelope.basedon
         if basedon is not None:
             for timeline in self._open.pop(basedon, ()):
-                timeline.cycle_completed(basedon)
+                timeline.cycle_completed(basedon, state)
 
     def prune(self, state: ClusterState) -> int:
         """With a `limit` exceeded, drop finished jobs' timelines, oldest first, down to 3/4 of

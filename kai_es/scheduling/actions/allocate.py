@@ -165,6 +165,7 @@ class Allocator:
     def _try(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector) -> bool:
         """Place the job's pods now, all or none; False (and reasons recorded) if it cannot."""
         assert leaf.jobs is not None
+        self.session.tried.setdefault(job.key)
         need = self.session.gang[job.key]
         gang_stage = bool(need.pods) or need.problem is not None
         if job.spec is None and not job.implicit:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.semi_preemptible import SemiPreemptible
     from kai_es.scheduling.rules.staleness import Staleness
     from kai_es.scheduling.rules.topology_placement import TopologyPlacement
+    from kai_es.scheduling.rules.tried_order import TriedOrderRule
     from kai_es.scheduling.rules.victim_eligibility import VictimEligibility
     from kai_es.scheduling.rules.victim_order import VictimOrder
     from kai_es.scheduling.rules.victim_queue_order import VictimQueueOrder
@@ -107,3 +108,5 @@ class Rules:
     elastic_surplus: ElasticSurplus
     #: reclaim, preempt: which queue gives the next victim job (the bounded search)
     victim_queue_order: VictimQueueOrder
+    #: what the cycle records of the order allocate tried the waiting jobs in (the cycle)
+    tried_order: TriedOrderRule

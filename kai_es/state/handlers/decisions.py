@@ -11,6 +11,7 @@ from kai_es.state.handlers.jobs import set_pending
 from kai_es.state.handlers.move_holds import add_hold, drop_expired
 from kai_es.state.handlers.occupancy import occupy
 from kai_es.state.handlers.pods import set_status
+from kai_es.state.handlers.tried_order import keep
 from kai_es.state.keys import pod_key
 from kai_es.state.model import ClusterState, Job
 from kai_es.state.versions import fold_rules
@@ -23,7 +24,9 @@ def cycle_started(state: ClusterState, env: Envelope) -> None:
 
 
 def cycle_completed(state: ClusterState, env: Envelope) -> None:
-    state.completed_cycle = env.data.cycle
+    data: p.CycleCompleted = env.data
+    state.completed_cycle = data.cycle
+    keep(state, data.cycle, data.tried_order, fold_rules(env.policyversion).keeps_tried_order)
 
 
 def binding_decided(state: ClusterState, env: Envelope) -> None:
