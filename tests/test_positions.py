@@ -2,7 +2,9 @@
 place in its queue is the order a cycle takes the queue's jobs — higher priority first, then
 older — computed from the folded state at each cycle's cut, so any log (older ones included)
 has them and replay gives them back. `explain --queue Q` lists the queue's waiting jobs in that
-order with what each waits for; `explain NS/NAME` gives a job's position over its waits."""
+order with what each waits for; `explain NS/NAME` gives a job's position over its waits. The
+cluster-wide order a kai-es/v13 cycle records is tested in tests/test_policy_v13.py; the one
+derived for older logs (`would_try`) here."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ Contract:
   {reason: code, message}) while its pods are unschedulable and none of its pods was bound since;
   a bind clears it. A group kai-es made up (see grouping.py) is not in the API: skipped.
   While the writer holds the whole fold (as for Queue status), the condition's message starts
-  with the job's place in its queue and in the cluster-wide order (`#3 of 7 in queue team-a, #5
+  with the job's place in its queue and in the cluster-wide order — the order the last cycle
+  tried, from kai-es/v13 on (`#3 of 7 in queue team-a, #5
   of 12 in the cluster: ...`, `kai_es.visibility.positions`, as `kai-es explain --queue` lists
   them, from the state folded up to the last record read), so `kubectl describe podgroup` (and, with
   kai-es's CRD, `kubectl get podgroup -o wide`) tell where a job stands. A new verdict is written
