@@ -249,3 +249,20 @@ def test_a_tried_order_of_the_wrong_shape_is_a_decode_error_naming_it(bad: dict[
     raw["schemaversion"] = 3
     with pytest.raises(DecodeError, match="tried_order"):  # a clear error naming the field
         decode(msgspec.json.encode(raw))
+
+
+def test_the_podgroup_condition_gives_the_place_the_cycle_used() -> None:
+    """The binder's condition, once the cycle's CycleCompleted is folded (what flush does before
+    sending): a-2 is first in its queue now (a-1 ran), and was tried third of three."""
+    from kai_es.adapters.kubernetes.status import StatusWriter
+
+    records = _teams()
+    end = next(i for i, r in enumerate(records) if isinstance(r.envelope.data, p.CycleCompleted))
+    writer = StatusWriter(object(), scheduled_events=False)  # type: ignore[arg-type]  # never sends
+    for record in records[:end + 1]:
+        writer.observe(record)
+    writer._position_writes()  # noqa: SLF001 - what flush does before sending
+    messages = {key[2]: w.body["status"]["schedulingConditions"][0]["message"]
+                for key, w in writer._pending.items() if key[0] == "podgroup"}  # noqa: SLF001
+    a2 = next(m for g, m in messages.items() if _short(f"default/{g}") == "a-2")
+    assert a2.startswith("#1 of 1 in queue team-a, #3 of 3 in the cluster: "), a2
