@@ -266,3 +266,15 @@ def test_the_podgroup_condition_gives_the_place_the_cycle_used() -> None:
                 for key, w in writer._pending.items() if key[0] == "podgroup"}  # noqa: SLF001
     a2 = next(m for g, m in messages.items() if _short(f"default/{g}") == "a-2")
     assert a2.startswith("#1 of 1 in queue team-a, #3 of 3 in the cluster: "), a2
+
+
+def test_a_cycle_with_no_order_is_written_as_before() -> None:
+    """Schema version 3 of cycle.completed only adds `tried_order`: a cycle without one keeps the
+    bytes older versions wrote (version 2 with pods stuck releasing, else version 1)."""
+    from kai_es.events.registry import written_version
+
+    order = p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=["default/a"])
+    assert written_version(p.CycleCompleted(cycle=1, decisions=1)) == 1
+    assert written_version(p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=["d/p"])) == 2
+    assert written_version(p.CycleCompleted(cycle=1, decisions=1, tried_order=order)) == 3
+    assert written_version(p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=["d/p"], tried_order=order)) == 3
