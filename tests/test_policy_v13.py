@@ -278,3 +278,38 @@ def test_a_cycle_with_no_order_is_written_as_before() -> None:
     assert written_version(p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=["d/p"])) == 2
     assert written_version(p.CycleCompleted(cycle=1, decisions=1, tried_order=order)) == 3
     assert written_version(p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=["d/p"], tried_order=order)) == 3
+
+
+@settings(max_examples=60)
+@given(st.lists(st.text(min_size=1, max_size=400), unique=True, max_size=40), st.integers(1, 20_000))
+def test_the_recorded_head_is_the_longest_that_fits_the_byte_budget(names: list[str], copies: int) -> None:
+    """However many jobs a cycle tries and whatever their names (escapes included), the recorded
+    order is a head of the tried order whose keys fit MAX_ORDER_BYTES as JSON, and the next key
+    would not have fitted."""
+    from kai_es.scheduling.rules.tried_order import MAX_ORDER_BYTES, recorded_head
+
+    tried = [f"{name}/{i}" for i in range(copies // max(1, len(names)) + 1) for name in names]
+    head = recorded_head(tried)
+    assert tried[:len(head)] == head
+    size = sum(len(msgspec.json.encode(k)) + 1 for k in head)
+    assert size <= MAX_ORDER_BYTES
+    if len(head) < len(tried):
+        assert size + len(msgspec.json.encode(tried[len(head)])) + 1 > MAX_ORDER_BYTES
+
+
+def test_a_backlog_of_long_names_keeps_the_cycle_completed_under_kafkas_record_limit() -> None:
+    """20,000 waiting jobs with 300-character names: the CycleCompleted carrying the first
+    recorded order stays under 1 MiB encoded (Kafka's default max.message.bytes is 1 MB)."""
+    from kai_es.events.factory import make_envelope
+    from kai_es.scheduling.rules.tried_order import Recorded
+
+    class _Session:
+        state = ClusterState()
+        tried = {f"team-{i % 50}/{'j' * 280}-{i:06d}": None for i in range(20_000)}
+
+    order = Recorded().record(_Session())  # type: ignore[arg-type]
+    assert order is not None and 1_000 < len(order.jobs) < 20_000
+    env = make_envelope(p.CycleCompleted(cycle=1, decisions=1, tried_order=order), event_id="c", source="test",
+                        subject="cycle/1", logicaltime=1, causationid="x", correlationid="x", basedon=0,
+                        policyversion="kai-es/v13")
+    assert len(encode(env)) < 1_000_000

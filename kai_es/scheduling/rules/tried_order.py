@@ -8,14 +8,20 @@ positions users read (`kai-es explain`, `kai-es serve`, the PodGroup's condition
   then KAI's queue order as the cycle's placements moved it — as an edit of the order the cut
   held (`state.handlers.tried_order.edit`), or nothing when that order is unchanged. A full
   cluster where nothing moves records nothing; a cycle whose placements reorder the queues
-  records the stretch that changed. Replay compares it with the decisions, byte for byte.
+  records the stretch that changed. Replay compares it with the decisions, byte for byte. The
+  order recorded is the longest head of the tried order whose job keys take at most
+  `MAX_ORDER_BYTES` as JSON (about 8,000 jobs of usual names): one event stays well under
+  Kafka's default 1 MB record limit however long the backlog, and a job tried after that head
+  has no cluster-wide place.
 
 Contract: pure; `record` reads the state at the cut and the Session's tries (`Session.tried`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
+
+import msgspec
 
 from kai_es.events.payloads import TriedOrder
 from kai_es.scheduling.session import Session
@@ -34,9 +40,26 @@ class NotRecordedV12:
         return None
 
 
+#: the most JSON bytes the job keys of one recorded order take (module docstring)
+MAX_ORDER_BYTES: Final = 512 * 1024
+
+
+def recorded_head(tried: list[str]) -> list[str]:
+    """The longest head of `tried` whose keys, JSON-encoded, take at most MAX_ORDER_BYTES."""
+    if sum(len(key) for key in tried) + 3 * len(tried) <= MAX_ORDER_BYTES // 6:
+        return tried  # (even if every character were escaped six-fold: no need to measure)
+    total = 0
+    encode = msgspec.json.encode
+    for i, key in enumerate(tried):
+        total += len(encode(key)) + 1
+        if total > MAX_ORDER_BYTES:
+            return tried[:i]
+    return tried
+
+
 class Recorded:
     __slots__ = ()
 
     def record(self, session: Session) -> TriedOrder | None:
         state = session.state
-        return edit(state.tried_order, list(session.tried), state.tried_order_cycle)
+        return edit(state.tried_order, recorded_head(list(session.tried)), state.tried_order_cycle)
