@@ -37,10 +37,11 @@ from tests.policy_patch import without
 from tests.test_simulation import small_scenarios
 
 
-def test_the_default_policy_is_v13_and_it_only_records_the_order() -> None:
+def test_the_default_policy_is_v13_and_it_only_changes_what_a_cycle_records() -> None:
     assert policy.CURRENT_POLICY == "kai-es/v13"
     v12, v13 = policy.POLICIES["kai-es/v12"], policy.POLICIES["kai-es/v13"]
-    assert dataclasses.replace(v13.rules, tried_order=v12.rules.tried_order) == v12.rules
+    assert dataclasses.replace(v13.rules, tried_order=v12.rules.tried_order,
+                               stuck_record=v12.rules.stuck_record) == v12.rules
     assert dataclasses.replace(v13.fold, keeps_tried_order=False) == v12.fold and v13.fold.keeps_tried_order
 
 
@@ -280,36 +281,46 @@ def test_a_cycle_with_no_order_is_written_as_before() -> None:
     assert written_version(p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=["d/p"], tried_order=order)) == 3
 
 
-@settings(max_examples=60)
-@given(st.lists(st.text(min_size=1, max_size=400), unique=True, max_size=40), st.integers(1, 20_000))
-def test_the_recorded_head_is_the_longest_that_fits_the_byte_budget(names: list[str], copies: int) -> None:
-    """However many jobs a cycle tries and whatever their names (escapes included), the recorded
-    order is a head of the tried order whose keys fit MAX_ORDER_BYTES as JSON, and the next key
-    would not have fitted."""
-    from kai_es.scheduling.rules.tried_order import MAX_ORDER_BYTES, recorded_head
+@settings(max_examples=80)
+@given(st.lists(st.text(min_size=1, max_size=400), unique=True, max_size=40), st.integers(1, 20_000),
+       st.integers(0, 2**20))
+def test_a_records_head_is_the_longest_that_fits_its_byte_budget(names: list[str], copies: int, budget: int) -> None:
+    """However many keys and whatever their characters (escapes included), `keys_head` is a head
+    of the keys whose JSON takes at most the budget, and the next key would not have fitted."""
+    from kai_es.events.record_size import keys_head
 
-    tried = [f"{name}/{i}" for i in range(copies // max(1, len(names)) + 1) for name in names]
-    head = recorded_head(tried)
-    assert tried[:len(head)] == head
+    keys = [f"{name}/{i}" for i in range(copies // max(1, len(names)) + 1) for name in names]
+    head = keys_head(keys, budget)
+    assert keys[:len(head)] == head
     size = sum(len(msgspec.json.encode(k)) + 1 for k in head)
-    assert size <= MAX_ORDER_BYTES
-    if len(head) < len(tried):
-        assert size + len(msgspec.json.encode(tried[len(head)])) + 1 > MAX_ORDER_BYTES
+    assert size <= budget
+    if len(head) < len(keys):
+        assert size + len(msgspec.json.encode(keys[len(head)])) + 1 > budget
 
 
-def test_a_backlog_of_long_names_keeps_the_cycle_completed_under_kafkas_record_limit() -> None:
-    """20,000 waiting jobs with 300-character names: the CycleCompleted carrying the first
-    recorded order stays under 1 MiB encoded (Kafka's default max.message.bytes is 1 MB)."""
+def test_a_backlog_and_an_outage_keep_the_cycle_completed_under_kafkas_record_limit() -> None:
+    """20,000 waiting jobs and 20,000 pods stuck releasing (a node outage), all with 300-character
+    names: the CycleCompleted stays under 1 MB encoded (Kafka's default max.message.bytes);
+    v12's rules would write every stuck pod, and an order that long, in one record."""
     from kai_es.events.factory import make_envelope
+    from kai_es.scheduling.rules.stuck_record import EveryStuckPodV12, StuckHead
     from kai_es.scheduling.rules.tried_order import Recorded
 
     class _Session:
         state = ClusterState()
         tried = {f"team-{i % 50}/{'j' * 280}-{i:06d}": None for i in range(20_000)}
 
+    stuck = sorted(f"ns-{i % 50}/{'p' * 280}-{i:06d}" for i in range(20_000))
     order = Recorded().record(_Session())  # type: ignore[arg-type]
     assert order is not None and 1_000 < len(order.jobs) < 20_000
-    env = make_envelope(p.CycleCompleted(cycle=1, decisions=1, tried_order=order), event_id="c", source="test",
-                        subject="cycle/1", logicaltime=1, causationid="x", correlationid="x", basedon=0,
-                        policyversion="kai-es/v13")
-    assert len(encode(env)) < 1_000_000
+
+    def size(stuck_releasing: list[str], tried_order: p.TriedOrder | None) -> int:
+        return len(encode(make_envelope(
+            p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=stuck_releasing, tried_order=tried_order),
+            event_id="c", source="test", subject="cycle/1", logicaltime=1, causationid="x", correlationid="x",
+            basedon=0, policyversion="kai-es/v13")))
+
+    recorded = StuckHead().record(stuck)
+    assert recorded == stuck[:len(recorded)] and 500 < len(recorded) < 20_000
+    assert size(recorded, order) < 1_000_000
+    assert size(EveryStuckPodV12().record(stuck), None) > 1_000_000

@@ -107,4 +107,5 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
         emitter.unschedulable(state, key, unschedulable[key])
     every = config.state_digest_every
     digest = policy.state_digest(state) if every and cycle_payload.cycle % every == 0 else None
-    return emitter.completed(cycle_payload.cycle, digest, stuck, policy.rules.tried_order.record(session))
+    return emitter.completed(cycle_payload.cycle, digest, policy.rules.stuck_record.record(stuck),
+                             policy.rules.tried_order.record(session))

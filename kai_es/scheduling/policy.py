@@ -154,7 +154,9 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   tried the waiting jobs in, as an edit of the last cycle's (nothing when unchanged;
   `rules.tried_order.Recorded`, folded by the fold rule `keeps_tried_order`): the positions
   users read are the order the cycle used, where v12 derived them as the order a cycle would
-  try if none of the jobs were placed.
+  try if none of the jobs were placed. One cycle's record stays under Kafka's default 1 MB: the
+  tried order holds at most 512 KiB of job keys, `stuck_releasing` at most 256 KiB of pod keys
+  (`rules.stuck_record.StuckHead`; the capacity of every stuck pod is held as before).
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
@@ -216,6 +218,7 @@ from kai_es.scheduling.rules.search_backoff import FailedSearchesBackOff, NoSear
 from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
 from kai_es.scheduling.rules.staleness import PlacedPodsKeepTheGang, SubGroupStaleness, TopLevelStalenessV3
 from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
+from kai_es.scheduling.rules.stuck_record import EveryStuckPodV12, StuckHead
 from kai_es.scheduling.rules.tried_order import NotRecordedV12, Recorded
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
 from kai_es.scheduling.rules.victim_order import NewestFirstV5, ReverseTaskOrder
@@ -311,6 +314,7 @@ RULES_V1: Final = Rules(
     elastic_surplus=SurplusAboveMinMemberV9(),
     victim_queue_order=CheapestFirstV10(),
     tried_order=NotRecordedV12(),
+    stuck_record=EveryStuckPodV12(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -362,8 +366,9 @@ RULES_V11: Final = replace(RULES_V10, victim_queue_order=ReverseQueueOrder())
 #: first, and places the preemptor on what is left (KAI's TryToVirtuallyAllocatePreemptorAndGetVictims)
 RULES_V12: Final = replace(RULES_V11, replacement_order=InAllocationOrder())
 #: kai-es/v13: v12's decisions, and each cycle records the order its allocate tried the waiting
-#: jobs in (the positions users read), as an edit of the last cycle's
-RULES_V13: Final = replace(RULES_V12, tried_order=Recorded())
+#: jobs in (the positions users read), as an edit of the last cycle's; a cycle's record stays
+#: under 1 MB (its tried order and its pods stuck releasing each within a byte budget)
+RULES_V13: Final = replace(RULES_V12, tried_order=Recorded(), stuck_record=StuckHead())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,

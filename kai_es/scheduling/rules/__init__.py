@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.semi_preemptible import SemiPreemptible
     from kai_es.scheduling.rules.staleness import Staleness
     from kai_es.scheduling.rules.topology_placement import TopologyPlacement
+    from kai_es.scheduling.rules.stuck_record import StuckRecord
     from kai_es.scheduling.rules.tried_order import TriedOrderRule
     from kai_es.scheduling.rules.victim_eligibility import VictimEligibility
     from kai_es.scheduling.rules.victim_order import VictimOrder
@@ -110,3 +111,5 @@ class Rules:
     victim_queue_order: VictimQueueOrder
     #: what the cycle records of the order allocate tried the waiting jobs in (the cycle)
     tried_order: TriedOrderRule
+    #: which pods stuck releasing the cycle's record names (the cycle)
+    stuck_record: StuckRecord

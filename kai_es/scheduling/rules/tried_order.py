@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Final, Protocol
 
-import msgspec
-
 from kai_es.events.payloads import TriedOrder
+from kai_es.events.record_size import keys_head
 from kai_es.scheduling.session import Session
 from kai_es.state.handlers.tried_order import edit
 
@@ -46,15 +45,7 @@ MAX_ORDER_BYTES: Final = 512 * 1024
 
 def recorded_head(tried: list[str]) -> list[str]:
     """The longest head of `tried` whose keys, JSON-encoded, take at most MAX_ORDER_BYTES."""
-    if sum(len(key) for key in tried) + 3 * len(tried) <= MAX_ORDER_BYTES // 6:
-        return tried  # (even if every character were escaped six-fold: no need to measure)
-    total = 0
-    encode = msgspec.json.encode
-    for i, key in enumerate(tried):
-        total += len(encode(key)) + 1
-        if total > MAX_ORDER_BYTES:
-            return tried[:i]
-    return tried
+    return keys_head(tried, MAX_ORDER_BYTES)
 
 
 class Recorded:
