@@ -217,8 +217,8 @@ from kai_es.scheduling.rules.replacement_order import InAllocationOrder, Preempt
 from kai_es.scheduling.rules.search_backoff import FailedSearchesBackOff, NoSearchBackoffV7
 from kai_es.scheduling.rules.semi_preemptible import CoreKeptInQuota, SemiAsPreemptibleV7
 from kai_es.scheduling.rules.staleness import PlacedPodsKeepTheGang, SubGroupStaleness, TopLevelStalenessV3
-from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
 from kai_es.scheduling.rules.stuck_record import EveryStuckPodV12, StuckHead
+from kai_es.scheduling.rules.topology_placement import TopologyAware, TopologyIgnoredV4
 from kai_es.scheduling.rules.tried_order import NotRecordedV12, Recorded
 from kai_es.scheduling.rules.victim_eligibility import ActionRuleOnlyV3, SpareGrowingJobs
 from kai_es.scheduling.rules.victim_order import NewestFirstV5, ReverseTaskOrder

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.search_backoff import SearchBackoff
     from kai_es.scheduling.rules.semi_preemptible import SemiPreemptible
     from kai_es.scheduling.rules.staleness import Staleness
-    from kai_es.scheduling.rules.topology_placement import TopologyPlacement
     from kai_es.scheduling.rules.stuck_record import StuckRecord
+    from kai_es.scheduling.rules.topology_placement import TopologyPlacement
     from kai_es.scheduling.rules.tried_order import TriedOrderRule
     from kai_es.scheduling.rules.victim_eligibility import VictimEligibility
     from kai_es.scheduling.rules.victim_order import VictimOrder
