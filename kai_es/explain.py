@@ -61,6 +61,7 @@ RULES: dict[str, str] = {
     "PreemptionDelay": "within its preemption delay (it may not evict anyone yet)",
     "TopologyUnsatisfied": "held by its topology constraint (no domain of the required level fits it)",
     "InvalidTopologyConstraint": "its topology constraint does not match its Topology",
+    "BeyondQueueDepth": "beyond the jobs allocate considers in its queue (queueDepthPerAction)",
 }
 
 UNITS = {"gpu": "milli-GPU", "cpu": "milli-CPU", "memory": "bytes", "time": "ns since the Unix epoch"}

@@ -29,7 +29,7 @@ from kai_es.ingest.groupers import CHAIN_ONLY, TABLE
 from kai_es.ingest.groupers.rules import GroupingRule
 from kai_es.ingest.names import SCHEDULER_NAME, scheduler_name_problem
 from kai_es.scheduling.policy import (CURRENT_POLICY, ActionName, config_actions, has_background_pods,
-                                     reclaims_by_queue_priority)
+                                     honours_queue_depth, reclaims_by_queue_priority)
 from kai_es.scheduling.predicates.selector_text import SelectorError, parse_selector
 from kai_es.scheduling.rules.background_pods import DEFAULT_SELECTOR as DEFAULT_BACKGROUND_SELECTOR
 
@@ -123,6 +123,10 @@ def duration_ns(text: str) -> int:
     return parse_signed_duration(text)
 
 
+#: the largest `queueDepthPerAction` value (a Kubernetes list holds far fewer objects)
+MAX_QUEUE_DEPTH = 1_000_000_000
+
+
 class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     #: None (not given): the policy version's default actions (`PolicyVersion.default_actions`); the
     #: validated config always holds the list
@@ -158,6 +162,10 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
     #: which running pods are background pods, whose capacity counts as free while a cycle
     #: plans (KAI's `backgroundpods` plugin; policy kai-es/v10 on)
     background_pods: BackgroundPods = BackgroundPods()
+    #: action -> how many of each queue's waiting jobs it considers, the first in KAI's job order
+    #: (KAI's `queueDepthPerAction`; each key one of the config's actions; policy kai-es/v13 on:
+    #: `rules.queue_depth`)
+    queue_depth_per_action: dict[ActionName, int] = {}
 
     @property
     def action_list(self) -> list[ActionName]:
@@ -220,6 +228,17 @@ class SchedulerConfig(_Cfg, kw_only=True, frozen=True):
         if self.background_pods != BackgroundPods() and not has_background_pods(self.policy_version):
             raise msgspec.ValidationError(f"policy {self.policy_version} has no background pods (kai-es/v10 on) "
                                           "- at `$.backgroundPods`")
+        for action, depth in sorted(self.queue_depth_per_action.items()):
+            where = f"`$.queueDepthPerAction.{action}`"
+            if isinstance(depth, bool) or not 1 <= depth <= MAX_QUEUE_DEPTH:
+                raise msgspec.ValidationError(f"must be a whole number from 1 to {MAX_QUEUE_DEPTH}, not {depth!r} "
+                                              f"- at {where}")
+            if action not in actions:
+                raise msgspec.ValidationError(f"the actions are {', '.join(actions)}: {action} is not one of them "
+                                              f"- at {where}")
+        if self.queue_depth_per_action and not honours_queue_depth(self.policy_version):
+            raise msgspec.ValidationError(f"policy {self.policy_version} has no queue depth (kai-es/v13 on) "
+                                          "- at `$.queueDepthPerAction`")
         if actions is not self.actions:
             msgspec.structs.force_setattr(self, "actions", actions)
 
@@ -257,6 +276,7 @@ _OMITTED_AT_DEFAULT: dict[tuple[str, str], object] = {
     ("", "stuckInReleasingThreshold"): "2m",
     ("", "queuePriorityInQuotaReclaim"): False,
     ("", "backgroundPods"): {"enabled": True, "labelSelector": DEFAULT_BACKGROUND_SELECTOR, "namespaces": []},
+    ("", "queueDepthPerAction"): {},
 }
 
 

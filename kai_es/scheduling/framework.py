@@ -30,6 +30,8 @@ QUEUE_LIMIT = "QueueLimit"
 NON_PREEMPTIBLE_OVER_QUOTA = "NonPreemptibleOverQuota"
 PREEMPTION_DELAY = "PreemptionDelay"
 VICTIMS_CANNOT_MAKE_ROOM = "VictimsCannotMakeRoom"
+#: kai-es/v13: the job is beyond its queue's `queueDepthPerAction.allocate` (`rules.queue_depth`)
+BEYOND_QUEUE_DEPTH = "BeyondQueueDepth"
 
 #: packer rejection slot -> (numbers key, human phrase)
 REJECTION_NAMES: tuple[tuple[str, str], ...] = (

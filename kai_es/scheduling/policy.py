@@ -156,7 +156,9 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   users read are the order the cycle used, where v12 derived them as the order a cycle would
   try if none of the jobs were placed. One cycle's record stays under Kafka's default 1 MB: the
   tried order holds at most 512 KiB of job keys, `stuck_releasing` at most 256 KiB of pod keys
-  (`rules.stuck_record.StuckHead`; the capacity of every stuck pod is held as before).
+  (`rules.stuck_record.StuckHead`; the capacity of every stuck pod is held as before). And
+  KAI's `queueDepthPerAction`: an action named there considers only the first N waiting jobs
+  of each queue (`rules.queue_depth.FirstJobsOfEachQueue`; older versions refuse the setting).
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
@@ -207,6 +209,7 @@ from kai_es.scheduling.rules.preemption_delay import (
 from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, HeldIdleSkipped, StuckReleasingHeld
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.elastic_surplus import SurplusAboveEachSubGroup, SurplusAboveMinMemberV9
+from kai_es.scheduling.rules.queue_depth import FirstJobsOfEachQueue, NoQueueDepthV12
 from kai_es.scheduling.rules.queue_limits import LimitsBeforeSearchV9, LimitsOnThePlan
 from kai_es.scheduling.rules.queue_order import AllocatableShareOrder, KaiQueueOrder, QueueOrderV1
 from kai_es.scheduling.rules.consolidation_nodes import CheapestVictimBreaksTies, MostFreeFirstV8
@@ -315,6 +318,7 @@ RULES_V1: Final = Rules(
     victim_queue_order=CheapestFirstV10(),
     tried_order=NotRecordedV12(),
     stuck_record=EveryStuckPodV12(),
+    queue_depth=NoQueueDepthV12(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -367,8 +371,10 @@ RULES_V11: Final = replace(RULES_V10, victim_queue_order=ReverseQueueOrder())
 RULES_V12: Final = replace(RULES_V11, replacement_order=InAllocationOrder())
 #: kai-es/v13: v12's decisions, and each cycle records the order its allocate tried the waiting
 #: jobs in (the positions users read), as an edit of the last cycle's; a cycle's record stays
-#: under 1 MB (its tried order and its pods stuck releasing each within a byte budget)
-RULES_V13: Final = replace(RULES_V12, tried_order=Recorded(), stuck_record=StuckHead())
+#: under 1 MB (its tried order and its pods stuck releasing each within a byte budget); KAI's
+#: queueDepthPerAction
+RULES_V13: Final = replace(RULES_V12, tried_order=Recorded(), stuck_record=StuckHead(),
+                           queue_depth=FirstJobsOfEachQueue())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -442,6 +448,12 @@ def reclaims_by_queue_priority(version: str) -> bool:
     """Whether policy `version` (a known one; else False) honours `queuePriorityInQuotaReclaim`."""
     found = POLICIES.get(version)
     return found is not None and found.rules.reclaim_victims.honours_queue_priority
+
+
+def honours_queue_depth(version: str) -> bool:
+    """Whether policy `version` (a known one; else False) honours `queueDepthPerAction` (v13 on)."""
+    found = POLICIES.get(version)
+    return found is not None and found.rules.queue_depth.honours_depth
 
 
 def has_background_pods(version: str) -> bool:

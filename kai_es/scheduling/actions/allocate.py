@@ -76,6 +76,7 @@ class Allocator:
                     self.fail_all([self.state.pods[e.pod_key] for e in job.pending],
                                    [Reason(code=fw.NO_NODES, message="the cluster has no nodes")])
             return self.result
+        session.rules.queue_depth.limit_allocate(self)
         self._nominated()
         session.rules.gang_restoration.restore(self)
         cache = session.order_cache

@@ -316,7 +316,7 @@ class PreemptingAction:
 
     def run(self) -> fw.ActionResult:
         try:
-            for leaf, job in self.preemptors():
+            for leaf, job in self.session.rules.queue_depth.within(self.session, self.name, self.preemptors()):
                 self._try(leaf, job)
         finally:
             if self._room is not None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.move_holds import MoveHolds
     from kai_es.scheduling.rules.preemption_delay import PreemptionDelay
     from kai_es.scheduling.rules.preemptors import Preemptors
+    from kai_es.scheduling.rules.queue_depth import QueueDepth
     from kai_es.scheduling.rules.queue_limits import QueueLimits
     from kai_es.scheduling.rules.queue_order import QueueOrder
     from kai_es.scheduling.rules.reclaim_victims import ReclaimVictims
@@ -113,3 +114,5 @@ class Rules:
     tried_order: TriedOrderRule
     #: which pods stuck releasing the cycle's record names (the cycle)
     stuck_record: StuckRecord
+    #: allocate, reclaim, preempt, consolidation: how many of each queue's jobs they consider
+    queue_depth: QueueDepth
