@@ -489,7 +489,7 @@ def test_shards_get_a_scheduler_and_a_binder_each_on_their_own_log_lease_and_con
     assert config["kai-es-scheduler-gpu"] == parse_config({
         "actions": ["allocate", "reclaim", "preempt"],
         "placementStrategy": {"gpu": "spread", "cpu": "binpack"},
-        "minRuntime": {"preemptMinRuntime": "10m"}})
+        "minRuntime": {"preemptMinRuntime": "10m"}, "queueDepthPerAction": {"allocate": 25, "reclaim": 8}})
     # the informer keeps the base ConfigMap (grouping rules, schedulerName: one for all shards)
     inf_pod = by_name(objs, "Deployment")["kai-es-informer"]["spec"]["template"]["spec"]
     assert {"name": "config", "configMap": {"name": "kai-es-scheduler"}} in inf_pod["volumes"]
