@@ -10,6 +10,9 @@ units (GPUs, CPU cores, bytes, seconds), `_total` on counters (the library adds 
 (gpu: GPUs, cpu: cores, memory: bytes); -1 is unlimited, as in the Queue spec. A queue that
 leaves the state leaves the gauges.
 
+With the process's `ProcessStatus` it also publishes, after each cycle whose fold took a new
+tried order, KAI's `/get-job-order` document (`kai_es.visibility.job_order`).
+
 Contract: an observer only (`kai_es.ports.CycleObserver`): it reads the folded state and the
 decisions and changes neither; waits are measured in the log's logical time (so a replayed or
 simulated run gives the same numbers), durations in the process's monotonic time.
@@ -21,13 +24,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
+import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kai_es.adapters.status_http import ProcessStatus
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
 from kai_es.scheduling.config import SchedulerConfig
 from kai_es.state.keys import pod_key
 from kai_es.state.model import ClusterState
+from kai_es.visibility.job_order import job_order
 from kai_es.visibility.queue_metrics import decision_counts, pending_counts, queue_samples, to_base_units
 
 #: wait buckets, seconds: a few seconds to a day
@@ -49,8 +56,14 @@ QUEUE_GAUGES: Final = {
 class SchedulerMetrics:
     """The scheduler process's queue, decision and wait metrics (see module docstring)."""
 
-    def __init__(self, registry: CollectorRegistry, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, registry: CollectorRegistry, clock: Callable[[], float] = time.monotonic,
+                 status: ProcessStatus | None = None) -> None:
         self.clock = clock
+        #: where the last cycle's job order is published for `/get-job-order` (None: nowhere)
+        self.status = status
+        if status is not None:
+            status.serves_job_order = True
+        self._order_of: list[str] | None = None
         self.queue_gauges = {name: Gauge(name, help_, QUEUE_LABELS, registry=registry)
                              for name, (help_, _) in QUEUE_GAUGES.items()}
         self.pending_pods = Gauge("kai_es_queue_pending_pods", "Pods waiting in the queue", ["queue"],
@@ -120,8 +133,24 @@ class SchedulerMetrics:
             self.pending_pods.remove(left)
             self.pending_jobs.remove(left)
         self._queues = set(pending)
+        self._publish_order(state, config)
         evictions, failures = decision_counts(decisions)
         for action, n in sorted(evictions.items()):
             self.evictions.labels(action=action).inc(n)
         for (action, reason), n in sorted(failures.items()):
             self.failed_searches.labels(action=action, reason=reason).inc(n)
+
+    def _publish_order(self, state: ClusterState, config: SchedulerConfig) -> None:
+        """KAI's `/get-job-order` body, made again only when the fold took a new order."""
+        status = self.status
+        if status is None or (state.tried_order is self._order_of and status.job_order is not None):
+            return
+        order = job_order(state)
+        self._order_of = state.tried_order
+        if order is None:
+            status.job_order = None
+            status.job_order_missing = (f"policy {config.policy_version} records no order (kai-es/v13 on)"
+                                        if not state.tried_order_cycle and state.completed_cycle
+                                        else "no cycle has completed yet")
+            return
+        status.job_order = msgspec.json.encode(order)

@@ -8,6 +8,9 @@ Endpoints (``--http-bind-address HOST:PORT`` on `kai-es scheduler`, `informer`, 
   writer role and folded the log), and while a replica stands by for the leader Lease (so that
   a rolling update can proceed); 503 before that and while it starts again after an error.
 - ``/metrics``: Prometheus text exposition of `ProcessStatus.registry`.
+- ``/get-job-order`` (the scheduler): KAI's `reflectjoborder` document of the last cycle's
+  order (`kai_es.visibility.job_order`), JSON; 503 until a cycle recorded one (a policy before
+  kai-es/v13 records none: the reason says so); 404 on the informer and binder.
 
 The server runs in a daemon thread, not on the event loop, so that a long cycle cannot make a
 probe time out; what the thread reads (a flag, a monotonic timestamp, the metrics) is set by the
@@ -53,6 +56,11 @@ class ProcessStatus:
         self._ready = False
         self._why = "starting"
         self._last_beat = time.monotonic()
+        #: the scheduler's `/get-job-order` body (None: no such endpoint, the other processes),
+        #: and why there is none yet
+        self.job_order: bytes | None = None
+        self.job_order_missing = "no cycle has completed yet"
+        self.serves_job_order = False
         self.ready_gauge = Gauge("kai_es_ready", "1 while the process is ready (/readyz)",
                                  registry=self.registry)
         self.restarts = Counter("kai_es_session_restarts", "Sessions started again after an error",
@@ -91,6 +99,14 @@ class ProcessStatus:
 
     def readiness(self) -> tuple[bool, str]:
         return self._ready, self._why or ("ok" if self._ready else "not ready")
+
+    def job_order_response(self) -> tuple[int, str, bytes]:
+        if not self.serves_job_order:
+            return 404, "text/plain", b"not found\n"
+        body = self.job_order  # (one read: the loop replaces it whole)
+        if body is None:
+            return 503, "text/plain", f"no job order: {self.job_order_missing}\n".encode()
+        return 200, "application/json", body
 
 
 class MeteredLog:
@@ -165,6 +181,7 @@ class StatusServer:
             "/livez": lambda: _probe(status.liveness()),
             "/readyz": lambda: _probe(status.readiness()),
             "/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(status.registry)),
+            "/get-job-order": status.job_order_response,
         }
 
         class Handler(BaseHTTPRequestHandler):

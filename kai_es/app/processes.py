@@ -345,7 +345,7 @@ async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, ti
 
     async def body(events: EventLog, store: SnapshotStore | None) -> None:
         t = time.monotonic()
-        metrics = SchedulerMetrics(status.registry) if status is not None else None
+        metrics = SchedulerMetrics(status.registry, status=status) if status is not None else None
         sched = SchedulerService(events, config, packer, clock, RandomIds(), snapshots=store,
                                  snapshot_every=snapshot_every, observer=metrics)
         with bulk_fold(keep=True):  # (frozen before the collector resumes: else its first pass walks it all)
