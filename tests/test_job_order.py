@@ -108,3 +108,30 @@ async def test_an_older_policy_says_why_there_is_none_and_other_processes_have_n
         assert _get(other, "/get-job-order")[0] == 404
     finally:
         other.close()
+
+
+def test_kai_es_serve_answers_it_for_any_log_it_follows() -> None:
+    """`kai-es serve`'s site answers `/get-job-order` from the log it follows, the same document
+    the scheduler published at that point; a log that recorded no order is a 404 saying so."""
+    import threading
+
+    from kai_es.serve.follow import Follower
+    from kai_es.serve.http import Site
+    from kai_es.visibility.live import LiveView
+
+    def site_over(records: list[Any]) -> Site:
+        view, lock = LiveView(), threading.Lock()
+        for record in records:
+            view.feed(record)
+        return Site(view, lock, Follower(MemoryEventLog(), view, lock), source="memory:",
+                    job_records=lambda: iter(records))
+
+    records = _teams()
+    state = ClusterState()
+    for record in records:
+        apply(state, record)
+    status, ctype, body = site_over(records).handle("/get-job-order")
+    assert (status, ctype) == (200, "application/json")
+    assert json.loads(body) == job_order(state)
+    status, _, body = site_over(_teams("kai-es/v12")).handle("/get-job-order")
+    assert status == 404 and b"recorded one (policy kai-es/v13 on)" in body

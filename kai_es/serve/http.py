@@ -3,7 +3,9 @@
 Contract:
 - Routes: ``/`` (queue tree), ``/queue?name=Q``, ``/pending``, ``/job?name=NS/NAME``,
   ``/events?type=&subject=&limit=&before=``, ``/whatif`` and its two plots, ``/static/*`` (the
-  two committed assets), ``/api/position`` (records folded, as text: what live.js polls).
+  two committed assets), ``/api/position`` (records folded, as text: what live.js polls),
+  ``/get-job-order`` (KAI's `reflectjoborder` JSON of the last cycle's tried order,
+  `kai_es.visibility.job_order`; 404 when the log recorded none).
 - GET and HEAD are the only methods with a handler; POST, PUT, DELETE, PATCH and OPTIONS get
   405 (others http.server's 501). Nothing here writes the log: it is only read, through the
   `LiveView` a `Follower` fills and, for a job's timeline, through `records_at` (the records of
@@ -44,6 +46,7 @@ from kai_es.explain import ExplainError, event_positions, explain, resolve
 from kai_es.ports import EventLog, SetupError
 from kai_es.serve.follow import Follower
 from kai_es.visibility import pages
+from kai_es.visibility.job_order import job_order
 from kai_es.visibility.live import LiveView
 
 log = logging.getLogger(__name__)
@@ -205,6 +208,13 @@ class Site:
             _allow(query)
             with self.lock:
                 return 200, "text/plain; charset=utf-8", f"{self.view.fed}\n".encode()
+        if path == "/get-job-order":  # KAI's reflectjoborder endpoint, as the scheduler answers it
+            _allow(query)
+            with self.lock:
+                doc = job_order(self.view.state)
+            if doc is None:
+                raise KeyError("no job order: no cycle of the log recorded one (policy kai-es/v13 on)")
+            return 200, "application/json", json.dumps(doc, separators=(",", ":")).encode()
         if path.startswith("/whatif/"):
             name = path.removeprefix("/whatif/")
             if self.whatif is None or name not in WHATIF_IMAGES or not (self.whatif.parent / name).is_file():
