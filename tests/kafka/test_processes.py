@@ -157,6 +157,16 @@ def test_processes_serve_probes_and_metrics(kafka_bootstrap: str, unique_name: s
         assert time.monotonic() < deadline, binder_text
         time.sleep(0.5)
         binder_text = http_get(served["binder"] + "/metrics")[1]
+    # KAI's /get-job-order (its reflectjoborder plugin's endpoint): the scheduler's last cycle's
+    # tried order in KAI's JSON; the binder has no such endpoint
+    code, body = http_get(served["scheduler"] + "/get-job-order")
+    assert code == 200, body
+    doc = json.loads(body)
+    assert sorted(doc) == ["global_order", "queue_order"]
+    assert [e["id"] for e in doc["global_order"]] == [e["id"] for q in doc["queue_order"].values() for e in q] \
+        or len(doc["queue_order"]) > 1
+    assert all(sorted(e) == ["id", "priority"] for e in doc["global_order"])
+    assert http_get(served["binder"] + "/get-job-order")[0] == 404
 
 
 def test_whatif_reads_a_live_run_from_kafka(kafka_bootstrap: str, unique_name: str, tmp_path: Path,
