@@ -40,7 +40,7 @@ from kai_es.scheduling.session import queued_job
 from kai_es.state import ClusterState
 from kai_es.state.keys import job_key_of_index
 from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
-from kai_es.visibility.positions import cluster_order, position, queue_order, ranked, tried_ranks
+from kai_es.visibility.positions import cluster_ranks, position, queue_order, tried_ranks
 
 #: reason code -> the rule it names, as a person says it
 RULES: dict[str, str] = {
@@ -468,7 +468,7 @@ class Timeline:
                cluster: Callable[[], dict[str, int]]) -> dict[str, Any]:
         """The report of `explain` over the records fed so far (`state` folded through them,
         `first_ns`/`last_ns` their first and last logical time, `cluster()` the cluster-wide
-        order then as `positions.ranked(cluster_order(state, last_ns))`). Nothing it returns is
+        order then as `positions.cluster_ranks(state, last_ns)`). Nothing it returns is
         changed by feeding more; with `keep_events=False` its timeline holds record positions
         (`resolve`). Raises ExplainError when the subject is not in the records."""
         subject = self.subject
@@ -541,7 +541,7 @@ def explain(records: Iterable[Record], target: str) -> dict[str, Any]:
             if isinstance(data, p.PodObserved):
                 timeline.subject.track(state, key)
             timeline.event(record, key, state)
-    return timeline.report(state, span.first_ns, span.last_ns, lambda: ranked(cluster_order(state, span.last_ns)))
+    return timeline.report(state, span.first_ns, span.last_ns, lambda: cluster_ranks(state, span.last_ns))
 
 
 def _cut(state: ClusterState, subject: Subject, record: Record,
@@ -738,12 +738,12 @@ def waiting_jobs(state: ClusterState, name: str, announced: dict[str, list[p.Rea
     """The queue's waiting jobs at the end of the log, in the order a cycle takes them: each
     with its position in the queue and in the cluster-wide order of a cycle at `now_ns`, pods
     waiting, what it asks for, since when, and the last verdict announced for its first waiting
-    pod (the rule and its numbers). `cluster`: `positions.ranked(cluster_order(state, now_ns))`
+    pod (the rule and its numbers). `cluster`: `positions.cluster_ranks(state, now_ns)`
     when the caller has it (computed here otherwise)."""
     out: list[dict[str, Any]] = []
     order = queue_order(state, name)
     if cluster is None:
-        cluster = ranked(cluster_order(state, now_ns)) if order else {}
+        cluster = cluster_ranks(state, now_ns) if order else {}
     hint = max((node.spec.gpu_memory_mib for node in state.nodes.values()), default=0)
     for n, key in enumerate(order, 1):
         job = state.jobs[key]

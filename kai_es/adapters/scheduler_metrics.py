@@ -24,17 +24,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
-import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kai_es.adapters.status_http import ProcessStatus
-
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
 from kai_es.scheduling.config import SchedulerConfig
 from kai_es.state.keys import pod_key
 from kai_es.state.model import ClusterState
-from kai_es.visibility.job_order import job_order
+from kai_es.visibility.job_order import encoded
 from kai_es.visibility.queue_metrics import decision_counts, pending_counts, queue_samples, to_base_units
 
 #: wait buckets, seconds: a few seconds to a day
@@ -145,12 +143,12 @@ class SchedulerMetrics:
         status = self.status
         if status is None or (state.tried_order is self._order_of and status.job_order is not None):
             return
-        order = job_order(state)
+        body = encoded(state)
         self._order_of = state.tried_order
-        if order is None:
+        if body is None:
             status.job_order = None
             status.job_order_missing = (f"policy {config.policy_version} records no order (kai-es/v13 on)"
                                         if not state.tried_order_cycle and state.completed_cycle
                                         else "no cycle has completed yet")
             return
-        status.job_order = msgspec.json.encode(order)
+        status.job_order = body

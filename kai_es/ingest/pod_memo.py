@@ -23,19 +23,16 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 
 from kai_es.events import payloads as p
 from kai_es.ingest import translate as tr
 from kai_es.ingest.names import SCHEDULER_NAME
+from kai_es.ingest.object_digest import digest, stable_metadata
 
-#: metadata the API server rewrites on every write: the translation reads neither
-_VOLATILE: Final = frozenset({"resourceVersion", "managedFields"})
-_ENCODE: Final = msgspec.json.Encoder().encode
 
 
 def _resizing(status: Mapping[str, Any]) -> Any:
@@ -77,15 +74,11 @@ def key_of(obj: Mapping[str, Any], ours: str) -> bytes | None:
     spec = obj.get("spec")
     status = obj.get("status")
     status = {} if status is None else status  # no status reads as an empty one
-    stable = {k: v for k, v in meta.items() if k not in _VOLATILE} if isinstance(meta, Mapping) else meta
+    stable = stable_metadata(meta)
     unplaced = {k: v for k, v in spec.items() if k != "nodeName"} if isinstance(spec, Mapping) else spec
     resize = [_resizing(status), _conditions(status.get("conditions"))] if isinstance(status, Mapping) else status
     rest = {k: v for k, v in obj.items() if k not in ("metadata", "spec", "status")}
-    try:
-        encoded = _ENCODE((ours, rest, stable, unplaced, resize))
-    except (TypeError, ValueError):  # msgspec's EncodeError is a ValueError
-        return None
-    return hashlib.blake2b(encoded, digest_size=16).digest()
+    return digest((ours, rest, stable, unplaced, resize))
 
 
 class PodMemo:

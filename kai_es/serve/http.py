@@ -46,7 +46,7 @@ from kai_es.explain import ExplainError, event_positions, explain, resolve
 from kai_es.ports import EventLog, SetupError
 from kai_es.serve.follow import Follower
 from kai_es.visibility import pages
-from kai_es.visibility.job_order import job_order
+from kai_es.visibility.job_order import encoded
 from kai_es.visibility.live import LiveView
 
 log = logging.getLogger(__name__)
@@ -211,10 +211,10 @@ class Site:
         if path == "/get-job-order":  # KAI's reflectjoborder endpoint, as the scheduler answers it
             _allow(query)
             with self.lock:
-                doc = job_order(self.view.state)
-            if doc is None:
+                body = encoded(self.view.state)
+            if body is None:
                 raise KeyError("no job order: no cycle of the log recorded one (policy kai-es/v13 on)")
-            return 200, "application/json", json.dumps(doc, separators=(",", ":")).encode()
+            return 200, "application/json", body
         if path.startswith("/whatif/"):
             name = path.removeprefix("/whatif/")
             if self.whatif is None or name not in WHATIF_IMAGES or not (self.whatif.parent / name).is_file():

@@ -11,12 +11,15 @@ on a full cluster and exact when placements re-order the queues. Jobs beyond a q
 `queueDepthPerAction.allocate` are in neither, as in KAI.
 
 Contract: pure; `job_order(state)` is the document, or None when the state holds no recorded
-order (a policy before kai-es/v13, or no cycle yet).
+order (a policy before kai-es/v13, or no cycle yet); `encoded(state)` its compact JSON bytes
+(what the scheduler's and `serve`'s endpoints answer).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import msgspec
 
 from kai_es.state.model import ClusterState
 
@@ -36,3 +39,9 @@ def job_order(state: ClusterState) -> dict[str, Any] | None:
         global_order.append(entry)
         queue_order.setdefault(job.queue, []).append(entry)
     return {"global_order": global_order, "queue_order": dict(sorted(queue_order.items()))}
+
+
+def encoded(state: ClusterState) -> bytes | None:
+    """`job_order(state)` as compact JSON bytes, or None."""
+    doc = job_order(state)
+    return None if doc is None else msgspec.json.encode(doc)

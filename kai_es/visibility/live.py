@@ -33,7 +33,7 @@ from kai_es.explain import CutNumbers, waiting_jobs
 from kai_es.scheduling.fairshare import RESOURCES
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply, pod_key
-from kai_es.visibility.positions import cluster_order, ranked
+from kai_es.visibility.positions import cluster_ranks
 from kai_es.visibility.queue_metrics import pending_counts
 from kai_es.visibility.timelines import JobTimelines
 
@@ -171,7 +171,7 @@ class LiveView:
     def _ranks(self) -> dict[str, int]:
         at = self.state.position
         if self._cluster is None or self._cluster[0] != at:
-            self._cluster = (at, ranked(cluster_order(self.state, self.last_ns)))
+            self._cluster = (at, cluster_ranks(self.state, self.last_ns))
         return self._cluster[1]
 
     def timeline(self, target: str) -> dict[str, Any] | None:

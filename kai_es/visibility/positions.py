@@ -23,8 +23,9 @@ are left out of it.)
 Contract: `queue_order(state, queue)` lists the job keys of the leaf queue's pending jobs that
 have pods waiting, in order; `position(state, job_key)` is (1-based position, jobs in the queue)
 or None for a job that is not waiting. `cluster_order(state, now_ns)` is the cluster-wide order
-above (the recorded one when the state holds one); `tried_ranks(state)` the recorded one as job
--> 0-based index (None when there is none), made once per recorded order.
+above (the recorded one when the state holds one); `cluster_ranks(state, now_ns)` the same as
+job -> 0-based index, what every reader of a place asks (the recorded order's made once per
+order, `tried_ranks`: None when the state holds none).
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ def tried_ranks(state: ClusterState) -> dict[str, int] | None:
     ranks = ranked(state.tried_order)
     state.caches["tried_ranks"] = (state.tried_order, ranks)
     return ranks
+
+
+def cluster_ranks(state: ClusterState, now_ns: int) -> dict[str, int]:
+    """`cluster_order` as job -> 0-based index: the recorded order's kept ranks (`tried_ranks`),
+    else the derived order's."""
+    ranks = tried_ranks(state)
+    return ranks if ranks is not None else ranked(would_try(state, now_ns))
 
 
 def cluster_order(state: ClusterState, now_ns: int) -> list[str]:

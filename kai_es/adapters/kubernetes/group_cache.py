@@ -23,15 +23,11 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import msgspec
-
-#: metadata the API server changes on every write of any field: never read by the podgrouper
-VOLATILE_METADATA: Final = frozenset({"resourceVersion", "managedFields"})
+from kai_es.ingest.object_digest import digest, stable_metadata
 
 Key = tuple[str, str]
 
@@ -55,22 +51,13 @@ def inputs(pod: Mapping[str, Any], chain: Sequence[Mapping[str, Any]],
     BLAKE2b digest of its JSON bytes: equal bytes are equal inputs, types included (`1`, `1.0`
     and `true` differ), and the cache holds 16 bytes a pod, no reference to the objects. None
     when it cannot be encoded (not JSON): not cached."""
-    meta = pod.get("metadata")
-    stable = ({k: v for k, v in meta.items() if k not in VOLATILE_METADATA}
-              if isinstance(meta, Mapping) else meta)
+    stable = stable_metadata(pod.get("metadata"))
     rest = {k: v for k, v in pod.items() if k not in ("metadata", "status")}
     spec = rest.get("spec")
     if not chain and isinstance(spec, Mapping) and "nodeName" in spec:  # a bare pod: binding changes nothing
         rest["spec"] = {k: v for k, v in spec.items() if k != "nodeName"}
-    try:
-        encoded = _ENCODE((stable, rest, [_version(o) for o in chain],
-                           sorted([*k, _version(o)] for k, o in related.items()), pods_version if chain else 0))
-    except (TypeError, ValueError):  # msgspec's EncodeError is a ValueError
-        return None
-    return hashlib.blake2b(encoded, digest_size=16).digest()
-
-
-_ENCODE: Final = msgspec.json.Encoder().encode
+    return digest((stable, rest, [_version(o) for o in chain],
+                   sorted([*k, _version(o)] for k, o in related.items()), pods_version if chain else 0))
 
 
 def _version(obj: Mapping[str, Any]) -> Any:
@@ -89,14 +76,12 @@ class GroupCache:
     def __init__(self) -> None:
         self._entries: dict[Key, tuple[bytes, Answer]] = {}
         self.hits = 0
-        self.misses = 0
 
     def get(self, pod_key: Key, key: bytes) -> Answer:
         entry = self._entries.get(pod_key)
         if entry is not None and entry[0] == key:
             self.hits += 1
             return entry[1]
-        self.misses += 1
         return MISS
 
     def put(self, pod_key: Key, key: bytes, answer: Answer) -> None:

@@ -82,7 +82,7 @@ from kai_es.state import ClusterState
 from kai_es.state.keys import pod_key
 from kai_es.state.reducer import apply
 from kai_es.state.versions import fold_rules
-from kai_es.visibility.positions import cluster_order, queue_order, ranked
+from kai_es.visibility.positions import cluster_ranks, queue_order
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ class StatusWriter:
         """(position, of, queue, place in the cluster, of) of the group's waiting job in the
         folded state, None when it is not waiting; `orders` keeps each queue's order
         (`positions.queue_order`) across calls, the cluster-wide order
-        (`positions.cluster_order`, as `kai-es explain` gives it) is kept per folded position."""
+        (`positions.cluster_ranks`, as `kai-es explain` gives it) is kept per folded position."""
         job = self.state.jobs.get(pod_key(*group))
         if job is None or not job.pending:
             return None
@@ -321,7 +321,7 @@ class StatusWriter:
             index = orders[job.queue] = {k: i for i, k in enumerate(queue_order(self.state, job.queue))}
         at = index.get(job.key)
         if self._cluster_rank[0] != self.state.position:
-            self._cluster_rank = (self.state.position, ranked(cluster_order(self.state, self._now_ns)))
+            self._cluster_rank = (self.state.position, cluster_ranks(self.state, self._now_ns))
         cluster = self._cluster_rank[1]
         where = cluster.get(job.key)
         if at is None or where is None:

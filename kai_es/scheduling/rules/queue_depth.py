@@ -74,10 +74,7 @@ class FirstJobsOfEachQueue:
             leaf = session.queues[name]
             if leaf.children or not leaf.jobs or len(leaf.jobs) <= depth:
                 continue
-            seen: list[str] = []
-            for entry in leaf.jobs:  # (KAI's job order)
-                if entry.job_key not in seen:
-                    seen.append(entry.job_key)
+            seen = list(dict.fromkeys(entry.job_key for entry in leaf.jobs))  # (KAI's job order)
             for place, job_key in enumerate(seen[depth:], depth + 1):
                 job = state.jobs[job_key]
                 reason = Reason(code=fw.BEYOND_QUEUE_DEPTH, message=(
