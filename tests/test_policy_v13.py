@@ -43,7 +43,8 @@ def test_the_default_policy_is_v13_and_it_changes_what_a_cycle_records_and_honou
     v12, v13 = policy.POLICIES["kai-es/v12"], policy.POLICIES["kai-es/v13"]
     assert dataclasses.replace(v13.rules, tried_order=v12.rules.tried_order, stuck_record=v12.rules.stuck_record,
                                queue_depth=v12.rules.queue_depth) == v12.rules
-    assert dataclasses.replace(v13.fold, keeps_tried_order=False) == v12.fold and v13.fold.keeps_tried_order
+    assert dataclasses.replace(v13.fold, keeps_tried_order=False, bindings_hold=False) == v12.fold
+    assert v13.fold.keeps_tried_order and v13.fold.bindings_hold  # (bindings: tests/test_bindings_hold.py)
 
 
 def _teams(version: str | None = None) -> list[Record]:

@@ -159,6 +159,9 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   (`rules.stuck_record.StuckHead`; the capacity of every stuck pod is held as before). And
   KAI's `queueDepthPerAction`: an action named there considers only the first N waiting jobs
   of each queue (`rules.queue_depth.FirstJobsOfEachQueue`; older versions refuse the setting).
+  And a bound pod stays bound (the fold rule `bindings_hold`): an observation of it without a
+  node that reaches the log after the binder's PodBound was read before the binding, where v12
+  put the pod back to Pending and decided it again.
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.

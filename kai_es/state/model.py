@@ -328,6 +328,9 @@ class ClusterState:
     #: whether a failed eviction of a moved pod drops its moves' holds (policy kai-es/v11 on;
     #: `kai_es.state.handlers.move_holds.release_holds`)
     releases_failed_moves: bool = False
+    #: whether an observation without a node leaves a Running pod Running (a stale read: policy
+    #: kai-es/v13 on; `kai_es.state.handlers.pods._reconcile_placement`)
+    bindings_hold: bool = False
     #: the scheduler name kai-es answers to (the config's `schedulerName`, default KAI's): only
     #: pods of it are pending for kai-es
     scheduler_name: str = SCHEDULER_NAME

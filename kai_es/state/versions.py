@@ -27,6 +27,13 @@ reducer sits below the scheduler, so it is kept at the reducer's layer).
   (`TriedOrder`, an edit of the last cycle's; none: unchanged), kept as
   `ClusterState.tried_order`; a cycle of an older version leaves no order (kai-es/v13 on; the
   decision's own `policyversion`).
+- `bindings_hold`: a pod kai-es holds Running (bound by the binder's PodBound, or observed on a
+  node) stays Running on an observation of the same pod without a node: Kubernetes never unsets
+  a pod's `spec.nodeName`, so such an observation was read before the binding and reached the
+  log after the binder's outcome (the informer and the binder append independently; a shared-GPU
+  pod's GPU-group patch, written just before its Binding, is the usual one). Before, the pod went
+  back to Pending, its room was free to others and it was decided again (kai-es/v13 on; the
+  config in force).
 
 A version this build does not know folds as the newest (the scheduler rejects a config naming
 one before it is applied); a log with no version at all (None) folds as the first logs did.
@@ -49,6 +56,7 @@ class FoldRules:
     backs_off_searches: bool = False
     releases_failed_moves: bool = False
     keeps_tried_order: bool = False
+    bindings_hold: bool = False
 
 
 _FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
@@ -64,7 +72,7 @@ _RELEASING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_
                               releases_failed_moves=True)
 _ORDERED: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
                             handover_stamps=True, holds_moves=True, backs_off_searches=True,
-                            releases_failed_moves=True, keeps_tried_order=True)
+                            releases_failed_moves=True, keeps_tried_order=True, bindings_hold=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {
@@ -86,7 +94,7 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v11": _RELEASING,
     # victims re-placed in the allocation order with the preemptor: no fold changes
     "kai-es/v12": _RELEASING,
-    # each cycle's tried order is kept (the positions shown)
+    # each cycle's tried order is kept (the positions shown); a bound pod stays bound
     "kai-es/v13": _ORDERED,
 }
 #: what a log that names no version (None) or an empty one ("") folds by

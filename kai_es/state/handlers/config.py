@@ -17,7 +17,7 @@ from kai_es.state.versions import fold_rules
 
 def derive_config_flags(state: ClusterState) -> None:
     """Set the state's flags derived from its config (`timed`, `subgroup_stale`,
-    `handover_stamps`, `releases_failed_moves`, the usage
+    `handover_stamps`, `releases_failed_moves`, `bindings_hold`, the usage
     resolution and window).
     A config whose durations do not parse keeps usage off (the scheduler rejects such a config
     before it is ever applied)."""
@@ -27,6 +27,7 @@ def derive_config_flags(state: ClusterState) -> None:
     state.subgroup_stale = rules.stale_subgroups
     state.handover_stamps = rules.handover_stamps
     state.releases_failed_moves = rules.releases_failed_moves
+    state.bindings_hold = rules.bindings_hold
     name = config.get("schedulerName")
     state.scheduler_name = name if isinstance(name, str) and name else SCHEDULER_NAME
     fairshare = config.get("fairshare")

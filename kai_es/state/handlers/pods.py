@@ -147,8 +147,9 @@ def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved
 
     A pod with a node is bound (Running), or Releasing when terminating or when an eviction was
     decided. A pod without a node keeps an in-flight Binding or Releasing; a Running pod the
-    cluster no longer places goes back to Pending. `job`: the pod's job, when the caller has it
-    (None: looked up where needed).
+    cluster no longer places stays Running where bindings hold (`state.bindings_hold`: the
+    observation is older than its binding, as the API server never unbinds a pod), else goes
+    back to Pending. `job`: the pod's job, when the caller has it (None: looked up where needed).
     """
     if spec.node_name:
         status = "Releasing" if spec.terminating or pod.status == "Releasing" else "Running"
@@ -165,7 +166,7 @@ def _reconcile_placement(state: ClusterState, pod: PodState, spec: p.PodObserved
             pod.started_ns = spec.started_ns if 0 < spec.started_ns <= now else now
         if pod.pending_key is not None:
             set_pending(state, pod, False, job)
-    elif pod.status in ("Binding", "Releasing"):
+    elif pod.status == "Binding" or pod.status == "Releasing" or (pod.status == "Running" and state.bindings_hold):
         if pod.pending_key is not None:
             set_pending(state, pod, False, job)
     else:
