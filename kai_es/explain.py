@@ -48,6 +48,7 @@ RULES: dict[str, str] = {
     "NonPreemptibleOverQuota": "held by quota (a non-preemptible job may not exceed it)",
     "GangUnsatisfied": "held by its gang (the minimum must be placed at once)",
     "GangIncomplete": "held by its gang (not enough members exist)",
+    "NotReady": "held by its gang (not ready: too few of its pods exist without scheduling gates)",
     "NoNodeFits": "no node fits",
     "BindBackoff": "backing off after failed binds",
     "BindFailedPermanently": "the binder gave up binding it",
@@ -88,6 +89,8 @@ class _Cut:
     #: the jobs in, once the cycle completed with one recorded (kai-es/v13 on): (n, of)
     job: str = ""
     cluster: tuple[int, int] | None = None
+    #: pending pods held by scheduling gates where they are honoured (kai-es/v14 on): key -> gates
+    gated: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -559,11 +562,14 @@ def _cut(state: ClusterState, subject: Subject, record: Record,
     else:
         keys = subject.job_pods if len(subject.job_pods) < 2 else sorted(subject.job_pods)
     pods, jobs, scheduler = state.pods, state.jobs, state.scheduler_name
+    gated: dict[str, tuple[str, ...]] = {}
     for key in keys:
         pod = pods.get(key)
         if pod is None or pod.status != "Pending" or pod.spec.scheduler_name != scheduler:
             continue
         pending[key] = (pod.last_unschedulable, announced.get(key) if announced is not None else None)
+        if pod.spec.scheduling_gates and state.honours_gates:
+            gated[key] = tuple(pod.spec.scheduling_gates)
         if not queue:
             job = jobs.get(pod.job_key)
             if job is not None:
@@ -574,7 +580,7 @@ def _cut(state: ClusterState, subject: Subject, record: Record,
     env = record.envelope
     assert isinstance(env.data, p.CycleStarted)
     return _Cut(env.data.cycle, record.position, env.logicaltime, pending, numbers.numbers(queue) if queue else None,
-                place=numbers.place(job_key) if job_key else None, job=job_key)
+                place=numbers.place(job_key) if job_key else None, job=job_key, gated=gated)
 
 
 #: reason numbers that change with each failed search while the verdict stays the same
@@ -596,8 +602,14 @@ def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run | int]) -> None:
         decided = cut.decided.get(key)
         if isinstance(decided, p.BindingDecided):
             continue  # an entry of its own
-        if isinstance(decided, p.PodPipelined):
-            k: tuple[Any, ...] = ("pipelined", decided.node, tuple(decided.waiting_for))
+        gates = cut.gated.get(key)
+        if gates is not None:  # not pending for kai-es: the cycle decides nothing for it
+            k: tuple[Any, ...] = ("gated", gates)
+            detail.setdefault(k, {"status": "Pending", "recorded": False, "rule": "", "reasons": [], "pods": [],
+                                  "gates": list(gates), "note": "gated: waiting for its scheduling gates to be "
+                                                                f"removed ({', '.join(gates)})"})
+        elif isinstance(decided, p.PodPipelined):
+            k = ("pipelined", decided.node, tuple(decided.waiting_for))
             detail.setdefault(k, {"status": "Pipelined", "node": decided.node,
                                   "waitingFor": list(decided.waiting_for), "pods": []})
         elif isinstance(decided, p.PodUnschedulable):

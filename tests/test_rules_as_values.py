@@ -76,4 +76,5 @@ def test_each_version_differs_from_the_previous_by_named_rules() -> None:
         "kai-es/v11": ["victim_queue_order"],
         "kai-es/v12": ["replacement_order"],
         "kai-es/v13": ["queue_depth", "stuck_record", "tried_order"],
+        "kai-es/v14": ["scheduling_readiness"],
     }

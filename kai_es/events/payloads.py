@@ -228,6 +228,10 @@ class PodObserved(Payload, kw_only=True, frozen=True):
     # whether there is one), when a Running pod being deleted counts as stuck releasing (KAI's
     # StuckInReleasing, policy kai-es/v7 on)
     deletion_ns: int = 0
+    # --- schema version 5 (optional): the names of `spec.schedulingGates`, in order (empty: no
+    # gate). A gated pod waits for its gates to be removed: from policy kai-es/v14 on it is not
+    # pending for kai-es, and counts as existing but not ready in its gang (KAI's Gated status)
+    scheduling_gates: list[str] = []
 
 
 class PodRemoved(Payload, kw_only=True, frozen=True):

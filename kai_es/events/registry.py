@@ -59,8 +59,9 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
     name: 1 for name in EVENT_TYPES} | {
     # v2 adds optional fields only (pod labels, affinities, ports, scalar resources, volumes;
     # node scalar resources; resync of the new kinds): a v1 payload decodes as v2 unchanged.
-    # v3 adds started_ns, preemption_delay_ns, staleness_grace_ns; v4 deletion_ns (`written_version`)
-    "kai.cluster.pod.observed": 4,
+    # v3 adds started_ns, preemption_delay_ns, staleness_grace_ns; v4 deletion_ns; v5
+    # scheduling_gates (`written_version`)
+    "kai.cluster.pod.observed": 5,
     "kai.cluster.node.observed": 2,
     "kai.cluster.resync.started": 2,
     "kai.cluster.resync.completed": 2,
@@ -78,7 +79,7 @@ SCHEMA_VERSIONS: Final[dict[str, int]] = {
 #: type name -> the older versions whose payloads decode directly as the current version (the
 #: newer version only added optional fields); other older versions go through an upcaster
 ADDITIVE_VERSIONS: Final[dict[str, frozenset[int]]] = {
-    "kai.cluster.pod.observed": frozenset({1, 2, 3}),
+    "kai.cluster.pod.observed": frozenset({1, 2, 3, 4}),
     "kai.cluster.node.observed": frozenset({1}),
     "kai.cluster.resync.started": frozenset({1}),
     "kai.cluster.resync.completed": frozenset({1}),
@@ -122,7 +123,7 @@ PAYLOAD_VERSION: Final[dict[type[p.Payload], int]] = {
 ADDED_FIELDS: Final[dict[type[p.Payload], tuple[tuple[tuple[str, ...], int], ...]]] = {
     p.EvictionDecided: ((("to_node",), 2),),
     p.PodGroupObserved: ((("stale_timestamp_ns", "last_eviction_timestamp_ns"), 4),),
-    p.PodObserved: ((("deletion_ns",), 3),),
+    p.PodObserved: ((("scheduling_gates",), 4), (("deletion_ns",), 3)),
     p.CycleCompleted: ((("tried_order",), 2), (("stuck_releasing",), 1)),
 }
 #: payload class -> its fields' defaults (a field "left unset" holds its default)

@@ -613,6 +613,19 @@ def _pod_affinities(obj: Obj, kind: str) -> tuple[list[p.PodAffinityTerm], list[
     return required, preferred
 
 
+def _scheduling_gates(obj: Obj) -> list[str]:
+    """The names of `spec.schedulingGates`, in order (the API server keeps them unique and
+    non-empty; anything else is refused, naming the gate)."""
+    names: list[str] = []
+    for i, gate in enumerate(_list(obj, "spec.schedulingGates")):
+        name = gate.get("name") if isinstance(gate, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise IngestError(f"spec.schedulingGates[{i}].name",
+                              f"must be a non-empty string, got {type(name).__name__ if name else repr(name)}")
+        names.append(name)
+    return names
+
+
 def _host_ports(obj: Obj) -> list[p.HostPort]:
     ports: set[tuple[int, str, str]] = set()
     for i, c in enumerate(_list(obj, "spec.containers")):
@@ -797,6 +810,7 @@ def pod(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.PodObserved:
         preferred_pod_anti_affinity=preferred_anti, host_ports=_host_ports(obj),
         scalar_requests=scalar, claims=claims, config_maps=config_maps,
         started_ns=pod_started_ns(obj), preemption_delay_ns=delay, staleness_grace_ns=grace,
+        scheduling_gates=_scheduling_gates(obj),
     )
 
 

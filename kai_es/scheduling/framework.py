@@ -32,6 +32,9 @@ PREEMPTION_DELAY = "PreemptionDelay"
 VICTIMS_CANNOT_MAKE_ROOM = "VictimsCannotMakeRoom"
 #: kai-es/v13: the job is beyond its queue's `queueDepthPerAction.allocate` (`rules.queue_depth`)
 BEYOND_QUEUE_DEPTH = "BeyondQueueDepth"
+#: kai-es/v14: too few of the job's pods are alive and not gated (KAI's NotReady;
+#: `rules.scheduling_readiness`)
+NOT_READY = "NotReady"
 
 #: packer rejection slot -> (numbers key, human phrase)
 REJECTION_NAMES: tuple[tuple[str, str], ...] = (

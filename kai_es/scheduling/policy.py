@@ -163,6 +163,17 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   node that reaches the log after the binder's PodBound was read before the binding, where v12
   put the pod back to Pending and decided it again.
 
+- `kai-es/v14`: v13's rules, and KAI's scheduling readiness: a pod with scheduling gates
+  (`spec.schedulingGates`) waits for them to be removed — it is not pending for kai-es (the fold
+  rule `honours_gates`: never placed, not in its queue's demand), as KAI's Gated status; and a
+  job is scheduled only when each of its pod sets has enough alive pods that are not gated
+  (`rules.scheduling_readiness.ReadyAsKai`, KAI's `FilterUnready`): a pod being released no
+  longer counts towards a gang's members, so a gang whose member is being evicted waits for its
+  replacement instead of placing the rest around it. A job that is not ready is told `NotReady`
+  with KAI's numbers (its minimum, how many pods exist, how many are gated). v13 bound gated pods
+  (the API server refuses it: the binder failed and backed off for ever) and counted them, and
+  pods being released, as members.
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -213,6 +224,7 @@ from kai_es.scheduling.rules.releasing_capacity import AllReleasingV6, HeldIdleS
 from kai_es.scheduling.rules.preemptors import AllocateLeftoversV5, PendingPods
 from kai_es.scheduling.rules.elastic_surplus import SurplusAboveEachSubGroup, SurplusAboveMinMemberV9
 from kai_es.scheduling.rules.queue_depth import FirstJobsOfEachQueue, NoQueueDepthV12
+from kai_es.scheduling.rules.scheduling_readiness import MinimumDecidesV13, ReadyAsKai
 from kai_es.scheduling.rules.queue_limits import LimitsBeforeSearchV9, LimitsOnThePlan
 from kai_es.scheduling.rules.queue_order import AllocatableShareOrder, KaiQueueOrder, QueueOrderV1
 from kai_es.scheduling.rules.consolidation_nodes import CheapestVictimBreaksTies, MostFreeFirstV8
@@ -322,6 +334,7 @@ RULES_V1: Final = Rules(
     tried_order=NotRecordedV12(),
     stuck_record=EveryStuckPodV12(),
     queue_depth=NoQueueDepthV12(),
+    scheduling_readiness=MinimumDecidesV13(),
 )
 #: kai-es/v2: where v1 disagreed with KAI, as KAI (queue order, whole-GPU division, device order)
 RULES_V2: Final = replace(RULES_V1, queue_order=KaiQueueOrder(), fair_share_division=WholeGpuDivisionV2(),
@@ -378,6 +391,9 @@ RULES_V12: Final = replace(RULES_V11, replacement_order=InAllocationOrder())
 #: queueDepthPerAction
 RULES_V13: Final = replace(RULES_V12, tried_order=Recorded(), stuck_record=StuckHead(),
                            queue_depth=FirstJobsOfEachQueue())
+#: kai-es/v14: KAI's scheduling readiness (gated pods wait; a job needs enough alive pods that are
+#: not gated: KAI's FilterUnready). (And its fold keeps gated pods out of the pending pods)
+RULES_V14: Final = replace(RULES_V13, scheduling_readiness=ReadyAsKai())
 
 _V3_ACTIONS: Final[Mapping[str, Action]] = {
     "allocate": allocate,
@@ -429,9 +445,12 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v13", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V13, FOLD_RULES["kai-es/v13"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    PolicyVersion("kai-es/v14", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V14, FOLD_RULES["kai-es/v14"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v13"
+CURRENT_POLICY: Final = "kai-es/v14"
 
 
 def policy_for(version: str) -> PolicyVersion:

@@ -342,7 +342,9 @@ class Session:
     def _minimum_of(self, job: Job, pending: list[PodState]) -> tuple[Minimum, list[PodState]]:
         """The job's gang minimum among `pending` (recorded in `gang`) and the pods to try now:
         the minimum, or one pod when the job is at its minimum."""
-        need = minimum(job, pending, self.occupying_on_plan(job, self.placed_pods))
+        occupying = self.occupying_on_plan(job, self.placed_pods)
+        problem = self.rules.scheduling_readiness.problem(self, job, occupying)
+        need = minimum(job, pending, occupying) if problem is None else Minimum((), problem)
         self.gang[job.key] = need
         return need, list(need.pods) or pending[:1]
 

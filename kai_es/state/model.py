@@ -331,6 +331,9 @@ class ClusterState:
     #: whether an observation without a node leaves a Running pod Running (a stale read: policy
     #: kai-es/v13 on; `kai_es.state.handlers.pods._reconcile_placement`)
     bindings_hold: bool = False
+    #: whether a pod with scheduling gates is kept out of the pending pods (policy kai-es/v14 on;
+    #: `kai_es.state.handlers.jobs.set_pending`)
+    honours_gates: bool = False
     #: the scheduler name kai-es answers to (the config's `schedulerName`, default KAI's): only
     #: pods of it are pending for kai-es
     scheduler_name: str = SCHEDULER_NAME

@@ -34,6 +34,9 @@ reducer sits below the scheduler, so it is kept at the reducer's layer).
   pod's GPU-group patch, written just before its Binding, is the usual one). Before, the pod went
   back to Pending, its room was free to others and it was decided again (kai-es/v13 on; the
   config in force).
+- `honours_gates`: a pod with scheduling gates (`PodObserved.scheduling_gates`) is not pending
+  for kai-es until they are removed (KAI's Gated status: never allocated, not in its queue's
+  demand); it stays a member of its job (kai-es/v14 on; the config in force).
 
 A version this build does not know folds as the newest (the scheduler rejects a config naming
 one before it is applied); a log with no version at all (None) folds as the first logs did.
@@ -57,6 +60,7 @@ class FoldRules:
     releases_failed_moves: bool = False
     keeps_tried_order: bool = False
     bindings_hold: bool = False
+    honours_gates: bool = False
 
 
 _FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
@@ -73,6 +77,10 @@ _RELEASING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_
 _ORDERED: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
                             handover_stamps=True, holds_moves=True, backs_off_searches=True,
                             releases_failed_moves=True, keeps_tried_order=True, bindings_hold=True)
+_GATED: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
+                          handover_stamps=True, holds_moves=True, backs_off_searches=True,
+                          releases_failed_moves=True, keeps_tried_order=True, bindings_hold=True,
+                          honours_gates=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {
@@ -96,10 +104,12 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v12": _RELEASING,
     # each cycle's tried order is kept (the positions shown); a bound pod stays bound
     "kai-es/v13": _ORDERED,
+    # pods with scheduling gates wait for them (gang readiness as KAI's: no fold change)
+    "kai-es/v14": _GATED,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}
-_NEWEST: Final = _ORDERED
+_NEWEST: Final = _GATED
 
 
 def fold_rules(version: object) -> FoldRules:

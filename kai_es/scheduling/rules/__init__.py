@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from kai_es.scheduling.rules.releasing_capacity import ReleasingCapacity
     from kai_es.scheduling.rules.replacement import Replacement
     from kai_es.scheduling.rules.replacement_order import ReplacementOrder
+    from kai_es.scheduling.rules.scheduling_readiness import SchedulingReadiness
     from kai_es.scheduling.rules.search_backoff import SearchBackoff
     from kai_es.scheduling.rules.semi_preemptible import SemiPreemptible
     from kai_es.scheduling.rules.staleness import Staleness
@@ -116,3 +117,6 @@ class Rules:
     stuck_record: StuckRecord
     #: allocate, reclaim, preempt, consolidation: how many of each queue's jobs they consider
     queue_depth: QueueDepth
+    #: allocate, reclaim, preempt, consolidation: which jobs are ready to be scheduled (the Session's
+    #: gang minimum)
+    scheduling_readiness: SchedulingReadiness

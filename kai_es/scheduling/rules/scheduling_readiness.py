@@ -1,0 +1,105 @@
+"""Scheduling readiness: whether a job is ready to be scheduled at all — KAI's `FilterUnready`,
+applied to the jobs every action considers (allocate, consolidation, reclaim, preempt), which
+passes a job only when `PodGroupInfo.IsReadyForScheduling`.
+
+- `MinimumDecidesV13` (kai-es/v1 to v13): no check of its own; the gang minimum
+  (`kai_es.scheduling.gang.minimum`) refuses a job whose minimum cannot exist (GangIncomplete),
+  counting its pods that hold a place (Binding, Running and Releasing) and its pending ones.
+  Scheduling gates are not read: a gated pod is pending like any other.
+- `ReadyAsKai` (kai-es/v14 on): KAI's readiness. A pod set — a leaf sub-group, or the job
+  without sub-groups, whose minimum is its `minMember` — is ready when its *alive* pods that are
+  not gated number at least its minimum. Alive is KAI's status set: pending, gated, placed this
+  cycle, binding, running (`pod_status.aliveStatuses`); a pod being released or evicted by this
+  cycle's plan is not alive, and a gated pod (`spec.schedulingGates`, KAI's Gated status: the
+  reducer keeps it out of the pending pods, fold rule `honours_gates`) is alive but not ready.
+  An inner sub-group is ready when its ready children number its `minSubGroup` (all when unset);
+  the job when its top-level ones do (the PodGroup's `minSubGroup`). A job that is not ready
+  gets `NotReady`, naming each pod set short as KAI's NotReady event does — its minimum, how
+  many of its pods exist (alive, gated included) and how many are gated — with the numbers of
+  the first one.
+
+Contract: pure; `problem` reads the session's state and plan, returns None for a ready job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from kai_es.events.payloads import Reason, SubGroup
+from kai_es.scheduling import framework as fw
+from kai_es.state.model import Job, PodState
+
+if TYPE_CHECKING:
+    from kai_es.scheduling.session import Session
+
+
+class SchedulingReadiness(Protocol):
+    def problem(self, session: Session, job: Job, occupying: Sequence[PodState]) -> Reason | None:
+        """Why `job` is not ready to be scheduled, or None. `occupying`: its pods holding a
+        place on the session's plan (`Session.occupying_on_plan` with the pods placed)."""
+
+
+class MinimumDecidesV13:
+    __slots__ = ()
+
+    def problem(self, session: Session, job: Job, occupying: Sequence[PodState]) -> Reason | None:
+        return None
+
+
+class ReadyAsKai:
+    __slots__ = ()
+
+    def problem(self, session: Session, job: Job, occupying: Sequence[PodState]) -> Reason | None:
+        pods = session.state.pods
+        placed = session.placed_pods
+        alive: dict[str, int] = {}  # sub-group ("" without sub-groups) -> alive pods not gated
+        gated: dict[str, int] = {}
+        for pod in occupying:
+            if pod.status != "Releasing" or pod.key in placed:
+                name = pod.spec.subgroup
+                alive[name] = alive.get(name, 0) + 1
+        for entry in job.pending:
+            if entry.pod_key not in placed:
+                name = pods[entry.pod_key].spec.subgroup
+                alive[name] = alive.get(name, 0) + 1
+        ours = session.state.scheduler_name
+        for key in job.members:
+            spec = pods[key].spec
+            if spec.scheduling_gates and pods[key].status == "Pending" and spec.scheduler_name == ours:
+                gated[spec.subgroup] = gated.get(spec.subgroup, 0) + 1
+        groups = job.spec.subgroups if job.spec is not None else []
+        if not groups:
+            total_alive, total_gated = sum(alive.values()), sum(gated.values())
+            if total_alive >= job.min_member:
+                return None
+            return _not_ready([("", job.min_member, total_alive + total_gated, total_gated)])
+        short: list[tuple[str, int, int, int]] = []
+        children: dict[str, list[SubGroup]] = {}
+        for sg in groups:
+            children.setdefault(sg.parent, []).append(sg)
+
+        def ready(sg: SubGroup) -> bool:
+            kids = children.get(sg.name)
+            if not kids:
+                have = alive.get(sg.name, 0)
+                if have >= sg.min_member:
+                    return True
+                short.append((sg.name, sg.min_member, have + gated.get(sg.name, 0), gated.get(sg.name, 0)))
+                return False
+            want = len(kids) if sg.min_subgroup is None else min(sg.min_subgroup, len(kids))
+            return sum([ready(kid) for kid in kids]) >= want  # (every child judged: each short one named)
+
+        assert job.spec is not None
+        if ready(SubGroup(name="", min_member=0, min_subgroup=job.spec.min_subgroup)):
+            return None
+        return _not_ready(short)
+
+
+def _not_ready(short: list[tuple[str, int, int, int]]) -> Reason:
+    """NotReady naming each pod set short: (sub-group or "", minimum, existing, gated)."""
+    parts = [f"waiting for {need} pods{f' of sub-group {name}' if name else ''}, {exist} exist, {gated} gated"
+             for name, need, exist, gated in short]
+    _, need, exist, gated = short[0] if short else ("", 0, 0, 0)
+    return Reason(code=fw.NOT_READY, message="not ready for scheduling: " + "; ".join(parts),
+                  numbers={"min_member": need, "existing": exist, "gated": gated})
