@@ -246,3 +246,36 @@ def test_explain_says_a_pod_waits_for_its_gates() -> None:
     records = [Record(i, e) for i, e in enumerate([*envs, started, *decisions])]
     text = "\n".join(render_text(explain(records, "default/held")))
     assert f"gated: waiting for its scheduling gates to be removed ({GATE})" in text, text
+
+
+@pytest.mark.parametrize(("pods", "min_member", "ready"), [
+    # KAI's own cases (podgroup_info TestPodGroupInfo_IsReadyForScheduling, podset TestIsReadyForScheduling)
+    (["pending"], 1, True),
+    (["gated"], 1, False),
+    (["pending"], 2, False),
+    (["pending", "pending", "gated"], 2, True),
+    (["pending", "pending", "gated"], 3, False),
+    (["pending", "gated"], 2, False),
+    # KAI's alive statuses: running counts, a pod being released does not
+    (["running", "pending"], 2, True),
+    (["releasing", "pending"], 2, False),
+])
+def test_kais_readiness_cases(pods: list[str], min_member: int, ready: bool) -> None:
+    """A PodGroup of `min_member` whose members are in the given states (a KAI user's pods: gated
+    by `schedulingGates`, running on the node, or running and being deleted): the gang is placed
+    only when it is ready; a gated member is never placed."""
+    docs: list[dict[str, Any]] = [MakeNode("n1").gpus(8).obj(), queue("team-a"), podgroup("g", min_member)]
+    for i, kind in enumerate(pods):
+        pod = MakePod(f"p{i}").group("g").gpu(1)
+        if kind in ("running", "releasing"):
+            pod.running_on("n1")
+        if kind == "releasing":
+            pod.terminating()
+        docs.append(gated(pod) if kind == "gated" else pod.obj())
+    _, decisions = _cycle(_scenario(*docs, version="kai-es/v14"))
+    waiting = sorted(f"p{i}" for i, kind in enumerate(pods) if kind == "pending")
+    if ready:
+        assert _bound(decisions) == waiting
+    else:
+        assert not _bound(decisions)
+        assert {r.code for rs in _told(decisions).values() for r in rs} == ({"NotReady"} if waiting else set())

@@ -50,10 +50,16 @@ async def test_a_gang_is_bound_through_the_api_and_the_log_replays(
                         and r.envelope.data.name == "too-big" and r.envelope.data.namespace == ns
                         async for r in log.read()])
 
+        async def running_logged() -> bool:
+            return {r.envelope.data.name async for r in log.read() if isinstance(r.envelope.data, p.PodObserved)
+                    and r.envelope.data.namespace == ns and r.envelope.data.phase == "Running"} == {"worker-0", "worker-1"}
+
         async with services_running(log, kai_api):
             await wait_for(running_on(api, ns, ["worker-0", "worker-1"], node), "the gang Running on the pool's node",
                            timeout_s=30)
             await wait_for(unschedulable_reported, "too-big reported unschedulable", timeout_s=30)
+            # the API answers Running before the informer's watch has logged it: wait for the log
+            await wait_for(running_logged, "both workers observed Running through the watch", timeout_s=30)
 
         status, big = await get_pod(api, ns, "too-big")
         assert status == 200 and not big["spec"].get("nodeName")
