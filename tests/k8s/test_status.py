@@ -20,7 +20,7 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import create_pod, create_queue, get_pod, gpu_pod, services_running, raw, wait_for
+from tests.k8s.helpers import create_pod, create_queue, get_pod, gpu_pod, raw, running_on, services_running, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -220,3 +220,56 @@ async def test_a_podgroup_condition_tells_its_place_in_the_queue_and_kubectl_wid
     assert sorted(rest, key=moved.__getitem__) == sorted(rest, key=first.__getitem__)  # same order, moved up
     verdicts = [r for r in [r async for r in log.read()] if isinstance(r.envelope.data, p.PodUnschedulable)]
     assert verdicts  # the verdicts the conditions carry came from the log
+
+
+async def test_a_gang_not_ready_gets_a_not_ready_event_and_no_unschedulable_verdict(
+        k8s: K8s, scheduler_kubeconfig: Path) -> None:
+    """KAI's status updater for a job not ready for scheduling (kai-es/v14): a NotReady Event
+    saying how many pods it waits for, and no unschedulable verdict — no FailedScheduling, no
+    PodScheduled=False on its pods, no PodGroup scheduling condition — so an autoscaler does not
+    provision for a gang that cannot start. A PodGroup of minMember 2: one pod, one gated; once the
+    gate is removed, both run."""
+    tag = uuid.uuid4().hex[:8]
+    ns = k8s.namespace()
+    pool = f"pool-{tag}"
+    node = k8s.gpu_node(f"n-{tag}", gpus=8, labels={POOL_LABEL: pool})["metadata"]["name"]
+    qname = f"q-{tag}"
+    log = MemoryEventLog()
+    async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
+        custom = client.CustomObjectsApi(api)
+        await create_queue(api, qname)
+        status, _ = await raw(await custom.create_namespaced_custom_object(
+            "scheduling.run.ai", "v2alpha2", ns, "podgroups",
+            {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+             "metadata": {"name": "gang", "namespace": ns}, "spec": {"queue": qname, "minMember": 2}},
+            _preload_content=False))
+        assert status == 201
+        labels = {POOL_LABEL: pool}
+        await create_pod(api, gpu_pod("gang-0", ns, gpus=2, queue=qname, labels=labels,
+                                      annotations={"pod-group-name": "gang"}))
+        held = gpu_pod("gang-1", ns, gpus=2, queue=qname, labels=labels, annotations={"pod-group-name": "gang"})
+        held["spec"]["schedulingGates"] = [{"name": "example.com/admission"}]
+        await create_pod(api, held)
+
+        async def not_ready() -> list[dict[str, Any]] | None:
+            return [e for e in await pod_events(api, ns, "gang-0") if e["reason"] == "NotReady"] or None
+
+        async with services_running(log, kai_api, grouping=True,
+                                    followers=[StatusWriter(kai_api, queue_interval_s=0.1)]):
+            events = await wait_for(not_ready, "a NotReady event on the gang's pod", timeout_s=30)
+            await anyio.sleep(1.0)  # more cycles and flushes: still no unschedulable verdict
+            failed = [e for e in await pod_events(api, ns, "gang-0") if e["reason"] == "FailedScheduling"]
+            _, pod = await get_pod(api, ns, "gang-0")
+            _, pg = await raw(await custom.get_namespaced_custom_object(
+                "scheduling.run.ai", "v2alpha2", ns, "podgroups", "gang", _preload_content=False))
+            status, out = await raw(await client.CoreV1Api(api).patch_namespaced_pod(
+                "gang-1", ns, {"spec": {"schedulingGates": None}}, _preload_content=False,
+                _content_type="application/merge-patch+json"))
+            assert status == 200, out
+            await wait_for(running_on(api, ns, ["gang-0", "gang-1"], node), "the gang Running once ungated",
+                           timeout_s=30)
+
+    assert events[0]["type"] == "Normal" and "waiting for 2 pods, 2 exist, 1 gated" in events[0]["message"], events
+    assert not failed, failed
+    assert not [c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"], pod["status"]
+    assert not (pg.get("status") or {}).get("schedulingConditions"), pg.get("status")

@@ -11,6 +11,11 @@ Contract:
 - The pod's `PodScheduled` condition is set `False`/`Unschedulable` with that message through
   pods/status (a strategic merge on the condition type), so cluster autoscalers see it. A bound
   pod's condition is set True by the API server's Binding itself.
+- A verdict whose first reason is `NotReady` (kai-es/v14: the gang is not ready for scheduling,
+  too few of its pods exist without scheduling gates) is, as KAI's status updater does for a job
+  not ready, a `NotReady` Event (Normal) and nothing else: no FailedScheduling, no PodScheduled
+  condition, no PodGroup condition — an autoscaler does not provision nodes for a gang that cannot
+  start yet. (KAI writes its NotReady Event on the PodGroup; kai-es on the pod, as its others.)
 - The PodGroup (when it exists in the API) gets KAI's `status.schedulingConditions`: one
   `UnschedulableOnNodePool` condition (reason `Unschedulable`, the message, and `reasons` as
   {reason: code, message}) while its pods are unschedulable and none of its pods was bound since;
@@ -72,6 +77,7 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import rfc3339
 from kai_es.scheduling.fairshare import shares_for_state
+from kai_es.scheduling.framework import NOT_READY
 from kai_es.scheduling.policy import CURRENT_POLICY, POLICIES, policy_for
 from kai_es.ingest.translate import (
     LAST_EVICTION_TIMESTAMP_ANNOTATION,
@@ -290,8 +296,12 @@ class StatusWriter:
             return
         self._last_message[pod] = message
         for key in [k for k, w in self._pending.items()
-                    if w.pod == pod and w.kind == "event" and w.body.get("reason") == "FailedScheduling"]:
+                    if w.pod == pod and w.kind == "event" and w.body.get("reason") in ("FailedScheduling", "NotReady")]:
             del self._pending[key]  # an older verdict not written yet: only the last one is
+        if data.reasons and data.reasons[0].code == NOT_READY:  # (module docstring)
+            self._pending.pop(("pod-condition", *pod), None)
+            self._event(record_id, data.namespace, data.name, data.uid, "Normal", "NotReady", message, when)
+            return
         self._event(record_id, data.namespace, data.name, data.uid, "Warning", "FailedScheduling", message, when)
         self._pending[("pod-condition", *pod)] = _Write(
             f"PodScheduled=False on pod {pod[0]}/{pod[1]}", "pod-condition", pod[0], pod[1],
