@@ -62,7 +62,7 @@ def _cycle(sc: Scenario, engine: str = "native") -> tuple[ClusterState, list[Env
                             logicaltime=sc.start_ns, policyversion=sc.config.policy_version)
     record = Record(len(envs), started)
     apply(state, record)
-    return state, run_cycle(state, record, sc.config, load_packer(engine))
+    return state, run_cycle(state, record, sc.config, load_packer(engine))  # type: ignore[arg-type]
 
 
 def _bound(decisions: list[Envelope]) -> list[str]:

@@ -168,6 +168,17 @@ async def create_queue(api: client.ApiClient, name: str) -> None:
     assert status == 201, out
 
 
+async def create_podgroup(api: client.ApiClient, namespace: str, name: str, queue_name: str,
+                          min_member: int) -> None:
+    """A KAI PodGroup `name` of `queue_name` with `minMember: min_member`."""
+    status, out = await raw(await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "scheduling.run.ai", "v2alpha2", namespace, "podgroups",
+        {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+         "metadata": {"name": name, "namespace": namespace}, "spec": {"queue": queue_name, "minMember": min_member}},
+        _preload_content=False))
+    assert status == 201, out
+
+
 async def disruption_budget(api: client.ApiClient, namespace: str, labels: Mapping[str, str],
                             name: str = "guard") -> None:
     """A PodDisruptionBudget (minAvailable 1) over the pods with `labels`, waited for in the

@@ -14,7 +14,7 @@ from kai_es.events import payloads as p
 from kai_es.replay import replay
 from kai_es.scheduling.packing import load_packer
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import services_running, create_pod, get_pod, gpu_pod, queue, raw, running_on, wait_for
+from tests.k8s.helpers import services_running, create_pod, create_podgroup, get_pod, gpu_pod, queue, raw, running_on, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -33,12 +33,7 @@ async def test_a_gang_is_bound_through_the_api_and_the_log_replays(
         status, _ = await raw(await custom.create_cluster_custom_object(
             "scheduling.run.ai", "v2", "queues", queue(qname), _preload_content=False))
         assert status == 201
-        status, _ = await raw(await custom.create_namespaced_custom_object(
-            "scheduling.run.ai", "v2alpha2", ns, "podgroups",
-            {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-             "metadata": {"name": pg, "namespace": ns}, "spec": {"queue": qname, "minMember": 2}},
-            _preload_content=False))
-        assert status == 201
+        await create_podgroup(api, ns, pg, qname, 2)
         pool_label = {POOL_LABEL: pool}
         for i in range(2):
             await create_pod(api, gpu_pod(f"worker-{i}", ns, gpus=4, queue=qname, labels=pool_label,

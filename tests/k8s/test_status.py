@@ -20,7 +20,7 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import create_pod, create_queue, get_pod, gpu_pod, raw, running_on, services_running, wait_for
+from tests.k8s.helpers import create_pod, create_podgroup, create_queue, get_pod, gpu_pod, raw, running_on, services_running, wait_for
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -48,12 +48,7 @@ async def test_scheduling_outcomes_reach_pods_podgroups_and_queues(k8s: K8s, sch
     async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
         custom = client.CustomObjectsApi(api)
         await create_queue(api, qname)
-        status, _ = await raw(await custom.create_namespaced_custom_object(
-            "scheduling.run.ai", "v2alpha2", ns, "podgroups",
-            {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-             "metadata": {"name": "big", "namespace": ns}, "spec": {"queue": qname, "minMember": 2}},
-            _preload_content=False))
-        assert status == 201
+        await create_podgroup(api, ns, "big", qname, 2)
         labels = {POOL_LABEL: pool}
         for i in range(2):
             await create_pod(api, gpu_pod(f"big-{i}", ns, gpus=6, queue=qname, labels=labels,
@@ -159,12 +154,7 @@ async def test_a_podgroup_condition_tells_its_place_in_the_queue_and_kubectl_wid
         custom = client.CustomObjectsApi(api)
         await create_queue(api, qname)
         for g in groups:
-            status, out = await raw(await custom.create_namespaced_custom_object(
-                "scheduling.run.ai", "v2alpha2", ns, "podgroups",
-                {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-                 "metadata": {"name": g, "namespace": ns}, "spec": {"queue": qname, "minMember": 1}},
-                _preload_content=False))
-            assert status == 201, out
+            await create_podgroup(api, ns, g, qname, 1)
             await create_pod(api, gpu_pod(f"{g}-0", ns, gpus=8, queue=qname, labels={POOL_LABEL: pool},
                                           annotations={"pod-group-name": g}))
 
@@ -238,12 +228,7 @@ async def test_a_gang_not_ready_gets_a_not_ready_event_and_no_unschedulable_verd
     async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
         custom = client.CustomObjectsApi(api)
         await create_queue(api, qname)
-        status, _ = await raw(await custom.create_namespaced_custom_object(
-            "scheduling.run.ai", "v2alpha2", ns, "podgroups",
-            {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-             "metadata": {"name": "gang", "namespace": ns}, "spec": {"queue": qname, "minMember": 2}},
-            _preload_content=False))
-        assert status == 201
+        await create_podgroup(api, ns, "gang", qname, 2)
         labels = {POOL_LABEL: pool}
         await create_pod(api, gpu_pod("gang-0", ns, gpus=2, queue=qname, labels=labels,
                                       annotations={"pod-group-name": "gang"}))
