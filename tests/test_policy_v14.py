@@ -279,3 +279,40 @@ def test_kais_readiness_cases(pods: list[str], min_member: int, ready: bool) -> 
     else:
         assert not _bound(decisions)
         assert {r.code for rs in _told(decisions).values() for r in rs} == ({"NotReady"} if waiting else set())
+
+
+def test_a_job_not_ready_is_not_in_the_tried_order_and_takes_no_place_in_a_queues_depth() -> None:
+    """KAI filters jobs not ready for scheduling out of every action's job order before it fills
+    a queue's heap (`queueDepthPerAction`) and before `/get-job-order` lists it. Queue team-a: an
+    older gang of two with one pod gated, then a newer 1-GPU job; allocate's depth is 1. The
+    gang is told NotReady, takes no place: the newer job is placed, and the cycle's tried order
+    names it alone."""
+    docs = (MakeNode("n1").gpus(8).obj(), queue("team-a"), podgroup("gang", 2),
+            MakePod("g0").group("gang").gpu(1).obj(), gated(MakePod("g1").group("gang").gpu(1)),
+            MakePod("later").gpu(1).obj())
+    sc = load_scenario_text(scenario_text(*docs, settings={
+        "start": "2026-01-01T12:00:00Z",
+        "scheduler": {"policyVersion": "kai-es/v14", "queueDepthPerAction": {"allocate": 1}}}))
+    state, decisions = _cycle(sc)
+    assert _bound(decisions) == ["later"]
+    assert [r.code for r in _told(decisions)["g0"]] == ["NotReady"]
+    [completed] = [e.data for e in decisions if isinstance(e.data, p.CycleCompleted)]
+    assert completed.tried_order is not None
+    assert [k.rsplit("/", 1)[1].split("-")[1] for k in completed.tried_order.jobs] == ["later"], completed.tried_order
+
+
+def test_a_job_not_ready_takes_no_place_in_preempts_depth() -> None:
+    """Preempt's `queueDepthPerAction` of 1: an older gang of `build` priority with one pod gated
+    (not ready) and a newer `build` pod that needs the GPU a `train` pod holds. The gang takes no
+    place, so the newer pod is preempt's one and the `train` pod is evicted for it."""
+    docs = (MakeNode("n1").gpus(1).obj(), queue("team-a"), podgroup("gang", 2, priorityClassName="build"),
+            MakePod("low").gpu(1).running_on("n1").obj(),
+            MakePod("g0").group("gang").gpu(1).priority_class("build").obj(),
+            gated(MakePod("g1").group("gang").gpu(1).priority_class("build")),
+            MakePod("urgent").gpu(1).priority_class("build").obj())
+    sc = load_scenario_text(scenario_text(*docs, settings={
+        "start": "2026-01-01T12:00:00Z",
+        "scheduler": {"policyVersion": "kai-es/v14", "queueDepthPerAction": {"preempt": 1}}}))
+    _, decisions = _cycle(sc)
+    evicted = [(e.data.name, e.data.preemptor) for e in decisions if isinstance(e.data, p.EvictionDecided)]
+    assert evicted == [("low", "default/urgent")], evicted

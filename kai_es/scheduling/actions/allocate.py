@@ -166,8 +166,9 @@ class Allocator:
     def _try(self, leaf: QueueNode, job: Job, pods: list[PodState], request: Vector) -> bool:
         """Place the job's pods now, all or none; False (and reasons recorded) if it cannot."""
         assert leaf.jobs is not None
-        self.session.tried.setdefault(job.key)
         need = self.session.gang[job.key]
+        if need.problem is None or need.problem.code != fw.NOT_READY:
+            self.session.tried.setdefault(job.key)  # (a job not ready is not in KAI's job order)
         gang_stage = bool(need.pods) or need.problem is not None
         if job.spec is None and not job.implicit:
             self._drop_job(leaf, job, [Reason(code=fw.PODGROUP_NOT_FOUND,

@@ -6,8 +6,10 @@
 - `FirstJobsOfEachQueue` (kai-es/v13 on): an action named in the config's
   `queueDepthPerAction` considers, in each leaf queue, only the first N of its waiting jobs in
   KAI's job order (priority, a gang below its minimum first, age), as they stand when the action
-  starts. KAI bounds each queue's heap of jobs at N as it fills it from a Go map, so which jobs
-  it keeps can depend on the map's order when more than N wait; kai-es keeps the first N, the
+  starts; a job not ready for scheduling (`rules.scheduling_readiness`, kai-es/v14 on) takes
+  no place, as KAI filters such jobs out before it fills the queue. KAI bounds each queue's heap
+  of jobs at N as it fills it from a Go map, so which jobs it keeps can depend on the map's
+  order when more than N wait; kai-es keeps the first N, the
   ones KAI's order would try first, so the same log gives the same decisions. Allocate tells
   each job it leaves out why (`BeyondQueueDepth`, its place and the depth: KAI says nothing);
   reclaim, preempt and consolidation pass over such jobs as KAI does, and their pods keep what
@@ -70,11 +72,14 @@ class FirstJobsOfEachQueue:
         if depth is None:
             return
         state = session.state
+        ready = session.rules.scheduling_readiness.ready
         for name in sorted(session.queues):
             leaf = session.queues[name]
             if leaf.children or not leaf.jobs or len(leaf.jobs) <= depth:
                 continue
-            seen = list(dict.fromkeys(entry.job_key for entry in leaf.jobs))  # (KAI's job order)
+            # (KAI's job order, without the jobs not ready for scheduling: they hold no place)
+            seen = [key for key in dict.fromkeys(entry.job_key for entry in leaf.jobs)
+                    if ready(session, state.jobs[key])]
             for place, job_key in enumerate(seen[depth:], depth + 1):
                 job = state.jobs[job_key]
                 reason = Reason(code=fw.BEYOND_QUEUE_DEPTH, message=(
@@ -90,7 +95,11 @@ class FirstJobsOfEachQueue:
             return jobs
         taken: dict[str, int] = {}
         out = []
+        ready = session.rules.scheduling_readiness.ready
         for leaf, job in jobs:
+            if not ready(session, job):  # (no place in the depth: KAI's job order never holds it)
+                out.append((leaf, job))
+                continue
             n = taken.get(leaf.name, 0)
             if n < depth:
                 taken[leaf.name] = n + 1

@@ -39,6 +39,11 @@ class SchedulingReadiness(Protocol):
         """Why `job` is not ready to be scheduled, or None. `occupying`: its pods holding a
         place on the session's plan (`Session.occupying_on_plan` with the pods placed)."""
 
+    def ready(self, session: Session, job: Job) -> bool:
+        """Whether `job` is in the jobs an action considers (KAI's `FilterUnready`): a job that
+        is not ready takes no place in a queue's depth (`rules.queue_depth`) and is not in the
+        order the cycle tried (`rules.tried_order`), as KAI's job order never holds it."""
+
 
 class MinimumDecidesV13:
     __slots__ = ()
@@ -46,9 +51,15 @@ class MinimumDecidesV13:
     def problem(self, session: Session, job: Job, occupying: Sequence[PodState]) -> Reason | None:
         return None
 
+    def ready(self, session: Session, job: Job) -> bool:
+        return True
+
 
 class ReadyAsKai:
     __slots__ = ()
+
+    def ready(self, session: Session, job: Job) -> bool:
+        return self.problem(session, job, session.occupying_on_plan(job, session.placed_pods)) is None
 
     def problem(self, session: Session, job: Job, occupying: Sequence[PodState]) -> Reason | None:
         pods = session.state.pods

@@ -5,7 +5,8 @@ positions users read (`kai-es explain`, `kai-es serve`, the PodGroup's condition
   cycle would try the jobs in if none of them were placed (`visibility.positions.cluster_order`).
 - `Recorded` (kai-es/v13 on): the CycleCompleted carries the order allocate actually tried the
   jobs in — each job at its first try: the jobs pipelined earlier, the gangs restored first,
-  then KAI's queue order as the cycle's placements moved it — as an edit of the order the cut
+  then KAI's queue order as the cycle's placements moved it; from kai-es/v14 on not a job that
+  is not ready for scheduling, which KAI's job order never holds — as an edit of the order the cut
   held (`state.handlers.tried_order.edit`), or nothing when that order is unchanged. A full
   cluster where nothing moves records nothing; a cycle whose placements reorder the queues
   records the stretch that changed. Replay compares it with the decisions, byte for byte. The
