@@ -18,7 +18,8 @@ passes a job only when `PodGroupInfo.IsReadyForScheduling`.
   many of its pods exist (alive, gated included) and how many are gated — with the numbers of
   the first one.
 
-Contract: pure; `problem` reads the session's state and plan, returns None for a ready job.
+Contract: pure; `problem` reads the session's state and plan, returns None for a ready job;
+`ready(session, job)` is whether `problem` finds none for the job's pods on the plan.
 """
 
 from __future__ import annotations
