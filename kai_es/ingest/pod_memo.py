@@ -34,7 +34,6 @@ from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.ingest.object_digest import digest, stable_metadata
 
 
-
 def _resizing(status: Mapping[str, Any]) -> Any:
     """What the resize accounting reads of the container statuses (`translate._container_statuses`:
     the first status of each name, from `containerStatuses` then `initContainerStatuses`), as

@@ -54,11 +54,22 @@ def minimum(job: Job, pending: Sequence[PodState], occupying: Sequence[PodState]
     return Minimum(tuple(sorted(chosen, key=lambda pod: order[pod.key])))
 
 
-def _subgroups(groups: Sequence[SubGroup], pending: Sequence[PodState],
-               occupying: Sequence[PodState], top_min_subgroup: int | None) -> list[PodState] | Reason:
+def children_of(groups: Sequence[SubGroup]) -> dict[str, list[SubGroup]]:
+    """Each sub-group's children by its name ("" for the PodGroup's top level), in spec order."""
     children: dict[str, list[SubGroup]] = {}
     for sg in groups:
         children.setdefault(sg.parent, []).append(sg)
+    return children
+
+
+def children_wanted(sg: SubGroup, kids: Sequence[SubGroup]) -> int:
+    """How many of an inner sub-group's children it needs: its `minSubGroup`, all when unset."""
+    return len(kids) if sg.min_subgroup is None else min(sg.min_subgroup, len(kids))
+
+
+def _subgroups(groups: Sequence[SubGroup], pending: Sequence[PodState],
+               occupying: Sequence[PodState], top_min_subgroup: int | None) -> list[PodState] | Reason:
+    children = children_of(groups)
 
     def solve(sg: SubGroup) -> list[PodState] | Reason:
         kids = children.get(sg.name)
@@ -71,7 +82,7 @@ def _subgroups(groups: Sequence[SubGroup], pending: Sequence[PodState],
                               message=f"sub-group {sg.name} needs {sg.min_member} pods but only {have + len(mine)} exist",
                               numbers={"min_member": sg.min_member, "existing": have + len(mine)})
             return mine[:need]
-        want = len(kids) if sg.min_subgroup is None else min(sg.min_subgroup, len(kids))
+        want = children_wanted(sg, kids)
         solved = [(kid, solve(kid)) for kid in kids]
         ok = [(kid, s) for kid, s in solved if not isinstance(s, Reason)]
         if len(ok) < want:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -166,6 +168,29 @@ async def create_queue(api: client.ApiClient, name: str) -> None:
     status, out = await raw(await client.CustomObjectsApi(api).create_cluster_custom_object(
         "scheduling.run.ai", "v2", "queues", queue(name), _preload_content=False))
     assert status == 201, out
+
+
+POOL_LABEL = "kai.scheduler/node-pool"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A test's own node pool (other tests' nodes and pods stay out of it): one KWOK GPU node
+    labelled with it, and a queue name of the same tag (not created)."""
+    name: str
+    node: str
+    queue: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {POOL_LABEL: self.name}
+
+
+def pool_node(k8s: Any, gpus: int = 8) -> Pool:
+    """A new Pool on the test control plane `k8s` (tests.k8s.conftest.K8s), its node `gpus` GPUs."""
+    tag = uuid.uuid4().hex[:8]
+    node = k8s.gpu_node(f"n-{tag}", gpus=gpus, labels={POOL_LABEL: f"pool-{tag}"})["metadata"]["name"]
+    return Pool(f"pool-{tag}", node, f"q-{tag}")
 
 
 async def create_podgroup(api: client.ApiClient, namespace: str, name: str, queue_name: str,

@@ -6,8 +6,6 @@ binding decided, no verdict), and binds it once the gates are removed; the log r
 
 from __future__ import annotations
 
-import uuid
-
 import anyio
 from kubernetes_asyncio import client
 
@@ -16,21 +14,18 @@ from kai_es.events import payloads as p
 from kai_es.replay import replay
 from kai_es.scheduling.packing import load_packer
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import binding, create_pod, create_queue, get_pod, gpu_pod, raw, running_on, services_running, wait_for
+from tests.k8s.helpers import (binding, create_pod, create_queue, get_pod, gpu_pod, pool_node, raw, running_on,
+                               services_running, wait_for)
 
-POOL_LABEL = "kai.scheduler/node-pool"
 MERGE = "application/merge-patch+json"
 GATE = "example.com/admission"
 
 
 async def test_a_gated_pod_waits_for_its_gates_and_is_bound_once_they_are_removed(k8s: K8s) -> None:
-    tag = uuid.uuid4().hex[:8]
     ns = k8s.namespace()
-    pool = f"pool-{tag}"
-    node = k8s.gpu_node(f"n-{tag}", gpus=8, labels={POOL_LABEL: pool})["metadata"]["name"]
-    qname = f"q-{tag}"
+    pool = pool_node(k8s)
+    node, qname, labels = pool.node, pool.queue, pool.labels
     log = MemoryEventLog()
-    labels = {POOL_LABEL: pool}
     async with k8s.client() as api:
         core = client.CoreV1Api(api)
         await create_queue(api, qname)

@@ -20,7 +20,8 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from tests.k8s.conftest import K8s
-from tests.k8s.helpers import create_pod, create_podgroup, create_queue, get_pod, gpu_pod, raw, running_on, services_running, wait_for
+from tests.k8s.helpers import (create_pod, create_podgroup, create_queue, get_pod, gpu_pod, pool_node, raw,
+                               running_on, services_running, wait_for)
 
 POOL_LABEL = "kai.scheduler/node-pool"
 
@@ -219,17 +220,14 @@ async def test_a_gang_not_ready_gets_a_not_ready_event_and_no_unschedulable_verd
     PodScheduled=False on its pods, no PodGroup scheduling condition — so an autoscaler does not
     provision for a gang that cannot start. A PodGroup of minMember 2: one pod, one gated; once the
     gate is removed, both run."""
-    tag = uuid.uuid4().hex[:8]
     ns = k8s.namespace()
-    pool = f"pool-{tag}"
-    node = k8s.gpu_node(f"n-{tag}", gpus=8, labels={POOL_LABEL: pool})["metadata"]["name"]
-    qname = f"q-{tag}"
+    pool = pool_node(k8s)
+    node, qname, labels = pool.node, pool.queue, pool.labels
     log = MemoryEventLog()
     async with k8s.client() as api, k8s.client(scheduler_kubeconfig) as kai_api:
         custom = client.CustomObjectsApi(api)
         await create_queue(api, qname)
         await create_podgroup(api, ns, "gang", qname, 2)
-        labels = {POOL_LABEL: pool}
         await create_pod(api, gpu_pod("gang-0", ns, gpus=2, queue=qname, labels=labels,
                                       annotations={"pod-group-name": "gang"}))
         held = gpu_pod("gang-1", ns, gpus=2, queue=qname, labels=labels, annotations={"pod-group-name": "gang"})

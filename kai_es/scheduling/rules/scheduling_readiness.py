@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kai_es.events.payloads import Reason, SubGroup
 from kai_es.scheduling import framework as fw
+from kai_es.scheduling.gang import children_of, children_wanted
 from kai_es.state.model import Job, PodState
 
 if TYPE_CHECKING:
@@ -66,7 +67,6 @@ class ReadyAsKai:
         pods = session.state.pods
         placed = session.placed_pods
         alive: dict[str, int] = {}  # sub-group ("" without sub-groups) -> alive pods not gated
-        gated: dict[str, int] = {}
         for pod in occupying:
             if pod.status != "Releasing" or pod.key in placed:
                 name = pod.spec.subgroup
@@ -75,37 +75,43 @@ class ReadyAsKai:
             if entry.pod_key not in placed:
                 name = pods[entry.pod_key].spec.subgroup
                 alive[name] = alive.get(name, 0) + 1
-        ours = session.state.scheduler_name
-        for key in job.members:
-            spec = pods[key].spec
-            if spec.scheduling_gates and pods[key].status == "Pending" and spec.scheduler_name == ours:
-                gated[spec.subgroup] = gated.get(spec.subgroup, 0) + 1
         groups = job.spec.subgroups if job.spec is not None else []
         if not groups:
-            total_alive, total_gated = sum(alive.values()), sum(gated.values())
-            if total_alive >= job.min_member:
+            have = sum(alive.values())
+            if have >= job.min_member:
                 return None
-            return _not_ready([("", job.min_member, total_alive + total_gated, total_gated)])
-        short: list[tuple[str, int, int, int]] = []
-        children: dict[str, list[SubGroup]] = {}
-        for sg in groups:
-            children.setdefault(sg.parent, []).append(sg)
+            gated = sum(_gated(session, job).values())
+            return _not_ready([("", job.min_member, have + gated, gated)])
+        short: list[tuple[str, int, int]] = []  # (leaf sub-group, its minimum, alive)
+        children = children_of(groups)
 
         def ready(sg: SubGroup) -> bool:
             kids = children.get(sg.name)
             if not kids:
                 have = alive.get(sg.name, 0)
-                if have >= sg.min_member:
-                    return True
-                short.append((sg.name, sg.min_member, have + gated.get(sg.name, 0), gated.get(sg.name, 0)))
-                return False
-            want = len(kids) if sg.min_subgroup is None else min(sg.min_subgroup, len(kids))
-            return sum([ready(kid) for kid in kids]) >= want  # (every child judged: each short one named)
+                if have < sg.min_member:
+                    short.append((sg.name, sg.min_member, have))
+                return have >= sg.min_member
+            return sum([ready(kid) for kid in kids]) >= children_wanted(sg, kids)  # (every child judged)
 
         assert job.spec is not None
         if ready(SubGroup(name="", min_member=0, min_subgroup=job.spec.min_subgroup)):
             return None
-        return _not_ready(short)
+        gated_in = _gated(session, job)
+        return _not_ready([(name, need, have + gated_in.get(name, 0), gated_in.get(name, 0))
+                           for name, need, have in short])
+
+
+def _gated(session: Session, job: Job) -> dict[str, int]:
+    """The job's gated pods of kai-es's scheduler per sub-group (only a job found short asks:
+    the count is for its message)."""
+    gated: dict[str, int] = {}
+    ours = session.state.scheduler_name
+    for key in job.members:
+        pod = session.state.pods[key]
+        if pod.spec.scheduling_gates and pod.status == "Pending" and pod.spec.scheduler_name == ours:
+            gated[pod.spec.subgroup] = gated.get(pod.spec.subgroup, 0) + 1
+    return gated
 
 
 def _not_ready(short: list[tuple[str, int, int, int]]) -> Reason:
