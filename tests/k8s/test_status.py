@@ -251,6 +251,9 @@ async def test_a_gang_not_ready_gets_a_not_ready_event_and_no_unschedulable_verd
             assert status == 200, out
             await wait_for(running_on(api, ns, ["gang-0", "gang-1"], node), "the gang Running once ungated",
                            timeout_s=30)
+            # the binds' status writes flush after the binds: let them finish before the services
+            # stop (a write cancelled mid-request leaves its connection to the garbage collector)
+            await anyio.sleep(1.0)
 
     assert events[0]["type"] == "Normal" and "waiting for 2 pods, 2 exist, 1 gated" in events[0]["message"], events
     assert not failed, failed
