@@ -23,7 +23,7 @@ from kai_es.scheduling.plan import Plan
 from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.session import Session
 from kai_es.scheduling.actions.consolidation import _unit_form
-from kai_es.scheduling.victims import free_capacity, keyed_units
+from kai_es.scheduling.victims import free_capacity, free_capacity_of_each, keyed_units
 from kai_es.state.model import Job, PodState
 from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
 
@@ -107,6 +107,20 @@ def test_an_untouched_node_is_reused_and_a_touched_one_computed_again() -> None:
     assert again is not first[0] and victim not in again
     assert _answers(views, job) == _answers(NodeViews(session), job)
     assert views.free_capacity() == free_capacity(session, None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.lists(st.integers(-2**63, 2**63 - 1), min_size=3 * 10, max_size=3 * 10))
+def test_each_nodes_free_capacity_in_one_pass_is_each_ones_alone(seed: int, values: list[int]) -> None:
+    """Over-committed nodes (negative free device shares, CPU or memory) included."""
+    session = _session(seed)
+    table = session.plan.future
+    devices = len(table.dev_free_milli)
+    for i in range(devices):
+        table.dev_free_milli[i] = values[i % len(values)] // 2**40  # (a device's share fits a milli count)
+    for n in range(NODES):
+        table.free_milli_cpu[n], table.free_memory_bytes[n] = values[-1 - n], values[n]
+    assert free_capacity_of_each(session) == [free_capacity(session, (n,)) for n in range(NODES)]
 
 
 @settings(max_examples=60, deadline=None)

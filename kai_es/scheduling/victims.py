@@ -340,6 +340,21 @@ def free_capacity(session: Session, nodes: Iterable[int] | None) -> Vector:
     return (gpu, cpu, mem)
 
 
+def free_capacity_of_each(session: Session) -> list[Vector]:
+    """`free_capacity(session, (n,))` of every node n, in node order, in one pass (a call per
+    node cost more than the sum it computes on a cluster of 20,000 nodes)."""
+    table = session.plan.future
+    start = table.gpu_start
+    dev, cpus, mems = table.dev_free_milli, table.free_milli_cpu, table.free_memory_bytes
+    out: list[Vector] = []
+    append = out.append
+    for n in range(len(table.free_pods)):
+        devices = dev[start[n]:start[n + 1]]
+        gpu = (sum(devices) if min(devices) >= 0 else sum(d for d in devices if d > 0)) if devices else 0
+        append((gpu, max(0, cpus[n]), max(0, mems[n])))
+    return out
+
+
 def _keep_needed(session: Session, start: int, chosen: list[Unit], entries: list[Entry], place: Placer,
                  action: str, preemptor: str, reason: Callable[[Unit], tuple[str, dict[str, int]]],
                  whole_units: bool = True) -> list[Eviction]:

@@ -172,11 +172,10 @@ def main() -> None:
     packer = load_packer(args.packer)  # type: ignore[arg-type]
     state = ClusterState()
     feed = Feed(state)
-    gc.disable()  # as the scheduler's bulk fold runs
     t0 = time.perf_counter()
-    finishing = build(feed, args.nodes, args.running, args.pending, config)
+    with bulk_fold(keep=True):  # as `kai-es scheduler` catches up: the collector paused, the state frozen after
+        finishing = build(feed, args.nodes, args.running, args.pending, config)
     dt = time.perf_counter() - t0
-    gc.enable()
     pending = sum(1 for pod in state.pods.values() if pod.status == "Pending")
     print(f"state: {len(state.nodes):,} nodes x {GPUS} GPUs, {len(state.pods) - pending:,} running pods, "
           f"{pending} pending, {len(state.jobs):,} jobs, 55 queues "

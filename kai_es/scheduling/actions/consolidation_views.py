@@ -20,7 +20,8 @@ from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Announced, VerificationError
 from kai_es.scheduling.rules.consolidation_nodes import ConsolidationNodes
 from kai_es.scheduling.session import Session
-from kai_es.scheduling.victims import Unit, free_capacity, job_order, keyed_units, room, shared
+from kai_es.scheduling.victims import (Unit, free_capacity, free_capacity_of_each, job_order, keyed_units, room,
+                                       shared)
 from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
 
@@ -123,7 +124,7 @@ class NodeViews:
             if self._capacity_sum is None:
                 self._capacity_sum = free_capacity(session, None)
             elif seen < len(self.touched):
-                self._capacity = [free_capacity(session, (n,)) for n in range(len(self.plan.names))]
+                self._capacity = free_capacity_of_each(session)
                 self._capacity_sum = _sum(self._capacity)
             return self._capacity_sum
         assert self._capacity_sum is not None
