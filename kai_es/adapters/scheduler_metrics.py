@@ -15,7 +15,11 @@ tried order, KAI's `/get-job-order` document (`kai_es.visibility.job_order`).
 
 Contract: an observer only (`kai_es.ports.CycleObserver`): it reads the folded state and the
 decisions and changes neither; waits are measured in the log's logical time (so a replayed or
-simulated run gives the same numbers), durations in the process's monotonic time.
+simulated run gives the same numbers), durations in the process's monotonic time. One instance
+lives as long as the process: a later session of it (after the log's connection failed) folds
+again from its snapshot, and records already told are not counted twice; pods a restored state
+holds pending are taken as waiting since their creation time (their first observation was
+folded by another process).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from kai_es.scheduling.config import SchedulerConfig
 from kai_es.state.keys import pod_key
 from kai_es.state.model import ClusterState
 from kai_es.visibility.job_order import encoded
-from kai_es.visibility.queue_metrics import decision_counts, pending_counts, queue_samples, to_base_units
+from kai_es.visibility.queue_metrics import decision_counts, parent_of, pending_counts, queue_samples, to_base_units
 
 #: wait buckets, seconds: a few seconds to a day
 WAIT_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0,
@@ -64,30 +68,39 @@ class SchedulerMetrics:
         self._order_of: list[str] | None = None
         self.queue_gauges = {name: Gauge(name, help_, QUEUE_LABELS, registry=registry)
                              for name, (help_, _) in QUEUE_GAUGES.items()}
-        self.pending_pods = Gauge("kai_es_queue_pending_pods", "Pods waiting in the queue", ["queue"],
+        self.pending_pods = Gauge("kai_es_queue_pending_pods", "Pods waiting in the queue", ["queue", "parent"],
                                   registry=registry)
-        self.pending_jobs = Gauge("kai_es_queue_pending_jobs", "Jobs with pods waiting in the queue", ["queue"],
-                                  registry=registry)
-        self.evictions = Counter("kai_es_evictions", "Evictions decided, by the action that decided them",
-                                 ["action"], registry=registry)
+        self.pending_jobs = Gauge("kai_es_queue_pending_jobs", "Jobs with pods waiting in the queue",
+                                  ["queue", "parent"], registry=registry)
+        self.evictions = Counter("kai_es_evictions",
+                                 "Evictions decided, by the action that decided them and the victim's queue",
+                                 ["action", "queue", "parent"], registry=registry)
         self.failed_searches = Counter(
             "kai_es_failed_victim_searches",
-            "Victim searches reported failed (a verdict counts when a pod's reasons change)",
-            ["action", "reason"], registry=registry)
+            "Victim searches reported failed, by the waiting pod's queue (a verdict counts when a pod's "
+            "reasons change)", ["action", "reason", "queue", "parent"], registry=registry)
         self.action_seconds = Histogram("kai_es_action_duration_seconds", "One action of one cycle",
                                         ["action"], buckets=ACTION_BUCKETS, registry=registry)
         self.wait_seconds = Histogram(
             "kai_es_pod_wait_seconds", "From a pod first observed pending to its first bind (log time)",
-            ["queue"], buckets=WAIT_BUCKETS, registry=registry)
+            ["queue", "parent"], buckets=WAIT_BUCKETS, registry=registry)
         self._queue_labels: set[tuple[str, str, str]] = set()
-        self._queues: set[str] = set()
+        self._queues: set[tuple[str, str]] = set()
         #: pod uid -> (key, logical time first observed pending): pods not yet bound
         self._waiting: dict[str, tuple[str, int]] = {}
         self._action: tuple[str, float] | None = None
+        #: the last log position told (`on_fold`): a later session of the process folds again
+        #: from its snapshot, and what it folds again was counted already
+        self._told = -1
+        #: whether the pods a restored state holds pending were taken as waiting (`_seed_waiting`)
+        self._seeded = False
 
     # -- CycleObserver --------------------------------------------------------------------------
 
     def on_fold(self, record: Record, state: ClusterState) -> None:
+        if record.position <= self._told:
+            return  # (folded again by a later session: counted when first told)
+        self._told = record.position
         data = record.envelope.data
         if isinstance(data, p.PodObserved):
             if not data.node_name and data.phase == "Pending" and data.uid not in self._waiting:
@@ -101,7 +114,7 @@ class SchedulerMetrics:
                 job = state.jobs.get(pod.job_key) if pod is not None else None
                 queue = job.queue if job is not None else ""
                 wait_ns = max(0, record.envelope.logicaltime - first[1])
-                self.wait_seconds.labels(queue=queue).observe(wait_ns / 1e9)
+                self.wait_seconds.labels(queue=queue, parent=parent_of(state, queue)).observe(wait_ns / 1e9)
         elif isinstance(data, p.PodRemoved):
             if data.uid:
                 self._waiting.pop(data.uid, None)
@@ -113,6 +126,8 @@ class SchedulerMetrics:
         self._action = (name, now) if name else None
 
     def on_cycle(self, state: ClusterState, config: SchedulerConfig, decisions: Sequence[Envelope]) -> None:
+        if not self._seeded:
+            self._seed_waiting(state)
         labels: set[tuple[str, str, str]] = set()
         for sample in queue_samples(state, config):
             key = (sample.queue, sample.parent, sample.resource)
@@ -123,20 +138,34 @@ class SchedulerMetrics:
             for gauge in self.queue_gauges.values():
                 gauge.remove(*gone)
         self._queue_labels = labels
-        pending = pending_counts(state)
-        for queue, (pods, jobs) in pending.items():
-            self.pending_pods.labels(queue=queue).set(pods)
-            self.pending_jobs.labels(queue=queue).set(jobs)
-        for left in self._queues - set(pending):
-            self.pending_pods.remove(left)
-            self.pending_jobs.remove(left)
-        self._queues = set(pending)
+        queues: set[tuple[str, str]] = set()
+        for queue, (pods, jobs) in pending_counts(state).items():
+            named = (queue, parent_of(state, queue))
+            queues.add(named)
+            self.pending_pods.labels(*named).set(pods)
+            self.pending_jobs.labels(*named).set(jobs)
+        for left in self._queues - queues:  # (a queue gone, or moved under another parent)
+            self.pending_pods.remove(*left)
+            self.pending_jobs.remove(*left)
+        self._queues = queues
         self._publish_order(state, config)
         evictions, failures = decision_counts(decisions)
-        for action, n in sorted(evictions.items()):
-            self.evictions.labels(action=action).inc(n)
-        for (action, reason), n in sorted(failures.items()):
-            self.failed_searches.labels(action=action, reason=reason).inc(n)
+        for (action, queue), n in sorted(evictions.items()):
+            self.evictions.labels(action=action, queue=queue, parent=parent_of(state, queue)).inc(n)
+        for (action, reason, queue), n in sorted(failures.items()):
+            self.failed_searches.labels(action=action, reason=reason, queue=queue,
+                                        parent=parent_of(state, queue)).inc(n)
+
+    def _seed_waiting(self, state: ClusterState) -> None:
+        """Take the pods `state` holds not yet bound (pending, or decided and binding) that this
+        process was not told of as waiting since their creation: a scheduler restored from a
+        snapshot never folded their first observation, and their wait would otherwise never be
+        measured (once per process, after its first cycle)."""
+        self._seeded = True
+        for key in sorted(state.pods):
+            pod = state.pods[key]
+            if pod.status in ("Pending", "Binding") and pod.spec.created_ns > 0 and pod.spec.uid not in self._waiting:
+                self._waiting[pod.spec.uid] = (key, pod.spec.created_ns)
 
     def _publish_order(self, state: ClusterState, config: SchedulerConfig) -> None:
         """KAI's `/get-job-order` body, made again only when the fold took a new order."""

@@ -343,9 +343,12 @@ async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, ti
     clock = FlowClock(time_scale)
     ready = announcing(on_ready, status)
 
+    # one for the process: a registry takes each metric once, and the next session of `_serve`
+    # (after the log's connection failed) must count on from where this one stopped
+    metrics = SchedulerMetrics(status.registry, status=status) if status is not None else None
+
     async def body(events: EventLog, store: SnapshotStore | None) -> None:
         t = time.monotonic()
-        metrics = SchedulerMetrics(status.registry, status=status) if status is not None else None
         sched = SchedulerService(events, config, packer, clock, RandomIds(), snapshots=store,
                                  snapshot_every=snapshot_every, observer=metrics)
         with bulk_fold(keep=True):  # (frozen before the collector resumes: else its first pass walks it all)

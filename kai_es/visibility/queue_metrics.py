@@ -10,10 +10,11 @@ Contract:
   parent's allocation and non-preemptible allocation sum its children's.
 - `pending_counts(state)` gives, per leaf queue, the pending pods and pending jobs kai-es
   schedules.
-- `decision_counts(decisions)` counts a cycle's evictions by action and the searches it reports
-  failed by action and reason code (`ReclaimNotPossible`, `VictimsCannotMakeRoom`, ...; a
-  verdict is announced only when it changes, so a search that keeps failing is counted once per
-  change of reason).
+- `decision_counts(decisions)` counts a cycle's evictions by (action, the victim's queue) and the
+  searches it reports failed by (action, reason code, the waiting pod's queue)
+  (`ReclaimNotPossible`, `VictimsCannotMakeRoom`, ...; a verdict is announced only when it
+  changes, so a search that keeps failing is counted once per change of reason).
+- `parent_of(state, queue)`: the queue's parent ("" for a top queue or one the state lacks).
 - `to_base_units(resource, amount)`: GPUs, CPU cores, bytes (Prometheus' base units).
 """
 
@@ -93,22 +94,30 @@ def pending_counts(state: ClusterState) -> dict[str, tuple[int, int]]:
     return out
 
 
-def decision_counts(decisions: Sequence[Envelope]) -> tuple[Counter[str], Counter[tuple[str, str]]]:
-    """(evictions by action, failed searches by (action, reason code)) among `decisions`."""
-    evictions: Counter[str] = Counter()
-    failures: Counter[tuple[str, str]] = Counter()
+def decision_counts(decisions: Sequence[Envelope]
+                    ) -> tuple[Counter[tuple[str, str]], Counter[tuple[str, str, str]]]:
+    """(evictions by (action, queue), failed searches by (action, reason code, queue)) among
+    `decisions`; a decision's queue is the one it names (the victim's, the waiting pod's)."""
+    evictions: Counter[tuple[str, str]] = Counter()
+    failures: Counter[tuple[str, str, str]] = Counter()
     for env in decisions:
         data = env.data
         if isinstance(data, p.EvictionDecided):
-            evictions[data.action] += 1
+            evictions[(data.action, data.queue)] += 1
         elif isinstance(data, p.PodUnschedulable):
             for reason in data.reasons:
                 action = SEARCH_FAILURES.get(reason.code)
                 if action is None and reason.code == VICTIMS_CANNOT_MAKE_ROOM:
                     action = reason.message.split(":", 1)[0]  # (the action names itself first)
                 if action is not None:
-                    failures[(action, reason.code)] += 1
+                    failures[(action, reason.code, data.queue)] += 1
     return evictions, failures
+
+
+def parent_of(state: ClusterState, queue: str) -> str:
+    """`queue`'s parent in the state ("": a top queue, or a queue the state does not hold)."""
+    found = state.queues.get(queue)
+    return found.spec.parent if found is not None else ""
 
 
 def to_base_units(resource: str, amount: int) -> float:
