@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.memory_log import MemoryEventLog
+from kai_es.collector import collector_paused
 from kai_es.ports import EventLog, SetupError
 from kai_es.scheduling.packing import Packer, load_packer
 
@@ -80,15 +81,8 @@ def bulk_fold(*, keep: bool = False) -> Iterator[None]:
     instead of being scanned once by the first collection after (every object allocated
     meanwhile is in the youngest generation: 1.2 s for a million-record what-if). Objects it
     drops are still freed by reference counting; only reference cycles made meanwhile stay."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused(freeze=keep):
         yield
-    finally:
-        if keep:
-            gc.freeze()
-        if was_enabled:
-            gc.enable()
 
 
 def packer_from_env(kind: str | None = None) -> Packer:

@@ -27,6 +27,7 @@ from kai_es.events.factory import make_envelope
 from kai_es.ports import Clock, CycleObserver, EventLog, IdFactory, SnapshotStore, StoredSnapshot
 from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event
 from kai_es import verify_mode
+from kai_es.collector import collector_paused
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.scheduling.policy import policy_for
@@ -168,8 +169,9 @@ class SchedulerService:
         if cut_record is None or cut_record.position != cut:
             raise RuntimeError(f"the log did not return the cycle's own CycleStarted at {cut}")
         observer = self.observer
-        decisions = run_cycle(self.state, cut_record, self.config, self.packer, verify=verify_mode.enabled(),
-                              on_action=observer.on_action if observer is not None else None)
+        with collector_paused():  # (the cycle's objects live until it ends: collections would walk them in vain)
+            decisions = run_cycle(self.state, cut_record, self.config, self.packer, verify=verify_mode.enabled(),
+                                  on_action=observer.on_action if observer is not None else None)
         snap_data = self._snapshot_due(decisions)
         positions = await self.events.append(decisions)
         if snap_data is not None:

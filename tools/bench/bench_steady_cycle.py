@@ -44,6 +44,7 @@ from kai_es.state.reducer import apply  # noqa: E402
 from kai_es.state.snapshot import load_snapshot, restore, snapshot_bytes  # noqa: E402
 from kai_es.scheduling.policy import state_digest  # noqa: E402
 from kai_es.app import bulk_fold, freeze_long_lived  # noqa: E402
+from kai_es.collector import collector_paused  # noqa: E402
 
 START = 1_767_225_600_000_000_000
 SEC = 1_000_000_000
@@ -192,7 +193,8 @@ def main() -> None:
         feed.t += 5 * SEC
         started = feed.fold(feed.env(p.CycleStarted(cycle=cycle, config_digest=digest_every), "kai-es/scheduler"))
         t0, c0 = time.perf_counter(), time.process_time()
-        decisions = run_cycle(state, started, config, packer)
+        with collector_paused():  # as `kai-es scheduler` runs a cycle (SchedulerService.run_cycle_once)
+            decisions = run_cycle(state, started, config, packer)
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         bound = [d for d in decisions if isinstance(d.data, p.BindingDecided)]
