@@ -16,6 +16,10 @@ in bytes, times in ns since the epoch):
   folded `last_unschedulable` fingerprint, and reported as "unknown" if they disagree.
 - Consecutive cycles with the same verdict are one entry of the timeline (a `wait` entry with a
   cycle count); any other event of the subject in between ends the run.
+- Within a run the subject's job's place (in its queue at each cut, in the order each cycle tried
+  the jobs in) is given at the first cycle and at each cycle where it changed, not per cycle
+  (`visibility.place_changes`: a change is a new rank or queue; at most its first and last
+  `KEPT` changes per run, those between counted).
 - Events of the subject (observed, phase changes, binding and pipelining decisions, binder
   outcomes, eviction decisions with their preemptor and numbers, completion, removal) are
   entries of their own, in log order; a pod that has not finished when the log ends gets a
@@ -40,6 +44,8 @@ from kai_es.scheduling.session import queued_job
 from kai_es.state import ClusterState
 from kai_es.state.keys import job_key_of_index
 from kai_es.state.reducer import apply, pod_key, reasons_fingerprint
+from kai_es.visibility import place_changes
+from kai_es.visibility.place_changes import change_json
 from kai_es.visibility.positions import cluster_ranks, position, queue_order, tried_ranks
 
 #: reason code -> the rule it names, as a person says it
@@ -91,6 +97,8 @@ class _Cut:
     cluster: tuple[int, int] | None = None
     #: pending pods held by scheduling gates where they are honoured (kai-es/v14 on): key -> gates
     gated: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: the subject's job's queue (whose order `place` is)
+    queue_name: str = ""
 
 
 @dataclass(slots=True)
@@ -102,10 +110,24 @@ class _Run:
     first: _Cut
     last: _Cut
     cycles: int = 1
+    #: the job's place at each cut where it changed, the first cut's first (bounded:
+    #: `place_changes.PlaceChanges`); None while it has not changed since the first cut, as in most runs
+    moves: place_changes.PlaceChanges | None = None
+
+    def extend(self, cut: _Cut) -> None:
+        """One more cycle in the run: completed cut `cut`, its place noted if it moved."""
+        if place_changes.moved(self.last, cut):
+            if self.moves is None:
+                self.moves = place_changes.PlaceChanges(self.first)
+            self.moves.add(cut)
+        self.cycles += 1
+        self.last = cut
 
     def as_json(self) -> dict[str, Any]:
         """The entry as it stands (its verdicts copied: a later cycle that extends the run
         updates them)."""
+        moves: Iterable[place_changes.Placed] = self.moves if self.moves is not None else (self.first,)
+        elided = self.moves.elided if self.moves is not None else 0
         return {"kind": "wait", "cycles": self.cycles,
                 "firstCycle": self.first.cycle, "lastCycle": self.last.cycle,
                 "from": _at(self.first.position, self.first.time_ns),
@@ -113,7 +135,8 @@ class _Run:
                 "verdicts": [dict(v) for v in self.verdicts],
                 "queueAtFirst": _queue_json(self.first.queue), "queueAtLast": _queue_json(self.last.queue),
                 "positionAtFirst": _position_json(self.first),
-                "positionAtLast": _position_json(self.last)}
+                "positionAtLast": _position_json(self.last),
+                "positionChanges": [change_json(c) for c in moves], "positionChangesElided": elided}
 
 
 def _position_json(cut: _Cut) -> dict[str, int] | None:
@@ -417,8 +440,7 @@ class Timeline:
             # the cycle before extended or began this run with the same pods pending, their same
             # fingerprints and last verdicts, and nothing decided then or now: `_verdict` would
             # find the same verdicts and extend the run, changing nothing else in it
-            run.cycles += 1
-            run.last = cut
+            run.extend(cut)
             return
         _verdict(cut, entries)
         last = entries[-1] if entries else None
@@ -580,7 +602,7 @@ def _cut(state: ClusterState, subject: Subject, record: Record,
     env = record.envelope
     assert isinstance(env.data, p.CycleStarted)
     return _Cut(env.data.cycle, record.position, env.logicaltime, pending, numbers.numbers(queue) if queue else None,
-                place=numbers.place(job_key) if job_key else None, job=job_key, gated=gated)
+                place=numbers.place(job_key) if job_key else None, job=job_key, gated=gated, queue_name=queue)
 
 
 #: reason numbers that change with each failed search while the verdict stays the same
@@ -633,8 +655,7 @@ def _verdict(cut: _Cut, entries: list[dict[str, Any] | _Run | int]) -> None:
     verdicts = [detail[k] for k in sorted(detail, key=_without_backoff)]
     last_entry = entries[-1] if entries else None
     if isinstance(last_entry, _Run) and last_entry.key == run_key:
-        last_entry.cycles += 1
-        last_entry.last = cut
+        last_entry.extend(cut)
         for old, new in zip(last_entry.verdicts, verdicts):
             old["recorded"] = old.get("recorded", False) or new.get("recorded", False)
             old["reasons"] = new["reasons"]  # a search back-off's numbers move on: the latest
@@ -825,6 +846,7 @@ def render_text(report: dict[str, Any]) -> list[str]:
                 tried = (f", #{place['inCluster']} of {place['clusterOf']} jobs the cycle tried"
                          if "inCluster" in place else "")
                 lines.append(f"{'':30} #{place['inQueue']} of {place['of']} waiting in its queue{tried}{moved}")
+            lines += _changes_text(e, start)
             q = _queue_phrase(e["queueAtLast"])
             if q:
                 first = _queue_phrase(e["queueAtFirst"])
@@ -862,6 +884,27 @@ def render_text(report: dict[str, Any]) -> list[str]:
                     f", #{place['inCluster']} of {place['clusterOf']} in the cluster" if place["inCluster"] else "")
             lines.append(f"{when(e)} {who}at the log's end: {e['status']}" + (f" on {e['node']}" if e["node"] else "")
                          + where)
+    return lines
+
+
+def _changes_text(wait: dict[str, Any], start: int) -> list[str]:
+    """A wait's changes of place, a line each with its time since `start` (the log's first), when
+    its place changed; none when it stood still (the line above says where)."""
+    changes = wait.get("positionChanges") or []
+    if len(changes) < 2:
+        return []
+    elided = wait.get("positionChangesElided", 0)
+    lines = [f"{'':30} its place changed {len(changes) - 1 + elided} time(s) in these cycles:"]
+    for n, c in enumerate(changes):
+        if elided and n == len(changes) // 2:  # (`PlaceChanges.add` drops from the middle)
+            lines.append(f"{'':33}... {elided} more change(s) ...")
+        place = c["place"]
+        if place is None:
+            where = f"not in the order of its queue {c['queue'] or '-'}"
+        else:
+            where = f"#{place['inQueue']} of {place['of']} in queue {c['queue'] or '-'}" + (
+                f", #{place['inCluster']} of {place['clusterOf']} in the cluster" if "inCluster" in place else "")
+        lines.append(f"{'':33}cycle {c['cycle']} (t+{format_duration(c['logicaltime'] - start)}): {where}")
     return lines
 
 

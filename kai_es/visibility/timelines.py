@@ -24,9 +24,11 @@ Contract:
   the pods observed terminating (kept in a set, pruned at each cut): together every pod a
   timeline's cut can consider.
 - Memory: per subject a `Timeline` (its pods, their queue and phase, its entries: one record
-  position per event entry, one run per stretch of equal verdicts with its first and last cut),
-  per followed pod key the timelines that follow it. About 1.2 KB a job: 225 MiB for the 200,000
-  jobs of the 1,000,000-event benchmark log (`tools/bench/bench_serve.py`). With `limit` (serve's
+  position per event entry, one run per stretch of equal verdicts with its first and last cut
+  and, when its job's place changed in it, the changes: at most 2 * `place_changes.KEPT` of
+  64 bytes each, 2 KB), per followed pod key the timelines that follow it. About 1.2 KB a job:
+  225 MiB for the 200,000 jobs of the 1,000,000-event benchmark log (`tools/bench/bench_serve.py`,
+  a log without unschedulable verdicts). With `limit` (serve's
   `--keep-timelines`), once more than `limit` timelines are kept, a CycleCompleted drops the
   oldest (by when their timeline was made) of those whose job has no pod in the state any more,
   down to 3/4 of `limit`: a finished job's page is then read from the log (`report` says None,
