@@ -1,16 +1,17 @@
 """`kai-es serve` in a real browser: headless Chromium (the Debian package) driven by Playwright,
 against a log `kai-es simulate` wrote from a scenario of tests/scenarios/. Each page's content is
 checked against what the command line says for the same log (`kai-es explain`, `kai-es events`),
-a page follows a log while a simulation writes it (it updates without a reload), text from the
-log cannot run a script, and every page's screenshot is non-blank.
+a page follows a log while a writer appends a simulation's records to it in bursts with pauses (it
+shows the states in between, each as `explain` says it for the records so far, without a reload),
+text from the log cannot run a script, and every page's screenshot is non-blank.
 
 A browser that cannot start fails these tests: they never skip."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -25,10 +26,19 @@ import pytest
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
+from tests.chromium import ChromiumDidNotStart, launch
+from tests.live_writer import LiveWriter, appends_of, bursts_of, write_first
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "tests" / "scenarios" / "hierarchy-quota-order.yaml"
 HOSTILE = '<img src=x onerror="window.__pwned=1">'
+#: the live writer's pause between bursts: five of the page's polls (`--poll 200`)
+PAUSE_S = 1.0
+GPU_FIELDS = ("quota", "limit", "fairShare", "allocated", "request", "pending")
+#: what the page shows, read in one go (live.js swaps <main>'s children between two reads otherwise)
+SNAPSHOT = """main => ({position: Number(main.dataset.position), rows: Array.from(
+    main.querySelectorAll("table.queues tr[data-queue]"), r => [r.dataset.queue, Object.fromEntries(Array.from(
+        r.querySelectorAll("td[data-field][data-value]"), c => [c.dataset.field, Number(c.dataset.value)]))])})"""
 
 
 def _kai_es(*args: str) -> subprocess.CompletedProcess[str]:
@@ -61,12 +71,11 @@ class Served:
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
     with sync_playwright() as pw:
         try:
-            b = pw.chromium.launch(executable_path=chromium, args=["--headless=new", "--no-sandbox"])
-        except Exception as exc:  # noqa: BLE001 - reported, never skipped
-            pytest.fail(f"headless Chromium ({chromium}) did not start: {exc}")
+            b = launch(pw)
+        except ChromiumDidNotStart as exc:  # reported, never skipped
+            pytest.fail(str(exc))
         yield b
         b.close()
 
@@ -136,12 +145,19 @@ def _outside_the_browsers_loop(fn: Any) -> Any:
     return out[0]
 
 
+def _shown(page: Any) -> tuple[int, list[Any]]:
+    """The position `page` was rendered at and its queue rows ([name, {field: value}])."""
+    shot = page.locator("main#live").evaluate(SNAPSHOT)
+    return shot["position"], shot["rows"]
+
+
 def _explain_queue(log: Path, queue: str) -> dict[str, Any]:
     return json.loads(_kai_es("explain", str(log), "--queue", queue, "-o", "json").stdout)  # type: ignore[no-any-return]
 
 
-def test_the_queue_tree_shows_explains_numbers_for_the_last_cycle(server: Served, log: Path, page: Any) -> None:
-    page.goto(server.url + "/")
+def _assert_queue_tree(page: Any, log: Path) -> None:
+    """The queue tree on `page` has the scenario's five queues, parents first, each with the GPU
+    numbers `kai-es explain LOG --queue` gives for the log's last cycle."""
     rows = page.locator("table.queues tr[data-queue]")
     names = rows.evaluate_all("rows => rows.map(r => r.dataset.queue)")
     assert sorted(names) == ["dept-a", "dept-b", "other", "team-a1", "team-b1"]
@@ -150,10 +166,15 @@ def test_the_queue_tree_shows_explains_numbers_for_the_last_cycle(server: Served
         want = _explain_queue(log, name)["runs"][-1]["numbers"]["gpu"]
         row = page.locator(f'tr[data-queue="{name}"]')
         got = {f: int(row.locator(f'td[data-field="gpu.{f}"]').get_attribute("data-value"))
-               for f in ("quota", "limit", "fairShare", "allocated", "request", "pending")}
+               for f in GPU_FIELDS}
         assert got == {f: want[f] for f in got}, name
         shown = row.locator('td[data-field="gpu.fairShare"]').inner_text()
         assert shown == (f"{want['fairShare'] // 1000}" if want["fairShare"] % 1000 == 0 else shown)
+
+
+def test_the_queue_tree_shows_explains_numbers_for_the_last_cycle(server: Served, log: Path, page: Any) -> None:
+    page.goto(server.url + "/")
+    _assert_queue_tree(page, log)
     assert page.locator("svg.chart polyline").count() == 2
     _screenshot(page, log.parent / "queues.png")
 
@@ -219,6 +240,11 @@ def test_the_whatif_page_shows_the_comparison_and_its_plots(server: Served, log:
 
 
 def test_a_page_follows_the_log_while_a_simulation_writes_it(tmp_path: Path, log: Path, page: Any) -> None:
+    full = tmp_path / "simulated.events.jsonl"
+    _kai_es("simulate", str(SCENARIO), "--log", str(full), "--report", str(tmp_path / "report"), "--force")
+    appends = appends_of(full)
+    bursts = bursts_of(appends)
+    assert len(bursts) >= 3, [len(b) for b in bursts]
     live = tmp_path / "live.events.jsonl"
     live.write_bytes(b"")
     served = Served(str(live))
@@ -226,12 +252,29 @@ def test_a_page_follows_the_log_while_a_simulation_writes_it(tmp_path: Path, log
         page.goto(served.url + "/")
         assert page.locator("table.queues tr[data-queue]").count() == 0
         page.evaluate("window.__loadedOnce = true")
-        _kai_es("simulate", str(SCENARIO), "--log", str(live), "--report", str(tmp_path / "report"), "--force")
-        _wait(lambda: page.locator("table.queues tr[data-queue]").count() == 5)
+        writer = LiveWriter(live, bursts, pause_s=PAUSE_S)
+        seen = writer.watch(lambda: _shown(page))  # what the page showed while the writer was appending
+        end = writer.ends[-1]
+        assert live.read_bytes() == full.read_bytes()  # the simulation's appends, replayed
+        between = sorted(at for at in seen if 0 < at < end)
+        assert len(between) >= 2, (f"the page showed positions {sorted(seen)} while the log grew through "
+                                   f"{writer.ends}: it did not follow the log between the ends")
+        checked = [at for at in writer.ends[:-1] if at in seen]
+        for at in checked:  # the state at each burst's end, as explain says it for the records so far
+            prefix = tmp_path / f"prefix-{at}.events.jsonl"
+            _outside_the_browsers_loop(functools.partial(write_first, prefix, appends, at))
+            runs = _explain_queue(prefix, "other")["runs"]
+            rows = dict(seen[at])
+            assert bool(rows) == bool(runs), (at, rows, runs)  # no queue shown before a completed cycle
+            if runs:
+                assert {f: rows["other"][f"gpu.{f}"] for f in GPU_FIELDS} == \
+                    {f: runs[-1]["numbers"]["gpu"][f] for f in GPU_FIELDS}, at
+        _wait(lambda: _shown(page)[0] == end)
+        final = _shown(page)[1]
+        assert any(seen[at] and seen[at] != final for at in checked), \
+            "the page never showed a queue tree of the log in the middle of the simulation"
         assert page.evaluate("window.__loadedOnce") is True  # updated in place, not reloaded
-        want = _explain_queue(live, "other")["runs"][-1]["numbers"]["gpu"]
-        _wait(lambda: page.locator('tr[data-queue="other"] td[data-field="gpu.pending"]').get_attribute("data-value")
-              == str(want["pending"]))
+        _assert_queue_tree(page, live)
         _screenshot(page, log.parent / "live.png")
 
         # more records, one of them with markup in its names: shown as text, never run
