@@ -162,10 +162,10 @@ class SchedulerMetrics:
         snapshot never folded their first observation, and their wait would otherwise never be
         measured (once per process, after its first cycle)."""
         self._seeded = True
-        for key in sorted(state.pods):
-            pod = state.pods[key]
-            if pod.status in ("Pending", "Binding") and pod.spec.created_ns > 0 and pod.spec.uid not in self._waiting:
-                self._waiting[pod.spec.uid] = (key, pod.spec.created_ns)
+        waiting = self._waiting
+        for key, pod in state.pods.items():  # (in any order: each pod's entry is its own)
+            if pod.status in ("Pending", "Binding") and pod.spec.created_ns > 0 and pod.spec.uid not in waiting:
+                waiting[pod.spec.uid] = (key, pod.spec.created_ns)
 
     def _publish_order(self, state: ClusterState, config: SchedulerConfig) -> None:
         """KAI's `/get-job-order` body, made again only when the fold took a new order."""
