@@ -205,7 +205,9 @@ def test_a_queue_page_charts_its_history_and_lists_its_waiting_jobs(server: Serv
     for resource in ("gpu", "cpu", "memory"):
         cell = page.locator(f'tr[data-resource="{resource}"] td[data-field="{resource}.allocated"]')
         assert int(cell.get_attribute("data-value")) == numbers[resource]["allocated"]
-    assert page.locator("svg.chart polyline").count() == 3
+    titles = page.locator("svg.chart > title").evaluate_all("ts => ts.map(t => t.textContent)")
+    assert titles == [f"{r} of queue other over time" for r in ("GPU", "CPU", "Memory")]
+    assert page.locator("svg.chart polyline").count() == 9  # allocated, fair share, quota in each
     assert page.locator("table.waiting tr[data-job]").count() == len(_explain_queue(log, "other")["pending"])
     _screenshot(page, log.parent / "queue.png")
 

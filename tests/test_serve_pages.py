@@ -30,7 +30,7 @@ from kai_es.serve.bind import BindRefused, serve_address
 from kai_es.serve.follow import Follower
 from kai_es.serve.http import Site, ViewServer
 from kai_es.visibility import pages
-from kai_es.visibility.live import History, LiveView, Point, tree_order
+from kai_es.visibility.live import Cut, History, LiveView, Numbers, Point, QueueAtCut, point_of, tree_order
 from kai_es.visibility.svg import line_chart
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +160,45 @@ def test_the_history_is_bounded_and_evenly_spaced_over_the_whole_log() -> None:
     kept = [pt.cycle for pt in h.points]
     assert kept[0] == 0 and len({b - a for a, b in zip(kept, kept[1:])}) == 1  # from the start, even
     assert points[-1].cycle == 999  # the newest cut is always shown
+
+
+def test_the_history_keeps_each_queues_resources_at_every_cut(records: list[Record]) -> None:
+    view = LiveView()
+    cuts = 0
+    for record in records:
+        view.feed(record)
+        if isinstance(record.envelope.data, p.CycleCompleted) and view.last_cut is not None:
+            cut, point = view.last_cut, view.history.newest()
+            assert point is not None and point.cycle == cut.cycle
+            for name, q in cut.queues.items():
+                for resource, n in q.resources.items():
+                    assert point.of(name, resource) == (n.allocated, n.fair_share, n.quota), (cut.cycle, name, resource)
+            assert point.of("no-such-queue", "gpu") is None
+            cuts += 1
+    assert cuts >= 3
+    kept = view.history.all()
+    assert all(a.rows is b.rows for a, b in zip(kept, kept[1:])), "the same queues share one row map"
+    name = "other"
+    html = pages.queue_page(view, name)
+    for title in ("GPU", "CPU", "Memory"):
+        assert f"<title>{title} of queue {name} over time</title>" in html
+    assert view.last_cut is not None
+    cpu = view.last_cut.queues[name].resources["cpu"]
+    assert cpu.quota < 0 and "quota: unlimited" in html  # an unlimited quota is said, not drawn at 0
+
+
+def test_a_history_sample_keeps_numbers_beyond_64_bits_exactly() -> None:
+    big = Numbers(quota=2**128, limit=-1, fair_share=2**70 + 1, allocated=3, request=0, pending=0)
+    small = Numbers(quota=-1, limit=-1, fair_share=0, allocated=0, request=0, pending=0)
+    queues = {"a": QueueAtCut("a", "", {"gpu": big, "cpu": small, "memory": small}, 0, 0),
+              "b": QueueAtCut("b", "a", {"gpu": small, "cpu": big, "memory": big}, 0, 0)}
+    point = point_of(Cut(1, 10, 2**64 + 5, queues), {})
+    assert point.of("a", "gpu") == (3, 2**70 + 1, 2**128) and point.of("b", "memory") == (3, 2**70 + 1, 2**128)
+    assert point.of("b", "gpu") == (0, 0, -1) and point.time_ns == 2**64 + 5
+    again = point_of(Cut(2, 11, 0, queues), point.rows)
+    assert again.rows is point.rows  # (the same queues: the row map is shared)
+    fewer = point_of(Cut(3, 12, 0, {"b": queues["b"]}), point.rows)
+    assert dict(fewer.rows) == {"b": 0} and fewer.of("a", "gpu") is None and fewer.of("b", "cpu") == (3, 2**70 + 1, 2**128)
 
 
 def test_a_chart_keeps_spikes_and_its_size_does_not_grow_with_the_series() -> None:

@@ -10,8 +10,10 @@ Contract:
   same numbers `kai-es explain --queue` reports for that cycle) and the pending demand (what
   its pending pods ask for; a parent sums its leaves), plus the pending pods and jobs per leaf.
   Quantities are integers: milli-GPU, milli-CPU, bytes.
-- History for the charts: at most `HISTORY_POINTS` cut samples (time, per queue GPU allocated,
-  fair share, quota). When full, every other sample is dropped and from then on only every
+- History for the charts: at most `HISTORY_POINTS` cut samples (time, per queue and resource —
+  gpu, cpu, memory — the allocation, fair share and quota), each sample's numbers in one array
+  of machine integers (Python integers for a sample with a number beyond 64 bits), its queues'
+  rows shared with the samples before while the set of queues is unchanged. When full, every other sample is dropped and from then on only every
   `stride`-th completed cycle is sampled (the stride doubles), so memory stays bounded and the
   chart covers the log from its first cycle to its last. The last completed cycle is always the
   newest point.
@@ -23,7 +25,9 @@ Contract:
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -73,13 +77,44 @@ class Cut:
     queues: dict[str, QueueAtCut]
 
 
+#: the numbers a history sample keeps of each queue's resource, in this order
+SAMPLED: Final = ("allocated", "fair_share", "quota")
+
+
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One history sample: per queue (GPU allocated, fair share, quota) at a cut."""
+    """One history sample at a cut: per queue and resource (allocated, fair share, quota)."""
 
     cycle: int
     time_ns: int
-    gpu: dict[str, tuple[int, int, int]]
+    #: queue -> its row of `values` (shared by consecutive samples of the same queues)
+    rows: Mapping[str, int] = field(default_factory=dict)
+    #: per row, for each resource of `RESOURCES` in order, the `SAMPLED` numbers
+    values: Sequence[int] = ()
+
+    def of(self, queue: str, resource: str) -> tuple[int, int, int] | None:
+        """`queue`'s (allocated, fair share, quota) of `resource` (gpu, cpu, memory) at this
+        sample; None when the queue was not there."""
+        row = self.rows.get(queue)
+        if row is None:
+            return None
+        at = (row * len(RESOURCES) + RESOURCES.index(resource)) * len(SAMPLED)
+        v = self.values
+        return v[at], v[at + 1], v[at + 2]
+
+
+def point_of(cut: Cut, rows: Mapping[str, int]) -> Point:
+    """`cut` as a history sample; `rows` (queue -> row) is used when it names exactly the cut's
+    queues in order, so consecutive samples share it."""
+    if list(rows) != list(cut.queues):
+        rows = {name: i for i, name in enumerate(cut.queues)}
+    numbers = [getattr(q.resources[r], f) for q in cut.queues.values() for r in RESOURCES for f in SAMPLED]
+    values: Sequence[int]
+    try:
+        values = array("q", numbers)
+    except OverflowError:  # (a quota or time beyond 64 bits: a valid log may hold one)
+        values = tuple(numbers)
+    return Point(cut.cycle, cut.time_ns, rows, values)
 
 
 @dataclass(slots=True)
@@ -106,6 +141,9 @@ class History:
 
     def all(self) -> list[Point]:
         return self.points + ([self.tail] if self.tail is not None else [])
+
+    def newest(self) -> Point | None:
+        return self.tail if self.tail is not None else (self.points[-1] if self.points else None)
 
 
 class LiveView:
@@ -148,9 +186,8 @@ class LiveView:
             cut = self._open.pop(env.basedon if env.basedon is not None else -1, None)
             if cut is not None:
                 self.last_cut = cut
-                self.history.add(Point(cut.cycle, cut.time_ns, {
-                    name: (q.resources["gpu"].allocated, q.resources["gpu"].fair_share, q.resources["gpu"].quota)
-                    for name, q in cut.queues.items()}))
+                last = self.history.newest()
+                self.history.add(point_of(cut, last.rows if last is not None else {}))
             self.timelines.cycle_completed(record, self.state)
             self.timelines.prune(self.state)
             return

@@ -21,14 +21,14 @@ import fnmatch
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
 from kai_es.events.registry import EVENT_TYPES
 from kai_es.events.timefmt import format_duration, format_span, rfc3339
 from kai_es.explain import RULES, render_text
 from kai_es.visibility.brief import brief, unbalanced_brackets
-from kai_es.visibility.live import LiveView, QueueAtCut, tree_order
+from kai_es.visibility.live import LiveView, Point, QueueAtCut, tree_order
 from kai_es.visibility.svg import line_chart
 
 NAV = (("/", "queues"), ("/pending", "pending jobs"), ("/events", "decisions"), ("/whatif", "what-if"))
@@ -117,10 +117,10 @@ def queues_page(view: LiveView) -> str:
     points = view.history.all()
     if cut is not None:
         roots = [name for name, depth in tree_order({n: q.parent for n, q in cut.queues.items()}) if depth == 0]
-        series = [("allocated (root queues)", "allocated",
-                   [(pt.time_ns - view.first_ns, sum(pt.gpu.get(r, (0, 0, 0))[0] for r in roots)) for pt in points]),
-                  ("fair share (root queues)", "fairshare",
-                   [(pt.time_ns - view.first_ns, sum(pt.gpu.get(r, (0, 0, 0))[1] for r in roots)) for pt in points])]
+        series = [(label, css, [(pt.time_ns - view.first_ns, sum((pt.of(r, "gpu") or (0, 0, 0))[k] for r in roots))
+                                for pt in points])
+                  for label, css, k in (("allocated (root queues)", "allocated", 0),
+                                        ("fair share (root queues)", "fairshare", 1))]
         body.append(line_chart(series, title="GPU allocated and fair share of the root queues over time",
                                y_label=lambda v: f"{fmt_milli(v)} GPU", x_label=_span_label))
     body.append(_queue_table(cut.queues if cut else {}))
@@ -156,8 +156,26 @@ def _queue_table(queues: Mapping[str, QueueAtCut]) -> str:
     return head + "".join(rows) + "</tbody></table>"
 
 
+def _queue_chart(view: LiveView, points: Sequence[Point], name: str, resource: str) -> str:
+    """`name`'s allocation, fair share and quota of `resource` over the history (an unlimited
+    quota, -1, is left out of the chart: it has no height)."""
+    sampled = [(pt.time_ns - view.first_ns, numbers) for pt in points if (numbers := pt.of(name, resource))]
+    series = [(label, css, [(t, n[k]) for t, n in sampled if n[k] >= 0])
+              for label, css, k in (("allocated", "allocated", 0), ("fair share", "fairshare", 1), ("quota", "quota", 2))]
+    if sampled and not series[2][2]:
+        series[2] = ("quota: unlimited", "quota", [])
+    unit, title = UNITS[resource]
+    return line_chart(series, title=f"{title} of queue {name} over time",
+                      y_label=lambda v: f"{fmt_amount(resource, v)} {unit}", x_label=_span_label)
+
+
+#: resource -> (the unit its chart's axis names, what its title calls it)
+UNITS: Final = {"gpu": ("GPU", "GPU"), "cpu": ("cores", "CPU"), "memory": ("GiB", "Memory")}
+
+
 def queue_page(view: LiveView, name: str) -> str:
-    """One queue: its numbers per resource at the last cut, its GPU history, its waiting jobs."""
+    """One queue: its numbers per resource at the last cut, its history per resource (GPU, CPU,
+    memory), its waiting jobs."""
     cut = view.last_cut
     if not name:
         raise BadQuery("name the queue: /queue?name=QUEUE")
@@ -171,10 +189,7 @@ def queue_page(view: LiveView, name: str) -> str:
         for r, n in q.resources.items())
     parent = f' (parent <a href="/queue?name={e(quote(q.parent, safe=""))}">{e(q.parent)}</a>)' if q.parent else ""
     points = view.history.all()
-    series = [(label, css, [(pt.time_ns - view.first_ns, pt.gpu[name][k]) for pt in points if name in pt.gpu])
-              for label, css, k in (("allocated", "allocated", 0), ("fair share", "fairshare", 1), ("quota", "quota", 2))]
-    chart = line_chart(series, title=f"GPU of queue {name} over time", y_label=lambda v: f"{fmt_milli(v)} GPU",
-                       x_label=_span_label)
+    chart = "".join(_queue_chart(view, points, name, resource) for resource in ("gpu", "cpu", "memory"))
     return (_summary(view) + f"<p>queue {e(name)}{parent}: {q.pending_pods} pod(s) of {q.pending_jobs} job(s) waiting</p>"
             '<table class="numbers"><thead><tr><th></th><th>quota</th><th>limit</th><th>fair share</th>'
             f"<th>allocated</th><th>request</th><th>pending</th></tr></thead><tbody>{rows}</tbody></table>"
