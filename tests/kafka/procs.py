@@ -5,6 +5,9 @@ the end-of-run checks (fold the topic; invariants; replay)."""
 from __future__ import annotations
 
 import collections
+import re
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,3 +177,19 @@ def end_checks(bootstrap: str, topic: str, pods: int, stats_path: Path | None) -
     return {"records": len(records), "cycles": result.cycles, "abandoned": result.abandoned,
             "cyclesStarted": cycles_started, "decisions": result.decisions,
             "bound": len(out.bound), "deadLetters": [d.offset for d in dead], **stats}
+
+
+def served_address(proc: Proc) -> str:
+    """The base URL a process started with `--http-bind-address` serves on (from its log)."""
+    match = re.search(r"serving /healthz, /readyz and /metrics on (http://\S+)", proc.stderr())
+    assert match, proc.stderr()[-2000:]
+    return match.group(1)
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """(status, body) of a GET, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

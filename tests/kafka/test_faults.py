@@ -17,6 +17,7 @@ the log itself is a deterministic function of its inputs.
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 import time
@@ -28,7 +29,8 @@ import anyio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
 
-from tests.kafka.procs import ROOT, Proc, end_checks, live_binds, workload_done, workload_scenario
+from tests.kafka.procs import (ROOT, Proc, end_checks, http_get, live_binds, served_address, workload_done,
+                              workload_scenario)
 
 PODS = 2000
 SCALE = "240"
@@ -44,13 +46,16 @@ class Run:
         self.scenario = workload_scenario(tmp / "workload.yaml", pods=pods, nodes=16)
         self.stats = tmp / "binder-stats.jsonl"
         base = f"kafka://{bootstrap}/{topic}"
+        # (each serves its probes and metrics, as the Helm chart always runs them)
         self.binder = Proc("binder", ["binder", "--log", f"{base}?transactional_id=kai-es-binder.{topic}",
                                       "--scenario", str(self.scenario), "--time-scale", SCALE,
-                                      "--poll", "30ms", "--stats", str(self.stats), "-v"], tmp)
+                                      "--poll", "30ms", "--stats", str(self.stats), "-v",
+                                      "--http-bind-address", "127.0.0.1:0"], tmp)
         self.scheduler = Proc("scheduler", ["scheduler", "--log",
                                             f"{base}?transactional_id=kai-es-scheduler.{topic}",
                                             "--scenario", str(self.scenario), "--time-scale", SCALE,
-                                            "--period", "150ms", "--snapshot-every", "2", "-v"], tmp)
+                                            "--period", "150ms", "--snapshot-every", "2", "-v",
+                                            "--http-bind-address", "127.0.0.1:0"], tmp)
 
     def start(self) -> None:
         self.binder.start()
@@ -150,8 +155,15 @@ def test_broker_restart_mid_run(run: Run, kafka_broker: Any) -> None:
     restart_s = time.monotonic() - t_restart
     run.wait_done()
     numbers = end_checks(run.bootstrap, run.topic, run.pods, run.stats)
-    _report("broker restart", {"restart_s": round(restart_s, 1),
-                               "wall_s": round(time.monotonic() - t, 1), **numbers})
+    # the scheduler went on serving its metrics, from the session its restart began (one metrics
+    # object per process: a second one on the registry failed every session after the first)
+    status, text = http_get(served_address(run.scheduler) + "/metrics")
+    assert status == 200 and 'kai_es_queue_quota{' in text, text[-2000:]
+    restarts = re.search(r"^kai_es_session_restarts_total (\S+)", text, re.M)
+    assert "DuplicateTimeseries" not in run.scheduler.stderr()
+    _report("broker restart", {"restart_s": round(restart_s, 1), "wall_s": round(time.monotonic() - t, 1),
+                               "schedulerSessionRestarts": float(restarts.group(1)) if restarts else None,
+                               **numbers})
 
 
 async def _produce_raw(bootstrap: str, topic: str, value: bytes) -> int:

@@ -9,12 +9,11 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 
-from tests.kafka.procs import ROOT, Proc, end_checks, read_topic, workload_done, workload_scenario
+from tests.kafka.procs import (ROOT, Proc, end_checks, http_get, read_topic, served_address, workload_done,
+                              workload_scenario)
 
 
 def binder_and_two_schedulers(url: str, name: str, scenario: Path, tmp_path: Path,
@@ -105,20 +104,6 @@ def test_idle_fenced_scheduler_stops(kafka_bootstrap: str, unique_name: str, tmp
     second.wait_ready("scheduler")
     assert "nothing to write" in stops_fenced(first)
     assert second.alive(), second.stderr()[-2000:]
-
-
-def served_address(proc: Proc) -> str:
-    match = re.search(r"serving /healthz, /readyz and /metrics on (http://\S+)", proc.stderr())
-    assert match, proc.stderr()[-2000:]
-    return match.group(1)
-
-
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def test_processes_serve_probes_and_metrics(kafka_bootstrap: str, unique_name: str, tmp_path: Path,
