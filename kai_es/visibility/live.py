@@ -13,9 +13,10 @@ Contract:
 - History for the charts: at most `HISTORY_POINTS` cut samples (time, per queue and resource —
   gpu, cpu, memory — the allocation, fair share and quota), each sample's numbers in one array
   of machine integers (Python integers for a sample with a number beyond 64 bits), its queues'
-  rows shared with the samples before while the set of queues is unchanged. When full, every other sample is dropped and from then on only every
-  `stride`-th completed cycle is sampled (the stride doubles), so memory stays bounded and the
-  chart covers the log from its first cycle to its last. The last completed cycle is always the
+  rows shared with the samples before while the set of queues is unchanged. When full, every
+  other sample is dropped and from then on only every `stride`-th completed cycle is sampled
+  (the stride doubles), so memory stays bounded and the chart covers the log from its first
+  cycle to its last. The last completed cycle is always the
   newest point.
 - `announced`: the last verdict announced for each pod still waiting (dropped by its binding,
   pipelining or removal), as `explain --queue` keeps it.

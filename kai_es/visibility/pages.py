@@ -166,11 +166,11 @@ def _queue_chart(view: LiveView, points: Sequence[Point], name: str, resource: s
         series[2] = ("quota: unlimited", "quota", [])
     unit, title = UNITS[resource]
     return line_chart(series, title=f"{title} of queue {name} over time",
-                      y_label=lambda v: f"{fmt_amount(resource, v)} {unit}", x_label=_span_label)
+                      y_label=lambda v: f"{fmt_amount(resource, v)}{unit}", x_label=_span_label)
 
 
-#: resource -> (the unit its chart's axis names, what its title calls it)
-UNITS: Final = {"gpu": ("GPU", "GPU"), "cpu": ("cores", "CPU"), "memory": ("GiB", "Memory")}
+#: resource -> (what its chart's axis adds to a formatted amount, what its title calls it)
+UNITS: Final = {"gpu": (" GPU", "GPU"), "cpu": (" cores", "CPU"), "memory": ("", "Memory")}  # (memory: "1.5Gi")
 
 
 def queue_page(view: LiveView, name: str) -> str:
