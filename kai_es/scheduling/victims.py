@@ -30,7 +30,7 @@ Contract:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kai_es.scheduling.packing import TaskShape
@@ -327,32 +327,29 @@ def search(session: Session, units: Iterable[Unit], admit: Callable[[Unit], bool
 def free_capacity(session: Session, nodes: Iterable[int] | None) -> Vector:
     """The capacity free once released (the Plan's `future` table) on `nodes` (None: all):
     GPU as the sum of every device's free share, so an upper bound of what a task can use."""
-    table = session.plan.future
-    start = table.gpu_start
-    dev, cpus, mems = table.dev_free_milli, table.free_milli_cpu, table.free_memory_bytes
     gpu = cpu = mem = 0
-    for n in (range(len(table.free_pods)) if nodes is None else nodes):
-        cpu += max(0, cpus[n])
-        mem += max(0, mems[n])
-        devices = dev[start[n]:start[n + 1]]
-        if devices:
-            gpu += sum(devices) if min(devices) >= 0 else sum(d for d in devices if d > 0)
+    for g, c, m in _free_of(session, nodes):
+        gpu, cpu, mem = gpu + g, cpu + c, mem + m
     return (gpu, cpu, mem)
 
 
 def free_capacity_of_each(session: Session) -> list[Vector]:
     """`free_capacity(session, (n,))` of every node n, in node order, in one pass (a call per
     node cost more than the sum it computes on a cluster of 20,000 nodes)."""
+    return list(_free_of(session, None))
+
+
+def _free_of(session: Session, nodes: Iterable[int] | None) -> Iterator[Vector]:
+    """Each node's free capacity once released, as `free_capacity` counts it (negative free
+    shares, CPU and memory of an over-committed node count as none)."""
     table = session.plan.future
     start = table.gpu_start
     dev, cpus, mems = table.dev_free_milli, table.free_milli_cpu, table.free_memory_bytes
-    out: list[Vector] = []
-    append = out.append
-    for n in range(len(table.free_pods)):
+    for n in (range(len(table.free_pods)) if nodes is None else nodes):
         devices = dev[start[n]:start[n + 1]]
         gpu = (sum(devices) if min(devices) >= 0 else sum(d for d in devices if d > 0)) if devices else 0
-        append((gpu, max(0, cpus[n]), max(0, mems[n])))
-    return out
+        cpu, mem = cpus[n], mems[n]
+        yield gpu, cpu if cpu > 0 else 0, mem if mem > 0 else 0
 
 
 def _keep_needed(session: Session, start: int, chosen: list[Unit], entries: list[Entry], place: Placer,
