@@ -142,15 +142,16 @@ def test_after_any_evictions_and_rollbacks_every_answer_is_a_fresh_one(seed: int
 def test_a_kept_search_tries_the_nodes_a_fresh_walk_tries(seed: int, order: ConsolidationNodes, most: int,
                                                           steps: list[tuple[bool, int]]) -> None:
     """`nodes_to_try` keeps a search's candidates and re-examines only the nodes touched since
-    and those whose cheapest unit read a job touched since: after any evictions and rollbacks
-    it answers as a walk of the cluster from scratch (nodes, order, what they lack, movable pods)."""
+    (an order that does not break ties), or takes the nodes by their bounds (one that does): after
+    any evictions and rollbacks it answers as a walk of the cluster from scratch (nodes, order,
+    what they lack, movable pods)."""
     session = _session(seed, nodes=7)
     views = NodeViews(session)
     job = _preemptor(session)
     shapes = [(TaskShape.whole(8, 0, 0), array("q", [1] * 7)), (TaskShape.whole(2, 0, 0), array("q", [1, 1, 0, 1, 1, 1, 1]))]
     for i, _ in enumerate(chain([None], evict_or_roll_back(session, job, steps))):  # (first: nothing done yet)
         kept = views.nodes_to_try(job, shapes[:1 + i % 2], order, most)
-        fresh = NodeViews(session).nodes_to_try(job, shapes[:1 + i % 2], order, most)
+        fresh = NodeViews(session)._walk_nodes(job, shapes[:1 + i % 2], order, most)[0]  # noqa: SLF001 - the reference walk
         assert [(n, short, [pod.key for pod in pods]) for n, short, pods in kept] == \
             [(n, short, [pod.key for pod in pods]) for n, short, pods in fresh]
         jobs = [session.state.jobs[k] for k in sorted({pod.job_key for _, _, pods in kept for pod in pods})]
@@ -158,12 +159,12 @@ def test_a_kept_search_tries_the_nodes_a_fresh_walk_tries(seed: int, order: Cons
 
 
 def test_a_cycle_keeps_the_walks_of_its_most_recent_searches_only() -> None:
-    """Searches for jobs of many different eligible nodes keep `KEPT_WALKS` walks (each may hold a
-    full cluster's tie group), the most recently used; each answer is still a fresh walk's."""
+    """Searches for jobs of many different eligible nodes keep `KEPT_WALKS` walks (an order that
+    does not break ties), the most recently used; each answer is still a fresh walk's."""
     session = _session(3, nodes=7)
     views = NodeViews(session)
     job = _preemptor(session)
-    order = CheapestVictimBreaksTies()
+    order = MostFreeFirstV8()
     masks = [array("q", [(k >> i) & 1 for i in range(7)]) for k in range(1, 2 * KEPT_WALKS + 1)]
     for _ in range(2):
         for mask in masks:
@@ -172,3 +173,21 @@ def test_a_cycle_keeps_the_walks_of_its_most_recent_searches_only() -> None:
                 [n for n, _, _ in NodeViews(session).nodes_to_try(job, shapes, order, 2)]
             assert len(views._walks) <= KEPT_WALKS  # noqa: SLF001 - what the test is about
     assert len(views._walks) == KEPT_WALKS  # noqa: SLF001
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 3), st.lists(st.tuples(st.booleans(), st.integers(0, 10**6)), max_size=10))
+def test_a_search_sees_what_an_earlier_action_did_on_the_plan(seed: int, most: int,
+                                                              steps: list[tuple[bool, int]]) -> None:
+    """Evictions and rollbacks made before the views exist (reclaim's or preempt's of the same
+    cycle, say) change nodes' free capacity: a search by bounds (an order that breaks ties) tries
+    the nodes a walk of the Plan as it is tries."""
+    session = _session(seed, nodes=7)
+    job = _preemptor(session)
+    for _ in evict_or_roll_back(session, job, steps):
+        pass
+    shapes = [(TaskShape.whole(8, 0, 0), array("q", [1] * 7))]
+    views = NodeViews(session)
+    order = CheapestVictimBreaksTies()
+    assert [n for n, _, _ in views.nodes_to_try(job, shapes, order, most)] == \
+        [n for n, _, _ in views._walk_nodes(job, shapes, order, most)[0]]  # noqa: SLF001 - the reference walk

@@ -6,10 +6,16 @@ O(changes) cost: rows are refreshed only for nodes whose usage changed since the
 (`state.dirty_nodes`), and everything is rebuilt only when the node set or a node's spec
 changed (`state.node_set_version`). The cache lives in `state.caches` and is derived data: it is
 never part of a snapshot or digest. Callers must not mutate the returned tables (copy them).
+
+`changed_since(state, seen)` lets other cross-cycle caches follow the same changes without
+consuming `dirty_nodes` themselves: each call of `tables` that rebuilt the tables or refreshed
+rows is a generation, and every node remembers the generation its pods or usage last changed in
+(kept by name across a rebuild).
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 from kai_es.scheduling.packing import ArrayPackTable
@@ -58,6 +64,12 @@ class _Cache:
     index: dict[str, int] = field(default_factory=dict)
     idle: ArrayPackTable | None = None
     future: ArrayPackTable | None = None
+    #: bumped by every call that rebuilt the tables or refreshed a row
+    generation: int = 0
+    #: the generation each node's row last changed in (by node index)
+    changed_at: array[int] = field(default_factory=lambda: array("q"))
+    #: the generation the tables were last rebuilt in (node indexes change then)
+    rebuilt_at: int = 0
 
 
 def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTable, ArrayPackTable]:
@@ -67,18 +79,39 @@ def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTa
         cache = _Cache()
         state.caches[_KEY] = cache
     if cache.version != state.node_set_version or cache.idle is None or cache.future is None:
+        old_index, old_changed, dirty = cache.index, cache.changed_at, state.dirty_nodes
         cache.names, _, cache.idle, cache.future = build_tables(state)
         cache.index = {name: i for i, name in enumerate(cache.names)}
         cache.version = state.node_set_version
+        cache.generation += 1
+        cache.rebuilt_at = generation = cache.generation
+        # a node's pods and usage changed now if it is new or dirty; else when they last did
+        cache.changed_at = array("q", [old_changed[old_index[name]] if name in old_index and name not in dirty
+                                       else generation for name in cache.names])
         state.dirty_nodes.clear()
-    else:
-        _refresh_rows(state, cache.index, cache.idle, cache.future)
+    elif state.dirty_nodes:
+        cache.generation += 1
+        _refresh_rows(state, cache.index, cache.idle, cache.future, cache.changed_at, cache.generation)
         state.dirty_nodes.clear()
     return cache.names, [state.nodes[n] for n in cache.names], cache.idle, cache.future
 
 
+def changed_since(state: ClusterState, seen: int) -> tuple[int, list[int], bool]:
+    """As of the last call of `tables`: (its generation, the indexes of the nodes whose pods or
+    usage changed after generation `seen` (new nodes included), in index order, and whether the
+    tables were rebuilt after `seen`: then every index may name another node, and a node's spec,
+    so its row, may have changed too). Before the tables are first built: (-1, [], True)."""
+    cache = state.caches.get(_KEY)
+    if not isinstance(cache, _Cache) or cache.idle is None:
+        return -1, [], True
+    if cache.generation == seen:
+        return seen, [], False
+    return (cache.generation, [i for i, at in enumerate(cache.changed_at) if at > seen],
+            cache.rebuilt_at > seen)
+
+
 def _refresh_rows(state: ClusterState, index: dict[str, int], idle: ArrayPackTable,
-                  future: ArrayPackTable) -> None:
+                  future: ArrayPackTable, changed_at: array[int], generation: int) -> None:
     """Rewrite the rows of the dirty nodes in place: the values of `_rows`, without building
     its lists (this runs for every node that changed, every cycle)."""
     i_cpu, i_mem, i_pods = idle.free_milli_cpu, idle.free_memory_bytes, idle.free_pods
@@ -93,6 +126,7 @@ def _refresh_rows(state: ClusterState, index: dict[str, int], idle: ArrayPackTab
         if i is None:
             continue
         n = nodes[name]
+        changed_at[i] = generation
         spec = n.spec
         # (conditional expressions rather than max(0, x): same values, no call per field)
         cpu = spec.milli_cpu - n.used_milli_cpu

@@ -287,8 +287,9 @@ class ClusterState:
     tried_order: list[str] = field(default_factory=list)
     tried_order_cycle: int = 0
     #: change tracking for caches derived from node usage (not part of the snapshot or digest):
-    #: nodes whose usage changed since a cache last looked, and a counter bumped whenever the
-    #: set of nodes or a node's spec changes.
+    #: nodes whose usage changed since a cache last looked (or where a job with pods there
+    #: changed its victim order or preemptibility), and a counter bumped whenever the set of
+    #: nodes or a node's spec changes.
     dirty_nodes: set[str] = field(default_factory=set)
     node_set_version: int = 0
     caches: dict[str, object] = field(default_factory=dict)

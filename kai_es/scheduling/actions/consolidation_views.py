@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import insort
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
+from kai_es.scheduling.actions.consolidation_bounds import StateBounds, free_milli_gpu, fresh_bounds, state_bounds
 from kai_es.scheduling.packing import TaskShape
 from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
-from kai_es.scheduling.plan import Announced, VerificationError
+from kai_es.scheduling.plan import Announced, Unevict, VerificationError
 from kai_es.scheduling.rules.consolidation_nodes import ConsolidationNodes
 from kai_es.scheduling.session import Session
 from kai_es.scheduling.victims import (Unit, free_capacity, free_capacity_of_each, job_order, keyed_units, room,
@@ -38,7 +40,8 @@ Candidate = tuple[int, tuple[bool, bool, bool], list[PodState]]
 
 @dataclass(slots=True)
 class _Walk:
-    """One search's candidates, kept for the next search of the same tasks (`nodes_to_try`)."""
+    """One search's candidates, kept for the next search of the same tasks (`nodes_to_try`; an
+    order that does not break ties)."""
 
     #: how many of the Plan's operations it has seen
     seen: int
@@ -59,8 +62,9 @@ class NodeViews:
     of the cheapest unit on offer there (`cheapest`). Every answer is what computing it afresh
     gives: one is kept while no Plan operation (or rollback) touched its node nor, for the
     cheapest unit, a pod of the jobs it was derived from. When every node ties on free GPU
-    capacity (a full cluster, one idle device each), each of the cycle's searches looked at
-    every node again; now only those an earlier search changed."""
+    capacity (a full cluster, one idle device each), a search looked at every node of the tie:
+    for an order that breaks ties it now takes the nodes by their bounds, kept across cycles
+    (`consolidation_bounds`), and looks at about as many as it keeps."""
 
     def __init__(self, session: Session) -> None:
         self.session, self.state, self.plan = session, session.state, session.plan
@@ -74,12 +78,17 @@ class NodeViews:
         self._units: dict[str, tuple[int, list[tuple[tuple[object, ...], Unit]]]] = {}
         self._room: dict[tuple[int, TaskShape], tuple[int, bool]] = {}
         self._short: dict[tuple[int, tuple[TaskShape, ...]], tuple[int, tuple[bool, bool, bool]]] = {}
-        #: the node of every operation, in order (each view below notes how many it has seen),
-        #: and the job of its pod
+        #: the node of every operation, in order (each view below notes how many it has seen)
         self.touched: list[int] = []
-        self.touched_jobs: list[str] = []
-        #: job key -> the nodes whose kept cheapest unit read its units (`cheapest`)
-        self._readers: dict[str, set[int]] = {}
+        #: the nodes' bounds in the node order as of the state (`consolidation_bounds`), and
+        #: the nodes the Plan touched ranked apart by their bounds with their current free
+        #: capacity (node -> its key there, None: no bound), up to `_ranked_seen` operations
+        self._bounds: StateBounds | None = None
+        self._touched_ranked: SortedList = SortedList()
+        self._touched_key: dict[int, tuple[int, bool, tuple[int, int, str], int] | None] = {}
+        self._ranked_seen = 0
+        #: the nodes of the operations made before this view (an earlier action's)
+        self._before = {op.eviction.node if isinstance(op, Unevict) else op.node for op in self.plan.operations}
         #: a search's candidate nodes in the order they are tried (`nodes_to_try`), per search
         self._walks: OrderedDict[tuple[object, ...], _Walk] = OrderedDict()
         #: `free_capacity` per node and summed
@@ -100,8 +109,6 @@ class NodeViews:
     def on_operation(self, op: Announced, sign: int) -> None:
         self.node_seq[op.node] = self.jobs.seq
         self.touched.append(op.node)
-        pod = self.state.pods.get(op.pod_key)
-        self.touched_jobs.append(pod.job_key if pod is not None else "")
 
     def close(self) -> None:
         if self in self.plan.listeners:
@@ -246,8 +253,6 @@ class NodeViews:
                 continue
             read, best = self._cheapest_on(movable)
             self._cheapest[n] = (self.seq, read, best)
-            for k in read:
-                self._readers.setdefault(k, set()).add(n)
             out[n] = best
         return out
 
@@ -260,18 +265,24 @@ class NodeViews:
         that `breaks_ties`, their last one's group of equal free capacity is complete), then
         ordering them gives. Each with what it lacks (`short_of`) and its movable pods.
 
-        A search is kept (`_Walk`): the next one for the same tasks and nodes (and a preemptor
-        with no pod running) re-examines only the nodes touched since and those whose cheapest
-        unit read a job touched since, instead of walking the cluster again — when every node
-        ties on free capacity that walk is every node, every search. The nodes it kept are
-        every candidate that ranked before the first node it did not examine; a node entering
-        or leaving that range is a touched one, so what it keeps stays the first by the key
-        while it holds `most` of them (else the cluster is walked again)."""
+        An order that breaks ties: the nodes are taken by their bound in the order (`_ranked`,
+        kept across cycles by `consolidation_bounds`), so a search looks at about `most` nodes
+        however many tie on free capacity. Another: a search is kept (`_Walk`), and the next one
+        for the same tasks and nodes (and a preemptor with no pod running) re-examines only the
+        nodes touched since, instead of walking the cluster again. The nodes it kept are every
+        candidate that ranked before the first node it did not examine; a node entering or
+        leaving that range is a touched one, so what it keeps stays the first by the key while
+        it holds `most` of them (else the cluster is walked again)."""
         masks = [mask for _, mask in shapes]
         key: tuple[object, ...] | None = None
         if not job.occupying:  # (its own pods never move for it: what it may move is its own)
             key = (type(order).__name__, most, tuple(shape for shape, _ in shapes),
                    tuple(mask.tobytes() for mask in masks))
+        if order.breaks_ties:
+            out = self._ranked(job, shapes, order, most)
+            if self.plan.verify:
+                self._verify_walk(out, job, shapes, order, most)
+            return out
         walk = None
         if key is not None:
             walk = self._walks.get(key)
@@ -288,11 +299,66 @@ class NodeViews:
         tried = (self._candidate(k[-1], job, shapes) for k in walk.ordered.islice(0, most))
         out = [c for c in tried if c is not None]
         if self.plan.verify:
-            fresh = [n for n, _, _ in self._walk_nodes(job, shapes, order, most)[0]]
-            if [n for n, _, _ in out] != fresh:
-                raise VerificationError(f"consolidation's kept search tries nodes {[n for n, _, _ in out]}, "
-                                        f"a fresh walk {fresh}")
+            self._verify_walk(out, job, shapes, order, most)
         return out
+
+    def _verify_walk(self, out: list[Candidate], job: Job, shapes: list[tuple[TaskShape, array[int]]],
+                     order: ConsolidationNodes, most: int) -> None:
+        fresh = [n for n, _, _ in self._walk_nodes(job, shapes, order, most)[0]]
+        if [n for n, _, _ in out] != fresh:
+            raise VerificationError(f"consolidation's kept search tries nodes {[n for n, _, _ in out]}, "
+                                    f"a fresh walk {fresh}")
+
+    def _ranked(self, job: Job, shapes: list[tuple[TaskShape, array[int]]], order: ConsolidationNodes,
+                most: int) -> list[Candidate]:
+        """For an order that breaks ties by the cheapest victim: the first `most` candidates by
+        `order.key`, found by taking the nodes by their bound (`consolidation_bounds`: never
+        above the key), lowest first, and stopping once `most` candidates were found whose
+        keys are all below the next node's bound; what walking every node most free first,
+        whole groups of equal free capacity, then ordering gives."""
+        bounds = self._sync_ranked()
+        touched = self._touched_key
+        masks = [mask for _, mask in shapes]
+        best: list[tuple[tuple[object, ...], Candidate]] = []
+        untouched = (b for b in bounds.ordered if b[3] not in touched)
+        for bound in heapq.merge(untouched, self._touched_ranked):
+            if len(best) >= most and bound > best[-1][0]:
+                break  # every node left ranks after the `most` found
+            n = bound[3]
+            if not any(mask[n] for mask in masks):
+                continue  # none of its tasks may use the node
+            candidate = self._candidate(n, job, shapes)
+            if candidate is None:
+                continue
+            insort(best, (order.key(n, -bound[0], self.cheapest([candidate])[n]), candidate))
+            if len(best) > most:
+                best.pop()
+        return [candidate for _, candidate in best]
+
+    def _sync_ranked(self) -> StateBounds:
+        """The state's bounds, and the touched nodes' keys brought up to date with the Plan."""
+        bounds = self._bounds
+        nodes: Iterable[int] = ()
+        if bounds is None:
+            bounds = self._bounds = state_bounds(self.state)
+            if self.plan.verify:
+                fresh = fresh_bounds(self.state)
+                if (bounds.names, bounds.least, bounds.free, list(bounds.ordered)) != \
+                        (fresh.names, fresh.least, fresh.free, list(fresh.ordered)):
+                    raise VerificationError("consolidation's node bounds kept across cycles are not "
+                                            "the state's")
+            nodes = self._before
+        seen, self._ranked_seen = self._ranked_seen, len(self.touched)
+        table, ranked, keys = self.plan.future, self._touched_ranked, self._touched_key
+        for n in dict.fromkeys([*nodes, *self.touched[seen:]]):
+            old = keys.get(n)
+            if old is not None:
+                ranked.remove(old)
+            least = bounds.least[n]
+            keys[n] = key = None if least is None else (-free_milli_gpu(table, n), False, least, n)
+            if key is not None:
+                ranked.add(key)
+        return bounds
 
     def _candidate(self, n: int, job: Job, shapes: list[tuple[TaskShape, array[int]]]) -> Candidate | None:
         """(n, what it lacks, its movable pods) if `n` is a candidate for the search, else None."""
@@ -352,8 +418,6 @@ class NodeViews:
             return True
         free_now = self._sync_free()
         changed = set(self.touched[seen:])
-        for k in set(self.touched_jobs[seen:]):
-            changed |= {n for n in self._readers.get(k, ()) if n in walk.keys}
         walk.seen = len(self.touched)
         for n in changed:
             old = walk.keys.pop(n, None)
@@ -365,8 +429,7 @@ class NodeViews:
             candidate = self._candidate(n, job, shapes)
             if candidate is None:
                 continue
-            cheapest = self.cheapest([candidate])[n] if order.breaks_ties else None
-            walk.keys[n] = order.key(n, free, cheapest)
+            walk.keys[n] = order.key(n, free, None)
             walk.ordered.add(walk.keys[n])
         return walk.stop is None or len(walk.ordered) >= most
 

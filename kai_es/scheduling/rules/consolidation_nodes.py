@@ -20,6 +20,9 @@ action keeps the first `MAX_NODES`. `key(node, free, cheapest)` is the same orde
 (the walk's order, most free first then index, is `(-free, node)`): `order` sorts by it, and a
 node's key depends only on its own free capacity and cheapest unit, which is what lets
 `consolidation_views.NodeViews` keep a search's ordered nodes and re-key only those that changed.
+For a rule that `breaks_ties`, `key(node, free, cheapest)` is never below (-free, False, least,
+node), `least` the `victims.job_order` of the cheapest unit's job (a cheapest unit's key starts
+with it): `consolidation_bounds` ranks nodes by that bound to look at the few that can come first.
 """
 
 from __future__ import annotations

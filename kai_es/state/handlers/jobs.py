@@ -164,6 +164,14 @@ def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
             state.semi_jobs.add(job.key)
         else:
             state.semi_jobs.discard(job.key)
+    if job.occupying and (preemptible != job.preemptible or priority != job.priority or created != job.created_ns
+                          or uid != job.uid):
+        # where its pods run, the victims on offer changed: caches that follow node changes
+        # (`scheduling.tables.changed_since`) look at those nodes again
+        for m in members:
+            pod = pods[m]
+            if pod.status in OCCUPYING and pod.node:
+                state.dirty_nodes.add(pod.node)
     if queue != job.queue or preemptible != job.preemptible:
         # job.occupying counts the members that occupy: skip the scan when there are none
         occupying = [pods[m] for m in members if pods[m].status in OCCUPYING] if job.occupying else []

@@ -1,0 +1,136 @@
+"""Where each node can at best stand in consolidation's node order when the order breaks ties by
+the cheapest victim (kai-es/v9 on, `rules.consolidation_nodes.CheapestVictimBreaksTies`), kept
+across cycles: a search then looks at the nodes that may rank first, not at every node tied on
+free GPU capacity (on a full cluster of 20,000 nodes, thousands of them every cycle).
+
+A node's key in that order is (-free, cheapest is None, cheapest or (), node): its free GPU
+capacity once released (milli-GPU), then the victim-order key of its cheapest movable unit
+(`victims.keyed_units`), which starts with the unit's job's `victims.job_order`. Its *bound* is
+(-free, False, least, node), where `least` is the least `job_order` of the preemptible jobs with
+a pod on the node, in any status: a superset of the pods a search may move, so the bound is never
+above the key (the cheapest unit's job is one of those jobs). A node without such a pod has no
+bound and is never a candidate (it has nothing to move).
+
+Contract: `state_bounds(state)` returns every node's bound as of the state (what a cycle starts
+from), sorted, equal to computing them afresh (`fresh_bounds`), at the cost of the nodes whose
+pods or usage changed since it was last asked (`tables.changed_since`; the reducer marks the
+nodes of a job whose victim order or preemptibility changed as well), plus one pass over the
+nodes' free capacity when the node set or a node's spec changed. Within a cycle, the Plan
+changes only the nodes it touches, and there movable pods only go (evicted), never come, so a
+node's `least` stays a bound: `consolidation_views.NodeViews` ranks the touched nodes apart with
+their current free capacity. The sorted bounds use `sortedcontainers.SortedList`, as the
+project's other sorted indexes. Derived data in `state.caches`: never in a snapshot or digest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
+
+from kai_es.scheduling.packing.model import ArrayPackTable
+from kai_es.scheduling.tables import changed_since, tables
+from kai_es.state.model import ClusterState, NodeState
+
+_KEY = "scheduling.consolidation_bounds"
+
+#: a job's place in the victim order, `victims.job_order`: (priority, -created_ns, uid)
+Least = tuple[int, int, str]
+
+
+@dataclass(slots=True)
+class StateBounds:
+    """Every node's bound as of the state, by node index (the tables' order)."""
+
+    #: the tables' generation it is up to date with (`tables.changed_since`)
+    seen: int = -2
+    names: list[str] = field(default_factory=list)
+    #: per node: the least victim order of a preemptible job with a pod there (None: no such pod)
+    least: list[Least | None] = field(default_factory=list)
+    #: per node: its free GPU capacity once released (milli-GPU: the sum of its devices' free
+    #: shares in the future table)
+    free: list[int] = field(default_factory=list)
+    #: (-free, False, least, node) of every node with a `least`, sorted
+    ordered: SortedList = field(default_factory=SortedList)
+
+    def bound(self, node: int) -> tuple[int, bool, Least, int] | None:
+        least = self.least[node]
+        return None if least is None else (-self.free[node], False, least, node)
+
+
+def least_of(state: ClusterState, node: NodeState) -> Least | None:
+    """The least `victims.job_order` of the preemptible jobs with a pod on `node` (None: none)."""
+    pods, jobs = state.pods, state.jobs
+    best: Least | None = None
+    for key in node.pods:
+        pod = pods.get(key)
+        if pod is None:
+            continue
+        job = jobs.get(pod.job_key)
+        if job is None or not job.preemptible:
+            continue
+        order = (job.priority, -job.created_ns, job.uid)
+        if best is None or order < best:
+            best = order
+    return best
+
+
+def free_milli_gpu(table: ArrayPackTable, node: int) -> int:
+    """`node`'s free GPU capacity in `table` (milli-GPU, summed over its devices)."""
+    start = table.gpu_start
+    return sum(table.dev_free_milli[start[node]:start[node + 1]])
+
+
+def fresh_bounds(state: ClusterState) -> StateBounds:
+    """Every node's bound computed from the state alone."""
+    names, nodes, _, future = tables(state)
+    least = [least_of(state, node) for node in nodes]
+    free = [free_milli_gpu(future, n) for n in range(len(names))]
+    return StateBounds(seen=-2, names=list(names), least=least, free=free,
+                       ordered=SortedList(_keys(least, free, range(len(names)))))
+
+
+def state_bounds(state: ClusterState) -> StateBounds:
+    """The bounds as of the state (module contract)."""
+    names, nodes, _, future = tables(state)  # (first: it may refresh rows, a new generation)
+    found = state.caches.get(_KEY)
+    if not isinstance(found, StateBounds):
+        bounds = fresh_bounds(state)
+        bounds.seen = changed_since(state, -2)[0]
+        state.caches[_KEY] = bounds
+        return bounds
+    bounds = found
+    generation, changed, rebuilt = changed_since(state, bounds.seen)
+    if generation == bounds.seen:
+        return bounds
+    if rebuilt:  # indexes may name other nodes, and specs (free capacity) may differ: by name
+        again = set(changed)
+        old = dict(zip(bounds.names, bounds.least))
+        bounds.names = list(names)
+        bounds.least = [old[name] if name in old and i not in again else least_of(state, nodes[i])
+                        for i, name in enumerate(names)]
+        bounds.free = [free_milli_gpu(future, n) for n in range(len(names))]
+        bounds.ordered = SortedList(_keys(bounds.least, bounds.free, range(len(names))))
+    else:
+        ordered = bounds.ordered
+        for n in changed:
+            before = bounds.bound(n)
+            bounds.least[n] = least_of(state, nodes[n])
+            bounds.free[n] = free_milli_gpu(future, n)
+            after = bounds.bound(n)
+            if before != after:
+                if before is not None:
+                    ordered.remove(before)
+                if after is not None:
+                    ordered.add(after)
+    bounds.seen = generation
+    return bounds
+
+
+def _keys(least: list[Least | None], free: list[int], nodes: Iterable[int]
+          ) -> Iterable[tuple[int, bool, Least, int]]:
+    for n in nodes:
+        found = least[n]
+        if found is not None:
+            yield (-free[n], False, found, n)

@@ -1,0 +1,124 @@
+"""Consolidation's node bounds kept across cycles (`kai_es.scheduling.actions.consolidation_bounds`):
+after any sequence of what a cluster sends, folded, the kept bounds are the ones computed from the
+state alone, and each bound is never above the node's key in the node order."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kai_es.events import Record
+from kai_es.events import payloads as p
+from kai_es.events.factory import derived_id, make_envelope
+from kai_es.scheduling.actions.consolidation_bounds import fresh_bounds, state_bounds
+from kai_es.scheduling.tables import tables
+from kai_es.state import ClusterState
+from kai_es.state.reducer import apply
+
+NODES = 3
+PODS = 8
+
+# one step of a cluster: what it sends; "cycle" asks for the bounds (as a consolidation search does)
+steps = st.one_of(
+    st.tuples(st.just("node"), st.integers(0, NODES - 1), st.integers(0, 8), st.booleans()),
+    st.tuples(st.just("node-gone"), st.integers(0, NODES - 1)),
+    st.tuples(st.just("run"), st.integers(0, PODS - 1), st.integers(0, NODES - 1), st.integers(0, 3),
+              st.sampled_from(["", "train", "build", "inference"])),
+    st.tuples(st.just("pending"), st.integers(0, PODS - 1), st.integers(0, 3)),
+    st.tuples(st.just("finish"), st.integers(0, PODS - 1)),
+    st.tuples(st.just("remove"), st.integers(0, PODS - 1)),
+    st.tuples(st.just("group"), st.integers(0, 3), st.sampled_from(["", "train", "build", "inference"]),
+              st.sampled_from(["", "preemptible", "non-preemptible"]), st.integers(0, 3)),
+    st.tuples(st.just("class"), st.sampled_from(["train", "build", "inference"]), st.integers(0, 200)),
+    st.tuples(st.just("cycle"),),
+)
+
+
+class _Feed:
+    def __init__(self) -> None:
+        self.state = ClusterState()
+        self.pos = 0
+        self.nodes_on: dict[int, str] = {}
+
+    def fold(self, payload: p.Payload) -> None:
+        env = make_envelope(payload, event_id=derived_id("bounds", self.pos), source="kai-es/informer",
+                            subject="s", logicaltime=1_000 + self.pos)
+        apply(self.state, Record(self.pos, env))
+        self.pos += 1
+
+    def step(self, step: tuple[object, ...]) -> None:
+        kind = step[0]
+        if kind == "node":
+            _, i, gpus, labelled = step
+            self.fold(p.NodeObserved(name=f"node-{i}", milli_cpu=64_000, memory_bytes=2**38, gpus=int(gpus),  # type: ignore[call-overload]
+                                     labels={"zone": "a"} if labelled else {}))
+        elif kind == "node-gone":
+            self.fold(p.NodeRemoved(name=f"node-{step[1]}"))
+        elif kind in ("run", "pending"):
+            i, node, group, cls = (step[1], step[2], step[3], step[4]) if kind == "run" else (step[1], None, step[2], "")
+            self.fold(p.PodObserved(namespace="ns", name=f"pod-{i}", uid=f"u{i}", queue="q",
+                                    podgroup=f"pg-{group}", phase="Running" if node is not None else "Pending",
+                                    node_name=f"node-{node}" if node is not None else "", priority_class=str(cls),
+                                    requests=p.PodResources(milli_cpu=1000, memory_bytes=2**30),
+                                    gpu=p.GpuRequest(whole=1), gpu_devices=[0] if node is not None else [],
+                                    created_ns=100 + int(i)))  # type: ignore[arg-type]
+        elif kind == "finish":
+            i = step[1]
+            pod = self.state.pods.get(f"ns/pod-{i}")
+            if pod is not None:
+                self.fold(p.PodObserved(**{**{f: getattr(pod.spec, f) for f in pod.spec.__struct_fields__},
+                                           "phase": "Succeeded"}))
+        elif kind == "remove":
+            self.fold(p.PodRemoved(namespace="ns", name=f"pod-{step[1]}", uid=f"u{step[1]}"))
+        elif kind == "group":
+            _, g, cls, mode, created = step
+            self.fold(p.PodGroupObserved(namespace="ns", name=f"pg-{g}", uid=f"g{g}", queue="q", priority_class=str(cls),
+                                         preemptibility=mode, created_ns=int(created)))  # type: ignore[arg-type]
+        elif kind == "class":
+            self.fold(p.PriorityClassObserved(name=str(step[1]), value=int(step[2])))  # type: ignore[call-overload]
+
+
+def _form(bounds: object) -> tuple[object, ...]:
+    b = bounds
+    return (b.names, b.least, b.free, list(b.ordered))  # type: ignore[attr-defined]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(steps, min_size=10, max_size=80))
+def test_kept_bounds_are_the_states_after_anything_a_cluster_sends(sequence: list[tuple[object, ...]]) -> None:
+    """Nodes come, change and go; pods run, move, finish and go; PodGroups and PriorityClasses
+    change the victim order and preemptibility of jobs with running pods: at every point where a
+    search asks, the bounds kept since the first ask equal those computed from the state."""
+    feed = _Feed()
+    feed.fold(p.QueueObserved(name="q"))
+    asked = False
+    for step in [*sequence, ("cycle",)]:
+        if step[0] == "cycle":
+            kept = state_bounds(feed.state)
+            asked = True
+            assert _form(kept) == _form(fresh_bounds(feed.state))
+        else:
+            feed.step(step)
+            if not asked:
+                tables(feed.state)  # cycles that did not consolidate consumed the changes already
+    assert asked
+
+
+def test_a_job_whose_priority_class_changes_moves_its_nodes_bounds() -> None:
+    """A KAI user edits the PriorityClass a running job's PodGroup names: the node it runs on is
+    now where a cheaper victim is (the bound follows), with no pod of it changing."""
+    feed = _Feed()
+    feed.fold(p.QueueObserved(name="q"))
+    feed.fold(p.PriorityClassObserved(name="train", value=50))
+    feed.step(("node", 0, 8, False))
+    feed.step(("node", 1, 8, False))
+    feed.step(("group", 0, "train", "", 0))
+    feed.step(("group", 1, "", "", 0))
+    feed.step(("run", 0, 0, 0, ""))
+    feed.step(("run", 1, 1, 1, ""))
+    before = state_bounds(feed.state)
+    assert before.least[0] is not None and before.least[0][0] == 50
+    feed.fold(p.PriorityClassObserved(name="train", value=10))
+    after = state_bounds(feed.state)
+    assert after.least[0] is not None and after.least[0][0] == 10
+    assert _form(after) == _form(fresh_bounds(feed.state))
