@@ -176,17 +176,22 @@ def test_a_cycle_keeps_the_walks_of_its_most_recent_searches_only() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(0, 2**32), st.integers(1, 3), st.lists(st.tuples(st.booleans(), st.integers(0, 10**6)), max_size=10))
-def test_a_search_sees_what_an_earlier_action_did_on_the_plan(seed: int, most: int,
+@given(st.integers(0, 2**32), st.integers(1, 3), st.lists(st.integers(0, 6), max_size=4),
+       st.lists(st.tuples(st.booleans(), st.integers(0, 10**6)), max_size=10))
+def test_a_search_sees_what_an_earlier_action_did_on_the_plan(seed: int, most: int, reserved: list[int],
                                                               steps: list[tuple[bool, int]]) -> None:
-    """Evictions and rollbacks made before the views exist (reclaim's or preempt's of the same
+    """Room held before the first operation (a moved pod's replacement's, `Plan.reserve`) and
+    evictions and rollbacks made before the views exist (reclaim's or preempt's of the same
     cycle, say) change nodes' free capacity: a search by bounds (an order that breaks ties) tries
     the nodes a walk of the Plan as it is tries."""
     session = _session(seed, nodes=7)
     job = _preemptor(session)
+    one_gpu = next(pod.spec for pod in session.state.pods.values() if pod.status == "Running")
+    for n in reserved:
+        session.plan.reserve(one_gpu, f"n{n}")
     for _ in evict_or_roll_back(session, job, steps):
         pass
-    shapes = [(TaskShape.whole(8, 0, 0), array("q", [1] * 7))]
+    shapes = [(TaskShape.whole(2, 0, 0), array("q", [1] * 7))]
     views = NodeViews(session)
     order = CheapestVictimBreaksTies()
     assert [n for n, _, _ in views.nodes_to_try(job, shapes, order, most)] == \

@@ -139,6 +139,9 @@ class Plan:
         self._place_idle = bind_place(packer, self.idle, strategy)
         self._place_future = bind_place(packer, self.future, strategy)
         self.operations: list[Operation] = []
+        #: the nodes whose starting point `hold` or `reserve` made differ from the tables' (no
+        #: operation, so no listener, tells of them)
+        self.adjusted: set[int] = set()
         self._evicted: set[str] = set()
         self.listeners: list[PlanListener] = []
         self._new_groups: dict[tuple[int, int], str] = {}
@@ -219,6 +222,7 @@ class Plan:
         pod = self.state.pods[pod_key]
         node, devices = self._where(pod_key)
         self.future.apply_placed(node, devices, self.shape(pod.spec), 1)
+        self.adjusted.add(node)
 
     def reserve(self, spec: PodObserved, node: str) -> bool:
         """Keep idle capacity for one task of `spec`'s shape used on `node` for this plan (the
@@ -238,6 +242,7 @@ class Plan:
             return False
         self.future.apply_placed(now.node, now.devices, shape, 1)
         self.idle.apply_placed(now.node, now.devices, shape, 1)
+        self.adjusted.add(now.node)
         return True
 
     def _where(self, pod_key: str) -> tuple[int, tuple[int, ...]]:

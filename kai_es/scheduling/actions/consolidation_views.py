@@ -87,8 +87,10 @@ class NodeViews:
         self._touched_ranked: SortedList = SortedList()
         self._touched_key: dict[int, tuple[int, bool, tuple[int, int, str], int] | None] = {}
         self._ranked_seen = 0
-        #: the nodes of the operations made before this view (an earlier action's)
-        self._before = {op.eviction.node if isinstance(op, Unevict) else op.node for op in self.plan.operations}
+        #: the nodes where the Plan differed from the tables before this view: held capacity
+        #: (`Plan.adjusted`) and the operations made so far (an earlier action's)
+        self._before = self.plan.adjusted | {op.eviction.node if isinstance(op, Unevict) else op.node
+                                             for op in self.plan.operations}
         #: a search's candidate nodes in the order they are tried (`nodes_to_try`), per search
         self._walks: OrderedDict[tuple[object, ...], _Walk] = OrderedDict()
         #: `free_capacity` per node and summed
