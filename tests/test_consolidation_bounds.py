@@ -4,13 +4,15 @@ state alone, and each bound is never above the node's key in the node order."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
-from kai_es.scheduling.actions.consolidation_bounds import fresh_bounds, state_bounds
+from kai_es.scheduling.actions.consolidation_bounds import StateBounds, fresh_bounds, state_bounds
 from kai_es.scheduling.tables import tables
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
@@ -46,11 +48,11 @@ class _Feed:
         apply(self.state, Record(self.pos, env))
         self.pos += 1
 
-    def step(self, step: tuple[object, ...]) -> None:
+    def step(self, step: tuple[Any, ...]) -> None:
         kind = step[0]
         if kind == "node":
             _, i, gpus, labelled = step
-            self.fold(p.NodeObserved(name=f"node-{i}", milli_cpu=64_000, memory_bytes=2**38, gpus=int(gpus),  # type: ignore[call-overload]
+            self.fold(p.NodeObserved(name=f"node-{i}", milli_cpu=64_000, memory_bytes=2**38, gpus=int(gpus),
                                      labels={"zone": "a"} if labelled else {}))
         elif kind == "node-gone":
             self.fold(p.NodeRemoved(name=f"node-{step[1]}"))
@@ -61,7 +63,7 @@ class _Feed:
                                     node_name=f"node-{node}" if node is not None else "", priority_class=str(cls),
                                     requests=p.PodResources(milli_cpu=1000, memory_bytes=2**30),
                                     gpu=p.GpuRequest(whole=1), gpu_devices=[0] if node is not None else [],
-                                    created_ns=100 + int(i)))  # type: ignore[arg-type]
+                                    created_ns=100 + int(i)))
         elif kind == "finish":
             i = step[1]
             pod = self.state.pods.get(f"ns/pod-{i}")
@@ -73,19 +75,18 @@ class _Feed:
         elif kind == "group":
             _, g, cls, mode, created = step
             self.fold(p.PodGroupObserved(namespace="ns", name=f"pg-{g}", uid=f"g{g}", queue="q", priority_class=str(cls),
-                                         preemptibility=mode, created_ns=int(created)))  # type: ignore[arg-type]
+                                         preemptibility=mode, created_ns=int(created)))
         elif kind == "class":
-            self.fold(p.PriorityClassObserved(name=str(step[1]), value=int(step[2])))  # type: ignore[call-overload]
+            self.fold(p.PriorityClassObserved(name=str(step[1]), value=int(step[2])))
 
 
-def _form(bounds: object) -> tuple[object, ...]:
-    b = bounds
-    return (b.names, b.least, b.free, list(b.ordered))  # type: ignore[attr-defined]
+def _form(b: StateBounds) -> tuple[object, ...]:
+    return (b.names, b.least, b.free, list(b.ordered))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(steps, min_size=10, max_size=80))
-def test_kept_bounds_are_the_states_after_anything_a_cluster_sends(sequence: list[tuple[object, ...]]) -> None:
+def test_kept_bounds_are_the_states_after_anything_a_cluster_sends(sequence: list[tuple[Any, ...]]) -> None:
     """Nodes come, change and go; pods run, move, finish and go; PodGroups and PriorityClasses
     change the victim order and preemptibility of jobs with running pods: at every point where a
     search asks, the bounds kept since the first ask equal those computed from the state."""

@@ -154,6 +154,7 @@ class Session:
         #: stays true for the cycle (see `rules.replacement.relocate`); True is asked again there
         self.idle_fits: dict[tuple[int, int], bool] = {}
         self.eligibility = rules.leaving_pods.eligibility(state, plan.names, plan.nodes)
+        self.eligibility.verify = plan.verify
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)
         #: the topology placer (None: constraints are ignored), `rules.topology_placement`

@@ -17,7 +17,11 @@ Contract:
 - `restricted(nodes)` (kai-es/v5's topology domains) narrows every mask handed out inside the
   `with` block to `nodes` (a 0/1 array that lives for the cycle): a restricted static mask is
   interned per (static mask, restriction), so it too may be remembered.
-- Pure: reads the state; writes only its own trackers.
+- The per-node evaluation of a static key's cordon, taints, node pool, nodeSelector and required
+  node affinity (`legacy_allows`) reads only node specs, so its mask is kept across cycles in
+  `state.caches` while the node set and specs stay the same (`state.node_set_version`), for up
+  to `KEPT_LEGACY` keys; with `verify`, each kept one is checked against a fresh evaluation.
+- Pure: reads the state; writes only its own trackers (and the kept masks, derived data).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from contextlib import contextmanager
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
 from kai_es.events.payloads import Reason
-from kai_es.scheduling.plan import Announced, Entry
+from kai_es.scheduling.plan import Announced, Entry, VerificationError
 from kai_es.scheduling.predicates import host_ports, node_affinity, pod_affinity, resources, taints, volumes
 from kai_es.state.model import ClusterState, NodeState
 
@@ -38,6 +42,21 @@ POD_ANTI_AFFINITY_CONFLICT = "PodAntiAffinityConflict"
 EXISTING_POD_ANTI_AFFINITY = "ExistingPodAntiAffinityConflict"
 
 StaticKey = tuple[object, ...]
+
+_KEPT = "eligibility.legacy"
+#: static keys whose legacy masks are kept across cycles (each mask is 8 bytes per node: 160 KiB
+#: at 20,000 nodes); past it the kept ones are dropped and kept again as they come
+KEPT_LEGACY = 64
+
+
+class _KeptLegacy:
+    """The legacy masks of a node list (the tables' names, while `node_set_version` holds)."""
+
+    __slots__ = ("names", "version", "masks")
+
+    def __init__(self, names: Sequence[str], version: int) -> None:
+        self.names, self.version = names, version
+        self.masks: dict[StaticKey, array[int]] = {}
 
 
 def static_key(spec: p.PodObserved, volume_names: tuple[str, ...] = ()) -> StaticKey:
@@ -66,6 +85,13 @@ class Eligibility:
         self._static: dict[StaticKey, array[int]] = {}
         self._keys: dict[int, StaticKey] = {}
         self._legacy: dict[StaticKey, array[int]] = {}
+        kept = state.caches.get(_KEPT)
+        if not isinstance(kept, _KeptLegacy) or kept.names is not names or kept.version != state.node_set_version:
+            kept = _KeptLegacy(names, state.node_set_version)
+            state.caches[_KEPT] = kept
+        self._kept = kept.masks
+        #: check every kept legacy mask against a fresh evaluation (verification mode)
+        self.verify = False
         self._volume_terms: dict[str, list[tuple[str, str, list[p.NodeSelectorTerm]]]] = {}
         self.affinity = pod_affinity.PodAffinityIndex(state, [n.spec.labels for n in nodes], names)
         self._scalars: resources.ScalarFree | None = None
@@ -181,7 +207,14 @@ class Eligibility:
         return mask
 
     def _build_static(self, key: StaticKey, spec: p.PodObserved) -> array[int]:
-        legacy = array("q", [1 if legacy_allows(n.spec, spec) else 0 for n in self.nodes])
+        legacy = self._kept.get(key)
+        if legacy is None:
+            legacy = array("q", [1 if legacy_allows(n.spec, spec) else 0 for n in self.nodes])
+            if len(self._kept) >= KEPT_LEGACY:
+                self._kept.clear()
+            self._kept[key] = legacy
+        elif self.verify and legacy != array("q", [1 if legacy_allows(n.spec, spec) else 0 for n in self.nodes]):
+            raise VerificationError(f"the legacy node mask kept across cycles for {key} is not a fresh one")
         self._legacy[key] = legacy
         mask = legacy
         vols = self._volumes_of(spec)

@@ -1,0 +1,82 @@
+"""The static node masks kept across cycles (`kai_es.scheduling.predicates.eligibility`): a
+cycle reuses the last one's evaluation of a pod's node constraints while no node came, went or
+changed its spec, and evaluates them again once one did, as a KAI user sees it: a pod with a
+nodeSelector and a toleration, a node tainted and labelled between two cycles."""
+
+from __future__ import annotations
+
+import pytest
+
+from kai_es.events import Record
+from kai_es.events import payloads as p
+from kai_es.events.factory import derived_id, make_envelope
+from kai_es.scheduling.plan import VerificationError
+from kai_es.scheduling.predicates.eligibility import Eligibility
+from kai_es.scheduling.tables import tables
+from kai_es.state import ClusterState
+from kai_es.state.reducer import apply
+
+
+class _Feed:
+    def __init__(self) -> None:
+        self.state = ClusterState()
+        self.pos = 0
+
+    def fold(self, payload: p.Payload) -> None:
+        env = make_envelope(payload, event_id=derived_id("masks", self.pos), source="kai-es/informer",
+                            subject="s", logicaltime=1_000 + self.pos)
+        apply(self.state, Record(self.pos, env))
+        self.pos += 1
+
+
+def _node(name: str, labels: dict[str, str], taints: list[p.Taint] | None = None) -> p.NodeObserved:
+    return p.NodeObserved(name=name, milli_cpu=64_000, memory_bytes=2**38, gpus=8, labels=labels, taints=taints or [])
+
+
+def _cycle_mask(state: ClusterState, spec: p.PodObserved, verify: bool = False) -> list[int]:
+    names, nodes, _, _ = tables(state)  # as a cycle's Plan takes them
+    eligibility = Eligibility(state, names, nodes)
+    eligibility.verify = verify
+    return list(eligibility.static_mask(spec))
+
+
+POD = p.PodObserved(namespace="team-a", name="train-0", uid="u0", podgroup="pg", queue="q",
+                    node_selector={"nvidia.com/gpu.product": "H100"},
+                    tolerations=[p.Toleration(key="dedicated", operator="Equal", value="ml", effect="NoSchedule")])
+
+
+def test_a_kept_mask_follows_node_changes_between_cycles() -> None:
+    feed = _Feed()
+    feed.fold(_node("node-a", {"nvidia.com/gpu.product": "H100"}))
+    feed.fold(_node("node-b", {"nvidia.com/gpu.product": "A100"}))
+    assert _cycle_mask(feed.state, POD) == [1, 0]
+    assert _cycle_mask(feed.state, POD) == [1, 0]  # kept
+    # the admin relabels node-b and taints node-a with a taint the pod does not tolerate
+    feed.fold(_node("node-b", {"nvidia.com/gpu.product": "H100"}))
+    assert _cycle_mask(feed.state, POD) == [1, 1]
+    feed.fold(_node("node-a", {"nvidia.com/gpu.product": "H100"},
+                    [p.Taint(key="maintenance", value="", effect="NoSchedule")]))
+    assert _cycle_mask(feed.state, POD) == [0, 1]
+    feed.fold(p.NodeRemoved(name="node-b"))
+    assert _cycle_mask(feed.state, POD) == [0]
+
+
+def test_the_same_evaluation_is_reused_while_no_node_changes() -> None:
+    feed = _Feed()
+    feed.fold(_node("node-a", {"nvidia.com/gpu.product": "H100"}))
+    names, nodes, _, _ = tables(feed.state)
+    first = Eligibility(feed.state, names, nodes).static_mask(POD)
+    again = Eligibility(feed.state, names, nodes).static_mask(POD)
+    assert again is first
+
+
+def test_verification_catches_a_kept_mask_gone_stale() -> None:
+    """A node spec change the kept masks missed (here: made behind the reducer's back, so the
+    node set version stays) is caught in verification mode."""
+    feed = _Feed()
+    feed.fold(_node("node-a", {"nvidia.com/gpu.product": "H100"}))
+    assert _cycle_mask(feed.state, POD) == [1]
+    node = feed.state.nodes["node-a"]
+    node.spec = _node("node-a", {"nvidia.com/gpu.product": "A100"})
+    with pytest.raises(VerificationError):
+        _cycle_mask(feed.state, POD, verify=True)
