@@ -1,6 +1,7 @@
-"""Consolidation's node bounds kept across cycles (`kai_es.scheduling.actions.consolidation_bounds`):
-after any sequence of what a cluster sends, folded, the kept bounds are the ones computed from the
-state alone, and each bound is never above the node's key in the node order."""
+"""What consolidation keeps per node across cycles — the node bounds
+(`kai_es.scheduling.actions.consolidation_bounds`) and the free capacity
+(`kai_es.scheduling.kept_capacity`): after any sequence of what a cluster sends, folded, what is
+kept is what the state alone gives."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
 from kai_es.scheduling.actions.consolidation_bounds import StateBounds, fresh_bounds, state_bounds
+from kai_es.scheduling.kept_capacity import fresh_capacity, state_capacity
 from kai_es.scheduling.tables import tables
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
@@ -98,6 +100,8 @@ def test_kept_bounds_are_the_states_after_anything_a_cluster_sends(sequence: lis
             kept = state_bounds(feed.state)
             asked = True
             assert _form(kept) == _form(fresh_bounds(feed.state))
+            capacity, fresh = state_capacity(feed.state), fresh_capacity(feed.state)
+            assert (capacity.each, capacity.total) == (fresh.each, fresh.total)
         else:
             feed.step(step)
             if not asked:

@@ -194,5 +194,8 @@ def test_a_search_sees_what_an_earlier_action_did_on_the_plan(seed: int, most: i
     shapes = [(TaskShape.whole(2, 0, 0), array("q", [1] * 7))]
     views = NodeViews(session)
     order = CheapestVictimBreaksTies()
+    assert views.free_capacity() == free_capacity(session, None)
     assert [n for n, _, _ in views.nodes_to_try(job, shapes, order, most)] == \
         [n for n, _, _ in views._walk_nodes(job, shapes, order, most)[0]]  # noqa: SLF001 - the reference walk
+    for _ in evict_or_roll_back(session, job, steps[::-1]):  # and after the views' own operations
+        assert views.free_capacity() == free_capacity(session, None)

@@ -328,7 +328,7 @@ def free_capacity(session: Session, nodes: Iterable[int] | None) -> Vector:
     """The capacity free once released (the Plan's `future` table) on `nodes` (None: all):
     GPU as the sum of every device's free share, so an upper bound of what a task can use."""
     gpu = cpu = mem = 0
-    for g, c, m in _free_of(session, nodes):
+    for g, c, m in free_of_each(session.plan.future, nodes):
         gpu, cpu, mem = gpu + g, cpu + c, mem + m
     return (gpu, cpu, mem)
 
@@ -336,13 +336,13 @@ def free_capacity(session: Session, nodes: Iterable[int] | None) -> Vector:
 def free_capacity_of_each(session: Session) -> list[Vector]:
     """`free_capacity(session, (n,))` of every node n, in node order, in one pass (a call per
     node cost more than the sum it computes on a cluster of 20,000 nodes)."""
-    return list(_free_of(session, None))
+    return list(free_of_each(session.plan.future, None))
 
 
-def _free_of(session: Session, nodes: Iterable[int] | None) -> Iterator[Vector]:
-    """Each node's free capacity once released, as `free_capacity` counts it (negative free
-    shares, CPU and memory of an over-committed node count as none)."""
-    table = session.plan.future
+def free_of_each(table: ArrayPackTable, nodes: Iterable[int] | None) -> Iterator[Vector]:
+    """Each node's free capacity once released in `table` (a `future` table), as
+    `free_capacity` counts it (negative free shares, CPU and memory of an over-committed node
+    count as none)."""
     start = table.gpu_start
     dev, cpus, mems = table.dev_free_milli, table.free_milli_cpu, table.free_memory_bytes
     for n in (range(len(table.free_pods)) if nodes is None else nodes):

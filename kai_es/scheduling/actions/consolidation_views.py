@@ -22,7 +22,8 @@ from kai_es.scheduling.packing.model import MILLI_PER_GPU, ArrayPackTable
 from kai_es.scheduling.plan import Announced, Unevict, VerificationError
 from kai_es.scheduling.rules.consolidation_nodes import ConsolidationNodes
 from kai_es.scheduling.session import Session
-from kai_es.scheduling.victims import (Unit, free_capacity, free_capacity_of_each, job_order, keyed_units, room,
+from kai_es.scheduling.kept_capacity import fresh_capacity, state_capacity
+from kai_es.scheduling.victims import (Unit, free_of_each, job_order, keyed_units, room,
                                        shared)
 from kai_es.state.model import Job, PodState
 from kai_es.state.quantities import Vector
@@ -93,9 +94,11 @@ class NodeViews:
                                              for op in self.plan.operations}
         #: a search's candidate nodes in the order they are tried (`nodes_to_try`), per search
         self._walks: OrderedDict[tuple[object, ...], _Walk] = OrderedDict()
-        #: `free_capacity` per node and summed
-        self._capacity: list[Vector] | None = None
-        self._capacity_sum: Vector | None = None
+        #: `free_capacity`: the state's per node (`kept_capacity`), the Plan's on the nodes where
+        #: it differs, their sum, up to `_capacity_seen` operations
+        self._capacity_state: list[Vector] | None = None
+        self._capacity_plan: dict[int, Vector] = {}
+        self._capacity_sum: Vector = (0, 0, 0)
         self._capacity_seen = 0
         #: each node's free GPU capacity and the nodes by it (`most_free_first`)
         self._free_now: list[int] | None = None
@@ -124,25 +127,26 @@ class NodeViews:
         return dict.fromkeys(self.touched[seen:])
 
     def free_capacity(self) -> Vector:
-        """`victims.free_capacity` of the whole cluster: summed once; asked again after
-        operations, each node's is kept from then on and brought up to date on the nodes
-        touched since (a cycle whose searches never start pays one pass, as before)."""
-        session, seen = self.session, self._capacity_seen
-        self._capacity_seen = len(self.touched)
-        if self._capacity is None:
-            if self._capacity_sum is None:
-                self._capacity_sum = free_capacity(session, None)
-            elif seen < len(self.touched):
-                self._capacity = free_capacity_of_each(session)
-                self._capacity_sum = _sum(self._capacity)
-            return self._capacity_sum
-        assert self._capacity_sum is not None
-        gpu, cpu, mem = self._capacity_sum
-        for n in self._touched_since(seen):
-            (g0, c0, m0), (g1, c1, m1) = self._capacity[n], free_capacity(session, (n,))
-            self._capacity[n] = (g1, c1, m1)
-            gpu, cpu, mem = gpu - g0 + g1, cpu - c0 + c1, mem - m0 + m1
-        self._capacity_sum = (gpu, cpu, mem)
+        """`victims.free_capacity` of the whole cluster: the state's, kept across cycles
+        (`kept_capacity`), with the Plan's on the nodes it differs on (held room, operations)
+        instead, brought up to date on the nodes touched since it was last asked."""
+        nodes: Iterable[int] = ()
+        if self._capacity_state is None:
+            kept = state_capacity(self.state)
+            if self.plan.verify and (kept.each, kept.total) != ((fresh := fresh_capacity(self.state)).each, fresh.total):
+                raise VerificationError("the free capacity kept across cycles is not the state's")
+            self._capacity_state, self._capacity_sum = kept.each, kept.total
+            nodes = self._before
+        seen, self._capacity_seen = self._capacity_seen, len(self.touched)
+        changed = list(dict.fromkeys([*nodes, *self.touched[seen:]]))
+        if changed:
+            base, now = self._capacity_state, self._capacity_plan
+            gpu, cpu, mem = self._capacity_sum
+            for n, (g1, c1, m1) in zip(changed, free_of_each(self.plan.future, changed)):
+                g0, c0, m0 = now.get(n, base[n])
+                now[n] = (g1, c1, m1)
+                gpu, cpu, mem = gpu - g0 + g1, cpu - c0 + c1, mem - m0 + m1
+            self._capacity_sum = (gpu, cpu, mem)
         return self._capacity_sum
 
     def most_free_first(self) -> Iterator[tuple[int, int]]:
@@ -489,6 +493,3 @@ def short_of(table: ArrayPackTable, node: int, shapes: list[TaskShape]) -> tuple
             gpu = True  # device memory: any GPU freed may be what it needs
     return (gpu, table.free_milli_cpu[node] < cpu, table.free_memory_bytes[node] < mem)
 
-
-def _sum(vectors: list[Vector]) -> Vector:
-    return (sum(v[0] for v in vectors), sum(v[1] for v in vectors), sum(v[2] for v in vectors))
