@@ -37,10 +37,11 @@ Rules:
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
-from kai_es.scheduling.actions.consolidation_views import NodeViews
+from kai_es.scheduling.actions.consolidation_views import NodeViews, unit_key
 from kai_es.scheduling.actions.preempting import PreemptingAction
 from kai_es.scheduling.fairshare import RESOURCES, pod_request
 from kai_es.scheduling.framework import ActionResult
@@ -163,22 +164,26 @@ class Consolidation(PreemptingAction):
             return None
         state = self.state
         jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
-        units = views.units(jobs[k] for k in sorted(jobs))  # keyed_units(..., backoff=True), kept per job
-        if self.plan.verify and _unit_form(units) != \
+        # each job's units as the search starts (keyed_units(..., backoff=True), kept per job)
+        units = {k: views.units_of(jobs[k]) for k in sorted(jobs)}
+        if self.plan.verify and _unit_form(list(heapq.merge(*units.values(), key=unit_key))) != \
                 _unit_form(keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)):
             raise VerificationError(f"consolidation's kept victim units of {sorted(jobs)} are not keyed_units'")
         return {n for n, _, _ in nodes}, self._units_by_node(nodes, units), scenario
 
     def _units_by_node(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]],
-                       units: list[tuple[tuple[object, ...], Unit]]) -> Iterator[Unit]:
-        """Of `units` (cheapest first, `keyed_units` of the jobs with a movable pod on `nodes`),
-        node by node those with a pod there that frees something the node lacks."""
+                       units: dict[str, list[tuple[tuple[object, ...], Unit]]]) -> Iterator[Unit]:
+        """Of the units of the jobs with a movable pod on `nodes` (`units`: each job's, cheapest
+        first), node by node those with a pod there that frees something the node lacks,
+        cheapest first: a unit with a pod on a node is one of the units of the jobs with a
+        movable pod there, so only theirs are merged, as the search reaches the node."""
         evicted = self.plan.evicted_pods
         names = self.plan.names
         seen: set[int] = set()
-        for n, short, _ in nodes:
+        for n, short, movable in nodes:
             name = names[n]
-            for _, unit in units:
+            here_jobs = sorted({pod.job_key for pod in movable})
+            for _, unit in heapq.merge(*(units[k] for k in here_jobs), key=unit_key):
                 here = [pod for pod in unit.pods if pod.node == name]
                 if not here or id(unit) in seen or any(pod.key in evicted for pod in unit.pods):
                     continue

@@ -451,7 +451,7 @@ class NodeViews:
             if best is not None and best[:3] != order:
                 break  # every later job's units cost more
             read.append(k)
-            for key, unit in self._units_of(job):  # cheapest first
+            for key, unit in self.units_of(job):  # cheapest first
                 if any(pod.key in here for pod in unit.pods):
                     if best is None or key < best:
                         best = key
@@ -462,16 +462,18 @@ class NodeViews:
         """`victims.keyed_units(session, jobs, backoff=True)`, each job's kept while no Plan
         operation touched it: a unit's key is unique (it ends in a pod's key), so the merge of
         each job's list, cheapest first, is the list of all of them."""
-        return list(heapq.merge(*(self._units_of(job) for job in jobs), key=_unit_key))
+        return list(heapq.merge(*(self.units_of(job) for job in jobs), key=unit_key))
 
-    def _units_of(self, job: Job) -> list[tuple[tuple[object, ...], Unit]]:
+    def units_of(self, job: Job) -> list[tuple[tuple[object, ...], Unit]]:
+        """`victims.keyed_units(session, [job], backoff=True)`, kept while no Plan operation
+        touched the job."""
         found = self._units.get(job.key)
         if found is None or self.jobs.touched.get(job.key, 0) > found[0]:
             found = self._units[job.key] = (self.seq, keyed_units(self.session, [job], backoff=True))
         return found[1]
 
 
-def _unit_key(item: tuple[tuple[object, ...], Unit]) -> tuple[object, ...]:
+def unit_key(item: tuple[tuple[object, ...], Unit]) -> tuple[object, ...]:
     return item[0]
 
 
