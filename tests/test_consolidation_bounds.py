@@ -127,3 +127,39 @@ def test_a_job_whose_priority_class_changes_moves_its_nodes_bounds() -> None:
     after = state_bounds(feed.state)
     assert after.least[0] is not None and after.least[0][0] == 10
     assert _form(after) == _form(fresh_bounds(feed.state))
+
+
+def _two_groups() -> _Feed:
+    """Two PodGroups whose victim order never changes (their own uid and creation time): pg-1,
+    newer, is the cheaper victim. node-0 runs pod-0 of pg-1 and pod-1 of pg-0; node-1 pod-2 of pg-1."""
+    feed = _Feed()
+    feed.fold(p.QueueObserved(name="q"))
+    feed.step(("node", 0, 8, False))
+    feed.step(("node", 1, 8, False))
+    feed.step(("group", 0, "", "", 1))
+    feed.step(("group", 1, "", "", 3))
+    feed.step(("run", 0, 0, 1, ""))
+    feed.step(("run", 1, 0, 0, ""))
+    feed.step(("run", 2, 1, 1, ""))
+    return feed
+
+
+def test_a_pod_moving_to_another_job_moves_its_nodes_bound() -> None:
+    """A running pod's PodGroup label changes (its job changes, neither job's order does): the
+    node it runs on no longer holds the cheaper job's victim."""
+    feed = _two_groups()
+    assert state_bounds(feed.state).least[0] == (0, -3, "g1")
+    feed.step(("run", 0, 0, 0, ""))  # pod-0 now in pg-0
+    assert state_bounds(feed.state).least[0] == (0, -1, "g0")
+    assert _form(state_bounds(feed.state)) == _form(fresh_bounds(feed.state))
+
+
+def test_a_pod_deleted_and_recreated_running_under_its_name_in_another_job_counts_as_that_jobs() -> None:
+    """Between two cycles a pod is deleted and a pod of the same name, of another job, is seen
+    running on the same node (bound by another scheduler, or a relist)."""
+    feed = _two_groups()
+    assert state_bounds(feed.state).least[0] == (0, -3, "g1")
+    feed.step(("remove", 0))
+    feed.step(("run", 0, 0, 0, ""))
+    assert state_bounds(feed.state).least[0] == (0, -1, "g0")
+    assert _form(state_bounds(feed.state)) == _form(fresh_bounds(feed.state))

@@ -53,6 +53,12 @@ class StateBounds:
     free: list[int] = field(default_factory=list)
     #: (-free, False, least, node) of every node with a `least`, sorted
     ordered: SortedList = field(default_factory=SortedList)
+    #: per node: the pods it held when `least` was computed, and those of them whose job's
+    #: order is `least` (a node that changed compares what it holds now with them)
+    held: list[tuple[str, ...]] = field(default_factory=list)
+    holders: list[tuple[str, ...]] = field(default_factory=list)
+    #: the state's `victim_order_version` those were computed under
+    order_version: int = -1
 
     def bound(self, node: int) -> tuple[int, bool, Least, int] | None:
         least = self.least[node]
@@ -61,9 +67,16 @@ class StateBounds:
 
 def least_of(state: ClusterState, node: NodeState) -> Least | None:
     """The least `victims.job_order` of the preemptible jobs with a pod on `node` (None: none)."""
+    return _least(state, node.pods)[0]
+
+
+def _least(state: ClusterState, keys: Iterable[str], least: Least | None = None,
+           holders: tuple[str, ...] = ()) -> tuple[Least | None, tuple[str, ...]]:
+    """(the least `victims.job_order` of the preemptible jobs of the pods `keys`, or `least` if
+    that is less, and the pods of `keys` and `holders` whose job's order it is)."""
     pods, jobs = state.pods, state.jobs
-    best: Least | None = None
-    for key in node.pods:
+    best, of = least, list(holders)
+    for key in keys:
         pod = pods.get(key)
         if pod is None:
             continue
@@ -72,8 +85,26 @@ def least_of(state: ClusterState, node: NodeState) -> Least | None:
             continue
         order = (job.priority, -job.created_ns, job.uid)
         if best is None or order < best:
-            best = order
-    return best
+            best, of = order, [key]
+        elif order == best:
+            of.append(key)
+    return best, tuple(of)
+
+
+def _update(state: ClusterState, bounds: StateBounds, n: int, node: NodeState) -> None:
+    """Bring node `n`'s `least` up to date: from what it gained and lost since (while no job
+    changed its order: `victim_order_version`), else from all it holds."""
+    now = node.pods
+    held = bounds.held[n]
+    if bounds.order_version == state.victim_order_version and held:
+        holders = bounds.holders[n]
+        gone = [key for key in held if key not in now]
+        if not gone or not any(key in gone for key in holders):  # its least's pods all stay
+            bounds.least[n], bounds.holders[n] = _least(state, now.difference(held), bounds.least[n], holders)
+            bounds.held[n] = tuple(now)
+            return
+    bounds.least[n], bounds.holders[n] = _least(state, now)
+    bounds.held[n] = tuple(now)
 
 
 def free_milli_gpu(table: ArrayPackTable, node: int) -> int:
@@ -85,10 +116,13 @@ def free_milli_gpu(table: ArrayPackTable, node: int) -> int:
 def fresh_bounds(state: ClusterState) -> StateBounds:
     """Every node's bound computed from the state alone."""
     names, nodes, _, future = tables(state)
-    least = [least_of(state, node) for node in nodes]
+    found = [_least(state, node.pods) for node in nodes]
+    least = [f[0] for f in found]
     free = [free_milli_gpu(future, n) for n in range(len(names))]
     return StateBounds(seen=-2, names=list(names), least=least, free=free,
-                       ordered=SortedList(_keys(least, free, range(len(names)))))
+                       ordered=SortedList(_keys(least, free, range(len(names)))),
+                       held=[tuple(node.pods) for node in nodes], holders=[f[1] for f in found],
+                       order_version=state.victim_order_version)
 
 
 def state_bounds(state: ClusterState) -> StateBounds:
@@ -106,17 +140,22 @@ def state_bounds(state: ClusterState) -> StateBounds:
         return bounds
     if rebuilt:  # indexes may name other nodes, and specs (free capacity) may differ: by name
         again = set(changed)
-        old = dict(zip(bounds.names, bounds.least))
+        old = {name: i for i, name in enumerate(bounds.names)}
+        kept = [old[name] if name in old and i not in again else None for i, name in enumerate(names)]
+        least, held, holders = bounds.least, bounds.held, bounds.holders
+        bounds.least = [least[k] if k is not None else None for k in kept]
+        bounds.held = [held[k] if k is not None else () for k in kept]
+        bounds.holders = [holders[k] if k is not None else () for k in kept]
         bounds.names = list(names)
-        bounds.least = [old[name] if name in old and i not in again else least_of(state, nodes[i])
-                        for i, name in enumerate(names)]
+        for n in again:
+            _update(state, bounds, n, nodes[n])
         bounds.free = [free_milli_gpu(future, n) for n in range(len(names))]
         bounds.ordered = SortedList(_keys(bounds.least, bounds.free, range(len(names))))
     else:
         ordered = bounds.ordered
         for n in changed:
             before = bounds.bound(n)
-            bounds.least[n] = least_of(state, nodes[n])
+            _update(state, bounds, n, nodes[n])
             bounds.free[n] = free_milli_gpu(future, n)
             after = bounds.bound(n)
             if before != after:
@@ -125,6 +164,7 @@ def state_bounds(state: ClusterState) -> StateBounds:
                 if after is not None:
                     ordered.add(after)
     bounds.seen = generation
+    bounds.order_version = state.victim_order_version
     return bounds
 
 

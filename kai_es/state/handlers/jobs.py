@@ -167,7 +167,8 @@ def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
     if job.occupying and (preemptible != job.preemptible or priority != job.priority or created != job.created_ns
                           or uid != job.uid):
         # where its pods run, the victims on offer changed: caches that follow node changes
-        # (`scheduling.tables.changed_since`) look at those nodes again
+        # (`scheduling.tables.changed_since`) look at those nodes again, from scratch
+        state.victim_order_version += 1
         for m in members:
             pod = pods[m]
             if pod.status in OCCUPYING and pod.node:

@@ -81,6 +81,10 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         pod.bind_failures = 0
     job: Job | None = None  # the pod's job where a branch below has it at hand
     if pod is None:
+        if spec.node_name:
+            # seen running at once (bound elsewhere, a relist, or its name's new incarnation):
+            # a node may now hold, under a key it held before, another job's victim
+            state.victim_order_version += 1
         job_key = f"{spec.namespace}/{spec.podgroup}"  # (pod_key, as above)
         pod = PodState(key, spec, job_key)  # positional: keyword calls to these dataclasses cost more
         state.pods[key] = pod
@@ -107,6 +111,8 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         index_labels(state, pod, +1)
         job = job_for(state, spec)
         job.members.add(key)
+        if job.key != pod.job_key:
+            state.victim_order_version += 1  # a pod now counts as another job's victim
         pod.job_key = job.key
         refresh_or_drop_job(state, old_job)
         refresh_job(state, job)
