@@ -21,6 +21,8 @@ first bound (None: never), for comparing runs.
 
 from __future__ import annotations
 
+import heapq
+
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +94,26 @@ class Summary:
     pending_reasons: dict[str, int] = field(default_factory=dict)
     #: job key (namespace/podgroup) -> its outcome
     jobs: dict[str, JobOutcome] = field(default_factory=dict)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (a what-if's worker hands its summary to the what-if) with the jobs and the
+        timeline as columns of plain values: 200,000 job outcomes and 400,000 timeline tuples
+        pickled and unpickled one object at a time cost 1.1 s and 0.75 s on the benchmark."""
+        state: dict[str, object] = {name: getattr(self, name) for name in self.__slots__}
+        jobs = self.jobs.values()
+        state["jobs"] = (list(self.jobs), [j.queue for j in jobs], [j.arrived_ns for j in jobs],
+                         [j.started_ns for j in jobs], [j.pods for j in jobs], [j.evictions for j in jobs])
+        timeline = self.timeline
+        state["timeline"] = ([e[0] for e in timeline], [e[1] for e in timeline], [e[2] for e in timeline])
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            if name not in ("jobs", "timeline"):
+                setattr(self, name, value)
+        keys, queues, arrived, started, pods, evictions = state["jobs"]
+        self.jobs = {k: JobOutcome(q, a, s, n, e) for k, q, a, s, n, e in zip(keys, queues, arrived, started, pods, evictions)}
+        self.timeline = list(zip(*state["timeline"]))
 
     @property
     def utilization_permille(self) -> int:
@@ -382,11 +404,28 @@ def step_values(events: list[tuple[int, int]], times: list[int]) -> list[int]:
     return out
 
 
-def queue_series(summary: Summary, queue: str) -> dict[str, list[tuple[int, int]]]:
+def timeline_by_queue(summary: Summary) -> dict[str, list[tuple[int, int]]]:
+    """The summary's timeline split by queue: queue -> its (time, milli-GPU) steps, in order
+    (for `queue_series` over many queues: one pass instead of one per queue)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for t, q, v in summary.timeline:
+        steps = out.get(q)
+        if steps is None:
+            steps = out[q] = []
+        steps.append((t, v))
+    return out
+
+
+def queue_series(summary: Summary, queue: str, by_queue: dict[str, list[tuple[int, int]]] | None = None
+                 ) -> dict[str, list[tuple[int, int]]]:
     """(time, milli-GPU) steps of one queue: `allocated` (a parent: the sum of its leaves),
-    `fairShare` and `quota` (-1: none)."""
+    `fairShare` and `quota` (-1: none). `by_queue`: the summary's `timeline_by_queue`, if made."""
     below = {queue} | _descendants(summary, queue)
-    own = [(t, q, v) for t, q, v in summary.timeline if q in below]
+    if by_queue is None:
+        own = [(t, q, v) for t, q, v in summary.timeline if q in below]
+    else:  # each queue's steps in time order, merged (at one time, the order does not change the sum)
+        own = list(heapq.merge(*([(t, q, v) for t, v in by_queue.get(q, ())] for q in sorted(below)),
+                               key=lambda e: e[0]))
     if len(below) == 1:
         allocated = [(t, v) for t, _, v in own]
     else:

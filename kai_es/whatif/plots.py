@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kai_es.report import Summary, queue_series, step_values, style_panel
+from kai_es.report import Summary, queue_series, step_values, style_panel, timeline_by_queue
 
 RUNS = (("recorded", "tab:blue", "-"), ("counterfactual", "tab:orange", "--"))
 
@@ -38,10 +38,11 @@ def plot_allocation(recorded: Summary, counterfactual: Summary, path: str) -> No
     times = sorted({recorded.start_ns, recorded.end_ns, counterfactual.end_ns,
                     *(e[0] for s in runs for e in s.timeline)})
     hours = [(t - recorded.start_ns) / 3.6e12 for t in times]
+    by_queue = [timeline_by_queue(s) for s in runs]
     for i, q in enumerate(queues):
         ax = axes[i // cols][i % cols]
-        for (label, color, style), s in zip(RUNS, runs):
-            values = step_values(queue_series(s, q)["allocated"], times)
+        for (label, color, style), s, index in zip(RUNS, runs, by_queue):
+            values = step_values(queue_series(s, q, index)["allocated"], times)
             ax.step(hours, [v / 1000 for v in values], where="post", color=color, linestyle=style, label=label)
         style_panel(ax, q, "GPUs", legend=i == 0)
     fig.suptitle("GPU allocation per queue: recorded vs counterfactual (hours from start)", fontsize=10)
