@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -144,22 +145,19 @@ def _two_groups() -> _Feed:
     return feed
 
 
-def test_a_pod_moving_to_another_job_moves_its_nodes_bound() -> None:
-    """A running pod's PodGroup label changes (its job changes, neither job's order does): the
-    node it runs on no longer holds the cheaper job's victim."""
+@pytest.mark.parametrize("steps", [
+    # a running pod's PodGroup label changes (its job changes, neither job's order does)
+    [("run", 0, 0, 0, "")],
+    # between two cycles the pod is deleted, and a pod of the same name, of the other job, is
+    # seen running on the same node (bound by another scheduler, or a relist)
+    [("remove", 0), ("run", 0, 0, 0, "")],
+], ids=["moved-to-another-job", "recreated-in-another-job"])
+def test_a_node_whose_pod_now_belongs_to_another_job_moves_its_bound(steps: list[tuple[Any, ...]]) -> None:
+    """node-0 ran the cheaper job's pod-0; now pod-0 is the dearer job's: the node no longer
+    holds the cheaper job's victim."""
     feed = _two_groups()
     assert state_bounds(feed.state).least[0] == (0, -3, "g1")
-    feed.step(("run", 0, 0, 0, ""))  # pod-0 now in pg-0
-    assert state_bounds(feed.state).least[0] == (0, -1, "g0")
-    assert _form(state_bounds(feed.state)) == _form(fresh_bounds(feed.state))
-
-
-def test_a_pod_deleted_and_recreated_running_under_its_name_in_another_job_counts_as_that_jobs() -> None:
-    """Between two cycles a pod is deleted and a pod of the same name, of another job, is seen
-    running on the same node (bound by another scheduler, or a relist)."""
-    feed = _two_groups()
-    assert state_bounds(feed.state).least[0] == (0, -3, "g1")
-    feed.step(("remove", 0))
-    feed.step(("run", 0, 0, 0, ""))
+    for step in steps:
+        feed.step(step)
     assert state_bounds(feed.state).least[0] == (0, -1, "g0")
     assert _form(state_bounds(feed.state)) == _form(fresh_bounds(feed.state))

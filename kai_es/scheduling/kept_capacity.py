@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kai_es.scheduling.tables import changed_since, tables
+from kai_es.scheduling.tables import follow, tables
 from kai_es.scheduling.victims import free_of_each
 from kai_es.state.model import ClusterState
 from kai_es.state.quantities import Vector
@@ -41,27 +41,16 @@ def fresh_capacity(state: ClusterState) -> StateCapacity:
 
 def state_capacity(state: ClusterState) -> StateCapacity:
     """The free capacity as of the state (module contract)."""
-    future = tables(state)[3]  # (first: it may refresh rows, a new generation)
-    found = state.caches.get(_KEY)
-    if not isinstance(found, StateCapacity):
-        kept = fresh_capacity(state)
-        kept.seen = changed_since(state, -2)[0]
-        state.caches[_KEY] = kept
-        return kept
-    generation, changed, rebuilt = changed_since(state, found.seen)
-    if generation == found.seen:
-        return found
-    if rebuilt:
-        kept = fresh_capacity(state)
-        kept.seen = generation
-        state.caches[_KEY] = kept
-        return kept
-    gpu, cpu, mem = found.total
-    each = found.each
-    for n, (g1, c1, m1) in zip(changed, free_of_each(future, changed)):
+    return follow(state, _KEY, StateCapacity, lambda: fresh_capacity(state),
+                  lambda kept, changed, rebuilt: fresh_capacity(state) if rebuilt else _update(state, kept, changed))
+
+
+def _update(state: ClusterState, kept: StateCapacity, changed: list[int]) -> StateCapacity:
+    gpu, cpu, mem = kept.total
+    each = kept.each
+    for n, (g1, c1, m1) in zip(changed, free_of_each(tables(state)[3], changed)):
         g0, c0, m0 = each[n]
         each[n] = (g1, c1, m1)
         gpu, cpu, mem = gpu - g0 + g1, cpu - c0 + c1, mem - m0 + m1
-    found.total = (gpu, cpu, mem)
-    found.seen = generation
-    return found
+    kept.total = (gpu, cpu, mem)
+    return kept

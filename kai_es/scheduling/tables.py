@@ -16,7 +16,9 @@ rows is a generation, and every node remembers the generation its pods or usage 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from kai_es.scheduling.packing import ArrayPackTable
 from kai_es.state.model import ClusterState, NodeState
@@ -150,3 +152,34 @@ def _refresh_rows(state: ClusterState, index: dict[str, int], idle: ArrayPackTab
             i_holders[j] = f_holders[j] = sharers
             i_shared[j] = f_shared[j] = 1 if sharers > 0 else 0
             j += 1
+
+
+class Follower(Protocol):
+    """A cache derived from the nodes, kept in step with the tables (`follow`)."""
+
+    #: the tables' generation it is up to date with
+    seen: int
+
+
+F = TypeVar("F", bound=Follower)
+
+
+def follow(state: ClusterState, key: str, kind: type[F], fresh: Callable[[], F],
+           update: Callable[[F, list[int], bool], F]) -> F:
+    """The cache `state.caches[key]` (of type `kind`) brought up to date with the tables: made
+    by `fresh()` the first time, then whenever the tables changed since it last was,
+    `update(cache, changed, rebuilt)` (what `changed_since` answers) returns it up to date."""
+    tables(state)  # (first: it may refresh rows, a new generation)
+    found = state.caches.get(key)
+    if not isinstance(found, kind):
+        made = fresh()
+        made.seen = changed_since(state, -2)[0]
+        state.caches[key] = made
+        return made
+    generation, changed, rebuilt = changed_since(state, found.seen)
+    if generation == found.seen:
+        return found
+    now = update(found, changed, rebuilt)
+    now.seen = generation
+    state.caches[key] = now
+    return now

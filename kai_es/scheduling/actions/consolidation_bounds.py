@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedList
 
 from kai_es.scheduling.packing.model import ArrayPackTable
-from kai_es.scheduling.tables import changed_since, tables
+from kai_es.scheduling.tables import follow, tables
 from kai_es.state.model import ClusterState, NodeState
 
 _KEY = "scheduling.consolidation_bounds"
@@ -127,17 +127,12 @@ def fresh_bounds(state: ClusterState) -> StateBounds:
 
 def state_bounds(state: ClusterState) -> StateBounds:
     """The bounds as of the state (module contract)."""
-    names, nodes, _, future = tables(state)  # (first: it may refresh rows, a new generation)
-    found = state.caches.get(_KEY)
-    if not isinstance(found, StateBounds):
-        bounds = fresh_bounds(state)
-        bounds.seen = changed_since(state, -2)[0]
-        state.caches[_KEY] = bounds
-        return bounds
-    bounds = found
-    generation, changed, rebuilt = changed_since(state, bounds.seen)
-    if generation == bounds.seen:
-        return bounds
+    return follow(state, _KEY, StateBounds, lambda: fresh_bounds(state),
+                  lambda bounds, changed, rebuilt: _brought_up_to_date(state, bounds, changed, rebuilt))
+
+
+def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[int], rebuilt: bool) -> StateBounds:
+    names, nodes, _, future = tables(state)
     if rebuilt:  # indexes may name other nodes, and specs (free capacity) may differ: by name
         again = set(changed)
         old = {name: i for i, name in enumerate(bounds.names)}
@@ -163,7 +158,6 @@ def state_bounds(state: ClusterState) -> StateBounds:
                     ordered.remove(before)
                 if after is not None:
                     ordered.add(after)
-    bounds.seen = generation
     bounds.order_version = state.victim_order_version
     return bounds
 
