@@ -33,8 +33,10 @@ steps = st.one_of(
     st.tuples(st.just("finish"), st.integers(0, PODS - 1)),
     st.tuples(st.just("remove"), st.integers(0, PODS - 1)),
     st.tuples(st.just("group"), st.integers(0, 3), st.sampled_from(["", "train", "build", "inference"]),
-              st.sampled_from(["", "preemptible", "non-preemptible"]), st.integers(0, 3)),
-    st.tuples(st.just("class"), st.sampled_from(["train", "build", "inference"]), st.integers(0, 200)),
+              st.sampled_from(["", "preemptible", "non-preemptible"]),
+              st.one_of(st.integers(0, 3), st.integers(0, 2**63 - 1))),  # creation times, near and far
+    st.tuples(st.just("class"), st.sampled_from(["train", "build", "inference"]),
+              st.one_of(st.integers(0, 200), st.integers(-2**31, 2**31 - 1))),  # Kubernetes' priority range
     st.tuples(st.just("cycle"),),
 )
 
