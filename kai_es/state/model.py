@@ -292,10 +292,11 @@ class ClusterState:
     #: nodes or a node's spec changes.
     dirty_nodes: set[str] = field(default_factory=set)
     node_set_version: int = 0
-    #: bumped when a job with running pods changes its victim order or preemptibility, or a pod
-    #: moves to another job (caches that follow which pods a node holds must then recompute
-    #: what those pods' jobs are worth: `scheduling.actions.consolidation_bounds`)
-    victim_order_version: int = 0
+    #: nodes where a job with running pods changed its victim order or preemptibility, a pod
+    #: moved to another job, or a pod was first seen running (caches that follow which pods a
+    #: node holds recompute there what its pods' jobs are worth, and clear it:
+    #: `scheduling.actions.consolidation_bounds`; at most every node's name)
+    victim_order_changed: set[str] = field(default_factory=set)
     caches: dict[str, object] = field(default_factory=dict)
     #: the incremental state digest's bookkeeping (not part of the snapshot or digest; see
     #: `kai_es.state.incremental_digest`). The stale sets hold, by kind, the keys of entities

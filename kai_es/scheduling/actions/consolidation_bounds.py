@@ -57,8 +57,6 @@ class StateBounds:
     #: order is `least` (a node that changed compares what it holds now with them)
     held: list[tuple[str, ...]] = field(default_factory=list)
     holders: list[tuple[str, ...]] = field(default_factory=list)
-    #: the state's `victim_order_version` those were computed under
-    order_version: int = -1
 
     def bound(self, node: int) -> tuple[int, bool, Least, int] | None:
         least = self.least[node]
@@ -91,12 +89,13 @@ def _least(state: ClusterState, keys: Iterable[str], least: Least | None = None,
     return best, tuple(of)
 
 
-def _update(state: ClusterState, bounds: StateBounds, n: int, node: NodeState) -> None:
-    """Bring node `n`'s `least` up to date: from what it gained and lost since (while no job
-    changed its order: `victim_order_version`), else from all it holds."""
+def _update(state: ClusterState, bounds: StateBounds, n: int, node: NodeState, again: bool) -> None:
+    """Bring node `n`'s `least` up to date: from what it gained and lost since, else (`again`:
+    the reducer noted a change of what its pods' jobs are worth, `victim_order_changed`) from
+    all it holds."""
     now = node.pods
     held = bounds.held[n]
-    if bounds.order_version == state.victim_order_version and held:
+    if not again and held:
         holders = bounds.holders[n]
         gone = [key for key in held if key not in now]
         if not gone or not any(key in gone for key in holders):  # its least's pods all stay
@@ -121,18 +120,20 @@ def fresh_bounds(state: ClusterState) -> StateBounds:
     free = [free_milli_gpu(future, n) for n in range(len(names))]
     return StateBounds(seen=-2, names=list(names), least=least, free=free,
                        ordered=SortedList(_keys(least, free, range(len(names)))),
-                       held=[tuple(node.pods) for node in nodes], holders=[f[1] for f in found],
-                       order_version=state.victim_order_version)
+                       held=[tuple(node.pods) for node in nodes], holders=[f[1] for f in found])
 
 
 def state_bounds(state: ClusterState) -> StateBounds:
     """The bounds as of the state (module contract)."""
-    return follow(state, _KEY, StateBounds, lambda: fresh_bounds(state),
-                  lambda bounds, changed, rebuilt: _brought_up_to_date(state, bounds, changed, rebuilt))
+    bounds = follow(state, _KEY, StateBounds, lambda: fresh_bounds(state),
+                    lambda bounds, changed, rebuilt: _brought_up_to_date(state, bounds, changed, rebuilt))
+    state.victim_order_changed.clear()  # (every node it names changed: brought up to date, or made fresh)
+    return bounds
 
 
 def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[int], rebuilt: bool) -> StateBounds:
     names, nodes, _, future = tables(state)
+    reordered = state.victim_order_changed
     if rebuilt:  # indexes may name other nodes, and specs (free capacity) may differ: by name
         again = set(changed)
         old = {name: i for i, name in enumerate(bounds.names)}
@@ -143,14 +144,14 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
         bounds.holders = [holders[k] if k is not None else () for k in kept]
         bounds.names = list(names)
         for n in again:
-            _update(state, bounds, n, nodes[n])
+            _update(state, bounds, n, nodes[n], names[n] in reordered)
         bounds.free = [free_milli_gpu(future, n) for n in range(len(names))]
         bounds.ordered = SortedList(_keys(bounds.least, bounds.free, range(len(names))))
     else:
         ordered = bounds.ordered
         for n in changed:
             before = bounds.bound(n)
-            _update(state, bounds, n, nodes[n])
+            _update(state, bounds, n, nodes[n], names[n] in reordered)
             bounds.free[n] = free_milli_gpu(future, n)
             after = bounds.bound(n)
             if before != after:
@@ -158,7 +159,6 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
                     ordered.remove(before)
                 if after is not None:
                     ordered.add(after)
-    bounds.order_version = state.victim_order_version
     return bounds
 
 

@@ -168,11 +168,11 @@ def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
                           or uid != job.uid):
         # where its pods run, the victims on offer changed: caches that follow node changes
         # (`scheduling.tables.changed_since`) look at those nodes again, from scratch
-        state.victim_order_version += 1
         for m in members:
             pod = pods[m]
             if pod.status in OCCUPYING and pod.node:
                 state.dirty_nodes.add(pod.node)
+                state.victim_order_changed.add(pod.node)
     if queue != job.queue or preemptible != job.preemptible:
         # job.occupying counts the members that occupy: skip the scan when there are none
         occupying = [pods[m] for m in members if pods[m].status in OCCUPYING] if job.occupying else []

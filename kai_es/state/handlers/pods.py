@@ -83,8 +83,8 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
     if pod is None:
         if spec.node_name:
             # seen running at once (bound elsewhere, a relist, or its name's new incarnation):
-            # a node may now hold, under a key it held before, another job's victim
-            state.victim_order_version += 1
+            # the node may now hold, under a key it held before, another job's victim
+            state.victim_order_changed.add(spec.node_name)
         job_key = f"{spec.namespace}/{spec.podgroup}"  # (pod_key, as above)
         pod = PodState(key, spec, job_key)  # positional: keyword calls to these dataclasses cost more
         state.pods[key] = pod
@@ -111,8 +111,9 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         index_labels(state, pod, +1)
         job = job_for(state, spec)
         job.members.add(key)
-        if job.key != pod.job_key:
-            state.victim_order_version += 1  # a pod now counts as another job's victim
+        if job.key != pod.job_key and (spec.node_name or node):
+            # a pod now counts as another job's victim where it runs (elsewhere, it came or went)
+            state.victim_order_changed.add(spec.node_name or node)
         pod.job_key = job.key
         refresh_or_drop_job(state, old_job)
         refresh_job(state, job)
