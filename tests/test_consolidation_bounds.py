@@ -163,3 +163,18 @@ def test_a_node_whose_pod_now_belongs_to_another_job_moves_its_bound(steps: list
         feed.step(step)
     assert state_bounds(feed.state).least[0] == (0, -1, "g0")
     assert _form(state_bounds(feed.state)) == _form(fresh_bounds(feed.state))
+
+
+def test_a_pod_recreated_and_bound_while_no_search_ran_counts_as_its_new_jobs() -> None:
+    """pod-0 (the cheaper job's) is deleted; a pod of the same name in the dearer job is created
+    pending and bound to the same node in cycles whose consolidation searched nothing: the next
+    search's bound is the new job's, though the node held that key at both searches."""
+    feed = _two_groups()
+    assert state_bounds(feed.state).least[0] == (0, -3, "g1")
+    feed.step(("remove", 0))
+    feed.step(("pending", 0, 0))
+    tables(feed.state)  # a cycle that searched nothing (it decided the binding)
+    feed.step(("run", 0, 0, 0, ""))  # the binding observed
+    tables(feed.state)
+    assert state_bounds(feed.state).least[0] == (0, -1, "g0")
+    assert _form(state_bounds(feed.state)) == _form(fresh_bounds(feed.state))

@@ -98,6 +98,12 @@ def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTa
     return cache.names, [state.nodes[n] for n in cache.names], cache.idle, cache.future
 
 
+def generation(state: ClusterState) -> int:
+    """The tables' generation as of the last call of `tables` (-1 before the first)."""
+    cache = state.caches.get(_KEY)
+    return cache.generation if isinstance(cache, _Cache) and cache.idle is not None else -1
+
+
 def changed_since(state: ClusterState, seen: int) -> tuple[int, list[int], bool]:
     """As of the last call of `tables`: (its generation, the indexes of the nodes whose pods or
     usage changed after generation `seen` (new nodes included), in index order, and whether the

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedList
 
 from kai_es.scheduling.packing.model import ArrayPackTable
-from kai_es.scheduling.tables import follow, tables
+from kai_es.scheduling.tables import follow, generation, tables
 from kai_es.state.model import ClusterState, NodeState
 
 _KEY = "scheduling.consolidation_bounds"
@@ -91,8 +91,8 @@ def _least(state: ClusterState, keys: Iterable[str], least: Least | None = None,
 
 def _update(state: ClusterState, bounds: StateBounds, n: int, node: NodeState, again: bool) -> None:
     """Bring node `n`'s `least` up to date: from what it gained and lost since, else (`again`:
-    the reducer noted a change of what its pods' jobs are worth, `victim_order_changed`) from
-    all it holds."""
+    the reducer noted a change of what its pods' jobs are worth, `victim_order_changed`, or a
+    cycle went by unseen) from all it holds."""
     now = node.pods
     held = bounds.held[n]
     if not again and held:
@@ -134,6 +134,9 @@ def state_bounds(state: ClusterState) -> StateBounds:
 def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[int], rebuilt: bool) -> StateBounds:
     names, nodes, _, future = tables(state)
     reordered = state.victim_order_changed
+    # a generation (a cycle's) went by without a search: a node may then hold, under a key it held
+    # at the last one, a pod recreated in another job and bound by that cycle; from all it holds
+    skipped = generation(state) != bounds.seen + 1
     if rebuilt:  # indexes may name other nodes, and specs (free capacity) may differ: by name
         again = set(changed)
         old = {name: i for i, name in enumerate(bounds.names)}
@@ -144,14 +147,14 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
         bounds.holders = [holders[k] if k is not None else () for k in kept]
         bounds.names = list(names)
         for n in again:
-            _update(state, bounds, n, nodes[n], names[n] in reordered)
+            _update(state, bounds, n, nodes[n], skipped or names[n] in reordered)
         bounds.free = [free_milli_gpu(future, n) for n in range(len(names))]
         bounds.ordered = SortedList(_keys(bounds.least, bounds.free, range(len(names))))
     else:
         ordered = bounds.ordered
         for n in changed:
             before = bounds.bound(n)
-            _update(state, bounds, n, nodes[n], names[n] in reordered)
+            _update(state, bounds, n, nodes[n], skipped or names[n] in reordered)
             bounds.free[n] = free_milli_gpu(future, n)
             after = bounds.bound(n)
             if before != after:
