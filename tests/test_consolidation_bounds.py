@@ -112,18 +112,20 @@ def test_kept_bounds_are_the_states_after_anything_a_cluster_sends(sequence: lis
     assert asked
 
 
+def _two_nodes(*steps: tuple[Any, ...]) -> _Feed:
+    """A queue and two 8-GPU nodes, then `steps`."""
+    feed = _Feed()
+    feed.fold(p.QueueObserved(name="q"))
+    for step in (("node", 0, 8, False), ("node", 1, 8, False), *steps):
+        feed.step(step)
+    return feed
+
+
 def test_a_job_whose_priority_class_changes_moves_its_nodes_bounds() -> None:
     """A KAI user edits the PriorityClass a running job's PodGroup names: the node it runs on is
     now where a cheaper victim is (the bound follows), with no pod of it changing."""
-    feed = _Feed()
-    feed.fold(p.QueueObserved(name="q"))
-    feed.fold(p.PriorityClassObserved(name="train", value=50))
-    feed.step(("node", 0, 8, False))
-    feed.step(("node", 1, 8, False))
-    feed.step(("group", 0, "train", "", 0))
-    feed.step(("group", 1, "", "", 0))
-    feed.step(("run", 0, 0, 0, ""))
-    feed.step(("run", 1, 1, 1, ""))
+    feed = _two_nodes(("class", "train", 50), ("group", 0, "train", "", 0), ("group", 1, "", "", 0),
+                      ("run", 0, 0, 0, ""), ("run", 1, 1, 1, ""))
     before = state_bounds(feed.state)
     assert before.least[0] is not None and before.least[0][0] == 50
     feed.fold(p.PriorityClassObserved(name="train", value=10))
@@ -135,16 +137,8 @@ def test_a_job_whose_priority_class_changes_moves_its_nodes_bounds() -> None:
 def _two_groups() -> _Feed:
     """Two PodGroups whose victim order never changes (their own uid and creation time): pg-1,
     newer, is the cheaper victim. node-0 runs pod-0 of pg-1 and pod-1 of pg-0; node-1 pod-2 of pg-1."""
-    feed = _Feed()
-    feed.fold(p.QueueObserved(name="q"))
-    feed.step(("node", 0, 8, False))
-    feed.step(("node", 1, 8, False))
-    feed.step(("group", 0, "", "", 1))
-    feed.step(("group", 1, "", "", 3))
-    feed.step(("run", 0, 0, 1, ""))
-    feed.step(("run", 1, 0, 0, ""))
-    feed.step(("run", 2, 1, 1, ""))
-    return feed
+    return _two_nodes(("group", 0, "", "", 1), ("group", 1, "", "", 3),
+                      ("run", 0, 0, 1, ""), ("run", 1, 0, 0, ""), ("run", 2, 1, 1, ""))
 
 
 @pytest.mark.parametrize("steps", [

@@ -23,7 +23,7 @@ from kai_es.scheduling.plan import Plan
 from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.session import Session
 from kai_es.scheduling.actions.consolidation import _unit_form
-from kai_es.scheduling.victims import free_capacity, free_capacity_of_each, keyed_units
+from kai_es.scheduling.victims import free_capacity, free_of_each, keyed_units
 from kai_es.state.model import Job, PodState
 from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
 
@@ -120,7 +120,7 @@ def test_each_nodes_free_capacity_in_one_pass_is_each_ones_alone(seed: int, valu
         table.dev_free_milli[i] = values[i % len(values)] // 2**40  # (a device's share fits a milli count)
     for n in range(NODES):
         table.free_milli_cpu[n], table.free_memory_bytes[n] = values[-1 - n], values[n]
-    assert free_capacity_of_each(session) == [free_capacity(session, (n,)) for n in range(NODES)]
+    assert list(free_of_each(session.plan.future, None)) == [free_capacity(session, (n,)) for n in range(NODES)]
 
 
 @settings(max_examples=60, deadline=None)

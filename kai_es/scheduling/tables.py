@@ -66,12 +66,17 @@ class _Cache:
     index: dict[str, int] = field(default_factory=dict)
     idle: ArrayPackTable | None = None
     future: ArrayPackTable | None = None
+    #: the node states in `names` order (the same objects until the node set changes, which
+    #: rebuilds the tables)
+    nodes: list[NodeState] = field(default_factory=list)
     #: bumped by every call that rebuilt the tables or refreshed a row
     generation: int = 0
     #: the generation each node's row last changed in (by node index)
     changed_at: array[int] = field(default_factory=lambda: array("q"))
     #: the generation the tables were last rebuilt in (node indexes change then)
     rebuilt_at: int = 0
+    #: the indexes whose rows the last generation refreshed, in order (when it refreshed rows)
+    last_changed: list[int] = field(default_factory=list)
 
 
 def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTable, ArrayPackTable]:
@@ -82,7 +87,7 @@ def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTa
         state.caches[_KEY] = cache
     if cache.version != state.node_set_version or cache.idle is None or cache.future is None:
         old_index, old_changed, dirty = cache.index, cache.changed_at, state.dirty_nodes
-        cache.names, _, cache.idle, cache.future = build_tables(state)
+        cache.names, cache.nodes, cache.idle, cache.future = build_tables(state)
         cache.index = {name: i for i, name in enumerate(cache.names)}
         cache.version = state.node_set_version
         cache.generation += 1
@@ -93,9 +98,10 @@ def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTa
         state.dirty_nodes.clear()
     elif state.dirty_nodes:
         cache.generation += 1
-        _refresh_rows(state, cache.index, cache.idle, cache.future, cache.changed_at, cache.generation)
+        cache.last_changed = _refresh_rows(state, cache.index, cache.idle, cache.future, cache.changed_at,
+                                           cache.generation)
         state.dirty_nodes.clear()
-    return cache.names, [state.nodes[n] for n in cache.names], cache.idle, cache.future
+    return cache.names, cache.nodes, cache.idle, cache.future
 
 
 def generation(state: ClusterState) -> int:
@@ -114,14 +120,17 @@ def changed_since(state: ClusterState, seen: int) -> tuple[int, list[int], bool]
         return -1, [], True
     if cache.generation == seen:
         return seen, [], False
+    if cache.generation == seen + 1 and cache.rebuilt_at <= seen:  # (a cycle's: no pass over every node)
+        return cache.generation, cache.last_changed, False
     return (cache.generation, [i for i, at in enumerate(cache.changed_at) if at > seen],
             cache.rebuilt_at > seen)
 
 
 def _refresh_rows(state: ClusterState, index: dict[str, int], idle: ArrayPackTable,
-                  future: ArrayPackTable, changed_at: array[int], generation: int) -> None:
+                  future: ArrayPackTable, changed_at: array[int], generation: int) -> list[int]:
     """Rewrite the rows of the dirty nodes in place: the values of `_rows`, without building
-    its lists (this runs for every node that changed, every cycle)."""
+    its lists (this runs for every node that changed, every cycle); returns their indexes, in
+    order."""
     i_cpu, i_mem, i_pods = idle.free_milli_cpu, idle.free_memory_bytes, idle.free_pods
     f_cpu, f_mem, f_pods = future.free_milli_cpu, future.free_memory_bytes, future.free_pods
     i_dev, f_dev = idle.dev_free_milli, future.dev_free_milli
@@ -129,12 +138,14 @@ def _refresh_rows(state: ClusterState, index: dict[str, int], idle: ArrayPackTab
     i_shared, f_shared = idle.dev_shared, future.dev_shared
     gpu_start = idle.gpu_start
     nodes = state.nodes
+    changed: list[int] = []
     for name in sorted(state.dirty_nodes):
         i = index.get(name)
         if i is None:
             continue
         n = nodes[name]
         changed_at[i] = generation
+        changed.append(i)
         spec = n.spec
         # (conditional expressions rather than max(0, x): same values, no call per field)
         cpu = spec.milli_cpu - n.used_milli_cpu
@@ -158,6 +169,8 @@ def _refresh_rows(state: ClusterState, index: dict[str, int], idle: ArrayPackTab
             i_holders[j] = f_holders[j] = sharers
             i_shared[j] = f_shared[j] = 1 if sharers > 0 else 0
             j += 1
+    changed.sort()  # (names sort as their indexes do; kept exact regardless)
+    return changed
 
 
 class Follower(Protocol):

@@ -333,12 +333,6 @@ def free_capacity(session: Session, nodes: Iterable[int] | None) -> Vector:
     return (gpu, cpu, mem)
 
 
-def free_capacity_of_each(session: Session) -> list[Vector]:
-    """`free_capacity(session, (n,))` of every node n, in node order, in one pass (a call per
-    node cost more than the sum it computes on a cluster of 20,000 nodes)."""
-    return list(free_of_each(session.plan.future, None))
-
-
 def free_of_each(table: ArrayPackTable, nodes: Iterable[int] | None) -> Iterator[Vector]:
     """Each node's free capacity once released in `table` (a `future` table), as
     `free_capacity` counts it (negative free shares, CPU and memory of an over-committed node

@@ -166,7 +166,7 @@ class Consolidation(PreemptingAction):
         jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
         # each job's units as the search starts (keyed_units(..., backoff=True), kept per job)
         units = {k: views.units_of(jobs[k]) for k in sorted(jobs)}
-        if self.plan.verify and _unit_form(list(heapq.merge(*units.values(), key=unit_key))) != \
+        if self.plan.verify and _unit_form(views.units(jobs[k] for k in sorted(jobs))) != \
                 _unit_form(keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)):
             raise VerificationError(f"consolidation's kept victim units of {sorted(jobs)} are not keyed_units'")
         return {n for n, _, _ in nodes}, self._units_by_node(nodes, units), scenario

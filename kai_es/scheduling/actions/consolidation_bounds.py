@@ -63,11 +63,6 @@ class StateBounds:
         return None if least is None else (-self.free[node], False, least, node)
 
 
-def least_of(state: ClusterState, node: NodeState) -> Least | None:
-    """The least `victims.job_order` of the preemptible jobs with a pod on `node` (None: none)."""
-    return _least(state, node.pods)[0]
-
-
 def _least(state: ClusterState, keys: Iterable[str], least: Least | None = None,
            holders: tuple[str, ...] = ()) -> tuple[Least | None, tuple[str, ...]]:
     """(the least `victims.job_order` of the preemptible jobs of the pods `keys`, or `least` if

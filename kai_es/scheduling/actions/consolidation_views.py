@@ -161,14 +161,13 @@ class NodeViews:
     def _sync_free(self) -> list[int]:
         """Each node's free GPU capacity once released, brought up to date (and `_by_free`)."""
         table = self.plan.future
-        start, dev = table.gpu_start, table.dev_free_milli
         seen, self._order_seen = self._order_seen, len(self.touched)
         if self._free_now is None:
-            self._free_now = [sum(dev[start[n]:start[n + 1]]) for n in range(len(self.plan.names))]
+            self._free_now = [free_milli_gpu(table, n) for n in range(len(self.plan.names))]
             self._by_free = SortedList((-f, n) for n, f in enumerate(self._free_now))
         else:
             for n in self._touched_since(seen):
-                now = sum(dev[start[n]:start[n + 1]])
+                now = free_milli_gpu(table, n)
                 if now != self._free_now[n]:
                     self._by_free.remove((-self._free_now[n], n))
                     self._by_free.add((-now, n))

@@ -209,11 +209,11 @@ class Eligibility:
     def _build_static(self, key: StaticKey, spec: p.PodObserved) -> array[int]:
         legacy = self._kept.get(key)
         if legacy is None:
-            legacy = array("q", [1 if legacy_allows(n.spec, spec) else 0 for n in self.nodes])
+            legacy = self._legacy_of(spec)
             if len(self._kept) >= KEPT_LEGACY:
                 self._kept.clear()
             self._kept[key] = legacy
-        elif self.verify and legacy != array("q", [1 if legacy_allows(n.spec, spec) else 0 for n in self.nodes]):
+        elif self.verify and legacy != self._legacy_of(spec):
             raise VerificationError(f"the legacy node mask kept across cycles for {key} is not a fresh one")
         self._legacy[key] = legacy
         mask = legacy
@@ -225,6 +225,9 @@ class Eligibility:
                     mask[i] = 0
         self._static[key] = mask
         return mask
+
+    def _legacy_of(self, spec: p.PodObserved) -> array[int]:
+        return array("q", [1 if legacy_allows(n.spec, spec) else 0 for n in self.nodes])
 
     @staticmethod
     def _node_level(node: p.NodeObserved, spec: p.PodObserved,
