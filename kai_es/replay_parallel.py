@@ -68,14 +68,23 @@ def plan_shares(end: int, jobs: int, ratio: tuple[int, int] = CYCLE_TO_FOLD,
     return [Share(start, stop) for start, stop in zip(starts, [*starts[1:], None])]
 
 
+#: a worker's folded states, kept until the worker process ends (`_replay_share`)
+_KEPT: list[ClusterState] = []
+
+
 def _replay_share(path: str, end: int, share: Share, packer_kind: str | None) -> ReplayResult:
+    """One share's result, in a worker process that does nothing else before it ends. Its state
+    stays in the process (the digest travels) and is neither freed nor scanned by a collection
+    (`bulk_fold(keep=True)`): the worker ends with `os._exit`, and freeing ~1 GB of objects one
+    by one would only delay the result the replay waits for."""
     try:
         log = FileEventLog(Path(path), readonly=True)
-        with bulk_fold():
+        with bulk_fold(keep=True):
             result = replay_frames(log.frames(0, end), packer_from_env(packer_kind), share=share)
     except CorruptLogError as exc:  # its constructor does not survive pickling: keep the message
         raise DecodeError(str(exc)) from None
-    result.state = ClusterState()  # stays in this process; the digest travels
+    _KEPT.append(result.state)
+    result.state = ClusterState()
     return result
 
 
