@@ -29,6 +29,7 @@ from rich.text import Text
 
 from kai_es import cli_audit, cli_serve, cli_services, cli_whatif
 from kai_es.adapters.file_log import FileEventLog
+from kai_es import verify_mode
 from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
                                packer_option, require_plots, warn, warn_unimplemented)
@@ -121,7 +122,7 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
             raise UserError(f"--log {log_url}: writing the log failed: {os_error_line(exc)}") from None
     with bulk_fold():
         records = list(_records(events))
-        summary = summarize(records, end_ns=result.end_ns)
+        summary = summarize(records, end_ns=result.end_ns, verify=verify_mode.enabled())
     plot_path = report_path / "gpu-allocation.png"
     _print_summary(summary, result.stopped_because, result.end_ns - result.start_ns, result.cycles)
     try:

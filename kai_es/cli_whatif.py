@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from kai_es import verify_mode
 from kai_es.app import bulk_fold, open_log
 from kai_es.outputs import OutputError, check_log_output, check_report_dir, mark_report_dir
 from kai_es.cli_common import UserError, check_out_name, choose_packer, console, friendly, \
@@ -350,7 +351,7 @@ def _play(workload: Any, events: Any, engine: Any, seed: str, until_ns: int | No
     from kai_es.whatif.run import run_workload
 
     state = ClusterState()
-    observer = SummaryObserver(state)
+    observer = SummaryObserver(state, verify=verify_mode.enabled())
     digest = DecisionDigest()
 
     def on_fold(record: Record) -> None:
@@ -447,7 +448,8 @@ def _summarize_log(log_url: str, end_ns: int | None) -> tuple[Any, Any]:
 
     digest = DecisionDigest()
     with bulk_fold(keep=True):
-        summary = summarize(digest.tee(_until(records(open_log(log_url, readonly=True)), end_ns)), end_ns=end_ns)
+        summary = summarize(digest.tee(_until(records(open_log(log_url, readonly=True)), end_ns)), end_ns=end_ns,
+                            verify=verify_mode.enabled())
     return summary, digest.facts()
 
 

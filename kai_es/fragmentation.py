@@ -165,13 +165,21 @@ def analyse(state: ClusterState, *, shapes: bool = True) -> Fragmentation:
         job = state.jobs[key]
         needs = by_job[key]
         at_once = needs[:max(1, min(len(needs), job.min_member - job.occupying))]
-        counts: dict[tuple[int, int], int] = {}
-        for need in at_once:
-            counts[need] = counts.get(need, 0) + 1
-        fits = all(slots[need] >= n for need, n in counts.items())
+        if len(at_once) == 1:  # (one pod at once: the common case, without the counting)
+            fits = slots[at_once[0]] >= 1
+            if fits:
+                placeable.add(at_once[0])
+        else:
+            counts: dict[tuple[int, int], int] = {}
+            for need in at_once:
+                counts[need] = counts.get(need, 0) + 1
+            fits = all(slots[need] >= n for need, n in counts.items())
+            if fits:
+                placeable.update(counts)
         if fits:
-            placeable.update(counts)
             f.fitting_gpu_pods += len(needs)
+        if not shapes:
+            continue
         for need in sorted(set(needs)):
             g = groups.setdefault(need, [0, 0, len(at_once), len(at_once), 0])
             n = needs.count(need)

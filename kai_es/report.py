@@ -32,7 +32,9 @@ from kai_es.events import payloads as p
 from kai_es.events.timefmt import rfc3339
 from kai_es.fragmentation import Fragmentation, analyse
 from kai_es.explain import cycle_shares
+from kai_es.scheduling.plan import VerificationError
 from kai_es.state import ClusterState
+from kai_es.state.model import QueueState
 from kai_es.state.reducer import apply, pod_key
 
 _ALLOCATION_TYPES = (p.BindingDecided, p.PodBound, p.PodBindFailed, p.PodObserved, p.PodRemoved,
@@ -131,11 +133,12 @@ class JobOutcome:
     evictions: int = 0
 
 
-def summarize(records: Iterable[Record], *, end_ns: int | None = None) -> Summary:
+def summarize(records: Iterable[Record], *, end_ns: int | None = None, verify: bool = False) -> Summary:
     """Fold `records` and measure up to the last record's time or `end_ns` if that is later
-    (see module docstring)."""
+    (see module docstring). `verify` (verification mode): every queue allocation the observer
+    takes as unchanged is checked, else `VerificationError`."""
     state = ClusterState()
-    observer = SummaryObserver(state)
+    observer = SummaryObserver(state, verify=verify)
     for record in records:
         apply(state, record)
         observer.observe(record)
@@ -147,9 +150,9 @@ class SummaryObserver:
     is applied to `state` (every record of the log, in order), then `finish`. Lets a run be
     summarised from the fold its scheduler does anyway."""
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, *, verify: bool = False) -> None:
         self._end: list[int | None] = [None]
-        self._gen = _observe(state, self._end)
+        self._gen = _observe(state, self._end, verify)
         next(self._gen)
 
     def observe(self, record: Record) -> None:
@@ -176,7 +179,7 @@ def _accrue(s: Summary, dt: int, capacity: int, alloc: dict[str, int], fair_erro
     s.stranded_milli_ns += stranded * dt
 
 
-def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Record | None, Summary]:
+def _observe(state: ClusterState, end: list[int | None], verify: bool) -> Generator[None, Record | None, Summary]:
     s = Summary()
     first_seen: dict[str, int] = {}
     scheduled: set[str] = set()
@@ -192,6 +195,8 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
     # every record whose time moved on
     unaccrued = 0
     queue_names: list[str] = []
+    # `state.allocation_changes` when `alloc` was last brought up to date with every queue
+    seen_changes = -2
     # payload classes are final (no payload subclasses another), so `type(data) is C` is
     # `isinstance(data, C)`: one dispatch per record instead of a chain of isinstance calls
     allocation_types = _ALLOCATION_KINDS
@@ -268,12 +273,34 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
         new_capacity = (sum(state.nodes[n].spec.gpus for n in state.node_names) * 1000
                         if node_event else capacity)
         queues = state.queues
+        moved = state.allocation_changes - seen_changes
+        seen_changes += moved
         if len(queue_names) != len(queues) or kind is p.QueueObserved:
             queue_names = sorted(queues)
-        changed = [(name, milli) for name in queue_names
-                   if alloc.get(name, 0) != (milli := queues[name].allocated_milli_gpu) or name not in queues_of]
-        if not changed and new_capacity == capacity:
-            continue
+            moved = 2  # (a queue is new: every queue is looked at)
+        if moved == 0:
+            # no allocation changed since the last look, when `alloc` matched every queue and
+            # every queue had its summary
+            if verify and _allocation_changes(queue_names, queues, alloc, queues_of):
+                raise VerificationError(f"record {record.position}: a queue's allocation changed "
+                                        "and the reducer did not count it")
+            if new_capacity == capacity:
+                continue
+            changed = []
+        elif moved == 1:  # (one change: of the queue the reducer names)
+            name = state.allocation_changed
+            named = queues.get(name)
+            changed = [] if named is None or (alloc.get(name, 0) == named.allocated_milli_gpu and name in queues_of) \
+                else [(name, named.allocated_milli_gpu)]
+            if verify and changed != _allocation_changes(queue_names, queues, alloc, queues_of):
+                raise VerificationError(f"record {record.position}: a queue's allocation changed "
+                                        "besides the one the reducer named")
+            if not changed and new_capacity == capacity:
+                continue
+        else:
+            changed = _allocation_changes(queue_names, queues, alloc, queues_of)
+            if not changed and new_capacity == capacity:
+                continue
         if unaccrued and (new_capacity != capacity or any(alloc.get(name, 0) != milli for name, milli in changed)):
             _accrue(s, unaccrued, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
             unaccrued = 0
@@ -310,6 +337,14 @@ def _observe(state: ClusterState, end: list[int | None]) -> Generator[None, Reco
     s.fragmentation = analyse(state)
     _roll_up(s, state)
     return s
+
+
+def _allocation_changes(names: list[str], queues: dict[str, QueueState], alloc: dict[str, int],
+                        summaries: dict[str, QueueSummary]) -> list[tuple[str, int]]:
+    """(queue, its allocated milli-GPU) of each of `names` whose allocation is not `alloc`'s or
+    that has no summary yet, in `names`' order."""
+    return [(name, milli) for name in names
+            if alloc.get(name, 0) != (milli := queues[name].allocated_milli_gpu) or name not in summaries]
 
 
 def _leaves(state: ClusterState) -> set[str]:

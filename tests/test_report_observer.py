@@ -1,12 +1,16 @@
 """The run summary's observer dispatches on the payload's type (`type(data) is C`, one lookup per
 record) instead of a chain of isinstance calls, and skips the queue bookkeeping when no
-allocation or capacity changed. It must give exactly the summary the isinstance chain gave: the
-reference below is that observer as it was, and both run over every golden log (pending pods,
-unschedulable verdicts, evictions, node and queue changes) and a log with nodes removed and
-queues added mid-run."""
+allocation or capacity changed (the reducer counts allocation changes and names the queue of
+the last: one change, one queue looked at). It must give exactly the summary the isinstance
+chain gave: the reference below is that observer as it was, and both run over every golden log
+(pending pods, unschedulable verdicts, evictions, node and queue changes) and a log with nodes
+removed and queues added mid-run, in verification mode (each skip checked against every
+queue). The per-cycle fragmentation sample is checked against the contract written out."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +21,7 @@ from kai_es.app import open_log
 from kai_es.cli_common import records as log_records
 from kai_es.events import Record
 from kai_es.events import payloads as p
-from kai_es.fragmentation import analyse
+from kai_es.fragmentation import _need, analyse, pending_pods
 from kai_es.report import (_ALLOCATION_TYPES, JobOutcome, QueueSummary, Summary, _accrue, _fair_error, _leaves,
                            _roll_up, _sample_fair, summarize)
 from kai_es.state import ClusterState
@@ -157,7 +161,7 @@ def test_the_summary_is_the_isinstance_observers(name: str) -> None:
     records = golden(name)
     end = records[-1].envelope.logicaltime + 3_600_000_000_000
     for end_ns in (None, end):
-        assert summarize(records, end_ns=end_ns) == reference_summary(records, end_ns)
+        assert summarize(records, end_ns=end_ns, verify=True) == reference_summary(records, end_ns)
 
 
 def altered(records: list[Record]) -> Iterator[Record]:
@@ -186,4 +190,88 @@ def altered(records: list[Record]) -> Iterator[Record]:
 def test_the_summary_is_the_isinstance_observers_when_nodes_and_queues_change(name: str) -> None:
     records = list(altered(golden(name)))
     assert any(isinstance(r.envelope.data, p.NodeRemoved) for r in records)
-    assert summarize(records) == reference_summary(records)
+    assert summarize(records, verify=True) == reference_summary(records)
+
+
+def _cuts(records: list[Record]) -> Iterator[ClusterState]:
+    """The state folded up to each CycleStarted of `records` (the observer's sample points)."""
+    state = ClusterState()
+    for record in records:
+        apply(state, record)
+        if isinstance(record.envelope.data, p.CycleStarted):
+            yield state
+
+
+def _stranded_and_fitting(state: ClusterState) -> tuple[int, int]:
+    """(stranded milli-GPU, pending GPU pods whose job's at-once need fits the free GPUs), from
+    `kai_es.fragmentation`'s contract written out with counters."""
+    nodes = [state.nodes[n] for n in state.node_names]
+    hint = max((n.spec.gpu_memory_mib for n in nodes), default=0)
+    free = {n.spec.name: [1000 - u for u in n.device_used[:n.spec.gpus]] + [1000] * (n.spec.gpus - len(n.device_used))
+            for n in nodes}
+    open_nodes = [n.spec.name for n in nodes if not n.spec.unschedulable]
+
+    def fits_on(need: tuple[int, int], devices: list[int]) -> bool:
+        return devices.count(1000) >= need[0] if need[0] else any(f >= need[1] for f in devices)
+
+    def slots(need: tuple[int, int]) -> int:
+        if need[0]:
+            return sum(free[n].count(1000) // need[0] for n in open_nodes)
+        return sum(f // need[1] for n in open_nodes for f in free[n])
+
+    by_job: dict[str, list[tuple[int, int]]] = {}
+    for pod in pending_pods(state):
+        need = _need(pod, None, hint)
+        if need != (0, 0):
+            by_job.setdefault(pod.job_key, []).append(need)
+    if not by_job:
+        return 0, 0
+    placeable: set[tuple[int, int]] = set()
+    fitting = 0
+    for key, needs in by_job.items():
+        job = state.jobs[key]
+        at_once = Counter(needs[:max(1, min(len(needs), job.min_member - job.occupying))])
+        if all(slots(need) >= count for need, count in at_once.items()):
+            placeable |= set(at_once)
+            fitting += len(needs)
+    cordoned = sum(sum(free[n.spec.name]) for n in nodes if n.spec.unschedulable)
+    unusable = sum(sum(free[n]) for n in open_nodes if not any(fits_on(need, free[n]) for need in placeable))
+    return cordoned + unusable, fitting
+
+
+def test_the_per_cycle_sample_is_the_full_analysis_without_its_shapes() -> None:
+    """`analyse(shapes=False)`, which the observer runs at every cycle, counts single pods and
+    gangs as the contract says (stranded GPUs, fitting pods) and as the full analysis does:
+    every field but the shapes is equal at every cut of every golden log, including cuts where a
+    shape has exactly one slot and gangs whose at-once need does not fit."""
+    one_slot = gang_blocked = 0
+    for name in LOGS:
+        for state in _cuts(golden(name)):
+            full = analyse(state)
+            sample = analyse(state, shapes=False)
+            assert sample == dataclasses.replace(full, shapes=[]), name
+            assert (sample.stranded_milli, sample.fitting_gpu_pods) == _stranded_and_fitting(state), name
+            one_slot += any(s.slots == 1 for s in full.shapes)
+            gang_blocked += any(s.min_gang > 1 and s.fitting < s.pods for s in full.shapes)
+    assert one_slot and gang_blocked  # (the cases the sample's shortcut and its general path decide)
+
+
+def test_verification_catches_an_allocation_change_the_reducer_did_not_count() -> None:
+    """In verification mode the observer checks every skip against all queues: a queue's
+    allocation changed behind the reducer's back (as a reducer that forgot to count it would
+    leave it) is a VerificationError, not a silently wrong summary."""
+    from kai_es.report import SummaryObserver
+    from kai_es.scheduling.plan import VerificationError
+
+    records = golden("quickstart.events.jsonl")
+    state = ClusterState()
+    observer = SummaryObserver(state, verify=True)
+    for record in records:
+        apply(state, record)
+        observer.observe(record)
+    queue = sorted(state.queues)[0]
+    state.queues[queue].allocated_milli_gpu += 1000  # not counted in `allocation_changes`
+    last = records[-1]
+    with pytest.raises(VerificationError, match="did not count"):
+        observer.observe(Record(last.position + 1, msgspec.structs.replace(last.envelope, data=p.PodBound(
+            namespace="x", name="y", uid="z", node="n", decision_id="d"))))

@@ -321,6 +321,12 @@ class ClusterState:
     stale_config_maps: set[str] = field(default_factory=set)
     stale_move_holds: set[str] = field(default_factory=set)
     hashes: EntityHashes = field(default_factory=EntityHashes)
+    #: how many times a queue's allocation changed (`handlers.accounting.queue_usage`, its only
+    #: writer) and the queue of the latest change, for observers of the fold
+    #: (`kai_es.report`): when the count moved by one since they last looked, only that queue's
+    #: allocation can differ. Not part of the snapshot or digest (a restored state starts at 0).
+    allocation_changes: int = 0
+    allocation_changed: str = ""
     #: derived from `config` (not snapshotted: `restore` derives them again): whether jobs are
     #: timed (their policy version is kai-es/v3 or later), and the time-based fair share's usage
     #: bucket size and window (0: usage not kept)

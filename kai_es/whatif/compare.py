@@ -24,11 +24,17 @@ import msgspec
 from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
+from kai_es.events.registry import TYPE_OF
 from kai_es.report import JobOutcome, Summary
 
 _DECISION_PREFIXES = ("kai.scheduler.", "kai.binder.")
 #: binder outcomes name the decision they perform by its event id
 _WITH_DECISION_ID = (p.PodBound, p.PodBindFailed, p.PodEvicted, p.PodEvictionFailed)
+#: payload class -> its event type, for the scheduler's and binder's events but the config
+#: (payload classes have no subclasses: one lookup by `type(data)` per record)
+_DIGESTED: dict[type[p.Payload], str] = {
+    cls: name for cls, name in TYPE_OF.items()
+    if name.startswith(_DECISION_PREFIXES) and cls is not p.ConfigApplied}
 
 
 class DecisionDigest:
@@ -42,9 +48,9 @@ class DecisionDigest:
     def add(self, record: Record) -> None:
         self.records += 1
         env = record.envelope
-        kind = env.type
-        if kind.startswith(_DECISION_PREFIXES) and not isinstance(env.data, p.ConfigApplied):
-            data = env.data
+        data = env.data
+        kind = _DIGESTED.get(type(data))
+        if kind is not None:
             if isinstance(data, _WITH_DECISION_ID):
                 data = msgspec.structs.replace(data, decision_id="")
             self._h.update(canonical([kind, env.subject, env.logicaltime, env.basedon, env.policyversion]))

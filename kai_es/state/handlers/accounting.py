@@ -66,6 +66,8 @@ def queue_usage(state: ClusterState, pod: PodState, sign: int, job: Job | None =
     if q is None:
         return
     state.stale_queues.add(name)
+    state.allocation_changes += 1
+    state.allocation_changed = name
     if state.usage_resolution_ns:
         usage.accrue_queue(state, name, q, state.event_ns)
     requests = spec.requests
