@@ -14,8 +14,10 @@ bound and is never a candidate (it has nothing to move).
 Contract: `state_bounds(state)` returns every node's bound as of the state (what a cycle starts
 from), sorted, equal to computing them afresh (`fresh_bounds`), at the cost of the nodes whose
 pods or usage changed since it was last asked (`tables.changed_since`; the reducer marks the
-nodes of a job whose victim order or preemptibility changed as well), plus one pass over the
-nodes' free capacity when the node set or a node's spec changed. Within a cycle, the Plan
+nodes of a job whose victim order or preemptibility changed as well), each from the pods it
+gained and lost and those whose worth the reducer says changed (`victim_order_changed`), unless
+one of the pods that gave its least is among them; plus one pass over the nodes' free capacity
+when the node set or a node's spec changed. Within a cycle, the Plan
 changes only the nodes it touches, and there movable pods only go (evicted), never come, so a
 node's `least` stays a bound: `consolidation_views.NodeViews` ranks the touched nodes apart with
 their current free capacity. The sorted bounds use `sortedcontainers.SortedList`, as the
@@ -25,6 +27,7 @@ project's other sorted indexes. Derived data in `state.caches`: never in a snaps
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
@@ -34,6 +37,8 @@ from kai_es.scheduling.tables import follow, generation, tables
 from kai_es.state.model import ClusterState, NodeState
 
 _KEY = "scheduling.consolidation_bounds"
+
+_NONE: frozenset[str] = frozenset()  # (no pod re-worthed)
 
 #: a job's place in the victim order, `victims.job_order`: (priority, -created_ns, uid)
 Least = tuple[int, int, str]
@@ -84,17 +89,23 @@ def _least(state: ClusterState, keys: Iterable[str], least: Least | None = None,
     return best, tuple(of)
 
 
-def _update(state: ClusterState, bounds: StateBounds, n: int, node: NodeState, again: bool) -> None:
-    """Bring node `n`'s `least` up to date: from what it gained and lost since, else (`again`:
-    the reducer noted a change of what its pods' jobs are worth, `victim_order_changed`, or a
-    cycle went by unseen) from all it holds."""
+def _update(state: ClusterState, bounds: StateBounds, n: int, node: NodeState, skipped: bool,
+            reworth: AbstractSet[str]) -> None:
+    """Bring node `n`'s `least` up to date from what it gained and lost since and from `reworth`,
+    the pods there whose job's worth as a victim the reducer says may have changed
+    (`victim_order_changed`): while every pod that gave the least stays, unchanged, the least
+    can only go down, to a pod gained or re-worthed. Else (or when a cycle went by unseen,
+    `skipped`) from all it holds."""
     now = node.pods
     held = bounds.held[n]
-    if not again and held:
+    if not skipped and held:
         holders = bounds.holders[n]
         gone = [key for key in held if key not in now]
-        if not gone or not any(key in gone for key in holders):  # its least's pods all stay
-            bounds.least[n], bounds.holders[n] = _least(state, now.difference(held), bounds.least[n], holders)
+        if not any(key in gone or key in reworth for key in holders):  # its least's pods all stay as they were
+            look = now.difference(held)
+            if reworth:
+                look |= reworth & now
+            bounds.least[n], bounds.holders[n] = _least(state, look, bounds.least[n], holders)
             bounds.held[n] = tuple(now)
             return
     bounds.least[n], bounds.holders[n] = _least(state, now)
@@ -142,14 +153,14 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
         bounds.holders = [holders[k] if k is not None else () for k in kept]
         bounds.names = list(names)
         for n in again:
-            _update(state, bounds, n, nodes[n], skipped or names[n] in reordered)
+            _update(state, bounds, n, nodes[n], skipped, reordered.get(names[n], _NONE))
         bounds.free = [free_milli_gpu(future, n) for n in range(len(names))]
         bounds.ordered = SortedList(_keys(bounds.least, bounds.free, range(len(names))))
     else:
         ordered = bounds.ordered
         for n in changed:
             before = bounds.bound(n)
-            _update(state, bounds, n, nodes[n], skipped or names[n] in reordered)
+            _update(state, bounds, n, nodes[n], skipped, reordered.get(names[n], _NONE))
             bounds.free[n] = free_milli_gpu(future, n)
             after = bounds.bound(n)
             if before != after:

@@ -84,7 +84,7 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         if spec.node_name:
             # seen running at once (bound elsewhere, a relist, or its name's new incarnation):
             # the node may now hold, under a key it held before, another job's victim
-            state.victim_order_changed.add(spec.node_name)
+            state.victim_order_changed.setdefault(spec.node_name, set()).add(key)
         job_key = f"{spec.namespace}/{spec.podgroup}"  # (pod_key, as above)
         pod = PodState(key, spec, job_key)  # positional: keyword calls to these dataclasses cost more
         state.pods[key] = pod
@@ -113,7 +113,7 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         job.members.add(key)
         if job.key != pod.job_key and (spec.node_name or node):
             # a pod now counts as another job's victim where it runs (elsewhere, it came or went)
-            state.victim_order_changed.add(spec.node_name or node)
+            state.victim_order_changed.setdefault(spec.node_name or node, set()).add(key)
         pod.job_key = job.key
         refresh_or_drop_job(state, old_job)
         refresh_job(state, job)
