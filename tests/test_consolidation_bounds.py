@@ -94,7 +94,9 @@ def _form(b: StateBounds) -> tuple[object, ...]:
 def test_kept_bounds_are_the_states_after_anything_a_cluster_sends(sequence: list[tuple[Any, ...]]) -> None:
     """Nodes come, change and go; pods run, move, finish and go; PodGroups and PriorityClasses
     change the victim order and preemptibility of jobs with running pods: at every point where a
-    search asks, the bounds kept since the first ask equal those computed from the state."""
+    search asks, the bounds kept since the first ask equal those computed from the state; and
+    the pods the reducer marks as changed in worth are always pods of the state (a removed pod
+    takes its mark along, so the marks stay bounded when no search asks for a long time)."""
     feed = _Feed()
     feed.fold(p.QueueObserved(name="q"))
     asked = False
@@ -109,6 +111,8 @@ def test_kept_bounds_are_the_states_after_anything_a_cluster_sends(sequence: lis
             feed.step(step)
             if not asked:
                 tables(feed.state)  # cycles that did not consolidate consumed the changes already
+        # however long no search asks, the reducer's marks name only pods the state holds
+        assert feed.state.victim_order_changed <= feed.state.pods.keys()
     assert asked
 
 
@@ -172,3 +176,20 @@ def test_a_pod_recreated_and_bound_while_no_search_ran_counts_as_its_new_jobs() 
     tables(feed.state)
     assert state_bounds(feed.state).least[0] == (0, -1, "g0")
     assert _form(state_bounds(feed.state)) == _form(fresh_bounds(feed.state))
+
+
+def test_a_dearer_job_made_cheaper_becomes_its_nodes_bound_while_the_cheapest_stays() -> None:
+    """node-0 runs a pod of each of two PodGroups; pg-1 (PriorityClass `build`, 20) is the
+    node's cheapest victim, pg-0 (`train`, 50) the dearer. A KAI user lowers `train` to 10:
+    pg-0 is now the node's cheapest, though pg-1's pod that was the cheapest stays, unchanged
+    (the bound comes from the pods the reducer says changed worth, not only from those the node
+    gained)."""
+    feed = _two_nodes(("class", "train", 50), ("class", "build", 20),
+                      ("group", 0, "train", "", 0), ("group", 1, "build", "", 0),
+                      ("run", 0, 0, 0, ""), ("run", 1, 0, 1, ""), ("run", 2, 1, 1, ""))
+    before = state_bounds(feed.state)
+    assert before.least[0] is not None and before.least[0][0] == 20
+    feed.fold(p.PriorityClassObserved(name="train", value=10))
+    after = state_bounds(feed.state)
+    assert after.least[0] is not None and after.least[0][0] == 10
+    assert _form(after) == _form(fresh_bounds(feed.state))

@@ -292,11 +292,12 @@ class ClusterState:
     #: nodes or a node's spec changes.
     dirty_nodes: set[str] = field(default_factory=set)
     node_set_version: int = 0
-    #: node -> the pods there whose worth as a victim may have changed under the same key: of a
-    #: job with running pods that changed its victim order or preemptibility, moved to another
-    #: job, or first seen running (caches that follow which pods a node holds look at those pods
-    #: again, and clear it: `scheduling.actions.consolidation_bounds`; at most every occupying pod)
-    victim_order_changed: dict[str, set[str]] = field(default_factory=dict)
+    #: pods whose worth as a victim may have changed under the same key: the occupying pods of a
+    #: job that changed its victim order or preemptibility, a pod moved to another job, a pod
+    #: first seen running (caches that follow which pods a node holds look at those pods again
+    #: where they run, and clear it: `scheduling.actions.consolidation_bounds`; a pod removed
+    #: takes its mark along, so at most the pods of the state, with no search ever asking)
+    victim_order_changed: set[str] = field(default_factory=set)
     caches: dict[str, object] = field(default_factory=dict)
     #: the incremental state digest's bookkeeping (not part of the snapshot or digest; see
     #: `kai_es.state.incremental_digest`). The stale sets hold, by kind, the keys of entities

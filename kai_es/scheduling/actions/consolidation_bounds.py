@@ -15,8 +15,8 @@ Contract: `state_bounds(state)` returns every node's bound as of the state (what
 from), sorted, equal to computing them afresh (`fresh_bounds`), at the cost of the nodes whose
 pods or usage changed since it was last asked (`tables.changed_since`; the reducer marks the
 nodes of a job whose victim order or preemptibility changed as well), each from the pods it
-gained and lost and those whose worth the reducer says changed (`victim_order_changed`), unless
-one of the pods that gave its least is among them; plus one pass over the nodes' free capacity
+gained and lost and those there whose worth the reducer says changed (`victim_order_changed`),
+unless one of the pods that gave its least is among them; plus one pass over the nodes' free capacity
 when the node set or a node's spec changed. Within a cycle, the Plan
 changes only the nodes it touches, and there movable pods only go (evicted), never come, so a
 node's `least` stays a bound: `consolidation_views.NodeViews` ranks the touched nodes apart with
@@ -133,13 +133,20 @@ def state_bounds(state: ClusterState) -> StateBounds:
     """The bounds as of the state (module contract)."""
     bounds = follow(state, _KEY, StateBounds, lambda: fresh_bounds(state),
                     lambda bounds, changed, rebuilt: _brought_up_to_date(state, bounds, changed, rebuilt))
-    state.victim_order_changed.clear()  # (every node it names changed: brought up to date, or made fresh)
+    state.victim_order_changed.clear()  # (every pod it names is on a changed node or gone: looked at)
     return bounds
 
 
 def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[int], rebuilt: bool) -> StateBounds:
     names, nodes, _, future = tables(state)
-    reordered = state.victim_order_changed
+    # the pods the reducer says changed worth, by the node each is on now (one that left a node
+    # is gone from it: looked at as such)
+    reordered: dict[str, set[str]] = {}
+    pods = state.pods
+    for key in state.victim_order_changed:
+        pod = pods.get(key)
+        if pod is not None and pod.node:
+            reordered.setdefault(pod.node, set()).add(key)
     # a generation (a cycle's) went by without a search: a node may then hold, under a key it held
     # at the last one, a pod recreated in another job and bound by that cycle; from all it holds
     skipped = generation(state) != bounds.seen + 1

@@ -172,7 +172,7 @@ def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
             pod = pods[m]
             if pod.status in OCCUPYING and pod.node:
                 state.dirty_nodes.add(pod.node)
-                state.victim_order_changed.setdefault(pod.node, set()).add(m)
+                state.victim_order_changed.add(m)
     if queue != job.queue or preemptible != job.preemptible:
         # job.occupying counts the members that occupy: skip the scan when there are none
         occupying = [pods[m] for m in members if pods[m].status in OCCUPYING] if job.occupying else []

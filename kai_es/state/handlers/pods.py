@@ -84,7 +84,7 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         if spec.node_name:
             # seen running at once (bound elsewhere, a relist, or its name's new incarnation):
             # the node may now hold, under a key it held before, another job's victim
-            state.victim_order_changed.setdefault(spec.node_name, set()).add(key)
+            state.victim_order_changed.add(key)
         job_key = f"{spec.namespace}/{spec.podgroup}"  # (pod_key, as above)
         pod = PodState(key, spec, job_key)  # positional: keyword calls to these dataclasses cost more
         state.pods[key] = pod
@@ -113,7 +113,7 @@ def pod_observed(state: ClusterState, env: Envelope) -> None:
         job.members.add(key)
         if job.key != pod.job_key and (spec.node_name or node):
             # a pod now counts as another job's victim where it runs (elsewhere, it came or went)
-            state.victim_order_changed.setdefault(spec.node_name or node, set()).add(key)
+            state.victim_order_changed.add(key)
         pod.job_key = job.key
         refresh_or_drop_job(state, old_job)
         refresh_job(state, job)
@@ -221,6 +221,7 @@ def drop_pod(state: ClusterState, pod: PodState, job: Job | None = None) -> None
     pods = state.pods
     key = pod.key
     del pods[key]
+    state.victim_order_changed.discard(key)  # (what it held, it holds no more: looked at as gone)
     stale_pods = state.stale_pods
     stale_pods.add(key)
     if job is None:
