@@ -125,13 +125,23 @@ def _two_nodes(*steps: tuple[Any, ...]) -> _Feed:
     return feed
 
 
-def test_a_job_whose_priority_class_changes_moves_its_nodes_bounds() -> None:
-    """A KAI user edits the PriorityClass a running job's PodGroup names: the node it runs on is
-    now where a cheaper victim is (the bound follows), with no pod of it changing."""
-    feed = _two_nodes(("class", "train", 50), ("group", 0, "train", "", 0), ("group", 1, "", "", 0),
-                      ("run", 0, 0, 0, ""), ("run", 1, 1, 1, ""))
+@pytest.mark.parametrize("steps, least_before", [
+    # the node runs only the job (a pod of pg-0): the pod that gave its bound changed worth
+    ([("class", "train", 50), ("group", 0, "train", "", 0), ("group", 1, "", "", 0),
+      ("run", 0, 0, 0, ""), ("run", 1, 1, 1, "")], 50),
+    # the node also runs the cheapest job (pg-1, `build`, 20), whose pod stays, unchanged: the
+    # bound comes from the pods the reducer says changed worth, not only from those it gained
+    ([("class", "train", 50), ("class", "build", 20), ("group", 0, "train", "", 0),
+      ("group", 1, "build", "", 0), ("run", 0, 0, 0, ""), ("run", 1, 0, 1, ""), ("run", 2, 1, 1, "")], 20),
+], ids=["its-only-job", "its-dearer-job"])
+def test_a_job_whose_priority_class_changes_moves_its_nodes_bounds(steps: list[tuple[Any, ...]],
+                                                                    least_before: int) -> None:
+    """A KAI user lowers the PriorityClass `train` a running job's PodGroup names, to 10: the
+    node it runs on is now where a cheaper victim is (the bound follows), with no pod of it
+    changing."""
+    feed = _two_nodes(*steps)
     before = state_bounds(feed.state)
-    assert before.least[0] is not None and before.least[0][0] == 50
+    assert before.least[0] is not None and before.least[0][0] == least_before
     feed.fold(p.PriorityClassObserved(name="train", value=10))
     after = state_bounds(feed.state)
     assert after.least[0] is not None and after.least[0][0] == 10
@@ -176,20 +186,3 @@ def test_a_pod_recreated_and_bound_while_no_search_ran_counts_as_its_new_jobs() 
     tables(feed.state)
     assert state_bounds(feed.state).least[0] == (0, -1, "g0")
     assert _form(state_bounds(feed.state)) == _form(fresh_bounds(feed.state))
-
-
-def test_a_dearer_job_made_cheaper_becomes_its_nodes_bound_while_the_cheapest_stays() -> None:
-    """node-0 runs a pod of each of two PodGroups; pg-1 (PriorityClass `build`, 20) is the
-    node's cheapest victim, pg-0 (`train`, 50) the dearer. A KAI user lowers `train` to 10:
-    pg-0 is now the node's cheapest, though pg-1's pod that was the cheapest stays, unchanged
-    (the bound comes from the pods the reducer says changed worth, not only from those the node
-    gained)."""
-    feed = _two_nodes(("class", "train", 50), ("class", "build", 20),
-                      ("group", 0, "train", "", 0), ("group", 1, "build", "", 0),
-                      ("run", 0, 0, 0, ""), ("run", 1, 0, 1, ""), ("run", 2, 1, 1, ""))
-    before = state_bounds(feed.state)
-    assert before.least[0] is not None and before.least[0][0] == 20
-    feed.fold(p.PriorityClassObserved(name="train", value=10))
-    after = state_bounds(feed.state)
-    assert after.least[0] is not None and after.least[0][0] == 10
-    assert _form(after) == _form(fresh_bounds(feed.state))
