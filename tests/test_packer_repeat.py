@@ -20,8 +20,8 @@ from kai_es.scheduling.packing import (
     GpuStrategy,
     NodeRow,
     Packer,
+    BoundRanking,
     Placement,
-    Ranking,
     Strategy,
     TaskShape,
     WorkloadShape,
@@ -140,7 +140,7 @@ def test_a_run_of_identical_pods_scans_once_per_ranked_nodes(kind: str, nodes: i
     ranks: list[int] = []
     rank = place.rank
 
-    def counted(task: TaskShape, eligible: array[int] | None, cap: int) -> Ranking:
+    def counted(task: TaskShape, eligible: array[int] | None, cap: int) -> BoundRanking:
         ranks.append(cap)
         return rank(task, eligible, cap)
 

@@ -38,6 +38,7 @@ from .model import (
     PackTable,
     PlaceFn,
     Placement,
+    BoundRanking,
     RankFn,
     Ranking,
     Reason,
@@ -83,6 +84,9 @@ __all__ = [
     "PackingError",
     "PackTable",
     "Placement",
+    "BoundRanking",
+    "RankFn",
+    "Ranking",
     "Reason",
     "ReferencePacker",
     "ReturnCode",
@@ -135,7 +139,7 @@ def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> PlaceFn:
         if bind_rank is not None:
             rank = bind_rank(table, strategy)
         else:
-            def rank(task: TaskShape, eligible: array[int] | None, cap: int) -> Ranking:
+            def rank(task: TaskShape, eligible: array[int] | None, cap: int) -> BoundRanking:
                 problem = task_problem(task) or strategy_problem(strategy)
                 ensure(problem is None, problem)  # as `place` says it
                 answer, ranked = packer.rank_raw(table, task, strategy, eligible, cap)

@@ -39,6 +39,7 @@ from .model import (
     PackingError,
     PlaceFn,
     Placement,
+    BoundRanking,
     RankFn,
     Ranking,
     ReturnCode,
@@ -236,7 +237,8 @@ class NativePacker:
         if not isinstance(cap, int) or not 1 <= cap <= MAX_RANKED:
             return Placement.failure(ReturnCode.EINVAL), ()
         try:
-            return _Calls(self, table, strategy).rank(task, eligible, cap)
+            answer, ranked = _Calls(self, table, strategy).rank(task, eligible, cap)
+            return answer, tuple(ranked)
         except (PackingError, OverflowError, TypeError):
             return Placement.failure(ReturnCode.EINVAL), ()
 
@@ -370,7 +372,7 @@ class _Calls:
             raise_for_result(Placement.failure(ReturnCode(code)), self.table, self.strategy, eligible)
         return Placement(ReturnCode(code), -1, (), tuple(unpack(out + 1, REASON_COUNT)))
 
-    def rank(self, task: TaskShape, eligible: array[int] | None, cap: int) -> Ranking:
+    def rank(self, task: TaskShape, eligible: array[int] | None, cap: int) -> BoundRanking:
         ensure(isinstance(cap, int) and 1 <= cap <= MAX_RANKED, f"cap {cap!r}: expected 1..{MAX_RANKED}")
         c_task, out, want = self._task(task)
         buffers = self.ranked.get(cap)
@@ -386,5 +388,7 @@ class _Calls:
         reasons = tuple(unpack(out + 1, REASON_COUNT))
         if code != 0:
             return Placement(ReturnCode(code), -1, (), reasons), ()
-        ranked = tuple(unpack(rows, 4 * count[0])[::4])
+        listed = array("q")
+        listed.frombytes(self.packer._ffi.buffer(rows, 32 * count[0]))  # (rows of 4 int64: the node first)
+        ranked = listed[::4]
         return Placement(_OK, ranked[0], tuple(unpack(out + _DEVICES_AT, want)), reasons), ranked

@@ -22,6 +22,7 @@ against a fresh scan by both packers."""
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 from .model import (
     MILLI_PER_GPU,
@@ -59,7 +60,7 @@ class RepeatedPlace:
             strategy.cpu_strategy == CpuStrategy.BINPACK
         #: (task, a copy of its eligible nodes, the answer, the table's `changes` then, the
         #: scan's ranked nodes, the index in them of the next node to give)
-        self.last: tuple[TaskShape, array[int], Placement, int, tuple[int, ...], int] | None = None
+        self.last: tuple[TaskShape, array[int], Placement, int, Sequence[int], int] | None = None
 
     def __call__(self, task: TaskShape, eligible: array[int] | None = None) -> Placement:
         table, last = self.table, self.last
@@ -73,7 +74,7 @@ class RepeatedPlace:
                 if again is not None:
                     self.last = (task, kept, again[0], table.changes, ranked, again[1])
                     return again[0]
-        order: tuple[int, ...] = ()
+        order: Sequence[int] = ()
         if eligible is not None and self.rank is not None and self._repeats(task):
             answer, order = self.rank(task, eligible, RANK_CAP)
         else:
@@ -88,7 +89,7 @@ class RepeatedPlace:
             return self.whole_again
         return not (task.fraction_devices or task.fraction_milli or task.gpu_memory_mib) and self.cpu_again
 
-    def _again(self, task: TaskShape, eligible: array[int], answer: Placement, ranked: tuple[int, ...], at: int
+    def _again(self, task: TaskShape, eligible: array[int], answer: Placement, ranked: Sequence[int], at: int
                ) -> tuple[Placement, int] | None:
         """The answer for `task` after `answer`'s placement and the index of the next ranked node
         after it, or None when the packer must be asked (another strategy or task kind, or the
