@@ -27,9 +27,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from kai_es import cli_audit, cli_serve, cli_services, cli_whatif
+from kai_es import cli_audit, cli_serve, cli_services, cli_whatif, verify_mode
 from kai_es.adapters.file_log import FileEventLog
-from kai_es import verify_mode
 from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
                                packer_option, require_plots, warn, warn_unimplemented)
@@ -301,9 +300,8 @@ def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
                                  progress=lambda n: bar.update(task, completed=n))
         else:
             task = bar.add_task("replay", total=None)
-            with bulk_fold():
-                result = do_replay(_records(events), choose_packer(packer),
-                                   progress=lambda n: bar.update(task, completed=n))
+            result = do_replay(_records(events), choose_packer(packer),
+                               progress=lambda n: bar.update(task, completed=n))
     from kai_es.app.processes import describe_dead_letters
 
     for line in describe_dead_letters(list(getattr(events, "dead_letters", []))):

@@ -278,29 +278,16 @@ def _observe(state: ClusterState, end: list[int | None], verify: bool) -> Genera
         if len(queue_names) != len(queues) or kind is p.QueueObserved:
             queue_names = sorted(queues)
             moved = 2  # (a queue is new: every queue is looked at)
-        if moved == 0:
-            # no allocation changed since the last look, when `alloc` matched every queue and
-            # every queue had its summary
-            if verify and _allocation_changes(queue_names, queues, alloc, queues_of):
-                raise VerificationError(f"record {record.position}: a queue's allocation changed "
-                                        "and the reducer did not count it")
-            if new_capacity == capacity:
-                continue
-            changed = []
-        elif moved == 1:  # (one change: of the queue the reducer names)
-            name = state.allocation_changed
-            named = queues.get(name)
-            changed = [] if named is None or (alloc.get(name, 0) == named.allocated_milli_gpu and name in queues_of) \
-                else [(name, named.allocated_milli_gpu)]
-            if verify and changed != _allocation_changes(queue_names, queues, alloc, queues_of):
-                raise VerificationError(f"record {record.position}: a queue's allocation changed "
-                                        "besides the one the reducer named")
-            if not changed and new_capacity == capacity:
-                continue
-        else:
-            changed = _allocation_changes(queue_names, queues, alloc, queues_of)
-            if not changed and new_capacity == capacity:
-                continue
+        # `alloc` matched every queue, each with its summary, when the reducer's count was last
+        # seen: since then none changed, or (one change) only the queue the reducer names
+        name = state.allocation_changed
+        looked = queue_names if moved > 1 else [name] if moved == 1 and name in queues else []
+        changed = _allocation_changes(looked, queues, alloc, queues_of)
+        if verify and changed != _allocation_changes(queue_names, queues, alloc, queues_of):
+            raise VerificationError(f"record {record.position}: a queue's allocation changed and the reducer "
+                                    "did not count it, or named another queue")
+        if not changed and new_capacity == capacity:
+            continue
         if unaccrued and (new_capacity != capacity or any(alloc.get(name, 0) != milli for name, milli in changed)):
             _accrue(s, unaccrued, capacity, alloc, _fair_error(alloc, fair, leaves), stranded)
             unaccrued = 0

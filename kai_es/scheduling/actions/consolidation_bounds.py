@@ -100,8 +100,7 @@ def _update(state: ClusterState, bounds: StateBounds, n: int, node: NodeState, s
     held = bounds.held[n]
     if not skipped and held:
         holders = bounds.holders[n]
-        gone = [key for key in held if key not in now]
-        if not any(key in gone or key in reworth for key in holders):  # its least's pods all stay as they were
+        if not any(key not in now or key in reworth for key in holders):  # its least's pods stay, unchanged
             look = now.difference(held)
             if reworth:
                 look |= reworth & now

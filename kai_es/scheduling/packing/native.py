@@ -389,6 +389,6 @@ class _Calls:
         if code != 0:
             return Placement(ReturnCode(code), -1, (), reasons), ()
         listed = array("q")
-        listed.frombytes(self.packer._ffi.buffer(rows, 32 * count[0]))  # (rows of 4 int64: the node first)
+        listed.frombytes(ffi.buffer(rows, 32 * count[0]))  # (rows of 4 int64: the node first)
         ranked = listed[::4]
         return Placement(_OK, ranked[0], tuple(unpack(out + _DEVICES_AT, want)), reasons), ranked

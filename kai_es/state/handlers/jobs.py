@@ -167,7 +167,7 @@ def refresh_job(state: ClusterState, job: Job, *, changed: bool = True) -> None:
     if job.occupying and (preemptible != job.preemptible or priority != job.priority or created != job.created_ns
                           or uid != job.uid):
         # where its pods run, the victims on offer changed: caches that follow node changes
-        # (`scheduling.tables.changed_since`) look at those nodes again, from scratch
+        # (`scheduling.tables.changed_since`) look at those nodes again, and at its pods there
         for m in members:
             pod = pods[m]
             if pod.status in OCCUPYING and pod.node:
