@@ -148,6 +148,33 @@ def test_a_job_whose_priority_class_changes_moves_its_nodes_bounds(steps: list[t
     assert _form(after) == _form(fresh_bounds(feed.state))
 
 
+def test_a_node_whose_cheapest_victim_finishes_takes_the_next_as_its_bound() -> None:
+    """node-0 runs a pod of PodGroup pg-1 (PriorityClass `build`, 20), its cheapest victim, and
+    one of pg-0 (`train`, 50). pg-1's pod succeeds: the node's bound is now pg-0's, though
+    nothing there changed worth (the pod that gave the least left)."""
+    feed = _two_nodes(("class", "train", 50), ("class", "build", 20), ("group", 0, "train", "", 0),
+                      ("group", 1, "build", "", 0), ("run", 0, 0, 0, ""), ("run", 1, 0, 1, ""))
+    before = state_bounds(feed.state)
+    assert before.least[0] is not None and before.least[0][0] == 20
+    feed.step(("finish", 1))
+    after = state_bounds(feed.state)
+    assert after.least[0] is not None and after.least[0][0] == 50
+    assert _form(after) == _form(fresh_bounds(feed.state))
+
+
+def test_a_node_removed_and_added_again_between_two_searches_is_a_new_node() -> None:
+    """node-0 runs pod-0, the cheapest victim there; between two searches the node is deleted,
+    the pod succeeds, and a node of the same name registers again, empty (a replaced machine):
+    the node has no victim, whatever the one of that name held (the property test found this)."""
+    feed = _two_nodes(("run", 0, 0, 0, ""))
+    assert state_bounds(feed.state).least[0] is not None
+    for step in (("node-gone", 0), ("finish", 0), ("node", 0, 8, False)):
+        feed.step(step)
+    after = state_bounds(feed.state)
+    assert after.least[after.names.index("node-0")] is None
+    assert _form(after) == _form(fresh_bounds(feed.state))
+
+
 def _two_groups() -> _Feed:
     """Two PodGroups whose victim order never changes (their own uid and creation time): pg-1,
     newer, is the cheaper victim. node-0 runs pod-0 of pg-1 and pod-1 of pg-0; node-1 pod-2 of pg-1."""

@@ -79,6 +79,9 @@ def remove_node(state: ClusterState, name: str) -> None:
     state.node_names.remove(name)
     state.node_set_version += 1
     state.stale_nodes.add(name)
+    # its pods and usage went with it: a node of that name added again before the tables are
+    # next built is a new one (`scheduling.tables` keeps a node's change generation by name)
+    state.dirty_nodes.add(name)
     for key in sorted(node.pods):
         pod = state.pods[key]
         state.stale_pods.add(key)
