@@ -280,9 +280,15 @@ def _observe(state: ClusterState, end: list[int | None], verify: bool) -> Genera
             moved = 2  # (a queue is new: every queue is looked at)
         # `alloc` matched every queue, each with its summary, when the reducer's count was last
         # seen: since then none changed, or (one change) only the queue the reducer names
-        name = state.allocation_changed
-        looked = queue_names if moved > 1 else [name] if moved == 1 and name in queues else []
-        changed = _allocation_changes(looked, queues, alloc, queues_of)
+        if moved == 0:
+            changed = []
+        elif moved == 1:  # `_allocation_changes` of the named queue, written out (most records)
+            name = state.allocation_changed
+            named = queues.get(name)
+            changed = [] if named is None or (alloc.get(name, 0) == named.allocated_milli_gpu and name in queues_of) \
+                else [(name, named.allocated_milli_gpu)]
+        else:
+            changed = _allocation_changes(queue_names, queues, alloc, queues_of)
         if verify and changed != _allocation_changes(queue_names, queues, alloc, queues_of):
             raise VerificationError(f"record {record.position}: a queue's allocation changed and the reducer "
                                     "did not count it, or named another queue")
