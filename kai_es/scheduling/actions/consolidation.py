@@ -162,28 +162,50 @@ class Consolidation(PreemptingAction):
         if not nodes:
             self.failed_scenarios.add(scenario)
             return None
-        state = self.state
-        jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
-        # each job's units as the search starts (keyed_units(..., backoff=True), kept per job)
-        units = {k: views.units_of(jobs[k]) for k in sorted(jobs)}
-        if self.plan.verify and _unit_form(views.units(jobs[k] for k in sorted(jobs))) != \
-                _unit_form(keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)):
-            raise VerificationError(f"consolidation's kept victim units of {sorted(jobs)} are not keyed_units'")
-        return {n for n, _, _ in nodes}, self._units_by_node(nodes, units), scenario
+        at_start: dict[str, list[tuple[tuple[object, ...], Unit]]] | None = None
+        if self.plan.verify:
+            state = self.state
+            jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
+            at_start = {k: views.units_of(jobs[k]) for k in sorted(jobs)}
+            if _unit_form(list(heapq.merge(*at_start.values(), key=unit_key))) != \
+                    _unit_form(keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)):
+                raise VerificationError(f"consolidation's kept victim units of {sorted(jobs)} are not keyed_units'")
+        return {n for n, _, _ in nodes}, self._units_by_node(nodes, views.units_of, at_start), scenario
 
     def _units_by_node(self, nodes: list[tuple[int, tuple[bool, bool, bool], list[PodState]]],
-                       units: dict[str, list[tuple[tuple[object, ...], Unit]]]) -> Iterator[Unit]:
-        """Of the units of the jobs with a movable pod on `nodes` (`units`: each job's, cheapest
-        first), node by node those with a pod there that frees something the node lacks,
-        cheapest first: a unit with a pod on a node is one of the units of the jobs with a
-        movable pod there, so only theirs are merged, as the search reaches the node."""
+                       units_of: Callable[[Job], list[tuple[tuple[object, ...], Unit]]],
+                       at_start: dict[str, list[tuple[tuple[object, ...], Unit]]] | None
+                       ) -> Iterator[Unit]:
+        """Of the units of the jobs with a movable pod on `nodes` (each job's as the search
+        starts, cheapest first: `units_of`), node by node those with a pod there that frees something the
+        node lacks, cheapest first: a unit with a pod on a node is one of the units of the jobs
+        with a movable pod there, so only theirs are merged, as the search reaches the node.
+
+        A job's units are read when the search first reaches one of its
+        nodes, and kept for the rest of the search: only the search's own operations change
+        the Plan meanwhile, and each touches a job whose units it read before (a victim's, from
+        these units; the preemptor's, never a victim of its own search). Under verification
+        `at_start` holds every job's units read as the search started, and each read is
+        checked against it."""
         evicted = self.plan.evicted_pods
         names = self.plan.names
+        jobs = self.state.jobs
+        read: dict[str, list[tuple[tuple[object, ...], Unit]]] = {}
+
+        def units(k: str) -> list[tuple[tuple[object, ...], Unit]]:
+            found = read.get(k)
+            if found is None:
+                found = read[k] = units_of(jobs[k])
+                if at_start is not None and _unit_form(found) != _unit_form(at_start[k]):
+                    raise VerificationError(f"consolidation read job {k}'s victim units after the search "
+                                            "changed them")
+            return found
+
         seen: set[int] = set()
         for n, short, movable in nodes:
             name = names[n]
             here_jobs = sorted({pod.job_key for pod in movable})
-            for _, unit in heapq.merge(*(units[k] for k in here_jobs), key=unit_key):
+            for _, unit in heapq.merge(*(units(k) for k in here_jobs), key=unit_key):
                 here = [pod for pod in unit.pods if pod.node == name]
                 if not here or id(unit) in seen or any(pod.key in evicted for pod in unit.pods):
                     continue

@@ -63,10 +63,6 @@ class StateBounds:
     held: list[tuple[str, ...]] = field(default_factory=list)
     holders: list[tuple[str, ...]] = field(default_factory=list)
 
-    def bound(self, node: int) -> tuple[int, bool, Least, int] | None:
-        least = self.least[node]
-        return None if least is None else (-self.free[node], False, least, node)
-
 
 def _least(state: ClusterState, keys: Iterable[str], least: Least | None = None,
            holders: tuple[str, ...] = ()) -> tuple[Least | None, tuple[str, ...]]:
@@ -162,18 +158,32 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
             _update(state, bounds, n, nodes[n], skipped, reordered.get(names[n], _NONE))
         bounds.free = [free_milli_gpu(future, n) for n in range(len(names))]
         bounds.ordered = SortedList(_keys(bounds.least, bounds.free, range(len(names))))
-    else:
-        ordered = bounds.ordered
+    else:  # (`_update` written out: this runs for every node that changed)
+        ordered, lows, frees, helds, holding = bounds.ordered, bounds.least, bounds.free, bounds.held, bounds.holders
+        start, dev = future.gpu_start, future.dev_free_milli
         for n in changed:
-            before = bounds.bound(n)
-            _update(state, bounds, n, nodes[n], skipped, reordered.get(names[n], _NONE))
-            bounds.free[n] = free_milli_gpu(future, n)
-            after = bounds.bound(n)
-            if before != after:
-                if before is not None:
-                    ordered.remove(before)
-                if after is not None:
-                    ordered.add(after)
+            was, was_free = lows[n], frees[n]
+            now = nodes[n].pods
+            reworth = reordered.get(names[n], _NONE)
+            had = helds[n]
+            if not skipped and had and not any(key not in now or key in reworth for key in holding[n]):
+                # its least's pods stay, unchanged: the least can only go down, to a pod gained
+                # or re-worthed
+                look = now.difference(had)
+                if reworth:
+                    look |= reworth & now
+                if look:
+                    lows[n], holding[n] = _least(state, look, was, holding[n])
+            else:
+                lows[n], holding[n] = _least(state, now)
+            helds[n] = tuple(now)
+            is_free = frees[n] = sum(dev[start[n]:start[n + 1]])
+            is_least = lows[n]
+            if is_least != was or is_free != was_free:
+                if was is not None:
+                    ordered.remove((-was_free, False, was, n))
+                if is_least is not None:
+                    ordered.add((-is_free, False, is_least, n))
     return bounds
 
 
