@@ -202,3 +202,45 @@ def test_fairshare_command_divides_whole_gpus_and_says_its_units(tmp_path: Path)
     assert report["policyVersion"] == policy.CURRENT_POLICY  # the default: whole GPUs since v2
     fair = {q: report["queues"][q]["resources"]["gpu"]["fairShare"] for q in ("a", "b")}
     assert fair == {"a": 3000, "b": 8000}
+
+
+# -- the node totals a cycle reads (capacity, GPU-memory hint), kept across cycles ---------------
+
+node_steps = st.lists(st.one_of(
+    st.tuples(st.just("node"), st.integers(0, 3), st.integers(0, 16),
+              st.one_of(st.integers(0, 2**20), st.integers(0, 2**63 - 1), st.integers(0, 2**128)),  # CPU: near, far, rejected
+              st.one_of(st.just(0), st.integers(1, 81920))),
+    st.tuples(st.just("gone"), st.integers(0, 3)),
+    st.tuples(st.just("ask"),),
+), max_size=30)
+
+
+@given(node_steps)
+def test_kept_node_totals_are_every_nodes_sums_after_any_node_changes(steps: list[tuple[object, ...]]) -> None:
+    """`cluster_capacity` and `gpu_memory_hint`, asked between node changes (added, changed in
+    any field they sum, removed, re-added), are always the sums over the nodes the state has
+    then, as a state that never asked before gives them."""
+    from kai_es.events import Record
+    from kai_es.events import payloads as p
+    from kai_es.events.factory import derived_id, make_envelope
+    from kai_es.scheduling.fairshare import cluster_capacity, gpu_memory_hint
+    from kai_es.state import ClusterState
+    from kai_es.state.reducer import apply
+
+    state = ClusterState()
+    for pos, step in enumerate([*steps, ("ask",)]):
+        if step[0] == "ask":
+            nodes = [state.nodes[n].spec for n in state.node_names]
+            assert cluster_capacity(state) == (sum(1000 * n.gpus for n in nodes), sum(n.milli_cpu for n in nodes),
+                                               sum(n.memory_bytes for n in nodes))
+            assert gpu_memory_hint(state) == max((n.gpu_memory_mib for n in nodes), default=0)
+            continue
+        payload: p.Payload
+        if step[0] == "node":
+            _, i, gpus, cpu, mib = step
+            payload = p.NodeObserved(name=f"node-{i}", milli_cpu=int(cpu), memory_bytes=2**38, gpus=int(gpus),
+                                     gpu_memory_mib=int(mib))
+        else:
+            payload = p.NodeRemoved(name=f"node-{step[1]}")
+        apply(state, Record(pos, make_envelope(payload, event_id=derived_id("totals", pos), source="kai-es/informer",
+                                               subject="s", logicaltime=1_000 + pos)))

@@ -396,11 +396,35 @@ def pending_request(state: "ClusterState", gpu_memory_mib_hint: int,
     return out
 
 
+#: `state.caches` key of `_node_totals`
+_TOTALS_KEY = "scheduling.fairshare.node_totals"
+
+
+def _node_totals(state: "ClusterState") -> tuple[tuple[int, int, int], int]:
+    """(every node's allocatable summed, the largest node's GPU memory in MiB), kept in
+    `state.caches` while the node set and specs stay the same (`state.node_set_version`, which
+    every node added, removed or changed bumps): two passes over every node a cycle, otherwise."""
+    kept = state.caches.get(_TOTALS_KEY)
+    version = state.node_set_version
+    if isinstance(kept, tuple) and kept[0] == version:
+        return kept[1], kept[2]
+    nodes = [state.nodes[n] for n in state.node_names]
+    capacity = (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
+                sum(n.spec.memory_bytes for n in nodes))
+    hint = max((n.spec.gpu_memory_mib for n in nodes), default=0)
+    state.caches[_TOTALS_KEY] = (version, capacity, hint)
+    return capacity, hint
+
+
 def cluster_capacity(state: "ClusterState") -> tuple[int, int, int]:
     """Every node's allocatable summed: (milli-GPU, milli-CPU, memory bytes)."""
-    nodes = [state.nodes[n] for n in state.node_names]
-    return (sum(1000 * n.spec.gpus for n in nodes), sum(n.spec.milli_cpu for n in nodes),
-            sum(n.spec.memory_bytes for n in nodes))
+    return _node_totals(state)[0]
+
+
+def gpu_memory_hint(state: "ClusterState") -> int:
+    """The largest node's GPU memory (MiB; 0 without nodes): what a GPU-memory request is
+    counted against as a share of a device (`pod_request`)."""
+    return _node_totals(state)[1]
 
 
 def shares_for_state(state: "ClusterState", gpu_unit: int = 1, time_based: TimeBased | None = None,
@@ -411,8 +435,7 @@ def shares_for_state(state: "ClusterState", gpu_unit: int = 1, time_based: TimeB
     GPUs are divided in units of `gpu_unit` milli-GPU over quota (1: exactly; 1000: whole GPUs);
     `time_based` weighs the over-quota rounds by historical usage; `replacements_once`: see
     `pending_request`; `quota_granted`: step 1 of `divide`."""
-    hint = max((state.nodes[n].spec.gpu_memory_mib for n in state.node_names), default=0)
-    capacity = cluster_capacity(state)
+    capacity, hint = _node_totals(state)
     pending = pending_request(state, hint, replacements_once)
     out: dict[str, dict[str, QueueShare]] = {}
     for r, resource in enumerate(RESOURCES):

@@ -293,19 +293,28 @@ def incremental_digest(state: ClusterState) -> str:
         for name in STALE_SETS:
             getattr(state, name).clear()
     else:
+        # `entity_hash` written out (this runs for every entity that changed, every cycle), and
+        # the keys taken in the set's order: each entity's hash is replaced in a sum, which no
+        # order of the additions can change
         total = hashes.total
+        encode, sha256, from_bytes = _ENCODE, hashlib.sha256, int.from_bytes
         for kind, field, form_of, _ in KINDS:
             keys: set[str] = getattr(state, field)
             if not keys:
                 continue
             parts = hashes.parts.setdefault(kind, {})
-            for key in sorted(keys):
+            for key in keys:
                 old = parts.pop(key, None)
                 if old is not None:
                     total -= old
                 form = form_of(state, key)
                 if form is not None:
-                    h = entity_hash(kind, key, form)
+                    triple = (kind, key, form)
+                    try:
+                        data = encode(triple)
+                    except OverflowError:
+                        data = encode_form(triple)
+                    h = from_bytes(sha256(data).digest(), "big")
                     parts[key] = h
                     total += h
             keys.clear()
