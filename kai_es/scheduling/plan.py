@@ -31,7 +31,7 @@ from typing import Protocol
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
 from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape, bind_place
-from kai_es.scheduling.tables import tables
+from kai_es.scheduling.tables import index_of, tables
 from kai_es.state.model import ClusterState
 from kai_es.state.quantities import device_count
 
@@ -134,7 +134,7 @@ class Plan:
         self.packer = packer
         self.strategy = strategy
         self.names, self.nodes, idle, future = tables(state)
-        self.node_index = {name: i for i, name in enumerate(self.names)}
+        self.node_index = index_of(state, self.names)  # (the tables': read only)
         self.idle, self.future = idle.copy(), future.copy()
         self._place_idle = bind_place(packer, self.idle, strategy)
         self._place_future = bind_place(packer, self.future, strategy)

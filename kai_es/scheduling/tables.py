@@ -16,7 +16,7 @@ rows is a generation, and every node remembers the generation its pods or usage 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -102,6 +102,15 @@ def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTa
                                            cache.generation)
         state.dirty_nodes.clear()
     return cache.names, cache.nodes, cache.idle, cache.future
+
+
+def index_of(state: ClusterState, names: Sequence[str]) -> dict[str, int]:
+    """name -> its position in `names`: the tables' own index when `names` is the tables' node
+    list (`tables(state)[0]`; kept with it, so callers must not mutate it), else built."""
+    cache = state.caches.get(_KEY)
+    if isinstance(cache, _Cache) and cache.names is names:
+        return cache.index
+    return {name: i for i, name in enumerate(names)}
 
 
 def generation(state: ClusterState) -> int:

@@ -107,11 +107,12 @@ class PodAffinityIndex:
     """Present pods by term class and domain for one cycle (see module docstring)."""
 
     def __init__(self, state: ClusterState, node_labels: Sequence[Mapping[str, str]],
-                 node_names: Sequence[str]) -> None:
+                 node_names: Sequence[str], node_index: Mapping[str, int] | None = None) -> None:
+        """`node_index`: name -> position in `node_names`, when the caller has it (read only)."""
         self.state = state
         self.node_labels = node_labels
         self.node_names = node_names
-        self.node_index = {n: i for i, n in enumerate(node_names)}
+        self.node_index = {n: i for i, n in enumerate(node_names)} if node_index is None else node_index
         self._classes: dict[bytes, TermClass] = {}
         #: classes indexed by one (key, value) of their selector's match_labels; the rest
         self._by_label: dict[tuple[str, str], list[TermClass]] = {}
