@@ -168,6 +168,8 @@ class Session:
         #: pods decided this cycle (placed, or given their reasons), and pods placed
         self.done: set[str] = set()
         self.placed_pods: set[str] = set()
+        #: the pending pods of leaf queues, sorted, as the cycle starts (`rules.preemptors.PendingPods`)
+        self.leaf_pending_pods: list[str] | None = None
         #: the jobs allocate tried, each at its first try, in order (`rules.tried_order`)
         self.tried: dict[str, None] = {}
         #: the gang minimum chosen for each job when it was last a candidate

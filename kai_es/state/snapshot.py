@@ -172,8 +172,8 @@ def node_snap(n: NodeState) -> NodeSnap:
                     device_used=list(n.device_used), device_releasing=list(n.device_releasing),
                     device_sharers=list(n.device_sharers),
                     group_holders={g: {str(d): c for d, c in sorted(h.items())}
-                                   for g, h in sorted(n.group_holders.items())},
-                    pods=sorted(n.pods), used_scalar=dict(sorted(n.used_scalar.items())))
+                                   for g, h in sorted(n.group_holders.items())} if n.group_holders else {},
+                    pods=sorted(n.pods), used_scalar=dict(sorted(n.used_scalar.items())) if n.used_scalar else {})
 
 
 def pod_snap(x: PodState) -> PodSnap:

@@ -62,17 +62,20 @@ class PendingPods:
     __slots__ = ()
 
     def waiting(self, session: Session) -> list[str]:
-        state, placed = session.state, session.placed_pods
-        out: list[str] = []
-        for name in sorted(state.pending_jobs):
-            leaf = session.queues.get(name)
-            if leaf is None or leaf.children:
-                continue
-            for index_key in state.pending_jobs[name]:
-                job = state.jobs[job_key_of_index(index_key)]
-                out.extend(e.pod_key for e in job.pending if e.pod_key not in placed)
-        out.sort()
-        return out
+        pending = session.leaf_pending_pods
+        if pending is None:  # (once a cycle: the state does not change during one)
+            state = session.state
+            pending = []
+            for name in sorted(state.pending_jobs):
+                leaf = session.queues.get(name)
+                if leaf is None or leaf.children:
+                    continue
+                for index_key in state.pending_jobs[name]:
+                    pending.extend(e.pod_key for e in state.jobs[job_key_of_index(index_key)].pending)
+            pending.sort()
+            session.leaf_pending_pods = pending
+        placed = session.placed_pods
+        return [key for key in pending if key not in placed]
 
     def refuse(self, session: Session, action: str, job: Job, message: str,
                numbers: dict[str, int] | None = None) -> None:
