@@ -177,16 +177,16 @@ class Consolidation(PreemptingAction):
                        at_start: dict[str, list[tuple[tuple[object, ...], Unit]]] | None
                        ) -> Iterator[Unit]:
         """Of the units of the jobs with a movable pod on `nodes` (each job's as the search
-        starts, cheapest first: `units_of`), node by node those with a pod there that frees something the
-        node lacks, cheapest first: a unit with a pod on a node is one of the units of the jobs
-        with a movable pod there, so only theirs are merged, as the search reaches the node.
+        starts, cheapest first: `units_of`), node by node those with a pod there that frees
+        something the node lacks, cheapest first: a unit with a pod on a node is one of the
+        units of the jobs with a movable pod there, so only theirs are merged, as the search
+        reaches the node.
 
-        A job's units are read when the search first reaches one of its
-        nodes, and kept for the rest of the search: only the search's own operations change
-        the Plan meanwhile, and each touches a job whose units it read before (a victim's, from
-        these units; the preemptor's, never a victim of its own search). Under verification
-        `at_start` holds every job's units read as the search started, and each read is
-        checked against it."""
+        A job's units are read when the search first reaches one of its nodes, and kept for
+        the rest of the search: only the search's own operations change the Plan meanwhile,
+        and each touches a job whose units it read before (a victim's, from these units; the
+        preemptor's, never a victim of its own search). Under verification `at_start` holds
+        every job's units read as the search started, and each read is checked against it."""
         evicted = self.plan.evicted_pods
         names = self.plan.names
         jobs = self.state.jobs
