@@ -65,29 +65,19 @@ class StateBounds:
 
 
 def _least(state: ClusterState, keys: Iterable[str], least: Least | None = None,
-           holders: tuple[str, ...] = (), orders: dict[str, Least | None] | None = None
-           ) -> tuple[Least | None, tuple[str, ...]]:
+           holders: tuple[str, ...] = ()) -> tuple[Least | None, tuple[str, ...]]:
     """(the least `victims.job_order` of the preemptible jobs of the pods `keys`, or `least` if
-    that is less, and the pods of `keys` and `holders` whose job's order it is). `orders`, when
-    given, keeps each job's order (None: no preemptible job) for the calls that share it, while
-    no job changes: a job's pods are often looked at together, on one node or on several."""
+    that is less, and the pods of `keys` and `holders` whose job's order it is)."""
     pods, jobs = state.pods, state.jobs
     best, of = least, list(holders)
-    if orders is None:
-        orders = {}
     for key in keys:
         pod = pods.get(key)
         if pod is None:
             continue
-        job_key = pod.job_key
-        if job_key in orders:
-            order = orders[job_key]
-        else:
-            job = jobs.get(job_key)
-            order = orders[job_key] = None if job is None or not job.preemptible else \
-                (job.priority, -job.created_ns, job.uid)
-        if order is None:
+        job = jobs.get(pod.job_key)
+        if job is None or not job.preemptible:
             continue
+        order = (job.priority, -job.created_ns, job.uid)
         if best is None or order < best:
             best, of = order, [key]
         elif order == best:
@@ -126,8 +116,7 @@ def free_milli_gpu(table: ArrayPackTable, node: int) -> int:
 def fresh_bounds(state: ClusterState) -> StateBounds:
     """Every node's bound computed from the state alone."""
     names, nodes, _, future = tables(state)
-    orders: dict[str, Least | None] = {}
-    found = [_least(state, node.pods, orders=orders) for node in nodes]
+    found = [_least(state, node.pods) for node in nodes]
     least = [f[0] for f in found]
     free = [free_milli_gpu(future, n) for n in range(len(names))]
     return StateBounds(seen=-2, names=list(names), least=least, free=free,
@@ -172,7 +161,6 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
     else:  # (`_update` written out: this runs for every node that changed)
         ordered, lows, frees, helds, holding = bounds.ordered, bounds.least, bounds.free, bounds.held, bounds.holders
         start, dev = future.gpu_start, future.dev_free_milli
-        orders: dict[str, Least | None] = {}  # (the jobs' victim orders: `_least`)
         for n in changed:
             was, was_free = lows[n], frees[n]
             now = nodes[n].pods
@@ -185,9 +173,9 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
                 if reworth:
                     look |= reworth & now
                 if look:
-                    lows[n], holding[n] = _least(state, look, was, holding[n], orders)
+                    lows[n], holding[n] = _least(state, look, was, holding[n])
             else:
-                lows[n], holding[n] = _least(state, now, orders=orders)
+                lows[n], holding[n] = _least(state, now)
             helds[n] = tuple(now)
             is_free = frees[n] = sum(dev[start[n]:start[n + 1]])
             is_least = lows[n]
