@@ -38,7 +38,7 @@ from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.timefmt import format_duration, rfc3339
 from kai_es.scheduling.config import config_or_default
-from kai_es.scheduling.fairshare import RESOURCES, QueueShare, pending_request, pod_request
+from kai_es.scheduling.fairshare import RESOURCES, QueueShare, gpu_memory_hint, pending_request, pod_request
 from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.session import queued_job
 from kai_es.state import ClusterState
@@ -263,7 +263,7 @@ def cycle_shares(state: ClusterState, now_ns: int) -> tuple[dict[str, dict[str, 
     """The division the cycle at `now_ns` ran (time-based fair share included, when on)."""
     config = config_or_default(state.config)
     division = policy_for(config.policy_version).rules.fair_share_division
-    hint = max((state.nodes[n].spec.gpu_memory_mib for n in state.node_names), default=0)
+    hint = gpu_memory_hint(state)
     return division.shares(state, config, now_ns), hint
 
 

@@ -6,12 +6,18 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kai_es.events import Record
+from kai_es.events import payloads as p
+from kai_es.events.factory import derived_id, make_envelope
 from kai_es.scheduling import policy
-from kai_es.scheduling.fairshare import QueueInput, divide
+from kai_es.scheduling.fairshare import QueueInput, cluster_capacity, divide, gpu_memory_hint
+from kai_es.state import ClusterState
+from kai_es.state.reducer import apply
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -216,17 +222,10 @@ node_steps = st.lists(st.one_of(
 
 
 @given(node_steps)
-def test_kept_node_totals_are_every_nodes_sums_after_any_node_changes(steps: list[tuple[object, ...]]) -> None:
+def test_kept_node_totals_are_every_nodes_sums_after_any_node_changes(steps: list[tuple[Any, ...]]) -> None:
     """`cluster_capacity` and `gpu_memory_hint`, asked between node changes (added, changed in
     any field they sum, removed, re-added), are always the sums over the nodes the state has
     then, as a state that never asked before gives them."""
-    from kai_es.events import Record
-    from kai_es.events import payloads as p
-    from kai_es.events.factory import derived_id, make_envelope
-    from kai_es.scheduling.fairshare import cluster_capacity, gpu_memory_hint
-    from kai_es.state import ClusterState
-    from kai_es.state.reducer import apply
-
     state = ClusterState()
     for pos, step in enumerate([*steps, ("ask",)]):
         if step[0] == "ask":
@@ -238,8 +237,8 @@ def test_kept_node_totals_are_every_nodes_sums_after_any_node_changes(steps: lis
         payload: p.Payload
         if step[0] == "node":
             _, i, gpus, cpu, mib = step
-            payload = p.NodeObserved(name=f"node-{i}", milli_cpu=int(cpu), memory_bytes=2**38, gpus=int(gpus),
-                                     gpu_memory_mib=int(mib))
+            payload = p.NodeObserved(name=f"node-{i}", milli_cpu=cpu, memory_bytes=2**38, gpus=gpus,
+                                     gpu_memory_mib=mib)
         else:
             payload = p.NodeRemoved(name=f"node-{step[1]}")
         apply(state, Record(pos, make_envelope(payload, event_id=derived_id("totals", pos), source="kai-es/informer",

@@ -31,7 +31,7 @@ from sortedcontainers import SortedList
 
 from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
-from kai_es.scheduling.fairshare import RESOURCES, cluster_capacity, parent_loops, pod_request
+from kai_es.scheduling.fairshare import RESOURCES, cluster_capacity, gpu_memory_hint, parent_loops, pod_request
 from kai_es.scheduling.gang import Minimum, minimum, surplus
 from kai_es.scheduling.plan import Announced, Entry, Plan
 from kai_es.state.keys import job_key_of_index
@@ -161,7 +161,7 @@ class Session:
         self.topology: TopologyPlacer | None = rules.topology_placement.placer(state, plan, self.eligibility)
         if self.topology is not None:
             plan.listeners.append(self.topology)
-        self.gpu_memory_hint = max((n.spec.gpu_memory_mib for n in plan.nodes), default=0)
+        self.gpu_memory_hint = gpu_memory_hint(state)  # (over the tables' nodes: every node)
         self.queues: dict[str, QueueNode] = {}
         self.roots: list[QueueNode] = []
         self.fair_shares: dict[str, Vector] = {}

@@ -293,11 +293,9 @@ def incremental_digest(state: ClusterState) -> str:
         for name in STALE_SETS:
             getattr(state, name).clear()
     else:
-        # `entity_hash` written out (this runs for every entity that changed, every cycle), and
-        # the keys taken in the set's order: each entity's hash is replaced in a sum, which no
-        # order of the additions can change
+        # the keys in the set's order: each entity's hash is replaced in a sum, which no order
+        # of the additions can change
         total = hashes.total
-        encode, sha256, from_bytes = _ENCODE, hashlib.sha256, int.from_bytes
         for kind, field, form_of, _ in KINDS:
             keys: set[str] = getattr(state, field)
             if not keys:
@@ -309,12 +307,7 @@ def incremental_digest(state: ClusterState) -> str:
                     total -= old
                 form = form_of(state, key)
                 if form is not None:
-                    triple = (kind, key, form)
-                    try:
-                        data = encode(triple)
-                    except OverflowError:
-                        data = encode_form(triple)
-                    h = from_bytes(sha256(data).digest(), "big")
+                    h = entity_hash(kind, key, form)
                     parts[key] = h
                     total += h
             keys.clear()

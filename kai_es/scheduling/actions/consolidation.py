@@ -167,7 +167,7 @@ class Consolidation(PreemptingAction):
             state = self.state
             jobs = {pod.job_key: state.jobs[pod.job_key] for _, _, movable in nodes for pod in movable}
             at_start = {k: views.units_of(jobs[k]) for k in sorted(jobs)}
-            if _unit_form(list(heapq.merge(*at_start.values(), key=unit_key))) != \
+            if _unit_form(views.units(jobs[k] for k in sorted(jobs))) != \
                     _unit_form(keyed_units(self.session, [jobs[k] for k in sorted(jobs)], backoff=True)):
                 raise VerificationError(f"consolidation's kept victim units of {sorted(jobs)} are not keyed_units'")
         return {n for n, _, _ in nodes}, self._units_by_node(nodes, views.units_of, at_start), scenario

@@ -158,27 +158,14 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
             _update(state, bounds, n, nodes[n], skipped, reordered.get(names[n], _NONE))
         bounds.free = [free_milli_gpu(future, n) for n in range(len(names))]
         bounds.ordered = SortedList(_keys(bounds.least, bounds.free, range(len(names))))
-    else:  # (`_update` written out: this runs for every node that changed)
-        ordered, lows, frees, helds, holding = bounds.ordered, bounds.least, bounds.free, bounds.held, bounds.holders
-        start, dev = future.gpu_start, future.dev_free_milli
+    else:
+        ordered, least, free = bounds.ordered, bounds.least, bounds.free
+        start, dev = future.gpu_start, future.dev_free_milli  # (`free_milli_gpu` written out: every changed node)
         for n in changed:
-            was, was_free = lows[n], frees[n]
-            now = nodes[n].pods
-            reworth = reordered.get(names[n], _NONE)
-            had = helds[n]
-            if not skipped and had and not any(key not in now or key in reworth for key in holding[n]):
-                # its least's pods stay, unchanged: the least can only go down, to a pod gained
-                # or re-worthed
-                look = now.difference(had)
-                if reworth:
-                    look |= reworth & now
-                if look:
-                    lows[n], holding[n] = _least(state, look, was, holding[n])
-            else:
-                lows[n], holding[n] = _least(state, now)
-            helds[n] = tuple(now)
-            is_free = frees[n] = sum(dev[start[n]:start[n + 1]])
-            is_least = lows[n]
+            was, was_free = least[n], free[n]
+            _update(state, bounds, n, nodes[n], skipped, reordered.get(names[n], _NONE))
+            is_least, is_free = least[n], sum(dev[start[n]:start[n + 1]])
+            free[n] = is_free
             if is_least != was or is_free != was_free:
                 if was is not None:
                     ordered.remove((-was_free, False, was, n))
