@@ -4,6 +4,8 @@ queue accounting), the capacity epoch of its memos, verification mode, the emitt
 
 from __future__ import annotations
 
+from array import array
+
 from typing import Any
 
 import pytest
@@ -165,6 +167,20 @@ def test_verification_mode_catches_a_wrong_memo() -> None:
     assert plan.place("default/big-b", spec, mask, settled=True)[0] is None  # the memo, unchecked
     plan.verify = True
     with pytest.raises(VerificationError, match="remembered 'does not fit'"):
+        plan.place("default/big-b", spec, mask, settled=True)
+
+
+def test_verification_mode_catches_a_fixed_mask_changed() -> None:
+    """A mask placed with `remember=True` is handed to the packer as one that never changes (a
+    run of identical pods is then known by its identity): verification mode checks that."""
+    session = _session(*_full_node(), verify=True)
+    plan, state = session.plan, session.state
+    spec = state.pods["default/big-b"].spec
+    mask = array("q", session.eligibility.static_mask(spec))
+    plan.place("default/big-b", spec, mask, settled=True)
+    plan.place("default/big-b", spec, mask, settled=True)  # unchanged: fine
+    mask[0] ^= 1
+    with pytest.raises(VerificationError, match="remember=True"):
         plan.place("default/big-b", spec, mask, settled=True)
 
 

@@ -85,6 +85,49 @@ def test_every_answer_is_the_packers_own(kind: str, table: ArrayPackTable, strat
             table.apply_placed(node, devices, done, -1)
 
 
+class _Mask(array):  # type: ignore[type-arg]
+    """A mask that counts how often its contents are compared."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        _Mask.compared += 1
+        return array.__eq__(self, other)
+
+    __hash__ = None
+
+
+@pytest.mark.parametrize("kind", ["native", "reference"])
+@settings(max_examples=100, deadline=None)
+@given(table=tables(), strategy=st.sampled_from(STRATEGIES), data=st.data())
+def test_a_fixed_mask_is_known_by_identity_and_answers_stay_the_packers(
+        kind: str, table: ArrayPackTable, strategy: Strategy, data: st.DataObject) -> None:
+    """A mask passed with `fixed=True` (its caller never changes it) is the same mask when passed
+    again as the same object: its contents are not compared. Mixed with masks that do change
+    (passed without `fixed`), and with a copy of it, every answer is still a fresh scan's."""
+    packer = load_packer(kind)  # type: ignore[arg-type]
+    place = bind_place(packer, table, strategy)
+    assert isinstance(place, RepeatedPlace)
+    n = table.n_nodes
+    fixed = _Mask("q", [1] * n)
+    changing = array("q", [i % 2 for i in range(n)])
+    for _ in range(data.draw(st.integers(1, 30))):
+        task = data.draw(st.sampled_from(TASKS[:3]))
+        which = data.draw(st.sampled_from(["fixed", "fixed", "fixed", "changing", "copy"]))
+        if which == "changing" and data.draw(st.booleans()):
+            changing[data.draw(st.integers(0, n - 1))] ^= 1
+        mask = {"fixed": fixed, "changing": changing, "copy": array("q", fixed)}[which]
+        got = place(task, mask, fixed=which == "fixed")
+        assert got == packer.place(table, task, strategy, array("q", mask))
+        if got.placed and data.draw(st.booleans()):
+            table.apply_placed(got.node, got.devices, task, 1)
+    place(TASKS[0], fixed, fixed=True)
+    _Mask.compared = 0
+    place(TASKS[0], fixed, fixed=True)
+    place(TASKS[0], fixed, fixed=True)
+    assert _Mask.compared == 0
+
+
 def _run(place: Callable[[TaskShape, array[int] | None], Placement], packer: Packer, table: ArrayPackTable,
          strategy: Strategy, task: TaskShape, count: int) -> list[int]:
     """Place `count` tasks one after the other, each answer checked against a fresh scan and

@@ -149,6 +149,9 @@ class Plan:
         # shape, id of mask); the shapes and remembered masks live as long as the plan
         self._failed: dict[tuple[int, int, int], Placement] = {}
         self._shapes: dict[tuple[object, int, int], TaskShape] = {}
+        #: verification mode: id of each mask `place` was told does not change -> (the mask, a
+        #: copy of it when first told)
+        self._fixed: dict[int, tuple[array[int], array[int]]] = {}
         if verify:
             self.verify_tables()
 
@@ -286,19 +289,24 @@ class Plan:
         static mask (`remember=True`: a mask that does not change during the cycle), fails for
         the rest of the cycle: that answer is remembered and reused (its rejection counts are
         those of the first failure: as capacity shrinks further a node may fail an earlier
-        check, which the remembered reason does not follow)."""
+        check, which the remembered reason does not follow). Such a mask is handed to the bound
+        packer as fixed (`packing.repeat.RepeatedPlace`: a run of identical pods is then known
+        by the mask's identity); verification mode checks that it indeed never changes."""
         shape = self.shape(spec)
         failed_key = (self.epoch, id(shape), id(mask))
         if remember:
+            if self.verify:
+                self._verify_fixed(mask)
             known = self._failed.get(failed_key)
             if known is not None:
                 if self.verify:
                     self._verify_failure(shape, mask, known)
                 return None, known
         if self.skips_held_idle:
-            return self._place_past_held(pod_key, spec, shape, mask, levels, settled and remember, failed_key)
+            return self._place_past_held(pod_key, spec, shape, mask, levels, remember, settled and remember,
+                                         failed_key)
         for level in (levels or (mask,)):
-            now = self._place_idle(shape, level)
+            now = self._place_idle(shape, level, remember and level is mask)
             if now.placed:
                 future = self.future
                 if not future.can_take(now.node, now.devices, shape):
@@ -309,10 +317,10 @@ class Plan:
                 self.idle.apply_placed(now.node, now.devices, shape, 1)
                 return self._record(pod_key, spec, shape, now, pipelined=False), now
         if levels is not None:
-            now = self._place_idle(shape, mask)
+            now = self._place_idle(shape, mask, remember)
             if now.placed:
                 return None, now  # fits only capacity pipelined pods are waiting for
-        later = self._pipeline(pod_key, spec, shape, levels or (mask,))
+        later = self._pipeline(pod_key, spec, shape, levels or (mask,), mask if remember else None)
         if later is not None:
             return later, now
         if settled and remember and pod_key not in self.idle_only:  # (an idle-only failure says nothing of others)
@@ -320,8 +328,8 @@ class Plan:
         return None, now
 
     def _place_past_held(self, pod_key: str, spec: PodObserved, shape: TaskShape, mask: array[int],
-                         levels: list[array[int]] | None, memo: bool, failed_key: tuple[int, int, int]
-                         ) -> tuple[Entry | None, Placement]:
+                         levels: list[array[int]] | None, fixed: bool, memo: bool,
+                         failed_key: tuple[int, int, int]) -> tuple[Entry | None, Placement]:
         """`place` when `skips_held_idle`: on each level, idle capacity on a node the packer
         picks whose capacity no pipelined pod waits for (a node so held is left out and the
         packer asked again), else pipelined onto releasing capacity. The idle answer returned
@@ -332,7 +340,7 @@ class Plan:
         for level in (levels or (mask,)):
             allowed = level  # copied before the first node is left out: `level` is the caller's
             while True:
-                now = self._place_idle(shape, allowed)
+                now = self._place_idle(shape, allowed, fixed and allowed is mask)
                 if not now.placed:
                     if allowed is mask:
                         answer = now
@@ -349,8 +357,8 @@ class Plan:
         if held is not None:
             answer = held
         elif answer is None:
-            answer = self._place_idle(shape, mask)
-        later = self._pipeline(pod_key, spec, shape, levels or (mask,))
+            answer = self._place_idle(shape, mask, fixed)
+        later = self._pipeline(pod_key, spec, shape, levels or (mask,), mask if fixed else None)
         if later is not None:
             return later, answer
         if memo and held is None and pod_key not in self.idle_only:
@@ -358,13 +366,14 @@ class Plan:
         return None, answer
 
     def _pipeline(self, pod_key: str, spec: PodObserved, shape: TaskShape,
-                  levels: Sequence[array[int]]) -> Entry | None:
+                  levels: Sequence[array[int]], fixed: array[int] | None = None) -> Entry | None:
         """Pipeline one task onto releasing capacity, on the first level with a fitting node
-        (never a pod placed on idle capacity only); None when none fits."""
+        (never a pod placed on idle capacity only); None when none fits. `fixed`: a mask among
+        `levels` that never changes (the packer's kept answer may then be reused by identity)."""
         if pod_key in self.idle_only:
             return None
         for level in levels:
-            later = self._place_future(shape, level)
+            later = self._place_future(shape, level, level is fixed)
             if later.placed:
                 entry = self._record(pod_key, spec, shape, later, pipelined=True)
                 self.future.apply_placed(later.node, later.devices, shape, 1)
@@ -398,6 +407,14 @@ class Plan:
         if known is not None and self.verify:
             self._verify_failure(shape, mask, known)
         return known
+
+    def _verify_fixed(self, mask: array[int]) -> None:
+        kept = self._fixed.get(id(mask))
+        if kept is None or kept[0] is not mask:
+            self._fixed[id(mask)] = (mask, array("q", mask))
+        elif kept[1] != mask:
+            raise VerificationError("a node mask placed with remember=True (one that does not change during "
+                                    "the cycle) changed after its first placement")
 
     def _verify_failure(self, shape: TaskShape, mask: array[int], known: Placement) -> None:
         again = self.packer.place(self.idle, shape, self.strategy, mask)

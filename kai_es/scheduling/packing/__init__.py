@@ -14,7 +14,7 @@ when asked for explicitly (``load_packer("reference")``; the CLI also honours
 from __future__ import annotations
 
 from array import array
-from typing import Literal
+from typing import Literal, Protocol
 
 from .model import (
     MAX_MEMORY_MIB,
@@ -61,6 +61,7 @@ from .reference import ReferencePacker
 from .repeat import RepeatedPlace
 
 __all__ = [
+    "BoundPlace",
     "PlaceFn",
     "bind_place",
     "MAX_MEMORY_MIB",
@@ -119,7 +120,14 @@ def load_packer(kind: PackerKind = "native") -> Packer:
     raise ValueError(f"unknown packer kind {kind!r}: expected 'native' or 'reference'")
 
 
-def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> PlaceFn:
+class BoundPlace(Protocol):
+    """`place` bound to one table and strategy (`bind_place`); `fixed`: the caller never changes
+    `eligible` afterwards (`repeat.RepeatedPlace`), which changes no answer."""
+
+    def __call__(self, task: TaskShape, eligible: array[int] | None = None, fixed: bool = False) -> Placement: ...
+
+
+def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> BoundPlace:
     """`packer.place` for one table and strategy: the packer's own `bind` when it has one
     (the native packer checks once what does not change between calls), else a plain wrapper;
     for an `ArrayPackTable`, one that knows the answer to a task asked again without a scan
@@ -148,4 +156,8 @@ def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> PlaceFn:
                 return answer, ranked
 
         return RepeatedPlace(fn, table, strategy, rank)
-    return fn
+
+    def bound(task: TaskShape, eligible: array[int] | None = None, fixed: bool = False) -> Placement:
+        return fn(task, eligible)
+
+    return bound
