@@ -38,8 +38,6 @@ from kai_es.state.model import ClusterState, NodeState
 
 _KEY = "scheduling.consolidation_bounds"
 
-_NONE: frozenset[str] = frozenset()  # (no pod re-worthed)
-
 #: a job's place in the victim order, `victims.job_order`: (priority, -created_ns, uid)
 Least = tuple[int, int, str]
 
@@ -88,10 +86,11 @@ def _least(state: ClusterState, keys: Iterable[str], least: Least | None = None,
 def _update(state: ClusterState, bounds: StateBounds, n: int, node: NodeState, skipped: bool,
             reworth: AbstractSet[str]) -> None:
     """Bring node `n`'s `least` up to date from what it gained and lost since and from `reworth`,
-    the pods there whose job's worth as a victim the reducer says may have changed
-    (`victim_order_changed`): while every pod that gave the least stays, unchanged, the least
-    can only go down, to a pod gained or re-worthed. Else (or when a cycle went by unseen,
-    `skipped`) from all it holds."""
+    the pods whose job's worth as a victim the reducer says may have changed
+    (`victim_order_changed`; of those, only the ones it holds count): while every pod that gave
+    the least stays, unchanged, the least can only go down, to a pod gained or re-worthed. Else
+    (or when a cycle went by unseen, `skipped`) from all it holds. `reworth` is read by lookups
+    of the node's own pods only (a node holds tens of pods; the set may hold thousands)."""
     now = node.pods
     held = bounds.held[n]
     if not skipped and held:
@@ -134,14 +133,10 @@ def state_bounds(state: ClusterState) -> StateBounds:
 
 def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[int], rebuilt: bool) -> StateBounds:
     names, nodes, _, future = tables(state)
-    # the pods the reducer says changed worth, by the node each is on now (one that left a node
-    # is gone from it: looked at as such)
-    reordered: dict[str, set[str]] = {}
-    pods = state.pods
-    for key in state.victim_order_changed:
-        pod = pods.get(key)
-        if pod is not None and pod.node:
-            reordered.setdefault(pod.node, set()).add(key)
+    # the pods the reducer says changed worth (one that left a node is gone from it: looked at
+    # as such), looked up from each changed node's pods rather than grouped by node: grouping
+    # read every such pod (thousands a cycle when jobs finish), mostly cache misses
+    reworth = state.victim_order_changed
     # a generation (a cycle's) went by without a search: a node may then hold, under a key it held
     # at the last one, a pod recreated in another job and bound by that cycle; from all it holds
     skipped = generation(state) != bounds.seen + 1
@@ -155,7 +150,7 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
         bounds.holders = [holders[k] if k is not None else () for k in kept]
         bounds.names = list(names)
         for n in again:
-            _update(state, bounds, n, nodes[n], skipped, reordered.get(names[n], _NONE))
+            _update(state, bounds, n, nodes[n], skipped, reworth)
         bounds.free = [free_milli_gpu(future, n) for n in range(len(names))]
         bounds.ordered = SortedList(_keys(bounds.least, bounds.free, range(len(names))))
     else:
@@ -163,7 +158,7 @@ def _brought_up_to_date(state: ClusterState, bounds: StateBounds, changed: list[
         start, dev = future.gpu_start, future.dev_free_milli  # (`free_milli_gpu` written out: every changed node)
         for n in changed:
             was, was_free = least[n], free[n]
-            _update(state, bounds, n, nodes[n], skipped, reordered.get(names[n], _NONE))
+            _update(state, bounds, n, nodes[n], skipped, reworth)
             is_least, is_free = least[n], sum(dev[start[n]:start[n + 1]])
             free[n] = is_free
             if is_least != was or is_free != was_free:
