@@ -26,6 +26,7 @@ from kai_es.scheduling.packing import (
     TaskShape,
     WorkloadShape,
     bind_place,
+    bind_rank,
     load_packer,
 )
 from kai_es.scheduling.packing.repeat import RANK_CAP, RepeatedPlace
@@ -126,6 +127,28 @@ def test_a_fixed_mask_is_known_by_identity_and_answers_stay_the_packers(
     place(TASKS[0], fixed, fixed=True)
     place(TASKS[0], fixed, fixed=True)
     assert _Mask.compared == 0
+
+
+@pytest.mark.parametrize("kind", ["native", "reference"])
+@settings(max_examples=150, deadline=None)
+@given(table=tables(), strategy=st.sampled_from(STRATEGIES), task=st.sampled_from(TASKS), data=st.data())
+def test_the_best_two_ranked_say_where_a_task_goes_and_whether_another_node_fits(
+        kind: str, table: ArrayPackTable, strategy: Strategy, task: TaskShape, data: st.DataObject) -> None:
+    """`bind_rank` with a cap of two (`Plan.idle_fits`, consolidation's check that a pod could
+    move): its first node is the packer's placement, and a second is listed exactly when the
+    packer places the task on the mask without that node."""
+    packer = load_packer(kind)  # type: ignore[arg-type]
+    mask = array("q", [data.draw(st.integers(0, 1)) for _ in range(table.n_nodes)])
+    answer, ranked = bind_rank(packer, table, strategy)(task, mask, 2)
+    first = packer.place(table, task, strategy, mask)
+    assert answer == first
+    if not first.placed:
+        assert not ranked
+        return
+    assert ranked[0] == first.node
+    others = array("q", mask)
+    others[first.node] = 0
+    assert (len(ranked) > 1) == packer.place(table, task, strategy, others).placed
 
 
 def _run(place: Callable[[TaskShape, array[int] | None], Placement], packer: Packer, table: ArrayPackTable,

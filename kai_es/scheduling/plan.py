@@ -30,7 +30,7 @@ from typing import Protocol
 
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
-from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape, bind_place
+from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape, bind_place, bind_rank
 from kai_es.scheduling.tables import index_of, tables
 from kai_es.state.model import ClusterState
 from kai_es.state.quantities import device_count
@@ -138,6 +138,7 @@ class Plan:
         self.idle, self.future = idle.copy(), future.copy()
         self._place_idle = bind_place(packer, self.idle, strategy)
         self._place_future = bind_place(packer, self.future, strategy)
+        self._rank_idle = bind_rank(packer, self.idle, strategy)
         self.operations: list[Operation] = []
         #: the nodes whose starting point `hold` or `reserve` made differ from the tables' (no
         #: operation, so no listener, tells of them)
@@ -397,6 +398,24 @@ class Plan:
             if allowed is mask:
                 allowed = array("q", mask)
             allowed[now.node] = 0
+
+    def idle_fits(self, shape: TaskShape, mask: array[int]) -> tuple[int, bool]:
+        """The node the packer would give `shape` on idle capacity within `mask` (-1: none), and
+        whether another node of `mask` would fit it too; one scan (`Packer.rank_raw`'s best two
+        nodes), not a second on `mask` less that node. Verification mode asks both ways."""
+        answer, ranked = self._rank_idle(shape, mask, 2)
+        found = (answer.node, len(ranked) > 1) if answer.placed else (-1, False)
+        if self.verify:
+            first = self.packer.place(self.idle, shape, self.strategy, mask)
+            if not first.placed:
+                again = (-1, False)
+            else:
+                others = array("q", mask)
+                others[first.node] = 0
+                again = (first.node, self.packer.place(self.idle, shape, self.strategy, others).placed)
+            if again != found:
+                raise VerificationError(f"idle_fits answered {found} for {shape}, two placements {again}")
+        return found
 
     def known_failure(self, spec: PodObserved, mask: array[int]) -> Placement | None:
         """The remembered answer if `spec`'s shape already failed on `mask` with no tentative

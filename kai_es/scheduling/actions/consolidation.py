@@ -235,14 +235,7 @@ class Consolidation(PreemptingAction):
             key = (id(shape), id(mask))
             found = fits.get(key)
             if found is None:
-                first = plan.packer.place(plan.idle, shape, plan.strategy, mask)
-                if not first.placed:
-                    found = (-1, False)
-                else:
-                    others = mask[:]
-                    others[first.node] = 0
-                    found = (first.node, plan.packer.place(plan.idle, shape, plan.strategy, others).placed)
-                fits[key] = found
+                found = fits[key] = plan.idle_fits(shape, mask)
             node, another = found
             return node >= 0 and (another or node != plan.node_index[pod.node])
 

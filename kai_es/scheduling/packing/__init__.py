@@ -64,6 +64,7 @@ __all__ = [
     "BoundPlace",
     "PlaceFn",
     "bind_place",
+    "bind_rank",
     "MAX_MEMORY_MIB",
     "MAX_NODE_DEVICES",
     "MAX_QUANTITY",
@@ -127,6 +128,24 @@ class BoundPlace(Protocol):
     def __call__(self, task: TaskShape, eligible: array[int] | None = None, fixed: bool = False) -> Placement: ...
 
 
+def bind_rank(packer: Packer, table: PackTable, strategy: Strategy) -> RankFn:
+    """`packer.rank_raw` for one table and strategy, raising as `place` does for what it cannot
+    place (the packer's own `bind_rank` when it has one)."""
+    own = getattr(packer, "bind_rank", None)
+    if own is not None:
+        return own(table, strategy)  # type: ignore[no-any-return]
+
+    def rank(task: TaskShape, eligible: array[int] | None, cap: int) -> BoundRanking:
+        problem = task_problem(task) or strategy_problem(strategy)
+        ensure(problem is None, problem)  # as `place` says it
+        answer, ranked = packer.rank_raw(table, task, strategy, eligible, cap)
+        if answer.code < 0:
+            raise_for_result(answer, table, strategy, eligible)
+        return answer, ranked
+
+    return rank
+
+
 def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> BoundPlace:
     """`packer.place` for one table and strategy: the packer's own `bind` when it has one
     (the native packer checks once what does not change between calls), else a plain wrapper;
@@ -142,19 +161,7 @@ def bind_place(packer: Packer, table: PackTable, strategy: Strategy) -> BoundPla
             return packer.place(table, task, strategy, eligible)
 
     if isinstance(table, ArrayPackTable):
-        bind_rank = getattr(packer, "bind_rank", None)
-        rank: RankFn
-        if bind_rank is not None:
-            rank = bind_rank(table, strategy)
-        else:
-            def rank(task: TaskShape, eligible: array[int] | None, cap: int) -> BoundRanking:
-                problem = task_problem(task) or strategy_problem(strategy)
-                ensure(problem is None, problem)  # as `place` says it
-                answer, ranked = packer.rank_raw(table, task, strategy, eligible, cap)
-                if answer.code < 0:
-                    raise_for_result(answer, table, strategy, eligible)
-                return answer, ranked
-
+        rank = bind_rank(packer, table, strategy)
         return RepeatedPlace(fn, table, strategy, rank)
 
     def bound(task: TaskShape, eligible: array[int] | None = None, fixed: bool = False) -> Placement:
