@@ -16,7 +16,7 @@ from kai_es.oneshot import initial_state
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.config import ConfigError, parse_config
 from kai_es.scheduling.cycle import strategy_of
-from kai_es.scheduling.packing import load_packer
+from kai_es.scheduling.packing import BoundRanking, TaskShape, load_packer
 from kai_es.scheduling.plan import Entry, Plan, VerificationError
 from kai_es.scheduling.policy import POLICIES, RULES_V1, policy_for
 from kai_es.scheduling.session import Session
@@ -75,6 +75,37 @@ def _full_node() -> list[dict[str, Any]]:
 
 def _accounting(session: Session) -> dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]]:
     return {name: (q.allocated, q.nonpreemptible) for name, q in sorted(session.queues.items())}
+
+
+def test_whether_a_pod_fits_elsewhere_is_read_from_one_scan_until_its_nodes_fill() -> None:
+    """`Plan.fits_elsewhere` (consolidation: may this pod move?) answers as the packer does on
+    the mask without the pod's own node, after every placement; it scans the cluster once, then
+    checks the nodes that scan found, and scans again only when none of them is left."""
+    session = _session(MakeNode("n1").gpus(2).obj(), MakeNode("n2").gpus(2).obj(), MakeNode("n3").gpus(2).obj(),
+                       queue("team-a"), *[MakePod(f"p{i}").gpu(1).obj() for i in range(6)])
+    plan, state = session.plan, session.state
+    specs = [state.pods[f"default/p{i}"].spec for i in range(6)]
+    shape, mask = plan.shape(specs[0]), session.eligibility.static_mask(specs[0])
+    scans: list[int] = []
+    rank = plan._rank_idle
+
+    def counted(task: TaskShape, eligible: array[int] | None, cap: int) -> BoundRanking:
+        scans.append(cap)
+        return rank(task, eligible, cap)
+
+    plan._rank_idle = counted
+
+    def truth(own: int) -> bool:
+        others = array("q", mask)
+        others[own] = 0
+        return plan.packer.place(plan.idle, shape, plan.strategy, others).placed
+
+    for i, spec in enumerate(specs):
+        for own in range(3):
+            assert plan.fits_elsewhere(shape, mask, own) == truth(own), (i, own)
+        plan.place(f"default/p{i}", spec, mask)
+    assert len(scans) < 6 * 3  # the nodes a scan found answer the asks after it
+    assert not any(plan.fits_elsewhere(shape, mask, own) for own in range(3))  # all full
 
 
 def test_eviction_grows_capacity_so_a_remembered_failure_is_not_reused() -> None:

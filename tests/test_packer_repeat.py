@@ -134,9 +134,9 @@ def test_a_fixed_mask_is_known_by_identity_and_answers_stay_the_packers(
 @given(table=tables(), strategy=st.sampled_from(STRATEGIES), task=st.sampled_from(TASKS), data=st.data())
 def test_the_best_two_ranked_say_where_a_task_goes_and_whether_another_node_fits(
         kind: str, table: ArrayPackTable, strategy: Strategy, task: TaskShape, data: st.DataObject) -> None:
-    """`bind_rank` with a cap of two (`Plan.idle_fits`, consolidation's check that a pod could
-    move): its first node is the packer's placement, and a second is listed exactly when the
-    packer places the task on the mask without that node."""
+    """`bind_rank` (`Plan.fits_elsewhere`'s scan, consolidation's check that a pod could move)
+    with a cap of two: its first node is the packer's placement, and a second is listed exactly
+    when the packer places the task on the mask without that node."""
     packer = load_packer(kind)  # type: ignore[arg-type]
     mask = array("q", [data.draw(st.integers(0, 1)) for _ in range(table.n_nodes)])
     answer, ranked = bind_rank(packer, table, strategy)(task, mask, 2)

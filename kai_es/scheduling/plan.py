@@ -31,9 +31,14 @@ from typing import Protocol
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
 from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape, bind_place, bind_rank
+from kai_es.scheduling.packing.reference import filter_node
 from kai_es.scheduling.tables import index_of, tables
 from kai_es.state.model import ClusterState
 from kai_es.state.quantities import device_count
+
+
+#: how many fitting nodes a `Plan.fits_elsewhere` scan keeps to answer later asks with
+WITNESSES = 8
 
 
 class VerificationError(AssertionError):
@@ -150,6 +155,9 @@ class Plan:
         # shape, id of mask); the shapes and remembered masks live as long as the plan
         self._failed: dict[tuple[int, int, int], Placement] = {}
         self._shapes: dict[tuple[object, int, int], TaskShape] = {}
+        #: `fits_elsewhere`'s last scan per (id of shape, id of mask): (shape, mask, the nodes
+        #: that fitted then, best first; the two kept alive so that their ids stay theirs)
+        self._witnesses: dict[tuple[int, int], tuple[TaskShape, array[int], Sequence[int]]] = {}
         #: verification mode: id of each mask `place` was told does not change -> (the mask, a
         #: copy of it when first told)
         self._fixed: dict[int, tuple[array[int], array[int]]] = {}
@@ -399,22 +407,31 @@ class Plan:
                 allowed = array("q", mask)
             allowed[now.node] = 0
 
-    def idle_fits(self, shape: TaskShape, mask: array[int]) -> tuple[int, bool]:
-        """The node the packer would give `shape` on idle capacity within `mask` (-1: none), and
-        whether another node of `mask` would fit it too; one scan (`Packer.rank_raw`'s best two
-        nodes), not a second on `mask` less that node. Verification mode asks both ways."""
-        answer, ranked = self._rank_idle(shape, mask, 2)
-        found = (answer.node, len(ranked) > 1) if answer.placed else (-1, False)
+    def fits_elsewhere(self, shape: TaskShape, mask: array[int], node: int) -> bool:
+        """Whether `shape` fits idle capacity now on a node of `mask` other than `node` (the
+        node index a pod runs on: may it move?). A scan (`Packer.rank_raw`) lists up to
+        `WITNESSES` nodes that fit; while one of them other than `node` still passes the
+        packer's filter (`reference.filter_node`, checked now), that is the answer without a
+        scan of the cluster; only when none does is it scanned again. So a `(shape, mask)` of a
+        cycle's consolidation searches costs one scan, not one per search. `mask` must not
+        change during the cycle (a static mask). Verification mode asks the packer too."""
+        key = (id(shape), id(mask))
+        kept = self._witnesses.get(key)
+        found = False
+        if kept is not None:
+            idle = self.idle
+            found = any(n != node and filter_node(idle, mask, n, shape) is None for n in kept[2])
+        if not found:
+            _, ranked = self._rank_idle(shape, mask, WITNESSES)
+            self._witnesses[key] = (shape, mask, ranked)
+            found = any(n != node for n in ranked)
         if self.verify:
-            first = self.packer.place(self.idle, shape, self.strategy, mask)
-            if not first.placed:
-                again = (-1, False)
-            else:
-                others = array("q", mask)
-                others[first.node] = 0
-                again = (first.node, self.packer.place(self.idle, shape, self.strategy, others).placed)
-            if again != found:
-                raise VerificationError(f"idle_fits answered {found} for {shape}, two placements {again}")
+            others = array("q", mask)
+            if 0 <= node < len(others):
+                others[node] = 0
+            if found != self.packer.place(self.idle, shape, self.strategy, others).placed:
+                raise VerificationError(f"fits_elsewhere answered {found} for {shape} off node {node}; "
+                                        "the packer does not agree")
         return found
 
     def known_failure(self, spec: PodObserved, mask: array[int]) -> Placement | None:

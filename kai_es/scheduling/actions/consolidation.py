@@ -218,12 +218,9 @@ class Consolidation(PreemptingAction):
         """Another job's preemptible unit whose every pod fits, now, on idle capacity of some
         node other than its own (within its static eligibility; kai-es/v5: and within the topology
         domains its job requires, `TopologyPlacer.home`): a pod that fits nowhere else
-        cannot move, so a unit with one is not taken. During a search idle capacity does not
-        change (evictions free capacity only once released), so the answers are kept per
-        (shape, eligible nodes) for the search: the first node that fits, and whether another
-        one does."""
+        cannot move, so a unit with one is not taken (`Plan.fits_elsewhere`, which keeps what
+        one scan found for the searches after it)."""
         plan, eligibility, topology = self.plan, self.session.eligibility, self.session.topology
-        fits: dict[tuple[int, int], tuple[int, bool]] = {}
 
         def movable(pod: PodState) -> bool:
             if topology is not None:  # kai-es/v5: a constrained job's pod may move within its domain only
@@ -231,13 +228,7 @@ class Consolidation(PreemptingAction):
                     mask = eligibility.static_mask(pod.spec)
             else:
                 mask = eligibility.static_mask(pod.spec)
-            shape = plan.shape(pod.spec)
-            key = (id(shape), id(mask))
-            found = fits.get(key)
-            if found is None:
-                found = fits[key] = plan.idle_fits(shape, mask)
-            node, another = found
-            return node >= 0 and (another or node != plan.node_index[pod.node])
+            return plan.fits_elsewhere(plan.shape(pod.spec), mask, plan.node_index[pod.node])
 
         return lambda unit: unit.job.key != job.key and unit.job.preemptible and all(movable(p) for p in unit.pods)
 
