@@ -108,6 +108,26 @@ def test_whether_a_pod_fits_elsewhere_is_read_from_one_scan_until_its_nodes_fill
     assert not any(plan.fits_elsewhere(shape, mask, own) for own in range(3))  # all full
 
 
+def test_a_pod_placed_away_from_a_node_goes_where_the_mask_without_it_sends_it() -> None:
+    """`Plan.place_idle(away_from=...)` (a moved pod's re-placement: never the node it leaves)
+    places as the same mask with that node left out would, without the caller copying it."""
+    docs = (MakeNode("n1").gpus(2).obj(), MakeNode("n2").gpus(4).obj(), MakeNode("n3").gpus(8).obj(),
+            queue("team-a"), MakePod("p").gpu(1).obj())
+    one, other = _session(*docs, verify=True), _session(*docs, verify=True)
+    spec = one.state.pods["default/p"].spec
+    mask = one.eligibility.static_mask(spec)
+    first = one.plan.place_idle("default/p", spec, mask, fixed=True)
+    assert first is not None
+    one.plan.rollback(0)
+    away = one.plan.place_idle("default/p", spec, mask, away_from=first.node, fixed=True)
+    without = array("q", other.eligibility.static_mask(spec))
+    without[first.node] = 0
+    expected = other.plan.place_idle("default/p", spec, without)
+    assert away is not None and expected is not None
+    assert (away.node, away.devices) == (expected.node, expected.devices) and away.node != first.node
+    assert list(mask) == [1, 1, 1]  # the caller's mask as it was
+
+
 def test_eviction_grows_capacity_so_a_remembered_failure_is_not_reused() -> None:
     session = _session(*_full_node())
     plan, state = session.plan, session.state

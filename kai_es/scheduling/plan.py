@@ -389,17 +389,23 @@ class Plan:
                 return entry
         return None
 
-    def place_idle(self, pod_key: str, spec: PodObserved, mask: array[int]) -> Entry | None:
-        """Place one task on idle capacity only (never pipelined), on a node of `mask` whose
-        capacity no pipelined pod is waiting for: a node the packer picks whose idle capacity
-        is so held is left out and the packer asked again. None when no node fits."""
+    def place_idle(self, pod_key: str, spec: PodObserved, mask: array[int], away_from: int = -1,
+                   fixed: bool = False) -> Entry | None:
+        """Place one task on idle capacity only (never pipelined), on a node of `mask` other
+        than node index `away_from` whose capacity no pipelined pod is waiting for: a node the
+        packer picks that is `away_from` or whose idle capacity is so held is left out and the
+        packer asked again. None when no node fits. `fixed`: `mask` never changes during the
+        cycle (as `place`'s `remember`; the packer's kept answer is then known by identity, and
+        the mask is copied only when a node must be left out)."""
         shape = self.shape(spec)
+        if fixed and self.verify:
+            self._verify_fixed(mask)
         allowed = mask  # copied before the first node is left out: `mask` is the caller's
         while True:
-            now = self._place_idle(shape, allowed)
+            now = self._place_idle(shape, allowed, fixed and allowed is mask)
             if not now.placed:
                 return None
-            if self.future.can_take(now.node, now.devices, shape):
+            if now.node != away_from and self.future.can_take(now.node, now.devices, shape):
                 self.future.apply_placed(now.node, now.devices, shape, 1)
                 self.idle.apply_placed(now.node, now.devices, shape, 1)
                 return self._record(pod_key, spec, shape, now, pipelined=False)

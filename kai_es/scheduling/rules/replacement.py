@@ -226,10 +226,8 @@ def relocate(session: Session, ops: list[Eviction]) -> list[tuple[Eviction, int]
                                          -state.pods[o.pod_key].spec.requests.memory_bytes, o.pod_key)):
         pod = state.pods[op.pod_key]
         with eligibility.restricted(homes[op.pod_key] if homes is not None else eligibility.restriction):
-            mask, _ = eligibility.mask(pod.spec)
-        elsewhere = mask[:]
-        elsewhere[op.node] = 0
-        entry = plan.place_idle(pod.key, pod.spec, elsewhere)
+            mask, dynamic = eligibility.mask(pod.spec)
+        entry = plan.place_idle(pod.key, pod.spec, mask, away_from=op.node, fixed=not dynamic)
         if entry is None:
             plan.rollback(checkpoint)
             return None
