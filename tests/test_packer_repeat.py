@@ -151,6 +151,35 @@ def test_the_best_two_ranked_say_where_a_task_goes_and_whether_another_node_fits
     assert (len(ranked) > 1) == packer.place(table, task, strategy, others).placed
 
 
+@settings(max_examples=150, deadline=None)
+@given(table=tables(), data=st.data())
+def test_a_copied_table_and_its_original_never_see_each_others_placements(
+        table: ArrayPackTable, data: st.DataObject) -> None:
+    """`ArrayPackTable.copy` (a Plan's tables, from the ones kept across cycles) shares only the
+    buffers no placement writes (`FIXED`): placing and undoing on the copy leaves the original
+    as it was, and the shared buffers as they were."""
+    packer = load_packer("reference")
+    before = table.snapshot()
+    copy = table.copy()
+    assert all((getattr(copy, name) is getattr(table, name)) == (name in ArrayPackTable.FIXED)
+               for name in ArrayPackTable.ARRAYS)
+    done: list[tuple[int, tuple[int, ...], TaskShape]] = []
+    strategy = STRATEGIES[0]
+    for _ in range(data.draw(st.integers(1, 12))):
+        task = data.draw(st.sampled_from(TASKS))
+        got = packer.place(copy, task, strategy)
+        if got.placed:
+            copy.apply_placed(got.node, got.devices, task, 1)
+            done.append((got.node, got.devices, task))
+        elif done and data.draw(st.booleans()):
+            node, devices, placed = done.pop()
+            copy.apply_placed(node, devices, placed, -1)
+    assert table.snapshot() == before
+    for node, devices, placed in reversed(done):
+        copy.apply_placed(node, devices, placed, -1)
+    assert copy.snapshot() == before
+
+
 def _run(place: Callable[[TaskShape, array[int] | None], Placement], packer: Packer, table: ArrayPackTable,
          strategy: Strategy, task: TaskShape, count: int) -> list[int]:
     """Place `count` tasks one after the other, each answer checked against a fresh scan and

@@ -606,6 +606,8 @@ class ArrayPackTable:
         "dev_shared",
         "dev_frac_holders",
     )
+    #: the buffers nothing writes once the table is built (placements change the others)
+    FIXED: ClassVar[frozenset[str]] = frozenset({"alloc_milli_cpu", "eligible", "gpu_start", "dev_total_memory_mib"})
     #: ``changes``: how many placements were applied or undone since the table was built;
     #: ``last_change``: the last one, ``(node, devices, task, sign)`` (None before any)
     __slots__ = (*ARRAYS, "changes", "last_change", "__weakref__")
@@ -705,10 +707,15 @@ class ArrayPackTable:
         return tuple(tuple(getattr(self, name)) for name in self.ARRAYS)
 
     def copy(self) -> ArrayPackTable:
-        """An independent deep copy."""
+        """A copy that placements on either table leave the other unchanged: the buffers a
+        placement writes (`apply_placed`) are copied, the others (`FIXED`: what a node is,
+        not what it has free) shared. A Plan copies two tables a cycle; at 20,000 nodes the
+        shared ones are 1.8 MB a table that never needed copying."""
         new = ArrayPackTable.__new__(ArrayPackTable)
+        fixed = self.FIXED
         for name in self.ARRAYS:
-            setattr(new, name, array("q", getattr(self, name)))
+            value = getattr(self, name)
+            setattr(new, name, value if name in fixed else array("q", value))
         new.changes, new.last_change = 0, None
         return new
 
