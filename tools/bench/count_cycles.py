@@ -1,7 +1,7 @@
 """Machine-independent cost of the steady benchmark's cycles: instructions and cache misses
 counted by valgrind's callgrind, for comparing two commits on a machine whose speed drifts.
 
-    python tools/bench/count_cycles.py [--skip 2] [bench_steady_cycle.py's options]
+    python tools/bench/count_cycles.py [--skip 2] [--max-instructions M] [bench_steady_cycle.py's options]
 
 Runs `bench_steady_cycle.py` (same options; `--restart` included) under
 `valgrind --tool=callgrind --cache-sim=yes` with counting off, and turns it on only inside
@@ -11,7 +11,9 @@ instructions, first-level data-cache misses and last-level misses of the counted
 per cycle. With PYTHONHASHSEED fixed, two runs of one commit give the same instruction count to
 within 0.01%; wall-clock time on a shared machine varies by ±10%. Needs valgrind (Debian:
 `apt-get install valgrind`); a cycle runs about 50x slower under it (the issue #21 shape, five
-cycles: about 2.5 minutes).
+cycles: about 2.5 minutes). With `--max-instructions M` it exits 1, saying so, when a counted
+cycle takes more than M million instructions on average: a regression guard that, unlike a
+timed one, does not depend on the machine's load (the count moves by under 0.01% between runs).
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ def main() -> None:
         at = args.index("--skip")
         skip = int(args[at + 1])
         del args[at:at + 2]
+    most: float | None = None
+    if "--max-instructions" in args:
+        at = args.index("--max-instructions")
+        most = float(args[at + 1])
+        del args[at:at + 2]
     if os.environ.get(_INNER):
         sys.argv = [str(HERE / "bench_steady_cycle.py"), *args]
         _inner(skip)
@@ -84,6 +91,9 @@ def main() -> None:
     ir, d1, ll = (numbers[k] for k in sorted(numbers, key=lambda k: ("I", "D", "L").index(k[0])))
     print(f"per counted cycle ({cycles}): {ir / cycles / 1e6:,.1f} M instructions, "
           f"{d1 / cycles / 1e6:,.2f} M L1 data misses, {ll / cycles / 1e6:,.3f} M last-level misses")
+    if most is not None and ir / cycles / 1e6 > most:
+        sys.exit(f"count_cycles: REGRESSION: {ir / cycles / 1e6:,.1f} M instructions a cycle, above the "
+                 f"--max-instructions {most:,.1f} M")
 
 
 if __name__ == "__main__":
