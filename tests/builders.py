@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from kai_es.ports import ObjectChange, Relist
+from kai_es.scheduling.packing import RankFn
 
 
 class ScriptedSource:
@@ -151,3 +152,13 @@ def scenario_text(*docs: dict[str, Any], settings: dict[str, Any] | None = None)
         all_docs.insert(0, {"apiVersion": "kai-es.io/v1alpha1", "kind": "Scenario",
                             "metadata": {"name": "test"}, "spec": settings})
     return yaml.safe_dump_all(all_docs, sort_keys=False)
+
+
+def counting_rank(rank: RankFn, caps: list[int]) -> RankFn:
+    """`rank` that appends the cap of each call to `caps` (how many scans a caller asked for)."""
+
+    def counted(task: Any, eligible: Any, cap: int) -> Any:
+        caps.append(cap)
+        return rank(task, eligible, cap)
+
+    return counted

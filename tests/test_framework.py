@@ -16,11 +16,11 @@ from kai_es.oneshot import initial_state
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.config import ConfigError, parse_config
 from kai_es.scheduling.cycle import strategy_of
-from kai_es.scheduling.packing import BoundRanking, TaskShape, load_packer
+from kai_es.scheduling.packing import load_packer
 from kai_es.scheduling.plan import Entry, Plan, VerificationError
 from kai_es.scheduling.policy import POLICIES, RULES_V1, policy_for
 from kai_es.scheduling.session import Session
-from tests.builders import MakeNode, MakePod, queue, scenario_text
+from tests.builders import MakeNode, MakePod, counting_rank, queue, scenario_text
 
 # --- the policy registry ----------------------------------------------------------------------
 
@@ -87,13 +87,7 @@ def test_whether_a_pod_fits_elsewhere_is_read_from_one_scan_until_its_nodes_fill
     specs = [state.pods[f"default/p{i}"].spec for i in range(6)]
     shape, mask = plan.shape(specs[0]), session.eligibility.static_mask(specs[0])
     scans: list[int] = []
-    rank = plan._rank_idle
-
-    def counted(task: TaskShape, eligible: array[int] | None, cap: int) -> BoundRanking:
-        scans.append(cap)
-        return rank(task, eligible, cap)
-
-    plan._rank_idle = counted
+    plan._rank_idle = counting_rank(plan._rank_idle, scans)
 
     def truth(own: int) -> bool:
         others = array("q", mask)

@@ -20,7 +20,6 @@ from kai_es.scheduling.packing import (
     GpuStrategy,
     NodeRow,
     Packer,
-    BoundRanking,
     Placement,
     Strategy,
     TaskShape,
@@ -30,6 +29,7 @@ from kai_es.scheduling.packing import (
     load_packer,
 )
 from kai_es.scheduling.packing.repeat import RANK_CAP, RepeatedPlace
+from tests.builders import counting_rank
 
 GIB = 1 << 30
 TASKS = (
@@ -233,13 +233,7 @@ def test_a_run_of_identical_pods_scans_once_per_ranked_nodes(kind: str, nodes: i
     place = bind_place(packer, table, strategy)
     assert isinstance(place, RepeatedPlace) and place.rank is not None
     ranks: list[int] = []
-    rank = place.rank
-
-    def counted(task: TaskShape, eligible: array[int] | None, cap: int) -> BoundRanking:
-        ranks.append(cap)
-        return rank(task, eligible, cap)
-
-    place.rank = counted
+    place.rank = counting_rank(place.rank, ranks)
     idle = [i for i in range(nodes) if i % 3 != 2]
     filled = _run(place, packer, table, strategy, task, len(idle))
     assert sorted(filled) == idle
