@@ -375,14 +375,14 @@ class Plan:
         return None, answer
 
     def _pipeline(self, pod_key: str, spec: PodObserved, shape: TaskShape,
-                  levels: Sequence[array[int]], fixed: array[int] | None = None) -> Entry | None:
+                  levels: Sequence[array[int]], fixed_mask: array[int] | None = None) -> Entry | None:
         """Pipeline one task onto releasing capacity, on the first level with a fitting node
-        (never a pod placed on idle capacity only); None when none fits. `fixed`: a mask among
-        `levels` that never changes (the packer's kept answer may then be reused by identity)."""
+        (never a pod placed on idle capacity only); None when none fits. `fixed_mask`: a mask
+        among `levels` that never changes (the packer's kept answer is then known by identity)."""
         if pod_key in self.idle_only:
             return None
         for level in levels:
-            later = self._place_future(shape, level, level is fixed)
+            later = self._place_future(shape, level, level is fixed_mask)
             if later.placed:
                 entry = self._record(pod_key, spec, shape, later, pipelined=True)
                 self.future.apply_placed(later.node, later.devices, shape, 1)
