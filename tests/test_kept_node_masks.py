@@ -12,7 +12,7 @@ from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
 from kai_es.scheduling.plan import VerificationError
 from kai_es.scheduling.predicates.eligibility import Eligibility
-from kai_es.scheduling.tables import tables
+from kai_es.scheduling.tables import labels_of, tables
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
 
@@ -80,3 +80,22 @@ def test_verification_catches_a_kept_mask_gone_stale() -> None:
     node.spec = _node("node-a", {"nvidia.com/gpu.product": "A100"})
     with pytest.raises(VerificationError):
         _cycle_mask(feed.state, POD, verify=True)
+
+
+def test_node_labels_for_pod_affinity_are_kept_while_no_node_changes_and_follow_a_relabel() -> None:
+    """The node labels pod affinity and topology read (`tables.labels_of`) are one list while the
+    node set holds (not one built per cycle) and the new labels once a node is relabelled."""
+    feed = _Feed()
+    feed.fold(_node("node-a", {"topology.kubernetes.io/zone": "z1"}))
+    feed.fold(_node("node-b", {"topology.kubernetes.io/zone": "z2"}))
+    names, nodes, _, _ = tables(feed.state)
+    first = Eligibility(feed.state, names, nodes).affinity.node_labels
+    names, nodes, _, _ = tables(feed.state)
+    again = Eligibility(feed.state, names, nodes).affinity.node_labels
+    assert again is first and [dict(labels) for labels in again] == [{"topology.kubernetes.io/zone": "z1"},
+                                                                     {"topology.kubernetes.io/zone": "z2"}]
+    feed.fold(_node("node-b", {"topology.kubernetes.io/zone": "z3"}))
+    names, nodes, _, _ = tables(feed.state)
+    relabelled = Eligibility(feed.state, names, nodes).affinity.node_labels
+    assert relabelled is not first and relabelled[1] == {"topology.kubernetes.io/zone": "z3"}
+    assert labels_of(feed.state, list(names), nodes) is not relabelled  # not the tables' own list: built

@@ -16,7 +16,7 @@ rows is a generation, and every node remembers the generation its pods or usage 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -77,6 +77,8 @@ class _Cache:
     rebuilt_at: int = 0
     #: the indexes whose rows the last generation refreshed, in order (when it refreshed rows)
     last_changed: list[int] = field(default_factory=list)
+    #: each node's labels in `names` order, once asked for (`labels_of`); None after a rebuild
+    labels: list[Mapping[str, str]] | None = None
 
 
 def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTable, ArrayPackTable]:
@@ -88,6 +90,7 @@ def tables(state: ClusterState) -> tuple[list[str], list[NodeState], ArrayPackTa
     if cache.version != state.node_set_version or cache.idle is None or cache.future is None:
         old_index, old_changed, dirty = cache.index, cache.changed_at, state.dirty_nodes
         cache.names, cache.nodes, cache.idle, cache.future = build_tables(state)
+        cache.labels = None
         cache.index = {name: i for i, name in enumerate(cache.names)}
         cache.version = state.node_set_version
         cache.generation += 1
@@ -111,6 +114,18 @@ def index_of(state: ClusterState, names: Sequence[str]) -> dict[str, int]:
     if isinstance(cache, _Cache) and cache.names is names:
         return cache.index
     return {name: i for i, name in enumerate(names)}
+
+
+def labels_of(state: ClusterState, names: Sequence[str], nodes: Sequence[NodeState]) -> Sequence[Mapping[str, str]]:
+    """Each node's labels, in `nodes` order: kept with the tables when `names` and `nodes` are
+    the tables' own (`tables(state)`; a label changes only with its node's spec, which rebuilds
+    them, so the list is made once per rebuild, not once per cycle: read only), else built."""
+    cache = state.caches.get(_KEY)
+    if isinstance(cache, _Cache) and cache.names is names and cache.nodes is nodes:
+        if cache.labels is None:
+            cache.labels = [n.spec.labels for n in nodes]
+        return cache.labels
+    return [n.spec.labels for n in nodes]
 
 
 def generation(state: ClusterState) -> int:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from kai_es.events.payloads import PodGroupObserved, Reason
 from kai_es.scheduling.plan import Announced, Entry, Plan, VerificationError
 from kai_es.scheduling.predicates.eligibility import Eligibility
+from kai_es.scheduling.tables import labels_of
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 
 INVALID_TOPOLOGY_CONSTRAINT = "InvalidTopologyConstraint"
@@ -130,7 +131,7 @@ class TopologyPlacer:
         self.plan = plan
         self.eligibility = eligibility
         self.n = len(plan.nodes)
-        self._labels = [node.spec.labels for node in plan.nodes]
+        self._labels = labels_of(state, plan.names, plan.nodes)  # (read only)
         #: (topology, level) -> domain key -> ascending node indices
         self._domains: dict[tuple[str, int], dict[DomainKey, list[int]]] = {}
         #: (topology, level, key, id of parent restriction) -> (mask, parent kept alive)

@@ -35,7 +35,7 @@ from kai_es.events.codec import canonical
 from kai_es.events.payloads import Reason
 from kai_es.scheduling.plan import Announced, Entry, VerificationError
 from kai_es.scheduling.predicates import host_ports, node_affinity, pod_affinity, resources, taints, volumes
-from kai_es.scheduling.tables import index_of
+from kai_es.scheduling.tables import index_of, labels_of
 from kai_es.state.model import ClusterState, NodeState
 
 POD_AFFINITY_UNMET = "PodAffinityUnmet"
@@ -94,7 +94,7 @@ class Eligibility:
         #: check every kept legacy mask against a fresh evaluation (verification mode)
         self.verify = False
         self._volume_terms: dict[str, list[tuple[str, str, list[p.NodeSelectorTerm]]]] = {}
-        self.affinity = pod_affinity.PodAffinityIndex(state, [n.spec.labels for n in nodes], names, self.node_index)
+        self.affinity = pod_affinity.PodAffinityIndex(state, labels_of(state, names, nodes), names, self.node_index)
         self._scalars: resources.ScalarFree | None = None
         self._ports: host_ports.PortsInUse | None = None
         self._zeros = array("q", bytes(8 * self.n))
