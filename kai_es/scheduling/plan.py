@@ -312,8 +312,7 @@ class Plan:
                     self._verify_failure(shape, mask, known)
                 return None, known
         if self.skips_held_idle:
-            return self._place_past_held(pod_key, spec, shape, mask, levels, remember, settled and remember,
-                                         failed_key)
+            return self._place_past_held(pod_key, spec, shape, mask, levels, remember, settled, failed_key)
         for level in (levels or (mask,)):
             now = self._place_idle(shape, level, remember and level is mask)
             if now.placed:
@@ -337,13 +336,13 @@ class Plan:
         return None, now
 
     def _place_past_held(self, pod_key: str, spec: PodObserved, shape: TaskShape, mask: array[int],
-                         levels: list[array[int]] | None, fixed: bool, memo: bool,
+                         levels: list[array[int]] | None, fixed: bool, settled: bool,
                          failed_key: tuple[int, int, int]) -> tuple[Entry | None, Placement]:
         """`place` when `skips_held_idle`: on each level, idle capacity on a node the packer
         picks whose capacity no pipelined pod waits for (a node so held is left out and the
         packer asked again), else pipelined onto releasing capacity. The idle answer returned
         is the first held node's when there was one (the capacity that fits is held), else the
-        packer's answer on `mask`."""
+        packer's answer on `mask`. `fixed` and `settled` are `place`'s `remember` and `settled`."""
         held: Placement | None = None
         answer: Placement | None = None
         for level in (levels or (mask,)):
@@ -370,7 +369,7 @@ class Plan:
         later = self._pipeline(pod_key, spec, shape, levels or (mask,), mask if fixed else None)
         if later is not None:
             return later, answer
-        if memo and held is None and pod_key not in self.idle_only:
+        if settled and fixed and held is None and pod_key not in self.idle_only:
             self._failed[failed_key] = answer
         return None, answer
 
