@@ -60,10 +60,13 @@ def main() -> None:
               help="Directory for the summary and plot. Default: out/<scenario>-report")
 @click.option("--force", "--overwrite", "force", is_flag=True,
               help="Replace the file given by --log if it already holds events.")
+@click.option("--snapshot-every", default=0, show_default=True, type=click.IntRange(min=0),
+              help="As `kai-es scheduler --snapshot-every`: a state snapshot every N cycles, kept "
+                   "beside a file log with up to 8 checkpoints for `kai-es replay` (0: none).")
 @packer_option
 @friendly
 def simulate(scenario_file: str, log_url: str | None, until: str | None, report_dir: str | None,
-             force: bool, packer: str | None) -> None:
+             force: bool, snapshot_every: int, packer: str | None) -> None:
     """Run a scenario through the whole pipeline on a simulated cluster."""
     require_plots("simulate")
     from kai_es.report import plot, plot_fair_share, summarize
@@ -98,6 +101,14 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
         events = open_log(log_url, fresh=not log_url.startswith("kafka://"))
     except OSError as exc:
         raise UserError(f"--log {log_url}: cannot create the log: {os_error_line(exc)}") from None
+    snapshots = None
+    if snapshot_every:
+        from kai_es.app.processes import snapshot_store  # noqa: PLC0415
+
+        snapshots = snapshot_store(log_url, events)
+    if snapshot_every and scenario.config.state_digest_every != 1:
+        err.print("warning: snapshots are taken only on cycles whose CycleCompleted carries a "
+                  f"state digest (stateDigestEvery={scenario.config.state_digest_every})", highlight=False)
     console.print(f"[bold]kai-es simulate[/] {escape(scenario_file)}: {len(scenario.objects)} objects, "
                   f"packer={engine.kind}, log={escape(log_url)}{escape(replacing)}", highlight=False)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -111,9 +122,12 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
 
         async def run_and_close() -> Any:
             try:
-                return await run_sim(scenario, events, engine, until_ns=until_ns, progress=progress)
+                return await run_sim(scenario, events, engine, until_ns=until_ns, progress=progress,
+                                     snapshots=snapshots, snapshot_every=snapshot_every)
             finally:
                 await events.close()
+                if snapshots is not None:
+                    await snapshots.close()
 
         try:
             result = anyio.run(run_and_close)
@@ -281,8 +295,11 @@ def _unit(resource: str, value: int) -> str:
 @packer_option
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Processes to spread a file log's replay over (default: the CPUs available).")
+@click.option("--checkpoints/--no-checkpoints", default=True, show_default=True,
+              help="Start the later processes from the scheduler's checkpoints beside a file log "
+                   "(LOG.checkpoints/, each checked against the log), not by folding it from 0.")
 @friendly
-def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
+def replay(log_url: str, packer: str | None, jobs: int | None, checkpoints: bool) -> None:
     """Re-fold LOG and re-run every recorded cycle; exit 0 only if every decision matches."""
     from kai_es.replay import describe
     from kai_es.replay import replay as do_replay
@@ -296,7 +313,7 @@ def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
                                         transient=True, disable=not err.is_terminal) as bar:
         if isinstance(events, FileEventLog):
             task = bar.add_task("replay", total=events.record_count())
-            result = replay_file(events, packer_kind=packer, jobs=jobs,
+            result = replay_file(events, packer_kind=packer, jobs=jobs, checkpoints=checkpoints,
                                  progress=lambda n: bar.update(task, completed=n))
         else:
             task = bar.add_task("replay", total=None)
@@ -331,6 +348,9 @@ def replay(log_url: str, packer: str | None, jobs: int | None) -> None:
         extra += (f"; the log ends with the CycleStarted at position {result.last_position}, whose decisions "
                   "are not in it (not verified)")
     console.print(f"OK: {verified}{extra}; state {result.state_digest}", highlight=False, markup=False)
+    if result.resumed:
+        err.print(f"({result.resumed} of the processes started from a checkpoint in {log_url}.checkpoints/, "
+                  "each checked against the log)", highlight=False, markup=False)
 
 
 # --- events ------------------------------------------------------------------------------------

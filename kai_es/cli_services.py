@@ -208,6 +208,9 @@ kubeconfig_option = click.option(
 @click.option("--period", default="1s", show_default=True, help="Real time between cycles.")
 @click.option("--snapshot-every", default=50, show_default=True, type=click.IntRange(min=0),
               help="Write a state snapshot every N cycles (0: no snapshots, always full fold).")
+@click.option("--checkpoints", default=8, show_default=True, type=click.IntRange(min=0),
+              help="With a file log: keep up to N past snapshots beside it (LOG.checkpoints/) "
+                   "for `kai-es replay` to start its shares from (0: none).")
 @time_scale_option
 @click.option("--cycles", default=None, type=click.IntRange(min=1), help="Stop after this many cycles (testing).")
 @http_option
@@ -220,7 +223,7 @@ kubeconfig_option = click.option(
 @packer_option
 @friendly
 def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_every: int,
-              time_scale: float, cycles: int | None, http_address: str | None, leader_elect: bool,
+              checkpoints: int, time_scale: float, cycles: int | None, http_address: str | None, leader_elect: bool,
               leader_elect_lease: str | None, leader_elect_identity: str | None,
               leader_elect_lease_duration: str, leader_elect_renew_deadline: str,
               leader_elect_retry_period: str, kubeconfig: str | None, shard: str | None, verbose: bool,
@@ -248,7 +251,7 @@ def scheduler(log_url: str, scenario_file: str | None, period: str, snapshot_eve
 
     async def body(status: ProcessStatus | None) -> None:
         await run_scheduler(log_url, config, engine, time_scale=scale, period_s=period_s,
-                            snapshot_every=snapshot_every, cycles=cycles, on_ready=_ready,
+                            snapshot_every=snapshot_every, checkpoints=checkpoints, cycles=cycles, on_ready=_ready,
                             status=status, election=election, writer=writer)
 
     _run(body, "scheduler", http_address)

@@ -16,6 +16,14 @@ Contract:
   only folded. A shared replay stops reading once it is past `stop` and its own cycles are all
   complete. Shares that cover a log between them find, together, exactly what one unshared
   replay finds (see `merge`): this is how `kai_es.replay_parallel` splits a replay over cores.
+- A share may resume from a state folded exactly to its `start` (a checkpoint: a CycleStarted
+  position) instead of folding the log from 0; it then reads from `start`, and checks the binder
+  outcomes that name decisions made before `start` at its end, against those decisions as
+  `lookup` finds them in the log. A record based on a cycle before `start` stops it with
+  `needs_prefix` set: only a share that folded the prefix can judge it. The share before it
+  gets `stop_digest`, the state digest recorded at that cut: it folds through `stop` and, if
+  its state's digest differs, re-runs that cycle itself, so a divergence there is found as one
+  process finds it.
 - `replay_frames` reads canonical bodies instead of decoded records: a body equal to the next
   decision the replay expects is not decoded again (the replay's own envelope is folded), which
   changes nothing but speed, since equal canonical bytes mean equal events.
@@ -71,6 +79,10 @@ class Share:
 
     start: int = 0
     stop: int | None = None
+    #: the state digest the log records for the cycle at `stop` (the next share resumes there
+    #: from a checkpoint): this share folds through `stop` and re-runs that cycle too unless
+    #: its state there has that digest
+    stop_digest: str | None = None
 
     def owns(self, position: int) -> bool:
         return position >= self.start and (self.stop is None or position < self.stop)
@@ -91,6 +103,11 @@ class ReplayResult:
     abandoned_at: list[int] = field(default_factory=list)
     #: digest of the state after the last record read, as the policy version in force computes it
     state_digest: str = ""
+    #: a share resumed from a checkpoint met a record it cannot judge without the log before
+    #: its start (module docstring): its result says nothing, the share must fold from 0
+    needs_prefix: bool = False
+    #: shares that started from a checkpoint (`merge` adds them up)
+    resumed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -113,6 +130,12 @@ class _Decided:
     uid: str
     node: str
     logicaltime: int
+
+
+def _decided(env: Envelope) -> _Decided:
+    """What the outcomes of the decision `env` must agree with."""
+    data = env.data
+    return _Decided(type(data), data.namespace, data.name, data.uid, data.node, env.logicaltime)
 
 
 def _impossible_outcome(decided: dict[str, _Decided], record: Record) -> str | None:
@@ -164,14 +187,57 @@ class _Replayer:
         self.foreign: set[int] = set()  # other shares' cycles that have not completed
         self.closed: set[int] = set()  # cycles whose CycleCompleted has been folded
         # the last position this share must read even with no cycle of its own still open
-        self.last_alone = AT_END if share.stop is None else share.stop - 1
+        # (with `stop_digest`: the cut at `stop` too, whose digest it checks)
+        self.last_alone = AT_END if share.stop is None else share.stop - (share.stop_digest is None)
         # binder decisions folded so far, by event id (what their outcomes must agree with)
         self.decided: dict[str, _Decided] = {}
+        # resumed from a checkpoint at this position: outcomes naming decisions not folded here
+        # wait for `resolve` (they name decisions before it, or none)
+        self.resumed_at: int | None = None
+        self.unresolved: list[Record] = []
+
+    def resume(self, state: ClusterState, record: Record) -> bool:
+        """Start from `state`, folded exactly through `record`, this share's first CycleStarted
+        (at `share.start`), and re-run that cycle; False to stop."""
+        data = record.envelope.data
+        if record.position != self.share.start or state.position != record.position or \
+                not isinstance(data, p.CycleStarted):
+            raise ValueError(f"a share resumes at its start's CycleStarted ({self.share.start}), "
+                             f"not at position {record.position} with a state at {state.position}")
+        self.state = self.result.state = state
+        self.result.records = state.records
+        self.result.resumed = 1
+        self.resumed_at = record.position
+        return self.cycle(record, data)
+
+    def resolve(self, lookup: Callable[[set[str]], dict[str, Record]]) -> None:
+        """Check the outcomes left for the end (`resumed_at`) against their decisions, which
+        `lookup` finds by id before this share's start: the first impossible one is this share's
+        divergence unless it found an earlier one."""
+        if not self.unresolved:
+            return
+        found = lookup({r.envelope.data.decision_id for r in self.unresolved})
+        decided = {id_: _decided(r.envelope) for id_, r in found.items() if isinstance(r.envelope.data, _DECISIONS)}
+        known = self.result.divergence
+        for record in self.unresolved:
+            if known is not None and record.position >= known.found_at:
+                break
+            why = _impossible_outcome(decided, record)
+            if why is not None:
+                self.result.divergence = Divergence(cycle=-1, position=record.position, index=0,
+                                                    found_at=record.position, message=why,
+                                                    recorded=encode(record.envelope))
+                break
+        self.unresolved.clear()
 
     def impossible(self, record: Record) -> bool:
         """Check a binder outcome against its decision; True (and the divergence set) if it
         is impossible."""
-        why = _impossible_outcome(self.decided, record)
+        decided = self.decided
+        if self.resumed_at is not None and record.envelope.data.decision_id not in decided:
+            self.unresolved.append(record)  # (decided before the checkpoint, or never: `resolve`)
+            return False
+        why = _impossible_outcome(decided, record)
         if why is None:
             return False
         self._diverge(Divergence(cycle=-1, position=record.position, index=0, found_at=record.position,
@@ -205,6 +271,9 @@ class _Replayer:
         if based is not None and self.override is None and env.type.startswith("kai.scheduler."):
             queue = self.expected.get(based)
             if queue is None:
+                if self.resumed_at is not None and based < self.resumed_at:
+                    self.result.needs_prefix = True  # (its cycle is before the checkpoint)
+                    return False
                 if based in self.foreign:  # its owner compares it
                     if isinstance(env.data, p.CycleCompleted):
                         self.foreign.discard(based)
@@ -239,8 +308,7 @@ class _Replayer:
         if kind in _OUTCOMES and self.impossible(record):
             return False
         if kind in _DECISIONS:
-            self.decided[env.id] = _Decided(kind, data.namespace, data.name, data.uid,
-                                            data.node, env.logicaltime)
+            self.decided[env.id] = _decided(env)
         apply(state, record)
         result = self.result
         result.records += 1
@@ -253,7 +321,9 @@ class _Replayer:
     def cycle(self, record: Record, data: p.CycleStarted) -> bool:
         """After folding a CycleStarted: re-run it if it is this share's; False to stop."""
         position = record.position
-        if not self.share.owns(position):
+        share = self.share
+        if not share.owns(position) and not (position == share.stop and share.stop_digest is not None
+                                             and self._differs_at_stop()):
             self.foreign.add(position)
             return position < self.last_alone or bool(self.expected)
         config = self.override
@@ -278,6 +348,11 @@ class _Replayer:
             self.expected[position] = deque((d, encode(d)) for d in decisions)
             self.planned[position] = len(decisions)
         return True
+
+    def _differs_at_stop(self) -> bool:
+        """Whether the state, folded through `share.stop`, lacks the digest the log records
+        there (the next share resumed from a state that has it)."""
+        return state_digest(_policy_version_of(self.state), self.state) != self.share.stop_digest
 
     def finish(self, *, at_end: bool) -> ReplayResult:
         result = self.result
@@ -337,21 +412,38 @@ def replay(records: Iterable[Record], packer: Packer, *, override: SchedulerConf
 
 def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Packer, *,
                   progress: Callable[[int], None] | None = None,
-                  share: Share = Share()) -> ReplayResult:
+                  share: Share = Share(), resume: ClusterState | None = None,
+                  lookup: Callable[[set[str]], dict[str, Record]] | None = None) -> ReplayResult:
     """Replay (position, canonical body) frames, decoding only what is not an expected decision.
-    A body that does not decode raises DecodeError naming its position."""
+    A body that does not decode raises DecodeError naming its position. With `resume` (a state
+    folded exactly through `share.start`), `frames` start at `share.start` and `lookup` finds
+    decisions before it by id (module docstring)."""
     replayer = _Replayer(packer, None, share, progress)
+    frames = iter(frames)
+    if resume is not None:
+        if lookup is None:
+            raise ValueError("a resumed replay needs a lookup of the decisions before its start")
+        for position, body in frames:
+            try:
+                env = decode(body)  # type: ignore[arg-type]
+            except DecodeError as exc:
+                raise DecodeError(f"record at position {position}: {exc}") from None
+            going = replayer.resume(resume, Record(position, env))
+            replayer.result.last_position = position
+            if not going:
+                return _finished(replayer, lookup, at_end=False)
+            break
     expected, state, result = replayer.expected, replayer.state, replayer.result
     match, step, step_matched = replayer.match, replayer.step, replayer.step_matched
     last_alone = replayer.last_alone
-    position = -1
+    position = result.last_position
     for position, body in frames:
         if expected:
             hit = match(body)
             if hit is not None:
                 if not step_matched(position, hit[0], hit[1]):
                     result.last_position = position
-                    return replayer.finish(at_end=False)
+                    return _finished(replayer, lookup, at_end=False)
                 continue
         try:
             env = decode(body)  # type: ignore[arg-type]  # msgspec reads any buffer
@@ -363,7 +455,7 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Pack
             kind = type(env.data)
             if kind in _OUTCOMES and replayer.impossible(record):
                 result.last_position = position
-                return replayer.finish(at_end=False)
+                return _finished(replayer, lookup, at_end=False)
             apply(state, record)
             result.records += 1
             if progress is not None and not result.records & 0xFFFF:
@@ -376,9 +468,16 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Pack
             going = step(Record(position, env))
         if not going:
             result.last_position = position
-            return replayer.finish(at_end=False)
+            return _finished(replayer, lookup, at_end=False)
     result.last_position = position
-    return replayer.finish(at_end=True)
+    return _finished(replayer, lookup, at_end=True)
+
+
+def _finished(replayer: _Replayer, lookup: Callable[[set[str]], dict[str, Record]] | None, *,
+              at_end: bool) -> ReplayResult:
+    if lookup is not None and not replayer.result.needs_prefix:
+        replayer.resolve(lookup)
+    return replayer.finish(at_end=at_end)
 
 
 def merge(parts: Sequence[ReplayResult]) -> ReplayResult:
@@ -392,6 +491,7 @@ def merge(parts: Sequence[ReplayResult]) -> ReplayResult:
         merged.cycles += r.cycles
         merged.decisions += r.decisions
         merged.abandoned += r.abandoned
+        merged.resumed += r.resumed
         merged.abandoned_at.extend(r.abandoned_at)
         merged.records = max(merged.records, r.records)
         merged.last_position = max(merged.last_position, r.last_position)

@@ -1,27 +1,48 @@
 """Replay of a file log spread over processes (`kai-es replay --jobs N`).
 
 Why processes: folding and re-running cycles are CPU-bound Python, so threads would share one
-core. Every share must fold the log from its start (a cycle needs the state at its cut), but only
-re-runs the cycles of its own stretch and stops reading once they are all complete; the last
-share runs in this process and reads to the end. Stretches are chosen so that every process has
-about the same work: share j folds [0, s_j+1) and re-runs cycles in [s_j, s_j+1), so the earlier
-shares get longer stretches. The verdict is `kai_es.replay.merge` of the shares' results, which
-is the verdict one process would reach (the tests check this on every golden log).
+core. A share re-runs the cycles of its own stretch and stops reading once they are all
+complete; the last share runs in this process and reads to the end. A cycle needs the state at
+its cut, which a share gets in one of two ways:
+
+- From a checkpoint (`adapters.file_checkpoints`: past snapshots the scheduler kept beside the
+  log). Shares of about equal length then start at the checkpoints nearest the even cuts, so
+  the work spreads evenly over any number of processes. A share checks its checkpoint against
+  the log before it trusts it (`services.snapshotting.validated`: the restored state has
+  the digest the log's CycleCompleted records there), and the share before it checks that its
+  own fold reaches that digest at the cut (`Share.stop_digest`), so every state a cycle runs
+  from is one the log folds to. A checkpoint that fails its check, or a share that meets a record
+  it cannot judge from there (`ReplayResult.needs_prefix`), falls back to folding from 0.
+- Else by folding the log from 0: share j folds [0, s_j+1) and re-runs cycles in [s_j, s_j+1),
+  and the stretches are chosen so that every process has about the same work (the earlier
+  shares get longer ones).
+
+The verdict is `kai_es.replay.merge` of the shares' results, which is the verdict one process
+would reach (the tests check this on every golden log, with and without checkpoints).
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import msgspec
+
+from kai_es.adapters.file_checkpoints import Checkpoint, list_checkpoints, load_checkpoint
 from kai_es.adapters.file_log import CorruptLogError, FileEventLog
 from kai_es.app import bulk_fold, packer_from_env
-from kai_es.events import DecodeError
+from kai_es.events import DecodeError, Record, decode
+from kai_es.events import payloads as p
 from kai_es.replay import ReplayResult, Share, merge, replay_frames
+from kai_es.scheduling.packing import Packer
+from kai_es.services.snapshotting import validated
 from kai_es.state import ClusterState
+
+_log = logging.getLogger(__name__)
 
 #: re-running the cycles of a stretch costs about this many times folding it, as a fraction
 #: (measured on the 1,000,000-event benchmark log: ~6.9 s of cycles against ~4.6 s of folding)
@@ -68,11 +89,148 @@ def plan_shares(end: int, jobs: int, ratio: tuple[int, int] = CYCLE_TO_FOLD,
     return [Share(start, stop) for start, stop in zip(starts, [*starts[1:], None])]
 
 
+def plan_checkpointed(log: FileEventLog, end: int, jobs: int, checkpoints: Sequence[Checkpoint],
+                      min_records: int = MIN_RECORDS_PER_JOB, ratio: tuple[int, int] = CYCLE_TO_FOLD
+                      ) -> list[tuple[Share, Checkpoint | None]]:
+    """The shares of a replay of positions [0, end) over up to `jobs` processes, each with the
+    checkpoint it starts from (None: it folds from 0). A share's time is taken as fold + `ratio`
+    x re-run of what it reads: from checkpoints, the cuts are the ones that make the longest
+    share shortest (among the checkpoints whose cycle's CycleCompleted in the log records a
+    digest, the next share's `stop_digest` then); they are used when that longest share costs
+    less than the costliest of `plan_shares`, which fold from 0."""
+    jobs = max(1, min(jobs, end // max(1, min_records)))
+    refold = plan_shares(end, jobs, ratio, min_records)
+    plain: list[tuple[Share, Checkpoint | None]] = [(share, None) for share in refold]
+    if jobs == 1:
+        return plain
+    by_position: dict[int, tuple[Checkpoint, str]] = {}
+    for cp in checkpoints:
+        if 0 < cp.position < end and cp.position not in by_position:
+            digest = _recorded_digest(log, cp, end)
+            if digest is not None:
+                by_position[cp.position] = (cp, digest)
+    cuts = _even_cuts(sorted(by_position), end, jobs)
+    num, den = ratio
+    longest = max(b - a for a, b in zip([0, *cuts], [*cuts, end]))
+    costliest = max((share.stop or end) * den + ((share.stop or end) - share.start) * num for share in refold)
+    if not cuts or longest * (num + den) >= costliest:
+        return plain
+    starts = [0, *cuts]
+    stops: list[int | None] = [*cuts, None]
+    return [(Share(start, stop, stop_digest=by_position[stop][1] if stop is not None else None),
+             by_position[start][0] if start else None) for start, stop in zip(starts, stops)]
+
+
+def _even_cuts(positions: list[int], end: int, jobs: int) -> list[int]:
+    """Up to `jobs` - 1 of the sorted `positions` (0 < each < end) that cut [0, end) into
+    stretches whose longest is the shortest possible (the least such length, found by bisection,
+    each cut then the furthest one within that length of the previous)."""
+
+    def cuts_within(length: int) -> list[int] | None:
+        out: list[int] = []
+        at, k = 0, 0
+        while end - at > length:
+            best = None
+            while k < len(positions) and positions[k] <= at + length:
+                best = positions[k]
+                k += 1
+            if best is None or len(out) == jobs - 1:
+                return None
+            out.append(best)
+            at = best
+        return out
+
+    lo, hi = 1, end
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cuts_within(mid) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    return cuts_within(lo) or []
+
+
+def _recorded_digest(log: FileEventLog, cp: Checkpoint, end: int) -> str | None:
+    """The state digest the log's CycleCompleted of `cp`'s cycle records (None: there is no
+    CycleCompleted based on `cp`'s cut where it says, or it records none)."""
+    if not cp.position < cp.completed_position < end:
+        return None
+    for _, body in log.frames(cp.completed_position, cp.completed_position + 1):
+        try:
+            env = decode(body)  # type: ignore[arg-type]
+        except DecodeError:
+            return None
+        if isinstance(env.data, p.CycleCompleted) and env.basedon == cp.position and env.statedigest:
+            return env.statedigest
+    return None
+
+
+def _restored(log: FileEventLog, cp: Checkpoint) -> ClusterState | None:
+    """`cp`'s state if it passes the checks a restarting scheduler makes against the log
+    (`snapshotting.validated`, which warns why not); else None."""
+    try:
+        snap = load_checkpoint(cp)
+    except (OSError, ValueError) as exc:
+        _log.warning("checkpoint %s not used: %s; folding the log from the beginning", cp.path, exc)
+        return None
+    if snap.position != cp.position:
+        _log.warning("checkpoint %s not used: it holds position %d", cp.path, snap.position)
+        return None
+    completed = None
+    for _, body in log.frames(snap.completed_position, snap.completed_position + 1):
+        try:
+            completed = decode(body)  # type: ignore[arg-type]
+        except DecodeError:
+            pass
+    return validated(snap, completed)
+
+
+def _decisions_before(log: FileEventLog, start: int, ids: set[str]) -> dict[str, Record]:
+    """The last decision record (BindingDecided, EvictionDecided) with each of `ids` as its
+    event id before position `start`, read backwards in growing windows; only bodies holding
+    the id are decoded."""
+    wanted = {id_: b'"id":' + msgspec.json.encode(id_) for id_ in ids}
+    found: dict[str, Record] = {}
+    hi, window = start, 1024
+    while wanted and hi > 0:
+        lo = max(0, hi - window)
+        hits: dict[str, Record] = {}
+        for position, view in log.frames(lo, hi):
+            body = bytes(view)
+            for id_, needle in wanted.items():
+                if needle in body:
+                    env = decode(body)
+                    if env.id == id_ and isinstance(env.data, (p.BindingDecided, p.EvictionDecided)):
+                        hits[id_] = Record(position, env)
+        for id_, record in hits.items():
+            del wanted[id_]
+            found[id_] = record
+        hi, window = lo, window * 2
+    return found
+
+
+def _run_share(log: FileEventLog, end: int, share: Share, packer: Packer, checkpoint: Checkpoint | None,
+               progress: Callable[[int], None] | None = None) -> ReplayResult:
+    """One share's result: from `checkpoint` when it is valid and the share can be judged from
+    there, else folding from 0."""
+    if checkpoint is not None:
+        state = _restored(log, checkpoint)
+        if state is not None:
+            result = replay_frames(log.frames(share.start, end), packer, share=share, progress=progress,
+                                   resume=state, lookup=lambda ids: _decisions_before(log, share.start, ids))
+            if not result.needs_prefix:
+                return result
+            _log.warning("the share from checkpoint %s met a record based on a cycle before it; "
+                         "folding the log from the beginning", checkpoint.path)
+    return replay_frames(log.frames(0, end), packer, share=share, progress=progress)
+
+
 #: a worker's folded states, kept until the worker process ends (`_replay_share`)
 _KEPT: list[ClusterState] = []
 
 
-def _replay_share(path: str, end: int, share: Share, packer_kind: str | None) -> ReplayResult:
+def _replay_share(path: str, end: int, share: Share, packer_kind: str | None,
+                  checkpoint: Checkpoint | None = None) -> ReplayResult:
     """One share's result, in a worker process that does nothing else before it ends. Its state
     stays in the process (the digest travels) and is neither freed nor scanned by a collection
     (`bulk_fold(keep=True)`): the worker ends with `os._exit`, and freeing ~1 GB of objects one
@@ -80,7 +238,7 @@ def _replay_share(path: str, end: int, share: Share, packer_kind: str | None) ->
     try:
         log = FileEventLog(Path(path), readonly=True)
         with bulk_fold(keep=True):
-            result = replay_frames(log.frames(0, end), packer_from_env(packer_kind), share=share)
+            result = _run_share(log, end, share, packer_from_env(packer_kind), checkpoint)
     except CorruptLogError as exc:  # its constructor does not survive pickling: keep the message
         raise DecodeError(str(exc)) from None
     _KEPT.append(result.state)
@@ -90,14 +248,16 @@ def _replay_share(path: str, end: int, share: Share, packer_kind: str | None) ->
 
 def replay_file(path: str | os.PathLike[str] | FileEventLog, *, packer_kind: str | None = None,
                 jobs: int | None = None, min_records: int = MIN_RECORDS_PER_JOB,
-                progress: Callable[[int], None] | None = None) -> ReplayResult:
+                progress: Callable[[int], None] | None = None, checkpoints: bool = True) -> ReplayResult:
     """Replay the file log at `path` (or an open one) over up to `jobs` processes (default:
-    `default_jobs()`), each given at least `min_records` records. `progress` is called now and
-    then with the number of records this process has folded (it folds the whole log)."""
+    `default_jobs()`), each given at least `min_records` records, the later ones started from
+    the log's checkpoints when it has them near the cuts (and `checkpoints`). `progress` is
+    called now and then with the number of records this process's share has folded."""
     log = path if isinstance(path, FileEventLog) else FileEventLog(Path(path), readonly=True)
     path = log.path
     end = log.record_count()
-    shares = plan_shares(end, jobs or default_jobs(), min_records=min_records)
+    jobs = jobs or default_jobs()
+    shares = plan_checkpointed(log, end, jobs, list_checkpoints(path) if checkpoints else (), min_records)
     packer = packer_from_env(packer_kind)  # fail here, before any process starts
     if len(shares) == 1:
         with bulk_fold():
@@ -105,9 +265,10 @@ def replay_file(path: str | os.PathLike[str] | FileEventLog, *, packer_kind: str
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=len(shares) - 1, mp_context=context) as pool:
-        futures = [pool.submit(_replay_share, str(path), end, share, packer_kind)
-                   for share in shares[:-1]]
+        futures = [pool.submit(_replay_share, str(path), end, share, packer_kind, cp)
+                   for share, cp in shares[:-1]]
         with bulk_fold():
-            last = replay_frames(log.frames(0, end), packer, share=shares[-1], progress=progress)
+            share, cp = shares[-1]
+            last = _run_share(log, end, share, packer, cp, progress)
         parts = [f.result() for f in futures]
     return merge([*parts, last])

@@ -16,7 +16,7 @@ from kai_es.ports import StoredSnapshot
 STORED_FORMAT = 1
 
 
-class _Header(msgspec.Struct, frozen=True, kw_only=True):
+class StoredHeader(msgspec.Struct, frozen=True, kw_only=True):
     format: int
     position: int
     completedposition: int
@@ -33,23 +33,29 @@ class SnapshotFormatError(ValueError):
 
 def encode_stored(snap: StoredSnapshot) -> bytes:
     """One header line (JSON) + zlib-compressed snapshot bytes."""
-    header = _Header(format=STORED_FORMAT, position=snap.position,
+    header = StoredHeader(format=STORED_FORMAT, position=snap.position,
                      completedposition=snap.completed_position, cycle=snap.cycle,
                      logicaltime=snap.logicaltime, digest=snap.digest, compression="zlib",
                      size=len(snap.data))
     return msgspec.json.encode(header) + b"\n" + zlib.compress(snap.data, 1)
 
 
-def decode_stored(blob: bytes) -> StoredSnapshot:
-    head, sep, body = blob.partition(b"\n")
-    if not sep:
-        raise SnapshotFormatError("no header line")
+def decode_header(head: bytes) -> StoredHeader:
+    """The header line of a stored snapshot (what is known without its body)."""
     try:
-        header = msgspec.json.decode(head, type=_Header)
+        header = msgspec.json.decode(head, type=StoredHeader)
     except msgspec.DecodeError as exc:
         raise SnapshotFormatError(f"bad header: {exc}") from None
     if header.format != STORED_FORMAT or header.compression != "zlib":
         raise SnapshotFormatError(f"unsupported format {header.format}/{header.compression}")
+    return header
+
+
+def decode_stored(blob: bytes) -> StoredSnapshot:
+    head, sep, body = blob.partition(b"\n")
+    if not sep:
+        raise SnapshotFormatError("no header line")
+    header = decode_header(head)
     try:
         data = zlib.decompress(body)
     except zlib.error as exc:
@@ -61,4 +67,4 @@ def decode_stored(blob: bytes) -> StoredSnapshot:
                           digest=header.digest, data=data)
 
 
-__all__ = ["SnapshotFormatError", "decode_stored", "encode_stored"]
+__all__ = ["SnapshotFormatError", "StoredHeader", "decode_header", "decode_stored", "encode_stored"]

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kai_es.adapters.file_checkpoints import clear_checkpoints
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.collector import collector_paused
@@ -49,6 +50,7 @@ def open_log(url: str, *, readonly: bool = False, fresh: bool = False,
     if fresh and not readonly:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"")
+        clear_checkpoints(path)  # (the former log's: they would only be checked and refused)
     if readonly and not path.exists():
         raise LogUrlError(f"{url}: no such log file")
     if path.exists() and not path.is_file():

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import anyio
 
 from kai_es.adapters.clock import FlowClock, FrozenClock
+from kai_es.adapters.file_checkpoints import DEFAULT_KEEP
 from kai_es.adapters.file_snapshots import FileBlobStore, FileSnapshotStore
 from kai_es.adapters.ids import RandomIds
 from kai_es.adapters.scheduler_metrics import SchedulerMetrics
@@ -89,15 +90,16 @@ def is_kafka_url(url: str) -> bool:
     return url.startswith("kafka://")
 
 
-def snapshot_store(url: str, events: EventLog) -> SnapshotStore | None:
-    """Where the scheduler keeps snapshots for the log at `url` (None: a memory log)."""
+def snapshot_store(url: str, events: EventLog, checkpoints: int = DEFAULT_KEEP) -> SnapshotStore | None:
+    """Where the scheduler keeps snapshots for the log at `url` (None: a memory log); a file
+    log's also keeps up to `checkpoints` of them as checkpoints for replays."""
     if is_kafka_url(url):
         from kai_es.adapters.kafka_snapshots import KafkaSnapshotStore  # noqa: PLC0415
 
         return KafkaSnapshotStore.for_log(events)
     if url == "memory:":
         return None
-    return FileSnapshotStore.for_log(url)
+    return FileSnapshotStore.for_log(url, checkpoints=checkpoints)
 
 
 def progress_store(url: str, events: EventLog) -> BlobStore | None:
@@ -335,8 +337,8 @@ async def _leading(election: LeaderElection, name: str, work: Callable[[], Await
 
 
 async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, time_scale: float = 1.0,
-                        period_s: float = 1.0, snapshot_every: int = 0, cycles: int | None = None,
-                        writer: str = SCHEDULER_TXN_ID, on_ready: Ready | None = None,
+                        period_s: float = 1.0, snapshot_every: int = 0, checkpoints: int = DEFAULT_KEEP,
+                        cycles: int | None = None, writer: str = SCHEDULER_TXN_ID, on_ready: Ready | None = None,
                         status: ProcessStatus | None = None,
                         election: LeaderElection | None = None) -> None:
     """`kai-es scheduler`: fold the log (from a valid snapshot), then `SchedulerService.run`."""
@@ -365,8 +367,10 @@ async def run_scheduler(url: str, config: SchedulerConfig, packer: Packer, *, ti
         await sched.run(int(period_s * time_scale * 1e9),
                         cycles=None if cycles is None else sched.cycles_run + cycles)
 
-    await _serve("scheduler", url, writer, body, snapshot_store if snapshot_every > 0 else None,
-                 status=status, election=election)
+    def stores(url: str, events: EventLog) -> SnapshotStore | None:
+        return snapshot_store(url, events, checkpoints) if snapshot_every > 0 else None
+
+    await _serve("scheduler", url, writer, body, stores, status=status, election=election)
 
 
 # -- the Kubernetes informer and binder ------------------------------------------------------------

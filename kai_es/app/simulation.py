@@ -19,7 +19,7 @@ from typing import Protocol
 from kai_es.adapters.clock import SimClock
 from kai_es.adapters.ids import SeededIds
 from kai_es.events import Record
-from kai_es.ports import ClusterActuator, EventLog, IdFactory
+from kai_es.ports import ClusterActuator, EventLog, IdFactory, SnapshotStore
 from kai_es.scenario import Scenario
 from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.packing import Packer
@@ -83,11 +83,13 @@ class _ObjectInformer:
 
 async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
                    config: SchedulerConfig | None = None, until_ns: int | None = None,
-                   progress: Progress | None = None, max_steps: int = 50_000_000) -> SimResult:
+                   progress: Progress | None = None, max_steps: int = 50_000_000,
+                   snapshots: SnapshotStore | None = None, snapshot_every: int = 0) -> SimResult:
     """Run `scenario` to idle, or for `until_ns` (else the scenario's `until`) of simulated time,
     appending to `events`. With a time limit the run lasts exactly that long even when nothing
     happens before it (its `end_ns` is start + limit, `stopped_because` "time limit"); the log
-    gets no record for the quiet stretch."""
+    gets no record for the quiet stretch. The scheduler stores a snapshot in `snapshots` every
+    `snapshot_every` cycles, as `kai-es scheduler --snapshot-every` does."""
     cfg = config or scenario.config
     start = scenario.start_ns
     limit = until_ns if until_ns is not None else scenario.simulation.until_ns
@@ -98,21 +100,24 @@ async def simulate(scenario: Scenario, events: EventLog, packer: Packer, *,
                                cluster)
     return await drive(events, cluster, cluster, informer, cfg, packer, clock, ids,
                        period_ns=scenario.simulation.cycle_period_ns, until_ns=limit,
-                       progress=progress, max_steps=max_steps)
+                       progress=progress, max_steps=max_steps, snapshots=snapshots,
+                       snapshot_every=snapshot_every)
 
 
 async def drive(events: EventLog, cluster: Cluster, actuator: ClusterActuator, informer: Informer,
                 cfg: SchedulerConfig, packer: Packer, clock: SimClock, ids: IdFactory, *,
                 period_ns: int, until_ns: int | None, progress: Progress | None = None,
                 max_steps: int = 50_000_000, state: ClusterState | None = None,
-                on_fold: Callable[[Record], None] | None = None) -> SimResult:
+                on_fold: Callable[[Record], None] | None = None,
+                snapshots: SnapshotStore | None = None, snapshot_every: int = 0) -> SimResult:
     """The discrete-event loop of the module docstring over any cluster and informer, from the
     clock's current time, for `until_ns` of simulated time (None: until idle). The scheduler
     folds into `state` (default: a fresh one) and calls `on_fold` after each record."""
     start = clock.now_ns()
     stop_at = start + until_ns if until_ns is not None else None
     period = period_ns
-    scheduler = SchedulerService(events, cfg, packer, clock, ids, state, on_fold=on_fold)
+    scheduler = SchedulerService(events, cfg, packer, clock, ids, state, on_fold=on_fold,
+                                 snapshots=snapshots, snapshot_every=snapshot_every)
     # retryable eviction refusals are retried at once: simulated time moves only in this loop
     binder = BinderService(events, actuator, clock, evict_retry_delays_ns=(0, 0))
     await scheduler.start()

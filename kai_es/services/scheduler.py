@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
-from kai_es.events.codec import canonical
 from kai_es.events.factory import make_envelope
 from kai_es.ports import Clock, CycleObserver, EventLog, IdFactory, SnapshotStore, StoredSnapshot
 from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event
@@ -32,10 +31,9 @@ from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.scheduling.policy import policy_for
 from kai_es.scheduling.victims import EVICTION_REFUSED_BACKOFF_NS
-from kai_es.services.snapshotting import restore_validated
+from kai_es.services.snapshotting import cut_snapshot, restore_validated
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
-from kai_es.state.snapshot import snapshot
 
 log = logging.getLogger(__name__)
 SOURCE = "kai-es/scheduler"
@@ -190,14 +188,9 @@ class SchedulerService:
         if self.snapshots is None or self.snapshot_every <= 0:
             return None
         self._cycles_since_snapshot += 1
-        if self._cycles_since_snapshot < self.snapshot_every or not decisions[-1].statedigest:
+        if self._cycles_since_snapshot < self.snapshot_every:
             return None
-        snap = snapshot(self.state)
-        if policy_for(self.config.policy_version).snapshot_digest(snap) != decisions[-1].statedigest:
-            log.error("the snapshot at position %d does not match the cycle's statedigest; "
-                      "not saving it", self.state.position)
-            return None
-        return canonical(snap)
+        return cut_snapshot(self.state, self.config, decisions)
 
     async def _save_snapshot(self, cut: Record, completed_position: int, completed: Envelope,
                              data: bytes) -> None:

@@ -19,15 +19,36 @@ from __future__ import annotations
 import hashlib
 import logging
 
+from collections.abc import Sequence
+
 import msgspec
 
+from kai_es.events import Envelope
 from kai_es.events import payloads as p
-from kai_es.ports import EventLog, SnapshotStore
-from kai_es.scheduling.policy import UnknownPolicy, state_digest
+from kai_es.events.codec import canonical
+from kai_es.ports import EventLog, SnapshotStore, StoredSnapshot
+from kai_es.scheduling.config import SchedulerConfig
+from kai_es.scheduling.policy import UnknownPolicy, policy_for, state_digest
 from kai_es.state import ClusterState
-from kai_es.state.snapshot import load_snapshot, restore
+from kai_es.state.snapshot import load_snapshot, restore, snapshot
 
 log = logging.getLogger(__name__)
+
+
+def cut_snapshot(state: ClusterState, config: SchedulerConfig, decisions: Sequence[Envelope]) -> bytes | None:
+    """The canonical snapshot bytes of `state`, folded exactly to a cycle's cut, for a stored
+    snapshot of that cycle, whose `decisions` (run under `config`) end with its CycleCompleted:
+    None when that records no state digest, or (logged as an error) when the snapshot's own
+    digest is not the one it records."""
+    recorded = decisions[-1].statedigest if decisions else None
+    if not recorded:
+        return None
+    snap = snapshot(state)
+    if policy_for(config.policy_version).snapshot_digest(snap) != recorded:
+        log.error("the snapshot at position %d does not match the cycle's statedigest; "
+                  "not saving it", state.position)
+        return None
+    return canonical(snap)
 
 
 def sha256_of(data: bytes) -> str:
@@ -43,6 +64,24 @@ async def restore_validated(store: SnapshotStore, events: EventLog) -> ClusterSt
         return None
     if snap is None:
         return None
+    completed = None
+    records = events.read(snap.completed_position)
+    try:
+        async for record in records:
+            if record.position == snap.completed_position:
+                completed = record.envelope
+            break
+    finally:
+        aclose = getattr(records, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return validated(snap, completed)
+
+
+def validated(snap: StoredSnapshot, completed: Envelope | None) -> ClusterState | None:
+    """`snap`'s state restored, if it passes checks (a) and (b) against `completed`, the log's
+    record at `snap.completed_position` (None: the log has none); else None, with a warning
+    naming the position and the reason."""
     where = f"snapshot at position {snap.position} (cycle {snap.cycle})"
     try:
         state = restore(load_snapshot(snap.data))
@@ -51,18 +90,8 @@ async def restore_validated(store: SnapshotStore, events: EventLog) -> ClusterSt
                     where, exc)
         return None
     recorded, version = None, ""
-    records = events.read(snap.completed_position)
-    try:
-        async for record in records:
-            if record.position == snap.completed_position:
-                env = record.envelope
-                if isinstance(env.data, p.CycleCompleted) and env.basedon == snap.position:
-                    recorded, version = env.statedigest or "", env.policyversion or ""
-            break
-    finally:
-        aclose = getattr(records, "aclose", None)
-        if aclose is not None:
-            await aclose()
+    if completed is not None and isinstance(completed.data, p.CycleCompleted) and completed.basedon == snap.position:
+        recorded, version = completed.statedigest or "", completed.policyversion or ""
     if recorded is None:
         log.warning("%s rejected: no CycleCompleted based on it at position %d in the log; "
                     "folding the log from the beginning", where, snap.completed_position)
@@ -87,4 +116,4 @@ async def restore_validated(store: SnapshotStore, events: EventLog) -> ClusterSt
     return state
 
 
-__all__ = ["restore_validated", "sha256_of"]
+__all__ = ["cut_snapshot", "restore_validated", "sha256_of", "validated"]

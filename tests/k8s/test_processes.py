@@ -20,7 +20,9 @@ import anyio
 import pytest
 from kubernetes_asyncio import client
 
+from kai_es.adapters.file_checkpoints import DEFAULT_KEEP, list_checkpoints
 from kai_es.events import payloads as p
+from kai_es.replay_parallel import replay_file
 from tests.k8s.conftest import K8s
 from tests.k8s.helpers import create_pod, gpu_pod, log_records, queue, raw, wait_for
 from tests.processes import ROOT, Proc
@@ -156,3 +158,9 @@ async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfi
     run = subprocess.run([sys.executable, "-m", "kai_es", "replay", log], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
+    if backend == "file":  # the scheduler process kept checkpoints, and replays start from them
+        assert len(list_checkpoints(log)) == DEFAULT_KEEP
+        one = replay_file(log, jobs=1)
+        many = replay_file(log, jobs=3, min_records=1)
+        assert many.ok and many.resumed >= 1 and (many.cycles, many.decisions, many.state_digest) == (
+            one.cycles, one.decisions, one.state_digest)

@@ -29,7 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from kai_es.adapters.file_checkpoints import checkpoint_dir, save_checkpoint  # noqa: E402
 from kai_es.adapters.file_log import FileEventLog, frame  # noqa: E402
+from kai_es.adapters.snapshot_codec import encode_stored  # noqa: E402
+from kai_es.ports import StoredSnapshot  # noqa: E402
+from kai_es.services.snapshotting import cut_snapshot  # noqa: E402
 from kai_es.events import Envelope, Record, decode, encode  # noqa: E402
 from kai_es.events import payloads as p  # noqa: E402
 from kai_es.events.factory import derived_id, make_envelope  # noqa: E402
@@ -43,6 +47,9 @@ from kai_es.replay_parallel import default_jobs  # noqa: E402
 
 NODES = 250
 BATCH = 400
+#: the log's cycles record a state digest, and a snapshot is kept, every this many cycles (a
+#: digest on every cycle, the default, costs a replay ~20% more on this log)
+SNAPSHOT_EVERY = 50
 START = 1_767_225_600_000_000_000
 SEC = 1_000_000_000
 #: decode + apply on one core, from memory with the GC paused (issue #21 §1)
@@ -58,11 +65,14 @@ def _rate(events: int, seconds: float) -> str:
 
 
 def lifecycles(state: ClusterState, emit: Callable[[list[Envelope]], object], config: SchedulerConfig, *,
-               overload: bool = False) -> Iterator[int]:
+               overload: bool = False, snapshot_every: int = 0,
+               on_snapshot: Callable[[StoredSnapshot], object] | None = None) -> Iterator[int]:
     """Drive a synthetic cluster: 8 queues, NODES nodes x 8 GPUs; then rounds of BATCH arriving
     pods, a real cycle (run_cycle, native packer) deciding them, the binder's PodBound and the
     pod's Running observation, and the pods of an earlier round finishing (Succeeded). `emit(events)`
-    must fold the events into `state` (and may write them). Yields the pods arrived so far after
+    must fold the events into `state` (and may write them). Every `snapshot_every` cycles whose
+    CycleCompleted records a state digest, `on_snapshot` gets the snapshot a scheduler would
+    store then (`kai-es scheduler --snapshot-every`). Yields the pods arrived so far after
     each round, for ever: the caller stops it."""
     packer = load_packer("native")
     t = START
@@ -97,7 +107,14 @@ def lifecycles(state: ClusterState, emit: Callable[[list[Envelope]], object], co
                      "kai-es/scheduler")
         emit([started])
         decisions = run_cycle(state, Record(state.position, started), config, packer)
+        cut = state.position
+        snap = cut_snapshot(state, config, decisions) if snapshot_every and on_snapshot is not None and \
+            cycle % snapshot_every == 0 else None
         emit(decisions)
+        if snap is not None and on_snapshot is not None:
+            on_snapshot(StoredSnapshot(position=cut, completed_position=state.position, cycle=cycle,
+                                       logicaltime=started.logicaltime, digest=decisions[-1].statedigest or "",
+                                       data=snap))
         t += SEC
         confirmations = []
         for d in decisions:
@@ -129,9 +146,18 @@ def lifecycles(state: ClusterState, emit: Callable[[list[Envelope]], object], co
 
 def generate(path: Path, target: int, overload: bool = False) -> None:
     """The benchmark log at `path`: `lifecycles` until it holds at least `target` events
-    (deterministic: the same bytes every time)."""
+    (deterministic: the same bytes every time), as a scheduler with stateDigestEvery
+    `SNAPSHOT_EVERY` and ``--snapshot-every`` the same writes it, with its checkpoints
+    (`adapters.file_checkpoints`, the default number kept) in ``<path>.checkpoints/``."""
     state = ClusterState()
     pos = 0
+    for old in checkpoint_dir(path).glob("*.checkpoint"):  # a former generation's
+        old.unlink()
+
+    def keep(snap: StoredSnapshot) -> None:
+        save_checkpoint(path, snap.position, encode_stored(snap))
+
+    config = SchedulerConfig(state_digest_every=SNAPSHOT_EVERY)
     with open(path, "wb") as out:
 
         def emit(envs: list[Envelope]) -> None:
@@ -142,7 +168,7 @@ def generate(path: Path, target: int, overload: bool = False) -> None:
                 fold([Record(pos, decode(body))], state)
                 pos += 1
 
-        for _ in lifecycles(state, emit, SchedulerConfig(state_digest_every=0), overload=overload):
+        for _ in lifecycles(state, emit, config, overload=overload, snapshot_every=SNAPSHOT_EVERY, on_snapshot=keep):
             if pos >= target:
                 break
 
@@ -162,7 +188,7 @@ def main() -> None:
     kind = "overload" if args.overload else "steady"
     path = ROOT / "out" / "bench" / f"synthetic-{kind}-{args.events}.events.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if args.regenerate or not path.exists():
+    if args.regenerate or not path.exists() or not checkpoint_dir(path).is_dir():  # (older ones had none)
         t0 = time.perf_counter()
         generate(path, args.events, args.overload)
         print(f"generated {path.relative_to(ROOT)} in {time.perf_counter() - t0:.1f}s")
@@ -208,14 +234,18 @@ def main() -> None:
             paused_rate = total / best
     del bodies, state
 
-    for jobs in () if args.no_replay else ("1", str(default_jobs())):
+    jobs = str(default_jobs())
+    runs = (("1",), (jobs, "--no-checkpoints"), (jobs,))
+    for options in () if args.no_replay else runs:
         t0 = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "kai_es", "replay", "--jobs", jobs, str(path)],
+        run = subprocess.run([sys.executable, "-m", "kai_es", "replay", "--jobs", *options, str(path)],
                              capture_output=True, text=True)
         dt = time.perf_counter() - t0
         verdict = (run.stdout or run.stderr).strip().splitlines()[0]
-        print(f"kai-es replay --jobs {jobs} (re-fold + re-run every cycle, process start included): "
-              f"{dt:.2f}s   target < {REPLAY_TARGET_S:g}s on two cores ({dt / REPLAY_TARGET_S:.2f}x it)")
+        how = ("shares folding from 0" if "--no-checkpoints" in options else
+               "later shares from checkpoints" if options[0] != "1" else "one process")
+        print(f"kai-es replay --jobs {' '.join(options)} ({how}; re-fold + re-run every cycle, process start "
+              f"included): {dt:.2f}s   target < {REPLAY_TARGET_S:g}s on two cores ({dt / REPLAY_TARGET_S:.2f}x it)")
         print(f"  verdict: {verdict}")
 
     env = make_envelope(p.BindingDecided(namespace="default", name="train-0", uid="5b7c1a52-0f7e-4a8e-9d60-1c2b3a4d5e6f",

@@ -1,0 +1,342 @@
+"""Checkpoints: the scheduler keeps past snapshots beside a file log, and `kai-es replay --jobs N`
+starts its later shares from them, reaching exactly the verdict of one process folding from 0."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kai_es.adapters.file_checkpoints import (
+    Checkpoint,
+    checkpoint_dir,
+    clear_checkpoints,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    thinned,
+)
+from kai_es.adapters.file_log import FileEventLog, frame
+from kai_es.adapters.snapshot_codec import encode_stored
+from kai_es.app import open_log
+from kai_es.events import Envelope, Record, decode, encode
+from kai_es.events import payloads as p
+from kai_es.events.factory import derived_id, make_envelope
+from kai_es.ports import StoredSnapshot
+from kai_es.replay import ReplayResult, Share, replay
+from kai_es.replay_parallel import plan_checkpointed, replay_file
+from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event
+from kai_es.scheduling.cycle import run_cycle
+from kai_es.scheduling.packing import load_packer
+from kai_es.services.snapshotting import cut_snapshot
+from kai_es.state import ClusterState
+from kai_es.state.reducer import apply
+
+ROOT = Path(__file__).resolve().parents[1]
+SEC = 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def day_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/cluster-day.yaml's first hours with a state digest on every cycle, simulated by
+    the whole pipeline with `--snapshot-every 10`: the scheduler keeps its checkpoints."""
+    out = tmp_path_factory.mktemp("day")
+    text = (ROOT / "examples" / "cluster-day.yaml").read_text()
+    assert "stateDigestEvery: 50" in text
+    (out / "day.yaml").write_text(text.replace("stateDigestEvery: 50", "stateDigestEvery: 1"))
+    run = subprocess.run([sys.executable, "-m", "kai_es", "simulate", str(out / "day.yaml"), "--until", "3h",
+                          "--log", str(out / "day.log"), "--report", str(out / "r"), "--snapshot-every", "10"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return out / "day.log"
+
+
+def _sequential(path: Path) -> ReplayResult:
+    return replay(FileEventLog(path, readonly=True).scan(), load_packer("native"))
+
+
+def _verdict(r: ReplayResult) -> tuple[object, ...]:
+    return (r.ok, r.cycles, r.decisions, r.records, r.abandoned, r.state_digest, r.divergence)
+
+
+def _events(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line[9:]) for line in path.read_bytes().splitlines()]
+
+
+def _copy(src: Path, dst: Path, events: list[dict] | None = None) -> Path:  # type: ignore[type-arg]
+    """`src` (or `events` in its place, re-framed) at `dst`, with its checkpoints."""
+    if events is None:
+        shutil.copyfile(src, dst)
+    else:
+        dst.write_bytes(b"".join(frame(json.dumps(e, sort_keys=True, separators=(",", ":")).encode())
+                                 for e in events))
+    shutil.copytree(checkpoint_dir(src), checkpoint_dir(dst))
+    return dst
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+@given(positions=st.lists(st.integers(1, 2**62), min_size=0, max_size=60, unique=True), keep=st.integers(0, 20))
+def test_thinning_keeps_at_most_keep_and_always_the_newest(positions: list[int], keep: int) -> None:
+    positions.sort()
+    gone = thinned(positions, keep)
+    left = [x for x in positions if x not in gone]
+    assert len(left) == min(len(positions), max(1, keep)) and set(gone) <= set(positions)
+    if positions:
+        assert left[-1] == positions[-1]
+    assert thinned(positions, keep) == gone  # (deterministic)
+
+
+@given(n=st.integers(2, 200), keep=st.integers(2, 16), step=st.integers(1, 10**9))
+def test_thinning_evenly_written_checkpoints_leaves_them_spread(n: int, keep: int, step: int) -> None:
+    positions = [k * step for k in range(1, n + 1)]
+    left = [x for x in positions if x not in set(thinned(positions, keep))]
+    gaps = [b - a for a, b in zip([0, *left], left)]
+    ideal = n * step // min(n, keep)
+    assert max(gaps) <= 2 * ideal
+
+
+def test_the_scheduler_keeps_checkpoints_that_agree_with_the_log(day_log: Path) -> None:
+    cps = list_checkpoints(day_log)
+    assert len(cps) == 8 and [c.position for c in cps] == sorted({c.position for c in cps})
+    records = {r.position: r.envelope for r in FileEventLog(day_log, readonly=True).scan()}
+    for cp in cps:
+        started, completed = records[cp.position], records[cp.completed_position]
+        assert isinstance(started.data, p.CycleStarted) and started.data.cycle == cp.cycle
+        assert isinstance(completed.data, p.CycleCompleted) and completed.basedon == cp.position
+        assert completed.statedigest == cp.digest and load_checkpoint(cp).digest == cp.digest
+    newest = json.loads(Path(f"{day_log}.snapshot").read_bytes().split(b"\n", 1)[0])
+    assert newest["position"] == cps[-1].position  # the newest snapshot is also the newest checkpoint
+
+
+def test_unreadable_or_misnamed_files_are_skipped_and_others_never_touched(tmp_path: Path, day_log: Path,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    log = _copy(day_log, tmp_path / "day.log")
+    folder = checkpoint_dir(log)
+    first, second = sorted(folder.glob("*.checkpoint"))[:2]
+    shutil.copyfile(second, first)  # its header names another position than its file
+    (folder / "notes.txt").write_text("mine")
+    (folder / "000000000001.checkpoint").write_bytes(b"not a header\n")
+    with caplog.at_level(logging.WARNING):
+        cps = list_checkpoints(log)
+    assert len(cps) == 7 and first.name in caplog.text and "000000000001.checkpoint" in caplog.text
+    blob = encode_stored(load_checkpoint(cps[-1]))
+    save_checkpoint(log, cps[-1].position + 1, blob, keep=3)
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert len(list(folder.glob("*.checkpoint"))) == 3
+    assert clear_checkpoints(log) == 3 and (folder / "notes.txt").exists()
+
+
+def test_a_log_started_afresh_loses_its_former_checkpoints(tmp_path: Path, day_log: Path) -> None:
+    log = _copy(day_log, tmp_path / "day.log")
+    open_log(str(log), fresh=True)
+    assert list_checkpoints(log) == [] and not checkpoint_dir(log).exists() and log.read_bytes() == b""
+
+
+# -- replay from checkpoints --------------------------------------------------------------------
+
+
+def _plan(path: Path, jobs: int, **kw: object) -> list[tuple[Share, Checkpoint | None]]:
+    log = FileEventLog(path, readonly=True)
+    return plan_checkpointed(log, log.record_count(), jobs, list_checkpoints(path), min_records=1, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("jobs", [2, 3, 4, 5])
+def test_replay_from_checkpoints_equals_one_process(day_log: Path, jobs: int) -> None:
+    one = _sequential(day_log)
+    assert one.ok and one.cycles > 100
+    from_checkpoints = sum(cp is not None for _, cp in _plan(day_log, jobs))
+    assert from_checkpoints >= 1
+    many = replay_file(day_log, jobs=jobs, min_records=1)
+    assert _verdict(many) == _verdict(one) and many.resumed == from_checkpoints
+    assert replay_file(day_log, jobs=jobs, min_records=1, checkpoints=False).resumed == 0
+
+
+def test_checkpoints_cut_the_log_where_the_longest_share_is_shortest(day_log: Path) -> None:
+    log = FileEventLog(day_log, readonly=True)
+    end = log.record_count()
+    positions = [cp.position for cp in list_checkpoints(day_log)]
+    for jobs in range(2, 9):
+        plan = _plan(day_log, jobs)
+        shares = [s for s, _ in plan]
+        assert shares[0].start == 0 and shares[-1].stop is None and plan[0][1] is None
+        for (a, _), (b, cp) in zip(plan, plan[1:]):
+            assert cp is not None and a.stop == b.start == cp.position and a.stop_digest == cp.digest
+        cuts = [s.start for s in shares[1:]]
+        longest = max(b - a for a, b in zip([0, *cuts], [*cuts, end]))
+        for k in range(1, min(jobs, len(positions) + 1)):  # no choice of cuts does better
+            for other in itertools.combinations(positions, k):
+                assert max(b - a for a, b in zip([0, *other], [*other, end])) >= longest
+    # a lone checkpoint near the end leaves a longer share than folding from 0 does: not used
+    last = list_checkpoints(day_log)[-1:]
+    assert last[0].position > end * 3 // 4
+    assert all(cp is None for _, cp in plan_checkpointed(log, end, 2, last, min_records=1))
+    assert any(cp is not None for _, cp in plan_checkpointed(log, end, 2, last, min_records=1, ratio=(0, 1)))
+    far = [Checkpoint(1, 2, 1, "x", day_log)]  # one checkpoint, whose cycle records no such digest
+    assert all(cp is None for _, cp in plan_checkpointed(log, end, 3, far, min_records=1))
+
+
+def test_a_checkpoint_that_does_not_restore_to_its_digest_is_not_used(
+        tmp_path: Path, day_log: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = _copy(day_log, tmp_path / "day.log")
+    cp = _plan(log, 2)[1][1]
+    assert cp is not None
+    stored = load_checkpoint(cp)
+    state = json.loads(stored.data)
+    state["records"] += 1  # a state the log never folds to, under the log's own digest
+    data = json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
+    cp.path.write_bytes(encode_stored(StoredSnapshot(stored.position, stored.completed_position, stored.cycle,
+                                                     stored.logicaltime, stored.digest, data)))
+    with caplog.at_level(logging.WARNING):
+        many = replay_file(log, jobs=2, min_records=1)
+    assert many.resumed == 0 and f"position {cp.position}" in caplog.text and "rejected" in caplog.text
+    assert _verdict(many) == _verdict(_sequential(log))
+
+
+def test_a_log_that_does_not_fold_to_a_checkpoint_diverges_as_in_one_process(tmp_path: Path, day_log: Path) -> None:
+    """A record just before a checkpoint's cut edited (a label on a pod): the log's fold no longer
+    reaches the digest the scheduler recorded there. The checkpoint itself agrees with the log
+    after the cut, so only the share before it can see this (`Share.stop_digest`)."""
+    events = _events(day_log)
+    cp = _plan(day_log, 2)[1][1]
+    assert cp is not None
+    cut = cp.position
+    edited = max(i for i in range(cut) if events[i]["type"] == "kai.cluster.pod.observed"
+                 and events[i - 1]["type"] != "kai.scheduler.cycle.completed")
+    assert edited > max(i for i in range(cut) if events[i]["type"] == "kai.scheduler.cycle.started")
+    events[edited]["data"]["labels"] = {**events[edited]["data"].get("labels", {}), "edited": "yes"}
+    log = _copy(day_log, tmp_path / "edited.log", events)
+    one = _sequential(log)
+    assert one.divergence is not None and one.divergence.position == cut
+    many = replay_file(log, jobs=2, min_records=1)
+    assert many.resumed == 1 and many.divergence == one.divergence
+
+
+@pytest.mark.parametrize("jobs", [2, 4])
+def test_a_decision_of_a_cycle_before_a_checkpoint_found_after_it_is_judged_from_the_prefix(
+        tmp_path: Path, day_log: Path, jobs: int, caplog: pytest.LogCaptureFixture) -> None:
+    events = _events(day_log)
+    early = next(e for e in events if e["type"] == "kai.scheduler.pod.bindingdecided")
+    log = _copy(day_log, tmp_path / "late.log", [*events, early])
+    one = _sequential(log)
+    assert one.divergence is not None and "already completed" in one.divergence.message
+    with caplog.at_level(logging.WARNING):
+        many = replay_file(log, jobs=jobs, min_records=1)
+    assert many.divergence == one.divergence and "folding the log from the beginning" in caplog.text
+
+
+# -- binder outcomes across a checkpoint -----------------------------------------------------------
+
+
+def _late_binder_log(path: Path, cycles: int = 24, every: int = 4) -> None:
+    """A log whose binder confirms each cycle's bindings only after the next cycle started (as a
+    slow binder does), with a checkpoint every `every` cycles written as the scheduler writes
+    them: outcomes after a checkpoint name decisions before it."""
+    packer = load_packer("native")
+    config = SchedulerConfig()
+    state = ClusterState()
+    out: list[bytes] = []
+    n = 0
+    t = 1_767_225_600 * SEC
+
+    def emit(envs: list[Envelope]) -> None:
+        for env in envs:
+            body = encode(env)
+            apply(state, Record(len(out), decode(body)))
+            out.append(frame(body))
+
+    def ev(payload: p.Payload, subject: str, source: str = "kai-es/informer") -> Envelope:
+        nonlocal n
+        n += 1
+        return make_envelope(payload, event_id=derived_id("late", n), source=source, subject=subject, logicaltime=t)
+
+    emit([config_event(config, event_id="cfg", logicaltime=t), ev(p.QueueObserved(name="q"), "queue/q")])
+    emit([ev(p.NodeObserved(name=f"n{i}", milli_cpu=64_000, memory_bytes=2**38, gpus=8), f"node/n{i}")
+          for i in range(4)])
+    unconfirmed: list[Envelope] = []
+    snaps: list[StoredSnapshot] = []
+    for cycle in range(1, cycles + 1):
+        t += 5 * SEC
+        emit([ev(p.PodObserved(namespace="d", name=f"p{cycle}-{k}", uid=f"u{cycle}-{k}", queue="q",
+                               podgroup=f"g{cycle}-{k}", implicit_podgroup=True, created_ns=t,
+                               requests=p.PodResources(milli_cpu=1000, memory_bytes=2**30),
+                               gpu=p.GpuRequest(whole=1)), f"pod/d/p{cycle}-{k}") for k in range(3)])
+        started = ev(p.CycleStarted(cycle=cycle, config_digest=config_digest(config)), f"cycle/{cycle}",
+                     "kai-es/scheduler")
+        emit([started])
+        cut = Record(len(out) - 1, started)
+        decisions = run_cycle(state, cut, config, packer)
+        snap = cut_snapshot(state, config, decisions) if cycle % every == 0 else None
+        emit(decisions)
+        if snap is not None:
+            snaps.append(StoredSnapshot(cut.position, len(out) - 1, cycle, t, decisions[-1].statedigest or "", snap))
+        t += SEC
+        emit([make_envelope(p.PodBound(namespace="d", name=d.data.name, uid=d.data.uid, node=d.data.node,
+                                       decision_id=d.id, gpu_devices=d.data.gpu_devices),
+                            event_id=derived_id(d.id, 0), source="kai-es/binder", subject=d.subject, logicaltime=t)
+              for d in unconfirmed])
+        unconfirmed = [d for d in decisions if isinstance(d.data, p.BindingDecided)]
+    path.write_bytes(b"".join(out))
+    for stored in snaps:
+        save_checkpoint(path, stored.position, encode_stored(stored))
+
+
+def test_outcomes_of_decisions_before_a_checkpoint_are_checked_against_them(tmp_path: Path) -> None:
+    log = tmp_path / "late.log"
+    _late_binder_log(log)
+    cps = list_checkpoints(log)
+    assert len(cps) == 6
+    events = _events(log)
+    decided_at = {e["id"]: i for i, e in enumerate(events) if e["type"] == "kai.scheduler.pod.bindingdecided"}
+    crossing = [i for i, e in enumerate(events) if e["type"] == "kai.binder.pod.bound"
+                and any(decided_at[e["data"]["decision_id"]] < cp.position < i for cp in cps)]
+    assert crossing  # the case under test: outcomes after a checkpoint of decisions before it
+    one = _sequential(log)
+    assert one.ok and one.cycles == 24
+    for jobs in (2, 3, 4):
+        many = replay_file(log, jobs=jobs, min_records=1)
+        assert many.resumed == jobs - 1 and _verdict(many) == _verdict(one)
+
+
+@pytest.mark.parametrize("field", ["name", "node"])
+def test_an_impossible_outcome_of_a_decision_before_a_checkpoint_diverges_as_in_one_process(
+        tmp_path: Path, field: str) -> None:
+    src = tmp_path / "late.log"
+    _late_binder_log(src)
+    events = _events(src)
+    cp = _plan(src, 2)[1][1]
+    assert cp is not None
+    cut = cp.position
+    decided_at = {e["id"]: i for i, e in enumerate(events) if e["type"] == "kai.scheduler.pod.bindingdecided"}
+    bad = next(i for i, e in enumerate(events) if e["type"] == "kai.binder.pod.bound" and i > cut
+               and decided_at[e["data"]["decision_id"]] < cut)
+    events[bad]["data"][field] = "elsewhere"
+    log = _copy(src, tmp_path / "impossible.log", events)
+    one = _sequential(log)
+    assert one.divergence is not None and one.divergence.found_at == bad and one.divergence.cycle == -1
+    assert f"{field} 'elsewhere'" in one.divergence.message
+    many = replay_file(log, jobs=2, min_records=1)
+    assert many.resumed == 1 and many.divergence == one.divergence
+
+
+def test_an_outcome_naming_no_decision_after_a_checkpoint_diverges_as_in_one_process(tmp_path: Path) -> None:
+    src = tmp_path / "late.log"
+    _late_binder_log(src)
+    events = _events(src)
+    cut = list_checkpoints(src)[2].position
+    bad = next(i for i, e in enumerate(events) if e["type"] == "kai.binder.pod.bound" and i > cut)
+    events[bad]["data"]["decision_id"] = "never-decided"
+    log = _copy(src, tmp_path / "orphan.log", events)
+    one = _sequential(log)
+    assert one.divergence is not None and "not in the log before it" in one.divergence.message
+    many = replay_file(log, jobs=4, min_records=1)
+    assert many.resumed >= 1 and many.divergence == one.divergence
