@@ -116,6 +116,8 @@ def test_the_scheduler_keeps_checkpoints_that_agree_with_the_log(day_log: Path) 
         assert completed.statedigest == cp.digest and load_checkpoint(cp).digest == cp.digest
     newest = json.loads(Path(f"{day_log}.snapshot").read_bytes().split(b"\n", 1)[0])
     assert newest["position"] == cps[-1].position  # the newest snapshot is also the newest checkpoint
+    assert cps[-1].path.samefile(f"{day_log}.snapshot")  # (linked, not written twice)
+    assert not any(cp.path.samefile(f"{day_log}.snapshot") for cp in cps[:-1])
 
 
 def test_unreadable_or_misnamed_files_are_skipped_and_others_never_touched(tmp_path: Path, day_log: Path,

@@ -115,17 +115,26 @@ def thinned(positions: list[int], keep: int) -> list[int]:
     return gone
 
 
-def save_checkpoint(log_path: str | os.PathLike[str], position: int, blob: bytes, keep: int = DEFAULT_KEEP) -> Path:
+def save_checkpoint(log_path: str | os.PathLike[str], position: int, blob: bytes, keep: int = DEFAULT_KEEP,
+                    *, same_as: Path | None = None) -> Path:
     """Write `blob`, the stored form (`encode_stored`) of the snapshot at cut `position`, as a
-    checkpoint of `log_path` and thin the folder to `keep` (module docstring); returns its file."""
+    checkpoint of `log_path` and thin the folder to `keep` (module docstring); returns its file.
+    `same_as`: a file already holding exactly `blob` (the newest snapshot's), linked instead of
+    written again when the file system allows (a snapshot of 20,000 nodes is ~100 MB)."""
     folder = checkpoint_dir(log_path)
     folder.mkdir(exist_ok=True)
     path = folder / f"{position:012d}.checkpoint"
     tmp = folder / f".{position:012d}.checkpoint.tmp"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
+    tmp.unlink(missing_ok=True)
+    try:
+        if same_as is None:
+            raise OSError("nothing to link")
+        os.link(same_as, tmp)
+    except OSError:
+        with open(tmp, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
     files = dict(_own_files(folder))
     for position in thinned(sorted(files), keep):

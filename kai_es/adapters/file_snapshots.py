@@ -10,6 +10,7 @@ up to `checkpoints` of them, 0: none), for replays to start from.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Self
@@ -71,7 +72,8 @@ class FileSnapshotStore(FileBlobStore):
         await self.save_blob(blob)
         if self.checkpoints > 0:
             assert self.log_path is not None
-            await anyio.to_thread.run_sync(save_checkpoint, self.log_path, snap.position, blob, self.checkpoints)
+            await anyio.to_thread.run_sync(functools.partial(save_checkpoint, self.log_path, snap.position, blob,
+                                                             self.checkpoints, same_as=self.path))
 
     async def load_latest(self) -> StoredSnapshot | None:
         blob = await self.load_blob()
