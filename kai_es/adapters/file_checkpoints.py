@@ -120,7 +120,7 @@ def save_checkpoint(log_path: str | os.PathLike[str], position: int, blob: bytes
     """Write `blob`, the stored form (`encode_stored`) of the snapshot at cut `position`, as a
     checkpoint of `log_path` and thin the folder to `keep` (module docstring); returns its file.
     `same_as`: a file already holding exactly `blob` (the newest snapshot's), linked instead of
-    written again when the file system allows (a snapshot of 20,000 nodes is ~100 MB)."""
+    written again when the file system allows (tens of MB at 20,000 nodes)."""
     folder = checkpoint_dir(log_path)
     folder.mkdir(exist_ok=True)
     path = folder / f"{position:012d}.checkpoint"
