@@ -198,12 +198,13 @@ class _Replayer:
 
     def resume(self, state: ClusterState, record: Record) -> bool:
         """Start from `state`, folded exactly through `record`, this share's first CycleStarted
-        (at `share.start`), and re-run that cycle; False to stop."""
+        (at `share.start`), and re-run that cycle; False to stop (with `needs_prefix` when
+        `record` is no CycleStarted there, or `state` not folded to it)."""
         data = record.envelope.data
         if record.position != self.share.start or state.position != record.position or \
                 not isinstance(data, p.CycleStarted):
-            raise ValueError(f"a share resumes at its start's CycleStarted ({self.share.start}), "
-                             f"not at position {record.position} with a state at {state.position}")
+            self.result.needs_prefix = True
+            return False
         self.state = self.result.state = state
         self.result.records = state.records
         self.result.resumed = 1

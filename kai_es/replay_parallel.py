@@ -35,7 +35,7 @@ import msgspec
 from kai_es.adapters.file_checkpoints import Checkpoint, list_checkpoints, load_checkpoint
 from kai_es.adapters.file_log import CorruptLogError, FileEventLog
 from kai_es.app import bulk_fold, packer_from_env
-from kai_es.events import DecodeError, Record, decode
+from kai_es.events import DecodeError, Envelope, Record, decode
 from kai_es.events import payloads as p
 from kai_es.replay import ReplayResult, Share, merge, replay_frames
 from kai_es.scheduling.packing import Packer
@@ -150,18 +150,22 @@ def _even_cuts(positions: list[int], end: int, jobs: int) -> list[int]:
     return cuts_within(lo) or []
 
 
+def _record_at(log: FileEventLog, position: int) -> Envelope | None:
+    """The event at `position` (None: there is none, or it does not decode)."""
+    for _, body in log.frames(position, position + 1):
+        try:
+            return decode(body)  # type: ignore[arg-type]
+        except DecodeError:
+            return None
+    return None
+
+
 def _recorded_digest(log: FileEventLog, cp: Checkpoint, end: int) -> str | None:
     """The state digest the log's CycleCompleted of `cp`'s cycle records (None: there is no
     CycleCompleted based on `cp`'s cut where it says, or it records none)."""
-    if not cp.position < cp.completed_position < end:
-        return None
-    for _, body in log.frames(cp.completed_position, cp.completed_position + 1):
-        try:
-            env = decode(body)  # type: ignore[arg-type]
-        except DecodeError:
-            return None
-        if isinstance(env.data, p.CycleCompleted) and env.basedon == cp.position and env.statedigest:
-            return env.statedigest
+    env = _record_at(log, cp.completed_position) if cp.position < cp.completed_position < end else None
+    if env is not None and isinstance(env.data, p.CycleCompleted) and env.basedon == cp.position:
+        return env.statedigest or None
     return None
 
 
@@ -176,13 +180,7 @@ def _restored(log: FileEventLog, cp: Checkpoint) -> ClusterState | None:
     if snap.position != cp.position:
         _log.warning("checkpoint %s not used: it holds position %d", cp.path, snap.position)
         return None
-    completed = None
-    for _, body in log.frames(snap.completed_position, snap.completed_position + 1):
-        try:
-            completed = decode(body)  # type: ignore[arg-type]
-        except DecodeError:
-            pass
-    return validated(snap, completed)
+    return validated(snap, _record_at(log, snap.completed_position))
 
 
 def _decisions_before(log: FileEventLog, start: int, ids: set[str]) -> dict[str, Record]:
@@ -220,8 +218,8 @@ def _run_share(log: FileEventLog, end: int, share: Share, packer: Packer, checkp
                                    resume=state, lookup=lambda ids: _decisions_before(log, share.start, ids))
             if not result.needs_prefix:
                 return result
-            _log.warning("the share from checkpoint %s met a record based on a cycle before it; "
-                         "folding the log from the beginning", checkpoint.path)
+            _log.warning("the share from checkpoint %s met a record it cannot judge from there (one "
+                         "based on a cycle before it); folding the log from the beginning", checkpoint.path)
     return replay_frames(log.frames(0, end), packer, share=share, progress=progress)
 
 

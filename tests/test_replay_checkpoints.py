@@ -39,6 +39,8 @@ from kai_es.scheduling.packing import load_packer
 from kai_es.services.snapshotting import cut_snapshot
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
+from kai_es.state.snapshot import snapshot_bytes as cut_bytes
+from kai_es.scheduling.policy import state_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 SEC = 1_000_000_000
@@ -234,6 +236,37 @@ def test_a_decision_of_a_cycle_before_a_checkpoint_found_after_it_is_judged_from
     with caplog.at_level(logging.WARNING):
         many = replay_file(log, jobs=jobs, min_records=1)
     assert many.divergence == one.divergence and "folding the log from the beginning" in caplog.text
+
+
+def test_a_forged_checkpoint_off_a_cycle_start_sends_its_share_back_to_folding_from_0(
+        tmp_path: Path, day_log: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A log edited so that a CycleCompleted claims a cut that is no CycleStarted, with a
+    checkpoint of the state there under the digest it now records: the checkpoint passes the
+    restart's checks, yet no cycle can be re-run from it."""
+    cp = _plan(day_log, 2)[1][1]
+    assert cp is not None
+    events = _events(day_log)
+    off = cp.position - 1
+    assert events[off]["type"] != "kai.scheduler.cycle.started"
+    state = ClusterState()
+    for r in FileEventLog(day_log, readonly=True).scan():
+        if r.position > off:
+            break
+        apply(state, r)
+    data = cut_bytes(state)
+    digest = state_digest(events[cp.completed_position]["policyversion"], state)
+    events[cp.completed_position]["basedon"] = off
+    events[cp.completed_position]["statedigest"] = digest
+    log = tmp_path / "forged.log"
+    _copy(day_log, log, events)
+    clear_checkpoints(log)
+    save_checkpoint(log, off, encode_stored(StoredSnapshot(off, cp.completed_position, cp.cycle, 0, digest, data)))
+    one = _sequential(log)
+    assert one.divergence is not None
+    with caplog.at_level(logging.WARNING):
+        many = replay_file(log, jobs=2, min_records=1)
+    assert many.resumed == 0 and many.divergence == one.divergence
+    assert "cannot judge from there" in caplog.text
 
 
 # -- binder outcomes across a checkpoint -----------------------------------------------------------
