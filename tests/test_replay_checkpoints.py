@@ -31,16 +31,17 @@ from kai_es.events import Envelope, Record, decode, encode
 from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
 from kai_es.ports import StoredSnapshot
-from kai_es.replay import ReplayResult, Share, replay
+from kai_es.replay import Share
 from kai_es.replay_parallel import plan_checkpointed, replay_file
 from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import load_packer
+from kai_es.scheduling.policy import state_digest
 from kai_es.services.snapshotting import cut_snapshot
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
 from kai_es.state.snapshot import snapshot_bytes as cut_bytes
-from kai_es.scheduling.policy import state_digest
+from tests.replays import sequential, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 SEC = 1_000_000_000
@@ -59,14 +60,6 @@ def day_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     return out / "day.log"
-
-
-def _sequential(path: Path) -> ReplayResult:
-    return replay(FileEventLog(path, readonly=True).scan(), load_packer("native"))
-
-
-def _verdict(r: ReplayResult) -> tuple[object, ...]:
-    return (r.ok, r.cycles, r.decisions, r.records, r.abandoned, r.state_digest, r.divergence)
 
 
 def _events(path: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -156,12 +149,12 @@ def _plan(path: Path, jobs: int, **kw: object) -> list[tuple[Share, Checkpoint |
 
 @pytest.mark.parametrize("jobs", [2, 3, 4, 5])
 def test_replay_from_checkpoints_equals_one_process(day_log: Path, jobs: int) -> None:
-    one = _sequential(day_log)
+    one = sequential(day_log)
     assert one.ok and one.cycles > 100
     from_checkpoints = sum(cp is not None for _, cp in _plan(day_log, jobs))
     assert from_checkpoints >= 1
     many = replay_file(day_log, jobs=jobs, min_records=1)
-    assert _verdict(many) == _verdict(one) and many.resumed == from_checkpoints
+    assert verdict(many) == verdict(one) and many.resumed == from_checkpoints
     assert replay_file(day_log, jobs=jobs, min_records=1, checkpoints=False).resumed == 0
 
 
@@ -203,7 +196,7 @@ def test_a_checkpoint_that_does_not_restore_to_its_digest_is_not_used(
     with caplog.at_level(logging.WARNING):
         many = replay_file(log, jobs=2, min_records=1)
     assert many.resumed == 0 and f"position {cp.position}" in caplog.text and "rejected" in caplog.text
-    assert _verdict(many) == _verdict(_sequential(log))
+    assert verdict(many) == verdict(sequential(log))
 
 
 def test_a_log_that_does_not_fold_to_a_checkpoint_diverges_as_in_one_process(tmp_path: Path, day_log: Path) -> None:
@@ -219,7 +212,7 @@ def test_a_log_that_does_not_fold_to_a_checkpoint_diverges_as_in_one_process(tmp
     assert edited > max(i for i in range(cut) if events[i]["type"] == "kai.scheduler.cycle.started")
     events[edited]["data"]["labels"] = {**events[edited]["data"].get("labels", {}), "edited": "yes"}
     log = _copy(day_log, tmp_path / "edited.log", events)
-    one = _sequential(log)
+    one = sequential(log)
     assert one.divergence is not None and one.divergence.position == cut
     many = replay_file(log, jobs=2, min_records=1)
     assert many.resumed == 1 and many.divergence == one.divergence
@@ -231,7 +224,7 @@ def test_a_decision_of_a_cycle_before_a_checkpoint_found_after_it_is_judged_from
     events = _events(day_log)
     early = next(e for e in events if e["type"] == "kai.scheduler.pod.bindingdecided")
     log = _copy(day_log, tmp_path / "late.log", [*events, early])
-    one = _sequential(log)
+    one = sequential(log)
     assert one.divergence is not None and "already completed" in one.divergence.message
     with caplog.at_level(logging.WARNING):
         many = replay_file(log, jobs=jobs, min_records=1)
@@ -261,7 +254,7 @@ def test_a_forged_checkpoint_off_a_cycle_start_sends_its_share_back_to_folding_f
     _copy(day_log, log, events)
     clear_checkpoints(log)
     save_checkpoint(log, off, encode_stored(StoredSnapshot(off, cp.completed_position, cp.cycle, 0, digest, data)))
-    one = _sequential(log)
+    one = sequential(log)
     assert one.divergence is not None
     with caplog.at_level(logging.WARNING):
         many = replay_file(log, jobs=2, min_records=1)
@@ -335,11 +328,11 @@ def test_outcomes_of_decisions_before_a_checkpoint_are_checked_against_them(tmp_
     crossing = [i for i, e in enumerate(events) if e["type"] == "kai.binder.pod.bound"
                 and any(decided_at[e["data"]["decision_id"]] < cp.position < i for cp in cps)]
     assert crossing  # the case under test: outcomes after a checkpoint of decisions before it
-    one = _sequential(log)
+    one = sequential(log)
     assert one.ok and one.cycles == 24
     for jobs in (2, 3, 4):
         many = replay_file(log, jobs=jobs, min_records=1)
-        assert many.resumed == jobs - 1 and _verdict(many) == _verdict(one)
+        assert many.resumed == jobs - 1 and verdict(many) == verdict(one)
 
 
 @pytest.mark.parametrize("field", ["name", "node"])
@@ -356,7 +349,7 @@ def test_an_impossible_outcome_of_a_decision_before_a_checkpoint_diverges_as_in_
                and decided_at[e["data"]["decision_id"]] < cut)
     events[bad]["data"][field] = "elsewhere"
     log = _copy(src, tmp_path / "impossible.log", events)
-    one = _sequential(log)
+    one = sequential(log)
     assert one.divergence is not None and one.divergence.found_at == bad and one.divergence.cycle == -1
     assert f"{field} 'elsewhere'" in one.divergence.message
     many = replay_file(log, jobs=2, min_records=1)
@@ -371,7 +364,7 @@ def test_an_outcome_naming_no_decision_after_a_checkpoint_diverges_as_in_one_pro
     bad = next(i for i, e in enumerate(events) if e["type"] == "kai.binder.pod.bound" and i > cut)
     events[bad]["data"]["decision_id"] = "never-decided"
     log = _copy(src, tmp_path / "orphan.log", events)
-    one = _sequential(log)
+    one = sequential(log)
     assert one.divergence is not None and "not in the log before it" in one.divergence.message
     many = replay_file(log, jobs=4, min_records=1)
     assert many.resumed >= 1 and many.divergence == one.divergence

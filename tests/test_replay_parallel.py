@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kai_es.adapters.file_log import FileEventLog, frame
+from kai_es.adapters.file_log import frame
 from kai_es.events import DecodeError
-from kai_es.replay import ReplayResult, Share, replay
+from kai_es.replay import Share
 from kai_es.replay_parallel import plan_shares, replay_file
-from kai_es.scheduling.packing import load_packer
+from tests.replays import sequential, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "quickstart.events.jsonl"
@@ -32,14 +32,6 @@ def day_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     return out / "day.log"
-
-
-def _sequential(path: Path) -> ReplayResult:
-    return replay(FileEventLog(path, readonly=True).scan(), load_packer("native"))
-
-
-def _verdict(r: ReplayResult) -> tuple[object, ...]:
-    return (r.ok, r.cycles, r.decisions, r.records, r.abandoned, r.state_digest, r.divergence)
 
 
 def _rewrite(src: Path, dst: Path, edit: object) -> Path:
@@ -70,22 +62,22 @@ def test_a_short_log_is_not_split() -> None:
 
 @pytest.mark.parametrize("jobs", JOBS)
 def test_spread_replay_of_a_golden_log_equals_one_process(jobs: int) -> None:
-    one = _sequential(GOLDEN)
+    one = sequential(GOLDEN)
     assert one.ok and one.cycles == sum(1 for line in GOLDEN.read_text().splitlines() if "kai.scheduler.cycle.completed" in line) > 0
-    assert _verdict(replay_file(GOLDEN, jobs=jobs, min_records=1)) == _verdict(one)
+    assert verdict(replay_file(GOLDEN, jobs=jobs, min_records=1)) == verdict(one)
 
 
 @pytest.mark.parametrize("jobs", JOBS)
 def test_spread_replay_of_many_cycles_equals_one_process(day_log: Path, jobs: int) -> None:
-    one = _sequential(day_log)
+    one = sequential(day_log)
     assert one.ok and one.cycles > 100
     many = replay_file(day_log, jobs=jobs, min_records=1)
-    assert _verdict(many) == _verdict(one)
+    assert verdict(many) == verdict(one)
 
 
 @pytest.mark.parametrize("jobs", [1, *JOBS])
 def test_spread_replay_finds_the_same_divergence(jobs: int) -> None:
-    one = _sequential(ALTERED)
+    one = sequential(ALTERED)
     assert one.divergence is not None and one.divergence.message == "decision differs"
     many = replay_file(ALTERED, jobs=jobs, min_records=1)
     assert many.divergence == one.divergence
@@ -99,7 +91,7 @@ def test_a_decision_after_its_cycle_completed_is_caught_by_whoever_reads_it(
         return [*events, early]
 
     log = _rewrite(day_log, tmp_path / "late.log", replay_an_early_decision_at_the_end)
-    one = _sequential(log)
+    one = sequential(log)
     assert one.divergence is not None and "already completed" in one.divergence.message
     assert replay_file(log, jobs=jobs, min_records=1).divergence == one.divergence
 
@@ -112,9 +104,9 @@ def test_a_cycle_cut_short_by_a_crash_is_abandoned_not_diverged(
         return [e for e in events if e.get("basedon") != last]
 
     log = _rewrite(day_log, tmp_path / "crash.log", drop_the_last_cycles_decisions)
-    one = _sequential(log)
+    one = sequential(log)
     assert one.ok and one.abandoned == 1
-    assert _verdict(replay_file(log, jobs=jobs, min_records=1)) == _verdict(one)
+    assert verdict(replay_file(log, jobs=jobs, min_records=1)) == verdict(one)
 
 
 @pytest.mark.parametrize("jobs", [1, *JOBS])
@@ -126,7 +118,7 @@ def test_a_missing_decision_in_the_middle_diverges_the_same_way(
         return events[:gone] + events[gone + 1:]
 
     log = _rewrite(day_log, tmp_path / "gap.log", drop_one_decision_midway)
-    one = _sequential(log)
+    one = sequential(log)
     assert one.divergence is not None
     assert replay_file(log, jobs=jobs, min_records=1).divergence == one.divergence
 
