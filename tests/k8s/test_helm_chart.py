@@ -192,6 +192,7 @@ def test_full_values_render_every_setting(home: Path) -> None:
     assert b[b.index("--device-index-wait") + 1] == "30s"
     s = container(deps["scheduler"])["args"]
     assert s[s.index("--period") + 1] == "500ms" and s[s.index("--snapshot-every") + 1] == "20"
+    assert s[s.index("--checkpoints") + 1] == "3"
     assert s[s.index("--packer") + 1] == "reference"
     scenario = load_scenario_text(scheduler_config_text(objs), "configmap")
     assert scenario.config == parse_config(values["scheduler"]["config"])
