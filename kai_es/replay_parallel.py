@@ -109,7 +109,7 @@ def plan_checkpointed(log: FileEventLog, end: int, jobs: int, checkpoints: Seque
             digest = _recorded_digest(log, cp, end)
             if digest is not None:
                 by_position[cp.position] = (cp, digest)
-    cuts = _even_cuts(sorted(by_position), end, jobs)
+    cuts = even_cuts(sorted(by_position), end, jobs)
     num, den = ratio
     longest = max(b - a for a, b in zip([0, *cuts], [*cuts, end]))
     costliest = max((share.stop or end) * den + ((share.stop or end) - share.start) * num for share in refold)
@@ -121,7 +121,7 @@ def plan_checkpointed(log: FileEventLog, end: int, jobs: int, checkpoints: Seque
              by_position[start][0] if start else None) for start, stop in zip(starts, stops)]
 
 
-def _even_cuts(positions: list[int], end: int, jobs: int) -> list[int]:
+def even_cuts(positions: list[int], end: int, jobs: int) -> list[int]:
     """Up to `jobs` - 1 of the sorted `positions` (0 < each < end) that cut [0, end) into
     stretches whose longest is the shortest possible (the least such length, found by bisection,
     each cut then the furthest one within that length of the previous)."""

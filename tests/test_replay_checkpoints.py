@@ -32,7 +32,7 @@ from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
 from kai_es.ports import StoredSnapshot
 from kai_es.replay import Share
-from kai_es.replay_parallel import plan_checkpointed, replay_file
+from kai_es.replay_parallel import even_cuts, plan_checkpointed, replay_file
 from kai_es.scheduling.config import SchedulerConfig, config_digest, config_event
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import load_packer
@@ -98,6 +98,21 @@ def test_thinning_evenly_written_checkpoints_leaves_them_spread(n: int, keep: in
     gaps = [b - a for a, b in zip([0, *left], left)]
     ideal = n * step // min(n, keep)
     assert max(gaps) <= 2 * ideal
+
+
+@given(end=st.integers(2, 2**64), data=st.data(), jobs=st.integers(1, 6))
+def test_cuts_make_the_longest_stretch_the_shortest_any_choice_of_checkpoints_can(
+        end: int, data: st.DataObject, jobs: int) -> None:
+    positions = sorted(data.draw(st.sets(st.integers(1, end - 1), max_size=9)))
+    cuts = even_cuts(positions, end, jobs)
+    assert cuts == sorted(set(cuts)) and set(cuts) <= set(positions) and len(cuts) <= jobs - 1
+
+    def longest(chosen: tuple[int, ...] | list[int]) -> int:
+        return max(b - a for a, b in zip([0, *chosen], [*chosen, end]))
+
+    best = min(longest(c) for k in range(min(jobs - 1, len(positions)) + 1)
+               for c in itertools.combinations(positions, k))
+    assert longest(cuts) == best
 
 
 def test_the_scheduler_keeps_checkpoints_that_agree_with_the_log(day_log: Path) -> None:
