@@ -103,12 +103,13 @@ def test_thinning_evenly_written_checkpoints_leaves_them_spread(n: int, keep: in
 @given(end=st.integers(2, 2**64), data=st.data(), jobs=st.integers(1, 6))
 def test_cuts_make_the_longest_stretch_the_shortest_any_choice_of_checkpoints_can(
         end: int, data: st.DataObject, jobs: int) -> None:
-    positions = sorted(data.draw(st.sets(st.integers(1, end - 1), max_size=9)))
+    positions: list[int] = sorted(data.draw(st.sets(st.integers(1, end - 1), max_size=9)))
     cuts = even_cuts(positions, end, jobs)
     assert cuts == sorted(set(cuts)) and set(cuts) <= set(positions) and len(cuts) <= jobs - 1
 
     def longest(chosen: tuple[int, ...] | list[int]) -> int:
-        return max(b - a for a, b in zip([0, *chosen], [*chosen, end]))
+        bounds: list[int] = [0, *chosen, end]
+        return max(b - a for a, b in zip(bounds, bounds[1:]))
 
     best = min(longest(c) for k in range(min(jobs - 1, len(positions)) + 1)
                for c in itertools.combinations(positions, k))
