@@ -35,7 +35,7 @@ from kai_es.scheduling.packing import (
     workload_from_tasks,
 )
 from kai_es.scheduling.plan import Entry, Eviction, Plan, task_shape
-from kai_es.scheduling.policy import policy_for
+from kai_es.scheduling.policy import PolicyVersion, policy_for
 from kai_es.scheduling.session import Session
 from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import ClusterState
@@ -79,6 +79,15 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     plan = Plan(state, packer, strategy_of(config, state), verify=verify,
                 skips_held_idle=policy.rules.releasing_capacity.skips_held_idle)
     now = started.envelope.logicaltime
+    try:
+        return _decide(state, cycle_payload, config, policy, emitter, plan, now, on_action)
+    finally:
+        plan.close()
+
+
+def _decide(state: ClusterState, cycle_payload: p.CycleStarted, config: SchedulerConfig, policy: PolicyVersion,
+            emitter: Emitter, plan: Plan, now: int, on_action: Callable[[str], None] | None) -> list[Envelope]:
+    """`run_cycle` once its Plan is made."""
     stuck = policy.rules.releasing_capacity.hold(state, plan, now, config)
     policy.rules.move_holds.reserve(state, plan, now)
     session = Session(state, plan, now, policy.rules, config)

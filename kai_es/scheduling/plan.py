@@ -264,6 +264,14 @@ class Plan:
         base = self.idle.gpu_start[node]
         return node, tuple(base + d for d in pod.devices)
 
+    def close(self) -> None:
+        """The plan is done with: its listeners are dropped. They hold the plan (a Session, the
+        predicate trackers), so until then a cycle's Session, Plan, entries and the pods they
+        name form reference cycles that only a collection frees; after it, reference counting
+        frees them as the cycle returns (a replay runs with the collector paused: else every
+        cycle's objects stay, ~1 KB a placement, and each cycle allocates fresh memory)."""
+        self.listeners.clear()
+
     def _announce(self, op: Announced, sign: int) -> None:
         for listener in self.listeners:
             listener.on_operation(op, sign)
