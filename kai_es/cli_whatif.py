@@ -10,7 +10,6 @@ give byte-identical output, log and JSON.
 from __future__ import annotations
 
 import functools
-import gc
 import hashlib
 import json
 import multiprocessing
@@ -344,7 +343,6 @@ def _seed(log_url: str, start_ns: int, described: list[str], config: str, until_
 def _play(workload: Any, events: Any, engine: Any, seed: str, until_ns: int | None) -> tuple[Any, Any]:
     """Run `workload` into `events` (closed at the end); (its summary, its decision facts),
     taken from the fold its scheduler does anyway."""
-    from kai_es.events.payloads import CycleStarted
     from kai_es.report import SummaryObserver
     from kai_es.state import ClusterState
     from kai_es.whatif.compare import DecisionDigest
@@ -357,8 +355,6 @@ def _play(workload: Any, events: Any, engine: Any, seed: str, until_ns: int | No
     def on_fold(record: Record) -> None:
         digest.add(record)
         observer.observe(record)
-        if type(record.envelope.data) is CycleStarted:
-            _collect_young()
 
     async def run_and_close() -> Any:
         try:
@@ -371,16 +367,6 @@ def _play(workload: Any, events: Any, engine: Any, seed: str, until_ns: int | No
         anyio.run(run_and_close)
     end_ns = workload.start_ns + until_ns if until_ns is not None else workload.end_ns
     return observer.finish(end_ns), digest.facts()
-
-
-def _collect_young() -> None:
-    """Collect the cyclic garbage made since the last call (the cyclic collector is paused for a
-    whole simulation, `bulk_fold`, and a cycle's plan, session and pack tables hold reference
-    cycles: 500 cycles of them were most of a simulation's memory), then freeze what survived,
-    so each call scans only what was allocated since the one before. Called at each cycle's
-    start, when the previous cycle's objects are no longer referenced."""
-    gc.collect(0)
-    gc.freeze()
 
 
 class _Forked:
