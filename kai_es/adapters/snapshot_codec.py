@@ -34,9 +34,9 @@ class SnapshotFormatError(ValueError):
 def encode_stored(snap: StoredSnapshot) -> bytes:
     """One header line (JSON) + zlib-compressed snapshot bytes."""
     header = StoredHeader(format=STORED_FORMAT, position=snap.position,
-                     completedposition=snap.completed_position, cycle=snap.cycle,
-                     logicaltime=snap.logicaltime, digest=snap.digest, compression="zlib",
-                     size=len(snap.data))
+                          completedposition=snap.completed_position, cycle=snap.cycle,
+                          logicaltime=snap.logicaltime, digest=snap.digest, compression="zlib",
+                          size=len(snap.data))
     return msgspec.json.encode(header) + b"\n" + zlib.compress(snap.data, 1)
 
 

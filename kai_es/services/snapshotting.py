@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-
 from collections.abc import Sequence
 
 import msgspec
