@@ -68,13 +68,19 @@ def fairshare_report(scenario: Scenario) -> dict[str, Any]:
     return {"units": units, "divisionUnit": division, "policyVersion": policy.version, "queues": out}
 
 
-def one_cycle(scenario: Scenario, packer: Packer) -> dict[str, Any]:
+def first_cut(scenario: Scenario) -> tuple[Any, Record]:
+    """The state of the scenario's initial objects folded through the first cycle's
+    CycleStarted, and that record: what its first cycle runs on."""
     records = as_records([*_initial_envelopes(scenario), make_envelope(
         p.CycleStarted(cycle=1, config_digest=config_digest(scenario.config)),
         event_id=derived_id(scenario.name, -2), source="kai-es/scheduler", subject="cycle/1",
         logicaltime=scenario.start_ns, policyversion=scenario.config.policy_version)])
-    state = fold(records)
-    decisions = run_cycle(state, records[-1], scenario.config, packer, verify=verify_mode.enabled())
+    return fold(records), records[-1]
+
+
+def one_cycle(scenario: Scenario, packer: Packer) -> dict[str, Any]:
+    state, started = first_cut(scenario)
+    decisions = run_cycle(state, started, scenario.config, packer, verify=verify_mode.enabled())
     pods: dict[str, dict[str, Any]] = {}
     for key in sorted(state.pods):
         pod = state.pods[key]

@@ -79,18 +79,22 @@ def run_cycle(state: ClusterState, started: Record, config: SchedulerConfig,
     plan = Plan(state, packer, strategy_of(config, state), verify=verify,
                 skips_held_idle=policy.rules.releasing_capacity.skips_held_idle)
     now = started.envelope.logicaltime
-    try:
-        return _decide(state, cycle_payload, config, policy, emitter, plan, now, on_action)
+    session: Session | None = None
+    try:  # (closed at the end: the cycle's objects are then freed as it returns, see `Plan.close`)
+        stuck = policy.rules.releasing_capacity.hold(state, plan, now, config)
+        policy.rules.move_holds.reserve(state, plan, now)
+        session = Session(state, plan, now, policy.rules, config)
+        return _decide(state, cycle_payload, config, policy, emitter, plan, session, stuck, on_action)
     finally:
         plan.close()
+        if session is not None:
+            session.close()
 
 
 def _decide(state: ClusterState, cycle_payload: p.CycleStarted, config: SchedulerConfig, policy: PolicyVersion,
-            emitter: Emitter, plan: Plan, now: int, on_action: Callable[[str], None] | None) -> list[Envelope]:
-    """`run_cycle` once its Plan is made."""
-    stuck = policy.rules.releasing_capacity.hold(state, plan, now, config)
-    policy.rules.move_holds.reserve(state, plan, now)
-    session = Session(state, plan, now, policy.rules, config)
+            emitter: Emitter, plan: Plan, session: Session, stuck: list[str],
+            on_action: Callable[[str], None] | None) -> list[Envelope]:
+    """`run_cycle` once its Plan and Session are made."""
     background = policy.rules.background_pods.take_out(session)
     unschedulable = session.unschedulable
     for name in config.action_list:

@@ -179,6 +179,7 @@ def divide(capacity: int, queues: Sequence[QueueInput], unit: int = 1,
                 assign(shares[kid.name], children[kid.name])
 
     assign(capacity, children.get("", []))
+    del request_of, assign  # (recursive closures hold themselves through their cells: emptied, they are freed now)
     for name in sorted(loops):
         q = by_name[name]
         out[name] = QueueShare(name=name, quota=q.quota, limit=q.limit, request=0, allocated=q.allocated)

@@ -102,6 +102,7 @@ def _subgroups(groups: Sequence[SubGroup], pending: Sequence[PodState],
     root = SubGroup(name="", min_member=0, min_subgroup=top_min_subgroup)
     children.setdefault("", [])
     result = solve(root) if children[""] else []
+    del solve  # (a recursive closure holds itself through its cell: emptied, it is freed now)
     return result
 
 

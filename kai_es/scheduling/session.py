@@ -244,6 +244,12 @@ class Session:
         for node in self.queues.values():
             node.allocatable = allocatable_share(node.quota, node.limit, node.fair, capacity)
 
+    def close(self) -> None:
+        """The cycle is over: the queue tree is unlinked (a node holds its parent, its children
+        and itself in its chain), so reference counting frees it with the session."""
+        for node in self.queues.values():
+            node.parent, node.children, node.chain = None, [], ()
+
     # -- accounting (the Plan's listener) -----------------------------------------------------
 
     def on_operation(self, op: Announced, sign: int) -> None:

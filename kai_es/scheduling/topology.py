@@ -300,6 +300,7 @@ class TopologyPlacer:
             return group.names
 
         reachable = names(root)  # sub-groups whose parents loop hang below no root: ignored
+        del names  # (a recursive closure holds itself through its cell: emptied, it is freed now)
         for pod in pods:
             group = groups.get(pod.spec.subgroup)
             (group if group is not None and group.name in reachable else root).pods.append(pod)

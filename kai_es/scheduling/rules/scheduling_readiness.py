@@ -95,7 +95,9 @@ class ReadyAsKai:
             return sum([ready(kid) for kid in kids]) >= children_wanted(sg, kids)  # (every child judged)
 
         assert job.spec is not None
-        if ready(SubGroup(name="", min_member=0, min_subgroup=job.spec.min_subgroup)):
+        satisfied = ready(SubGroup(name="", min_member=0, min_subgroup=job.spec.min_subgroup))
+        del ready  # (a recursive closure holds itself through its cell: emptied, it is freed now)
+        if satisfied:
             return None
         gated_in = _gated(session, job)
         return _not_ready([(name, need, have + gated_in.get(name, 0), gated_in.get(name, 0))
