@@ -106,9 +106,9 @@ def simulate(scenario_file: str, log_url: str | None, until: str | None, report_
         from kai_es.app.processes import snapshot_store  # noqa: PLC0415
 
         snapshots = snapshot_store(log_url, events)
-    if snapshot_every and scenario.config.state_digest_every != 1:
-        err.print("warning: snapshots are taken only on cycles whose CycleCompleted carries a "
-                  f"state digest (stateDigestEvery={scenario.config.state_digest_every})", highlight=False)
+        if scenario.config.state_digest_every != 1:
+            err.print("warning: snapshots are taken only on cycles whose CycleCompleted carries a "
+                      f"state digest (stateDigestEvery={scenario.config.state_digest_every})", highlight=False)
     console.print(f"[bold]kai-es simulate[/] {escape(scenario_file)}: {len(scenario.objects)} objects, "
                   f"packer={engine.kind}, log={escape(log_url)}{escape(replacing)}", highlight=False)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),

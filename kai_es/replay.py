@@ -114,7 +114,8 @@ class ReplayResult:
         return self.divergence is None
 
 
-_DECISIONS = (p.BindingDecided, p.EvictionDecided)
+#: the decisions binder outcomes perform (what `lookup` finds for `_Replayer.resolve`)
+DECISIONS = (p.BindingDecided, p.EvictionDecided)
 _OUTCOMES = (p.PodBound, p.PodBindFailed, p.PodEvicted, p.PodEvictionFailed)
 _DECIDED_BY = {p.PodBound: p.BindingDecided, p.PodBindFailed: p.BindingDecided, p.PodEvicted: p.EvictionDecided,
                p.PodEvictionFailed: p.EvictionDecided}
@@ -213,12 +214,13 @@ class _Replayer:
 
     def resolve(self, lookup: Callable[[set[str]], dict[str, Record]]) -> None:
         """Check the outcomes left for the end (`resumed_at`) against their decisions, which
-        `lookup` finds by id before this share's start: the first impossible one is this share's
+        `lookup` finds by id before this share's start (decision records only, the last of each
+        id, as `decided` would hold them): the first impossible one is this share's
         divergence unless it found an earlier one."""
         if not self.unresolved:
             return
         found = lookup({r.envelope.data.decision_id for r in self.unresolved})
-        decided = {id_: _decided(r.envelope) for id_, r in found.items() if isinstance(r.envelope.data, _DECISIONS)}
+        decided = {id_: _decided(r.envelope) for id_, r in found.items()}
         known = self.result.divergence
         for record in self.unresolved:
             if known is not None and record.position >= known.found_at:
@@ -308,7 +310,7 @@ class _Replayer:
         kind = type(data)
         if kind in _OUTCOMES and self.impossible(record):
             return False
-        if kind in _DECISIONS:
+        if kind in DECISIONS:
             self.decided[env.id] = _decided(env)
         apply(state, record)
         result = self.result

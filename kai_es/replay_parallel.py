@@ -37,7 +37,7 @@ from kai_es.adapters.file_log import CorruptLogError, FileEventLog
 from kai_es.app import bulk_fold, packer_from_env
 from kai_es.events import DecodeError, Envelope, Record, decode
 from kai_es.events import payloads as p
-from kai_es.replay import ReplayResult, Share, merge, replay_frames
+from kai_es.replay import DECISIONS, ReplayResult, Share, merge, replay_frames
 from kai_es.scheduling.packing import Packer
 from kai_es.services.snapshotting import validated
 from kai_es.state import ClusterState
@@ -198,7 +198,7 @@ def _decisions_before(log: FileEventLog, start: int, ids: set[str]) -> dict[str,
             for id_, needle in wanted.items():
                 if needle in body:
                     env = decode(body)
-                    if env.id == id_ and isinstance(env.data, (p.BindingDecided, p.EvictionDecided)):
+                    if env.id == id_ and isinstance(env.data, DECISIONS):
                         hits[id_] = Record(position, env)
         for id_, record in hits.items():
             del wanted[id_]

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kai_es.adapters.file_checkpoints import checkpoint_dir, save_checkpoint  # noqa: E402
+from kai_es.adapters.file_checkpoints import DEFAULT_KEEP, checkpoint_dir, list_checkpoints, save_checkpoint  # noqa: E402
 from kai_es.adapters.file_log import FileEventLog, frame  # noqa: E402
 from kai_es.adapters.snapshot_codec import encode_stored  # noqa: E402
 from kai_es.ports import StoredSnapshot  # noqa: E402
@@ -195,7 +195,9 @@ def main() -> None:
     log = FileEventLog(path, readonly=True)
     total = sum(1 for _ in log.scan_raw())
     size_mb = path.stat().st_size / 1e6
-    print(f"log: {total:,} events, {size_mb:.0f} MB")
+    kept = len(list_checkpoints(path))
+    print(f"log: {total:,} events, {size_mb:.0f} MB, {kept} checkpoints beside it (one every "
+          f"{SNAPSHOT_EVERY} cycles, at most {DEFAULT_KEEP} kept; none: both spread replays fold from 0)")
 
     t0 = time.perf_counter()
     state = fold(log.scan())
