@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from kai_es.adapters.file_log import CorruptLogError, FileEventLog
 from kai_es.app import packer_from_env
-from kai_es.events import DecodeError, Record
+from kai_es.events import DecodeError, Record, decode
 from kai_es.ports import SetupError
 from kai_es.scenario import ScenarioError
 from kai_es.scheduling.config import ConfigError, SchedulerConfig
@@ -148,29 +148,51 @@ def warn_unimplemented(config: SchedulerConfig) -> None:
 
 
 def records(events: Any) -> Iterator[Record]:
-    """Every record of a log opened by `kai_es.app.open_log`, in order (a file log is scanned
-    in place; another log is read to its end as of the call, then closed)."""
-    if isinstance(events, FileEventLog):
-        yield from events.scan()
+    """Every record of a log opened by `kai_es.app.open_log`, in order (`records_from` 0)."""
+    return records_from(events, 0)
+
+
+def records_from(log: Any, position: int) -> Iterator[Record]:
+    """The records of `log` at `position` and after, streamed: a file log is scanned in place; a
+    Kafka log is read to its end as of the call by a reader process (`adapters.kafka_frames`:
+    memory does not grow with the log), a record that does not decode skipped and dead-lettered
+    as `KafkaEventLog.read` does; a memory log is read whole."""
+    if isinstance(log, FileEventLog):
+        yield from log.scan(position)
+        return
+    from kai_es.adapters.kafka_log import KafkaEventLog  # noqa: PLC0415 - optional backend
+
+    if isinstance(log, KafkaEventLog):
+        yield from _kafka_records(log, position)
         return
 
     async def collect() -> list[Record]:
         try:
-            return [r async for r in events.read()]
+            return [r async for r in log.read(position)]
         finally:
-            await events.close()
+            await log.close()
 
     yield from anyio.run(collect)
 
 
-def records_from(log: Any, position: int) -> Iterator[Record]:
-    """The records of `log` at `position` and after."""
-    if isinstance(log, FileEventLog):
-        yield from log.scan(position)
-        return
-    for record in records(log):
-        if record.position >= position:
-            yield record
+def _kafka_records(log: Any, position: int) -> Iterator[Record]:
+    from kai_es.adapters.kafka_frames import Skipped, dead_letter_all, end_offset, kafka_frames  # noqa: PLC0415
+    from kai_es.adapters.kafka_log import NO_VALUE  # noqa: PLC0415
+
+    skipped: list[Skipped] = []
+    try:
+        for offset, value in kafka_frames(log, position, end_offset(log)):
+            try:
+                if value is None:
+                    raise DecodeError(NO_VALUE)
+                env = decode(value)
+            except DecodeError as exc:
+                skipped.append((offset, value, str(exc)))
+                continue
+            yield Record(offset, env)
+    finally:
+        if skipped:
+            dead_letter_all(log, skipped)
 
 
 #: what a Scenario name may be when it names files under out/

@@ -251,8 +251,9 @@ class _Replayer:
         self.result.divergence = div
         return False
 
-    def match(self, body: bytes | memoryview) -> tuple[int, Envelope] | None:
-        """(cycle position, envelope) when `body` is the next decision some own cycle expects."""
+    def match(self, body: bytes | memoryview | None) -> tuple[int, Envelope] | None:
+        """(cycle position, envelope) when `body` is the next decision some own cycle expects
+        (None, a Kafka record without a value, is none)."""
         for based, queue in self.expected.items():
             if queue and queue[0][1] == body:
                 return based, queue[0][0]
@@ -413,14 +414,18 @@ def replay(records: Iterable[Record], packer: Packer, *, override: SchedulerConf
     return replayer.finish(at_end=True)
 
 
-def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Packer, *,
+def replay_frames(frames: Iterable[tuple[int, bytes | memoryview | None]], packer: Packer, *,
                   progress: Callable[[int], None] | None = None,
                   share: Share = Share(), resume: ClusterState | None = None,
-                  lookup: Callable[[set[str]], dict[str, Record]] | None = None) -> ReplayResult:
+                  lookup: Callable[[set[str]], dict[str, Record]] | None = None,
+                  undecodable: Callable[[int, bytes | memoryview | None, str], None] | None = None
+                  ) -> ReplayResult:
     """Replay (position, canonical body) frames, decoding only what is not an expected decision.
-    A body that does not decode raises DecodeError naming its position. With `resume` (a state
-    folded exactly through `share.start`), `frames` start at `share.start` and `lookup` finds
-    decisions before it by id (module docstring)."""
+    A body that does not decode (or is None) raises DecodeError naming its position, or, with
+    `undecodable`, is given to it with the reason and skipped, as a Kafka log's readers skip it
+    (the scheduler folded the log without it). With `resume` (a state folded exactly through
+    `share.start`), `frames` start at `share.start` and `lookup` finds decisions before it by id
+    (module docstring)."""
     replayer = _Replayer(packer, None, share, progress)
     frames = iter(frames)
     if resume is not None:
@@ -429,8 +434,11 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Pack
         for position, body in frames:
             try:
                 env = decode(body)  # type: ignore[arg-type]
-            except DecodeError as exc:
-                raise DecodeError(f"record at position {position}: {exc}") from None
+            except (DecodeError, TypeError) as exc:
+                if undecodable is None:
+                    raise DecodeError(f"record at position {position}: {_why(exc, body)}") from None
+                undecodable(position, body, _why(exc, body))
+                continue
             going = replayer.resume(resume, Record(position, env))
             replayer.result.last_position = position
             if not going:
@@ -450,8 +458,11 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Pack
                 continue
         try:
             env = decode(body)  # type: ignore[arg-type]  # msgspec reads any buffer
-        except DecodeError as exc:
-            raise DecodeError(f"record at position {position}: {exc}") from None
+        except (DecodeError, TypeError) as exc:  # (TypeError: a body of None)
+            if undecodable is None:
+                raise DecodeError(f"record at position {position}: {_why(exc, body)}") from None
+            undecodable(position, body, _why(exc, body))
+            continue
         if env.basedon is None:
             # the common case (observations, outcomes), inlined: `step` minus what cannot apply
             record = Record(position, env)
@@ -474,6 +485,16 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview]], packer: Pack
             return _finished(replayer, lookup, at_end=False)
     result.last_position = position
     return _finished(replayer, lookup, at_end=True)
+
+
+def _why(exc: Exception, body: object) -> str:
+    """Why `body` did not decode: `exc`, a DecodeError, or None's TypeError (a Kafka record
+    without a value); any other error is raised again."""
+    if isinstance(exc, DecodeError):
+        return str(exc)
+    if body is None:
+        return "record has no value"
+    raise exc
 
 
 def _finished(replayer: _Replayer, lookup: Callable[[set[str]], dict[str, Record]] | None, *,

@@ -69,6 +69,8 @@ CONTENT_TYPE: Final = b"application/cloudevents+json"
 TOPIC_CONFIG: Final = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 _UNKNOWN_TOPIC: Final = 3
 _MAX_IDLE_CONSUMERS: Final = 2
+#: why a record without a value is dead-lettered
+NO_VALUE: Final = "record has no value"
 
 
 class KafkaLogError(RuntimeError):
@@ -544,11 +546,34 @@ class KafkaEventLog:
             delay = min(delay * 2, 0.05)
 
     async def read(self, from_position: int = 0, *, follow: bool = False) -> AsyncIterator[Record]:
+        async for batch in self._batches(from_position, None, follow=follow):
+            for msg in batch:
+                offset = msg.offset
+                try:
+                    if msg.value is None:
+                        raise DecodeError(NO_VALUE)
+                    env = decode(msg.value)
+                except DecodeError as exc:
+                    await self._dead_letter(offset, msg.key, msg.value, str(exc))
+                    continue
+                yield Record(offset, env)
+
+    async def read_raw(self, from_position: int = 0, end: int | None = None
+                       ) -> AsyncIterator[list[tuple[int, bytes | None]]]:
+        """The records from `from_position` up to `end` (default: the LSO as of the call) as
+        batches of (offset, value), undecoded and unchecked: for a reader that decodes them
+        itself (`kafka_frames`) and so owns what `read` does with one that does not decode."""
+        async for batch in self._batches(from_position, end, follow=False):
+            yield [(msg.offset, msg.value) for msg in batch]
+
+    async def _batches(self, from_position: int, end: int | None, *, follow: bool) -> AsyncIterator[list[Any]]:
+        """The consumer's batches of messages from `from_position`: for ever with `follow`, else
+        those before `end` (default: the LSO as of the call)."""
         tp = self._tp
         pos = max(0, from_position)
-        end = -1
         if not follow:
-            end = await self._lso()
+            if end is None:
+                end = await self._lso()
             if pos >= end:
                 return
         consumer = await self._acquire_reader(follow=follow)
@@ -557,23 +582,26 @@ class KafkaEventLog:
             consumer.resume(tp)
             while True:
                 batches = await consumer.getmany(tp, timeout_ms=500 if follow else 200)
-                for msg in batches.get(tp, ()):
-                    offset = msg.offset
-                    if not follow and offset >= end:
-                        return
-                    try:
-                        if msg.value is None:
-                            raise DecodeError("record has no value")
-                        env = decode(msg.value)
-                    except DecodeError as exc:
-                        await self._dead_letter(offset, msg.key, msg.value, str(exc))
-                        continue
-                    yield Record(offset, env)
-                if not follow and await consumer.position(tp) >= end:
+                batch = batches.get(tp, [])
+                if end is not None and batch and batch[-1].offset >= end:
+                    batch = [msg for msg in batch if msg.offset < end]
+                    if batch:
+                        yield batch
+                    return
+                if batch:
+                    yield batch
+                if end is not None and await consumer.position(tp) >= end:
                     return
         finally:
             with anyio.CancelScope(shield=True):
                 await self._release_reader(consumer, follow=follow)
+
+    async def dead_letter(self, offset: int, value: bytes | None, reason: str) -> None:
+        """What `read` does with a record that does not decode, for a reader of `read_raw`:
+        logged, copied to the dead-letter topic (without its key), recorded in `dead_letters`."""
+        self._check_open()
+        await self._ensure_topic()
+        await self._dead_letter(offset, None, value, reason)
 
     async def end_position(self) -> int:
         return await self._lso()

@@ -1,0 +1,134 @@
+"""A Kafka log's records as a plain iterator, read by a process of their own.
+
+Why: a one-shot command (`kai-es replay`, `events`, `usage`, `whatif`) over a Kafka log used to
+collect the whole log in memory before its first record was looked at (2.2 GB of resident memory
+for 1,000,000 events: a long production history did not fit a machine), and the consumer's own
+work (~2.7 µs a record in aiokafka) ran on the core that folds. Here a forked reader process
+consumes the topic (`KafkaEventLog.read_raw`) and hands each batch of undecoded (offset, value)
+pairs over a pipe; the caller decodes them. The pipe holds at most the batch in flight, so the
+reader runs at most one batch ahead of the caller (memory bounded by the consumer's batch size,
+`max_poll_records`) while fetching in parallel with it.
+
+Contract:
+- `kafka_frames(log, start, end)` yields (offset, value) for every record at `start` <= offset <
+  `end` (None: the last stable offset as of the call), in order; a value is the record's bytes,
+  or None for a record without one. Nothing is decoded or dead-lettered here: the caller does it
+  (`dead_letter_all`), as `read` would.
+- A failure of the reader (the broker unreachable, the topic missing) is raised in the caller as
+  `KafkaLogError` with the reader's message; a reader that dies without one raises it too.
+- Closing the iterator early (a replay that found a divergence) stops the reader at once: no
+  process outlives the iterator.
+- The reader is forked (POSIX): it takes the log object, security settings included, as it is.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any, Final
+
+import anyio
+
+from kai_es.adapters.kafka_log import KafkaEventLog, KafkaLogError
+
+Frame = tuple[int, bytes | None]
+#: a record a caller skipped because it does not decode: its offset, its value, why
+Skipped = tuple[int, bytes | None, str]
+#: messages of the reader (kind, payload): a batch of frames, the end, or a failure's message
+_BATCH: Final = "batch"
+_END: Final = "end"
+_ERROR: Final = "error"
+
+
+def _pump(log: KafkaEventLog, start: int, end: int | None, conn: Any) -> None:
+    """Read [start, end) of `log` and send it over `conn` batch by batch (pickled: cheaper for
+    the caller than sending the values end to end and slicing them), then the end; a failure is
+    sent as its message (the caller raises it)."""
+
+    async def read() -> None:
+        try:
+            async for batch in log.read_raw(start, end):
+                conn.send((_BATCH, batch))
+        finally:
+            await log.close()
+
+    try:
+        try:
+            anyio.run(read)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the caller closed the iterator early
+        except Exception as exc:  # every other failure goes to the caller, who raises it
+            conn.send((_ERROR, str(exc) if isinstance(exc, KafkaLogError) else f"{type(exc).__name__}: {exc}"))
+            return
+        conn.send((_END, None))
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        conn.close()
+
+
+def end_offset(log: KafkaEventLog) -> int:
+    """`log`'s last stable offset now (its clients closed after: a reader forked later starts
+    its own)."""
+
+    async def ask() -> int:
+        try:
+            return await log.end_position()
+        finally:
+            await log.close()
+
+    return anyio.run(ask)
+
+
+def dead_letter_all(log: KafkaEventLog, skipped: Sequence[Skipped]) -> None:
+    """Each of `skipped` (a record a caller found undecodable: its offset, value and why)
+    dead-lettered as `KafkaEventLog.read` does it (`KafkaEventLog.dead_letter`); clients closed
+    after."""
+
+    async def send() -> None:
+        try:
+            for offset, value, reason in skipped:
+                await log.dead_letter(offset, value, reason)
+        finally:
+            await log.close()
+
+    anyio.run(send)
+
+
+def kafka_frames(log: KafkaEventLog, start: int = 0, end: int | None = None) -> Generator[Frame, None, None]:
+    """(offset, value) of every record of `log` in [start, end) (module contract)."""
+    context = multiprocessing.get_context("fork")  # (the log and its settings go as they are)
+    receive, send = context.Pipe(duplex=False)
+    reader = context.Process(target=_pump, args=(log, start, end, send), daemon=True,
+                             name=f"kai-es kafka reader {log.topic}")
+    reader.start()
+    send.close()  # (the reader's end: only the reader holds it now, so its exit is an EOF here)
+    try:
+        while True:
+            try:
+                kind, payload = receive.recv()
+            except EOFError:
+                reader.join(5)
+                raise KafkaLogError(f"the reader of Kafka topic {log.topic!r} ended without finishing "
+                                    f"(exit code {reader.exitcode})") from None
+            if kind == _BATCH:
+                yield from payload
+            elif kind == _END:
+                return
+            else:
+                raise KafkaLogError(payload)
+    finally:
+        receive.close()
+        if reader.is_alive():
+            reader.kill()
+        reader.join()
+
+
+class KafkaRange:
+    """`log` read by ranges (`replay_parallel.Frames`): each range by a reader of its own."""
+
+    def __init__(self, log: KafkaEventLog) -> None:
+        self.log = log
+
+    def frames(self, start: int, end: int) -> Iterator[Frame]:
+        return kafka_frames(self.log, start, end)
