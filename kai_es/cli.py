@@ -294,16 +294,16 @@ def _unit(resource: str, value: int) -> str:
 @click.argument("log_url")
 @packer_option
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Processes to spread a file log's replay over (default: the CPUs available).")
+              help="Processes to spread the replay over (default: the CPUs available).")
 @click.option("--checkpoints/--no-checkpoints", default=True, show_default=True,
-              help="Start the later processes from the scheduler's checkpoints beside a file log "
-                   "(LOG.checkpoints/, each checked against the log), not by folding it from 0.")
+              help="Start the later processes from the scheduler's checkpoints (LOG.checkpoints/ "
+                   "beside a file log, the topic's .checkpoints topic beside a Kafka one; each "
+                   "checked against the log), not by folding it from 0.")
 @friendly
 def replay(log_url: str, packer: str | None, jobs: int | None, checkpoints: bool) -> None:
     """Re-fold LOG and re-run every recorded cycle; exit 0 only if every decision matches."""
     from kai_es.replay import describe
-    from kai_es.replay import replay as do_replay
-    from kai_es.replay_parallel import replay_file
+    from kai_es.replay_parallel import replay_file, replay_kafka
 
     events = open_log(log_url, readonly=True)
     # a one-shot command: what the replay built is frozen, not scanned by a last collection
@@ -316,9 +316,15 @@ def replay(log_url: str, packer: str | None, jobs: int | None, checkpoints: bool
             result = replay_file(events, packer_kind=packer, jobs=jobs, checkpoints=checkpoints,
                                  progress=lambda n: bar.update(task, completed=n))
         else:
-            task = bar.add_task("replay", total=None)
-            result = do_replay(_records(events), choose_packer(packer),
-                               progress=lambda n: bar.update(task, completed=n))
+            from kai_es.adapters.kafka_frames import end_offset  # noqa: PLC0415 - optional backend
+            from kai_es.adapters.kafka_log import KafkaEventLog  # noqa: PLC0415
+
+            if not isinstance(events, KafkaEventLog):
+                raise UserError(f"{log_url}: an in-memory log holds nothing to replay")
+            end = end_offset(events)
+            task = bar.add_task("replay", total=end)
+            result = replay_kafka(events, packer_kind=packer, jobs=jobs, end=end, checkpoints=checkpoints,
+                                  progress=lambda n: bar.update(task, completed=n))
     from kai_es.app.processes import describe_dead_letters
 
     for line in describe_dead_letters(list(getattr(events, "dead_letters", []))):
@@ -349,7 +355,8 @@ def replay(log_url: str, packer: str | None, jobs: int | None, checkpoints: bool
                   "are not in it (not verified)")
     console.print(f"OK: {verified}{extra}; state {result.state_digest}", highlight=False, markup=False)
     if result.resumed:
-        err.print(f"({result.resumed} of the processes started from a checkpoint in {log_url}.checkpoints/, "
+        kept = f"{log_url}.checkpoints/" if isinstance(events, FileEventLog) else f"topic {events.topic}.checkpoints"
+        err.print(f"({result.resumed} of the processes started from a checkpoint in {kept}, "
                   "each checked against the log)", highlight=False, markup=False)
 
 

@@ -209,8 +209,9 @@ kubeconfig_option = click.option(
 @click.option("--snapshot-every", default=50, show_default=True, type=click.IntRange(min=0),
               help="Write a state snapshot every N cycles (0: no snapshots, always full fold).")
 @click.option("--checkpoints", default=8, show_default=True, type=click.IntRange(min=0),
-              help="With a file log: keep up to N past snapshots beside it (LOG.checkpoints/) "
-                   "for `kai-es replay` to start its shares from (0: none).")
+              help="Keep up to N past snapshots beside the log (LOG.checkpoints/ for a file log, "
+                   "the topic TOPIC.checkpoints for a Kafka one) for `kai-es replay` to start its "
+                   "shares from (0: none).")
 @time_scale_option
 @click.option("--cycles", default=None, type=click.IntRange(min=1), help="Stop after this many cycles (testing).")
 @http_option

@@ -1,4 +1,4 @@
-"""Replay of a file log spread over processes (`kai-es replay --jobs N`).
+"""Replay of a log spread over processes (`kai-es replay --jobs N`): a file log, or a Kafka log.
 
 Why processes: folding and re-running cycles are CPU-bound Python, so threads would share one
 core. A share re-runs the cycles of its own stretch and stops reading once they are all
@@ -19,6 +19,13 @@ its cut, which a share gets in one of two ways:
 
 The verdict is `kai_es.replay.merge` of the shares' results, which is the verdict one process
 would reach (the tests check this on every golden log, with and without checkpoints).
+
+A Kafka log (`replay_kafka`) has no checkpoints here (its snapshot topic keeps only the newest
+snapshot): its shares fold from 0. Each share reads the topic through a reader process of its
+own (`adapters.kafka_frames`): records stream through the replay instead of being collected
+first, so memory does not grow with the log, and the consumer's work runs beside the fold. A
+record that does not decode is skipped and dead-lettered, as every reader of a Kafka log does
+(the scheduler folded the log without it).
 """
 
 from __future__ import annotations
@@ -26,21 +33,29 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+import anyio
 import msgspec
 
-from kai_es.adapters.file_checkpoints import Checkpoint, list_checkpoints, load_checkpoint
+from kai_es.adapters.file_checkpoints import list_checkpoints
 from kai_es.adapters.file_log import CorruptLogError, FileEventLog
 from kai_es.app import bulk_fold, packer_from_env
 from kai_es.events import DecodeError, Envelope, Record, decode
 from kai_es.events import payloads as p
 from kai_es.replay import DECISIONS, ReplayResult, Share, merge, replay_frames
 from kai_es.scheduling.packing import Packer
+from kai_es.ports import StoredSnapshot
 from kai_es.services.snapshotting import validated
 from kai_es.state import ClusterState
+
+if TYPE_CHECKING:  # (the Kafka backend is imported where a Kafka log is replayed: aiokafka is heavy)
+    from kai_es.adapters.kafka_checkpoints import KafkaCheckpoint
+    from kai_es.adapters.kafka_frames import Skipped
+    from kai_es.adapters.kafka_log import KafkaEventLog
 
 _log = logging.getLogger(__name__)
 
@@ -49,6 +64,29 @@ _log = logging.getLogger(__name__)
 CYCLE_TO_FOLD = (3, 2)
 #: below this many records a second process costs more than it saves
 MIN_RECORDS_PER_JOB = 20_000
+
+
+class Frames(Protocol):
+    """A log read by ranges: a `FileEventLog`, or a Kafka log through `kafka_frames.KafkaRange`."""
+
+    def frames(self, start: int, end: int) -> Iterable[tuple[int, bytes | memoryview | None]]:
+        """(position, body) of the records at `start` <= position < `end` (None: no body)."""
+
+
+class Checkpoint(Protocol):
+    """A checkpoint as a replay uses it (`file_checkpoints.Checkpoint`,
+    `kafka_checkpoints.KafkaCheckpoint`)."""
+
+    @property
+    def position(self) -> int: ...
+    @property
+    def completed_position(self) -> int: ...
+    @property
+    def where(self) -> str: ...
+    def load(self) -> StoredSnapshot: ...
+
+
+C = TypeVar("C", bound=Checkpoint)
 
 
 def default_jobs() -> int:
@@ -89,9 +127,9 @@ def plan_shares(end: int, jobs: int, ratio: tuple[int, int] = CYCLE_TO_FOLD,
     return [Share(start, stop) for start, stop in zip(starts, [*starts[1:], None])]
 
 
-def plan_checkpointed(log: FileEventLog, end: int, jobs: int, checkpoints: Sequence[Checkpoint],
+def plan_checkpointed(log: Frames, end: int, jobs: int, checkpoints: Sequence[C],
                       min_records: int = MIN_RECORDS_PER_JOB, ratio: tuple[int, int] = CYCLE_TO_FOLD
-                      ) -> list[tuple[Share, Checkpoint | None]]:
+                      ) -> list[tuple[Share, C | None]]:
     """The shares of a replay of positions [0, end) over up to `jobs` processes, each with the
     checkpoint it starts from (None: it folds from 0). A share's time is taken as fold + `ratio`
     x re-run of what it reads: from checkpoints, the cuts are the ones that make the longest
@@ -100,10 +138,10 @@ def plan_checkpointed(log: FileEventLog, end: int, jobs: int, checkpoints: Seque
     less than the costliest of `plan_shares`, which fold from 0."""
     jobs = max(1, min(jobs, end // max(1, min_records)))
     refold = plan_shares(end, jobs, ratio, min_records)
-    plain: list[tuple[Share, Checkpoint | None]] = [(share, None) for share in refold]
+    plain: list[tuple[Share, C | None]] = [(share, None) for share in refold]
     if jobs == 1:
         return plain
-    by_position: dict[int, tuple[Checkpoint, str]] = {}
+    by_position: dict[int, tuple[C, str]] = {}
     for cp in checkpoints:
         if 0 < cp.position < end and cp.position not in by_position:
             digest = _recorded_digest(log, cp, end)
@@ -150,17 +188,17 @@ def even_cuts(positions: list[int], end: int, jobs: int) -> list[int]:
     return cuts_within(lo) or []
 
 
-def _record_at(log: FileEventLog, position: int) -> Envelope | None:
+def _record_at(log: Frames, position: int) -> Envelope | None:
     """The event at `position` (None: there is none, or it does not decode)."""
     for _, body in log.frames(position, position + 1):
         try:
-            return decode(body)  # type: ignore[arg-type]
+            return decode(body) if body is not None else None  # type: ignore[arg-type]
         except DecodeError:
             return None
     return None
 
 
-def _recorded_digest(log: FileEventLog, cp: Checkpoint, end: int) -> str | None:
+def _recorded_digest(log: Frames, cp: Checkpoint, end: int) -> str | None:
     """The state digest the log's CycleCompleted of `cp`'s cycle records (None: there is no
     CycleCompleted based on `cp`'s cut where it says, or it records none)."""
     env = _record_at(log, cp.completed_position) if cp.position < cp.completed_position < end else None
@@ -169,21 +207,21 @@ def _recorded_digest(log: FileEventLog, cp: Checkpoint, end: int) -> str | None:
     return None
 
 
-def _restored(log: FileEventLog, cp: Checkpoint) -> ClusterState | None:
+def _restored(log: Frames, cp: Checkpoint) -> ClusterState | None:
     """`cp`'s state if it passes the checks a restarting scheduler makes against the log
     (`snapshotting.validated`, which warns why not); else None."""
     try:
-        snap = load_checkpoint(cp)
+        snap = cp.load()
     except (OSError, ValueError) as exc:
-        _log.warning("checkpoint %s not used: %s; folding the log from the beginning", cp.path, exc)
+        _log.warning("checkpoint %s not used: %s; folding the log from the beginning", cp.where, exc)
         return None
     if snap.position != cp.position:
-        _log.warning("checkpoint %s not used: it holds position %d", cp.path, snap.position)
+        _log.warning("checkpoint %s not used: it holds position %d", cp.where, snap.position)
         return None
     return validated(snap, _record_at(log, snap.completed_position))
 
 
-def _decisions_before(log: FileEventLog, start: int, ids: set[str]) -> dict[str, Record]:
+def _decisions_before(log: Frames, start: int, ids: set[str]) -> dict[str, Record]:
     """The last decision record (BindingDecided, EvictionDecided) with each of `ids` as its
     event id before position `start`, read backwards in growing windows; only bodies holding
     the id are decoded."""
@@ -194,10 +232,13 @@ def _decisions_before(log: FileEventLog, start: int, ids: set[str]) -> dict[str,
         lo = max(0, hi - window)
         hits: dict[str, Record] = {}
         for position, view in log.frames(lo, hi):
-            body = bytes(view)
+            body = bytes(view) if view is not None else b""
             for id_, needle in wanted.items():
                 if needle in body:
-                    env = decode(body)
+                    try:
+                        env = decode(body)
+                    except DecodeError:  # (a record every reader skips: no decision)
+                        break
                     if env.id == id_ and isinstance(env.data, DECISIONS):
                         hits[id_] = Record(position, env)
         for id_, record in hits.items():
@@ -207,20 +248,22 @@ def _decisions_before(log: FileEventLog, start: int, ids: set[str]) -> dict[str,
     return found
 
 
-def _run_share(log: FileEventLog, end: int, share: Share, packer: Packer, checkpoint: Checkpoint | None,
-               progress: Callable[[int], None] | None = None) -> ReplayResult:
+def _run_share(log: Frames, end: int, share: Share, packer: Packer, checkpoint: Checkpoint | None,
+               progress: Callable[[int], None] | None = None,
+               undecodable: Callable[[int, bytes | memoryview | None, str], None] | None = None) -> ReplayResult:
     """One share's result: from `checkpoint` when it is valid and the share can be judged from
-    there, else folding from 0."""
+    there, else folding from 0 (`undecodable`: as `replay_frames`)."""
     if checkpoint is not None:
         state = _restored(log, checkpoint)
         if state is not None:
             result = replay_frames(log.frames(share.start, end), packer, share=share, progress=progress,
-                                   resume=state, lookup=lambda ids: _decisions_before(log, share.start, ids))
+                                   resume=state, lookup=lambda ids: _decisions_before(log, share.start, ids),
+                                   undecodable=undecodable)
             if not result.needs_prefix:
                 return result
             _log.warning("the share from checkpoint %s met a record it cannot judge from there (one "
-                         "based on a cycle before it); folding the log from the beginning", checkpoint.path)
-    return replay_frames(log.frames(0, end), packer, share=share, progress=progress)
+                         "based on a cycle before it); folding the log from the beginning", checkpoint.where)
+    return replay_frames(log.frames(0, end), packer, share=share, progress=progress, undecodable=undecodable)
 
 
 #: a worker's folded states, kept until the worker process ends (`_replay_share`)
@@ -279,3 +322,85 @@ def replay_file(path: str | os.PathLike[str] | FileEventLog, *, packer_kind: str
     finally:
         _OPENED.pop(str(path), None)
     return merge([*parts, last])
+
+
+#: the Kafka log `replay_kafka` reads, for the workers it forks (its clients and security
+#: settings do not pickle; a forked worker has them as they are)
+_KAFKA: dict[str, KafkaEventLog] = {}
+
+
+def _replay_kafka_share(key: str, end: int, share: Share, packer_kind: str | None, checkpoint: Checkpoint | None
+                        ) -> tuple[ReplayResult, list[Skipped]]:
+    """One share of a Kafka replay in a worker process (as `_replay_share`)."""
+    skipped: list[Skipped] = []
+    with bulk_fold(keep=True):
+        result = _kafka_share(_KAFKA[key], end, share, packer_from_env(packer_kind), checkpoint, skipped)
+    _KEPT.append(result.state)
+    result.state = ClusterState()
+    return result, skipped
+
+
+def _kafka_share(log: KafkaEventLog, end: int, share: Share, packer: Packer, checkpoint: Checkpoint | None,
+                 skipped: list[Skipped], progress: Callable[[int], None] | None = None) -> ReplayResult:
+    from kai_es.adapters.kafka_frames import KafkaRange  # noqa: PLC0415 - optional backend
+
+    def undecodable(position: int, body: bytes | memoryview | None, reason: str) -> None:
+        skipped.append((position, None if body is None else bytes(body), reason))
+
+    return _run_share(KafkaRange(log), end, share, packer, checkpoint, progress, undecodable)
+
+
+def kafka_checkpoints(log: KafkaEventLog) -> list[KafkaCheckpoint]:
+    """The checkpoints the scheduler kept beside the Kafka log `log` (none when it kept none)."""
+    from kai_es.adapters.kafka_checkpoints import KafkaCheckpointStore  # noqa: PLC0415 - optional backend
+
+    store = KafkaCheckpointStore(log.bootstrap, log.topic, security=log.security, create=False)
+
+    async def listed() -> list[KafkaCheckpoint]:
+        try:
+            return await store.checkpoints()
+        finally:
+            await store.close()
+
+    return anyio.run(listed)
+
+
+def replay_kafka(log: KafkaEventLog, *, packer_kind: str | None = None, jobs: int | None = None,
+                 min_records: int = MIN_RECORDS_PER_JOB, progress: Callable[[int], None] | None = None,
+                 end: int | None = None, checkpoints: bool = True) -> ReplayResult:
+    """Replay the Kafka log `log` up to `end` (default: its last stable offset now) over up to
+    `jobs` processes, the later ones started from the log's checkpoints when it has them near
+    the cuts (and `checkpoints`), as `replay_file` does; the records skipped as undecodable are
+    dead-lettered (`log.dead_letters` names them afterwards)."""
+    from kai_es.adapters.kafka_frames import KafkaRange, dead_letter_all, end_offset  # noqa: PLC0415
+
+    if end is None:
+        end = end_offset(log)
+    jobs = jobs or default_jobs()
+    kept = kafka_checkpoints(log) if checkpoints and jobs > 1 else []
+    shares = plan_checkpointed(KafkaRange(log), end, jobs, kept, min_records)
+    packer = packer_from_env(packer_kind)  # fail here, before any process starts
+    skipped: list[Skipped] = []
+    if len(shares) == 1:
+        with bulk_fold():
+            result = _kafka_share(log, end, Share(), packer, None, skipped, progress)
+    else:
+        key = f"{log.bootstrap}/{log.topic}"
+        _KAFKA[key] = log
+        try:
+            with ProcessPoolExecutor(max_workers=len(shares) - 1,
+                                     mp_context=multiprocessing.get_context("fork")) as pool:
+                futures = [pool.submit(_replay_kafka_share, key, end, share, packer_kind, cp)
+                           for share, cp in shares[:-1]]
+                with bulk_fold():
+                    share, cp = shares[-1]
+                    last = _kafka_share(log, end, share, packer, cp, skipped, progress)
+                parts = [f.result() for f in futures]
+        finally:
+            _KAFKA.pop(key, None)
+        for _, found in parts:
+            skipped.extend(found)
+        result = merge([*(part for part, _ in parts), last])
+    if skipped:  # (a share reads what comes before its stop, and some what comes after its start)
+        dead_letter_all(log, sorted({s[0]: s for s in skipped}.values()))
+    return result

@@ -7,8 +7,6 @@ import itertools
 import json
 import logging
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,6 @@ from kai_es.adapters.file_checkpoints import (
     checkpoint_dir,
     clear_checkpoints,
     list_checkpoints,
-    load_checkpoint,
     save_checkpoint,
     thinned,
 )
@@ -41,7 +38,7 @@ from kai_es.services.snapshotting import cut_snapshot
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
 from kai_es.state.snapshot import snapshot_bytes as cut_bytes
-from tests.replays import sequential, verdict
+from tests.replays import day_log_with_checkpoints, sequential, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 SEC = 1_000_000_000
@@ -49,17 +46,7 @@ SEC = 1_000_000_000
 
 @pytest.fixture(scope="module")
 def day_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """examples/cluster-day.yaml's first hours with a state digest on every cycle, simulated by
-    the whole pipeline with `--snapshot-every 10`: the scheduler keeps its checkpoints."""
-    out = tmp_path_factory.mktemp("day")
-    text = (ROOT / "examples" / "cluster-day.yaml").read_text()
-    assert "stateDigestEvery: 50" in text
-    (out / "day.yaml").write_text(text.replace("stateDigestEvery: 50", "stateDigestEvery: 1"))
-    run = subprocess.run([sys.executable, "-m", "kai_es", "simulate", str(out / "day.yaml"), "--until", "3h",
-                          "--log", str(out / "day.log"), "--report", str(out / "r"), "--snapshot-every", "10"],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    return out / "day.log"
+    return day_log_with_checkpoints(tmp_path_factory.mktemp("day"))
 
 
 def _events(path: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -124,7 +111,7 @@ def test_the_scheduler_keeps_checkpoints_that_agree_with_the_log(day_log: Path) 
         started, completed = records[cp.position], records[cp.completed_position]
         assert isinstance(started.data, p.CycleStarted) and started.data.cycle == cp.cycle
         assert isinstance(completed.data, p.CycleCompleted) and completed.basedon == cp.position
-        assert completed.statedigest == cp.digest and load_checkpoint(cp).digest == cp.digest
+        assert completed.statedigest == cp.digest and cp.load().digest == cp.digest
     newest = json.loads(Path(f"{day_log}.snapshot").read_bytes().split(b"\n", 1)[0])
     assert newest["position"] == cps[-1].position  # the newest snapshot is also the newest checkpoint
     assert cps[-1].path.samefile(f"{day_log}.snapshot")  # (linked, not written twice)
@@ -142,7 +129,7 @@ def test_unreadable_or_misnamed_files_are_skipped_and_others_never_touched(tmp_p
     with caplog.at_level(logging.WARNING):
         cps = list_checkpoints(log)
     assert len(cps) == 7 and first.name in caplog.text and "000000000001.checkpoint" in caplog.text
-    blob = encode_stored(load_checkpoint(cps[-1]))
+    blob = encode_stored(cps[-1].load())
     save_checkpoint(log, cps[-1].position + 1, blob, keep=3)
     assert (folder / "notes.txt").read_text() == "mine"
     assert len(list(folder.glob("*.checkpoint"))) == 3
@@ -203,7 +190,7 @@ def test_a_checkpoint_that_does_not_restore_to_its_digest_is_not_used(
     log = _copy(day_log, tmp_path / "day.log")
     cp = _plan(log, 2)[1][1]
     assert cp is not None
-    stored = load_checkpoint(cp)
+    stored = cp.load()
     state = json.loads(stored.data)
     state["records"] += 1  # a state the log never folds to, under the log's own digest
     data = json.dumps(state, sort_keys=True, separators=(",", ":")).encode()

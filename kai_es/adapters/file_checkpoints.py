@@ -49,6 +49,15 @@ class Checkpoint:
     digest: str
     path: Path
 
+    @property
+    def where(self) -> str:
+        """Where it is, for messages."""
+        return str(self.path)
+
+    def load(self) -> StoredSnapshot:
+        """The whole stored snapshot (raises OSError or SnapshotFormatError)."""
+        return decode_stored(self.path.read_bytes())
+
 
 def _own_files(folder: Path) -> list[tuple[int, Path]]:
     """(position, path) of the files named as checkpoints in `folder`, by position."""
@@ -97,11 +106,6 @@ def clear_checkpoints(log_path: str | os.PathLike[str]) -> int:
     return len(files)
 
 
-def load_checkpoint(cp: Checkpoint) -> StoredSnapshot:
-    """The whole stored snapshot of `cp` (raises OSError or SnapshotFormatError)."""
-    return decode_stored(cp.path.read_bytes())
-
-
 def thinned(positions: list[int], keep: int) -> list[int]:
     """The positions to remove so that at most `keep` of the sorted `positions` stay: one at a
     time, the one (never the newest) whose removal leaves the smallest gap between its
@@ -145,5 +149,5 @@ def save_checkpoint(log_path: str | os.PathLike[str], position: int, blob: bytes
     return path
 
 
-__all__ = ["DEFAULT_KEEP", "Checkpoint", "checkpoint_dir", "clear_checkpoints", "list_checkpoints", "load_checkpoint",
+__all__ = ["DEFAULT_KEEP", "Checkpoint", "checkpoint_dir", "clear_checkpoints", "list_checkpoints",
            "save_checkpoint", "thinned"]

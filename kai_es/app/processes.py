@@ -91,12 +91,14 @@ def is_kafka_url(url: str) -> bool:
 
 
 def snapshot_store(url: str, events: EventLog, checkpoints: int = DEFAULT_KEEP) -> SnapshotStore | None:
-    """Where the scheduler keeps snapshots for the log at `url` (None: a memory log); a file
-    log's also keeps up to `checkpoints` of them as checkpoints for replays."""
+    """Where the scheduler keeps snapshots for the log at `url` (None: a memory log), each also
+    kept as one of up to `checkpoints` checkpoints for replays (0: none)."""
     if is_kafka_url(url):
+        from kai_es.adapters.kafka_checkpoints import KafkaCheckpointStore  # noqa: PLC0415
         from kai_es.adapters.kafka_snapshots import KafkaSnapshotStore  # noqa: PLC0415
 
-        return KafkaSnapshotStore.for_log(events)
+        kept = KafkaCheckpointStore.for_events(events, keep=checkpoints) if checkpoints > 0 else None
+        return KafkaSnapshotStore.for_log(events, checkpoints=kept)
     if url == "memory:":
         return None
     return FileSnapshotStore.for_log(url, checkpoints=checkpoints)

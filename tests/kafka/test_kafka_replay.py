@@ -1,0 +1,262 @@
+"""`kai-es replay kafka://...` against a REAL broker: the records stream through the replay from
+a reader process (`adapters.kafka_frames`) instead of being collected first, `--jobs N` spreads
+the replay over processes, starting the later ones from the checkpoints the scheduler keeps in
+the `<topic>.checkpoints` topic (`adapters.kafka_checkpoints`), and the verdict is the one a
+replay of the same events in a file reaches (a file log appended as one transaction has its
+positions as offsets, so the file's checkpoints are the topic's)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
+
+from kai_es.adapters.file_checkpoints import list_checkpoints, thinned
+from kai_es.adapters.file_log import FileEventLog
+from kai_es.adapters.kafka_checkpoints import KafkaCheckpointStore
+from kai_es.adapters.kafka_frames import KafkaRange, end_offset, kafka_frames
+from kai_es.adapters.kafka_log import KafkaEventLog, KafkaLogError
+from kai_es.adapters.snapshot_codec import encode_stored
+from kai_es.ports import StoredSnapshot
+from kai_es.replay_parallel import kafka_checkpoints, plan_checkpointed, replay_kafka
+from tests.kafka.test_faults import _dead_letter_keys
+from tests.replays import day_log_with_checkpoints, sequential, verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden" / "quickstart.events.jsonl"
+ALTERED = ROOT / "tests" / "golden" / "quickstart.altered.events.jsonl"
+CONSOLIDATION = ROOT / "tests" / "golden" / "consolidation.events.jsonl"
+
+
+def _topic_of(bootstrap: str, topic: str, path: Path) -> KafkaEventLog:
+    """A fresh topic holding the file log at `path`, appended as one transaction (its offsets are
+    the file's positions); a read-only log of it."""
+
+    async def append() -> None:
+        records = list(FileEventLog(path, readonly=True).scan())
+        writer = KafkaEventLog(bootstrap, topic, transactional_id=f"{topic}-w")
+        try:
+            assert await writer.append([r.envelope for r in records]) == [r.position for r in records]
+        finally:
+            await writer.close()
+
+    anyio.run(append)
+    return KafkaEventLog(bootstrap, topic, create=False)
+
+
+@pytest.fixture(scope="module")
+def day_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return day_log_with_checkpoints(tmp_path_factory.mktemp("day"))
+
+
+def _with_checkpoints(bootstrap: str, topic: str, path: Path) -> KafkaEventLog:
+    """`_topic_of(path)` with the file log's checkpoints in its checkpoints topic (its offsets
+    are the file's positions, so they are checkpoints of it)."""
+    log = _topic_of(bootstrap, topic, path)
+
+    async def save() -> None:
+        store = KafkaCheckpointStore(bootstrap, topic)
+        try:
+            for cp in list_checkpoints(path):
+                await store.save(cp.position, cp.path.read_bytes())
+        finally:
+            await store.close()
+
+    anyio.run(save)
+    return log
+
+
+def _produce_raw(bootstrap: str, topic: str, values: list[bytes | None]) -> list[int]:
+    """`values` produced as they are (not a kai-es writer: no transaction); their offsets."""
+
+    async def produce() -> list[int]:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer.start()
+        try:
+            return [int((await producer.send_and_wait(topic, value=v, key=b"k", partition=0)).offset)
+                    for v in values]
+        finally:
+            await producer.stop()
+
+    return anyio.run(produce)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kai_es", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("path", [GOLDEN, CONSOLIDATION], ids=["quickstart", "consolidation"])
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_a_kafka_replay_reaches_the_file_replays_verdict(kafka_bootstrap: str, unique_name: str,
+                                                        path: Path, jobs: int) -> None:
+    one = sequential(path)
+    assert one.ok and one.cycles > 0
+    log = _topic_of(kafka_bootstrap, unique_name, path)
+    assert verdict(replay_kafka(log, jobs=jobs, min_records=1)) == verdict(one)
+    assert log.dead_letters == []
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_a_kafka_replay_finds_the_file_replays_divergence(kafka_bootstrap: str, unique_name: str,
+                                                         jobs: int) -> None:
+    one = sequential(ALTERED)
+    assert one.divergence is not None and one.divergence.message == "decision differs"
+    log = _topic_of(kafka_bootstrap, unique_name, ALTERED)
+    assert replay_kafka(log, jobs=jobs, min_records=1).divergence == one.divergence
+    run = _cli("replay", "--jobs", str(jobs), f"kafka://{kafka_bootstrap}/{unique_name}")
+    assert run.returncode == 1 and "decision differs" in run.stderr, run.stdout + run.stderr
+
+
+def test_undecodable_records_are_skipped_and_dead_lettered_by_every_share(kafka_bootstrap: str,
+                                                                          unique_name: str) -> None:
+    """Records no kai-es writer wrote (garbage, one without a value) after the log: every
+    reader skips them, so the replay does too, names them and copies them to the dead-letter
+    topic, with one process or three."""
+    one = sequential(GOLDEN)
+    _topic_of(kafka_bootstrap, unique_name, GOLDEN)
+    bad = _produce_raw(kafka_bootstrap, unique_name, [b'{"specversion": "1.0", "type": ', None])
+    url = f"kafka://{kafka_bootstrap}/{unique_name}"
+    lines = set()
+    for jobs in ("1", "3"):
+        run = _cli("replay", "--jobs", jobs, url)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"dead-lettered: offset {bad[0]} (not a kai-es envelope" in run.stdout
+        assert f"dead-lettered: offset {bad[1]} (record has no value)" in run.stdout
+        lines.add(run.stdout.splitlines()[-1])
+    assert len(lines) == 1 and next(iter(lines)).startswith(f"OK: {one.cycles} cycles, {one.decisions} decisions")
+    log = KafkaEventLog(kafka_bootstrap, unique_name, create=False)
+    result = replay_kafka(log, jobs=3, min_records=1)
+    assert result.ok and result.records == one.records
+    assert [d.offset for d in log.dead_letters] == bad
+    keys = anyio.run(_dead_letter_keys, kafka_bootstrap, unique_name)
+    assert {str(offset).encode() for offset in bad} <= set(keys)
+
+
+def test_the_reader_streams_and_stops_with_its_iterator(kafka_bootstrap: str, unique_name: str) -> None:
+    log = _topic_of(kafka_bootstrap, unique_name, GOLDEN)
+    end = end_offset(log)
+    records = FileEventLog(GOLDEN, readonly=True)
+    frames = list(kafka_frames(log, 0, end))
+    assert frames == [(position, bytes(body)) for position, body in records.frames(0, records.record_count())]
+    assert list(kafka_frames(log, 7, 11)) == frames[7:11]
+    assert list(kafka_frames(log, end, None)) == []
+    early = kafka_frames(log, 0, end)
+    assert next(early) == frames[0]
+    assert multiprocessing.active_children()  # its reader
+    early.close()
+    assert not multiprocessing.active_children()
+
+
+def test_a_failing_reader_raises_in_the_caller(kafka_bootstrap: str, unique_name: str) -> None:
+    missing = KafkaEventLog(kafka_bootstrap, unique_name, create=False)
+    with pytest.raises(KafkaLogError, match=f"topic '{unique_name}' does not exist"):
+        list(kafka_frames(missing, 0, 10))
+    assert not multiprocessing.active_children()
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("jobs", [2, 4])
+def test_a_spread_kafka_replay_starts_from_the_topics_checkpoints(kafka_bootstrap: str, unique_name: str,
+                                                                 day_log: Path, jobs: int) -> None:
+    one = sequential(day_log)
+    assert one.ok and one.cycles > 100
+    log = _with_checkpoints(kafka_bootstrap, unique_name, day_log)
+    assert [cp.position for cp in kafka_checkpoints(log)] == [cp.position for cp in list_checkpoints(day_log)]
+    many = replay_kafka(log, jobs=jobs, min_records=1)
+    assert verdict(many) == verdict(one) and many.resumed == jobs - 1
+    plain = replay_kafka(log, jobs=jobs, min_records=1, checkpoints=False)
+    assert verdict(plain) == verdict(one) and plain.resumed == 0
+
+
+def test_a_kafka_log_without_checkpoints_is_replayed_without_creating_them(kafka_bootstrap: str,
+                                                                           unique_name: str) -> None:
+    log = _topic_of(kafka_bootstrap, unique_name, GOLDEN)
+    assert kafka_checkpoints(log) == []
+    assert replay_kafka(log, jobs=2, min_records=1).resumed == 0
+    run = _cli("events", f"kafka://{kafka_bootstrap}/{unique_name}.checkpoints")
+    assert run.returncode != 0 and "does not exist" in run.stderr  # (a read-only replay created nothing)
+
+
+def test_a_kafka_checkpoint_that_does_not_restore_to_its_digest_is_not_used(
+        kafka_bootstrap: str, unique_name: str, day_log: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = _with_checkpoints(kafka_bootstrap, unique_name, day_log)
+    used = [cp for _, cp in plan_checkpointed(KafkaRange(log), end_offset(log), 2, kafka_checkpoints(log),
+                                              min_records=1) if cp is not None]
+    assert len(used) == 1
+    stored = used[0].load()
+    state = json.loads(stored.data)
+    state["records"] += 1  # a state the log never folds to, under the log's own digest
+    forged = encode_stored(StoredSnapshot(stored.position, stored.completed_position, stored.cycle,
+                                          stored.logicaltime, stored.digest,
+                                          json.dumps(state, sort_keys=True, separators=(",", ":")).encode()))
+
+    async def overwrite() -> None:
+        store = KafkaCheckpointStore(kafka_bootstrap, unique_name)
+        try:
+            await store.send(f"{stored.position:012d}".encode(), forged)
+        finally:
+            await store.close()
+
+    anyio.run(overwrite)
+    with caplog.at_level(logging.WARNING):
+        many = replay_kafka(log, jobs=2, min_records=1)
+    assert many.resumed == 0 and f"position {stored.position}" in caplog.text and "rejected" in caplog.text
+    assert verdict(many) == verdict(sequential(day_log))
+
+
+def test_the_checkpoint_store_thins_like_a_file_logs_and_across_restarts(kafka_bootstrap: str,
+                                                                         unique_name: str, day_log: Path) -> None:
+    """Twelve saves with `keep` 4, by two store instances (a restarted scheduler learns what the
+    topic holds): the positions kept are those the file thinning keeps, the others tombstoned."""
+    blob = list_checkpoints(day_log)[0].path.read_bytes()
+    header, body = blob.split(b"\n", 1)
+    positions = [100 * k for k in range(1, 13)]
+
+    async def save(store: KafkaCheckpointStore, some: list[int]) -> None:
+        try:
+            for position in some:
+                fields = {**json.loads(header), "position": position}
+                await store.save(position, json.dumps(fields).encode() + b"\n" + body)
+        finally:
+            await store.close()
+
+    anyio.run(save, KafkaCheckpointStore(kafka_bootstrap, unique_name, keep=4), positions[:7])
+    anyio.run(save, KafkaCheckpointStore(kafka_bootstrap, unique_name, keep=4), positions[7:])
+    expected = list(positions[:1])
+    for position in positions[1:]:
+        expected.append(position)
+        expected = [x for x in expected if x not in thinned(expected, 4)]
+    log = KafkaEventLog(kafka_bootstrap, unique_name, create=False)
+    assert [cp.position for cp in kafka_checkpoints(log)] == expected and expected[-1] == positions[-1]
+
+
+def test_the_scheduler_keeps_its_checkpoints_in_the_topic(kafka_bootstrap: str, unique_name: str,
+                                                          tmp_path: Path) -> None:
+    """`kai-es simulate --log kafka://... --snapshot-every 2` (the scheduler service and its snapshot
+    store): checkpoints agree with the log, the newest is the snapshot a restart loads, and a
+    spread replay starts from them."""
+    url = f"kafka://{kafka_bootstrap}/{unique_name}"
+    run = _cli("simulate", "examples/quickstart.yaml", "--log", url, "--report", str(tmp_path / "r"),
+               "--snapshot-every", "2")
+    assert run.returncode == 0, run.stderr
+    log = KafkaEventLog(kafka_bootstrap, unique_name, create=False)
+    cps = kafka_checkpoints(log)
+    assert 2 <= len(cps) <= 8
+    records = {position: body for position, body in kafka_frames(log, 0, end_offset(log))}
+    for cp in cps:
+        started, completed = (json.loads(records[x] or b"{}") for x in (cp.position, cp.completed_position))
+        assert started["type"] == "kai.scheduler.cycle.started" and started["data"]["cycle"] == cp.cycle
+        assert completed["basedon"] == cp.position and completed["statedigest"] == cp.digest == cp.load().digest
+    one = replay_kafka(log, jobs=1)
+    many = replay_kafka(log, jobs=3, min_records=1)
+    assert one.ok and verdict(many) == verdict(one) and many.resumed >= 1
