@@ -307,14 +307,16 @@ def replay(log_url: str, packer: str | None, jobs: int | None, checkpoints: bool
 
     events = open_log(log_url, readonly=True)
     # a one-shot command: what the replay built is frozen, not scanned by a last collection
-    # (1.5 s of a 1,000,000-event replay, for garbage the process exit frees anyway)
+    # (1.5 s of a 1,000,000-event replay, for garbage the process exit frees anyway); the bar is
+    # redrawn by each progress call, not by a thread of its own: the replay forks its workers and
+    # readers, and a forked child must not inherit a lock such a thread may hold
     with bulk_fold(keep=True), Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(),
                                         TextColumn("records"), TimeElapsedColumn(), console=err,
-                                        transient=True, disable=not err.is_terminal) as bar:
+                                        transient=True, disable=not err.is_terminal, auto_refresh=False) as bar:
         if isinstance(events, FileEventLog):
             task = bar.add_task("replay", total=events.record_count())
             result = replay_file(events, packer_kind=packer, jobs=jobs, checkpoints=checkpoints,
-                                 progress=lambda n: bar.update(task, completed=n))
+                                 progress=lambda n: bar.update(task, completed=n, refresh=True))
         else:
             from kai_es.adapters.kafka_frames import end_offset  # noqa: PLC0415 - optional backend
             from kai_es.adapters.kafka_log import KafkaEventLog  # noqa: PLC0415
@@ -324,7 +326,7 @@ def replay(log_url: str, packer: str | None, jobs: int | None, checkpoints: bool
             end = end_offset(events)
             task = bar.add_task("replay", total=end)
             result = replay_kafka(events, packer_kind=packer, jobs=jobs, end=end, checkpoints=checkpoints,
-                                  progress=lambda n: bar.update(task, completed=n))
+                                  progress=lambda n: bar.update(task, completed=n, refresh=True))
     from kai_es.app.processes import describe_dead_letters
 
     for line in describe_dead_letters(list(getattr(events, "dead_letters", []))):

@@ -152,17 +152,19 @@ def records(events: Any) -> Iterator[Record]:
     return records_from(events, 0)
 
 
-def records_from(log: Any, position: int) -> Iterator[Record]:
+def records_from(log: Any, position: int, *, threaded: bool = False) -> Iterator[Record]:
     """The records of `log` at `position` and after, streamed: a file log is scanned in place; a
     Kafka log is read to its end as of the call by a reader process (`adapters.kafka_frames`:
     memory does not grow with the log), a record that does not decode skipped and dead-lettered
-    as `KafkaEventLog.read` does; a memory log is read whole."""
+    as `KafkaEventLog.read` does; a memory log is read whole. `threaded`: the caller runs other
+    threads, which a forked reader must not inherit mid-work (a lock one holds stays held in
+    the child): a Kafka log is then read whole in this process, as a memory log is."""
     if isinstance(log, FileEventLog):
         yield from log.scan(position)
         return
     from kai_es.adapters.kafka_log import KafkaEventLog  # noqa: PLC0415 - optional backend
 
-    if isinstance(log, KafkaEventLog):
+    if isinstance(log, KafkaEventLog) and not threaded:
         yield from _kafka_records(log, position)
         return
 

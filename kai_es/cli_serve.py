@@ -49,7 +49,7 @@ def serve(log_url: str, bind: str, allow_remote: bool, whatif: str | None, poll_
     log = open_log(log_url, readonly=True)
 
     def job_records() -> Iterator[Record]:
-        return records_from(open_log(log_url, readonly=True), 0)
+        return records_from(open_log(log_url, readonly=True), 0, threaded=True)
 
     view = LiveView(keep_timelines=keep_timelines)
     lock = threading.Lock()

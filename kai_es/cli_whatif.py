@@ -390,7 +390,9 @@ class _Forked:
             finally:
                 send.close()
 
-        self._proc = ctx.Process(target=child, daemon=True)
+        # not daemonic: a daemonic process may not start processes, and its task may read a Kafka
+        # log through a reader process (`adapters.kafka_frames`); every user stops it in a finally
+        self._proc = ctx.Process(target=child)
         self._proc.start()  # which drops `child` (and so `fn`) in this process
         send.close()
 

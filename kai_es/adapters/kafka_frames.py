@@ -23,7 +23,9 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import sys
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any, Final
 
@@ -52,6 +54,7 @@ def _pump(log: KafkaEventLog, start: int, end: int | None, conn: Any) -> None:
         finally:
             await log.close()
 
+    _own_stderr()
     try:
         try:
             anyio.run(read)
@@ -65,6 +68,23 @@ def _pump(log: KafkaEventLog, start: int, end: int | None, conn: Any) -> None:
         pass
     finally:
         conn.close()
+
+
+def _own_stderr() -> None:
+    """Give the forked reader a stderr object of its own, and point the logging handlers that
+    wrote to the inherited one at it: a thread of the caller (a spinner redrawing itself) may
+    have held the inherited object's lock at the fork, and a lock copied held stays held here.
+    (The logging module's own locks are re-made at a fork by Python itself.)"""
+    inherited = sys.stderr
+    try:
+        own = open(2, "w", buffering=1, closefd=False, encoding=getattr(inherited, "encoding", None) or "utf-8",
+                   errors="backslashreplace")
+    except OSError:  # no stderr at all: nothing to write to, nothing to block on
+        return
+    sys.stderr = own
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is inherited:
+            handler.stream = own  # (not setStream: it would flush the inherited object first)
 
 
 def end_offset(log: KafkaEventLog) -> int:

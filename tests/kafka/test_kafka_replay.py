@@ -7,11 +7,14 @@ positions as offsets, so the file's checkpoints are the topic's)."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import multiprocessing
 import subprocess
 import sys
+import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -260,3 +263,48 @@ def test_the_scheduler_keeps_its_checkpoints_in_the_topic(kafka_bootstrap: str, 
     one = replay_kafka(log, jobs=1)
     many = replay_kafka(log, jobs=3, min_records=1)
     assert one.ok and verdict(many) == verdict(one) and many.resumed >= 1
+
+
+class _HeldStream(io.StringIO):
+    """A stream whose lock a thread of the caller holds (as a spinner's redraw may at a fork):
+    whoever writes to it waits for ever."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.lock.acquire()
+
+    def write(self, s: str) -> int:
+        with self.lock:
+            return super().write(s)
+
+
+def test_a_reader_forked_while_stderr_is_held_writes_to_its_own(kafka_bootstrap: str, unique_name: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader logs (here: a warning as it starts) to a stderr of its own, not to the inherited
+    object, whose lock may be held for ever in it."""
+    log = _topic_of(kafka_bootstrap, unique_name, GOLDEN)
+    end = end_offset(log)
+    original = KafkaEventLog.read_raw
+
+    async def speaking(self: KafkaEventLog, start: int = 0, stop: int | None = None
+                       ) -> AsyncIterator[list[tuple[int, bytes | None]]]:
+        logging.getLogger("kai_es.adapters.kafka_log").warning("the reader starts")
+        async for batch in original(self, start, stop):
+            yield batch
+
+    monkeypatch.setattr(KafkaEventLog, "read_raw", speaking)
+    held = _HeldStream()
+    handler = logging.StreamHandler(held)
+    root = logging.getLogger()
+    monkeypatch.setattr(sys, "stderr", held)
+    root.addHandler(handler)
+    got: list[tuple[int, bytes | None]] = []
+    try:
+        reading = threading.Thread(target=lambda: got.extend(kafka_frames(log, 0, end)), daemon=True)
+        reading.start()
+        reading.join(60)
+        assert not reading.is_alive(), "the reader blocked on the inherited stderr"
+    finally:
+        root.removeHandler(handler)
+    assert [position for position, _ in got] == [r.position for r in FileEventLog(GOLDEN, readonly=True).scan()]
