@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import resource
 import subprocess
@@ -31,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import bench_fold  # noqa: E402  (tools/bench: the workload and the replay target)
+from bench_kafka import load_broker_module  # noqa: E402  (tools/bench: the broker)
 
 from kai_es.adapters.kafka_checkpoints import KafkaCheckpointStore  # noqa: E402
 from kai_es.adapters.kafka_log import KafkaEventLog  # noqa: E402
@@ -43,16 +43,6 @@ from kai_es.state.reducer import apply  # noqa: E402
 
 #: a replay's largest process, whatever the length of the log (the what-if bound of issue #21)
 MEMORY_TARGET = 1 << 30
-
-
-def load_broker_module() -> object:
-    path = REPO / "tools" / "kafka" / "broker.py"
-    spec = importlib.util.spec_from_file_location("kai_es_tools_kafka_broker", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 async def write_workload(bootstrap: str, topic: str, events: int) -> int:
@@ -112,7 +102,7 @@ def main() -> None:
     ap.add_argument("--jobs", default="1,2", help="comma-separated --jobs values to time")
     args = ap.parse_args()
     broker_mod = load_broker_module()
-    broker = broker_mod.KafkaBroker()  # type: ignore[attr-defined]
+    broker = broker_mod.KafkaBroker()
     try:
         t0 = time.perf_counter()
         broker.start(timeout_s=180)
