@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -71,6 +71,9 @@ class Frames(Protocol):
 
     def frames(self, start: int, end: int) -> Iterable[tuple[int, bytes | memoryview | None]]:
         """(position, body) of the records at `start` <= position < `end` (None: no body)."""
+
+    def bodies_at(self, positions: Iterable[int]) -> Mapping[int, bytes | memoryview | None]:
+        """The body of the record at each of `positions` that has one."""
 
 
 class Checkpoint(Protocol):
@@ -141,10 +144,12 @@ def plan_checkpointed(log: Frames, end: int, jobs: int, checkpoints: Sequence[C]
     plain: list[tuple[Share, C | None]] = [(share, None) for share in refold]
     if jobs == 1:
         return plain
+    candidates = [cp for cp in checkpoints if 0 < cp.position < cp.completed_position < end]
+    completed = _records_at(log, [cp.completed_position for cp in candidates])  # (one read for all)
     by_position: dict[int, tuple[C, str]] = {}
-    for cp in checkpoints:
-        if 0 < cp.position < end and cp.position not in by_position:
-            digest = _recorded_digest(log, cp, end)
+    for cp in candidates:
+        if cp.position not in by_position:
+            digest = _recorded_digest(completed.get(cp.completed_position), cp)
             if digest is not None:
                 by_position[cp.position] = (cp, digest)
     cuts = even_cuts(sorted(by_position), end, jobs)
@@ -188,20 +193,28 @@ def even_cuts(positions: list[int], end: int, jobs: int) -> list[int]:
     return cuts_within(lo) or []
 
 
+def _records_at(log: Frames, positions: Iterable[int]) -> dict[int, Envelope]:
+    """The events at `positions` that exist and decode."""
+    found = {}
+    for position, body in log.bodies_at(positions).items():
+        if body is None:
+            continue
+        try:
+            found[position] = decode(body)  # type: ignore[arg-type]
+        except DecodeError:
+            continue
+    return found
+
+
 def _record_at(log: Frames, position: int) -> Envelope | None:
     """The event at `position` (None: there is none, or it does not decode)."""
-    for _, body in log.frames(position, position + 1):
-        try:
-            return decode(body) if body is not None else None  # type: ignore[arg-type]
-        except DecodeError:
-            return None
-    return None
+    return _records_at(log, [position]).get(position)
 
 
-def _recorded_digest(log: Frames, cp: Checkpoint, end: int) -> str | None:
-    """The state digest the log's CycleCompleted of `cp`'s cycle records (None: there is no
-    CycleCompleted based on `cp`'s cut where it says, or it records none)."""
-    env = _record_at(log, cp.completed_position) if cp.position < cp.completed_position < end else None
+def _recorded_digest(env: Envelope | None, cp: Checkpoint) -> str | None:
+    """The state digest the CycleCompleted of `cp`'s cycle, `env` (the log's record at
+    `cp.completed_position`), records (None: it is no CycleCompleted based on `cp`'s cut, or
+    records none)."""
     if env is not None and isinstance(env.data, p.CycleCompleted) and env.basedon == cp.position:
         return env.statedigest or None
     return None

@@ -41,7 +41,7 @@ import os
 import weakref
 import zlib
 from array import array
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -303,6 +303,10 @@ class FileEventLog:
         """(position, canonical body) of [from_position, end) without decoding or copying (see
         `_frames`); what `kai_es.replay.replay_frames` reads."""
         return self._frames(from_position, end)
+
+    def bodies_at(self, positions: Iterable[int]) -> dict[int, memoryview]:
+        """The body of the record at each of `positions` that has one (`frames`, one by one)."""
+        return {at: body for position in positions for at, body in self._frames(position, position + 1)}
 
     def record_count(self) -> int:
         """The number of complete records now in the file (other processes' appends included)."""

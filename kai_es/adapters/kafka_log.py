@@ -39,7 +39,7 @@ import logging
 import ipaddress
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
@@ -366,13 +366,14 @@ class KafkaEventLog:
                                     f"{self.request_timeout_ms} ms")
             await anyio.sleep(0.05)
 
-    async def _new_consumer(self, *, assign: bool, fetch_max_wait_ms: int) -> Any:
+    async def _new_consumer(self, *, assign: bool, fetch_max_wait_ms: int,
+                            partition_fetch_bytes: int = 8 * 1024 * 1024) -> Any:
         consumer = AIOKafkaConsumer(
             **self._client_kwargs,
             bootstrap_servers=self.bootstrap, client_id=self.client_id, group_id=None,
             isolation_level="read_committed", enable_auto_commit=False,
             auto_offset_reset="earliest", request_timeout_ms=self.request_timeout_ms,
-            fetch_max_wait_ms=fetch_max_wait_ms, max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_wait_ms=fetch_max_wait_ms, max_partition_fetch_bytes=partition_fetch_bytes,
             fetch_max_bytes=32 * 1024 * 1024, max_poll_records=10_000)
         await _started(consumer)
         self._consumers.add(consumer)
@@ -565,6 +566,32 @@ class KafkaEventLog:
         itself (`kafka_frames`) and so owns what `read` does with one that does not decode."""
         async for batch in self._batches(from_position, end, follow=False):
             yield [(msg.offset, msg.value) for msg in batch]
+
+    async def read_at(self, positions: Iterable[int]) -> dict[int, bytes | None]:
+        """The value of the record at each of `positions` that has one (a transaction marker, or
+        an offset past the end, has none), by one consumer seeking to each, fetching little at a
+        time (about the record batch holding the position, not megabytes after it)."""
+        end = await self._lso()
+        found: dict[int, bytes | None] = {}
+        wanted = {p for p in positions if 0 <= p < end}
+        if not wanted:
+            return found
+        consumer = await self._new_consumer(assign=True, fetch_max_wait_ms=10, partition_fetch_bytes=64 * 1024)
+        tp = self._tp
+        try:
+            for position in sorted(wanted):
+                if position in found:
+                    continue
+                consumer.seek(tp, position)
+                while await consumer.position(tp) <= position:
+                    for msg in (await consumer.getmany(tp, timeout_ms=200)).get(tp, ()):
+                        if msg.offset in wanted:
+                            found[msg.offset] = msg.value
+        finally:
+            with anyio.CancelScope(shield=True):
+                self._consumers.discard(consumer)
+                await consumer.stop()
+        return found
 
     async def _batches(self, from_position: int, end: int | None, *, follow: bool) -> AsyncIterator[list[Any]]:
         """The consumer's batches of messages from `from_position`: for ever with `follow`, else

@@ -151,6 +151,8 @@ def test_the_reader_streams_and_stops_with_its_iterator(kafka_bootstrap: str, un
     assert frames == [(position, bytes(body)) for position, body in records.frames(0, records.record_count())]
     assert list(kafka_frames(log, 7, 11)) == frames[7:11]
     assert list(kafka_frames(log, end, None)) == []
+    marker = end - 1  # (the transaction's commit marker: an offset without a record)
+    assert KafkaRange(log).bodies_at([5, 0, marker, end, 10**12, -1, 5]) == {0: frames[0][1], 5: frames[5][1]}
     early = kafka_frames(log, 0, end)
     assert next(early) == frames[0]
     assert multiprocessing.active_children()  # its reader
