@@ -68,7 +68,7 @@ class KafkaCheckpointStore(KafkaBlobStore):
         """`blob`, the stored snapshot at cut `position`, as a checkpoint; the topic thinned to
         `keep` (module contract)."""
         if self._kept is None:
-            self._kept = sorted(int(key) for key in await self.load_keyed() if _KEY.match(key))
+            self._kept = sorted(int(key) for key in await self.load_keyed(values=False) if _KEY.match(key))
         await self.send(_key(position), blob)
         kept = sorted({*self._kept, position})
         for gone in thinned(kept, self.keep):

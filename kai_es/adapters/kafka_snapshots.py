@@ -101,9 +101,10 @@ class KafkaBlobStore:
         found = await self.load_keyed()
         return found.get(self.key)
 
-    async def load_keyed(self) -> dict[bytes, bytes]:
+    async def load_keyed(self, *, values: bool = True) -> dict[bytes, bytes]:
         """The newest value of every key in the topic, tombstoned keys (None) left out: a
-        compacted topic's state, read from its beginning (the cleaner may not have run)."""
+        compacted topic's state, read from its beginning (the cleaner may not have run).
+        `values=False`: the keys only (each value b""), whatever the size of the values read."""
         await self._ensure_topic()
         if self._missing:
             return {}
@@ -133,7 +134,7 @@ class KafkaBlobStore:
                     if msg.value is None:
                         found.pop(msg.key, None)
                     else:
-                        found[msg.key] = msg.value
+                        found[msg.key] = msg.value if values else b""
         finally:
             await consumer.stop()
         return found
