@@ -136,6 +136,20 @@ def test_unreadable_or_misnamed_files_are_skipped_and_others_never_touched(tmp_p
     assert clear_checkpoints(log) == 3 and (folder / "notes.txt").exists()
 
 
+def test_positions_past_twelve_digits_are_kept_read_and_thinned_in_order(tmp_path: Path, day_log: Path) -> None:
+    """A position of 10**12 or more (a long-lived Kafka offset) has a longer name: it is still
+    listed, in numeric order, and thinned as any other."""
+    log = tmp_path / "big.log"
+    stored = list_checkpoints(day_log)[0].load()
+    big = [999_999_999_999, 10**12, 2**62, 2**63 - 1]
+    for position in big:
+        blob = encode_stored(StoredSnapshot(position, position + 1, stored.cycle, stored.logicaltime, stored.digest,
+                                            stored.data))
+        save_checkpoint(log, position, blob, keep=3)
+    assert [cp.position for cp in list_checkpoints(log)] == [p for p in big if p not in thinned(big, 3)]
+    assert list_checkpoints(log)[-1].position == 2**63 - 1
+
+
 def test_a_log_started_afresh_loses_its_former_checkpoints(tmp_path: Path, day_log: Path) -> None:
     log = _copy(day_log, tmp_path / "day.log")
     open_log(str(log), fresh=True)

@@ -3,7 +3,7 @@ start its later shares from them instead of folding the log from its beginning
 (`kai_es.replay_parallel`).
 
 ``<log>.checkpoints/<position>.checkpoint`` holds the snapshot taken at the cycle cut
-`position` (12 digits), in the stored form of every snapshot (`adapters.snapshot_codec`: a JSON
+`position` (12 digits or more), in the stored form of every snapshot (`adapters.snapshot_codec`: a JSON
 header line, then the compressed state), written to a temp file and renamed, so a crash leaves
 whole files only. At most `keep` are kept, spread over the log: when a save makes one too many,
 the checkpoint whose removal leaves the smallest gap between its neighbours goes (the log's
@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 #: checkpoints a scheduler keeps by default (each the size of one compressed snapshot)
 DEFAULT_KEEP = 8
-_NAME = re.compile(r"^(\d{12})\.checkpoint$")
+#: a checkpoint's file name: its position in (at least) 12 digits, so names sort as positions
+#: up to 10**12 and a larger position (a long-lived Kafka offset) still reads back
+_NAME = re.compile(r"^(\d{12,})\.checkpoint$")
 
 
 def checkpoint_dir(log_path: str | os.PathLike[str]) -> Path:

@@ -6,13 +6,13 @@ Why a topic of their own: the snapshot topic keeps one record per role (the newe
 which a restarting scheduler reads whole); checkpoints are many, and only a replay reads them.
 
 Contract:
-- Key = the cut's position as 12 digits, value = the stored snapshot (`snapshot_codec`: a JSON
+- Key = the cut's position in (at least) 12 digits, value = the stored snapshot (`snapshot_codec`: a JSON
   header line, then the compressed state); compaction keeps the newest value per key. At most
   `keep` are kept, thinned as a file log's are (`file_checkpoints.thinned`: the one whose
   removal leaves the smallest gap goes, the newest always stays); a thinned one gets a tombstone.
 - A checkpoint is a hint, never the source of truth: the replay validates each one it uses
-  against the log (`replay_parallel`). A record whose key is not 12 digits, or whose header does
-  not decode or names another position, is skipped with a warning.
+  against the log (`replay_parallel`). A record whose key is not such a position, or whose
+  header does not decode or names another position, is skipped with a warning.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from kai_es.ports import StoredSnapshot
 log = logging.getLogger(__name__)
 
 SUFFIX: Final = "checkpoints"
-_KEY = re.compile(rb"^\d{12}$")
+#: a checkpoint's key: its position in (at least) 12 digits (as `file_checkpoints` names them)
+_KEY = re.compile(rb"^\d{12,}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +80,10 @@ class KafkaCheckpointStore(KafkaBlobStore):
     async def checkpoints(self) -> list[KafkaCheckpoint]:
         """The readable checkpoints, by position (module contract)."""
         found = []
-        for key, blob in sorted((await self.load_keyed()).items()):
+        for key, blob in (await self.load_keyed()).items():
             where = f"{self.topic}[{key.decode(errors='replace')}]"
             if not _KEY.match(key):
-                log.warning("checkpoint %s skipped: its key is not a 12-digit position", where)
+                log.warning("checkpoint %s skipped: its key is not a position of 12 digits or more", where)
                 continue
             try:
                 header = decode_header(blob.partition(b"\n")[0])
@@ -94,7 +95,7 @@ class KafkaCheckpointStore(KafkaBlobStore):
                 continue
             found.append(KafkaCheckpoint(header.position, header.completedposition, header.cycle,
                                          header.digest, where, blob))
-        return found
+        return sorted(found, key=lambda cp: cp.position)
 
 
 def _key(position: int) -> bytes:

@@ -245,6 +245,27 @@ def test_the_checkpoint_store_thins_like_a_file_logs_and_across_restarts(kafka_b
     assert [cp.position for cp in kafka_checkpoints(log)] == expected and expected[-1] == positions[-1]
 
 
+def test_positions_past_twelve_digits_are_listed_in_numeric_order(kafka_bootstrap: str, unique_name: str,
+                                                                  day_log: Path) -> None:
+    blob = list_checkpoints(day_log)[0].path.read_bytes()
+    header, body = blob.split(b"\n", 1)
+    big = [2**63 - 1, 999_999_999_998, 999_999_999_999, 5 * 10**12, 2**62, 2**62 + 1, 3 * 10**18]  # (as text, 5*10**12 < 999...)
+
+    async def save() -> None:
+        store = KafkaCheckpointStore(kafka_bootstrap, unique_name, keep=6)
+        try:
+            for position in sorted(big):
+                await store.save(position, json.dumps({**json.loads(header), "position": position}).encode()
+                                 + b"\n" + body)
+        finally:
+            await store.close()
+
+    anyio.run(save)
+    log = KafkaEventLog(kafka_bootstrap, unique_name, create=False)
+    kept = [p for p in sorted(big) if p not in thinned(sorted(big), 6)]
+    assert {999_999_999_999, 5 * 10**12} <= set(kept) and len(kept) == 6 and [cp.position for cp in kafka_checkpoints(log)] == kept
+
+
 def test_the_scheduler_keeps_its_checkpoints_in_the_topic(kafka_bootstrap: str, unique_name: str,
                                                           tmp_path: Path) -> None:
     """`kai-es simulate --log kafka://... --snapshot-every 2` (the scheduler service and its snapshot
