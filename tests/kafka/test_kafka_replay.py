@@ -11,6 +11,8 @@ import io
 import json
 import logging
 import multiprocessing
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +29,8 @@ from kai_es.adapters.kafka_checkpoints import KafkaCheckpointStore
 from kai_es.adapters.kafka_frames import KafkaRange, end_offset, kafka_frames
 from kai_es.adapters.kafka_log import KafkaEventLog, KafkaLogError
 from kai_es.adapters.snapshot_codec import encode_stored
+from kai_es.events import payloads as p
+from kai_es.events.factory import make_envelope
 from kai_es.ports import StoredSnapshot
 from kai_es.replay_parallel import kafka_checkpoints, plan_checkpointed, replay_kafka
 from tests.kafka.test_faults import _dead_letter_keys
@@ -160,6 +164,30 @@ def test_the_reader_streams_and_stops_with_its_iterator(kafka_bootstrap: str, un
     assert not multiprocessing.active_children()
 
 
+def test_a_reader_that_dies_midway_is_an_error_not_a_short_log(kafka_bootstrap: str, unique_name: str) -> None:
+    envs = [make_envelope(p.NodeObserved(name=f"n{i}", milli_cpu=1000, memory_bytes=2**30), event_id=f"e{i}",
+                          source="test", subject=f"node/n{i}", logicaltime=i + 1) for i in range(40_000)]
+
+    async def append() -> None:
+        writer = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=f"{unique_name}-w")
+        try:
+            for k in range(0, len(envs), 10_000):
+                await writer.append(envs[k:k + 10_000])
+        finally:
+            await writer.close()
+
+    anyio.run(append)
+    log = KafkaEventLog(kafka_bootstrap, unique_name, create=False)
+    frames = kafka_frames(log, 0, end_offset(log))  # (several of the reader's batches)
+    next(frames)
+    (reader,) = multiprocessing.active_children()
+    os.kill(reader.pid or 0, signal.SIGKILL)
+    with pytest.raises(KafkaLogError, match="ended without finishing .exit code -9"):
+        for _ in frames:
+            pass
+    assert not multiprocessing.active_children()
+
+
 def test_a_failing_reader_raises_in_the_caller(kafka_bootstrap: str, unique_name: str) -> None:
     missing = KafkaEventLog(kafka_bootstrap, unique_name, create=False)
     with pytest.raises(KafkaLogError, match=f"topic '{unique_name}' does not exist"):
@@ -262,7 +290,7 @@ def test_positions_past_twelve_digits_are_listed_in_numeric_order(kafka_bootstra
 
     anyio.run(save)
     log = KafkaEventLog(kafka_bootstrap, unique_name, create=False)
-    kept = [p for p in sorted(big) if p not in thinned(sorted(big), 6)]
+    kept = [x for x in sorted(big) if x not in thinned(sorted(big), 6)]
     assert {999_999_999_999, 5 * 10**12} <= set(kept) and len(kept) == 6 and [cp.position for cp in kafka_checkpoints(log)] == kept
 
 
