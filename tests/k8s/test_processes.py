@@ -22,7 +22,8 @@ from kubernetes_asyncio import client
 
 from kai_es.adapters.file_checkpoints import DEFAULT_KEEP, list_checkpoints
 from kai_es.events import payloads as p
-from kai_es.replay_parallel import replay_file
+from kai_es.adapters.kafka_log import KafkaEventLog
+from kai_es.replay_parallel import kafka_checkpoints, replay_file, replay_kafka
 from tests.k8s.conftest import K8s
 from tests.k8s.helpers import create_pod, gpu_pod, log_records, queue, raw, wait_for
 from tests.processes import ROOT, Proc
@@ -158,9 +159,16 @@ async def test_three_processes_survive_kill_9_each(k8s: K8s, scheduler_kubeconfi
     run = subprocess.run([sys.executable, "-m", "kai_es", "replay", log], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    if backend == "file":  # the scheduler process kept checkpoints, and replays start from them
+    # the scheduler process (killed once, so its second life thinned what its first kept) kept
+    # checkpoints, beside the file or in the topic's checkpoints topic, and replays start from them
+    if backend == "file":
         assert len(list_checkpoints(log)) == DEFAULT_KEEP
         one = replay_file(log, jobs=1)
         many = replay_file(log, jobs=3, min_records=1)
-        assert many.ok and many.resumed >= 1 and (many.cycles, many.decisions, many.state_digest) == (
-            one.cycles, one.decisions, one.state_digest)
+    else:  # (each runs its own event loop: in a thread, outside this test's)
+        events = KafkaEventLog.from_url(log, create=False)
+        assert len(await anyio.to_thread.run_sync(kafka_checkpoints, events)) == DEFAULT_KEEP
+        one = await anyio.to_thread.run_sync(lambda: replay_kafka(events, jobs=1))
+        many = await anyio.to_thread.run_sync(lambda: replay_kafka(events, jobs=3, min_records=1))
+    assert many.ok and many.resumed >= 1 and (many.cycles, many.decisions, many.state_digest) == (
+        one.cycles, one.decisions, one.state_digest)
