@@ -147,6 +147,18 @@ def test_undecodable_records_are_skipped_and_dead_lettered_by_every_share(kafka_
     assert {str(offset).encode() for offset in bad} <= set(keys)
 
 
+def test_the_audit_commands_read_a_topic_as_they_read_the_file(kafka_bootstrap: str, unique_name: str) -> None:
+    """`events`, `explain` and `usage` stream the topic (`cli_common.records_from`): what they
+    print is what they print for the same log in a file (whose positions are its offsets)."""
+    _topic_of(kafka_bootstrap, unique_name, GOLDEN)
+    url = f"kafka://{kafka_bootstrap}/{unique_name}"
+    for args in (["events", "-o", "json"], ["events", "--from", "40", "--type", "kai.scheduler.*", "-o", "json"],
+                 ["explain", "default/finetune-1"], ["usage"]):
+        from_topic, from_file = _cli(args[0], url, *args[1:]), _cli(args[0], str(GOLDEN), *args[1:])
+        assert from_topic.returncode == from_file.returncode == 0, from_topic.stderr + from_file.stderr
+        assert from_topic.stdout == from_file.stdout.replace(str(GOLDEN), url) and from_topic.stdout
+
+
 def test_the_reader_streams_and_stops_with_its_iterator(kafka_bootstrap: str, unique_name: str) -> None:
     log = _topic_of(kafka_bootstrap, unique_name, GOLDEN)
     end = end_offset(log)
