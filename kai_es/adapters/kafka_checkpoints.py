@@ -55,6 +55,7 @@ class KafkaCheckpointStore(KafkaBlobStore):
     """The checkpoints topic of one events topic."""
 
     def __init__(self, bootstrap: str, events_topic: str, *, keep: int = DEFAULT_KEEP, **kwargs: Any) -> None:
+        # (no blob key of its own: `save` and `checkpoints` key each record by its position)
         super().__init__(bootstrap, events_topic, key="", suffix=SUFFIX, **kwargs)
         self.keep = keep
         #: the positions kept in the topic, as this store last read or wrote them (None: unread)
