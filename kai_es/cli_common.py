@@ -179,14 +179,11 @@ def records_from(log: Any, position: int, *, threaded: bool = False) -> Iterator
 
 def _kafka_records(log: Any, position: int) -> Iterator[Record]:
     from kai_es.adapters.kafka_frames import Skipped, dead_letter_all, end_offset, kafka_frames  # noqa: PLC0415
-    from kai_es.adapters.kafka_log import NO_VALUE  # noqa: PLC0415
 
     skipped: list[Skipped] = []
     try:
         for offset, value in kafka_frames(log, position, end_offset(log)):
             try:
-                if value is None:
-                    raise DecodeError(NO_VALUE)
                 env = decode(value)
             except DecodeError as exc:
                 skipped.append((offset, value, str(exc)))

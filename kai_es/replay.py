@@ -433,11 +433,11 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview | None]], packe
             raise ValueError("a resumed replay needs a lookup of the decisions before its start")
         for position, body in frames:
             try:
-                env = decode(body)  # type: ignore[arg-type]
-            except (DecodeError, TypeError) as exc:
+                env = decode(body)
+            except DecodeError as exc:
                 if undecodable is None:
-                    raise DecodeError(f"record at position {position}: {_why(exc, body)}") from None
-                undecodable(position, body, _why(exc, body))
+                    raise DecodeError(f"record at position {position}: {exc}") from None
+                undecodable(position, body, str(exc))
                 continue
             going = replayer.resume(resume, Record(position, env))
             replayer.result.last_position = position
@@ -457,11 +457,11 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview | None]], packe
                     return _finished(replayer, lookup, at_end=False)
                 continue
         try:
-            env = decode(body)  # type: ignore[arg-type]  # msgspec reads any buffer
-        except (DecodeError, TypeError) as exc:  # (TypeError: a body of None)
+            env = decode(body)
+        except DecodeError as exc:
             if undecodable is None:
-                raise DecodeError(f"record at position {position}: {_why(exc, body)}") from None
-            undecodable(position, body, _why(exc, body))
+                raise DecodeError(f"record at position {position}: {exc}") from None
+            undecodable(position, body, str(exc))
             continue
         if env.basedon is None:
             # the common case (observations, outcomes), inlined: `step` minus what cannot apply
@@ -485,16 +485,6 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview | None]], packe
             return _finished(replayer, lookup, at_end=False)
     result.last_position = position
     return _finished(replayer, lookup, at_end=True)
-
-
-def _why(exc: Exception, body: object) -> str:
-    """Why `body` did not decode: `exc`, a DecodeError, or None's TypeError (a Kafka record
-    without a value); any other error is raised again."""
-    if isinstance(exc, DecodeError):
-        return str(exc)
-    if body is None:
-        return "record has no value"
-    raise exc
 
 
 def _finished(replayer: _Replayer, lookup: Callable[[set[str]], dict[str, Record]] | None, *,

@@ -197,10 +197,8 @@ def _records_at(log: Frames, positions: Iterable[int]) -> dict[int, Envelope]:
     """The events at `positions` that exist and decode."""
     found = {}
     for position, body in log.bodies_at(positions).items():
-        if body is None:
-            continue
         try:
-            found[position] = decode(body)  # type: ignore[arg-type]
+            found[position] = decode(body)
         except DecodeError:
             continue
     return found

@@ -67,6 +67,15 @@ def test_not_json_is_a_decode_error() -> None:
         decode(b"{not json")
 
 
+def test_no_body_is_a_decode_error_that_says_so() -> None:
+    """A Kafka record without a value reaches the codec as None: refused like any record that
+    is not an event, never a TypeError."""
+    with pytest.raises(DecodeError, match="^record has no value$"):
+        decode(None)
+    with pytest.raises(DecodeError, match="not a kai-es envelope"):
+        decode(memoryview(b""))
+
+
 def _pretend_v2_is_current(monkeypatch: pytest.MonkeyPatch, event_type: str) -> None:
     from kai_es.events import registry
 
@@ -205,7 +214,7 @@ def test_decode_by_the_tail_type_equals_the_union_decode(monkeypatch: pytest.Mon
         kinds.add(type(env.data))
         union = _union_outcome(body, monkeypatch)
         assert env == union and type(env) is type(union)
-        assert decode(memoryview(body)) == env  # type: ignore[arg-type]
+        assert decode(memoryview(body)) == env
     assert len(kinds) >= 8
     bound = encode(_env(p.PodBound(namespace="d", name="a", uid="u", node="n", decision_id="x")))  # type: ignore[arg-type]
     variants = [

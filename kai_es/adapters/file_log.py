@@ -289,7 +289,7 @@ class FileEventLog:
         """Synchronous read of records [from_position, end) — the fast path for folds."""
         for pos, body in self._frames(from_position, end):
             try:
-                env = decode(body)  # type: ignore[arg-type]  # msgspec reads any buffer
+                env = decode(body)
             except DecodeError as exc:
                 raise CorruptLogError(self.path, pos, str(exc)) from None
             yield Record(pos, env)

@@ -69,8 +69,6 @@ CONTENT_TYPE: Final = b"application/cloudevents+json"
 TOPIC_CONFIG: Final = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 _UNKNOWN_TOPIC: Final = 3
 _MAX_IDLE_CONSUMERS: Final = 2
-#: why a record without a value is dead-lettered
-NO_VALUE: Final = "record has no value"
 
 
 class KafkaLogError(RuntimeError):
@@ -551,8 +549,6 @@ class KafkaEventLog:
             for msg in batch:
                 offset = msg.offset
                 try:
-                    if msg.value is None:
-                        raise DecodeError(NO_VALUE)
                     env = decode(msg.value)
                 except DecodeError as exc:
                     await self._dead_letter(offset, msg.key, msg.value, str(exc))

@@ -57,8 +57,9 @@ def canonical(obj: object) -> bytes:
     return _ENCODER.encode(obj)
 
 
-def decode(data: bytes) -> Envelope:
-    """Decode one canonical event. Raises DecodeError naming what is wrong."""
+def decode(data: bytes | memoryview | None) -> Envelope:
+    """Decode one canonical event (a buffer: a file log's frame is a view; None: a Kafka record
+    without a value). Raises DecodeError naming what is wrong."""
     # The fast path: bytes that end in `,"type":"<a known name>"}` (in valid JSON, nothing but
     # the top-level "type" can end so), decoded by that type's own decoder, which checks every
     # field, and the tag, as the union's does; anything it refuses goes to the union's decoder,
@@ -67,6 +68,8 @@ def decode(data: bytes) -> Envelope:
     # record against 25.6k for the union's decoder on the view), and slicing a view's tail more
     # than it saves.
     if type(data) is not bytes:
+        if data is None:
+            raise DecodeError("record has no value")
         data = bytes(data)
     env: Envelope | None = None
     fast = _BY_SUFFIX.get(data[-_SUFFIX_LEN:])
