@@ -279,26 +279,69 @@ def _run_share(log: Frames, end: int, share: Share, packer: Packer, checkpoint: 
 
 #: a worker's folded states, kept until the worker process ends (`_replay_share`)
 _KEPT: list[ClusterState] = []
-#: the log `replay_file` opened, by path, for workers forked from it: its index (a scan of the
-#: whole file, 0.2 s for 1,000,000 records) and its read-only map are theirs without a second scan
-_OPENED: dict[str, FileEventLog] = {}
+#: the log a replay opened, by key, for the workers it forks: a file's index (a scan of the
+#: whole file, 0.2 s for 1,000,000 records) and read-only map are theirs without a second scan,
+#: and a Kafka log's clients and security settings, which do not pickle, are theirs as they are
+_OPENED: dict[str, Frames] = {}
 
 
-def _replay_share(path: str, end: int, share: Share, packer_kind: str | None,
-                  checkpoint: Checkpoint | None = None) -> ReplayResult:
-    """One share's result, in a worker process that does nothing else before it ends. Its state
+def _skipping(skipped: list[Skipped]) -> Callable[[int, bytes | memoryview | None, str], None]:
+    """A `replay_frames` `undecodable` that records each record it is given in `skipped`."""
+
+    def undecodable(position: int, body: bytes | memoryview | None, reason: str) -> None:
+        skipped.append((position, None if body is None else bytes(body), reason))
+
+    return undecodable
+
+
+def _replay_share(key: str, end: int, share: Share, packer_kind: str | None, checkpoint: Checkpoint | None,
+                  skips: bool) -> tuple[ReplayResult, list[Skipped]]:
+    """One share's result and the records it skipped (`skips`: undecodable ones are skipped, as
+    on Kafka, else they raise), in a worker process that does nothing else before it ends; the
+    log is the one registered under `key`, else (a spawned worker) the file at `key`. Its state
     stays in the process (the digest travels) and is neither freed nor scanned by a collection
     (`bulk_fold(keep=True)`): the worker ends with `os._exit`, and freeing ~1 GB of objects one
     by one would only delay the result the replay waits for."""
+    skipped: list[Skipped] = []
     try:
-        log = _OPENED.get(path) or FileEventLog(Path(path), readonly=True)
+        log = _OPENED.get(key) or FileEventLog(Path(key), readonly=True)
         with bulk_fold(keep=True):
-            result = _run_share(log, end, share, packer_from_env(packer_kind), checkpoint)
+            result = _run_share(log, end, share, packer_from_env(packer_kind), checkpoint,
+                                undecodable=_skipping(skipped) if skips else None)
     except CorruptLogError as exc:  # its constructor does not survive pickling: keep the message
         raise DecodeError(str(exc)) from None
     _KEPT.append(result.state)
     result.state = ClusterState()
-    return result
+    return result, skipped
+
+
+def _spread(log: Frames, key: str, end: int, shares: Sequence[tuple[Share, Checkpoint | None]],
+            packer_kind: str | None, packer: Packer, progress: Callable[[int], None] | None, *,
+            context: multiprocessing.context.BaseContext, shared: bool, skips: bool
+            ) -> tuple[ReplayResult, list[Skipped]]:
+    """The merged result of `shares` of `log` (each but the last in a worker process started in
+    `context`, the last here) and the records they skipped (`skips`, as `_replay_share`);
+    `shared`: the workers are forked and use `log` itself (`_OPENED[key]`)."""
+    skipped: list[Skipped] = []
+    undecodable = _skipping(skipped) if skips else None
+    if len(shares) == 1:
+        with bulk_fold():
+            return _run_share(log, end, Share(), packer, None, progress, undecodable), skipped
+    if shared:
+        _OPENED[key] = log
+    try:
+        with ProcessPoolExecutor(max_workers=len(shares) - 1, mp_context=context) as pool:
+            futures = [pool.submit(_replay_share, key, end, share, packer_kind, cp, skips)
+                       for share, cp in shares[:-1]]
+            with bulk_fold():
+                share, cp = shares[-1]
+                last = _run_share(log, end, share, packer, cp, progress, undecodable)
+            parts = [f.result() for f in futures]
+    finally:
+        _OPENED.pop(key, None)
+    for _, found in parts:
+        skipped.extend(found)
+    return merge([*(part for part, _ in parts), last]), skipped
 
 
 def replay_file(path: str | os.PathLike[str] | FileEventLog, *, packer_kind: str | None = None,
@@ -309,56 +352,15 @@ def replay_file(path: str | os.PathLike[str] | FileEventLog, *, packer_kind: str
     the log's checkpoints when it has them near the cuts (and `checkpoints`). `progress` is
     called now and then with the number of records this process's share has folded."""
     log = path if isinstance(path, FileEventLog) else FileEventLog(Path(path), readonly=True)
-    path = log.path
     end = log.record_count()
-    jobs = jobs or default_jobs()
-    shares = plan_checkpointed(log, end, jobs, list_checkpoints(path) if checkpoints else (), min_records)
+    shares = plan_checkpointed(log, end, jobs or default_jobs(), list_checkpoints(log.path) if checkpoints else (),
+                               min_records)
     packer = packer_from_env(packer_kind)  # fail here, before any process starts
-    if len(shares) == 1:
-        with bulk_fold():
-            return replay_frames(log.frames(0, end), packer, progress=progress)
-    methods = multiprocessing.get_all_start_methods()
-    forked = "fork" in methods
-    context = multiprocessing.get_context("fork" if forked else "spawn")
-    if forked and log.readonly:
-        _OPENED[str(path)] = log
-    try:
-        with ProcessPoolExecutor(max_workers=len(shares) - 1, mp_context=context) as pool:
-            futures = [pool.submit(_replay_share, str(path), end, share, packer_kind, cp)
-                       for share, cp in shares[:-1]]
-            with bulk_fold():
-                share, cp = shares[-1]
-                last = _run_share(log, end, share, packer, cp, progress)
-            parts = [f.result() for f in futures]
-    finally:
-        _OPENED.pop(str(path), None)
-    return merge([*parts, last])
-
-
-#: the Kafka log `replay_kafka` reads, for the workers it forks (its clients and security
-#: settings do not pickle; a forked worker has them as they are)
-_KAFKA: dict[str, KafkaEventLog] = {}
-
-
-def _replay_kafka_share(key: str, end: int, share: Share, packer_kind: str | None, checkpoint: Checkpoint | None
-                        ) -> tuple[ReplayResult, list[Skipped]]:
-    """One share of a Kafka replay in a worker process (as `_replay_share`)."""
-    skipped: list[Skipped] = []
-    with bulk_fold(keep=True):
-        result = _kafka_share(_KAFKA[key], end, share, packer_from_env(packer_kind), checkpoint, skipped)
-    _KEPT.append(result.state)
-    result.state = ClusterState()
-    return result, skipped
-
-
-def _kafka_share(log: KafkaEventLog, end: int, share: Share, packer: Packer, checkpoint: Checkpoint | None,
-                 skipped: list[Skipped], progress: Callable[[int], None] | None = None) -> ReplayResult:
-    from kai_es.adapters.kafka_frames import KafkaRange  # noqa: PLC0415 - optional backend
-
-    def undecodable(position: int, body: bytes | memoryview | None, reason: str) -> None:
-        skipped.append((position, None if body is None else bytes(body), reason))
-
-    return _run_share(KafkaRange(log), end, share, packer, checkpoint, progress, undecodable)
+    forked = "fork" in multiprocessing.get_all_start_methods()
+    result, _ = _spread(log, str(log.path), end, shares, packer_kind, packer, progress,
+                        context=multiprocessing.get_context("fork" if forked else "spawn"),
+                        shared=forked and log.readonly, skips=False)
+    return result
 
 
 def kafka_checkpoints(log: KafkaEventLog) -> list[KafkaCheckpoint]:
@@ -389,29 +391,11 @@ def replay_kafka(log: KafkaEventLog, *, packer_kind: str | None = None, jobs: in
         end = end_offset(log)
     jobs = jobs or default_jobs()
     kept = kafka_checkpoints(log) if checkpoints and jobs > 1 else []
-    shares = plan_checkpointed(KafkaRange(log), end, jobs, kept, min_records)
+    source = KafkaRange(log)
+    shares = plan_checkpointed(source, end, jobs, kept, min_records)
     packer = packer_from_env(packer_kind)  # fail here, before any process starts
-    skipped: list[Skipped] = []
-    if len(shares) == 1:
-        with bulk_fold():
-            result = _kafka_share(log, end, Share(), packer, None, skipped, progress)
-    else:
-        key = f"{log.bootstrap}/{log.topic}"
-        _KAFKA[key] = log
-        try:
-            with ProcessPoolExecutor(max_workers=len(shares) - 1,
-                                     mp_context=multiprocessing.get_context("fork")) as pool:
-                futures = [pool.submit(_replay_kafka_share, key, end, share, packer_kind, cp)
-                           for share, cp in shares[:-1]]
-                with bulk_fold():
-                    share, cp = shares[-1]
-                    last = _kafka_share(log, end, share, packer, cp, skipped, progress)
-                parts = [f.result() for f in futures]
-        finally:
-            _KAFKA.pop(key, None)
-        for _, found in parts:
-            skipped.extend(found)
-        result = merge([*(part for part, _ in parts), last])
+    result, skipped = _spread(source, f"{log.bootstrap}/{log.topic}", end, shares, packer_kind, packer, progress,
+                              context=multiprocessing.get_context("fork"), shared=True, skips=True)
     if skipped:  # (a share reads what comes before its stop, and some what comes after its start)
         dead_letter_all(log, sorted({s[0]: s for s in skipped}.values()))
     return result
