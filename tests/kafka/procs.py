@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.kafka_log import KafkaEventLog
 from kai_es.events import Record
 from kai_es.events import payloads as p
@@ -26,6 +27,19 @@ from kai_es.state.reducer import fold
 from tests.processes import ROOT, Proc
 
 __all__ = ["ROOT", "Proc"]
+
+
+async def append_file_log(bootstrap: str, topic: str, path: Path) -> int:
+    """The file log at `path` appended to `topic` (fresh) as one transaction, so that its offsets
+    are the file's positions; its length."""
+    records = list(FileEventLog(path, readonly=True).scan())
+    log = KafkaEventLog(bootstrap, topic, transactional_id=f"{topic}-w")
+    try:
+        positions = await log.append([r.envelope for r in records])
+    finally:
+        await log.close()
+    assert positions == [r.position for r in records]
+    return len(records)
 
 
 def workload_scenario(path: Path, *, pods: int, nodes: int = 8, gpus: int = 8,

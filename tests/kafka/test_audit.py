@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.adapters.kafka_log import KafkaEventLog
 from kai_es.explain import explain
+from tests.kafka.procs import append_file_log
 from tests.processes import Follower
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,14 +26,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 async def _golden_topic(bootstrap: str, topic: str) -> int:
     """The golden log appended as one transaction (so offsets equal its positions); its length."""
-    records = list(FileEventLog(GOLDEN, readonly=True).scan())
-    log = KafkaEventLog(bootstrap, topic, transactional_id=f"{topic}-w")
-    try:
-        positions = await log.append([r.envelope for r in records])
-    finally:
-        await log.close()
-    assert positions == [r.position for r in records]
-    return len(records)
+    return await append_file_log(bootstrap, topic, GOLDEN)
 
 
 async def _run(*args: str) -> subprocess.CompletedProcess[bytes]:

@@ -166,7 +166,8 @@ def test_broker_restart_mid_run(run: Run, kafka_broker: Any) -> None:
                                **numbers})
 
 
-async def _produce_raw(bootstrap: str, topic: str, value: bytes) -> int:
+async def _produce_raw(bootstrap: str, topic: str, value: bytes | None) -> int:
+    """`value` (None: a record without one) produced as it is, by no kai-es writer; its offset."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
 from kai_es.adapters.file_checkpoints import list_checkpoints, thinned
 from kai_es.adapters.file_log import FileEventLog
@@ -33,7 +32,8 @@ from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
 from kai_es.ports import StoredSnapshot
 from kai_es.replay_parallel import kafka_checkpoints, plan_checkpointed, replay_kafka
-from tests.kafka.test_faults import _dead_letter_keys
+from tests.kafka.procs import append_file_log
+from tests.kafka.test_faults import _dead_letter_keys, _produce_raw
 from tests.replays import day_log_with_checkpoints, sequential, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,18 +43,9 @@ CONSOLIDATION = ROOT / "tests" / "golden" / "consolidation.events.jsonl"
 
 
 def _topic_of(bootstrap: str, topic: str, path: Path) -> KafkaEventLog:
-    """A fresh topic holding the file log at `path`, appended as one transaction (its offsets are
-    the file's positions); a read-only log of it."""
-
-    async def append() -> None:
-        records = list(FileEventLog(path, readonly=True).scan())
-        writer = KafkaEventLog(bootstrap, topic, transactional_id=f"{topic}-w")
-        try:
-            assert await writer.append([r.envelope for r in records]) == [r.position for r in records]
-        finally:
-            await writer.close()
-
-    anyio.run(append)
+    """A fresh topic holding the file log at `path` with its positions as offsets; a read-only
+    log of it."""
+    anyio.run(append_file_log, bootstrap, topic, path)
     return KafkaEventLog(bootstrap, topic, create=False)
 
 
@@ -78,21 +69,6 @@ def _with_checkpoints(bootstrap: str, topic: str, path: Path) -> KafkaEventLog:
 
     anyio.run(save)
     return log
-
-
-def _produce_raw(bootstrap: str, topic: str, values: list[bytes | None]) -> list[int]:
-    """`values` produced as they are (not a kai-es writer: no transaction); their offsets."""
-
-    async def produce() -> list[int]:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-        await producer.start()
-        try:
-            return [int((await producer.send_and_wait(topic, value=v, key=b"k", partition=0)).offset)
-                    for v in values]
-        finally:
-            await producer.stop()
-
-    return anyio.run(produce)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -129,7 +105,7 @@ def test_undecodable_records_are_skipped_and_dead_lettered_by_every_share(kafka_
     topic, with one process or three."""
     one = sequential(GOLDEN)
     _topic_of(kafka_bootstrap, unique_name, GOLDEN)
-    bad = _produce_raw(kafka_bootstrap, unique_name, [b'{"specversion": "1.0", "type": ', None])
+    bad = [anyio.run(_produce_raw, kafka_bootstrap, unique_name, value) for value in (b'{"specversion": "1.0", "type": ', None)]
     url = f"kafka://{kafka_bootstrap}/{unique_name}"
     lines = set()
     for jobs in ("1", "3"):
@@ -159,7 +135,7 @@ def test_the_audit_commands_read_a_topic_as_they_read_the_file(kafka_bootstrap: 
         assert from_topic.stdout == from_file.stdout.replace(str(GOLDEN), url) and from_topic.stdout
 
 
-def test_the_reader_streams_and_stops_with_its_iterator(kafka_bootstrap: str, unique_name: str) -> None:
+def test_the_reader_streams_ranges_and_positions(kafka_bootstrap: str, unique_name: str) -> None:
     log = _topic_of(kafka_bootstrap, unique_name, GOLDEN)
     end = end_offset(log)
     records = FileEventLog(GOLDEN, readonly=True)
@@ -169,19 +145,16 @@ def test_the_reader_streams_and_stops_with_its_iterator(kafka_bootstrap: str, un
     assert list(kafka_frames(log, end, None)) == []
     marker = end - 1  # (the transaction's commit marker: an offset without a record)
     assert KafkaRange(log).bodies_at([5, 0, marker, end, 10**12, -1, 5]) == {0: frames[0][1], 5: frames[5][1]}
-    early = kafka_frames(log, 0, end)
-    assert next(early) == frames[0]
-    assert multiprocessing.active_children()  # its reader
-    early.close()
-    assert not multiprocessing.active_children()
 
 
-def test_a_reader_that_dies_midway_is_an_error_not_a_short_log(kafka_bootstrap: str, unique_name: str) -> None:
+def _long_topic(bootstrap: str, topic: str) -> KafkaEventLog:
+    """40,000 records, several of a reader's batches: after the first, the reader waits on the
+    pipe (it runs at most a batch ahead), so it is still there while the caller reads."""
     envs = [make_envelope(p.NodeObserved(name=f"n{i}", milli_cpu=1000, memory_bytes=2**30), event_id=f"e{i}",
                           source="test", subject=f"node/n{i}", logicaltime=i + 1) for i in range(40_000)]
 
     async def append() -> None:
-        writer = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=f"{unique_name}-w")
+        writer = KafkaEventLog(bootstrap, topic, transactional_id=f"{topic}-w")
         try:
             for k in range(0, len(envs), 10_000):
                 await writer.append(envs[k:k + 10_000])
@@ -189,8 +162,21 @@ def test_a_reader_that_dies_midway_is_an_error_not_a_short_log(kafka_bootstrap: 
             await writer.close()
 
     anyio.run(append)
-    log = KafkaEventLog(kafka_bootstrap, unique_name, create=False)
-    frames = kafka_frames(log, 0, end_offset(log))  # (several of the reader's batches)
+    return KafkaEventLog(bootstrap, topic, create=False)
+
+
+def test_the_reader_stops_with_its_iterator(kafka_bootstrap: str, unique_name: str) -> None:
+    log = _long_topic(kafka_bootstrap, unique_name)
+    early = kafka_frames(log, 0, end_offset(log))
+    assert next(early)[0] == 0
+    assert multiprocessing.active_children()  # its reader
+    early.close()
+    assert not multiprocessing.active_children()
+
+
+def test_a_reader_that_dies_midway_is_an_error_not_a_short_log(kafka_bootstrap: str, unique_name: str) -> None:
+    log = _long_topic(kafka_bootstrap, unique_name)
+    frames = kafka_frames(log, 0, end_offset(log))
     next(frames)
     (reader,) = multiprocessing.active_children()
     os.kill(reader.pid or 0, signal.SIGKILL)
