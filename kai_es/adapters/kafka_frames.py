@@ -26,14 +26,15 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import sys
-from collections.abc import Generator, Iterable, Iterator, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
+from typing import Any, Final, TypeVar
 
 import anyio
 
 from kai_es.adapters.kafka_log import KafkaEventLog, KafkaLogError
 
 Frame = tuple[int, bytes | None]
+T = TypeVar("T")
 #: a record a caller skipped because it does not decode: its offset, its value, why
 Skipped = tuple[int, bytes | None, str]
 #: messages of the reader (kind, payload): a batch of frames, the end, or a failure's message
@@ -87,32 +88,33 @@ def _own_stderr() -> None:
             handler.stream = own  # (not setStream: it would flush the inherited object first)
 
 
-def end_offset(log: KafkaEventLog) -> int:
-    """`log`'s last stable offset now (its clients closed after: a reader forked later starts
-    its own)."""
+def _closing(log: KafkaEventLog, step: Callable[[], Awaitable[T]]) -> T:
+    """`step()` run to its end in an event loop of its own, `log`'s clients closed after (they
+    belong to that loop; a reader forked later starts its own)."""
 
-    async def ask() -> int:
+    async def run() -> T:
         try:
-            return await log.end_position()
+            return await step()
         finally:
             await log.close()
 
-    return anyio.run(ask)
+    return anyio.run(run)
+
+
+def end_offset(log: KafkaEventLog) -> int:
+    """`log`'s last stable offset now."""
+    return _closing(log, log.end_position)
 
 
 def dead_letter_all(log: KafkaEventLog, skipped: Sequence[Skipped]) -> None:
     """Each of `skipped` (a record a caller found undecodable: its offset, value and why)
-    dead-lettered as `KafkaEventLog.read` does it (`KafkaEventLog.dead_letter`); clients closed
-    after."""
+    dead-lettered as `KafkaEventLog.read` does it (`KafkaEventLog.dead_letter`)."""
 
     async def send() -> None:
-        try:
-            for offset, value, reason in skipped:
-                await log.dead_letter(offset, value, reason)
-        finally:
-            await log.close()
+        for offset, value, reason in skipped:
+            await log.dead_letter(offset, value, reason)
 
-    anyio.run(send)
+    _closing(log, send)
 
 
 def kafka_frames(log: KafkaEventLog, start: int = 0, end: int | None = None) -> Generator[Frame, None, None]:
@@ -156,11 +158,4 @@ class KafkaRange:
     def bodies_at(self, positions: Iterable[int]) -> dict[int, bytes | None]:
         """The value at each of `positions` that has a record, read in this process by one
         consumer (`KafkaEventLog.read_at`: a reader process per position cost ~60 ms each)."""
-
-        async def read() -> dict[int, bytes | None]:
-            try:
-                return await self.log.read_at(positions)
-            finally:
-                await self.log.close()
-
-        return anyio.run(read)
+        return _closing(self.log, lambda: self.log.read_at(positions))
