@@ -194,3 +194,6 @@ class CycleObserver(Protocol):
 
     def on_cycle(self, state: ClusterState, config: SchedulerConfig, decisions: Sequence[Envelope]) -> None:
         """A cycle's decisions were appended and `state` folded past them."""
+
+    def on_upkeep(self, seconds: float) -> None:
+        """The upkeep before a cycle (`kai_es.scheduling.upkeep`) took `seconds` (monotonic)."""

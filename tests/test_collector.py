@@ -72,6 +72,9 @@ async def test_a_schedulers_cycle_runs_with_the_collector_paused() -> None:
         def on_cycle(self, state: object, config: object, decisions: object) -> None:
             seen.append(("cycle ended", gc.isenabled()))
 
+        def on_upkeep(self, seconds: float) -> None:
+            pass
+
     sched = SchedulerService(log, sc.config, load_packer("reference"), SimClock(sc.start_ns), SeededIds("c"),
                              observer=Watch())  # type: ignore[arg-type]
     await sched.start()

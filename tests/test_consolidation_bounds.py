@@ -1,7 +1,7 @@
 """What consolidation keeps per node across cycles — the node bounds
 (`kai_es.scheduling.actions.consolidation_bounds`) and the free capacity
-(`kai_es.scheduling.kept_capacity`): after any sequence of what a cluster sends, folded, what is
-kept is what the state alone gives."""
+(`kai_es.scheduling.kept_capacity`): after any sequence of what a cluster sends, folded, and of
+the scheduler's upkeep between cycles, what is kept is what the state alone gives."""
 
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
 from kai_es.scheduling.actions.consolidation_bounds import StateBounds, fresh_bounds, state_bounds
 from kai_es.scheduling.kept_capacity import fresh_capacity, state_capacity
+from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.tables import tables
+from kai_es.scheduling.upkeep import keep_up
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
 
 NODES = 3
 PODS = 8
+CONFIG = SchedulerConfig()
 
 # one step of a cluster: what it sends; "cycle" asks for the bounds (as a consolidation search does)
 steps = st.one_of(
@@ -38,6 +41,7 @@ steps = st.one_of(
     st.tuples(st.just("class"), st.sampled_from(["train", "build", "inference"]),
               st.one_of(st.integers(0, 200), st.integers(-2**31, 2**31 - 1))),  # Kubernetes' priority range
     st.tuples(st.just("cycle"),),
+    st.tuples(st.just("upkeep"),),  # what a scheduler does while it waits (`kai_es.scheduling.upkeep`)
 )
 
 
@@ -107,6 +111,8 @@ def test_kept_bounds_are_the_states_after_anything_a_cluster_sends(sequence: lis
             assert _form(kept) == _form(fresh_bounds(feed.state))
             capacity, fresh = state_capacity(feed.state), fresh_capacity(feed.state)
             assert (capacity.each, capacity.total) == (fresh.each, fresh.total)
+        elif step[0] == "upkeep":
+            keep_up(feed.state, CONFIG)
         else:
             feed.step(step)
             if not asked:

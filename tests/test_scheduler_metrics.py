@@ -1,7 +1,8 @@
 """The scheduler's dashboard metrics (`kai_es.adapters.scheduler_metrics`): the per-queue numbers
 equal `kai-es fairshare` on the same cut, pending pods and jobs are counted per queue,
 evictions by action and failed searches by reason come from the cycle's decisions, a pod's
-wait runs from first observed to first bound in log time, actions are timed; the /metrics
+wait runs from first observed to first bound in log time, actions and the upkeep between cycles
+are timed; the /metrics
 exposition carries them, and every query of the Grafana dashboard in deploy/ names a metric the
 process exports."""
 
@@ -133,6 +134,15 @@ async def test_evictions_by_action_failed_searches_by_reason_and_action_duration
         for queue in {q for c, q in reasons if c == code}:  # by the waiting pod's queue
             assert _value(registry2, "kai_es_failed_victim_searches_total", action=action, reason=code, queue=queue,
                           parent=sched2.state.queues[queue].spec.parent) == reasons.count((code, queue))
+
+
+async def test_the_upkeep_before_each_cycle_is_timed() -> None:
+    registry = CollectorRegistry()
+    sched, _ = await _scheduler(QUICKSTART.read_text(), registry, ticks=[])
+    await sched.run(SEC, cycles=1)  # a cycle, then the wait before the next with its upkeep
+    assert sched.upkeeps_run == 1
+    assert _value(registry, "kai_es_scheduler_upkeep_duration_seconds_count") == 1
+    assert (_value(registry, "kai_es_scheduler_upkeep_duration_seconds_sum") or 0.0) >= 0.0
 
 
 def _metric_names(expr: str) -> set[str]:

@@ -1,7 +1,7 @@
 """The scheduler's dashboard metrics, on its process's Prometheus registry (`/metrics` of
 `kai_es.adapters.status_http`): the per-queue numbers of `kai_es.visibility.queue_metrics`
 after every cycle, evictions and failed victim searches counted from the cycle's decisions, how
-long each action took, and how long pods waited from first observed to first bound.
+long each action took and the upkeep before each cycle, and how long pods waited from first observed to first bound.
 
 prometheus-client (already the exposition's library) keeps the label sets and renders the text
 format; this module only decides names and values. Names follow Prometheus' conventions: base
@@ -81,6 +81,10 @@ class SchedulerMetrics:
             "reasons change)", ["action", "reason", "queue", "parent"], registry=registry)
         self.action_seconds = Histogram("kai_es_action_duration_seconds", "One action of one cycle",
                                         ["action"], buckets=ACTION_BUCKETS, registry=registry)
+        self.upkeep_seconds = Histogram(
+            "kai_es_scheduler_upkeep_duration_seconds",
+            "The upkeep of a cycle's derived data (digest hashes, node tables, kept bounds) run before it is due",
+            buckets=ACTION_BUCKETS, registry=registry)
         self.wait_seconds = Histogram(
             "kai_es_pod_wait_seconds", "From a pod first observed pending to its first bind (log time)",
             ["queue", "parent"], buckets=WAIT_BUCKETS, registry=registry)
@@ -124,6 +128,9 @@ class SchedulerMetrics:
         if self._action is not None:
             self.action_seconds.labels(action=self._action[0]).observe(now - self._action[1])
         self._action = (name, now) if name else None
+
+    def on_upkeep(self, seconds: float) -> None:
+        self.upkeep_seconds.observe(seconds)
 
     def on_cycle(self, state: ClusterState, config: SchedulerConfig, decisions: Sequence[Envelope]) -> None:
         if not self._seeded:

@@ -19,7 +19,8 @@ from kai_es.scheduling.victims import free_of_each
 from kai_es.state.model import ClusterState
 from kai_es.state.quantities import Vector
 
-_KEY = "scheduling.kept_capacity"
+#: where the capacity is kept in `state.caches`
+CACHE_KEY = "scheduling.kept_capacity"
 
 
 @dataclass(slots=True)
@@ -41,7 +42,7 @@ def fresh_capacity(state: ClusterState) -> StateCapacity:
 
 def state_capacity(state: ClusterState) -> StateCapacity:
     """The free capacity as of the state (module contract)."""
-    return follow(state, _KEY, StateCapacity, lambda: fresh_capacity(state),
+    return follow(state, CACHE_KEY, StateCapacity, lambda: fresh_capacity(state),
                   lambda kept, changed, rebuilt: fresh_capacity(state) if rebuilt else _update(state, kept, changed))
 
 

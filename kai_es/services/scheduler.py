@@ -13,11 +13,15 @@ Contract:
   `snapshot_every` cycles, on a cycle whose CycleCompleted carries a `statedigest`, the state at
   the cut is saved after the decisions are in the log; `start()` restores the newest snapshot
   that passes validation and folds only the tail (a rejected one is reported and ignored).
+- Between cycles `run` waits with `wait`: shortly before the next cycle is due it folds what
+  arrived and brings the derived data that cycle starts from up to date
+  (`kai_es.scheduling.upkeep`), which cannot change a decision, only when its cost is paid.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 
 from kai_es.events import Envelope, Record
@@ -30,6 +34,7 @@ from kai_es.collector import collector_paused
 from kai_es.scheduling.cycle import run_cycle
 from kai_es.scheduling.packing import Packer
 from kai_es.scheduling.policy import policy_for
+from kai_es.scheduling.upkeep import keep_up
 from kai_es.scheduling.victims import EVICTION_REFUSED_BACKOFF_NS
 from kai_es.services.snapshotting import cut_snapshot, restore_validated
 from kai_es.state import ClusterState
@@ -66,6 +71,9 @@ class SchedulerService:
         self.on_fold = on_fold
         #: told of folds, actions and cycles (the process's metrics); None: nobody
         self.observer = observer
+        #: how long before a cycle is due `wait` starts the upkeep (clock ns; adapts to its duration)
+        self._upkeep_lead_ns = 0
+        self.upkeeps_run = 0
 
     def _fold(self, record: Record) -> None:
         apply(self.state, record)
@@ -208,7 +216,8 @@ class SchedulerService:
 
     async def run(self, period_ns: int, *, cycles: int | None = None) -> None:
         """The scheduler loop (the only one): `start()` (a no-op when already started), then
-        fold what is new, run a cycle when there is work, wait `period_ns` of clock time; return
+        fold what is new, run a cycle when there is work, wait `period_ns` of clock time (`wait`:
+        the upkeep of the next cycle's derived data runs near its end); return
         after `cycles` cycles (None: never). The clock observes every logical time folded, so
         cycles never carry a time behind the log's."""
         await self.start()
@@ -217,4 +226,22 @@ class SchedulerService:
             self.clock.observe(self.state.logicaltime)
             if self.has_work():
                 await self.run_cycle_once()
-            await self.clock.sleep_until(self.clock.now_ns() + period_ns)
+            await self.wait(self.clock.now_ns() + period_ns, period_ns)
+
+    async def wait(self, until_ns: int, period_ns: int) -> None:
+        """Wait until clock time `until_ns`; shortly before it, fold what arrived and run the
+        upkeep (`kai_es.scheduling.upkeep.keep_up`), so that the next cycle starts with its derived
+        data up to date but for what arrives after. It starts twice its last duration plus a
+        twentieth of `period_ns` before `until_ns` (at most half the period before it)."""
+        clock = self.clock
+        await clock.sleep_until(until_ns - self._upkeep_lead_ns)
+        await self.catch_up()
+        started, wall = clock.now_ns(), time.perf_counter()
+        with collector_paused():  # (as a cycle runs: what it makes lives on in the state)
+            keep_up(self.state, self.config)
+        spent = max(0, clock.now_ns() - started)
+        self._upkeep_lead_ns = min(period_ns // 2, 2 * spent + period_ns // 20)
+        self.upkeeps_run += 1
+        if self.observer is not None:
+            self.observer.on_upkeep(time.perf_counter() - wall)
+        await clock.sleep_until(until_ns)

@@ -19,7 +19,8 @@ sha256 sums collide.
 Contract:
 - `incremental_digest(state)` re-hashes only the entities the reducer marked in the state's
   stale sets (`ClusterState.stale_*`) since the last call (and the small header), keeping each entity's hash and the running sum in
-  `state.hashes`: O(changes), not O(state). It updates that bookkeeping and nothing else.
+  `state.hashes`: O(changes), not O(state). It updates that bookkeeping and nothing else;
+  `refresh_hashes(state)` does the same without the header (a scheduler's upkeep between cycles).
 - `snapshot_digest(snap)` computes the same value from scratch over a snapshot, and
   `recomputed_digest(state)` over the snapshot of `state`, ignoring the bookkeeping: the
   reference the tests hold the incremental one to (a missed mark in the reducer shows as a
@@ -284,6 +285,15 @@ def recomputed_digest(state: ClusterState) -> str:
 
 def incremental_digest(state: ClusterState) -> str:
     """The digest, re-hashing only the entities marked stale since the last call."""
+    refresh_hashes(state)
+    return _render(state.hashes.total + _header_hash(state))
+
+
+def refresh_hashes(state: ClusterState) -> None:
+    """Bring `state.hashes` up to date: re-hash the entities marked stale since the last call
+    (every entity when `hashes.complete` is False) and clear the marks. `incremental_digest` is
+    this plus the header's hash; a scheduler calls it alone before a cycle is due
+    (`kai_es.scheduling.upkeep`), so the cycle's digest hashes only what arrived after."""
     hashes = state.hashes
     if not hashes.complete:
         hashes.parts = {kind: _all_hashes(state, kind, form_of, keys_of)
@@ -312,6 +322,5 @@ def incremental_digest(state: ClusterState) -> str:
                     total += h
             keys.clear()
         hashes.total = total % MOD
-    return _render(hashes.total + _header_hash(state))
 
 

@@ -36,7 +36,8 @@ from kai_es.scheduling.packing.model import ArrayPackTable
 from kai_es.scheduling.tables import follow, generation, tables
 from kai_es.state.model import ClusterState, NodeState
 
-_KEY = "scheduling.consolidation_bounds"
+#: where the bounds are kept in `state.caches`
+CACHE_KEY = "scheduling.consolidation_bounds"
 
 #: a job's place in the victim order, `victims.job_order`: (priority, -created_ns, uid)
 Least = tuple[int, int, str]
@@ -125,7 +126,7 @@ def fresh_bounds(state: ClusterState) -> StateBounds:
 
 def state_bounds(state: ClusterState) -> StateBounds:
     """The bounds as of the state (module contract)."""
-    bounds = follow(state, _KEY, StateBounds, lambda: fresh_bounds(state),
+    bounds = follow(state, CACHE_KEY, StateBounds, lambda: fresh_bounds(state),
                     lambda bounds, changed, rebuilt: _brought_up_to_date(state, bounds, changed, rebuilt))
     state.victim_order_changed.clear()  # (every pod it names is on a changed node or gone: looked at)
     return bounds
