@@ -6,7 +6,7 @@ kind; and a run of identical binpacked pods asks the packer only when its node f
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -240,6 +240,42 @@ def test_a_run_of_identical_pods_scans_once_per_ranked_nodes(kind: str, nodes: i
     assert len(ranks) == scans
     after = place(task, array("q", [1] * nodes))
     assert after == packer.place(table, task, strategy, array("q", [1] * nodes)) and not after.placed
+
+
+@pytest.mark.parametrize("kind", ["native", "reference"])
+def test_a_run_goes_on_past_another_tasks_ask_that_places_nothing(kind: str) -> None:
+    """One-GPU pods of a queue asked between 8-GPU pods that fit nowhere (a full cluster's
+    steady state, allocate's order interleaving queues): the 8-GPU ask changes nothing, so the
+    one-GPU run goes on from its scan, one scan per `RANK_CAP` nodes filled as without them."""
+    nodes = 2 * RANK_CAP
+    table = ArrayPackTable.from_rows([
+        NodeRow(free_milli_cpu=4000, free_memory_bytes=GIB, free_pods=110,
+                devices=(DeviceRow(free_milli=0 if i % 3 == 2 else 1000), DeviceRow(free_milli=0)))
+        for i in range(nodes)])
+    strategy = Strategy(GpuStrategy.BINPACK, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK)
+    packer = load_packer(kind)  # type: ignore[arg-type]
+    place = bind_place(packer, table, strategy)
+    assert isinstance(place, RepeatedPlace) and place.rank is not None
+    rank = place.rank
+    scans: list[TaskShape] = []
+
+    def counted(task: TaskShape, eligible: array[int] | None, cap: int) -> tuple[Placement, Sequence[int]]:
+        scans.append(task)
+        return rank(task, eligible, cap)
+
+    place.rank = counted
+    one, eight = TaskShape.whole(1, 0, 0), TaskShape.whole(8, 0, 0)
+    mask = array("q", [1] * nodes)
+    filled = []
+    for _ in range(sum(1 for i in range(nodes) if i % 3 != 2)):
+        got = place(one, mask, True)
+        assert got == packer.place(table, one, strategy, mask)
+        table.apply_placed(got.node, got.devices, one, 1)
+        filled.append(got.node)
+        big = place(eight, mask, True)
+        assert big == packer.place(table, eight, strategy, mask) and not big.placed
+    assert sorted(filled) == [i for i in range(nodes) if i % 3 != 2]
+    assert scans.count(one) == 2  # as many as a run asked alone (the test above)
 
 
 @pytest.mark.parametrize(("task", "strategy"), [

@@ -3,7 +3,7 @@ an `ArrayPackTable`): a cycle places its pods one by one, and a run of identical
 shape and eligible nodes: a job's replicas, a queue of one-GPU pods) asks the same question
 after each placement. Two answers are known without a scan of the table:
 
-- nothing changed since the last answer (no placement applied or undone): the same answer;
+- nothing changed since the task's last answer (no placement applied or undone): the same answer;
 - the only change is that answer's placement, applied: under GPU binpack for a whole-GPU task,
   or CPU binpack (not fragmentation) for a CPU-only task, placing the task lowered that node's
   free GPU (or CPU) and raised its rank (binpack ranks by least left after placement), while
@@ -15,7 +15,10 @@ after each placement. Two answers are known without a scan of the table:
   ones by index, as the packer picks them; the rejection counts are the last answer's, plus
   one under the first filter the node given up now fails.
 
-Anything else scans the table (a ranking where the run may go on). Answers are identical to the
+The last answer is kept per task, for the last `RUNS` tasks asked: a cycle interleaves shapes (a
+queue's one-GPU pods between jobs of 8-GPU pods that fit nowhere), and an ask that places nothing
+changes nothing, so the run goes on where it was. Anything else scans the table (a ranking where
+the run may go on). Answers are identical to the
 packer's in every field (node, devices, rejections); `tests/test_packer_repeat.py` checks them
 against a fresh scan by both packers.
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import TypeAlias
 
 from .model import (
     MILLI_PER_GPU,
@@ -49,12 +53,23 @@ from .reference import filter_node
 RANK_CAP = 128
 
 
+#: how many tasks' last answers are kept (a cycle interleaves a few shapes: a run of one-GPU pods
+#: asked between two 8-GPU pods that fit nowhere goes on where it was)
+RUNS = 8
+
+#: a task's last answer: (its eligible nodes (a copy, or the caller's own when fixed), whether
+#: fixed, the answer, the table's `changes` then, the scan's ranked nodes, the index in them of
+#: the next node to give)
+_Run: TypeAlias = "tuple[array[int], bool, Placement, int, Sequence[int], int]"
+
+
 class RepeatedPlace:
     """`place(task, eligible)` of a bound packer for one `ArrayPackTable` and strategy, with the
-    last answer kept (see the module docstring). Call it as the bound function. Without `rank`
-    a node that no longer fits ends the run (the packer is asked)."""
+    last answer of each of the last `RUNS` tasks asked kept (see the module docstring). Call it
+    as the bound function. Without `rank` a node that no longer fits ends the run (the packer is
+    asked)."""
 
-    __slots__ = ("place", "rank", "table", "whole_again", "cpu_again", "last", "last_fixed")
+    __slots__ = ("place", "rank", "table", "whole_again", "cpu_again", "runs")
 
     def __init__(self, place: PlaceFn, table: ArrayPackTable, strategy: Strategy,
                  rank: RankFn | None = None) -> None:
@@ -64,29 +79,27 @@ class RepeatedPlace:
         self.whole_again = strategy.gpu_strategy == GpuStrategy.BINPACK
         self.cpu_again = strategy.gpu_strategy != GpuStrategy.FRAGMENTATION and \
             strategy.cpu_strategy == CpuStrategy.BINPACK
-        #: (task, a copy of its eligible nodes (the caller's own when `last_fixed`), the answer,
-        #: the table's `changes` then, the scan's ranked nodes, the index in them of the next
-        #: node to give)
-        self.last: tuple[TaskShape, array[int], Placement, int, Sequence[int], int] | None = None
-        self.last_fixed = False
+        #: task -> its last answer, the least recently asked first
+        self.runs: dict[TaskShape, _Run] = {}
 
     def __call__(self, task: TaskShape, eligible: array[int] | None = None, fixed: bool = False) -> Placement:
         """The packer's answer for `task` on `eligible`; `fixed`: the caller never changes
         `eligible` afterwards (module docstring)."""
-        table, last = self.table, self.last
-        if last is not None and eligible is not None and last[0] == task and (
-                (fixed and last[1] is eligible) if self.last_fixed else last[1] == eligible):
-            _, kept, answer, changes, ranked, at = last
-            if fixed and not self.last_fixed:  # equal contents: from now on known by identity
-                kept = eligible
-                self.last, self.last_fixed = (task, kept, answer, changes, ranked, at), True
+        table, runs = self.table, self.runs
+        run = runs.get(task) if eligible is not None else None
+        if run is not None and ((fixed and run[0] is eligible) if run[1] else run[0] == eligible):
+            kept, was_fixed, answer, changes, ranked, at = run
+            if fixed and not was_fixed:  # equal contents: from now on known by identity
+                assert eligible is not None
+                kept, was_fixed = eligible, True
+                runs[task] = (kept, True, answer, changes, ranked, at)
             if table.changes == changes:
                 return answer
             if table.changes == changes + 1 and answer.code == ReturnCode.OK and \
                     table.last_change == (answer.node, answer.devices, task, 1):
                 again = self._again(task, kept, answer, ranked, at)
                 if again is not None:
-                    self.last = (task, kept, again[0], table.changes, ranked, again[1])
+                    runs[task] = (kept, was_fixed, again[0], table.changes, ranked, again[1])
                     return again[0]
         order: Sequence[int] = ()
         if eligible is not None and self.rank is not None and self._repeats(task):
@@ -94,8 +107,10 @@ class RepeatedPlace:
         else:
             answer = self.place(task, eligible)
         if eligible is not None:
-            self.last = (task, eligible if fixed else array("q", eligible), answer, table.changes, order, 1)
-            self.last_fixed = fixed
+            runs.pop(task, None)
+            if len(runs) >= RUNS:
+                del runs[next(iter(runs))]
+            runs[task] = (eligible if fixed else array("q", eligible), fixed, answer, table.changes, order, 1)
         return answer
 
     def _repeats(self, task: TaskShape) -> bool:
