@@ -211,6 +211,21 @@ def test_identical_binpacked_pods_ask_the_packer_only_when_their_node_fills() ->
     assert len(asked) == 3  # once per node: when the last one filled up
 
 
+def _one_idle_gpu_in_two_nodes_of_three(kind: str, nodes: int
+                                        ) -> tuple[ArrayPackTable, Strategy, Packer, RepeatedPlace]:
+    """`nodes` nodes of two GPUs, one idle on two nodes in three (a full cluster's steady state),
+    GPU binpack, and the bound packer `kind` asked through."""
+    table = ArrayPackTable.from_rows([
+        NodeRow(free_milli_cpu=4000, free_memory_bytes=GIB, free_pods=110,
+                devices=(DeviceRow(free_milli=0 if i % 3 == 2 else 1000), DeviceRow(free_milli=0)))
+        for i in range(nodes)])
+    strategy = Strategy(GpuStrategy.BINPACK, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK)
+    packer = load_packer(kind)  # type: ignore[arg-type]
+    place = bind_place(packer, table, strategy)
+    assert isinstance(place, RepeatedPlace)
+    return table, strategy, packer, place
+
+
 @pytest.mark.parametrize("kind", ["native", "reference"])
 @pytest.mark.parametrize(("nodes", "task", "scans"), [
     # two nodes in three have one idle GPU (a full cluster's steady state): each pod fills its
@@ -224,14 +239,8 @@ def test_a_run_of_identical_pods_scans_once_per_ranked_nodes(kind: str, nodes: i
     """Once the node of a run's answer fills up, the next answer is the node the scan ranked
     next (`Packer.rank_raw`), its rejection counts the last answer's plus the node given up:
     one scan per `RANK_CAP` nodes filled, each answer the packer's own in every field."""
-    table = ArrayPackTable.from_rows([
-        NodeRow(free_milli_cpu=4000, free_memory_bytes=GIB, free_pods=110,
-                devices=(DeviceRow(free_milli=0 if i % 3 == 2 else 1000), DeviceRow(free_milli=0)))
-        for i in range(nodes)])
-    strategy = Strategy(GpuStrategy.BINPACK, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK)
-    packer = load_packer(kind)  # type: ignore[arg-type]
-    place = bind_place(packer, table, strategy)
-    assert isinstance(place, RepeatedPlace) and place.rank is not None
+    table, strategy, packer, place = _one_idle_gpu_in_two_nodes_of_three(kind, nodes)
+    assert place.rank is not None
     ranks: list[int] = []
     place.rank = counting_rank(place.rank, ranks)
     idle = [i for i in range(nodes) if i % 3 != 2]
@@ -248,15 +257,9 @@ def test_a_run_goes_on_past_another_tasks_ask_that_places_nothing(kind: str) -> 
     steady state, allocate's order interleaving queues): the 8-GPU ask changes nothing, so the
     one-GPU run goes on from its scan, one scan per `RANK_CAP` nodes filled as without them."""
     nodes = 2 * RANK_CAP
-    table = ArrayPackTable.from_rows([
-        NodeRow(free_milli_cpu=4000, free_memory_bytes=GIB, free_pods=110,
-                devices=(DeviceRow(free_milli=0 if i % 3 == 2 else 1000), DeviceRow(free_milli=0)))
-        for i in range(nodes)])
-    strategy = Strategy(GpuStrategy.BINPACK, CpuStrategy.BINPACK, DeviceStrategy.GPUPACK)
-    packer = load_packer(kind)  # type: ignore[arg-type]
-    place = bind_place(packer, table, strategy)
-    assert isinstance(place, RepeatedPlace) and place.rank is not None
+    table, strategy, packer, place = _one_idle_gpu_in_two_nodes_of_three(kind, nodes)
     rank = place.rank
+    assert rank is not None
     scans: list[TaskShape] = []
 
     def counted(task: TaskShape, eligible: array[int] | None, cap: int) -> tuple[Placement, Sequence[int]]:
