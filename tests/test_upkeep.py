@@ -144,6 +144,35 @@ def test_the_upkeep_does_only_what_the_next_cycle_would() -> None:
     assert _stale(fresh) == 0  # (the first cycle computes a digest: its hashes are made)
 
 
+def _kept_bounds(state: ClusterState) -> consolidation_bounds.StateBounds:
+    kept = state.caches[consolidation_bounds.CACHE_KEY]
+    assert isinstance(kept, consolidation_bounds.StateBounds)
+    return kept
+
+
+def test_a_kept_cache_the_last_cycle_did_not_ask_for_is_left_for_the_cycle_that_asks() -> None:
+    state, started = _folded_until_a_later_cycle()
+    config = _config(state)
+    assert config is not None
+    keep_up(state, config)  # the last cycle asked for the bounds: followed
+    followed = _kept_bounds(state).seen
+    assert followed == generation(state)
+    # more changes, and no cycle asks for the bounds (its consolidation searched nothing)
+    for record in FileEventLog(GOLDEN / "consolidation.events.jsonl", readonly=True).scan():
+        if record.position >= started.position and not state.dirty_nodes:
+            apply(state, record)
+    assert state.dirty_nodes
+    keep_up(state, config)
+    assert generation(state) > followed and _kept_bounds(state).seen == followed
+    # the cycle that asks brings them up to date itself, as without the upkeep
+    kept = consolidation_bounds.state_bounds(state)
+    fresh = consolidation_bounds.fresh_bounds(state)
+    assert kept.seen == generation(state) and list(kept.ordered) == list(fresh.ordered)
+    asked = kept.asked
+    keep_up(state, config)  # (asked since: followed again)
+    assert _kept_bounds(state).asked == asked + 1
+
+
 class _Recording(SimClock):
     """A SimClock that records the times it was asked to sleep until."""
 

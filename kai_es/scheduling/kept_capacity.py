@@ -27,6 +27,8 @@ CACHE_KEY = "scheduling.kept_capacity"
 class StateCapacity:
     #: the tables' generation it is up to date with
     seen: int = -2
+    #: how many times `tables.follow` handed it out
+    asked: int = 0
     #: each node's free capacity once released (GPU milli, CPU milli, memory bytes), by index
     each: list[Vector] = field(default_factory=list)
     #: their sum

@@ -202,6 +202,8 @@ class Follower(Protocol):
 
     #: the tables' generation it is up to date with
     seen: int
+    #: how many times `follow` handed it out (whoever asks: a cycle, the upkeep)
+    asked: int
 
 
 F = TypeVar("F", bound=Follower)
@@ -211,18 +213,22 @@ def follow(state: ClusterState, key: str, kind: type[F], fresh: Callable[[], F],
            update: Callable[[F, list[int], bool], F]) -> F:
     """The cache `state.caches[key]` (of type `kind`) brought up to date with the tables: made
     by `fresh()` the first time, then whenever the tables changed since it last was,
-    `update(cache, changed, rebuilt)` (what `changed_since` answers) returns it up to date."""
+    `update(cache, changed, rebuilt)` (what `changed_since` answers) returns it up to date. Its
+    `asked` counts the calls that returned it."""
     tables(state)  # (first: it may refresh rows, a new generation)
     found = state.caches.get(key)
     if not isinstance(found, kind):
         made = fresh()
         made.seen = changed_since(state, -2)[0]
+        made.asked = 1
         state.caches[key] = made
         return made
     generation, changed, rebuilt = changed_since(state, found.seen)
     if generation == found.seen:
+        found.asked += 1
         return found
     now = update(found, changed, rebuilt)
     now.seen = generation
+    now.asked = found.asked + 1
     state.caches[key] = now
     return now

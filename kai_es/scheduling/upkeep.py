@@ -13,9 +13,10 @@ the next cycle under `config` would bring up to date first, and nothing else:
 - the incremental digest's kept hashes (`incremental_digest.refresh_hashes`), when the next
   cycle computes a digest (`stateDigestEvery`) and the policy version's digest keeps them;
 - the node tables (`tables.tables`);
-- of the caches that follow the tables, those a past cycle made (consolidation's node bounds,
-  `consolidation_bounds`; the kept free capacity, `kept_capacity`): a cache no cycle asked for
-  is not made here.
+- of the caches that follow the tables (consolidation's node bounds, `consolidation_bounds`;
+  the kept free capacity, `kept_capacity`), those the last cycle brought up to date: one that
+  no cycle asked for is not made here, and one the last cycle did not ask for (consolidation
+  found nothing to search) is left for the cycle that asks, as without the upkeep.
 Each of them equals what computing it afresh gives (their modules' contracts, checked in
 verification mode), so whether, when and how often `keep_up` runs cannot change a decision or
 a digest: a replay, which never runs it, decides byte for byte the same. It moves their cost
@@ -33,7 +34,7 @@ from kai_es.scheduling import kept_capacity
 from kai_es.scheduling.actions import consolidation_bounds
 from kai_es.scheduling.config import SchedulerConfig
 from kai_es.scheduling.policy import policy_for
-from kai_es.scheduling.tables import tables
+from kai_es.scheduling.tables import Follower, tables
 from kai_es.state.incremental_digest import incremental_digest, refresh_hashes
 from kai_es.state.model import ClusterState
 
@@ -44,10 +45,14 @@ _DIGEST_UPKEEP: Final[dict[Callable[[ClusterState], str], Callable[[ClusterState
 }
 
 #: the caches that follow the tables: (their key in `state.caches`, bring it up to date)
-_FOLLOWERS: Final[tuple[tuple[str, Callable[[ClusterState], object]], ...]] = (
+_FOLLOWERS: Final[tuple[tuple[str, Callable[[ClusterState], Follower]], ...]] = (
     (consolidation_bounds.CACHE_KEY, consolidation_bounds.state_bounds),
     (kept_capacity.CACHE_KEY, kept_capacity.state_capacity),
 )
+
+#: `state.caches` key of each follower's `asked` as the last upkeep left it: when it still is,
+#: no cycle asked for it since
+_LEFT_AT = "scheduling.upkeep.left_at"
 
 
 def keep_up(state: ClusterState, config: SchedulerConfig) -> None:
@@ -58,6 +63,11 @@ def keep_up(state: ClusterState, config: SchedulerConfig) -> None:
         if refresh is not None:
             refresh(state)
     tables(state)
+    left_at = state.caches.get(_LEFT_AT)
+    if not isinstance(left_at, dict):
+        left_at = state.caches[_LEFT_AT] = {}
     for key, bring_up_to_date in _FOLLOWERS:
-        if key in state.caches:
-            bring_up_to_date(state)
+        kept = state.caches.get(key)
+        if kept is None or getattr(kept, "asked", None) == left_at.get(key):
+            continue  # no cycle made it, or the last one did not ask for it
+        left_at[key] = bring_up_to_date(state).asked

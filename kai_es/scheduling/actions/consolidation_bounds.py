@@ -49,6 +49,8 @@ class StateBounds:
 
     #: the tables' generation it is up to date with (`tables.changed_since`)
     seen: int = -2
+    #: how many times `tables.follow` handed it out
+    asked: int = 0
     names: list[str] = field(default_factory=list)
     #: per node: the least victim order of a preemptible job with a pod there (None: no such pod)
     least: list[Least | None] = field(default_factory=list)
