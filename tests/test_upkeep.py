@@ -1,7 +1,8 @@
 """The upkeep a scheduler runs while it waits for its next cycle (`kai_es.scheduling.upkeep`):
 it leaves the next cycle nothing of its derived data to bring up to date, it changes no decision
 and no digest however often it runs (a replay never runs it), it makes no cache no cycle asked
-for, and `SchedulerService` runs it shortly before each cycle is due."""
+for and follows none the last cycle did not ask for, and `SchedulerService` runs it shortly
+before each cycle is due."""
 
 from __future__ import annotations
 
