@@ -3,6 +3,7 @@
     python tools/bench/bench_steady_cycle.py [--nodes 4000] [--running 140000] [--pending 200]
                                             [--cycles 5] [--policy VERSION] [--packer native|reference]
                                             [--actions allocate,consolidation,reclaim,preempt]
+                                            [--no-upkeep] [--max-median-ms N]
 
 The state is built by folding generated events (no log file): `--nodes` nodes x 8 GPUs in
 50 leaf queues under 5 parents, `--running` pods running on them (per node: 7 single-GPU pods of
@@ -19,7 +20,9 @@ Before each cycle after the first, the upkeep a scheduler runs while it waits fo
 (`kai_es.scheduling.upkeep.keep_up`: the next cycle's digest hashes, node tables and kept bounds
 brought up to date with what was folded) is run and timed apart, as `kai-es scheduler` runs it
 before the cycle is due (`--no-upkeep`: the cycle does that work itself, as a replay's does).
-Both are printed, and their sum: the CPU a cycle costs in all.
+Both are printed, and their sum: the CPU a cycle costs in all. With `--max-median-ms N` it exits 1,
+saying so, when the steady cycles' median is above N ms (a regression guard, as `bench_fold.py`'s
+`--min-events-per-s`).
 
 Prints the fold time of the build, the first cycle (which, from a freshly folded state, hashes
 every entity once), and the steady cycles (min and median). KAI Scheduler reports 2.35-2.5 s
@@ -170,6 +173,9 @@ def main() -> None:
                          "snapshotted, restored and checked (restore_validated's digest), the GC frozen")
     ap.add_argument("--no-upkeep", action="store_true",
                     help="no upkeep before the cycles: each cycle brings its derived data up to date itself")
+    ap.add_argument("--max-median-ms", type=float, default=None, metavar="N",
+                    help="exit 1, saying so, when the steady cycles' median (from the cycle's start to its "
+                         "decisions) is above N ms: a regression guard (pick N well above a quiet machine's figure)")
     ap.add_argument("--verify", action="store_true",
                     help="at the end, check the incremental digest against a recomputation from scratch")
     args = ap.parse_args()
@@ -260,6 +266,13 @@ def main() -> None:
             print(f"upkeep before each cycle (while the scheduler waits): median {statistics.median(upkeep) * 1000:.1f} ms; "
                   f"cycle and upkeep together: median {statistics.median(together) * 1000:.1f} ms CPU "
                   f"({statistics.median(together) * 1000 / target_ms:.2f}x the target: what a cycle costs in all)")
+    if args.max_median_ms is not None and steady:
+        median_ms = statistics.median(steady) * 1000
+        verdict = "ok" if median_ms <= args.max_median_ms else "FAIL"
+        print(f"{verdict}: steady cycle median {median_ms:.1f} ms against the ceiling of {args.max_median_ms:g} ms "
+              "(--max-median-ms)")
+        if verdict == "FAIL":
+            sys.exit(1)
     if args.verify:
         from kai_es.state.incremental_digest import incremental_digest, recomputed_digest  # noqa: PLC0415
 
