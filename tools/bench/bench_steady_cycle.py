@@ -185,7 +185,7 @@ def main() -> None:
     if args.actions is not None:
         overrides["actions"] = args.actions.split(",")
     config = SchedulerConfig(**overrides)  # type: ignore[arg-type]
-    packer = load_packer(args.packer)  # type: ignore[arg-type]
+    packer = load_packer(args.packer)
     state = ClusterState()
     feed = Feed(state)
     t0 = time.perf_counter()
