@@ -435,9 +435,7 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview | None]], packe
             try:
                 env = decode(body)
             except DecodeError as exc:
-                if undecodable is None:
-                    raise DecodeError(f"record at position {position}: {exc}") from None
-                undecodable(position, body, str(exc))
+                _not_decoded(position, body, exc, undecodable)
                 continue
             going = replayer.resume(resume, Record(position, env))
             replayer.result.last_position = position
@@ -459,9 +457,7 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview | None]], packe
         try:
             env = decode(body)
         except DecodeError as exc:
-            if undecodable is None:
-                raise DecodeError(f"record at position {position}: {exc}") from None
-            undecodable(position, body, str(exc))
+            _not_decoded(position, body, exc, undecodable)
             continue
         if env.basedon is None:
             # the common case (observations, outcomes), inlined: `step` minus what cannot apply
@@ -485,6 +481,15 @@ def replay_frames(frames: Iterable[tuple[int, bytes | memoryview | None]], packe
             return _finished(replayer, lookup, at_end=False)
     result.last_position = position
     return _finished(replayer, lookup, at_end=True)
+
+
+def _not_decoded(position: int, body: bytes | memoryview | None, exc: DecodeError,
+                 undecodable: Callable[[int, bytes | memoryview | None, str], None] | None) -> None:
+    """`body`, the record at `position`, did not decode (`exc`): a DecodeError naming the
+    position, or, with `undecodable`, given to it with the reason (the caller skips it)."""
+    if undecodable is None:
+        raise DecodeError(f"record at position {position}: {exc}") from None
+    undecodable(position, body, str(exc))
 
 
 def _finished(replayer: _Replayer, lookup: Callable[[set[str]], dict[str, Record]] | None, *,

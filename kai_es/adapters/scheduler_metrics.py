@@ -1,7 +1,8 @@
 """The scheduler's dashboard metrics, on its process's Prometheus registry (`/metrics` of
 `kai_es.adapters.status_http`): the per-queue numbers of `kai_es.visibility.queue_metrics`
 after every cycle, evictions and failed victim searches counted from the cycle's decisions, how
-long each action took and the upkeep before each cycle, and how long pods waited from first observed to first bound.
+long each action took and the upkeep before each cycle, and how long pods waited from first
+observed to first bound.
 
 prometheus-client (already the exposition's library) keeps the label sets and renders the text
 format; this module only decides names and values. Names follow Prometheus' conventions: base
