@@ -135,6 +135,92 @@ def test_eviction_grows_capacity_so_a_remembered_failure_is_not_reused() -> None
     assert entry is not None and entry.pipelined
 
 
+def test_an_idle_failure_found_settled_is_not_asked_again_by_a_search_after_evictions() -> None:
+    """A victim search places its preemptor after each eviction (a new epoch each time, so the
+    no-fit memo is forgotten); with `explain=False` it does not ask the packer about idle
+    capacity its shape was found not to fit when settled — idle capacity only shrinks during a
+    cycle — and goes straight to the capacity the evictions release."""
+    session = _session(*_full_node(), verify=True)
+    plan, state = session.plan, session.state
+    spec = state.pods["default/big-b"].spec
+    mask = session.eligibility.static_mask(spec)
+    idle_asks: list[object] = []
+    packer_idle = plan._place_idle
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        idle_asks.append(args)
+        return packer_idle(*args, **kwargs)
+
+    plan._place_idle = counted  # type: ignore[method-assign]
+    first, answer = plan.place("default/big-b", spec, mask, settled=True)
+    assert first is None and len(idle_asks) == 1
+    plan.evict("default/big-a", action="test", preemptor="default/big-b", reason="make room")
+    entry, again = plan.place("default/big-b", spec, mask, explain=False)
+    assert entry is not None and entry.pipelined and again == answer
+    assert len(idle_asks) == 1  # the memo answered for idle capacity
+    plan.rollback(plan.checkpoint() - 1)
+    entry, _ = plan.place("default/big-b", spec, mask)  # explained: asked again
+    assert entry is not None and entry.pipelined and len(idle_asks) == 2
+
+
+def test_an_unsettled_idle_failure_is_not_remembered() -> None:
+    """Found with a tentative placement outstanding (`settled=False`), a failure says nothing of
+    the capacity the rollback will give back."""
+    session = _session(*_full_node(), verify=True)
+    plan, state = session.plan, session.state
+    spec = state.pods["default/big-b"].spec
+    mask = session.eligibility.static_mask(spec)
+    plan.place("default/big-b", spec, mask)
+    assert plan._idle_failed == {}
+    plan.place("default/big-b", spec, mask, settled=True)
+    assert list(plan._idle_failed.values()) and not next(iter(plan._idle_failed.values())).placed
+
+
+@given(st.lists(st.tuples(st.sampled_from(["settled", "evict", "checkpoint", "rollback", "search"]),
+                          st.integers(0, 5)), max_size=24))
+def test_a_search_placement_with_the_idle_memo_is_the_placement_without_it(steps: list[tuple[str, int]]) -> None:
+    """Whatever the Plan did before (settled placements, evictions, rollbacks), a placement with
+    `explain=False` puts the task where the same placement with the idle memo forgotten does."""
+    docs: list[dict[str, Any]] = [MakeNode("n1").gpus(8).obj(), MakeNode("n2").gpus(8).obj(),
+                                  queue("team-a"), queue("team-b")]
+    for i in range(4):
+        docs.append(MakePod(f"run-{i}", queue="team-a" if i % 2 else "team-b").gpu(2 + i % 2)
+                    .running_on("n1" if i < 2 else "n2").obj())
+    for i, gpus in enumerate((2, 2, 2, 4)):
+        docs.append(MakePod(f"pend-{i}", queue="team-b" if i % 2 else "team-a").gpu(gpus).obj())
+    session = _session(*docs, verify=True)
+    plan, state = session.plan, session.state
+    stack = [plan.checkpoint()]
+
+    def placed(key: str) -> bool:
+        return any(e.pod_key == key for e in plan.entries)
+
+    for op, n in steps:
+        key = f"default/pend-{n % 4}"
+        spec = state.pods[key].spec
+        mask = session.eligibility.static_mask(spec)
+        if op == "checkpoint":
+            stack.append(plan.checkpoint())
+        elif op == "rollback" and stack:
+            plan.rollback(stack.pop())
+        elif op == "settled" and not placed(key):
+            # settled: no placement a rollback may still undo (none since the oldest checkpoint)
+            plan.place(key, spec, mask, settled=not stack or plan.checkpoint() == stack[0])
+        elif op == "evict":
+            victim = f"default/run-{n % 4}"
+            if not any(v.pod_key == victim for v in plan.evictions):
+                plan.evict(victim, action="test", preemptor="", reason="test")
+        elif op == "search" and not placed(key):
+            cp, kept = plan.checkpoint(), dict(plan._idle_failed)
+            plan._idle_failed.clear()
+            fresh, _ = plan.place(key, spec, mask, explain=False)
+            plan.rollback(cp)
+            plan._idle_failed.update(kept)
+            entry, _ = plan.place(key, spec, mask, explain=False)
+            assert (entry and (entry.node, entry.devices, entry.pipelined)) == \
+                (fresh and (fresh.node, fresh.devices, fresh.pipelined))
+
+
 def test_rollback_undoes_tables_and_queue_accounting_of_every_operation() -> None:
     session = _session(*_full_node(), MakeNode("n2").gpus(8).obj(), MakePod("small", queue="team-b").gpu(2).obj())
     plan, state = session.plan, session.state
@@ -213,6 +299,18 @@ def test_verification_mode_catches_a_wrong_memo() -> None:
     plan.verify = True
     with pytest.raises(VerificationError, match="remembered 'does not fit'"):
         plan.place("default/big-b", spec, mask, settled=True)
+
+
+def test_verification_mode_catches_a_wrong_idle_memo() -> None:
+    session = _session(*_full_node(), verify=True)
+    plan, state = session.plan, session.state
+    spec = state.pods["default/big-b"].spec
+    mask = session.eligibility.static_mask(spec)
+    plan.place("default/big-b", spec, mask, settled=True)
+    plan.evict("default/big-a", action="test", preemptor="default/big-b", reason="make room")
+    plan.idle.apply_placed(0, (0, 1, 2, 3, 4, 5, 6, 7), plan.shape(state.pods["default/big-a"].spec), -1)
+    with pytest.raises(VerificationError, match="fitting no idle capacity"):
+        plan.place("default/big-b", spec, mask, explain=False)
 
 
 def test_verification_mode_catches_a_fixed_mask_changed() -> None:

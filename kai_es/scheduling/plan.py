@@ -154,6 +154,12 @@ class Plan:
         # answers that cannot change while `epoch` stays the same, by (epoch, id of interned
         # shape, id of mask); the shapes and remembered masks live as long as the plan
         self._failed: dict[tuple[int, int, int], Placement] = {}
+        #: idle answers that did not place, by (id of interned shape, id of mask), found with no
+        #: tentative placement outstanding on a mask that does not change: idle capacity only
+        #: shrinks during a cycle (evictions give capacity to `future` only; a rollback
+        #: restores no more than was settled), so such a shape fails there for the rest of the
+        #: cycle, whatever the epoch (`place`'s `explain=False`)
+        self._idle_failed: dict[tuple[int, int], Placement] = {}
         self._shapes: dict[tuple[object, int, int], TaskShape] = {}
         #: `fits_elsewhere`'s last scan per (id of shape, id of mask): (shape, mask, the nodes
         #: that fitted then, best first; the two kept alive so that their ids stay theirs)
@@ -291,7 +297,7 @@ class Plan:
         return op
 
     def place(self, pod_key: str, spec: PodObserved, mask: array[int], settled: bool = False,
-              remember: bool = True, levels: list[array[int]] | None = None
+              remember: bool = True, levels: list[array[int]] | None = None, explain: bool = True
               ) -> tuple[Entry | None, Placement]:
         """Place one task: idle capacity first, else pipelined onto releasing capacity.
         Returns the entry (None when nothing fits) and the idle-capacity placement answer on
@@ -308,7 +314,12 @@ class Plan:
         those of the first failure: as capacity shrinks further a node may fail an earlier
         check, which the remembered reason does not follow). Such a mask is handed to the bound
         packer as fixed (`packing.repeat.RepeatedPlace`: a run of identical pods is then known
-        by the mask's identity); verification mode checks that it indeed never changes."""
+        by the mask's identity); verification mode checks that it indeed never changes.
+
+        `explain=False`: the caller ignores the idle answer returned. Then, on a remembered mask
+        without `levels`, an idle failure found settled earlier in the cycle (by any epoch:
+        idle capacity never grows) is not asked again: the task goes straight to releasing
+        capacity, and that failure's answer is returned."""
         shape = self.shape(spec)
         failed_key = (self.epoch, id(shape), id(mask))
         if remember:
@@ -319,6 +330,12 @@ class Plan:
                 if self.verify:
                     self._verify_failure(shape, mask, known)
                 return None, known
+            if not explain and levels is None:
+                idle_known = self._idle_failed.get((id(shape), id(mask)))
+                if idle_known is not None:
+                    if self.verify:
+                        self._verify_idle_failure(shape, mask, idle_known)
+                    return self._pipeline(pod_key, spec, shape, (mask,), mask), idle_known
         if self.skips_held_idle:
             return self._place_past_held(pod_key, spec, shape, mask, levels, remember, settled, failed_key)
         for level in (levels or (mask,)):
@@ -336,6 +353,8 @@ class Plan:
             now = self._place_idle(shape, mask, remember)
             if now.placed:
                 return None, now  # fits only capacity pipelined pods are waiting for
+        if settled and remember:
+            self._idle_failed[(id(shape), id(mask))] = now
         later = self._pipeline(pod_key, spec, shape, levels or (mask,), mask if remember else None)
         if later is not None:
             return later, now
@@ -372,8 +391,11 @@ class Plan:
                 allowed[now.node] = 0
         if held is not None:
             answer = held
-        elif answer is None:
-            answer = self._place_idle(shape, mask, fixed)
+        else:
+            if answer is None:
+                answer = self._place_idle(shape, mask, fixed)
+            if settled and fixed and not answer.placed:
+                self._idle_failed[(id(shape), id(mask))] = answer
         later = self._pipeline(pod_key, spec, shape, levels or (mask,), mask if fixed else None)
         if later is not None:
             return later, answer
@@ -464,6 +486,11 @@ class Plan:
         elif kept[1] != mask:
             raise VerificationError("a node mask placed with remember=True (one that does not change during "
                                     "the cycle) changed after its first placement")
+
+    def _verify_idle_failure(self, shape: TaskShape, mask: array[int], known: Placement) -> None:
+        if self.packer.place(self.idle, shape, self.strategy, mask).placed:
+            raise VerificationError(f"{shape} was remembered as fitting no idle capacity of its mask, "
+                                    "but the packer places it")
 
     def _verify_failure(self, shape: TaskShape, mask: array[int], known: Placement) -> None:
         again = self.packer.place(self.idle, shape, self.strategy, mask)

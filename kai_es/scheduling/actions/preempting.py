@@ -382,9 +382,9 @@ class PreemptingAction:
             entries: list[Entry] = []
             eligibility = self.session.eligibility
             for pod in group:
-                mask, _ = eligibility.mask(pod.spec)
-                entry, _ = self.plan.place(pod.key, pod.spec, mask, remember=False,
-                                           levels=eligibility.levels(pod.spec, mask))
+                mask, dynamic = eligibility.mask(pod.spec)
+                entry, _ = self.plan.place(pod.key, pod.spec, mask, remember=not dynamic,
+                                           levels=eligibility.levels(pod.spec, mask), explain=False)
                 if entry is None:
                     self.plan.rollback(cp)
                     return None, []
