@@ -163,6 +163,38 @@ def test_an_idle_failure_found_settled_is_not_asked_again_by_a_search_after_evic
     assert entry is not None and entry.pipelined and len(idle_asks) == 2
 
 
+def test_a_task_that_fitted_no_releasing_capacity_is_looked_for_only_where_evictions_released_some() -> None:
+    """Releasing capacity grows only by evictions: once a task fitted none of it, settled, the
+    Plan looks for it only on the nodes with an eviction in force, not with a scan of the
+    cluster, and finds the node the packer would."""
+    docs = [*_full_node(), MakeNode("n2").gpus(4).obj(), MakeNode("n3").gpus(8).obj(),
+            MakePod("big-c", queue="team-b").gpu(8).running_on("n3").obj()]
+    session = _session(*docs, verify=True)
+    plan, state = session.plan, session.state
+    spec = state.pods["default/big-b"].spec
+    mask = session.eligibility.static_mask(spec)
+    future_asks: list[object] = []
+    packer_future = plan._place_future
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        future_asks.append(args)
+        return packer_future(*args, **kwargs)
+
+    plan._place_future = counted  # type: ignore[method-assign]
+    assert plan.place("default/big-b", spec, mask, settled=True)[0] is None and len(future_asks) == 1
+    evicted = plan.evict("default/big-c", action="test", preemptor="default/big-b", reason="make room")
+    entry, _ = plan.place("default/big-b", spec, mask, explain=False)
+    assert entry is not None and entry.pipelined and plan.names[entry.node] == "n3"
+    assert len(future_asks) == 1  # no scan: n3 was the only node with an eviction
+    plan.rollback(plan.checkpoint() - 1)
+    cp = plan.checkpoint()
+    assert plan.unevict(evicted)
+    assert plan.place("default/big-b", spec, mask, explain=False)[0] is None  # nothing released now
+    plan.rollback(cp)  # the eviction stands again
+    entry, _ = plan.place("default/big-b", spec, mask, explain=False)
+    assert entry is not None and plan.names[entry.node] == "n3" and len(future_asks) == 1
+
+
 def test_an_unsettled_idle_failure_is_not_remembered() -> None:
     """Found with a tentative placement outstanding (`settled=False`), a failure says nothing of
     the capacity the rollback will give back."""
@@ -176,11 +208,12 @@ def test_an_unsettled_idle_failure_is_not_remembered() -> None:
     assert list(plan._idle_failed.values()) and not next(iter(plan._idle_failed.values())).placed
 
 
-@given(st.lists(st.tuples(st.sampled_from(["settled", "evict", "checkpoint", "rollback", "search"]),
+@given(st.lists(st.tuples(st.sampled_from(["settled", "evict", "unevict", "checkpoint", "rollback", "search"]),
                           st.integers(0, 5)), max_size=24))
 def test_a_search_placement_with_the_idle_memo_is_the_placement_without_it(steps: list[tuple[str, int]]) -> None:
-    """Whatever the Plan did before (settled placements, evictions, rollbacks), a placement with
-    `explain=False` puts the task where the same placement with the idle memo forgotten does."""
+    """Whatever the Plan did before (settled placements, evictions, rollbacks, evictions undone),
+    a placement with `explain=False` puts the task where the same placement with the memos of
+    settled failures (idle, and releasing capacity off the evicted nodes) forgotten does."""
     docs: list[dict[str, Any]] = [MakeNode("n1").gpus(8).obj(), MakeNode("n2").gpus(8).obj(),
                                   queue("team-a"), queue("team-b")]
     for i in range(4):
@@ -210,12 +243,16 @@ def test_a_search_placement_with_the_idle_memo_is_the_placement_without_it(steps
             victim = f"default/run-{n % 4}"
             if not any(v.pod_key == victim for v in plan.evictions):
                 plan.evict(victim, action="test", preemptor="", reason="test")
+        elif op == "unevict" and plan.evictions:
+            plan.unevict(plan.evictions[n % len(plan.evictions)])
         elif op == "search" and not placed(key):
-            cp, kept = plan.checkpoint(), dict(plan._idle_failed)
+            cp, kept, kept_future = plan.checkpoint(), dict(plan._idle_failed), set(plan._future_failed)
             plan._idle_failed.clear()
+            plan._future_failed.clear()
             fresh, _ = plan.place(key, spec, mask, explain=False)
             plan.rollback(cp)
             plan._idle_failed.update(kept)
+            plan._future_failed.update(kept_future)
             entry, _ = plan.place(key, spec, mask, explain=False)
             assert (entry and (entry.node, entry.devices, entry.pipelined)) == \
                 (fresh and (fresh.node, fresh.devices, fresh.pipelined))

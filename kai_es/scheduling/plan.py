@@ -30,8 +30,8 @@ from typing import Protocol
 
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
-from kai_es.scheduling.packing import Packer, Placement, Strategy, TaskShape, bind_place, bind_rank
-from kai_es.scheduling.packing.reference import filter_node
+from kai_es.scheduling.packing import Packer, Placement, ReturnCode, Strategy, TaskShape, bind_place, bind_rank
+from kai_es.scheduling.packing.reference import choose_devices, filter_node, score_node
 from kai_es.scheduling.tables import index_of, tables
 from kai_es.state.model import ClusterState
 from kai_es.state.quantities import device_count
@@ -160,6 +160,13 @@ class Plan:
         #: restores no more than was settled), so such a shape fails there for the rest of the
         #: cycle, whatever the epoch (`place`'s `explain=False`)
         self._idle_failed: dict[tuple[int, int], Placement] = {}
+        #: (id of interned shape, id of mask) of tasks that fitted no releasing capacity of a
+        #: mask that does not change, found settled: releasing capacity grows only by evictions,
+        #: so until the cycle ends such a task can fit only a node with an eviction in force
+        #: (`_pipeline` looks at those alone)
+        self._future_failed: set[tuple[int, int]] = set()
+        #: node index -> how many of the plan's evictions in force are on it
+        self._evicted_on: dict[int, int] = {}
         self._shapes: dict[tuple[object, int, int], TaskShape] = {}
         #: `fits_elsewhere`'s last scan per (id of shape, id of mask): (shape, mask, the nodes
         #: that fitted then, best first; the two kept alive so that their ids stay theirs)
@@ -208,10 +215,12 @@ class Plan:
             elif isinstance(op, Eviction):
                 self.future.apply_placed(op.node, op.devices, op.shape, +1)
                 self._evicted.discard(op.pod_key)
+                self._count_eviction(op.node, -1)
             else:  # the eviction an unevict undid stands again
                 ev = op.eviction
                 self.future.apply_placed(ev.node, ev.devices, ev.shape, -1)
                 self._evicted.add(ev.pod_key)
+                self._count_eviction(ev.node, +1)
                 ev.undone = False
                 self._announce(ev, +1)
                 continue
@@ -226,6 +235,7 @@ class Plan:
             return False
         self.future.apply_placed(op.node, op.devices, op.shape, 1)
         self._evicted.discard(op.pod_key)
+        self._count_eviction(op.node, -1)
         op.undone = True
         self.operations.append(Unevict(op))
         self._announce(op, -1)
@@ -292,9 +302,17 @@ class Plan:
         self.future.apply_placed(node, devices, op.shape, -1)
         self.operations.append(op)
         self._evicted.add(pod_key)
+        self._count_eviction(node, +1)
         self.epoch += 1
         self._announce(op, +1)
         return op
+
+    def _count_eviction(self, node: int, sign: int) -> None:
+        count = self._evicted_on.get(node, 0) + sign
+        if count:
+            self._evicted_on[node] = count
+        else:
+            del self._evicted_on[node]
 
     def place(self, pod_key: str, spec: PodObserved, mask: array[int], settled: bool = False,
               remember: bool = True, levels: list[array[int]] | None = None, explain: bool = True
@@ -360,6 +378,8 @@ class Plan:
             return later, now
         if settled and remember and pod_key not in self.idle_only:  # (an idle-only failure says nothing of others)
             self._failed[failed_key] = now
+            if levels is None:
+                self._future_failed.add((id(shape), id(mask)))
         return None, now
 
     def _place_past_held(self, pod_key: str, spec: PodObserved, shape: TaskShape, mask: array[int],
@@ -401,6 +421,8 @@ class Plan:
             return later, answer
         if settled and fixed and held is None and pod_key not in self.idle_only:
             self._failed[failed_key] = answer
+            if levels is None:
+                self._future_failed.add((id(shape), id(mask)))
         return None, answer
 
     def _pipeline(self, pod_key: str, spec: PodObserved, shape: TaskShape,
@@ -410,6 +432,13 @@ class Plan:
         among `levels` that never changes (the packer's kept answer is then known by identity)."""
         if pod_key in self.idle_only:
             return None
+        if len(levels) == 1 and levels[0] is fixed_mask and (id(shape), id(fixed_mask)) in self._future_failed:
+            levels = ()  # it can fit only where an eviction released capacity
+            later = self._future_on_evicted(shape, fixed_mask)
+            if later.placed:
+                entry = self._record(pod_key, spec, shape, later, pipelined=True)
+                self.future.apply_placed(later.node, later.devices, shape, 1)
+                return entry
         for level in levels:
             later = self._place_future(shape, level, level is fixed_mask)
             if later.placed:
@@ -417,6 +446,28 @@ class Plan:
                 self.future.apply_placed(later.node, later.devices, shape, 1)
                 return entry
         return None
+
+    def _future_on_evicted(self, shape: TaskShape, mask: array[int]) -> Placement:
+        """The packer's node and devices for `shape` on releasing capacity of `mask`, looking
+        only at nodes with an eviction in force (`_future_failed`: no other node can fit), with
+        the packer's own filter, score and device choice (its Python twin). Rejections are not
+        counted: no caller reads them."""
+        future, strategy = self.future, self.strategy
+        best = -1
+        best_score: tuple[int, ...] = ()
+        for node in sorted(self._evicted_on):
+            if filter_node(future, mask, node, shape) is None:
+                score = score_node(future, node, shape, strategy)
+                if best < 0 or score > best_score:  # (ascending index: the lowest keeps ties)
+                    best, best_score = node, score
+        answer = Placement(ReturnCode.NO_FIT, -1, (), ()) if best < 0 else \
+            Placement(ReturnCode.OK, best, choose_devices(future, best, shape, strategy), ())
+        if self.verify:
+            full = self.packer.place(future, shape, strategy, mask)
+            if (full.node, full.devices) != (answer.node, answer.devices):
+                raise VerificationError(f"{shape} on releasing capacity: node {answer.node} {answer.devices} from the "
+                                        f"nodes with evictions, the packer says {full.node} {full.devices}")
+        return answer
 
     def place_idle(self, pod_key: str, spec: PodObserved, mask: array[int], away_from: int = -1,
                    fixed: bool = False) -> Entry | None:
