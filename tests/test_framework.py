@@ -151,7 +151,7 @@ def test_an_idle_failure_found_settled_is_not_asked_again_by_a_search_after_evic
         idle_asks.append(args)
         return packer_idle(*args, **kwargs)
 
-    plan._place_idle = counted  # type: ignore[method-assign]
+    plan._place_idle = counted
     first, answer = plan.place("default/big-b", spec, mask, settled=True)
     assert first is None and len(idle_asks) == 1
     plan.evict("default/big-a", action="test", preemptor="default/big-b", reason="make room")
@@ -180,7 +180,7 @@ def test_a_task_that_fitted_no_releasing_capacity_is_looked_for_only_where_evict
         future_asks.append(args)
         return packer_future(*args, **kwargs)
 
-    plan._place_future = counted  # type: ignore[method-assign]
+    plan._place_future = counted
     assert plan.place("default/big-b", spec, mask, settled=True)[0] is None and len(future_asks) == 1
     evicted = plan.evict("default/big-c", action="test", preemptor="default/big-b", reason="make room")
     entry, _ = plan.place("default/big-b", spec, mask, explain=False)
@@ -193,6 +193,36 @@ def test_a_task_that_fitted_no_releasing_capacity_is_looked_for_only_where_evict
     plan.rollback(cp)  # the eviction stands again
     entry, _ = plan.place("default/big-b", spec, mask, explain=False)
     assert entry is not None and plan.names[entry.node] == "n3" and len(future_asks) == 1
+
+
+@pytest.mark.parametrize("skips_held_idle", [False, True])
+def test_a_nominated_node_tried_first_is_checked_alone_without_a_scan(skips_held_idle: bool) -> None:
+    """A pod nominated to a node (its capacity reserved by an earlier cycle) tries that node
+    first, on the Plan's one-node mask: it is checked on that node alone, with the answer the
+    packer would give; when the node cannot take it, the rest of its mask is scanned."""
+    docs = [MakeNode("n1").gpus(8).obj(), MakeNode("n2").gpus(8).obj(), MakeNode("n3").gpus(8).obj(),
+            queue("team-a"), MakePod("p").gpu(2).obj(), MakePod("q").gpu(8).obj()]
+    session = _session(*docs, verify=True)
+    plan, state = session.plan, session.state
+    plan.skips_held_idle = skips_held_idle  # (kai-es/v10 on: `rules.releasing_capacity.HeldIdleSkipped`)
+    asks: list[object] = []
+    packer_idle = plan._place_idle
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        asks.append(args)
+        return packer_idle(*args, **kwargs)
+
+    plan._place_idle = counted
+    spec = state.pods["default/p"].spec
+    mask = session.eligibility.static_mask(spec)
+    levels = session.eligibility.nominated_first("n3", mask, None)
+    assert levels is not None and levels[0] is plan.one_node_mask(2)  # one mask per node, kept
+    entry, _ = plan.place("default/p", spec, mask, levels=levels)
+    assert entry is not None and plan.names[entry.node] == "n3" and asks == []
+    big = state.pods["default/q"].spec
+    big_mask = session.eligibility.static_mask(big)
+    entry, _ = plan.place("default/q", big, big_mask, levels=session.eligibility.nominated_first("n3", big_mask, None))
+    assert entry is not None and plan.names[entry.node] == "n1" and len(asks) == 1  # n3 is short: scanned
 
 
 def test_an_unsettled_idle_failure_is_not_remembered() -> None:

@@ -30,8 +30,18 @@ from typing import Protocol
 
 from kai_es.events.factory import derived_id
 from kai_es.events.payloads import PodObserved
-from kai_es.scheduling.packing import Packer, Placement, ReturnCode, Strategy, TaskShape, bind_place, bind_rank
-from kai_es.scheduling.packing.reference import choose_devices, filter_node, score_node
+from kai_es.scheduling.packing import (
+    ArrayPackTable,
+    BoundPlace,
+    Packer,
+    Placement,
+    Strategy,
+    TaskShape,
+    bind_place,
+    bind_rank,
+)
+from kai_es.scheduling.packing.among import best_among, on_one_node
+from kai_es.scheduling.packing.reference import filter_node
 from kai_es.scheduling.tables import index_of, tables
 from kai_es.state.model import ClusterState
 from kai_es.state.quantities import device_count
@@ -167,6 +177,10 @@ class Plan:
         self._future_failed: set[tuple[int, int]] = set()
         #: node index -> how many of the plan's evictions in force are on it
         self._evicted_on: dict[int, int] = {}
+        #: the masks allowing one node (`one_node_mask`), by node index and by id (the mask and
+        #: its node: kept alive, so the id stays the mask's)
+        self._one_node_masks: dict[int, array[int]] = {}
+        self._one_node_of: dict[int, tuple[array[int], int]] = {}
         self._shapes: dict[tuple[object, int, int], TaskShape] = {}
         #: `fits_elsewhere`'s last scan per (id of shape, id of mask): (shape, mask, the nodes
         #: that fitted then, best first; the two kept alive so that their ids stay theirs)
@@ -307,6 +321,31 @@ class Plan:
         self._announce(op, +1)
         return op
 
+    def one_node_mask(self, node: int) -> array[int]:
+        """The mask allowing node index `node` only: one object for the plan, which nobody may
+        change. Placed on it (as a level: a nominated node tried first), a task is checked on
+        that node alone (`packing.among.on_one_node`), not with a scan of every node."""
+        mask = self._one_node_masks.get(node)
+        if mask is None:
+            mask = array("q", bytes(8 * len(self.nodes)))
+            mask[node] = 1
+            self._one_node_masks[node] = mask
+            self._one_node_of[id(mask)] = (mask, node)
+        return mask
+
+    def _ask(self, place: BoundPlace, table: ArrayPackTable, shape: TaskShape, mask: array[int],
+             fixed: bool) -> Placement:
+        """`place`'s answer (the bound packer of `table`) for `shape` on `mask`: on a mask of
+        `one_node_mask`, computed on its node alone."""
+        one = self._one_node_of.get(id(mask))
+        if one is not None and one[0] is mask:
+            answer = on_one_node(table, shape, self.strategy, mask, one[1])
+            if answer is not None:
+                if self.verify and answer != self.packer.place(table, shape, self.strategy, mask):
+                    raise VerificationError(f"{shape} on the one node {one[1]}: {answer} is not the packer's answer")
+                return answer
+        return place(shape, mask, fixed)
+
     def _count_eviction(self, node: int, sign: int) -> None:
         count = self._evicted_on.get(node, 0) + sign
         if count:
@@ -357,7 +396,7 @@ class Plan:
         if self.skips_held_idle:
             return self._place_past_held(pod_key, spec, shape, mask, levels, remember, settled, failed_key)
         for level in (levels or (mask,)):
-            now = self._place_idle(shape, level, remember and level is mask)
+            now = self._ask(self._place_idle, self.idle, shape, level, remember and level is mask)
             if now.placed:
                 future = self.future
                 if not future.can_take(now.node, now.devices, shape):
@@ -395,7 +434,7 @@ class Plan:
         for level in (levels or (mask,)):
             allowed = level  # copied before the first node is left out: `level` is the caller's
             while True:
-                now = self._place_idle(shape, allowed, fixed and allowed is mask)
+                now = self._ask(self._place_idle, self.idle, shape, allowed, fixed and allowed is mask)
                 if not now.placed:
                     if allowed is mask:
                         answer = now
@@ -406,6 +445,8 @@ class Plan:
                     return self._record(pod_key, spec, shape, now, pipelined=False), now
                 if held is None:
                     held = now
+                if id(allowed) in self._one_node_of:
+                    break  # (its one node is held: left out, it allows none)
                 if allowed is level:
                     allowed = array("q", level)
                 allowed[now.node] = 0
@@ -440,7 +481,7 @@ class Plan:
                 self.future.apply_placed(later.node, later.devices, shape, 1)
                 return entry
         for level in levels:
-            later = self._place_future(shape, level, level is fixed_mask)
+            later = self._ask(self._place_future, self.future, shape, level, level is fixed_mask)
             if later.placed:
                 entry = self._record(pod_key, spec, shape, later, pipelined=True)
                 self.future.apply_placed(later.node, later.devices, shape, 1)
@@ -449,19 +490,10 @@ class Plan:
 
     def _future_on_evicted(self, shape: TaskShape, mask: array[int]) -> Placement:
         """The packer's node and devices for `shape` on releasing capacity of `mask`, looking
-        only at nodes with an eviction in force (`_future_failed`: no other node can fit), with
-        the packer's own filter, score and device choice (its Python twin). Rejections are not
-        counted: no caller reads them."""
+        only at nodes with an eviction in force (`_future_failed`: no other node can fit).
+        Rejections are not counted: no caller reads them."""
         future, strategy = self.future, self.strategy
-        best = -1
-        best_score: tuple[int, ...] = ()
-        for node in sorted(self._evicted_on):
-            if filter_node(future, mask, node, shape) is None:
-                score = score_node(future, node, shape, strategy)
-                if best < 0 or score > best_score:  # (ascending index: the lowest keeps ties)
-                    best, best_score = node, score
-        answer = Placement(ReturnCode.NO_FIT, -1, (), ()) if best < 0 else \
-            Placement(ReturnCode.OK, best, choose_devices(future, best, shape, strategy), ())
+        answer = best_among(future, shape, strategy, mask, sorted(self._evicted_on))
         if self.verify:
             full = self.packer.place(future, shape, strategy, mask)
             if (full.node, full.devices) != (answer.node, answer.devices):
