@@ -80,6 +80,9 @@ def check(state: ClusterState, *, strict: bool = True) -> list[str]:
         out.append("stale gang index differs from recomputed")
     if state.semi_jobs != {k for k, j in state.jobs.items() if j.semi} or rebuilt.semi_jobs != state.semi_jobs:
         out.append("semi-preemptible job index differs from recomputed")
+    if state.nominated != {k for k, pod in state.pods.items() if pod.nominated_node} \
+            or rebuilt.nominated != state.nominated:
+        out.append("nominated pod index differs from recomputed")
     return out
 
 

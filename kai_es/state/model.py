@@ -278,6 +278,10 @@ class ClusterState:
     #: without scanning every job. Kept by `refresh_job` and job removal; rebuilt by `restore`,
     #: never snapshotted.
     semi_jobs: set[str] = field(default_factory=set)
+    #: the keys of the pods with a nominated node (`PodState.nominated_node`), so a cycle finds
+    #: the jobs allocate tries first without scanning every pending pod. Kept where the field
+    #: is set or cleared and by pod removal; rebuilt by `restore`, never snapshotted.
+    nominated: set[str] = field(default_factory=set)
     #: room held for moved pods' replacements: owner key ("<namespace>/<kind>/<name>" of the
     #: moved pod's owner) -> the holds for its pods, in decision order (`MoveHold`; kai-es/v8)
     move_holds: dict[str, list[MoveHold]] = field(default_factory=dict)

@@ -311,6 +311,8 @@ def restore(snap: Snapshot) -> ClusterState:
                        nominated_node=ps.nominated_node, bind_final_message=ps.bind_final_message,
                        eviction_refused_ns=ps.eviction_refused_ns)
         st.pods[pod.key] = pod
+        if pod.nominated_node:
+            st.nominated.add(pod.key)
         st.jobs[pod.job_key].members.add(pod.key)
         occupancy.index_labels(st, pod, +1)
     for key in sorted(st.jobs):

@@ -25,14 +25,15 @@ from kai_es.state.quantities import Vector
 
 
 def nominated_jobs(state: ClusterState) -> list[Job]:
-    """The pending jobs with a pod pipelined to a node by an earlier cycle, in the order
-    allocate tries them first: higher priority, older, uid."""
+    """The pending jobs with a pending pod nominated to a node (pipelined there by an earlier
+    cycle, or holding the room kept for a moved pod), in the order allocate tries them first:
+    higher priority, older, uid. Found from `state.nominated`, not from every pending pod."""
     jobs: dict[str, Job] = {}
-    for name in sorted(state.pending_jobs):
-        for index_key in state.pending_jobs[name]:
-            job = state.jobs[job_key_of_index(index_key)]
-            if any(state.pods[e.pod_key].nominated_node for e in job.pending):
-                jobs[job.key] = job
+    for key in sorted(state.nominated):
+        pod = state.pods[key]
+        if pod.pending_key is not None:  # (a pod in its job's pending pods: the job is pending)
+            job = state.jobs[pod.job_key]
+            jobs[job.key] = job
     return [jobs[k] for k in sorted(jobs, key=lambda k: (-jobs[k].priority, jobs[k].created_ns, jobs[k].uid, k))]
 
 

@@ -63,6 +63,7 @@ def pod_pipelined(state: ClusterState, env: Envelope) -> None:
     # (logs written before reservations existed must fold to the state they recorded)
     if fold_rules(env.policyversion).pipelined_nominates and pod.status == "Pending":
         pod.nominated_node = data.node
+        state.nominated.add(pod.key)
     job = state.jobs[pod.job_key]
     if job.search_retry_ns:
         _searches_succeeded(state, job)

@@ -51,6 +51,7 @@ def claim_hold(state: ClusterState, pod: PodState, now_ns: int) -> None:
         if hold.live(now_ns) and hold.requests == spec.requests and hold.gpu == spec.gpu \
                 and hold.scalar_requests == spec.scalar_requests:
             pod.nominated_node = hold.node
+            state.nominated.add(pod.key)
             del holds[i]
             if not holds:
                 del state.move_holds[key]

@@ -37,7 +37,9 @@ def occupy(state: ClusterState, pod: PodState, node_name: str, devices: Iterable
     state.stale_pods.add(pod.key)
     pod.node = node_name
     pod.status = status  # type: ignore[assignment]
-    pod.nominated_node = ""
+    if pod.nominated_node:
+        pod.nominated_node = ""
+        state.nominated.discard(pod.key)
     if node is None:  # bound to a node we do not know (yet): tracked, not counted
         pod.devices = tuple(devices)
         pod.gpu_groups = tuple(groups)

@@ -221,6 +221,8 @@ def drop_pod(state: ClusterState, pod: PodState, job: Job | None = None) -> None
     pods = state.pods
     key = pod.key
     del pods[key]
+    if pod.nominated_node:
+        state.nominated.discard(key)
     state.victim_order_changed.discard(key)  # (what it held, it holds no more: looked at as gone)
     stale_pods = state.stale_pods
     stale_pods.add(key)
