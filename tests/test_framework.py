@@ -7,6 +7,7 @@ from __future__ import annotations
 from array import array
 
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given
@@ -17,6 +18,7 @@ from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.config import ConfigError, parse_config
 from kai_es.scheduling.cycle import strategy_of
 from kai_es.scheduling.packing import load_packer
+from kai_es.scheduling import plan as plan_module
 from kai_es.scheduling.plan import Entry, Plan, VerificationError
 from kai_es.scheduling.policy import POLICIES, RULES_V1, policy_for
 from kai_es.scheduling.session import Session
@@ -163,10 +165,12 @@ def test_an_idle_failure_found_settled_is_not_asked_again_by_a_search_after_evic
     assert entry is not None and entry.pipelined and len(idle_asks) == 2
 
 
-def test_a_task_that_fitted_no_releasing_capacity_is_looked_for_only_where_evictions_released_some() -> None:
+def test_a_task_that_fitted_no_releasing_capacity_is_looked_for_only_where_evictions_released_some(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Releasing capacity grows only by evictions: once a task fitted none of it, settled, the
     Plan looks for it only on the nodes with an eviction in force, not with a scan of the
-    cluster, and finds the node the packer would."""
+    cluster, and finds the node the packer would (while they are few: here always)."""
+    monkeypatch.setattr(plan_module, "AMONG_PER_SCAN", 0)
     docs = [*_full_node(), MakeNode("n2").gpus(4).obj(), MakeNode("n3").gpus(8).obj(),
             MakePod("big-c", queue="team-b").gpu(8).running_on("n3").obj()]
     session = _session(*docs, verify=True)
@@ -239,8 +243,9 @@ def test_an_unsettled_idle_failure_is_not_remembered() -> None:
 
 
 @given(st.lists(st.tuples(st.sampled_from(["settled", "evict", "unevict", "checkpoint", "rollback", "search"]),
-                          st.integers(0, 5)), max_size=24))
-def test_a_search_placement_with_the_idle_memo_is_the_placement_without_it(steps: list[tuple[str, int]]) -> None:
+                          st.integers(0, 5)), max_size=24), st.data())
+def test_a_search_placement_with_the_idle_memo_is_the_placement_without_it(steps: list[tuple[str, int]],
+                                                                           data: st.DataObject) -> None:
     """Whatever the Plan did before (settled placements, evictions, rollbacks, evictions undone),
     a placement with `explain=False` puts the task where the same placement with the memos of
     settled failures (idle, and releasing capacity off the evicted nodes) forgotten does."""
@@ -254,38 +259,40 @@ def test_a_search_placement_with_the_idle_memo_is_the_placement_without_it(steps
     session = _session(*docs, verify=True)
     plan, state = session.plan, session.state
     stack = [plan.checkpoint()]
+    among = data.draw(st.sampled_from([0, plan_module.AMONG_PER_SCAN]))  # the evicted nodes alone, or a scan
 
     def placed(key: str) -> bool:
         return any(e.pod_key == key for e in plan.entries)
 
-    for op, n in steps:
-        key = f"default/pend-{n % 4}"
-        spec = state.pods[key].spec
-        mask = session.eligibility.static_mask(spec)
-        if op == "checkpoint":
-            stack.append(plan.checkpoint())
-        elif op == "rollback" and stack:
-            plan.rollback(stack.pop())
-        elif op == "settled" and not placed(key):
-            # settled: no placement a rollback may still undo (none since the oldest checkpoint)
-            plan.place(key, spec, mask, settled=not stack or plan.checkpoint() == stack[0])
-        elif op == "evict":
-            victim = f"default/run-{n % 4}"
-            if not any(v.pod_key == victim for v in plan.evictions):
-                plan.evict(victim, action="test", preemptor="", reason="test")
-        elif op == "unevict" and plan.evictions:
-            plan.unevict(plan.evictions[n % len(plan.evictions)])
-        elif op == "search" and not placed(key):
-            cp, kept, kept_future = plan.checkpoint(), dict(plan._idle_failed), set(plan._future_failed)
-            plan._idle_failed.clear()
-            plan._future_failed.clear()
-            fresh, _ = plan.place(key, spec, mask, explain=False)
-            plan.rollback(cp)
-            plan._idle_failed.update(kept)
-            plan._future_failed.update(kept_future)
-            entry, _ = plan.place(key, spec, mask, explain=False)
-            assert (entry and (entry.node, entry.devices, entry.pipelined)) == \
-                (fresh and (fresh.node, fresh.devices, fresh.pipelined))
+    with patch.object(plan_module, "AMONG_PER_SCAN", among):
+        for op, n in steps:
+            key = f"default/pend-{n % 4}"
+            spec = state.pods[key].spec
+            mask = session.eligibility.static_mask(spec)
+            if op == "checkpoint":
+                stack.append(plan.checkpoint())
+            elif op == "rollback" and stack:
+                plan.rollback(stack.pop())
+            elif op == "settled" and not placed(key):
+                # settled: no placement a rollback may still undo (none since the oldest checkpoint)
+                plan.place(key, spec, mask, settled=not stack or plan.checkpoint() == stack[0])
+            elif op == "evict":
+                victim = f"default/run-{n % 4}"
+                if not any(v.pod_key == victim for v in plan.evictions):
+                    plan.evict(victim, action="test", preemptor="", reason="test")
+            elif op == "unevict" and plan.evictions:
+                plan.unevict(plan.evictions[n % len(plan.evictions)])
+            elif op == "search" and not placed(key):
+                cp, kept, kept_future = plan.checkpoint(), dict(plan._idle_failed), set(plan._future_failed)
+                plan._idle_failed.clear()
+                plan._future_failed.clear()
+                fresh, _ = plan.place(key, spec, mask, explain=False)
+                plan.rollback(cp)
+                plan._idle_failed.update(kept)
+                plan._future_failed.update(kept_future)
+                entry, _ = plan.place(key, spec, mask, explain=False)
+                assert (entry and (entry.node, entry.devices, entry.pipelined)) == \
+                    (fresh and (fresh.node, fresh.devices, fresh.pipelined))
 
 
 def test_rollback_undoes_tables_and_queue_accounting_of_every_operation() -> None:

@@ -47,6 +47,11 @@ from kai_es.state.model import ClusterState
 from kai_es.state.quantities import device_count
 
 
+#: how many nodes the packer's scan checks in the time its Python twin checks one: the nodes
+#: with evictions are looked at alone (`Plan._pipeline`) while there are fewer than this many
+#: times less of them than nodes
+AMONG_PER_SCAN = 128
+
 #: how many fitting nodes a `Plan.fits_elsewhere` scan keeps to answer later asks with
 WITNESSES = 8
 
@@ -473,7 +478,8 @@ class Plan:
         among `levels` that never changes (the packer's kept answer is then known by identity)."""
         if pod_key in self.idle_only:
             return None
-        if len(levels) == 1 and levels[0] is fixed_mask and (id(shape), id(fixed_mask)) in self._future_failed:
+        if len(levels) == 1 and levels[0] is fixed_mask and (id(shape), id(fixed_mask)) in self._future_failed \
+                and len(self._evicted_on) * AMONG_PER_SCAN <= len(self.nodes):
             levels = ()  # it can fit only where an eviction released capacity
             later = self._future_on_evicted(shape, fixed_mask)
             if later.placed:
