@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kai_es.events.payloads import PodObserved
 from kai_es.oneshot import initial_state
 from kai_es.scenario import load_scenario_text
 from kai_es.scheduling.config import ConfigError, parse_config
@@ -77,6 +78,20 @@ def _full_node() -> list[dict[str, Any]]:
 
 def _accounting(session: Session) -> dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]]:
     return {name: (q.allocated, q.nonpreemptible) for name, q in sorted(session.queues.items())}
+
+
+def _count_asks(plan: Plan, bound: str) -> list[object]:
+    """The asks of the plan's bound packer `bound` (`_place_idle` or `_place_future`) from now
+    on, each as its arguments, in a list that grows as they come."""
+    asks: list[object] = []
+    packer = getattr(plan, bound)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        asks.append(args)
+        return packer(*args, **kwargs)
+
+    setattr(plan, bound, counted)
+    return asks
 
 
 def test_whether_a_pod_fits_elsewhere_is_read_from_one_scan_until_its_nodes_fill() -> None:
@@ -146,14 +161,7 @@ def test_an_idle_failure_found_settled_is_not_asked_again_by_a_search_after_evic
     plan, state = session.plan, session.state
     spec = state.pods["default/big-b"].spec
     mask = session.eligibility.static_mask(spec)
-    idle_asks: list[object] = []
-    packer_idle = plan._place_idle
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        idle_asks.append(args)
-        return packer_idle(*args, **kwargs)
-
-    plan._place_idle = counted
+    idle_asks = _count_asks(plan, "_place_idle")
     first, answer = plan.place("default/big-b", spec, mask, settled=True)
     assert first is None and len(idle_asks) == 1
     plan.evict("default/big-a", action="test", preemptor="default/big-b", reason="make room")
@@ -177,14 +185,7 @@ def test_a_task_that_fitted_no_releasing_capacity_is_looked_for_only_where_evict
     plan, state = session.plan, session.state
     spec = state.pods["default/big-b"].spec
     mask = session.eligibility.static_mask(spec)
-    future_asks: list[object] = []
-    packer_future = plan._place_future
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        future_asks.append(args)
-        return packer_future(*args, **kwargs)
-
-    plan._place_future = counted
+    future_asks = _count_asks(plan, "_place_future")
     assert plan.place("default/big-b", spec, mask, settled=True)[0] is None and len(future_asks) == 1
     evicted = plan.evict("default/big-c", action="test", preemptor="default/big-b", reason="make room")
     entry, _ = plan.place("default/big-b", spec, mask, explain=False)
@@ -209,14 +210,7 @@ def test_a_nominated_node_tried_first_is_checked_alone_without_a_scan(skips_held
     session = _session(*docs, verify=True)
     plan, state = session.plan, session.state
     plan.skips_held_idle = skips_held_idle  # (kai-es/v10 on: `rules.releasing_capacity.HeldIdleSkipped`)
-    asks: list[object] = []
-    packer_idle = plan._place_idle
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        asks.append(args)
-        return packer_idle(*args, **kwargs)
-
-    plan._place_idle = counted
+    asks = _count_asks(plan, "_place_idle")
     spec = state.pods["default/p"].spec
     mask = session.eligibility.static_mask(spec)
     levels = session.eligibility.nominated_first("n3", mask, None)
@@ -361,12 +355,19 @@ def test_any_sequence_of_operations_and_rollbacks_returns_to_the_checkpoint(step
 # --- verification mode ---------------------------------------------------------------------------
 
 
-def test_verification_mode_catches_a_wrong_memo() -> None:
+def _big_b_failed() -> tuple[Plan, PodObserved, array[int]]:
+    """A verifying plan on a full node where big-b (8 GPUs) was just placed settled and did
+    not fit; its plan, spec and mask."""
     session = _session(*_full_node(), verify=True)
-    plan, state = session.plan, session.state
-    spec = state.pods["default/big-b"].spec
+    spec = session.state.pods["default/big-b"].spec
     mask = session.eligibility.static_mask(spec)
-    plan.place("default/big-b", spec, mask, settled=True)
+    session.plan.place("default/big-b", spec, mask, settled=True)
+    return session.plan, spec, mask
+
+
+def test_verification_mode_catches_a_wrong_memo() -> None:
+    plan, spec, mask = _big_b_failed()
+    state = plan.state
     plan.verify = False
     plan.future.apply_placed(0, (0, 1, 2, 3, 4, 5, 6, 7), plan.shape(state.pods["default/big-a"].spec), -1)
     assert plan.place("default/big-b", spec, mask, settled=True)[0] is None  # the memo, unchecked
@@ -376,11 +377,8 @@ def test_verification_mode_catches_a_wrong_memo() -> None:
 
 
 def test_verification_mode_catches_a_wrong_idle_memo() -> None:
-    session = _session(*_full_node(), verify=True)
-    plan, state = session.plan, session.state
-    spec = state.pods["default/big-b"].spec
-    mask = session.eligibility.static_mask(spec)
-    plan.place("default/big-b", spec, mask, settled=True)
+    plan, spec, mask = _big_b_failed()
+    state = plan.state
     plan.evict("default/big-a", action="test", preemptor="default/big-b", reason="make room")
     plan.idle.apply_placed(0, (0, 1, 2, 3, 4, 5, 6, 7), plan.shape(state.pods["default/big-a"].spec), -1)
     with pytest.raises(VerificationError, match="fitting no idle capacity"):
