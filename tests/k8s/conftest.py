@@ -195,6 +195,32 @@ def grant_scheduler_roles(cp: Any) -> None:
         time.sleep(0.05)
 
 
+#: KWOK crashes of the session's control plane found before a test, each restarted (printed in
+#: the terminal summary): KWOK v0.8.0 was seen to die of a data race of its own right after a
+#: restart ("fatal error: concurrent map writes" in easycel, while two controllers build their
+#: stages' CEL environments at once), and every later test of the session then failed on it
+KWOK_RESTARTS: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _kwok_alive(request: pytest.FixtureRequest) -> None:
+    """Before a test on the session's control plane: a KWOK that exited since is restarted (it
+    keeps no state: it relists its nodes and pods), and said so in the summary. The test during
+    which it died has failed already, on its own."""
+    if "k8s" not in request.fixturenames:
+        return
+    cp = request.getfixturevalue("k8s").cp
+    if cp.kwok.running():
+        return
+    KWOK_RESTARTS.append(f"before {request.node.nodeid}: KWOK had exited; log tail:\n{cp.kwok.tail()}")
+    cp.restart_kwok()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in KWOK_RESTARTS:
+        terminalreporter.write_line(f"KWOK restarted {line}", yellow=True)
+
+
 @pytest.fixture(autouse=True)
 def _collect_garbage_after_test() -> Iterator[None]:
     """Finalize leftovers right after each test, so a leaked socket or stream is reported (as a
