@@ -115,6 +115,16 @@ async def test_two_shards_schedule_their_own_pools_and_survive_each_other(
         schedulers["a"].wait_ready("scheduler")
         await wait_for(running("a-late", "a-big"), "shard a's pods Running on its grown pool", timeout_s=60)
         final = await _pods(api, ns)
+
+        async def outcomes_logged() -> bool:  # a binder appends its outcome after the bind shows
+            for shard in pools:
+                records = await log_records(shard_log_url(base, shard))
+                bound = {r.envelope.data.name for r in records if isinstance(r.envelope.data, p.PodBound)}
+                if not {n for n, s in created.items() if s == shard} <= bound:
+                    return False
+            return True
+
+        await wait_for(outcomes_logged, "each binder's outcomes in its shard's log", timeout_s=60, interval_s=0.5)
     for proc in procs:
         proc.kill9()
 
