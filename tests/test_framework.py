@@ -213,13 +213,13 @@ def test_a_nominated_node_tried_first_is_checked_alone_without_a_scan(skips_held
     asks = _count_asks(plan, "_place_idle")
     spec = state.pods["default/p"].spec
     mask = session.eligibility.static_mask(spec)
-    levels = session.eligibility.nominated_first("n3", mask, None)
+    levels = plan.nominated_first("n3", mask, None)
     assert levels is not None and levels[0] is plan.one_node_mask(2)  # one mask per node, kept
     entry, _ = plan.place("default/p", spec, mask, levels=levels)
     assert entry is not None and plan.names[entry.node] == "n3" and asks == []
     big = state.pods["default/q"].spec
     big_mask = session.eligibility.static_mask(big)
-    entry, _ = plan.place("default/q", big, big_mask, levels=session.eligibility.nominated_first("n3", big_mask, None))
+    entry, _ = plan.place("default/q", big, big_mask, levels=plan.nominated_first("n3", big_mask, None))
     assert entry is not None and plan.names[entry.node] == "n1" and len(asks) == 1  # n3 is short: scanned
 
 

@@ -24,7 +24,7 @@ Contract:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -326,10 +326,20 @@ class Plan:
         self._announce(op, +1)
         return op
 
+    def nominated_first(self, node: str, mask: array[int], levels: list[array[int]] | None
+                        ) -> list[array[int]] | None:
+        """`levels` (None: `mask` alone) with the nominated node (reserved by an earlier
+        pipelining or a move) tried first, on its `one_node_mask`, as KAI's nominated-node
+        score outranks every other; `levels` unchanged when the node is not in `mask`."""
+        i = self.node_index.get(node)
+        if i is None or not mask[i]:
+            return levels
+        return [self.one_node_mask(i), *(levels if levels is not None else [mask])]
+
     def one_node_mask(self, node: int) -> array[int]:
         """The mask allowing node index `node` only: one object for the plan, which nobody may
-        change. Placed on it (as a level: a nominated node tried first), a task is checked on
-        that node alone (`packing.among.on_one_node`), not with a scan of every node."""
+        change. Placed on it, a task is checked on that node alone (`packing.among.on_one_node`),
+        not with a scan of every node."""
         mask = self._one_node_masks.get(node)
         if mask is None:
             mask = array("q", bytes(8 * len(self.nodes)))
@@ -342,8 +352,8 @@ class Plan:
              fixed: bool) -> Placement:
         """`place`'s answer (the bound packer of `table`) for `shape` on `mask`: on a mask of
         `one_node_mask`, computed on its node alone."""
-        one = self._one_node_of.get(id(mask))
-        if one is not None and one[0] is mask:
+        one = self._one_node_of.get(id(mask))  # (it keeps the mask alive: the id is the mask's)
+        if one is not None:
             answer = on_one_node(table, shape, self.strategy, mask, one[1])
             if answer is not None:
                 if self.verify and answer != self.packer.place(table, shape, self.strategy, mask):
@@ -480,14 +490,11 @@ class Plan:
             return None
         if len(levels) == 1 and levels[0] is fixed_mask and (id(shape), id(fixed_mask)) in self._future_failed \
                 and len(self._evicted_on) * AMONG_PER_SCAN <= len(self.nodes):
-            levels = ()  # it can fit only where an eviction released capacity
-            later = self._future_on_evicted(shape, fixed_mask)
-            if later.placed:
-                entry = self._record(pod_key, spec, shape, later, pipelined=True)
-                self.future.apply_placed(later.node, later.devices, shape, 1)
-                return entry
-        for level in levels:
-            later = self._ask(self._place_future, self.future, shape, level, level is fixed_mask)
+            # it can fit only where an eviction released capacity
+            answers: Iterator[Placement] = iter((self._future_on_evicted(shape, fixed_mask),))
+        else:
+            answers = (self._ask(self._place_future, self.future, shape, level, level is fixed_mask) for level in levels)
+        for later in answers:
             if later.placed:
                 entry = self._record(pod_key, spec, shape, later, pipelined=True)
                 self.future.apply_placed(later.node, later.devices, shape, 1)

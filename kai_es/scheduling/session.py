@@ -155,7 +155,6 @@ class Session:
         self.idle_fits: dict[tuple[int, int], bool] = {}
         self.eligibility = rules.leaving_pods.eligibility(state, plan.names, plan.nodes)
         self.eligibility.verify = plan.verify
-        self.eligibility.one_node = plan.one_node_mask
         plan.listeners.append(self.eligibility)
         plan.listeners.append(self)
         #: the topology placer (None: constraints are ignored), `rules.topology_placement`

@@ -250,7 +250,7 @@ class Allocator:
                 pod.spec.preferred_affinity or pod.spec.preferred_pod_affinity
                 or pod.spec.preferred_pod_anti_affinity or eligibility.affinity.has_holders()) else None
             if pod.nominated_node:
-                levels = eligibility.nominated_first(pod.nominated_node, mask, levels)
+                levels = self.plan.nominated_first(pod.nominated_node, mask, levels)
             try:
                 entry, answer = self.plan.place(pod.key, pod.spec, mask, settled=self.plan.checkpoint() == cp,
                                                 remember=not dynamic, levels=levels)

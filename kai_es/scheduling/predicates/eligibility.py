@@ -27,7 +27,7 @@ Contract:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from kai_es.events import payloads as p
@@ -93,9 +93,6 @@ class Eligibility:
         self._kept = kept.masks
         #: check every kept legacy mask against a fresh evaluation (verification mode)
         self.verify = False
-        #: the mask allowing one node index, as the Plan keeps it (`Plan.one_node_mask`: placed
-        #: on it, a task is checked on that node alone); None: a fresh mask each time
-        self.one_node: Callable[[int], array[int]] | None = None
         self._volume_terms: dict[str, list[tuple[str, str, list[p.NodeSelectorTerm]]]] = {}
         self.affinity = pod_affinity.PodAffinityIndex(state, labels_of(state, names, nodes), names, self.node_index)
         self._scalars: resources.ScalarFree | None = None
@@ -300,21 +297,6 @@ class Eligibility:
                     level[i] = 1
             out.append(level)
         return out
-
-    def nominated_first(self, node: str, mask: array[int], levels: list[array[int]] | None
-                        ) -> list[array[int]] | None:
-        """`levels` with the nominated node (reserved by an earlier pipelining) tried first, as
-        KAI's nominated-node score outranks every other; unchanged when it is not eligible."""
-        i = self.node_index.get(node)
-        if i is None or not mask[i]:
-            return levels
-        if self.one_node is not None:
-            only = self.one_node(i)
-        else:
-            only = array("q", self._zeros)
-            only[i] = 1
-        rest = levels if levels is not None else [mask]
-        return [only, *rest]
 
     # -- reasons -----------------------------------------------------------------------------
 
