@@ -5,13 +5,14 @@ nodeSelector and a toleration, a node tainted and labelled between two cycles.""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from kai_es.events import Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import derived_id, make_envelope
 from kai_es.scheduling.plan import VerificationError
-from kai_es.scheduling.predicates.eligibility import Eligibility
+from kai_es.scheduling.predicates.eligibility import PLAIN_KEY, Eligibility, static_key
 from kai_es.scheduling.tables import labels_of, tables
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
@@ -99,3 +100,36 @@ def test_node_labels_for_pod_affinity_are_kept_while_no_node_changes_and_follow_
     relabelled = Eligibility(feed.state, names, nodes).affinity.node_labels
     assert relabelled is not first and relabelled[1] == {"topology.kubernetes.io/zone": "z3"}
     assert labels_of(feed.state, list(names), nodes) is not relabelled  # not the tables' own list: built
+
+
+def test_a_pod_without_node_constraints_takes_the_plain_key_and_every_constraint_its_own() -> None:
+    """`Eligibility` skips building the key of a pod with no node constraint (`PLAIN_KEY`); a pod
+    with any one of them (nodeSelector, toleration, node affinity, node pool, a claim, an
+    extended resource) gets the key `static_key` builds, and so its own mask: a KAI user's pod
+    pinned to a node pool is not given the mask of a pod that may go anywhere."""
+    feed = _Feed()
+    feed.fold(_node("node-a", {"zone": "a"}))  # (the default node pool)
+    feed.fold(_node("node-b", {"zone": "b", "kai.scheduler/node-pool": "pool-b"}))
+    on_a = [p.NodeSelectorTerm(match_expressions=[p.NodeSelectorRequirement(
+        key="zone", operator="NotIn", values=["a"])])]
+    feed.fold(p.VolumeObserved(name="local-b", node_affinity=on_a))  # a local volume, not on node-a
+    feed.fold(p.ClaimObserved(namespace="team-a", name="data", phase="Bound", volume="local-b"))
+    names, nodes, _, _ = tables(feed.state)
+    eligibility = Eligibility(feed.state, names, nodes)
+    plain = p.PodObserved(namespace="team-a", name="plain", uid="u1", podgroup="pg", queue="q")
+    assert static_key(plain) == PLAIN_KEY and eligibility._key(plain) is PLAIN_KEY
+    variants = {
+        "node_selector": {"zone": "b"},
+        "tolerations": [p.Toleration(key="dedicated", operator="Exists")],
+        "affinity_terms": on_a,
+        "node_pool": "pool-b",
+        "claims": ["data"],
+        "scalar_requests": {"nvidia.com/mig-1g.10gb": 1},
+    }
+    specs = [msgspec.structs.replace(plain, name=f"with-{f}", **{f: v}) for f, v in variants.items()]
+    for field, spec in zip(variants, specs):  # (all alive: the keys are kept by the spec's identity)
+        volumes = ("local-b",) if spec.claims else ()
+        assert eligibility._key(spec) == static_key(spec, volumes) != PLAIN_KEY, field
+    assert list(eligibility.static_mask(plain)) == [1, 0]
+    assert [list(eligibility.static_mask(spec)) for spec in specs] == [
+        [0, 0], [1, 0], [0, 0], [0, 1], [0, 0], [0, 0]]  # (the toleration excludes no node)

@@ -51,3 +51,15 @@ def test_incomparable_fair_shares_fall_through_to_creation_time() -> None:
     older = _queue("older", fair=(1000, 5000, 0), created=1)
     newer = _queue("newer", fair=(5000, 1000, 0), created=2)
     assert _key(older, (0, 0, 0)) < _key(newer, (0, 0, 0))
+
+
+def test_keys_of_queues_with_equal_fair_shares_hold_one_tie_breaker() -> None:
+    """Equal fair shares give the keys one `FairShareOrder` object, so comparing them calls no
+    `__eq__` (what the Session's pick does ~10 times a placement); the order is unchanged: the
+    creation time decides, then the name."""
+    a = _queue("a", fair=(4000, 8000, 2**30), created=2)
+    b = _queue("b", fair=(4000, 8000, 2**30), created=1)
+    c = _queue("c", fair=(4000, 8000, 2**30), created=1)
+    keys = [_key(q, (1000, 0, 0)) for q in (a, b, c)]
+    assert keys[0][6] is keys[1][6] is keys[2][6]
+    assert sorted(keys) == [keys[1], keys[2], keys[0]]

@@ -170,13 +170,14 @@ def filter_node(table: PackTable, eligible: array[int], node: int, task: TaskSha
         return Reason.CPU
     if table.free_memory_bytes[node] < task.memory_bytes:
         return Reason.MEMORY
-    devices = _devices(table, node)
     kind = _kind(task)
     if kind is TaskKind.WHOLE:
-        idle = sum(1 for j in devices if table.dev_free_milli[j] == MILLI_PER_GPU)
+        idle = table.dev_free_milli[table.gpu_start[node]:table.gpu_start[node + 1]].count(MILLI_PER_GPU)
         if idle < task.whole_gpus:
             return Reason.GPU
-    elif kind is TaskKind.SHARED:
+        return None
+    devices = _devices(table, node)
+    if kind is TaskKind.SHARED:
         if len(devices) < task.fraction_devices:
             return Reason.GPU
         capable = sum(1 for j in devices if need_milli(task, table.dev_total_memory_mib[j]) is not None)

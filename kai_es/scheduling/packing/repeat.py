@@ -142,6 +142,10 @@ class RepeatedPlace:
         first idle ones by index for a whole-GPU task, none for a CPU-only one."""
         if task.whole_gpus == 0:
             return ()
-        table, free = self.table, self.table.dev_free_milli
-        devices = [j for j in range(table.gpu_start[node], table.gpu_start[node + 1]) if free[j] == MILLI_PER_GPU]
-        return tuple(devices[:task.whole_gpus])
+        free, start = self.table.dev_free_milli, self.table.gpu_start
+        j, end, devices = start[node], start[node + 1], []
+        for _ in range(task.whole_gpus):  # (array.index: the scan in C)
+            j = free.index(MILLI_PER_GPU, j, end)
+            devices.append(j)
+            j += 1
+        return tuple(devices)

@@ -67,6 +67,11 @@ def static_key(spec: p.PodObserved, volume_names: tuple[str, ...] = ()) -> Stati
             volume_names, tuple(sorted(spec.scalar_requests.items())))
 
 
+#: `static_key` of a pod with no node selector, toleration, node affinity, node pool, claim or
+#: extended resource request (then the key needs no building)
+PLAIN_KEY: StaticKey = ((), (), b"", "", (), ())
+
+
 def legacy_allows(node: p.NodeObserved, spec: p.PodObserved) -> bool:
     """Stage 1: cordon, taints, node pool, nodeSelector, required node affinity."""
     return taints.node_accepts(node, spec) and node_affinity.selector_allows(spec.node_selector, node) \
@@ -170,6 +175,9 @@ class Eligibility:
     # -- masks -------------------------------------------------------------------------------
 
     def _key(self, spec: p.PodObserved) -> StaticKey:
+        if not (spec.node_selector or spec.tolerations or spec.affinity_terms or spec.node_pool
+                or spec.claims or spec.scalar_requests):
+            return PLAIN_KEY  # (most pods: nothing to build, nothing to keep)
         # by identity: a spec object lives in the state for the whole cycle and never changes
         key = self._keys.get(id(spec))
         if key is None:

@@ -32,6 +32,7 @@ ends in the queue's unique name.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -74,6 +75,15 @@ class FairShareOrder:
 
     def __hash__(self) -> int:
         return 0
+
+
+@lru_cache(maxsize=4096)
+def fair_share_order(fair: Vector) -> FairShareOrder:
+    """The `FairShareOrder` of `fair`, one object per vector: keys of queues with equal shares
+    then hold the same object, which a tuple comparison finds equal by identity without calling
+    `__eq__` (queue ordering compares such keys ~10 times a pick). Identity changes no order:
+    equal vectors compare equal either way."""
+    return FairShareOrder(fair)
 
 
 def _over(q: QueueNode, request: Vector) -> tuple[bool, bool]:
@@ -130,7 +140,7 @@ class KaiQueueOrder:
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
         over_all, over_quota = _over(q, request)
         zero_fair, share, share_without = _drf(q.allocated, request, q.fair, False)
-        return (over_all, over_quota, -q.priority, zero_fair, share, share_without, FairShareOrder(q.fair),
+        return (over_all, over_quota, -q.priority, zero_fair, share, share_without, fair_share_order(q.fair),
                 q.created_ns, q.name)
 
 
@@ -142,5 +152,5 @@ class AllocatableShareOrder:
     def key(self, q: QueueNode, request: Vector) -> tuple[object, ...]:
         over_all, over_quota = _over(q, request)
         zero, share, share_without = _drf(q.allocated, request, q.allocatable, True)
-        return (over_all, over_quota, -q.priority, zero, share, share_without, FairShareOrder(q.allocatable),
+        return (over_all, over_quota, -q.priority, zero, share, share_without, fair_share_order(q.allocatable),
                 q.created_ns, q.name)

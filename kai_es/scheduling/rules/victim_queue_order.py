@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Protocol
 
-from kai_es.scheduling.rules.queue_order import FairShareOrder, _drf
+from kai_es.scheduling.rules.queue_order import _drf, fair_share_order
 from kai_es.state.quantities import ZERO, Vector, add, scale
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class ReverseQueueOrder:
                         allocated,
                         (all(allocated[r] > fair[r] for r in (0, 1, 2)),
                          any(0 <= quota[r] < allocated[r] for r in (0, 1, 2)), -node.priority, zero),
-                        (share, FairShareOrder(node.allocatable), node.created_ns, node.name))
+                        (share, fair_share_order(node.allocatable), node.created_ns, node.name))
                     children[id(node)] = []
                     if node.parent is None:
                         roots.append(node)
