@@ -399,7 +399,8 @@ class _Forked:
     def result(self) -> Any:
         try:
             ok, value = self._recv.recv()
-        except EOFError:
+        except (EOFError, OSError):  # (OSError: it died while sending, the pipe ends inside the message)
+            self._proc.join(5)
             raise RuntimeError(f"a worker process ended without a result (exit code "
                                f"{self._proc.exitcode})") from None
         if not ok:

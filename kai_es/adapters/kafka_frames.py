@@ -27,6 +27,8 @@ import logging
 import multiprocessing
 import sys
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -117,6 +119,18 @@ def dead_letter_all(log: KafkaEventLog, skipped: Sequence[Skipped]) -> None:
     _closing(log, send)
 
 
+def _receive(receive: Connection, reader: BaseProcess, topic: str) -> tuple[str, Any]:
+    """The reader's next message; a reader gone (exited, or killed while it was sending: the
+    pipe ends inside a message) is a KafkaLogError naming its exit code."""
+    try:
+        message: tuple[str, Any] = receive.recv()
+    except (EOFError, OSError):
+        reader.join(5)
+        raise KafkaLogError(f"the reader of Kafka topic {topic!r} ended without finishing "
+                            f"(exit code {reader.exitcode})") from None
+    return message
+
+
 def kafka_frames(log: KafkaEventLog, start: int = 0, end: int | None = None) -> Generator[Frame, None, None]:
     """(offset, value) of every record of `log` in [start, end) (module contract)."""
     context = multiprocessing.get_context("fork")  # (the log and its settings go as they are)
@@ -127,12 +141,7 @@ def kafka_frames(log: KafkaEventLog, start: int = 0, end: int | None = None) -> 
     send.close()  # (the reader's end: only the reader holds it now, so its exit is an EOF here)
     try:
         while True:
-            try:
-                kind, payload = receive.recv()
-            except EOFError:
-                reader.join(5)
-                raise KafkaLogError(f"the reader of Kafka topic {log.topic!r} ended without finishing "
-                                    f"(exit code {reader.exitcode})") from None
+            kind, payload = _receive(receive, reader, log.topic)
             if kind == _BATCH:
                 yield from payload
             elif kind == _END:
