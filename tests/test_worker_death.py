@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import struct
+from collections.abc import Callable
 
 import pytest
 
@@ -26,7 +27,7 @@ def _die_between(fd: int) -> None:
 
 
 @pytest.mark.parametrize("dies", [_die_midway, _die_between])
-def test_a_reader_killed_is_a_kafka_log_error_naming_its_exit_code(dies: object) -> None:
+def test_a_reader_killed_is_a_kafka_log_error_naming_its_exit_code(dies: Callable[[int], None]) -> None:
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     reader = context.Process(target=dies, args=(send.fileno(),), daemon=True)
