@@ -355,6 +355,7 @@ class NodeViews:
             nodes = self._before
         seen, self._ranked_seen = self._ranked_seen, len(self.touched)
         table, ranked, keys = self.plan.future, self._touched_ranked, self._touched_key
+        added = []
         for n in dict.fromkeys([*nodes, *self.touched[seen:]]):
             old = keys.get(n)
             if old is not None:
@@ -362,7 +363,8 @@ class NodeViews:
             least = bounds.least[n]
             keys[n] = key = None if least is None else (-free_milli_gpu(table, n), False, least, n)
             if key is not None:
-                ranked.add(key)
+                added.append(key)
+        ranked.update(added)  # (at once: the first call ranks every node an earlier action touched)
         return bounds
 
     def _candidate(self, n: int, job: Job, shapes: list[tuple[TaskShape, array[int]]]) -> Candidate | None:

@@ -281,6 +281,7 @@ class PreemptingAction:
         """The jobs of the `waiting` pod keys (default: the `preemptors` rule's), most deserving first."""
         delay, now = self.session.rules.preemption_delay, self.session.now_ns
         seen: set[str] = set()
+        leaf_keys: dict[str, tuple[object, ...]] = {}  # (the accounting holds still while the list is built)
         out: list[tuple[tuple[object, ...], QueueNode, Job]] = []
         if waiting is None:
             waiting = self.session.rules.preemptors.waiting(self.session)
@@ -295,7 +296,9 @@ class PreemptingAction:
             if delayed:
                 self._explain_delay(job, delayed)
                 continue
-            key = self.session.key(leaf, (0, 0, 0))
+            key = leaf_keys.get(leaf.name)
+            if key is None:
+                key = leaf_keys[leaf.name] = self.session.key(leaf, (0, 0, 0))
             out.append(((key, -job.priority, job.created_ns, job.uid, job.key), leaf, job))
         out.sort(key=lambda item: item[0])
         return [(leaf, job) for _, leaf, job in out]
