@@ -174,6 +174,11 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   (the API server refuses it: the binder failed and backed off for ever) and counted them, and
   pods being released, as members.
 
+- `kai-es/v15`: v14's rules, and a pod deleted while its bind was in flight is not pending again
+  when the bind fails (the fold rule `failed_binds_honour_deletion`), as a terminating pod is
+  not pending in every other way: v14 put it back, decided it again after its back-off, and a
+  checkpoint taken then restored to another state than its fold's.
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -448,9 +453,13 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v14", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V14, FOLD_RULES["kai-es/v14"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    # v14's rules; its fold keeps a pod whose bind failed while it was deleted out of the pending pods
+    PolicyVersion("kai-es/v15", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V14, FOLD_RULES["kai-es/v15"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v14"
+CURRENT_POLICY: Final = "kai-es/v15"
 
 
 def policy_for(version: str) -> PolicyVersion:

@@ -351,6 +351,9 @@ class ClusterState:
     #: whether a pod with scheduling gates is kept out of the pending pods (policy kai-es/v14 on;
     #: `kai_es.state.handlers.jobs.set_pending`)
     honours_gates: bool = False
+    #: whether a pod whose bind failed stays out of the pending pods while it is terminating
+    #: (policy kai-es/v15 on; `kai_es.state.handlers.binder.pod_bind_failed`)
+    failed_binds_honour_deletion: bool = False
     #: the scheduler name kai-es answers to (the config's `schedulerName`, default KAI's): only
     #: pods of it are pending for kai-es
     scheduler_name: str = SCHEDULER_NAME

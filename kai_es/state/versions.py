@@ -37,6 +37,11 @@ reducer sits below the scheduler, so it is kept at the reducer's layer).
 - `honours_gates`: a pod with scheduling gates (`PodObserved.scheduling_gates`) is not pending
   for kai-es until they are removed (KAI's Gated status: never allocated, not in its queue's
   demand); it stays a member of its job (kai-es/v14 on; the config in force).
+- `failed_binds_honour_deletion`: a pod whose bind failed goes back to the pending pods only if
+  it is not terminating (deleted while its bind was in flight, which is usually why the bind
+  failed), as every other way back to Pending does and as a state restored from a snapshot
+  has it. Before, it was pending again and decided again after its back-off, and a checkpoint
+  taken then restored to another state than the fold's (kai-es/v15 on; the config in force).
 
 A version this build does not know folds as the newest (the scheduler rejects a config naming
 one before it is applied); a log with no version at all (None) folds as the first logs did.
@@ -61,6 +66,7 @@ class FoldRules:
     keeps_tried_order: bool = False
     bindings_hold: bool = False
     honours_gates: bool = False
+    failed_binds_honour_deletion: bool = False
 
 
 _FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
@@ -81,6 +87,10 @@ _GATED: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nomi
                           handover_stamps=True, holds_moves=True, backs_off_searches=True,
                           releases_failed_moves=True, keeps_tried_order=True, bindings_hold=True,
                           honours_gates=True)
+_DELETING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
+                             handover_stamps=True, holds_moves=True, backs_off_searches=True,
+                             releases_failed_moves=True, keeps_tried_order=True, bindings_hold=True,
+                             honours_gates=True, failed_binds_honour_deletion=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {
@@ -106,10 +116,12 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v13": _ORDERED,
     # pods with scheduling gates wait for them (gang readiness as KAI's: no fold change)
     "kai-es/v14": _GATED,
+    # a pod whose bind failed while it was being deleted is not pending again
+    "kai-es/v15": _DELETING,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}
-_NEWEST: Final = _GATED
+_NEWEST: Final = _DELETING
 
 
 def fold_rules(version: object) -> FoldRules:

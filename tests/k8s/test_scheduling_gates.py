@@ -1,4 +1,4 @@
-"""Scheduling gates on a real apiserver (policy kai-es/v14, the default): the API server refuses
+"""Scheduling gates on a real apiserver (policy kai-es/v14 on; the default is v15): the API server refuses
 the Binding of a pod with `spec.schedulingGates`, so kai-es must not decide one — the informer
 reads the gates, the pipeline binds the ungated pod beside it and leaves the gated one alone (no
 binding decided, no verdict), and binds it once the gates are removed; the log replays exactly.

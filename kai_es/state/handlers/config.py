@@ -17,7 +17,8 @@ from kai_es.state.versions import fold_rules
 
 def derive_config_flags(state: ClusterState) -> None:
     """Set the state's flags derived from its config (`timed`, `subgroup_stale`,
-    `handover_stamps`, `releases_failed_moves`, `bindings_hold`, `honours_gates`, the usage
+    `handover_stamps`, `releases_failed_moves`, `bindings_hold`, `honours_gates`,
+    `failed_binds_honour_deletion`, the usage
     resolution and window).
     A config whose durations do not parse keeps usage off (the scheduler rejects such a config
     before it is ever applied)."""
@@ -29,6 +30,7 @@ def derive_config_flags(state: ClusterState) -> None:
     state.releases_failed_moves = rules.releases_failed_moves
     state.bindings_hold = rules.bindings_hold
     state.honours_gates = rules.honours_gates
+    state.failed_binds_honour_deletion = rules.failed_binds_honour_deletion
     name = config.get("schedulerName")
     state.scheduler_name = name if isinstance(name, str) and name else SCHEDULER_NAME
     fairshare = config.get("fairshare")
@@ -49,12 +51,15 @@ def config_applied(state: ClusterState, env: Envelope) -> None:
     state.config = dict(data.config)
     state.config_digest = data.config_digest
     was_kept, judged_subgroups, answered = state.usage_resolution_ns, state.subgroup_stale, state.scheduler_name
-    gated = state.honours_gates
+    gated, deletion = state.honours_gates, state.failed_binds_honour_deletion
     derive_config_flags(state)
     if state.scheduler_name != answered or (state.honours_gates != gated and any(
-            pod.spec.scheduling_gates for pod in state.pods.values())):
+            pod.spec.scheduling_gates for pod in state.pods.values())) or (
+            state.failed_binds_honour_deletion and not deletion and any(
+                pod.spec.terminating and pod.pending_key is not None for pod in state.pods.values())):
         # another name: the pods pending for kai-es are those of the new one; gates honoured or
-        # no longer: gated pods come out of the pending pods or go back in
+        # no longer: gated pods come out of the pending pods or go back in; deletion honoured
+        # after a failed bind: a terminating pod an older version put back comes out
         for key in sorted(state.pods):
             pod = state.pods[key]
             if pod.status == "Pending":
