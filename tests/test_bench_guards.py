@@ -36,3 +36,15 @@ def test_a_cycle_over_its_instruction_limit_fails_loudly_and_one_under_it_passes
     assert abs(again - count) <= count * 0.001  # the count does not drift between runs
     code, out, _ = _count("--max-instructions", f"{count * 1.1:.1f}")
     assert code == 0 and "REGRESSION" not in out
+
+
+def test_the_allocate_benchmark_is_counted_too() -> None:
+    """`--bench cycle` counts `bench_cycle.py`'s one allocate cycle (its own options), and an
+    unknown benchmark is refused by name."""
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "count_cycles.py"), "--bench", "cycle",
+                          "--nodes", "20", "--pods", "40"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "40 placements" in run.stdout and "per counted cycle (1): " in run.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "count_cycles.py"), "--bench", "nope"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "--bench is one of cycle, steady" in bad.stderr

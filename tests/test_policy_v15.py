@@ -1,6 +1,8 @@
 """kai-es/v15: a pod deleted while its bind was in flight is not pending again when the bind
 fails (fold rule `failed_binds_honour_deletion`), as a terminating pod is not pending in every
-other way and as a state restored from a snapshot has it. v14 put it back: it was decided again
+other way and as a state restored from a snapshot has it. KAI's `getTaskStatus` (pod_info.go)
+reads a Pending pod with a deletionTimestamp as Releasing before it looks at its BindRequest:
+never pending again. v14 put it back: it was decided again
 after its back-off (the API server refuses to bind a pod being deleted, so the binder failed
 again), and a checkpoint taken then restored to another state than the fold's.
 

@@ -176,7 +176,8 @@ never changed: new behaviour is a new version here, and every old log keeps repl
 
 - `kai-es/v15`: v14's rules, and a pod deleted while its bind was in flight is not pending again
   when the bind fails (the fold rule `failed_binds_honour_deletion`), as a terminating pod is
-  not pending in every other way: v14 put it back, decided it again after its back-off, and a
+  not pending in every other way and as KAI reads it (`getTaskStatus`: a Pending pod with a
+  deletionTimestamp is Releasing, whatever its BindRequest): v14 put it back, decided it again after its back-off, and a
   checkpoint taken then restored to another state than its fold's.
 
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an

@@ -50,7 +50,7 @@ one before it is applied); a log with no version at all (None) folds as the firs
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 
@@ -87,10 +87,7 @@ _GATED: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nomi
                           handover_stamps=True, holds_moves=True, backs_off_searches=True,
                           releases_failed_moves=True, keeps_tried_order=True, bindings_hold=True,
                           honours_gates=True)
-_DELETING: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nominates=True,
-                             handover_stamps=True, holds_moves=True, backs_off_searches=True,
-                             releases_failed_moves=True, keeps_tried_order=True, bindings_hold=True,
-                             honours_gates=True, failed_binds_honour_deletion=True)
+_DELETING: Final = replace(_GATED, failed_binds_honour_deletion=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {

@@ -2,6 +2,7 @@
 counted by valgrind's callgrind, for comparing two commits on a machine whose speed drifts.
 
     python tools/bench/count_cycles.py [--skip 2] [--max-instructions M] [bench_steady_cycle.py's options]
+    python tools/bench/count_cycles.py --bench cycle [bench_cycle.py's options]
 
 Runs `bench_steady_cycle.py` (same options; `--restart` included) under
 `valgrind --tool=callgrind --cache-sim=yes` with counting off, and turns it on only inside
@@ -14,26 +15,32 @@ within 0.01%; wall-clock time on a shared machine varies by ±10%. Needs valgrin
 cycles: about 2.5 minutes). With `--max-instructions M` it exits 1, saying so, when a counted
 cycle takes more than M million instructions on average: a regression guard that, unlike a
 timed one, does not depend on the machine's load (the count moves by under 0.01% between runs).
+`--bench cycle` counts `bench_cycle.py`'s one allocate cycle instead (10,000 one-GPU pods on 5,000
+nodes by default; `--skip` defaults to 0 there): the Python around each placement.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 _INNER = "KAI_ES_COUNT_CYCLES_INNER"
+#: `--bench` -> the benchmark module whose `run_cycle` calls are counted
+BENCHES = {"steady": "bench_steady_cycle", "cycle": "bench_cycle"}
 
 
-def _inner(skip: int) -> None:
+def _inner(skip: int, name: str) -> None:
     """Inside valgrind: the benchmark, with counting switched on around each counted cycle."""
     sys.path.insert(0, str(HERE))
-    import bench_steady_cycle as bench
+    bench = importlib.import_module(name)
 
-    run_cycle = bench.run_cycle
+    run_cycle: Callable[..., object] = getattr(bench, "run_cycle")
     calls = [0]
     me = str(os.getpid())
 
@@ -43,19 +50,27 @@ def _inner(skip: int) -> None:
         if on:
             subprocess.run(["callgrind_control", "-i", "on", me], capture_output=True, check=True)
         try:
-            return run_cycle(*args, **kwargs)  # type: ignore[arg-type]
+            return run_cycle(*args, **kwargs)
         finally:
             if on:
                 subprocess.run(["callgrind_control", "-i", "off", me], capture_output=True, check=True)
 
-    bench.run_cycle = counted  # type: ignore[assignment]
-    bench.main()
+    setattr(bench, "run_cycle", counted)
+    getattr(bench, "main")()
     print(f"counted cycles: {max(0, calls[0] - skip)}")
 
 
 def main() -> None:
     args = sys.argv[1:]
-    skip = 2
+    which = "steady"
+    if "--bench" in args:
+        at = args.index("--bench")
+        which = args[at + 1] if at + 1 < len(args) else ""
+        if which not in BENCHES:
+            sys.exit(f"count_cycles: --bench is one of {', '.join(sorted(BENCHES))}")
+        del args[at:at + 2]
+    name = BENCHES[which]
+    skip = 2 if name == "bench_steady_cycle" else 0
     if "--skip" in args:
         at = args.index("--skip")
         skip = int(args[at + 1])
@@ -66,15 +81,15 @@ def main() -> None:
         most = float(args[at + 1])
         del args[at:at + 2]
     if os.environ.get(_INNER):
-        sys.argv = [str(HERE / "bench_steady_cycle.py"), *args]
-        _inner(skip)
+        sys.argv = [str(HERE / f"{name}.py"), *args]
+        _inner(skip, name)
         return
     out_file = Path("/tmp") / f"kai-es-callgrind.{os.getpid()}.out"
     env = {**os.environ, _INNER: "1", "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     try:
         run = subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=yes", "--instr-atstart=no",
                               f"--callgrind-out-file={out_file}", sys.executable, __file__, "--skip", str(skip),
-                              *args], env=env, capture_output=True, text=True)
+                              "--bench", which, *args], env=env, capture_output=True, text=True)
     except FileNotFoundError:
         sys.exit("count_cycles: valgrind is not installed (Debian: apt-get install valgrind)")
     finally:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Final
 
 from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
@@ -69,7 +70,7 @@ def static_key(spec: p.PodObserved, volume_names: tuple[str, ...] = ()) -> Stati
 
 #: `static_key` of a pod with no node selector, toleration, node affinity, node pool, claim or
 #: extended resource request (then the key needs no building)
-PLAIN_KEY: StaticKey = ((), (), b"", "", (), ())
+PLAIN_KEY: Final[StaticKey] = static_key(p.PodObserved(namespace="", name="", uid="", podgroup=""))
 
 
 def legacy_allows(node: p.NodeObserved, spec: p.PodObserved) -> bool:
