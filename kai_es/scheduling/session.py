@@ -266,14 +266,12 @@ class Session:
         else:
             sign = -sign  # an eviction gives its pod's allocation back
             used = (pod.milli_gpu, spec.requests.milli_cpu, spec.requests.memory_bytes)
-        gpu, cpu, memory = used[0] * sign, used[1] * sign, used[2] * sign  # (written out: once a placement)
-        cache, nonpreemptible = self.order_cache, not job.preemptible
+        delta = scale(used, sign)
+        cache = self.order_cache
         for q in leaf.chain:
-            a = q.allocated
-            q.allocated = (a[0] + gpu, a[1] + cpu, a[2] + memory)
-            if nonpreemptible:
-                a = q.nonpreemptible
-                q.nonpreemptible = (a[0] + gpu, a[1] + cpu, a[2] + memory)
+            q.allocated = add(q.allocated, delta)
+            if not job.preemptible:
+                q.nonpreemptible = add(q.nonpreemptible, delta)
             cache.pop(q.name, None)
         if job.semi and self.keeps_core:
             if isinstance(op, Entry):

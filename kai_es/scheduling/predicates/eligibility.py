@@ -68,8 +68,14 @@ def static_key(spec: p.PodObserved, volume_names: tuple[str, ...] = ()) -> Stati
             volume_names, tuple(sorted(spec.scalar_requests.items())))
 
 
-#: `static_key` of a pod with no node selector, toleration, node affinity, node pool, claim or
-#: extended resource request (then the key needs no building)
+def node_constrained(spec: p.PodObserved) -> bool:
+    """Whether `spec` has any of what `static_key` reads (nodeSelector, tolerations, required
+    node affinity, node pool, claims, extended resources); if not, its key is `PLAIN_KEY`."""
+    return bool(spec.node_selector or spec.tolerations or spec.affinity_terms or spec.node_pool
+                or spec.claims or spec.scalar_requests)
+
+
+#: `static_key` of a pod that is not `node_constrained` (then the key needs no building)
 PLAIN_KEY: Final[StaticKey] = static_key(p.PodObserved(namespace="", name="", uid="", podgroup=""))
 
 
@@ -176,8 +182,7 @@ class Eligibility:
     # -- masks -------------------------------------------------------------------------------
 
     def _key(self, spec: p.PodObserved) -> StaticKey:
-        if not (spec.node_selector or spec.tolerations or spec.affinity_terms or spec.node_pool
-                or spec.claims or spec.scalar_requests):
+        if not node_constrained(spec):
             return PLAIN_KEY  # (most pods: nothing to build, nothing to keep)
         # by identity: a spec object lives in the state for the whole cycle and never changes
         key = self._keys.get(id(spec))

@@ -49,8 +49,7 @@ def pod_bind_failed(state: ClusterState, env: Envelope) -> None:
     else:
         backoff = min(BIND_BACKOFF_CAP_NS, BIND_BACKOFF_BASE_NS << min(pod.bind_failures - 1, 20))
         pod.backoff_until_ns = env.logicaltime + backoff
-    # (kai-es/v15 on: a pod deleted while its bind was in flight is not pending again)
-    set_pending(state, pod, not (pod.spec.terminating and state.failed_binds_honour_deletion))
+    set_pending(state, pod, True)  # (kai-es/v15 on, set_pending leaves a terminating pod out)
 
 
 def pod_evicted(state: ClusterState, env: Envelope) -> None:

@@ -82,11 +82,14 @@ def set_pending(state: ClusterState, pod: PodState, pending: bool, job: Job | No
     """Put the pod in (`pending`, when it is of kai-es's scheduler) or take it out of its job's
     pending pods, and the job in or out of its queue's pending jobs. `job`, when the caller has
     it at hand, must be the pod's job (`state.jobs[pod.job_key]`): it saves the lookup. A pod
-    with scheduling gates is not pending where gates are honoured (`state.honours_gates`)."""
+    with scheduling gates is not pending where gates are honoured (`state.honours_gates`), nor
+    a terminating one where `state.failed_binds_honour_deletion` (kai-es/v15 on; before, only
+    the callers that observe the pod left terminating pods out: a failed bind put one back)."""
     old = pod.pending_key
     spec = pod.spec
     new = None
-    if pending and spec.scheduler_name == state.scheduler_name and not (spec.scheduling_gates and state.honours_gates):
+    if pending and spec.scheduler_name == state.scheduler_name and not (spec.scheduling_gates and state.honours_gates) \
+            and not (spec.terminating and state.failed_binds_honour_deletion):
         # (built by tuple.__new__, without the NamedTuple's Python-level __new__: a hot path of the fold)
         new = tuple.__new__(PendingPod, (-spec.task_priority, spec.created_ns, spec.uid, pod.key))
         if new == old:
