@@ -352,7 +352,7 @@ class ClusterState:
     #: `kai_es.state.handlers.jobs.set_pending`)
     honours_gates: bool = False
     #: whether a pod whose bind failed stays out of the pending pods while it is terminating
-    #: (policy kai-es/v15 on; `kai_es.state.handlers.binder.pod_bind_failed`)
+    #: (policy kai-es/v15 on; `kai_es.state.handlers.jobs.set_pending`)
     failed_binds_honour_deletion: bool = False
     #: the scheduler name kai-es answers to (the config's `schedulerName`, default KAI's): only
     #: pods of it are pending for kai-es
