@@ -13,6 +13,7 @@ lines or styles.
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from kai_es import cli_audit, cli_serve, cli_services, cli_whatif, verify_mode
+from kai_es import verify_mode
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.app import bulk_fold, open_log
 from kai_es.cli_common import (UserError, one_line, os_error_line, choose_packer, console, err, friendly,
@@ -42,7 +43,33 @@ from kai_es.scenario import load_scenario
 from kai_es.visibility.brief import brief as _brief, unbalanced_brackets
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: The commands defined in other modules, by name: each module is imported only when one of its
+#: commands runs or help lists them, so `kai-es replay` does not load the HTTP server, the Kafka
+#: client or the what-if engine (tests/test_cli.py checks this table against each `COMMANDS`).
+LAZY_COMMANDS: dict[str, str] = {
+    "scheduler": "kai_es.cli_services", "informer": "kai_es.cli_services", "binder": "kai_es.cli_services",
+    "explain": "kai_es.cli_audit", "usage": "kai_es.cli_audit",
+    "whatif": "kai_es.cli_whatif",
+    "serve": "kai_es.cli_serve",
+}
+
+
+class _LazyGroup(click.Group):
+    """A click group that imports a command's module (`LAZY_COMMANDS`) when the command is
+    asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = LAZY_COMMANDS.get(cmd_name)
+        if module is None:
+            return super().get_command(ctx, cmd_name)
+        commands: tuple[click.Command, ...] = importlib.import_module(module).COMMANDS
+        return next(c for c in commands if c.name == cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kai-es")
 def main() -> None:
     """kai-es: an event-sourced GPU scheduler with KAI Scheduler semantics."""
@@ -412,7 +439,9 @@ def events(log_url: str, type_pattern: str | None, subject: str | None, from_pos
         return True
 
     if follow:
-        cli_audit.follow_log(log, from_position, show, limit)
+        from kai_es.cli_audit import follow_log
+
+        follow_log(log, from_position, show, limit)
         return
     shown = read = 0
     for record in _records_from(log, from_position):
@@ -425,9 +454,6 @@ def events(log_url: str, type_pattern: str | None, subject: str | None, from_pos
         filters = " and ".join(f"{o} {v!r}" for o, v in (("--type", type_pattern), ("--subject", subject)) if v)
         warn(f"none of the {read} events read matched {filters}")
 
-
-for _command in (*cli_services.COMMANDS, *cli_audit.COMMANDS, *cli_whatif.COMMANDS, *cli_serve.COMMANDS):
-    main.add_command(_command)
 
 if __name__ == "__main__":
     main()

@@ -82,18 +82,17 @@ def friendly(fn: F) -> F:
     """Turn expected failures into one-line messages (exit 2)."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        expected: tuple[type[Exception], ...] = (
-            ScenarioError, ConfigError, CorruptLogError, DecodeError, SetupError,
-            NativePackerUnavailable, *_backend_errors())
         try:
             return fn(*args, **kwargs)
-        except expected as exc:
-            raise UserError(str(exc)) from None
-        except BrokenPipeError:
-            _quiet_closed_stdout()
-            sys.exit(0)  # the reader stopped reading (`| head`): a normal end
-        except OSError as exc:  # no permission, a full disk, a directory for a file, ...
-            raise UserError(os_error_line(exc)) from None
+        except Exception as exc:
+            if isinstance(exc, _expected_errors()):
+                raise UserError(str(exc)) from None
+            if isinstance(exc, BrokenPipeError):
+                _quiet_closed_stdout()
+                sys.exit(0)  # the reader stopped reading (`| head`): a normal end
+            if isinstance(exc, OSError):  # no permission, a full disk, a directory for a file, ...
+                raise UserError(os_error_line(exc)) from None
+            raise
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
@@ -117,12 +116,14 @@ def _quiet_closed_stdout() -> None:
         pass
 
 
-def _backend_errors() -> tuple[type[Exception], ...]:
-    try:
-        from kai_es.adapters.kafka_log import FencedError, KafkaLogError
-    except ImportError:  # pragma: no cover - aiokafka is a dependency
-        return ()
-    return (FencedError, KafkaLogError)
+def _expected_errors() -> tuple[type[Exception], ...]:
+    """The errors a command reports in one line. The Kafka backend's are among them only once a
+    command has loaded it (an error of a module never imported cannot have been raised), so a
+    command on a file log does not import the Kafka client to be ready for them."""
+    kafka = sys.modules.get("kai_es.adapters.kafka_log")
+    backend = () if kafka is None else (kafka.FencedError, kafka.KafkaLogError)
+    return (ScenarioError, ConfigError, CorruptLogError, DecodeError, SetupError, NativePackerUnavailable,
+            *backend)
 
 
 def choose_packer(kind: str | None) -> Packer:

@@ -93,6 +93,34 @@ def test_every_command_is_registered_with_its_options() -> None:
             assert option in help_run.stdout, (command, option)
 
 
+def test_lazy_command_table_names_every_command_of_its_module() -> None:
+    """`kai_es.cli.LAZY_COMMANDS` is the whole of each command module's `COMMANDS`, no more: a
+    command missing from the table would vanish from `kai-es`, one named in the wrong module
+    would fail when run."""
+    import importlib
+
+    from kai_es.cli import LAZY_COMMANDS
+
+    by_module: dict[str, set[str]] = {}
+    for name, module in LAZY_COMMANDS.items():
+        by_module.setdefault(module, set()).add(name)
+    for module, names in by_module.items():
+        assert {c.name for c in importlib.import_module(module).COMMANDS} == names, module
+
+
+def test_a_file_log_command_loads_neither_kafka_nor_the_other_commands() -> None:
+    """`kai-es events` on a file log imports no Kafka client and none of the command modules it
+    does not run (each costs every command its import time); a Kafka error is still one line
+    once a command has loaded the backend (tests/kafka)."""
+    log = str(ROOT / "tests" / "golden" / "quickstart.events.jsonl")
+    code = ("import sys\nfrom kai_es.cli import main\n"
+            f"try:\n    main(['events', {log!r}, '--limit', '1'])\nexcept SystemExit as e:\n    assert e.code == 0, e\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('aiokafka', 'kai_es.cli_', 'kai_es.serve'))))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "['kai_es.cli_common']"
+
+
 def test_fairshare_runs_from_the_command_line() -> None:
     run = _cli("fairshare", "examples/quickstart.yaml", "-o", "json")
     assert run.returncode == 0, run.stderr
