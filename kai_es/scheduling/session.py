@@ -33,7 +33,7 @@ from kai_es.events.payloads import Reason
 from kai_es.scheduling import framework as fw
 from kai_es.scheduling.fairshare import RESOURCES, cluster_capacity, gpu_memory_hint, parent_loops, pod_request
 from kai_es.scheduling.gang import Minimum, minimum, surplus
-from kai_es.scheduling.plan import Announced, Entry, Plan
+from kai_es.scheduling.plan import Announced, Entry, Plan, VerificationError
 from kai_es.state.keys import job_key_of_index
 from kai_es.state.model import OCCUPYING, ClusterState, Job, PodState
 from kai_es.state.quantities import ZERO, Vector, add, device_milli_on, scale
@@ -335,6 +335,20 @@ class Session:
         pods = [self.state.pods[e.pod_key] for e in job.pending if e.pod_key not in skip]
         if not pods:
             return None
+        if _one_pod(job) and pods[0].key not in self.placed_pods:
+            # a job of one pod, pending and not placed (the common case of the preempting
+            # actions' waiting jobs): what `_minimum_of` finds, without its steps. Nothing of
+            # the job occupies, so no readiness rule finds it short (its pod is alive), and its
+            # minimum is the pod when minMember is 1, none when 0; the pod is tried either way.
+            need = self.gang[job.key] = Minimum(tuple(pods) if job.min_member >= 1 else ())
+            request = pod_request(pods[0].spec, self.gpu_memory_hint)
+            if self.plan.verify:
+                full, chosen = self._minimum_of(job, pods)
+                self.gang[job.key] = need
+                if (full, chosen, self.request_of(chosen)) != (need, pods, request):
+                    raise VerificationError(f"job {job.key}: one pod's candidate {need} {request}, "
+                                            f"the full rule's {full} {self.request_of(chosen)}")
+            return pods, request
         need, chosen = self._minimum_of(job, pods)
         if need.problem is not None:
             return None
