@@ -440,6 +440,9 @@ class _KaiJudge:
         self.by_priority = by_priority
         #: `victim_buckets` answers by (leaf, request, every queue's allocation then)
         self._buckets: dict[tuple[str, Vector, tuple[Vector, ...]], list[tuple[str, int]]] = {}
+        #: (reclaimer's side, victim's side) by (id of leaf, id of victim queue): the session's
+        #: queue tree does not change during the action
+        self._sides: dict[tuple[int, int], tuple[QueueNode, QueueNode] | None] = {}
 
     def may_start(self, leaf: QueueNode, job: Job, request: Vector) -> bool:
         return all(leaf.allocated[r] + request[r] <= leaf.fair[r] for r in (0, 1, 2))
@@ -447,12 +450,9 @@ class _KaiJudge:
     def why_not(self, leaf: QueueNode, job: Job, request: Vector) -> tuple[str, dict[str, int]]:
         return _why_over_fair(leaf, request, every_resource=True)
 
-    def _candidate_queue(self, leaf: QueueNode, request: Vector, victim: QueueNode) -> bool:
-        """KAI's victim filter, by the victim's queue, on the accounting now."""
-        found = sides(leaf, victim)
-        if found is None:
-            return False
-        _, mine, theirs = found
+    def _candidate_side(self, mine: QueueNode, theirs: QueueNode, request: Vector) -> bool:
+        """KAI's victim filter, by the victim's queue, on the accounting now: a function of the
+        two sides below the queues' common ancestor (`sides`) and the request."""
         if self.by_priority and by_queue_priority(mine, theirs, _plus(mine.allocated, request)):
             return True
         if not within_quota(mine, _plus(mine.allocated, request)):
@@ -469,21 +469,36 @@ class _KaiJudge:
 
     def victim_buckets(self, leaf: QueueNode, job: Job, request: Vector) -> list[tuple[str, int]]:
         """The (queue, priority) buckets of `state.victim_jobs` whose queue passes KAI's victim
-        filter (`_candidate_queue`) for `request` of `leaf`. A function of the leaf, the request
+        filter (`_candidate_side`) for `request` of `leaf`. A function of the leaf, the request
         and the queues' allocations (the rest is fixed for the cycle), so kept by those: the
         many waiting jobs of a queue that ask alike (a cycle's failed reclaims, each rolled back)
-        share one answer while no allocation moved."""
+        share one answer while no allocation moved. The filter is judged once for each pair of
+        sides (the victim queues below one side share it)."""
         queues, found = self.session.queues, self.session.state.victim_jobs
         key = (leaf.name, request, tuple(q.allocated for q in queues.values()))
         kept = self._buckets.get(key)
         if kept is not None:
             return list(kept)
         out: list[tuple[str, int]] = []
+        known = self._sides
+        judged: dict[tuple[int, int], bool] = {}
         for name in sorted(found):
             victim = queues.get(name)
             if victim is None or victim.children or victim is leaf:
                 continue
-            if self._candidate_queue(leaf, request, victim):
+            pair_key = (id(leaf), id(victim))
+            if pair_key in known:
+                pair = known[pair_key]
+            else:
+                both = sides(leaf, victim)
+                pair = known[pair_key] = None if both is None else (both[1], both[2])
+            if pair is None:
+                continue
+            side_key = (id(pair[0]), id(pair[1]))
+            passes = judged.get(side_key)
+            if passes is None:
+                passes = judged[side_key] = self._candidate_side(pair[0], pair[1], request)
+            if passes:
                 out.extend((name, priority) for priority in sorted(found[name]))
         if len(self._buckets) >= 4096:
             self._buckets.clear()
