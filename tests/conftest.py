@@ -4,12 +4,11 @@ Profiles: `dev` (local default) is quick; `ci` is the thorough one `.ci/run` use
 HYPOTHESIS_PROFILE=ci, or by CI=true/1 when HYPOTHESIS_PROFILE is unset); `soak` is for a long
 hunt. Tests that set their own `max_examples` keep it under every profile.
 
-Workers: the suite runs on two processes (pytest-xdist, `-n 2 --dist loadgroup` in pyproject's
-addopts; `-n 0` runs it in one). Each test module is one unit of work, so a module's fixtures
-are set up once; every test under tests/k8s/ and tests/test_image.py is one unit (`K8S_GROUP`):
-they share the session's control plane and image, and the real node's containerd and runc are
-used by one process at a time. Session fixtures are per worker: each worker that runs a Kafka
-test starts a broker of its own.
+Workers: the suite runs on two processes (pytest-xdist, `-n 2` in pyproject's addopts; `-n 0`
+runs it in one). A unit of work is a test module, so a module's fixtures are set up once, except
+that every test under tests/k8s/ and tests/test_image.py is one unit (`K8S_UNIT`): they share the
+session's control plane and image, and the real node's containerd and runc serve one process at
+a time. Session fixtures are per worker: each worker that runs a Kafka test starts its broker.
 
 Broker: one KRaft broker (tools/kafka/broker.py) is started for the whole session when a test
 first asks for it, on a free port and a temp data dir, and stopped at the end. If it cannot
@@ -62,19 +61,28 @@ def load_tool_module(name: str, path: Path) -> ModuleType:
     return module
 
 
-_TESTS = Path(__file__).resolve().parent
-#: the xdist group of the tests that share the control plane, the image and the real node
-K8S_GROUP = "k8s"
-_WITH_THE_NODE = {_TESTS / "test_image.py"}
+#: the unit of work of the tests that share the control plane, the image and the real node
+K8S_UNIT = "tests/k8s"
+_WITH_THE_NODE = ("tests/k8s/", "tests/test_image.py::")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        path = Path(item.path).resolve()
-        group = K8S_GROUP if (_TESTS / "k8s") in path.parents or path in _WITH_THE_NODE \
-            else path.relative_to(_TESTS).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+def work_unit(nodeid: str) -> str:
+    """The unit of work of the test `nodeid` (relative to the repository): its module, or
+    `K8S_UNIT`."""
+    return K8S_UNIT if nodeid.startswith(_WITH_THE_NODE) else nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scheduler by scope (whole units to one worker, the first unit first), with
+    `work_unit` as the scope. (Its `xdist_group` markers cannot do this: under pytest 9 the group
+    it writes into a worker's node id does not reach the scheduler.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByUnit(config, log)
 
 
 broker_mod = load_tool_module("kai_es_tools_kafka_broker", _BROKER_PY)
