@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import hypothesis_profile
+from tests.conftest import K8S_UNIT, hypothesis_profile, work_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,3 +31,18 @@ def test_the_ci_profile_runs_more_examples_than_the_local_one() -> None:
                          env={"PATH": "/usr/bin:/bin", "HYPOTHESIS_PROFILE": "ci"})
     ci, dev, loaded = map(int, run.stdout.split())
     assert ci >= 200 and ci > dev and loaded == ci
+
+
+def test_the_workers_units_keep_the_node_tests_together_and_modules_whole() -> None:
+    """The Kubernetes tests and the image's share one worker (one control plane, one real node's
+    containerd at a time); any other module is one unit (its fixtures set up once)."""
+    for nodeid in ("tests/k8s/test_status.py::test_a", "tests/k8s/test_real_node.py::test_b[x::y]",
+                   "tests/test_image.py::test_two_builds_give_the_same_digest"):
+        assert work_unit(nodeid) == K8S_UNIT, nodeid
+    assert work_unit("tests/kafka/test_faults.py::test_binder_killed_repeatedly") == "tests/kafka/test_faults.py"
+    assert work_unit("tests/test_cli.py::test_help[a::b]") == "tests/test_cli.py"
+    assert work_unit("tests/test_image_tools.py::test_x") == "tests/test_image_tools.py"
+    # the setting that makes the suite use them
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'addopts = "-ra --strict-markers -n 2"' in pyproject
+
