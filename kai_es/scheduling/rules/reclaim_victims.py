@@ -480,18 +480,12 @@ class _KaiJudge:
         if kept is not None:
             return list(kept)
         out: list[tuple[str, int]] = []
-        known = self._sides
         judged: dict[tuple[int, int], bool] = {}
         for name in sorted(found):
             victim = queues.get(name)
             if victim is None or victim.children or victim is leaf:
                 continue
-            pair_key = (id(leaf), id(victim))
-            if pair_key in known:
-                pair = known[pair_key]
-            else:
-                both = sides(leaf, victim)
-                pair = known[pair_key] = None if both is None else (both[1], both[2])
+            pair = self._pair(leaf, victim)
             if pair is None:
                 continue
             side_key = (id(pair[0]), id(pair[1]))
@@ -505,15 +499,25 @@ class _KaiJudge:
         self._buckets[key] = out
         return list(out)
 
+    def _pair(self, leaf: QueueNode, victim: QueueNode) -> tuple[QueueNode, QueueNode] | None:
+        """(the reclaimer's side, the victim's side) of `sides`, kept for the action."""
+        key = (id(leaf), id(victim))
+        known = self._sides
+        if key in known:
+            return known[key]
+        both = sides(leaf, victim)
+        pair = known[key] = None if both is None else (both[1], both[2])
+        return pair
+
     def admit(self, leaf: QueueNode, job: Job, request: Vector) -> Callable[[Unit], bool]:
         queues = self.session.queues
         mine_with_job: dict[int, Vector] = {}
 
         def admit(unit: Unit) -> bool:
-            found = sides(leaf, queues[unit.job.queue])
+            found = self._pair(leaf, queues[unit.job.queue])
             if found is None:
                 return False
-            _, mine, theirs = found
+            mine, theirs = found
             lost = unit.request
             if not any(lost[r] > 0 and request[r] > 0 for r in (0, 1, 2)):
                 return False  # the victim frees nothing the reclaimer needs
@@ -544,15 +548,11 @@ class _KaiJudge:
         session = self.session
         state, queues = session.state, session.queues
         involved: dict[int, tuple[QueueNode, QueueNode, set[int]]] = {}
-        side_of: dict[str, tuple[QueueNode, QueueNode] | None] = {}
         requested = {r for r in (0, 1, 2) if request[r] > 0}
         for key in victims:
             pod = state.pods[key]
             queue = state.jobs[pod.job_key].queue
-            if queue not in side_of:
-                found = sides(leaf, queues[queue])
-                side_of[queue] = (found[1], found[2]) if found is not None else None
-            pair = side_of[queue]
+            pair = self._pair(leaf, queues[queue])
             if pair is None:
                 return f"queue {queue} is no queue {leaf.name} may reclaim from", {}
             mine, theirs = pair
