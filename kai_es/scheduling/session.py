@@ -319,7 +319,7 @@ class Session:
                 leaf.jobs.pop(0)
                 continue
             if _one_pod(job):  # (its pod is pending and not done, so not placed)
-                return job, *self._one_pod_candidate(job, pods)
+                return job, pods, self._one_pod_request(job, pods)
             _, chosen = self._minimum_of(job, pods)
             return job, chosen, self.request_of(chosen)
         return None
@@ -334,7 +334,7 @@ class Session:
         if not pods:
             return None
         if _one_pod(job) and pods[0].key not in self.placed_pods:
-            return self._one_pod_candidate(job, pods)
+            return pods, self._one_pod_request(job, pods)
         need, chosen = self._minimum_of(job, pods)
         if need.problem is not None:
             return None
@@ -348,9 +348,9 @@ class Session:
         return [pods[k] for k in sorted(job.members)
                 if (pods[k].status in OCCUPYING and k not in evicted) or k in placed]
 
-    def _one_pod_candidate(self, job: Job, pods: list[PodState]) -> tuple[list[PodState], Vector]:
-        """`pods`, the one pending pod of a `_one_pod` job, not placed (the common case: cheap),
-        with its request; the job's gang minimum recorded as `_minimum_of` finds it, without its
+    def _one_pod_request(self, job: Job, pods: list[PodState]) -> Vector:
+        """The request of `pods`, the one pending pod of a `_one_pod` job, not placed (the common
+        case: cheap); the job's gang minimum recorded as `_minimum_of` finds it, without its
         steps. Nothing of the job occupies, so no readiness rule finds it short (its pod is
         alive), and its minimum is the pod when minMember is 1, none when 0 (an observable
         difference in neither case: a one-pod job is never told it is a gang, and a minMember 0
@@ -363,7 +363,7 @@ class Session:
             if (full, chosen, self.request_of(chosen)) != (need, pods, request):
                 raise VerificationError(f"job {job.key}: one pod's candidate {need} {request}, "
                                         f"the full rule's {full} {self.request_of(chosen)}")
-        return pods, request
+        return request
 
     def _minimum_of(self, job: Job, pending: list[PodState]) -> tuple[Minimum, list[PodState]]:
         """The job's gang minimum among `pending` (recorded in `gang`) and the pods to try now:
