@@ -78,6 +78,9 @@ class QueueNode:
     children: list[QueueNode] = field(default_factory=list)
     jobs: SortedList | None = None  # leaves: their pending jobs in order (`QueuedJob`)
     chain: tuple[QueueNode, ...] = ()  # itself, then its ancestors (set once the tree is built)
+    #: (order key, candidate) of its subtree as last computed (`Session.pick`); None once a
+    #: change below it may have moved either (`Session.forget_order`)
+    order: tuple[tuple[object, ...] | None, Candidate | None] | None = None
 
     def ancestry(self) -> tuple[QueueNode, ...]:
         """Itself, then its parent, up to its root."""
@@ -176,8 +179,6 @@ class Session:
         self.gang: dict[str, Minimum] = {}
         #: pods an action of this cycle left waiting, with the reasons (the cycle keeps it)
         self.unschedulable: dict[str, list[Reason]] = {}
-        #: queue name -> (order key, candidate) for its subtree; see `pick`
-        self.order_cache: dict[str, tuple[tuple[object, ...] | None, Candidate | None]] = {}
         #: whether semi-preemptible jobs keep a non-preemptible core (`rules.semi_preemptible`);
         #: then each such job's core as counted in its queues, and what each of their pods
         #: placed by the Plan holds
@@ -248,7 +249,7 @@ class Session:
         """The cycle is over: the queue tree is unlinked (a node holds its parent, its children
         and itself in its chain), so reference counting frees it with the session."""
         for node in self.queues.values():
-            node.parent, node.children, node.chain = None, [], ()
+            node.parent, node.children, node.chain, node.order = None, [], (), None
 
     # -- accounting (the Plan's listener) -----------------------------------------------------
 
@@ -267,12 +268,11 @@ class Session:
             sign = -sign  # an eviction gives its pod's allocation back
             used = (pod.milli_gpu, spec.requests.milli_cpu, spec.requests.memory_bytes)
         delta = scale(used, sign)
-        cache = self.order_cache
         for q in leaf.chain:
             q.allocated = add(q.allocated, delta)
             if not job.preemptible:
                 q.nonpreemptible = add(q.nonpreemptible, delta)
-            cache.pop(q.name, None)
+            q.order = None
         if job.semi and self.keeps_core:
             if isinstance(op, Entry):
                 if sign > 0:
@@ -305,7 +305,7 @@ class Session:
         delta = add(core, scale(before, -1))
         for q in leaf.chain:
             q.nonpreemptible = add(q.nonpreemptible, delta)
-            self.order_cache.pop(q.name, None)
+            q.order = None
 
     # -- order ------------------------------------------------------------------------------
 
@@ -387,13 +387,14 @@ class Session:
 
     def pick(self, nodes: list[QueueNode]) -> Candidate | None:
         """The best (leaf, job, pods, request) below `nodes`. A queue's key and candidate depend
-        only on its own subtree, so they are cached until a try below it changes something."""
+        only on its own subtree, so each node keeps them (`QueueNode.order`) until a try below
+        it changes something (`forget_order`)."""
         best: Candidate | None = None
         best_key: tuple[object, ...] | None = None
         for q in nodes:
-            cand: Candidate | None
-            cached = self.order_cache.get(q.name)
+            cached = q.order
             if cached is None:
+                cand: Candidate | None
                 if q.children:
                     cand = self.pick(q.children)
                 elif q.jobs:
@@ -401,14 +402,19 @@ class Session:
                     cand = (q, *c) if c is not None else None
                 else:
                     cand = None
-                key = self._queue_key(q, cand[3]) if cand is not None else None
-                self.order_cache[q.name] = cached = (key, cand)
+                cached = q.order = (self._queue_key(q, cand[3]) if cand is not None else None, cand)
             key, cand = cached
             if cand is None:
                 continue
             if best_key is None or key < best_key:  # type: ignore[operator]
                 best, best_key = cand, key
         return best
+
+    @staticmethod
+    def forget_order(leaf: QueueNode) -> None:
+        """A try in `leaf` may have changed its candidate: its chain's kept orders are dropped."""
+        for q in leaf.chain:
+            q.order = None
 
     # -- rules ------------------------------------------------------------------------------
 

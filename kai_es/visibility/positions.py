@@ -106,6 +106,5 @@ def would_try(state: ClusterState, now_ns: int) -> list[str]:
         leaf, job = pick[0], pick[1]
         order.append(job.key)
         session.done.update(e.pod_key for e in job.pending)
-        for q in leaf.chain:
-            session.order_cache.pop(q.name, None)
+        session.forget_order(leaf)
     return order

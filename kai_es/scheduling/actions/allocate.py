@@ -80,7 +80,6 @@ class Allocator:
         session.rules.queue_depth.limit_allocate(self)
         self._nominated()
         session.rules.gang_restoration.restore(self)
-        cache = session.order_cache
         after_miss = session.rules.hopeless_batch.after_miss
         while True:
             pick = session.pick(session.roots)
@@ -89,8 +88,7 @@ class Allocator:
             leaf, job, pods, request = pick
             if not self._try(leaf, job, pods, request):
                 after_miss(self, leaf)
-            for q in leaf.chain:
-                cache.pop(q.name, None)
+            session.forget_order(leaf)
         return self.result
 
     def _nominated(self) -> None:
