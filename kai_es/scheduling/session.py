@@ -311,10 +311,16 @@ class Session:
 
     def candidate(self, leaf: QueueNode) -> tuple[Job, list[PodState], Vector] | None:
         """The leaf's next job with the pods it would place now and their total request."""
+        done = self.done
         while leaf.jobs:
             key = leaf.jobs[0].job_key
             job = self.state.jobs[key]
-            pods = [self.state.pods[e.pod_key] for e in job.pending if e.pod_key not in self.done]
+            pending = job.pending
+            if len(pending) == 1:  # (most jobs: no comprehension's frame)
+                pod_key = pending[0].pod_key
+                pods = [] if pod_key in done else [self.state.pods[pod_key]]
+            else:
+                pods = [self.state.pods[e.pod_key] for e in pending if e.pod_key not in done]
             if not pods:
                 leaf.jobs.pop(0)
                 continue

@@ -393,8 +393,9 @@ class PodAffinityIndex:
         """Whether the pod's eligibility depends on where pods are (own terms or holders')."""
         if spec.pod_affinity or spec.pod_anti_affinity:
             return True
-        return any(h.kind == REQUIRED_ANTI and h.term.selects(spec.namespace, spec.labels)
-                   for h in self.holders())
+        holders = self.holders()
+        return bool(holders) and any(h.kind == REQUIRED_ANTI and h.term.selects(spec.namespace, spec.labels)
+                                     for h in holders)  # (no generator made when none: every try asks)
 
     def preference(self, spec: p.PodObserved) -> dict[int, int]:
         """Raw inter-pod preference score per node (absent: 0)."""
