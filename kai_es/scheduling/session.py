@@ -267,11 +267,14 @@ class Session:
         else:
             sign = -sign  # an eviction gives its pod's allocation back
             used = (pod.milli_gpu, spec.requests.milli_cpu, spec.requests.memory_bytes)
-        delta = scale(used, sign)
+        g, c, m = used[0] * sign, used[1] * sign, used[2] * sign  # (written out: every operation)
+        nonpreemptible = not job.preemptible
         for q in leaf.chain:
-            q.allocated = add(q.allocated, delta)
-            if not job.preemptible:
-                q.nonpreemptible = add(q.nonpreemptible, delta)
+            a = q.allocated
+            q.allocated = (a[0] + g, a[1] + c, a[2] + m)
+            if nonpreemptible:
+                a = q.nonpreemptible
+                q.nonpreemptible = (a[0] + g, a[1] + c, a[2] + m)
             q.order = None
         if job.semi and self.keeps_core:
             if isinstance(op, Entry):
@@ -443,9 +446,10 @@ class Session:
         quota-bound job (`quota_bound`), its non-preemptible allocation would; [] when none."""
         bound = self.quota_bound(job)
         for q in leaf.chain:
-            for r, resource in enumerate(RESOURCES):
+            for r in (0, 1, 2):
                 if request[r] <= 0:
                     continue
+                resource = RESOURCES[r]
                 if not quotas_only and q.limit[r] >= 0 and q.allocated[r] + request[r] > q.limit[r]:
                     return [Reason(code=fw.QUEUE_LIMIT, message=(
                         f"queue {q.name} would exceed its {resource} limit: requested "
