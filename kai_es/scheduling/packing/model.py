@@ -206,8 +206,7 @@ def raise_for_result(result: "Placement", table: "PackTable", strategy: "Strateg
 # --------------------------------------------------------------------------- task / strategy
 
 
-@dataclass(frozen=True, slots=True)
-class TaskShape:
+class TaskShape(msgspec.Struct, frozen=True, gc=False, cache_hash=True):
     """What one task asks for.  Exactly one of three kinds (anything else is invalid):
 
     * **CPU-only** -- every GPU field is 0.
@@ -221,6 +220,9 @@ class TaskShape:
     ``0 <= whole_gpus, fraction_devices <= MAX_TASK_DEVICES``;
     ``0 <= gpu_memory_mib <= MAX_MEMORY_MIB``.  The shape is not validated at
     construction; every packer validates it at its boundary (:func:`task_problem`).
+
+    (A frozen msgspec Struct with its hash kept: a cycle looks shapes up in dicts at every
+    placement, and a frozen dataclass's hash is a Python call hashing a new tuple each time.)
     """
 
     milli_cpu: int = 0
