@@ -56,8 +56,9 @@ accounting, writes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
+
+import msgspec
 
 from kai_es.scheduling.fairshare import RESOURCES
 from kai_es.scheduling.plan import Entry, Eviction
@@ -643,5 +644,5 @@ class _FinalVictimsJudge(_KaiJudge):
                         f"{_q(0, theirs.fair[0])}): its pods may not be reclaimed for queue {mine.name}",
                         {"allocated_milli_gpu": left[0], "quota_milli_gpu": theirs.quota[0],
                          "fair_share_milli_gpu": theirs.fair[0]})
-            remaining[id(theirs)] = _minus(left, replace(unit, pods=pods).request)
+            remaining[id(theirs)] = _minus(left, msgspec.structs.replace(unit, pods=pods).request)
         return self._saturation(leaf, request, victims)
