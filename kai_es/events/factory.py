@@ -33,12 +33,30 @@ _VARIANT: Final = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 
 
 def name_id(name: str) -> str:
-    """Exactly `str(uuid.uuid5(NAMESPACE, name))`, without the UUID object (see `derived_id`):
-    the SHA-1's first 16 bytes in hex, with the version nibble (hex digit 12) set to 5 and the
-    variant bits written into hex digit 16 (a what-if draws a million ids: done on the hex
-    string, not on a bytearray)."""
-    h = hashlib.sha1(_NAMESPACE_BYTES + name.encode()).hexdigest()
+    """Exactly `str(uuid.uuid5(NAMESPACE, name))`, without the UUID object (see `derived_id`)."""
+    return _uuid5_text(hashlib.sha1(_NAMESPACE_BYTES + name.encode()).hexdigest())
+
+
+def _uuid5_text(h: str) -> str:
+    """The UUID text of a name-based SHA-1 in hex `h`: its first 16 bytes, with the version
+    nibble (hex digit 12) set to 5 and the variant bits written into hex digit 16 (a what-if
+    draws a million ids: done on the hex string, not on a bytearray)."""
     return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+
+
+class DerivedIds:
+    """`derived_id(cause_id, n)` for one cause and many `n` (a cycle's decisions): the hash of
+    the name's common prefix is computed once and copied for each id."""
+
+    __slots__ = ("_prefix",)
+
+    def __init__(self, cause_id: str) -> None:
+        self._prefix = hashlib.sha1(_NAMESPACE_BYTES + f"{cause_id}/".encode())
+
+    def __call__(self, ordinal: int) -> str:
+        h = self._prefix.copy()
+        h.update(b"%d" % ordinal)
+        return _uuid5_text(h.hexdigest())
 
 
 def make_envelope(

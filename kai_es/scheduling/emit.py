@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
-from kai_es.events.factory import derived_id, make_envelope
+from kai_es.events.factory import DerivedIds, make_envelope
 from kai_es.scheduling.plan import Entry, Eviction, Plan
 from kai_es.state.model import ClusterState
 from kai_es.state.reducer import reasons_fingerprint
@@ -27,6 +27,7 @@ class Emitter:
     def __init__(self, started: Record, policy_version: str) -> None:
         self.started = started
         self.policy_version = policy_version
+        self._ids = DerivedIds(started.envelope.id)
         self.out: list[Envelope] = []
         self.counts = {"bound": 0, "pipelined": 0, "evicted": 0, "unschedulable": 0}
         self._victims: dict[int, set[str]] | None = None
@@ -34,7 +35,7 @@ class Emitter:
     def emit(self, payload: p.Payload, subject: str, statedigest: str | None = None) -> None:
         env = self.started.envelope
         self.out.append(make_envelope(
-            payload, event_id=derived_id(env.id, len(self.out)), source=SOURCE, subject=subject,
+            payload, event_id=self._ids(len(self.out)), source=SOURCE, subject=subject,
             logicaltime=env.logicaltime, causationid=env.id, correlationid=env.id,
             basedon=self.started.position, policyversion=self.policy_version,
             statedigest=statedigest))
