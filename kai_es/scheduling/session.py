@@ -177,6 +177,10 @@ class Session:
         self.tried: dict[str, None] = {}
         #: the gang minimum chosen for each job when it was last a candidate
         self.gang: dict[str, Minimum] = {}
+        #: job key -> until when its preemption delay holds it (0: it does not), as the
+        #: version's rule answered it (`PreemptingAction.preemptors`: the state holds still
+        #: during a cycle, so each preempting action need not ask again)
+        self.delayed_until: dict[str, int] = {}
         #: pods an action of this cycle left waiting, with the reasons (the cycle keeps it)
         self.unschedulable: dict[str, list[Reason]] = {}
         #: whether semi-preemptible jobs keep a non-preemptible core (`rules.semi_preemptible`);

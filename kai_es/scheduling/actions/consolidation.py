@@ -96,14 +96,15 @@ class Consolidation(PreemptingAction):
         hint = self.session.gpu_memory_hint
         keys = self.session.rules.preemptors.waiting(self.session) if waiting is None else waiting
         requests = [pod_request(self.state.pods[key].spec, hint) for key in keys]
-        if not requests or any(min(r[i] for r in requests) > free[i] for i in (0, 1, 2)):
+        # (each resource's smallest request over a column of the requests: the scan in C)
+        if not requests or any(min(column) > have for column, have in zip(zip(*requests), free)):
             return []  # no waiting pod is that small: no job can fit (a full cluster ends here)
         out = []
         for leaf, job in super().preemptors(keys):  # the rule's list, computed once
             if not job.preemptible:
                 continue
-            smallest = [min(pod_request(self.state.pods[e.pod_key].spec, hint)[r] for e in job.pending) for r in (0, 1, 2)]
-            if all(need <= have for need, have in zip(smallest, free)):
+            asks = [pod_request(self.state.pods[e.pod_key].spec, hint) for e in job.pending]
+            if all(min(column) <= have for column, have in zip(zip(*asks), free)):
                 out.append((leaf, job))
         return out
 

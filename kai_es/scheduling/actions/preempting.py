@@ -292,7 +292,9 @@ class PreemptingAction:
             if job.key in seen or leaf is None or leaf.children:
                 continue
             seen.add(job.key)
-            delayed = delay.delayed_until_ns(self.state, job, now)
+            delayed = self.session.delayed_until.get(job.key)
+            if delayed is None:
+                delayed = self.session.delayed_until[job.key] = delay.delayed_until_ns(self.state, job, now)
             if delayed:
                 self._explain_delay(job, delayed)
                 continue

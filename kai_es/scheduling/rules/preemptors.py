@@ -71,7 +71,8 @@ class PendingPods:
                 if leaf is None or leaf.children:
                     continue
                 for index_key in state.pending_jobs[name]:
-                    pending.extend(e.pod_key for e in state.jobs[job_key_of_index(index_key)].pending)
+                    for e in state.jobs[job_key_of_index(index_key)].pending:  # (no generator per job)
+                        pending.append(e.pod_key)
             pending.sort()
             session.leaf_pending_pods = pending
         placed = session.placed_pods
