@@ -117,6 +117,7 @@ def _search_failed(state: ClusterState, job_key: str, reasons: list[p.Reason]) -
 
 def reasons_fingerprint(reasons: list[p.Reason]) -> str:
     """What makes two unschedulable verdicts 'the same' (so an unchanged one is not re-announced)."""
-    return "|".join(
-        r.code + ":" + ",".join(f"{k}={v}" for k, v in sorted(r.numbers.items())) for r in reasons
-    )
+    # (lists, not generators: str.join makes a list of a generator first; every unschedulable
+    # pod of every cycle comes here)
+    return "|".join([r.code + ":" + ",".join([f"{k}={v}" for k, v in sorted(r.numbers.items())])
+                     for r in reasons])
