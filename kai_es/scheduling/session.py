@@ -80,7 +80,7 @@ class QueueNode:
     chain: tuple[QueueNode, ...] = ()  # itself, then its ancestors (set once the tree is built)
     #: (order key, candidate) of its subtree as last computed (`Session.pick`); None once a
     #: change below it may have moved either (`Session.forget_order`)
-    order: tuple[tuple[object, ...] | None, Candidate | None] | None = None
+    order: tuple[tuple[object, ...] | None, Candidate | None] | None = field(default=None, repr=False, compare=False)
 
     def ancestry(self) -> tuple[QueueNode, ...]:
         """Itself, then its parent, up to its root."""
