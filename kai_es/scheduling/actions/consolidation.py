@@ -95,15 +95,17 @@ class Consolidation(PreemptingAction):
         self._free_at, self._free = len(self.plan.operations), free
         hint = self.session.gpu_memory_hint
         keys = self.session.rules.preemptors.waiting(self.session) if waiting is None else waiting
-        requests = [pod_request(self.state.pods[key].spec, hint) for key in keys]
+        requests = {key: pod_request(self.state.pods[key].spec, hint) for key in keys}
         # (each resource's smallest request over a column of the requests: the scan in C)
-        if not requests or any(min(column) > have for column, have in zip(zip(*requests), free)):
+        if not requests or any(min(column) > have for column, have in zip(zip(*requests.values()), free)):
             return []  # no waiting pod is that small: no job can fit (a full cluster ends here)
         out = []
         for leaf, job in super().preemptors(keys):  # the rule's list, computed once
             if not job.preemptible:
                 continue
-            asks = [pod_request(self.state.pods[e.pod_key].spec, hint) for e in job.pending]
+            # (a pending pod placed this cycle is not waiting: its request is computed here)
+            asks = [requests.get(e.pod_key) or pod_request(self.state.pods[e.pod_key].spec, hint)
+                    for e in job.pending]
             if all(min(column) <= have for column, have in zip(zip(*asks), free)):
                 out.append((leaf, job))
         return out
