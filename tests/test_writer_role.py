@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from kai_es.adapters.kafka_log import FencedError
+from kai_es.adapters.kafka_tenure import WriterTenure
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.app.processes import supervise, while_writer
 
@@ -26,7 +27,7 @@ class TakenOverLog(MemoryEventLog):
     async def check_writer(self) -> None:
         self.checks += 1
         if self.checks >= self.fence_at:
-            raise self.error or FencedError("scheduler-0", "kai-es.events", appending=False)
+            raise self.error or FencedError("scheduler-0", "kai-es.events", when="check")
 
 
 async def idle_forever() -> None:
@@ -95,3 +96,75 @@ async def test_other_errors_start_a_new_session() -> None:
 
     await supervise("scheduler", session, backoff_s=0.01)
     assert sessions == 3
+
+
+async def test_an_unwrapped_error_keeps_its_own_cause(caplog: pytest.LogCaptureFixture) -> None:
+    """A library's wrapper error (aiokafka's "Unexpected error during batch delivery") arrives
+    from `while_writer` and `supervise` with the error it was raised from, and the restart's
+    warning names both: unwrapping from the task group's ExceptionGroup must not cut the
+    chain that says what happened."""
+    sessions = 0
+
+    async def broken() -> None:
+        try:
+            raise ValueError("the broker's answer")
+        except ValueError as root:
+            raise RuntimeError("unexpected error during batch delivery") from root
+
+    with pytest.raises(RuntimeError) as caught:
+        await while_writer(TakenOverLog(fence_at=10**9), broken(), every_s=0.01)
+    assert isinstance(caught.value.__cause__, ValueError)
+
+    async def session() -> None:
+        nonlocal sessions
+        sessions += 1
+        if sessions == 1:
+            await while_writer(TakenOverLog(fence_at=10**9), broken(), every_s=0.01)
+
+    with caplog.at_level(logging.WARNING, logger="kai_es.app.processes"):
+        await supervise("scheduler", session, backoff_s=0.01)
+    assert ("scheduler: RuntimeError: unexpected error during batch delivery <- ValueError: "
+            "the broker's answer; starting again") in caplog.text
+
+
+async def test_a_fencing_error_raised_from_another_keeps_it() -> None:
+    """`supervise` re-raises a fencing error it found inside an ExceptionGroup with its cause."""
+    async def session() -> None:
+        async def append() -> None:
+            try:
+                raise KeyError("ProducerFenced")
+            except KeyError as root:
+                raise FencedError("scheduler-0", "kai-es.events") from root
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append)
+            await anyio.sleep(3600)
+
+    with anyio.fail_after(5), pytest.raises(FencedError) as caught:
+        await supervise("scheduler", session, backoff_s=0.01)
+    assert isinstance(caught.value.__cause__, KeyError)
+
+
+async def test_the_sessions_of_one_process_share_its_writer_tenure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each session opens its log again; all of them get the one `WriterTenure` of the
+    process's role, so a restarted session's claim is checked against the earlier ones'."""
+    from kai_es.app import processes  # noqa: PLC0415
+
+    tenures: list[object] = []
+    sessions = 0
+
+    def opening(url: str, *, writer: str | None = None, tenure: object = None) -> MemoryEventLog:
+        tenures.append(tenure)
+        return MemoryEventLog()
+
+    async def body(events: object, store: object) -> None:
+        nonlocal sessions
+        sessions += 1
+        if sessions < 3:
+            raise ConnectionError("lost the broker")
+
+    monkeypatch.setattr(processes, "open_log", opening)
+    await processes._serve("scheduler", "kafka://127.0.0.1:1/t", "scheduler-0", body)
+    assert sessions == 3 and len(tenures) == 3
+    assert isinstance(tenures[0], WriterTenure) and tenures[1] is tenures[0] and tenures[2] is tenures[0]

@@ -20,8 +20,12 @@ Contract (on top of `kai_es.ports.EventLog`):
   every later append. `check_writer` finds out without writing to the topic: it opens a
   transaction holding only an offset of the consumer group ``<topic>.writer-check`` (never
   used to consume) and aborts it, so the only trace is an abort marker in Kafka's internal
-  offsets topic (with ACLs, the writer needs Read on that group). The default id is ``kai-es-writer.<topic>`` (so two default writers of one topic
-  fence each other instead of interleaving); give each service its own id.
+  offsets topic (with ACLs, the writer needs Read on that group). The default id is
+  ``kai-es-writer.<topic>`` (so two default writers of one topic fence each other instead of
+  interleaving); give each service its own id. A claim that follows one of ours — a producer
+  made again after a fatal error, or the log of a later session given the same `WriterTenure`
+  — first asks the coordinator whether another instance claimed the id since
+  (`kafka_tenure`): if so it raises `FencedError` instead of fencing that instance back.
 - `read` uses a ``read_committed`` consumer with manual assignment (no group, no commits).
   Without ``follow`` it stops at the last stable offset (LSO) as of the call. A record that does
   not decode is logged, copied to ``<topic>.deadletter`` (key = its offset as text, headers
@@ -57,6 +61,8 @@ from aiokafka.errors import (  # type: ignore[import-untyped]
 )
 
 from kai_es.adapters.kafka_security import OPTIONS as SECURITY_OPTIONS
+from kai_es.adapters.kafka_describe import DescribeUnsupported, current_holder
+from kai_es.adapters.kafka_tenure import Holder, WriterTenure, taken_over
 from kai_es.adapters.kafka_security import PLAINTEXT, KafkaSecurity, KafkaSecurityError, security_from_query
 from kai_es.events import DecodeError, Envelope, Record, decode, encode
 from kai_es.ports import SetupError
@@ -109,9 +115,14 @@ logging.getLogger("aiokafka").addFilter(_CONNECT_FAILURES)
 class FencedError(RuntimeError):
     """Another instance with the same transactional_id took over; this one must stop writing."""
 
-    def __init__(self, transactional_id: str, topic: str, *, appending: bool = True) -> None:
-        consequence = ("its last append is not visible" if appending
-                       else "it found out while checking, with nothing to write")
+    CONSEQUENCES: Final = {
+        "append": "its last append is not visible",
+        "check": "it found out while checking, with nothing to write",
+        "claim": "it found out before claiming the role again",
+    }
+
+    def __init__(self, transactional_id: str, topic: str, *, when: str = "append") -> None:
+        consequence = self.CONSEQUENCES[when]
         super().__init__(
             f"another instance with transactional_id {transactional_id!r} took over writing to "
             f"Kafka topic {topic!r}; this one stops ({consequence})")
@@ -240,7 +251,7 @@ class KafkaEventLog:
                  security: KafkaSecurity = PLAINTEXT,
                  transaction_timeout_ms: int = 15_000, request_timeout_ms: int = 30_000,
                  visibility_timeout_s: float = 30.0, fetch_max_wait_ms: int = 500,
-                 client_id: str = "kai-es") -> None:
+                 client_id: str = "kai-es", tenure: WriterTenure | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.security = security
@@ -263,6 +274,9 @@ class KafkaEventLog:
         self._topic_ready = False
         self._dlq_exists = False
         self._fenced = False
+        #: what this log's producers held of the transactional id (shared with the logs of the
+        #: process's later sessions when it is given: see `claim_writer`)
+        self.tenure = tenure if tenure is not None else WriterTenure()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead_offsets: set[int] = set()
         self._setup_lock: anyio.Lock | None = None
@@ -270,12 +284,13 @@ class KafkaEventLog:
 
     @classmethod
     def from_url(cls, url: str, *, transactional_id: str | None = None,
-                 create: bool | None = None) -> KafkaEventLog:
+                 create: bool | None = None, tenure: WriterTenure | None = None) -> KafkaEventLog:
         """A log for `url`; keyword arguments override the URL's query options (a read-only
         opener may pass ``create=False`` so that a mistyped topic is an error, not a new topic)."""
         cfg = parse_url(url)
         return cls(cfg.bootstrap, cfg.topic, transactional_id=transactional_id or cfg.transactional_id,
-                   create=cfg.create if create is None else create, security=cfg.security)
+                   create=cfg.create if create is None else create, security=cfg.security,
+                   tenure=tenure)
 
     def __repr__(self) -> str:
         return (f"KafkaEventLog(bootstrap={self.bootstrap!r}, topic={self.topic!r}, "
@@ -412,6 +427,7 @@ class KafkaEventLog:
         if self._producer is not None and self._producer._txn_manager.is_fatal_error():
             await self._drop_producer("it is in a fatal state")
         if self._producer is None:
+            await self._check_tenure()
             producer = AIOKafkaProducer(
                 **self._client_kwargs,
                 bootstrap_servers=self.bootstrap, client_id=self.client_id,
@@ -421,7 +437,33 @@ class KafkaEventLog:
                 max_batch_size=1024 * 1024, max_request_size=4 * 1024 * 1024, linger_ms=0)
             await _started(producer)  # InitProducerId: fences older producers with this id
             self._producer = producer
+            txn = producer._txn_manager
+            self.tenure.held = Holder(int(txn.producer_id), int(txn.producer_epoch))
         return self._producer
+
+    async def _check_tenure(self) -> None:
+        """Before a claim that follows one of ours (a new producer in this log, or the log of a
+        later session sharing our `tenure`): raise `FencedError` if another instance claimed
+        the transactional id since (`kafka_tenure.taken_over`), so that this claim does not
+        fence it; `TenureUnknown` (the session starts again) if the coordinator cannot say."""
+        held = self.tenure.held
+        if held is None:
+            return
+        try:
+            now = await current_holder(self.transactional_id, bootstrap=self.bootstrap,
+                                       client_id=self.client_id, client_kwargs=self._client_kwargs,
+                                       timeout_s=self.request_timeout_ms / 1000)
+        except DescribeUnsupported:
+            log.warning("the brokers at %s do not answer DescribeTransactions (Kafka before 3.0): "
+                        "claiming %r again without checking that no other instance took it over",
+                        self.bootstrap, self.transactional_id)
+            return
+        if taken_over(held, now):
+            self._fenced = True
+            log.error("Kafka transactional_id %r was claimed by another instance (producer %s) "
+                      "since this one held it (%s); it does not claim it back",
+                      self.transactional_id, now, held)
+            raise FencedError(self.transactional_id, self.topic, when="claim")
 
     # -- EventLog ---------------------------------------------------------------------------------
 
@@ -433,7 +475,7 @@ class KafkaEventLog:
         await self._ensure_producer()
 
     @asynccontextmanager
-    async def _writing(self, *, appending: bool) -> AsyncIterator[Any]:
+    async def _writing(self, *, when: str) -> AsyncIterator[Any]:
         """The producer, held under the append lock for one transaction of ours; fencing met
         before or inside it becomes `FencedError` (and the log refuses every later write), and
         a producer left in a fatal state is dropped (the next write makes a new one)."""
@@ -442,14 +484,14 @@ class KafkaEventLog:
         async with self._append_lock:
             self._check_open()
             if self._fenced:
-                raise FencedError(self.transactional_id, self.topic, appending=appending)
+                raise FencedError(self.transactional_id, self.topic, when=when)
             await self._ensure_topic()
             producer = await self._ensure_producer()
             try:
                 yield producer
             except (ProducerFenced, InvalidProducerEpoch) as exc:
                 await self._on_fenced()
-                raise FencedError(self.transactional_id, self.topic, appending=appending) from exc
+                raise FencedError(self.transactional_id, self.topic, when=when) from exc
             except BaseException:
                 if self._producer is not None and self._producer._txn_manager.is_fatal_error():
                     await self._drop_producer("its transaction failed fatally")
@@ -460,8 +502,8 @@ class KafkaEventLog:
         the module's "Fencing"); otherwise return having written nothing to the topic."""
         self._check_open()
         if self._fenced:
-            raise FencedError(self.transactional_id, self.topic, appending=False)
-        async with self._writing(appending=False) as producer:
+            raise FencedError(self.transactional_id, self.topic, when="check")
+        async with self._writing(when="check") as producer:
             await producer.begin_transaction()
             try:
                 await producer.send_offsets_to_transaction({self._tp: 0}, f"{self.topic}.writer-check")
@@ -482,7 +524,7 @@ class KafkaEventLog:
                                                       ("ce_id", e.id.encode()),
                                                       ("content-type", CONTENT_TYPE)])
                     for e in events]
-        async with self._writing(appending=True) as producer:
+        async with self._writing(when="append") as producer:
             positions = await self._transaction(producer, payloads)
         await self._wait_visible(positions[-1])
         return positions

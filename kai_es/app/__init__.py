@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kai_es.adapters.file_checkpoints import clear_checkpoints
 from kai_es.adapters.file_log import FileEventLog
+from kai_es.adapters.kafka_tenure import WriterTenure
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.collector import collector_paused
 from kai_es.ports import EventLog, SetupError
@@ -30,12 +31,14 @@ class LogUrlError(SetupError):
 
 
 def open_log(url: str, *, readonly: bool = False, fresh: bool = False,
-             writer: str | None = None) -> EventLog:
+             writer: str | None = None, tenure: WriterTenure | None = None) -> EventLog:
     """An EventLog for `url`: `kafka://host:port/topic`, `memory:`, or a file path.
 
     `fresh=True` starts an empty log (a file is truncated); `readonly=True` never writes;
     `writer` names the writing role (on Kafka its transactional id, unless the URL gives
-    ``?transactional_id=``).
+    ``?transactional_id=``). `tenure`: what the role's earlier logs in this process held of
+    the writer identity (Kafka: a claim that follows one of ours first checks that no other
+    instance claimed the role since); the other logs have no shared identity to check.
     """
     if url.startswith("kafka://"):
         try:
@@ -43,7 +46,8 @@ def open_log(url: str, *, readonly: bool = False, fresh: bool = False,
         except ImportError as exc:
             raise LogUrlError(f"{url}: the Kafka log is not available in this build ({exc})") from None
         txn = None if readonly else (parse_url(url).transactional_id or writer)
-        return KafkaEventLog.from_url(url, transactional_id=txn, create=False if readonly else None)
+        return KafkaEventLog.from_url(url, transactional_id=txn, create=False if readonly else None,
+                                      tenure=tenure)
     if url == "memory:":
         return MemoryEventLog()
     path = Path(url)

@@ -47,6 +47,7 @@ from kai_es.adapters.clock import FlowClock, FrozenClock
 from kai_es.adapters.file_checkpoints import DEFAULT_KEEP
 from kai_es.adapters.file_snapshots import FileBlobStore, FileSnapshotStore
 from kai_es.adapters.ids import RandomIds
+from kai_es.adapters.kafka_tenure import WriterTenure
 from kai_es.adapters.scheduler_metrics import SchedulerMetrics
 from kai_es.adapters.status_http import HEARTBEAT_S, MeteredLog, ProcessStatus
 from kai_es.app import bulk_fold, freeze_long_lived, open_log
@@ -150,6 +151,20 @@ def _stopping_cause(exc: BaseException, kinds: tuple[type[BaseException], ...]) 
     return None
 
 
+def described(exc: BaseException) -> str:
+    """`Type: message` of `exc` and of each error it was raised from (`from` or during the
+    handling of), outermost first: a library that wraps an error keeps its cause in view."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or (None if current.__suppress_context__
+                                        else current.__context__)
+    return " <- ".join(parts)
+
+
 async def supervise(name: str, session: Callable[[], Awaitable[None]], *,
                     max_failures: int = 60, backoff_s: float = 0.5,
                     on_restart: Callable[[BaseException], None] | None = None) -> None:
@@ -169,14 +184,14 @@ async def supervise(name: str, session: Callable[[], Awaitable[None]], *,
             if cause is not None:
                 if cause is exc:
                     raise
-                raise cause from None
+                raise cause from cause.__cause__  # unwrapped, its own cause kept
             if time.monotonic() - started > 30:
                 failures = 0
             failures += 1
             if failures > max_failures:
                 raise
-            log.warning("%s: %s: %s; starting again in %.1f s (attempt %d)", name,
-                        type(exc).__name__, exc, backoff_s, failures)
+            log.warning("%s: %s; starting again in %.1f s (attempt %d)", name,
+                        described(exc), backoff_s, failures)
             if on_restart is not None:
                 on_restart(exc)
             await anyio.sleep(backoff_s)
@@ -196,7 +211,8 @@ async def alongside(work: Awaitable[None], *helpers: Callable[[], Coroutine[Any,
             tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
+            inner = group.exceptions[0]
+            raise inner from inner.__cause__  # unwrapped, its own cause kept
         raise
 
 
@@ -259,8 +275,10 @@ async def _serve(name: str, url: str, writer: str, body: Callable[[EventLog, S |
     counted, and the event loop beats for /healthz. With `election`, all of it waits until
     this replica leads (`_leading`)."""
 
+    tenure = WriterTenure()  # the role's writer identity, across this process's sessions
+
     async def session() -> None:
-        raw = open_log(url, writer=writer)
+        raw = open_log(url, writer=writer, tenure=tenure)
         events: EventLog = MeteredLog(raw, status) if status is not None else raw
         store: S | None = None
         if status is not None:
@@ -424,6 +442,7 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
     ready = announcing(on_ready, status)
     home = shards.home.name if shards is not None else None
     urls = {name: shard_log_url(url, name) for name in shards.names} if shards is not None else {}
+    tenures: dict[str, WriterTenure] = {}  # each shard's writer identity, across sessions
 
     async def body(events: EventLog, _: _Closable | None) -> None:
         logs: dict[str, EventLog] = {}
@@ -434,7 +453,8 @@ async def run_informer(url: str, kubeconfig: str | None, *, writer: str = INFORM
                     if name == home:
                         logs[name] = events
                         continue
-                    raw = open_log(urls[name], writer=shard_writer(writer, name))
+                    raw = open_log(urls[name], writer=shard_writer(writer, name),
+                                   tenure=tenures.setdefault(name, WriterTenure()))
                     logs[name] = MeteredLog(raw, status) if status is not None else raw
                     await logs[name].claim_writer()
             for shard_log in (logs.values() if logs else (events,)):

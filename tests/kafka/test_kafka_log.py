@@ -5,6 +5,7 @@ wiring through `kai_es.app.open_log` and the `kai-es events` CLI."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -29,6 +30,8 @@ from kai_es.adapters.kafka_log import (
     KafkaLogError,
     parse_url,
 )
+from kai_es.adapters.kafka_describe import current_holder
+from kai_es.adapters.kafka_tenure import Holder, WriterTenure
 from kai_es.events import decode
 from kai_es.ports import EventLog
 from tests.log_contract import EventLogContract, collect, event
@@ -289,6 +292,122 @@ async def test_check_writer_finds_a_takeover_without_writing_to_the_topic(
         await new.close()
     gc.collect()
     assert all(isinstance(e, ProducerFenced) for e in captured_loop_errors), captured_loop_errors
+
+
+async def test_a_later_session_does_not_claim_back_a_role_another_instance_took(
+        kafka_bootstrap: str, unique_name: str,
+        captured_loop_errors: list[BaseException | None]) -> None:
+    """A process's session ended on some error (the log closed, its producer gone) while another
+    instance took over; the process's next session shares its `WriterTenure`, so its claim
+    first asks the coordinator, finds the takeover and stops — the instance that took over
+    keeps writing (a claim without the check would have fenced it)."""
+    txn_id = f"{unique_name}-scheduler-0"
+    tenure = WriterTenure()
+    first = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id, tenure=tenure)
+    other = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id)
+    again = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id, tenure=tenure)
+    try:
+        await first.append([event(0)])
+        held = tenure.held
+        await first.close()
+        await other.claim_writer()
+        await other.append([event(1)])
+        with pytest.raises(FencedError, match=f"'{txn_id}' took over.*before claiming the role again"):
+            await again.claim_writer()
+        with pytest.raises(FencedError):  # and it refuses every later write
+            await again.append([event(2)])
+        assert tenure.held == held  # it claimed nothing
+        await other.append([event(3)])
+        assert [r.envelope.id for r in await collect(other)] == ["id-0", "id-1", "id-3"]
+    finally:
+        for log in (first, other, again):
+            await log.close()
+    gc.collect()
+    assert all(isinstance(e, ProducerFenced) for e in captured_loop_errors), captured_loop_errors
+
+
+async def test_a_producer_made_again_in_one_log_does_not_fence_the_instance_that_took_over(
+        kafka_bootstrap: str, unique_name: str) -> None:
+    """Within one log: a producer dropped after a fatal error (aiokafka's answer to a commit
+    it did not understand) is made again for the next append — which finds the takeover."""
+    txn_id = f"{unique_name}-scheduler-0"
+    first = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id)
+    other = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id)
+    try:
+        await first.append([event(0)])
+        await other.claim_writer()
+        await first._drop_producer("a test: as after a fatal error")
+        with pytest.raises(FencedError, match="before claiming the role again"):
+            await first.append([event(1)])
+        await other.append([event(2)])
+        assert [r.envelope.id for r in await collect(other)] == ["id-0", "id-2"]
+    finally:
+        await first.close()
+        await other.close()
+
+
+async def test_a_later_session_claims_again_when_nobody_took_over(kafka_bootstrap: str,
+                                                                 unique_name: str) -> None:
+    """Without a takeover — the role idle, or its transaction aborted by the coordinator when it
+    timed out (which moves the epoch too) — the next session claims the role and appends."""
+    txn_id = f"{unique_name}-scheduler-0"
+    tenure = WriterTenure()
+    first = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id, tenure=tenure)
+    try:
+        await first.append([event(0)])
+    finally:
+        await first.close()
+    assert tenure.held is not None
+    again = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id, tenure=tenure)
+    try:
+        await again.append([event(1)])
+        assert tenure.held.epoch == 1  # its own claim moved the epoch: the next check expects it
+        # a transaction left open past its timeout: the coordinator aborts it, epoch + 1
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=txn_id,
+                                    transaction_timeout_ms=1000)
+        await producer.start()
+        try:
+            txn = producer._txn_manager
+            tenure.held = Holder(txn.producer_id, txn.producer_epoch)  # as if ours
+            await producer.begin_transaction()
+            await (await producer.send(unique_name, b"left open", partition=0))
+            deadline = time.monotonic() + 30
+            while (await current_holder(txn_id, bootstrap=kafka_bootstrap, client_id="test",
+                                        client_kwargs={}, timeout_s=10) or Holder(-1, -1)).state \
+                    != "CompleteAbort":
+                assert time.monotonic() < deadline, "the coordinator never aborted the transaction"
+                await anyio.sleep(0.2)
+        finally:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+        await again._drop_producer("a test: the session ended")
+        await again.append([event(2)])
+        assert [r.envelope.id for r in await collect(again)] == ["id-0", "id-1", "id-2"]
+    finally:
+        await again.close()
+
+
+async def test_the_coordinator_says_who_holds_a_transactional_id(kafka_bootstrap: str,
+                                                                unique_name: str) -> None:
+    """DescribeTransactions on a real broker: nobody before the first claim, then the claiming
+    producer's id and epoch, then the epoch of each later claim."""
+    txn_id = f"{unique_name}-scheduler-0"
+
+    async def ask() -> Holder | None:
+        return await current_holder(txn_id, bootstrap=kafka_bootstrap, client_id="test",
+                                    client_kwargs={}, timeout_s=10)
+
+    assert await ask() is None
+    tenure = WriterTenure()
+    log = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=txn_id, tenure=tenure)
+    try:
+        await log.claim_writer()
+        assert tenure.held is not None
+        assert await ask() == Holder(tenure.held.producer_id, tenure.held.epoch, "Empty")
+        await log.append([event(0)])
+        assert await ask() == Holder(tenure.held.producer_id, tenure.held.epoch, "CompleteCommit")
+    finally:
+        await log.close()
 
 
 # ------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from kai_es.adapters.kafka_log import KafkaEventLog
 from kai_es.adapters.kafka_security import PASSWORD_ENV, USERNAME_ENV, KafkaSecurityError
 from kai_es.adapters.kafka_snapshots import KafkaSnapshotStore
+from kai_es.adapters.kafka_tenure import WriterTenure
 from kai_es.ports import StoredSnapshot
 from tests.conftest import load_tool_module
 from tests.kafka.conftest import KafkaBroker, broker_mod
@@ -85,7 +86,9 @@ def _cli(*args: str, password: str = PASSWORD) -> subprocess.CompletedProcess[st
 
 async def test_the_log_and_its_snapshots_work_over_sasl_ssl(secured: SecuredBroker, credentials: None,
                                                           unique_name: str) -> None:
-    log = KafkaEventLog.from_url(secured.url(unique_name) + f"&transactional_id={unique_name}-w")
+    url = secured.url(unique_name) + f"&transactional_id={unique_name}-w"
+    tenure = WriterTenure()
+    log = KafkaEventLog.from_url(url, tenure=tenure)
     store = KafkaSnapshotStore.for_log(log)
     try:
         await log.claim_writer()
@@ -99,16 +102,23 @@ async def test_the_log_and_its_snapshots_work_over_sasl_ssl(secured: SecuredBrok
     finally:
         await store.close()
         await log.close()
+    again = KafkaEventLog.from_url(url, tenure=tenure)  # a later session of the same process
+    try:
+        held = tenure.held
+        await again.append([event(2)])  # its claim asked the coordinator first, over SASL_SSL
+        assert held is not None and tenure.held == type(held)(held.producer_id, held.epoch + 1)
+    finally:
+        await again.close()
     out = _cli("events", secured.url(unique_name), "--output", "json")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count('"id-') == 2
+    assert out.stdout.count('"id-') == 3
     # an outside audit consumer (tools/audit_consumer.py) reads the same secured topic
     audit = subprocess.run([sys.executable, str(ROOT / "tools" / "audit_consumer.py"), "--bootstrap",
                             f"127.0.0.1:{secured.tls_port}", "--topic", unique_name, "--security-protocol",
                             "SASL_SSL", "--sasl-mechanism", "PLAIN", "--ssl-cafile", str(secured.ca)],
                            env={**os.environ, "KAFKA_USERNAME": USER, "KAFKA_PASSWORD": PASSWORD},
                            capture_output=True, text=True, timeout=120)
-    assert audit.returncode == 0 and "2 events valid, 0 invalid" in audit.stderr, audit.stderr
+    assert audit.returncode == 0 and "3 events valid, 0 invalid" in audit.stderr, audit.stderr
 
 
 def test_bad_credentials_and_certificates_are_one_line_each(secured: SecuredBroker, unique_name: str) -> None:
