@@ -13,6 +13,8 @@ from kai_es.adapters.kafka_log import FencedError
 from kai_es.adapters.kafka_tenure import WriterTenure
 from kai_es.adapters.memory_log import MemoryEventLog
 from kai_es.app.processes import supervise, while_writer
+from kai_es.ingest.shards import ShardMap
+from kai_es.ports import SetupError
 
 
 class TakenOverLog(MemoryEventLog):
@@ -168,3 +170,35 @@ async def test_the_sessions_of_one_process_share_its_writer_tenure(
     await processes._serve("scheduler", "kafka://127.0.0.1:1/t", "scheduler-0", body)
     assert sessions == 3 and len(tenures) == 3
     assert isinstance(tenures[0], WriterTenure) and tenures[1] is tenures[0] and tenures[2] is tenures[0]
+
+
+async def test_the_informer_keeps_each_shard_logs_tenure_across_sessions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sharded informer writes one log per shard; each shard's log gets its own
+    `WriterTenure`, the same one in every session of the process."""
+    from kai_es.adapters.kubernetes import client  # noqa: PLC0415
+    from kai_es.app import processes  # noqa: PLC0415
+
+    opened: dict[str, list[object]] = {}
+    sessions = 0
+
+    def opening(url: str, *, writer: str | None = None, tenure: object = None) -> MemoryEventLog:
+        opened.setdefault(url, []).append(tenure)
+        return MemoryEventLog()
+
+    async def no_apiserver(kubeconfig: str | None) -> None:
+        nonlocal sessions
+        sessions += 1
+        if sessions == 2:
+            raise SetupError("enough sessions")  # (supervise stops on it)
+        raise ConnectionError("no apiserver yet")
+
+    monkeypatch.setattr(processes, "open_log", opening)
+    monkeypatch.setattr(client, "api_client", no_apiserver)
+    with anyio.fail_after(10), pytest.raises(SetupError):
+        await processes.run_informer("kafka://127.0.0.1:1/t", None,
+                                     shards=ShardMap.parse(["default=", "gpu=gpu-nodes"]))
+    assert sorted(opened) == ["kafka://127.0.0.1:1/t", "kafka://127.0.0.1:1/t.gpu"]
+    for url, tenures in opened.items():
+        assert len(tenures) == 2 and isinstance(tenures[0], WriterTenure) and tenures[1] is tenures[0], url
+    assert opened["kafka://127.0.0.1:1/t"][0] is not opened["kafka://127.0.0.1:1/t.gpu"][0]
