@@ -52,6 +52,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import anyio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+from aiokafka.client import AIOKafkaClient  # type: ignore[import-untyped]
 from aiokafka.errors import (  # type: ignore[import-untyped]
     InvalidProducerEpoch,
     KafkaConnectionError,
@@ -62,6 +63,7 @@ from aiokafka.errors import (  # type: ignore[import-untyped]
 
 from kai_es.adapters.kafka_security import OPTIONS as SECURITY_OPTIONS
 from kai_es.adapters.kafka_describe import DescribeUnsupported, current_holder
+from kai_es.adapters.kafka_fetch import FetchError, fetch_frames
 from kai_es.adapters.kafka_tenure import Holder, WriterTenure, taken_over
 from kai_es.adapters.kafka_security import PLAINTEXT, KafkaSecurity, KafkaSecurityError, security_from_query
 from kai_es.events import DecodeError, Envelope, Record, decode, encode
@@ -601,9 +603,31 @@ class KafkaEventLog:
                        ) -> AsyncIterator[list[tuple[int, bytes | None]]]:
         """The records from `from_position` up to `end` (default: the LSO as of the call) as
         batches of (offset, value), undecoded and unchecked: for a reader that decodes them
-        itself (`kafka_frames`) and so owns what `read` does with one that does not decode."""
-        async for batch in self._batches(from_position, end, follow=False):
-            yield [(msg.offset, msg.value) for msg in batch]
+        itself (`kafka_frames`) and so owns what `read` does with one that does not decode.
+        Read from Fetch answers directly (`kafka_fetch`), not through a consumer."""
+        self._check_open()
+        if end is None:
+            end = await self._lso()
+        else:
+            await self._ensure_topic()
+        start = max(0, from_position)
+        if start >= end:
+            return
+        client = AIOKafkaClient(bootstrap_servers=self.bootstrap, client_id=self.client_id,
+                                request_timeout_ms=self.request_timeout_ms, **self._client_kwargs)
+        try:
+            try:
+                await client.bootstrap()
+            except KafkaConnectionError as exc:
+                why = _CONNECT_FAILURES.reason(self.bootstrap) or str(exc)
+                raise KafkaLogError(f"cannot reach Kafka at {self.bootstrap}: {why}") from exc
+            async for batch in fetch_frames(client, self.topic, start, end):
+                yield batch
+        except FetchError as exc:
+            raise KafkaLogError(str(exc)) from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.close()
 
     async def read_at(self, positions: Iterable[int]) -> dict[int, bytes | None]:
         """The value of the record at each of `positions` that has one (a transaction marker, or

@@ -21,6 +21,7 @@ import anyio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import ProducerFenced
 
 from kai_es.adapters.kafka_log import (
@@ -31,6 +32,7 @@ from kai_es.adapters.kafka_log import (
     parse_url,
 )
 from kai_es.adapters.kafka_describe import current_holder
+from kai_es.adapters.kafka_fetch import fetch_frames
 from kai_es.adapters.kafka_tenure import Holder, WriterTenure
 from kai_es.events import decode
 from kai_es.ports import EventLog
@@ -208,6 +210,68 @@ async def test_transaction_failing_mid_batch_leaves_nothing_visible(
     assert [r.envelope.id for r in records] == ["id-0", "id-5", "id-6"]
     assert [r.position for r in records] == first + later
     assert later[0] > dirty[-1].offset
+
+
+async def test_read_raw_sees_what_a_read_committed_consumer_sees(kafka_bootstrap: str,
+                                                                 unique_name: str) -> None:
+    """`read_raw` reads Fetch answers itself (`kafka_fetch`): on a partition where two producers'
+    transactions interleave, one of them aborted while the other committed, plus transaction
+    markers and a producer without transactions, it returns exactly the records (offsets and
+    bytes) aiokafka's read_committed consumer returns — from any start, up to any end, in
+    answers small enough to split batches across fetches."""
+    log = KafkaEventLog(kafka_bootstrap, unique_name, transactional_id=f"{unique_name}-w")
+    await log.append([event(0), event(1)])
+    first = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{unique_name}-a")
+    second = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{unique_name}-b")
+    plain = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for producer in (first, second, plain):
+        await producer.start()
+    try:
+        async def send(producer: AIOKafkaProducer, *values: bytes) -> None:
+            for value in values:
+                await (await producer.send(unique_name, value, partition=0))
+
+        await first.begin_transaction()
+        await second.begin_transaction()
+        await send(first, b"aborted-1", b"aborted-2")
+        await send(second, b"committed-1")
+        await send(plain, b"plain-1")
+        await send(first, b"aborted-3")
+        await send(second, b"committed-2", b"committed-3")
+        await first.abort_transaction()
+        await second.commit_transaction()
+        await first.begin_transaction()
+        await send(first, b"later-1", b"later-2")
+        await first.commit_transaction()
+    finally:
+        for producer in (first, second, plain):
+            await producer.stop()
+    await log.append([event(2)])
+    end = await log.end_position()
+    consumed = [(r.offset, r.value) for r in await raw_records(kafka_bootstrap, unique_name,
+                                                               isolation="read_committed")]
+    assert [v for _, v in consumed][2:-1] == [b"committed-1", b"plain-1", b"committed-2",
+                                              b"committed-3", b"later-1", b"later-2"]
+    try:
+        got = [frame for batch in [b async for b in log.read_raw(0)] for frame in batch]
+        assert got == consumed
+        offsets = [o for o, _ in consumed]
+        for start in range(0, end + 1):
+            for stop in sorted({start, min(start + 1, end), min(start + 3, end), end}):
+                part = [f for batch in [b async for b in log.read_raw(start, stop)] for f in batch]
+                assert part == [f for f in consumed if start <= f[0] < stop], (start, stop)
+        assert offsets[-1] < end
+        # one record batch per answer (a broker answers with the first batch whatever the size
+        # asked): an aborted transaction's batches and its marker come in different answers
+        client = AIOKafkaClient(bootstrap_servers=kafka_bootstrap)
+        await client.bootstrap()
+        try:
+            one_by_one = [b async for b in fetch_frames(client, unique_name, 0, end, max_bytes=1)]
+        finally:
+            await client.close()
+        assert [f for batch in one_by_one for f in batch] == consumed and len(one_by_one) > 5
+    finally:
+        await log.close()
 
 
 async def test_cancelled_append_is_aborted_and_the_log_stays_usable(
