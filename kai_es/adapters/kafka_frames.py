@@ -4,10 +4,11 @@ Why: a one-shot command (`kai-es replay`, `events`, `usage`, `whatif`) over a Ka
 collect the whole log in memory before its first record was looked at (2.2 GB of resident memory
 for 1,000,000 events: a long production history did not fit a machine), and the consumer's own
 work (~2.7 µs a record in aiokafka) ran on the core that folds. Here a forked reader process
-consumes the topic (`KafkaEventLog.read_raw`) and hands each batch of undecoded (offset, value)
+reads the topic (`KafkaEventLog.read_raw`: Fetch answers read directly, `kafka_fetch`, about a
+quarter of the consumer's CPU a record) and hands each batch of undecoded (offset, value)
 pairs over a pipe; the caller decodes them. The pipe holds at most the batch in flight, so the
-reader runs at most one batch ahead of the caller (memory bounded by the consumer's batch size,
-`max_poll_records`) while fetching in parallel with it.
+reader runs at most one batch ahead of the caller (memory bounded by one Fetch answer's size,
+`kafka_fetch.fetch_frames`' `max_bytes`, 8 MiB) while fetching in parallel with it.
 
 Contract:
 - `kafka_frames(log, start, end)` yields (offset, value) for every record at `start` <= offset <
