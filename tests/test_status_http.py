@@ -108,7 +108,8 @@ def test_an_address_in_use_is_a_clear_error(server: StatusServer, status: Proces
 async def test_serve_is_ready_only_once_the_body_announces_and_counts_restarts(
         status: ProcessStatus, monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[EventLog] = []
-    monkeypatch.setattr(processes, "open_log", lambda url, writer: opened.append(MemoryEventLog()) or opened[-1])
+    monkeypatch.setattr(processes, "open_log",
+                        lambda url, writer, tenure: opened.append(MemoryEventLog()) or opened[-1])
     seen: list[bool] = []
     sessions = 0
 
