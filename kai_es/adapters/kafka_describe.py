@@ -81,6 +81,10 @@ class _DescribeTransactions(Request[_DescribeTransactionsRequest_v0]):  # type: 
         return request_struct_class(self._ids, {})
 
 
+class _Retry(Exception):
+    """An answer worth asking again for (the coordinator is loading or moved)."""
+
+
 class DescribeUnsupported(RuntimeError):
     """The brokers do not know DescribeTransactions (Kafka before 3.0)."""
 
@@ -118,10 +122,6 @@ async def current_holder(transactional_id: str, *, bootstrap: str, client_id: st
     finally:
         with anyio.CancelScope(shield=True):
             await client.close()
-
-
-class _Retry(Exception):
-    """An answer worth asking again for (the coordinator is loading or moved)."""
 
 
 async def _ask(client: Any, transactional_id: str) -> Holder | None:

@@ -46,7 +46,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
@@ -61,11 +61,11 @@ from aiokafka.errors import (  # type: ignore[import-untyped]
     for_code,
 )
 
-from kai_es.adapters.kafka_security import OPTIONS as SECURITY_OPTIONS
 from kai_es.adapters.kafka_describe import DescribeUnsupported, current_holder
 from kai_es.adapters.kafka_fetch import FetchError, fetch_frames
-from kai_es.adapters.kafka_tenure import Holder, WriterTenure, taken_over
+from kai_es.adapters.kafka_security import OPTIONS as SECURITY_OPTIONS
 from kai_es.adapters.kafka_security import PLAINTEXT, KafkaSecurity, KafkaSecurityError, security_from_query
+from kai_es.adapters.kafka_tenure import Holder, WriterTenure, taken_over
 from kai_es.events import DecodeError, Envelope, Record, decode, encode
 from kai_es.ports import SetupError
 
@@ -114,16 +114,20 @@ _CONNECT_FAILURES: Final = _ConnectFailures()
 logging.getLogger("aiokafka").addFilter(_CONNECT_FAILURES)
 
 
+#: when a writer learnt it was fenced: at an append, checking its role, or before claiming it again
+FencedWhen = Literal["append", "check", "claim"]
+
+
 class FencedError(RuntimeError):
     """Another instance with the same transactional_id took over; this one must stop writing."""
 
-    CONSEQUENCES: Final = {
+    CONSEQUENCES: Final[dict[FencedWhen, str]] = {
         "append": "its last append is not visible",
         "check": "it found out while checking, with nothing to write",
         "claim": "it found out before claiming the role again",
     }
 
-    def __init__(self, transactional_id: str, topic: str, *, when: str = "append") -> None:
+    def __init__(self, transactional_id: str, topic: str, *, when: FencedWhen = "append") -> None:
         consequence = self.CONSEQUENCES[when]
         super().__init__(
             f"another instance with transactional_id {transactional_id!r} took over writing to "
@@ -277,7 +281,7 @@ class KafkaEventLog:
         self._dlq_exists = False
         self._fenced = False
         #: what this log's producers held of the transactional id (shared with the logs of the
-        #: process's later sessions when it is given: see `claim_writer`)
+        #: process's later sessions when it is given: see `_check_tenure`)
         self.tenure = tenure if tenure is not None else WriterTenure()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead_offsets: set[int] = set()
@@ -477,7 +481,7 @@ class KafkaEventLog:
         await self._ensure_producer()
 
     @asynccontextmanager
-    async def _writing(self, *, when: str) -> AsyncIterator[Any]:
+    async def _writing(self, *, when: FencedWhen) -> AsyncIterator[Any]:
         """The producer, held under the append lock for one transaction of ours; fencing met
         before or inside it becomes `FencedError` (and the log refuses every later write), and
         a producer left in a fatal state is dropped (the next write makes a new one)."""
