@@ -43,7 +43,7 @@ import logging
 import ipaddress
 import re
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple
@@ -326,6 +326,15 @@ class KafkaEventLog:
             self._setup_lock = anyio.Lock()
         return self._setup_lock
 
+    async def _reaching(self, connecting: Awaitable[Any]) -> None:
+        """Await a client's first connection; a broker that cannot be reached is a
+        `KafkaLogError` naming the address and why (aiokafka's own line for it is filtered)."""
+        try:
+            await connecting
+        except KafkaConnectionError as exc:
+            why = _CONNECT_FAILURES.reason(self.bootstrap) or str(exc)
+            raise KafkaLogError(f"cannot reach Kafka at {self.bootstrap}: {why}") from exc
+
     async def _ensure_topic(self) -> None:
         if self._topic_ready:
             return
@@ -335,11 +344,7 @@ class KafkaEventLog:
             admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=self.client_id,
                                         request_timeout_ms=self.request_timeout_ms, **self._client_kwargs)
             try:
-                try:
-                    await admin.start()
-                except KafkaConnectionError as exc:
-                    why = _CONNECT_FAILURES.reason(self.bootstrap) or str(exc)
-                    raise KafkaLogError(f"cannot reach Kafka at {self.bootstrap}: {why}") from exc
+                await self._reaching(admin.start())
                 await self._ensure_one_topic(admin, self.topic, required=True)
                 self._dlq_exists = await self._ensure_one_topic(admin, self.deadletter_topic,
                                                                 required=False)
@@ -620,11 +625,7 @@ class KafkaEventLog:
         client = AIOKafkaClient(bootstrap_servers=self.bootstrap, client_id=self.client_id,
                                 request_timeout_ms=self.request_timeout_ms, **self._client_kwargs)
         try:
-            try:
-                await client.bootstrap()
-            except KafkaConnectionError as exc:
-                why = _CONNECT_FAILURES.reason(self.bootstrap) or str(exc)
-                raise KafkaLogError(f"cannot reach Kafka at {self.bootstrap}: {why}") from exc
+            await self._reaching(client.bootstrap())
             async for batch in fetch_frames(client, self.topic, start, end):
                 yield batch
         except FetchError as exc:
