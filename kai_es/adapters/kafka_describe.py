@@ -13,7 +13,7 @@ import time
 from typing import Any, Final
 
 import anyio
-from aiokafka.client import AIOKafkaClient, ConnectionGroup, CoordinationType  # type: ignore[import-untyped]
+from aiokafka.client import ConnectionGroup, CoordinationType  # type: ignore[import-untyped]
 from aiokafka.errors import IncompatibleBrokerVersion, KafkaError  # type: ignore[import-untyped]
 from aiokafka.protocol.api import Request, RequestStruct, Response  # type: ignore[import-untyped]
 from aiokafka.protocol.types import (  # type: ignore[import-untyped]
@@ -93,35 +93,25 @@ class TenureUnknown(RuntimeError):
     """The coordinator could not be asked who holds the id (it is away): a claim must wait."""
 
 
-async def current_holder(transactional_id: str, *, bootstrap: str, client_id: str,
-                         client_kwargs: dict[str, Any], timeout_s: float) -> Holder | None:
+async def current_holder(client: Any, transactional_id: str, *, timeout_s: float) -> Holder | None:
     """Who the transaction coordinator says holds `transactional_id`: a `Holder`, or None when
-    it has no state for it. Raises `DescribeUnsupported` when the brokers do not know
-    DescribeTransactions (Kafka before 3.0: nobody can be asked), `TenureUnknown` when no
-    answer came within `timeout_s` or the answer was an error."""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, client_id=client_id,
-                            request_timeout_ms=int(timeout_s * 1000), **client_kwargs)
+    it has no state for it. `client`: a bootstrapped `AIOKafkaClient` (the caller closes it).
+    Raises `DescribeUnsupported` when the brokers do not know DescribeTransactions (Kafka
+    before 3.0: nobody can be asked), `TenureUnknown` when no answer came within `timeout_s`
+    or the answer was an error."""
     deadline = time.monotonic() + timeout_s
     delay = 0.1
-    booted = False
-    try:
-        while True:
-            try:
-                if not booted:
-                    await client.bootstrap()
-                    booted = True
-                return await _ask(client, transactional_id)
-            except IncompatibleBrokerVersion as exc:
-                raise DescribeUnsupported(str(exc)) from exc
-            except (KafkaError, OSError, _Retry) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise TenureUnknown(f"the transaction coordinator of {transactional_id!r} did "
-                                        f"not say who holds it: {type(exc).__name__}: {exc}") from exc
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await client.close()
+    while True:
+        try:
+            return await _ask(client, transactional_id)
+        except IncompatibleBrokerVersion as exc:
+            raise DescribeUnsupported(str(exc)) from exc
+        except (KafkaError, OSError, _Retry) as exc:
+            if time.monotonic() + delay > deadline:
+                raise TenureUnknown(f"the transaction coordinator of {transactional_id!r} did "
+                                    f"not say who holds it: {type(exc).__name__}: {exc}") from exc
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 async def _ask(client: Any, transactional_id: str) -> Holder | None:

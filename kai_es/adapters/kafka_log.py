@@ -335,6 +335,19 @@ class KafkaEventLog:
             why = _CONNECT_FAILURES.reason(self.bootstrap) or str(exc)
             raise KafkaLogError(f"cannot reach Kafka at {self.bootstrap}: {why}") from exc
 
+    @asynccontextmanager
+    async def _client(self) -> AsyncIterator[Any]:
+        """A bootstrapped `AIOKafkaClient` with this log's settings, closed after: for the
+        requests aiokafka's producer and consumer do not make (`kafka_fetch`, `kafka_describe`)."""
+        client = AIOKafkaClient(bootstrap_servers=self.bootstrap, client_id=self.client_id,
+                                request_timeout_ms=self.request_timeout_ms, **self._client_kwargs)
+        try:
+            await self._reaching(client.bootstrap())
+            yield client
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.close()
+
     async def _ensure_topic(self) -> None:
         if self._topic_ready:
             return
@@ -461,9 +474,9 @@ class KafkaEventLog:
         if held is None:
             return
         try:
-            now = await current_holder(self.transactional_id, bootstrap=self.bootstrap,
-                                       client_id=self.client_id, client_kwargs=self._client_kwargs,
-                                       timeout_s=self.request_timeout_ms / 1000)
+            async with self._client() as client:
+                now = await current_holder(client, self.transactional_id,
+                                           timeout_s=self.request_timeout_ms / 1000)
         except DescribeUnsupported:
             log.warning("the brokers at %s do not answer DescribeTransactions (Kafka before 3.0): "
                         "claiming %r again without checking that no other instance took it over",
@@ -622,17 +635,12 @@ class KafkaEventLog:
         start = max(0, from_position)
         if start >= end:
             return
-        client = AIOKafkaClient(bootstrap_servers=self.bootstrap, client_id=self.client_id,
-                                request_timeout_ms=self.request_timeout_ms, **self._client_kwargs)
         try:
-            await self._reaching(client.bootstrap())
-            async for batch in fetch_frames(client, self.topic, start, end):
-                yield batch
+            async with self._client() as client:
+                async for batch in fetch_frames(client, self.topic, start, end):
+                    yield batch
         except FetchError as exc:
             raise KafkaLogError(str(exc)) from exc
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client.close()
 
     async def read_at(self, positions: Iterable[int]) -> dict[int, bytes | None]:
         """The value of the record at each of `positions` that has one (a transaction marker, or

@@ -358,6 +358,16 @@ async def test_check_writer_finds_a_takeover_without_writing_to_the_topic(
     assert all(isinstance(e, ProducerFenced) for e in captured_loop_errors), captured_loop_errors
 
 
+async def holder_of(bootstrap: str, txn_id: str) -> Holder | None:
+    """`kafka_describe.current_holder` over a client of its own."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    try:
+        return await current_holder(client, txn_id, timeout_s=10)
+    finally:
+        await client.close()
+
+
 async def test_a_later_session_does_not_claim_back_a_role_another_instance_took(
         kafka_bootstrap: str, unique_name: str,
         captured_loop_errors: list[BaseException | None]) -> None:
@@ -436,9 +446,7 @@ async def test_a_later_session_claims_again_when_nobody_took_over(kafka_bootstra
             await producer.begin_transaction()
             await (await producer.send(unique_name, b"left open", partition=0))
             deadline = time.monotonic() + 30
-            while (await current_holder(txn_id, bootstrap=kafka_bootstrap, client_id="test",
-                                        client_kwargs={}, timeout_s=10) or Holder(-1, -1)).state \
-                    != "CompleteAbort":
+            while (await holder_of(kafka_bootstrap, txn_id) or Holder(-1, -1)).state != "CompleteAbort":
                 assert time.monotonic() < deadline, "the coordinator never aborted the transaction"
                 await anyio.sleep(0.2)
         finally:
@@ -458,8 +466,7 @@ async def test_the_coordinator_says_who_holds_a_transactional_id(kafka_bootstrap
     txn_id = f"{unique_name}-scheduler-0"
 
     async def ask() -> Holder | None:
-        return await current_holder(txn_id, bootstrap=kafka_bootstrap, client_id="test",
-                                    client_kwargs={}, timeout_s=10)
+        return await holder_of(kafka_bootstrap, txn_id)
 
     assert await ask() is None
     tenure = WriterTenure()
