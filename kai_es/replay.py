@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import msgspec
 
@@ -121,8 +122,7 @@ _DECIDED_BY = {p.PodBound: p.BindingDecided, p.PodBindFailed: p.BindingDecided, 
                p.PodEvictionFailed: p.EvictionDecided}
 
 
-@dataclass(frozen=True, slots=True)
-class _Decided:
+class _Decided(NamedTuple):
     """What a binder outcome must agree with: its decision's kind, pod, node and time."""
 
     kind: type
@@ -134,9 +134,10 @@ class _Decided:
 
 
 def _decided(env: Envelope) -> _Decided:
-    """What the outcomes of the decision `env` must agree with."""
+    """What the outcomes of the decision `env` must agree with. (Built by tuple.__new__, without
+    the NamedTuple's Python-level __new__: one per decision a replay folds.)"""
     data = env.data
-    return _Decided(type(data), data.namespace, data.name, data.uid, data.node, env.logicaltime)
+    return tuple.__new__(_Decided, (type(data), data.namespace, data.name, data.uid, data.node, env.logicaltime))
 
 
 def _impossible_outcome(decided: dict[str, _Decided], record: Record) -> str | None:
@@ -144,22 +145,25 @@ def _impossible_outcome(decided: dict[str, _Decided], record: Record) -> str | N
     env = record.envelope
     data = env.data
     assert isinstance(data, _OUTCOMES)
-    what = f"{type(data).__name__} of pod {data.namespace}/{data.name} on node {data.node!r}"
     decision = decided.get(data.decision_id)
+    # (the common case, an outcome that agrees, checked first without building the message)
+    if decision is not None and decision.kind is _DECIDED_BY[type(data)] and \
+            decision[1:5] == (data.namespace, data.name, data.uid, data.node) and \
+            env.logicaltime >= decision.logicaltime:
+        return None
+    what = f"{type(data).__name__} of pod {data.namespace}/{data.name} on node {data.node!r}"
     if decision is None:
         return f"{what} names decision {data.decision_id!r}, which is not in the log before it"
     if decision.kind is not _DECIDED_BY[type(data)]:
         return f"{what} names decision {data.decision_id!r}, which is a {decision.kind.__name__}"
     ours = (data.namespace, data.name, data.uid, data.node)
-    theirs = (decision.namespace, decision.name, decision.uid, decision.node)
+    theirs = decision[1:5]
     if ours != theirs:
         fields = ("namespace", "name", "uid", "node")
         diff = ", ".join(f"{f} {a!r} (decision: {b!r})" for f, a, b in zip(fields, ours, theirs) if a != b)
         return f"{what} does not match its decision {data.decision_id!r}: {diff}"
-    if env.logicaltime < decision.logicaltime:
-        return (f"{what}: logical time runs back, {env.logicaltime} is before its decision's "
-                f"{decision.logicaltime}")
-    return None
+    return (f"{what}: logical time runs back, {env.logicaltime} is before its decision's "
+            f"{decision.logicaltime}")
 
 
 def _policy_version_of(state: ClusterState) -> str:
