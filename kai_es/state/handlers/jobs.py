@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from bisect import insort
 
-from sortedcontainers import SortedList
-
 from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.ingest import bounds
@@ -23,6 +21,7 @@ from kai_es.state.model import (
     Job,
     PodState,
 )
+from kai_es.state.pending_index import PendingIndex
 
 
 def resolve_priority(state: ClusterState, class_name: str, explicit: int | None) -> int:
@@ -130,7 +129,7 @@ def _reindex_job(state: ClusterState, job: Job) -> None:
         state.stale_pending.add(job.queue)
         bucket = state.pending_jobs.get(job.queue)
         if bucket is None:
-            bucket = state.pending_jobs[job.queue] = SortedList()
+            bucket = state.pending_jobs[job.queue] = PendingIndex()
         bucket.add(new)
 
 
