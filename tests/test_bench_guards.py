@@ -48,3 +48,16 @@ def test_the_allocate_benchmark_is_counted_too() -> None:
     bad = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "count_cycles.py"), "--bench", "nope"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "--bench is one of cycle, steady" in bad.stderr
+
+
+def test_the_upkeep_is_counted_apart_from_the_cycles() -> None:
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "count_cycles.py"), *TINY,
+                          "--count", "upkeep"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    found = re.search(r"per counted upkeep \((\d+)\): ([\d,.]+) M instructions", run.stdout)
+    assert run.returncode == 0 and found is not None, run.stdout[-2000:] + run.stderr[-2000:]
+    # --cycles 4 runs five cycles and an upkeep before each after the first: the first two skipped
+    assert int(found.group(1)) == 2 and float(found.group(2)) > 0
+    assert "per counted cycle" not in run.stdout
+    wrong = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "count_cycles.py"), "--count", "fold"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert wrong.returncode != 0 and "--count is cycle, or upkeep" in wrong.stderr

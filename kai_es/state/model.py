@@ -28,7 +28,7 @@ from kai_es.events.payloads import (
 )
 from kai_es.ingest.names import SCHEDULER_NAME
 from kai_es.state.keys import PendingJob, PendingPod
-from kai_es.state.pending_index import PendingIndex
+from kai_es.state.sorted_on_read import SortedOnRead
 
 PodStatus = Literal["Pending", "Binding", "Running", "Releasing"]
 OCCUPYING: frozenset[str] = frozenset({"Binding", "Running", "Releasing"})
@@ -248,7 +248,7 @@ class ClusterState:
     pods: dict[str, PodState] = field(default_factory=dict)
     jobs: dict[str, Job] = field(default_factory=dict)
     queues: dict[str, QueueState] = field(default_factory=dict)
-    pending_jobs: dict[str, PendingIndex] = field(default_factory=dict)
+    pending_jobs: dict[str, SortedOnRead[PendingJob]] = field(default_factory=dict)
     priority_classes: dict[str, int] = field(default_factory=dict)
     topologies: dict[str, list[str]] = field(default_factory=dict)
     resync_seen: dict[str, set[str]] = field(default_factory=dict)

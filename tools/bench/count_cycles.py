@@ -3,6 +3,7 @@ counted by valgrind's callgrind, for comparing two commits on a machine whose sp
 
     python tools/bench/count_cycles.py [--skip 2] [--max-instructions M] [bench_steady_cycle.py's options]
     python tools/bench/count_cycles.py --bench cycle [bench_cycle.py's options]
+    python tools/bench/count_cycles.py --count upkeep [--skip 2] [bench_steady_cycle.py's options]
 
 Runs `bench_steady_cycle.py` (same options; `--restart` included) under
 `valgrind --tool=callgrind --cache-sim=yes` with counting off, and turns it on only inside
@@ -17,6 +18,9 @@ cycle takes more than M million instructions on average: a regression guard that
 timed one, does not depend on the machine's load (the count moves by under 0.01% between runs).
 `--bench cycle` counts `bench_cycle.py`'s one allocate cycle instead (10,000 one-GPU pods on 5,000
 nodes by default; `--skip` defaults to 0 there): the Python around each placement.
+`--count upkeep` counts, instead of the cycles, the steady benchmark's upkeep before each
+(`kai_es.scheduling.upkeep.keep_up`: the digest's hashes, the node tables, the kept bounds --
+what the scheduler does while it waits for the next cycle), per upkeep, as a cycle is counted.
 """
 
 from __future__ import annotations
@@ -35,12 +39,17 @@ _INNER = "KAI_ES_COUNT_CYCLES_INNER"
 BENCHES = {"steady": "bench_steady_cycle", "cycle": "bench_cycle"}
 
 
-def _inner(skip: int, name: str) -> None:
-    """Inside valgrind: the benchmark, with counting switched on around each counted cycle."""
+#: `--count` -> the benchmark's function whose calls are counted
+COUNTED = {"cycle": "run_cycle", "upkeep": "keep_up"}
+
+
+def _inner(skip: int, name: str, function: str) -> None:
+    """Inside valgrind: the benchmark, with counting switched on around each counted call of
+    its `function`."""
     sys.path.insert(0, str(HERE))
     bench = importlib.import_module(name)
 
-    run_cycle: Callable[..., object] = getattr(bench, "run_cycle")
+    run_cycle: Callable[..., object] = getattr(bench, function)
     calls = [0]
     me = str(os.getpid())
 
@@ -55,7 +64,7 @@ def _inner(skip: int, name: str) -> None:
             if on:
                 subprocess.run(["callgrind_control", "-i", "off", me], capture_output=True, check=True)
 
-    setattr(bench, "run_cycle", counted)
+    setattr(bench, function, counted)
     getattr(bench, "main")()
     print(f"counted cycles: {max(0, calls[0] - skip)}")
 
@@ -70,6 +79,13 @@ def main() -> None:
             sys.exit(f"count_cycles: --bench is one of {', '.join(sorted(BENCHES))}")
         del args[at:at + 2]
     name = BENCHES[which]
+    count = "cycle"
+    if "--count" in args:
+        at = args.index("--count")
+        count = args[at + 1] if at + 1 < len(args) else ""
+        if count not in COUNTED or (count == "upkeep" and which != "steady"):
+            sys.exit("count_cycles: --count is cycle, or upkeep (of the steady benchmark)")
+        del args[at:at + 2]
     skip = 2 if name == "bench_steady_cycle" else 0
     if "--skip" in args:
         at = args.index("--skip")
@@ -82,14 +98,14 @@ def main() -> None:
         del args[at:at + 2]
     if os.environ.get(_INNER):
         sys.argv = [str(HERE / f"{name}.py"), *args]
-        _inner(skip, name)
+        _inner(skip, name, COUNTED[count])
         return
     out_file = Path("/tmp") / f"kai-es-callgrind.{os.getpid()}.out"
     env = {**os.environ, _INNER: "1", "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     try:
         run = subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=yes", "--instr-atstart=no",
                               f"--callgrind-out-file={out_file}", sys.executable, __file__, "--skip", str(skip),
-                              "--bench", which, *args], env=env, capture_output=True, text=True)
+                              "--bench", which, "--count", count, *args], env=env, capture_output=True, text=True)
     except FileNotFoundError:
         sys.exit("count_cycles: valgrind is not installed (Debian: apt-get install valgrind)")
     finally:
@@ -104,7 +120,7 @@ def main() -> None:
         sys.exit(f"count_cycles: the benchmark under valgrind failed (exit {run.returncode})")
     cycles = int(counted.group(1))
     ir, d1, ll = (numbers[k] for k in sorted(numbers, key=lambda k: ("I", "D", "L").index(k[0])))
-    print(f"per counted cycle ({cycles}): {ir / cycles / 1e6:,.1f} M instructions, "
+    print(f"per counted {'upkeep' if count == 'upkeep' else 'cycle'} ({cycles}): {ir / cycles / 1e6:,.1f} M instructions, "
           f"{d1 / cycles / 1e6:,.2f} M L1 data misses, {ll / cycles / 1e6:,.3f} M last-level misses")
     if most is not None and ir / cycles / 1e6 > most:
         sys.exit(f"count_cycles: REGRESSION: {ir / cycles / 1e6:,.1f} M instructions a cycle, above the "

@@ -21,7 +21,7 @@ from kai_es.state.model import (
     Job,
     PodState,
 )
-from kai_es.state.pending_index import PendingIndex
+from kai_es.state.sorted_on_read import SortedOnRead
 
 
 def resolve_priority(state: ClusterState, class_name: str, explicit: int | None) -> int:
@@ -129,7 +129,7 @@ def _reindex_job(state: ClusterState, job: Job) -> None:
         state.stale_pending.add(job.queue)
         bucket = state.pending_jobs.get(job.queue)
         if bucket is None:
-            bucket = state.pending_jobs[job.queue] = PendingIndex()
+            bucket = state.pending_jobs[job.queue] = SortedOnRead()
         bucket.add(new)
 
 

@@ -1,5 +1,6 @@
-"""`PendingIndex` (a queue's pending jobs) against a SortedList of the same entries: every read
-(iteration, indexing, len, truth) after any interleaving of adds, removes and reads."""
+"""`SortedOnRead` (a queue's pending jobs) against a SortedList of
+the same entries: every read (iteration, indexing, len, truth) after any interleaving of adds,
+removes and reads, from empty or from entries given at once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import strategies as st
 from sortedcontainers import SortedList
 
 from kai_es.state.keys import PendingJob
-from kai_es.state.pending_index import PendingIndex
+from kai_es.state.sorted_on_read import SortedOnRead
 
 # entries as the reducer makes them: (-priority, created, uid, queue, job key); priorities and
 # times up to the int64 range and beyond, and ties on every field but the last
@@ -21,7 +22,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["add", "remove", "read", "index"]), EN
                          st.integers(-40, 40)), max_size=120)
 
 
-def _reads_agree(index: PendingIndex, model: SortedList, at: int) -> None:
+def _reads_agree(index: SortedOnRead[PendingJob], model: SortedList, at: int) -> None:
     assert len(index) == len(model)
     assert bool(index) == bool(model)
     if -len(model) <= at < len(model):
@@ -29,10 +30,10 @@ def _reads_agree(index: PendingIndex, model: SortedList, at: int) -> None:
     assert list(index) == list(model)
 
 
-@given(OPS)
-def test_every_read_is_the_sorted_lists(ops: list[tuple[str, PendingJob, int]]) -> None:
-    index, model = PendingIndex(), SortedList()
-    held: list[PendingJob] = []
+@given(st.lists(ENTRIES, unique=True, max_size=20), OPS)
+def test_every_read_is_the_sorted_lists(start: list[PendingJob], ops: list[tuple[str, PendingJob, int]]) -> None:
+    index, model = SortedOnRead(iter(start)), SortedList(start)
+    held: list[PendingJob] = list(start)
     for op, entry, at in ops:
         if op == "add" and entry not in model:
             index.add(entry)
@@ -52,7 +53,7 @@ def test_every_read_is_the_sorted_lists(ops: list[tuple[str, PendingJob, int]]) 
 
 def test_removed_then_added_again_before_a_read_is_held_once() -> None:
     a, b = (tuple.__new__(PendingJob, (0, t, "u", "q", k)) for t, k in ((1, "a"), (2, "b")))
-    index = PendingIndex()
+    index = SortedOnRead()
     index.add(b)
     index.add(a)
     assert list(index) == [a, b]
@@ -66,7 +67,7 @@ def test_removed_then_added_again_before_a_read_is_held_once() -> None:
 
 def test_a_read_list_is_not_changed_by_later_changes() -> None:
     entries = [tuple.__new__(PendingJob, (0, t, "u", "q", f"j{t}")) for t in range(5)]
-    index = PendingIndex()
+    index = SortedOnRead()
     for e in entries[:3]:
         index.add(e)
     walk = iter(index)
