@@ -32,7 +32,7 @@ def _reads_agree(index: SortedOnRead[PendingJob], model: SortedList, at: int) ->
 
 @given(st.lists(ENTRIES, unique=True, max_size=20), OPS)
 def test_every_read_is_the_sorted_lists(start: list[PendingJob], ops: list[tuple[str, PendingJob, int]]) -> None:
-    index, model = SortedOnRead(iter(start)), SortedList(start)
+    index, model = SortedOnRead(start), SortedList(start)
     held: list[PendingJob] = list(start)
     for op, entry, at in ops:
         if op == "add" and entry not in model:

@@ -20,7 +20,7 @@ later change mutates.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 
@@ -36,7 +36,7 @@ class SortedOnRead(Generic[T]):
 
     __slots__ = ("_order", "_added", "_removed")
 
-    def __init__(self, entries: Iterator[T] | list[T] | tuple[T, ...] = ()) -> None:
+    def __init__(self, entries: Iterable[T] = ()) -> None:
         self._order: list[T] = sorted(entries)  # sorted as of the last read; may hold removed entries
         self._added: dict[T, None] = {}  # added since, not in _order (insertion-ordered)
         self._removed: set[T] = set()  # in _order, removed since
