@@ -47,7 +47,7 @@ def test_the_allocate_benchmark_is_counted_too() -> None:
     assert "40 placements" in run.stdout and "per counted cycle (1): " in run.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "count_cycles.py"), "--bench", "nope"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 1 and "--bench is one of cycle, steady" in bad.stderr
+    assert bad.returncode == 1 and "--bench is one of cycle, fold, steady" in bad.stderr
 
 
 def test_the_upkeep_is_counted_apart_from_the_cycles() -> None:
@@ -61,3 +61,23 @@ def test_the_upkeep_is_counted_apart_from_the_cycles() -> None:
     wrong = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "count_cycles.py"), "--count", "fold"],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert wrong.returncode != 0 and "--count is cycle, or upkeep" in wrong.stderr
+
+
+def _count_fold(*extra: str) -> tuple[int, str, float]:
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "count_cycles.py"), "--bench", "fold",
+                          "--events", "3000", *extra], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    found = re.search(r"per counted fold \(1\): ([\d,.]+) M instructions", run.stdout)
+    assert found is not None, run.stdout[-2000:] + run.stderr[-2000:]
+    return run.returncode, run.stdout + run.stderr, float(found.group(1).replace(",", ""))
+
+
+def test_the_fold_over_its_instruction_limit_fails_loudly_and_one_under_it_passes() -> None:
+    code, out, count = _count_fold()
+    per_event = re.search(r"per event folded \(([\d,]+)\): ([\d,]+) instructions", out)
+    assert code == 0 and count > 0 and per_event is not None
+    assert int(per_event.group(1).replace(",", "")) >= 3000  # the whole generated log, folded once
+    code, out, again = _count_fold("--max-instructions", f"{count * 0.9:.1f}")
+    assert code == 1 and "REGRESSION" in out
+    assert abs(again - count) <= count * 0.001
+    code, out, _ = _count_fold("--max-instructions", f"{count * 1.1:.1f}")
+    assert code == 0 and "REGRESSION" not in out

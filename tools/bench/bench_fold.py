@@ -171,6 +171,35 @@ def generate(path: Path, target: int, overload: bool = False) -> None:
         for _ in lifecycles(state, emit, config, overload=overload, snapshot_every=SNAPSHOT_EVERY, on_snapshot=keep):
             if pos >= target:
                 break
+    # (made even when no checkpoint was due, in a short log: its presence says this generation
+    # wrote the log, see `ensure_log`)
+    checkpoint_dir(path).mkdir(exist_ok=True)
+
+
+def log_path(events: int, overload: bool = False) -> Path:
+    """Where the generated log of about `events` events is kept."""
+    return ROOT / "out" / "bench" / f"synthetic-{'overload' if overload else 'steady'}-{events}.events.jsonl"
+
+
+def ensure_log(events: int, overload: bool = False, *, regenerate: bool = False) -> Path:
+    """`log_path`, the log generated first when missing (or when `regenerate`); says so when it
+    generates."""
+    path = log_path(events, overload)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if regenerate or not path.exists() or not checkpoint_dir(path).is_dir():  # (older ones had none)
+        t0 = time.perf_counter()
+        generate(path, events, overload)
+        print(f"generated {path.relative_to(ROOT)} in {time.perf_counter() - t0:.1f}s")
+    return path
+
+
+def fold_bodies(bodies: list[bytes]) -> ClusterState:
+    """Decode and apply `bodies` (a log's, in order) into a new state: the fold the target is
+    about, and what `count_cycles.py --bench fold` counts."""
+    st = ClusterState()
+    for i, body in enumerate(bodies):
+        apply(st, Record(i, decode(body)))
+    return st
 
 
 def main() -> None:
@@ -185,13 +214,7 @@ def main() -> None:
                          "events/s (a regression guard)")
     ap.add_argument("--no-replay", action="store_true", help="skip the two `kai-es replay` runs")
     args = ap.parse_args()
-    kind = "overload" if args.overload else "steady"
-    path = ROOT / "out" / "bench" / f"synthetic-{kind}-{args.events}.events.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if args.regenerate or not path.exists() or not checkpoint_dir(path).is_dir():  # (older ones had none)
-        t0 = time.perf_counter()
-        generate(path, args.events, args.overload)
-        print(f"generated {path.relative_to(ROOT)} in {time.perf_counter() - t0:.1f}s")
+    path = ensure_log(args.events, args.overload, regenerate=args.regenerate)
     log = FileEventLog(path, readonly=True)
     total = sum(1 for _ in log.scan_raw())
     size_mb = path.stat().st_size / 1e6
@@ -224,9 +247,7 @@ def main() -> None:
             if paused:
                 gc.disable()
             t0 = time.perf_counter()
-            st = ClusterState()
-            for i, body in enumerate(bodies):
-                apply(st, Record(i, decode(body)))
+            st = fold_bodies(bodies)
             best = min(best, time.perf_counter() - t0)
             gc.enable()
             del st
