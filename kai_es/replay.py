@@ -146,17 +146,16 @@ def _impossible_outcome(decided: dict[str, _Decided], record: Record) -> str | N
     data = env.data
     assert isinstance(data, _OUTCOMES)
     decision = decided.get(data.decision_id)
-    # (the common case, an outcome that agrees, checked first without building the message)
-    if decision is not None and decision.kind is _DECIDED_BY[type(data)] and \
-            decision[1:5] == (data.namespace, data.name, data.uid, data.node) and \
+    ours = (data.namespace, data.name, data.uid, data.node)
+    kind = _DECIDED_BY[type(data)]
+    if decision is not None and decision.kind is kind and decision[1:5] == ours and \
             env.logicaltime >= decision.logicaltime:
-        return None
+        return None  # (the common case: no message built)
     what = f"{type(data).__name__} of pod {data.namespace}/{data.name} on node {data.node!r}"
     if decision is None:
         return f"{what} names decision {data.decision_id!r}, which is not in the log before it"
-    if decision.kind is not _DECIDED_BY[type(data)]:
+    if decision.kind is not kind:
         return f"{what} names decision {data.decision_id!r}, which is a {decision.kind.__name__}"
-    ours = (data.namespace, data.name, data.uid, data.node)
     theirs = decision[1:5]
     if ours != theirs:
         fields = ("namespace", "name", "uid", "node")

@@ -22,7 +22,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["add", "remove", "read", "index"]), EN
                          st.integers(-40, 40)), max_size=120)
 
 
-def _reads_agree(index: SortedOnRead[PendingJob], model: SortedList, at: int) -> None:
+def _reads_agree(index: SortedOnRead, model: SortedList, at: int) -> None:
     assert len(index) == len(model)
     assert bool(index) == bool(model)
     if -len(model) <= at < len(model):

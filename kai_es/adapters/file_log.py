@@ -315,10 +315,9 @@ class FileEventLog:
     def _frames(self, from_position: int, end: int | None) -> Iterator[tuple[int, bytes]]:
         """(position, body) of every line in [from_position, end).
 
-        Each body is its own bytes, sliced from a read-only map of the file in one copy: nearly
-        every reader decodes it, and the decoder wants bytes (a view, as before, cost a second
-        slice and its copy there: 0.3 us a record on a slow machine), and a body stays valid
-        whatever the log does after. Every indexed line had its CRC verified when
+        Each body is its own bytes, sliced from a read-only map of the file in one copy (what
+        the decoder takes without copying again), valid whatever the log does after. Every
+        indexed line had its CRC verified when
         it was indexed (at open, or by the `_refresh` that found it), so it is not verified again
         here; a file now shorter than the lines read, or a line whose newline or frame is no
         longer where the index says, means the file changed under us, which is reported."""

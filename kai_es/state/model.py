@@ -248,7 +248,7 @@ class ClusterState:
     pods: dict[str, PodState] = field(default_factory=dict)
     jobs: dict[str, Job] = field(default_factory=dict)
     queues: dict[str, QueueState] = field(default_factory=dict)
-    pending_jobs: dict[str, SortedOnRead[PendingJob]] = field(default_factory=dict)
+    pending_jobs: dict[str, SortedOnRead] = field(default_factory=dict)
     priority_classes: dict[str, int] = field(default_factory=dict)
     topologies: dict[str, list[str]] = field(default_factory=dict)
     resync_seen: dict[str, set[str]] = field(default_factory=dict)

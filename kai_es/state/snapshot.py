@@ -22,7 +22,6 @@ from kai_es.events import payloads as p
 from kai_es.events.codec import canonical
 from kai_es.state import reducer as r
 from kai_es.state.handlers import jobs, occupancy
-from kai_es.state.keys import PendingJob
 from kai_es.state.model import OCCUPYING, ClusterState, Job, MoveHold, NodeState, PodState, QueueState
 from kai_es.state.sorted_on_read import SortedOnRead
 
@@ -216,7 +215,7 @@ def queue_snap(q: QueueState) -> QueueSnap:
     return QueueSnap(**fields)
 
 
-def pending_list(bucket: SortedOnRead[PendingJob]) -> list[str]:
+def pending_list(bucket: SortedOnRead) -> list[str]:
     """The canonical form of one queue's pending-jobs index: job keys in scheduling order."""
     return [r.job_key_of_index(e) for e in bucket]
 

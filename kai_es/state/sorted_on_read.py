@@ -20,42 +20,36 @@ later change mutates.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Iterable, Iterator
+
+from kai_es.state.keys import PendingJob
 
 
-class _Ordered(Hashable, Protocol):
-    def __lt__(self, other: Any, /) -> bool: ...
-
-
-T = TypeVar("T", bound=_Ordered)
-
-
-class SortedOnRead(Generic[T]):
-    """A sorted collection of distinct entries (module docstring)."""
+class SortedOnRead:
+    """A sorted collection of distinct `PendingJob` entries (module docstring)."""
 
     __slots__ = ("_order", "_added", "_removed")
 
-    def __init__(self, entries: Iterable[T] = ()) -> None:
-        self._order: list[T] = sorted(entries)  # sorted as of the last read; may hold removed entries
-        self._added: dict[T, None] = {}  # added since, not in _order (insertion-ordered)
-        self._removed: set[T] = set()  # in _order, removed since
+    def __init__(self, entries: Iterable[PendingJob] = ()) -> None:
+        self._order: list[PendingJob] = sorted(entries)  # sorted as of the last read; may hold removed entries
+        self._added: dict[PendingJob, None] = {}  # added since, not in _order (insertion-ordered)
+        self._removed: set[PendingJob] = set()  # in _order, removed since
 
-    def add(self, entry: T) -> None:
+    def add(self, entry: PendingJob) -> None:
         removed = self._removed
         if entry in removed:
             removed.remove(entry)  # (still in the kept order)
         else:
             self._added[entry] = None
 
-    def remove(self, entry: T) -> None:
+    def remove(self, entry: PendingJob) -> None:
         added = self._added
         if entry in added:
             del added[entry]
         else:
             self._removed.add(entry)
 
-    def _settled(self) -> list[T]:
+    def _settled(self) -> list[PendingJob]:
         """The entries in order, the changes merged in (a new list when there were any)."""
         added, removed = self._added, self._removed
         if added or removed:
@@ -74,10 +68,10 @@ class SortedOnRead(Generic[T]):
     def __bool__(self) -> bool:
         return bool(self._added) or len(self._order) > len(self._removed)
 
-    def __iter__(self) -> Iterator[T]:
+    def __iter__(self) -> Iterator[PendingJob]:
         return iter(self._settled())
 
-    def __getitem__(self, index: int) -> T:
+    def __getitem__(self, index: int) -> PendingJob:
         return self._settled()[index]
 
     def __repr__(self) -> str:

@@ -58,7 +58,7 @@ def _inner(skip: int, name: str, function: str) -> None:
     sys.path.insert(0, str(HERE))
     bench = importlib.import_module(name)
 
-    run_cycle: Callable[..., object] = getattr(bench, function)
+    target: Callable[..., object] = getattr(bench, function)
     calls = [0]
     me = str(os.getpid())
 
@@ -68,7 +68,7 @@ def _inner(skip: int, name: str, function: str) -> None:
         if on:
             subprocess.run(["callgrind_control", "-i", "on", me], capture_output=True, check=True)
         try:
-            return run_cycle(*args, **kwargs)
+            return target(*args, **kwargs)
         finally:
             if on:
                 subprocess.run(["callgrind_control", "-i", "off", me], capture_output=True, check=True)
