@@ -469,7 +469,8 @@ class KafkaEventLog:
         """Before a claim that follows one of ours (a new producer in this log, or the log of a
         later session sharing our `tenure`): raise `FencedError` if another instance claimed
         the transactional id since (`kafka_tenure.taken_over`), so that this claim does not
-        fence it; `TenureUnknown` (the session starts again) if the coordinator cannot say."""
+        fence it; `TenureUnknown` if the coordinator cannot say, `KafkaLogError` if no broker
+        can be reached to ask it (either way the session starts again)."""
         held = self.tenure.held
         if held is None:
             return
