@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import msgspec
@@ -231,6 +232,9 @@ def test_decode_by_the_tail_type_equals_the_union_decode(monkeypatch: pytest.Mon
         bound.replace(b'"logicaltime":', b'"logicaltime":"').replace(b',"schemaversion', b'","schemaversion'),
         bound.replace(b'"schemaversion":1', b'"schemaversion":7'),
         bound.replace(b'"specversion":"1.0"', b'"specversion":"0.3"'),
+        # no type at all, the last field's value ending as the tail would: the class's own
+        # decoder takes an object without its tag, so the whole tail must be there
+        re.sub(rb'"time":"[^"]*","type":"kai.binder.pod.bound"}', b'"time":"x,kai.binder.pod.bound"}', bound),
     ]
     outcomes = [_outcome(body) for body in variants]
     assert outcomes == [_union_outcome(body, monkeypatch) for body in variants]
