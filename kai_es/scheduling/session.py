@@ -78,6 +78,8 @@ class QueueNode:
     children: list[QueueNode] = field(default_factory=list)
     jobs: SortedList | None = None  # leaves: their pending jobs in order (`QueuedJob`)
     chain: tuple[QueueNode, ...] = ()  # itself, then its ancestors (set once the tree is built)
+    #: whether a queue of `chain` has a limit on some resource (`Session.limits`)
+    limited: bool = False
     #: (order key, candidate) of its subtree as last computed (`Session.pick`); None once a
     #: change below it may have moved either (`Session.forget_order`)
     order: tuple[tuple[object, ...] | None, Candidate | None] | None = field(default=None, repr=False, compare=False)
@@ -221,6 +223,7 @@ class Session:
                 self.roots.append(node)
         for node in self.queues.values():
             node.chain = node.ancestry()
+            node.limited = any(r >= 0 for q in node.chain for r in q.limit)
         jobs = st.jobs
         for name in sorted(st.pending_jobs):
             leaf = self.queues.get(name)
@@ -449,6 +452,8 @@ class Session:
         up whose limit it would exceed (unless `quotas_only`), or whose quota, for a
         quota-bound job (`quota_bound`), its non-preemptible allocation would; [] when none."""
         bound = self.quota_bound(job)
+        if not bound and (quotas_only or not leaf.limited):
+            return []  # (most tries: nothing below can apply)
         for q in leaf.chain:
             for r in (0, 1, 2):
                 if request[r] <= 0:
