@@ -41,6 +41,7 @@ _SUFFIX_LEN: Final = 13
 
 
 def _tail_entry(name: str, cls: type[Envelope]) -> tuple[int, bytes, msgspec.json.Decoder[Envelope], type[Envelope]]:
+    """`_BY_SUFFIX`'s entry for the type `name` of class `cls`."""
     tail = f',"type":"{name}"}}'.encode()
     return -len(tail), tail, msgspec.json.Decoder(cls), cls
 

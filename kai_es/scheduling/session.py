@@ -78,8 +78,9 @@ class QueueNode:
     children: list[QueueNode] = field(default_factory=list)
     jobs: SortedList | None = None  # leaves: their pending jobs in order (`QueuedJob`)
     chain: tuple[QueueNode, ...] = ()  # itself, then its ancestors (set once the tree is built)
-    #: whether a queue of `chain` has a limit on some resource (`Session.limits`)
-    limited: bool = False
+    #: whether a queue of `chain` may have a limit on some resource (`Session.limits`; set
+    #: with the chain, and True until then: a node built otherwise gets every check)
+    limited: bool = True
     #: (order key, candidate) of its subtree as last computed (`Session.pick`); None once a
     #: change below it may have moved either (`Session.forget_order`)
     order: tuple[tuple[object, ...] | None, Candidate | None] | None = field(default=None, repr=False, compare=False)

@@ -3,9 +3,8 @@ not the rest.
 
 A pod's `metadata.managedFields` (the server-side apply bookkeeping of who set which field) is
 about 40% of its JSON and most of its small objects (measured on a pod bound by a client and
-run by KWOK: 1,266 of 3,044 bytes); a node's, whose status the kubelet rewrites every few
-seconds, is larger still. Nothing in kai-es reads it, yet building it as dicts was the largest
-single cost of the informer's watch. msgspec decodes a `TypedDict` into a plain dict and skips,
+run by KWOK: 1,266 of 3,044 bytes). Nothing in kai-es reads it, yet building it as dicts was
+the largest single cost of the informer's watch (py-spy). msgspec decodes a `TypedDict` into a plain dict and skips,
 without building them, the keys the TypedDict does not declare: so each document is decoded
 against a shape that declares everything but those.
 
@@ -87,11 +86,6 @@ _OBJECT_EVENTS: Final = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 _WHOLE: Final = msgspec.json.Decoder()
 _EVENT: Final = msgspec.json.Decoder(_WatchEvent)
 _LIST: Final = msgspec.json.Decoder(_List)
-
-
-def document(body: bytes) -> Any:
-    """Any JSON document from the API server, whole (a `Status`, an error's body)."""
-    return _WHOLE.decode(body)
 
 
 def watch_event(line: bytes) -> Any:
