@@ -36,9 +36,10 @@ static int task_kind(const kai_pack_task *t)
     return t->fraction_devices >= 1 ? KIND_SHARED : -1;
 }
 
-static int table_valid(const kai_pack_table *tb, const int64_t *eligible)
+/* The table's shape: sizes, pointers and gpu_start's ends (constant time). */
+static int table_shape_valid(const kai_pack_table *tb, const int64_t *eligible)
 {
-    int64_t n = tb->n_nodes, d = tb->n_devices, i, j;
+    int64_t n = tb->n_nodes, d = tb->n_devices;
     if (n < 0 || d < 0)
         return 0;
     if (tb->gpu_start == NULL)
@@ -50,8 +51,13 @@ static int table_valid(const kai_pack_table *tb, const int64_t *eligible)
     if (d > 0 && (tb->dev_free_milli == NULL || tb->dev_total_memory_mib == NULL ||
                   tb->dev_shared == NULL))
         return 0;
-    if (tb->gpu_start[0] != 0 || tb->gpu_start[n] != d)
-        return 0;
+    return tb->gpu_start[0] == 0 && tb->gpu_start[n] == d;
+}
+
+/* Every node's and device's values, with eligible (a valid shape assumed). */
+static int table_contents_valid(const kai_pack_table *tb, const int64_t *eligible)
+{
+    int64_t n = tb->n_nodes, d = tb->n_devices, i, j;
     for (i = 0; i < n; i++) {
         if (tb->gpu_start[i + 1] < tb->gpu_start[i] ||
             tb->free_milli_cpu[i] < 0 || tb->free_memory_bytes[i] < 0 ||
@@ -421,10 +427,26 @@ static int outranks(int64_t s0, int64_t s1, int64_t s2, const rank_row *r)
  * both entry points share; on success store the task kind and return
  * KAI_PACK_OK.
  */
+/* What kai_pack_table_check checks: the table's contents and, for FRAGMENTATION, each
+ * node's device count (a valid shape and strategy assumed). */
+static int table_checks(const kai_pack_table *table, const int64_t *eligible,
+                        const kai_pack_strategy *strategy)
+{
+    int64_t i;
+    if (!table_contents_valid(table, eligible))
+        return KAI_PACK_EINVAL;
+    if (strategy->gpu_strategy == KAI_PACK_GPU_FRAGMENTATION)
+        for (i = 0; i < table->n_nodes; i++)
+            if (table->gpu_start[i + 1] - table->gpu_start[i] > KAI_PACK_MAX_NODE_DEVICES)
+                return KAI_PACK_EINVAL;
+    return KAI_PACK_OK;
+}
+
+/* The checks of every entry point; `trusting`: without table_checks (see packer.h). */
 static int check_args(const kai_pack_table *table, const int64_t *eligible,
                       const kai_pack_task *task, const kai_pack_strategy *strategy,
                       int64_t *devices_out, int64_t devices_cap,
-                      int64_t *reasons_out, int64_t reasons_cap, int *kind_out)
+                      int64_t *reasons_out, int64_t reasons_cap, int trusting, int *kind_out)
 {
     int kind;
     int64_t i, want;
@@ -447,12 +469,10 @@ static int check_args(const kai_pack_table *table, const int64_t *eligible,
         return KAI_PACK_EINVAL;
     if (!workload_valid(strategy))
         return KAI_PACK_EINVAL;
-    if (!table_valid(table, eligible))
+    if (!table_shape_valid(table, eligible))
         return KAI_PACK_EINVAL;
-    if (strategy->gpu_strategy == KAI_PACK_GPU_FRAGMENTATION)
-        for (i = 0; i < table->n_nodes; i++)
-            if (table->gpu_start[i + 1] - table->gpu_start[i] > KAI_PACK_MAX_NODE_DEVICES)
-                return KAI_PACK_EINVAL;
+    if (!trusting && table_checks(table, eligible, strategy) != KAI_PACK_OK)
+        return KAI_PACK_EINVAL;
     *kind_out = kind;
     return KAI_PACK_OK;
 }
@@ -646,15 +666,10 @@ static void choose_devices(const kai_pack_table *table, const kai_pack_task *tas
 
 /* --- the entry points --------------------------------------------------- */
 
-int kai_pack_place(const kai_pack_table *table,
-                   const int64_t *eligible,
-                   const kai_pack_task *task,
-                   const kai_pack_strategy *strategy,
-                   int64_t *node_out,
-                   int64_t *devices_out,
-                   int64_t devices_cap,
-                   int64_t *reasons_out,
-                   int64_t reasons_cap)
+static int place(const kai_pack_table *table, const int64_t *eligible,
+                 const kai_pack_task *task, const kai_pack_strategy *strategy,
+                 int64_t *node_out, int64_t *devices_out, int64_t devices_cap,
+                 int64_t *reasons_out, int64_t reasons_cap, int trusting)
 {
     int kind, code;
     int64_t count;
@@ -663,7 +678,7 @@ int kai_pack_place(const kai_pack_table *table,
     if (node_out != NULL)
         *node_out = -1;
     code = check_args(table, eligible, task, strategy, devices_out, devices_cap,
-                      reasons_out, reasons_cap, &kind);
+                      reasons_out, reasons_cap, trusting, &kind);
     if (code != KAI_PACK_OK)
         return code;
     if (node_out == NULL)
@@ -676,17 +691,11 @@ int kai_pack_place(const kai_pack_table *table,
     return KAI_PACK_OK;
 }
 
-int kai_pack_rank(const kai_pack_table *table,
-                  const int64_t *eligible,
-                  const kai_pack_task *task,
-                  const kai_pack_strategy *strategy,
-                  int64_t *ranked_out,
-                  int64_t ranked_cap,
-                  int64_t *ranked_n_out,
-                  int64_t *devices_out,
-                  int64_t devices_cap,
-                  int64_t *reasons_out,
-                  int64_t reasons_cap)
+static int rank(const kai_pack_table *table, const int64_t *eligible,
+                const kai_pack_task *task, const kai_pack_strategy *strategy,
+                int64_t *ranked_out, int64_t ranked_cap, int64_t *ranked_n_out,
+                int64_t *devices_out, int64_t devices_cap,
+                int64_t *reasons_out, int64_t reasons_cap, int trusting)
 {
     int kind, code;
     int64_t i, count;
@@ -694,7 +703,7 @@ int kai_pack_rank(const kai_pack_table *table,
     if (ranked_n_out != NULL)
         *ranked_n_out = 0;
     code = check_args(table, eligible, task, strategy, devices_out, devices_cap,
-                      reasons_out, reasons_cap, &kind);
+                      reasons_out, reasons_cap, trusting, &kind);
     if (code != KAI_PACK_OK)
         return code;
     if (ranked_out == NULL || ranked_n_out == NULL || !in_range(ranked_cap, 1, KAI_PACK_MAX_RANKED))
@@ -714,4 +723,51 @@ int kai_pack_rank(const kai_pack_table *table,
         return KAI_PACK_NO_FIT;
     choose_devices(table, task, strategy, kind, ranked_out[0], devices_out);
     return KAI_PACK_OK;
+}
+
+int kai_pack_place(const kai_pack_table *table, const int64_t *eligible,
+                   const kai_pack_task *task, const kai_pack_strategy *strategy,
+                   int64_t *node_out, int64_t *devices_out, int64_t devices_cap,
+                   int64_t *reasons_out, int64_t reasons_cap)
+{
+    return place(table, eligible, task, strategy, node_out, devices_out, devices_cap,
+                 reasons_out, reasons_cap, 0);
+}
+
+int kai_pack_place_trusting(const kai_pack_table *table, const int64_t *eligible,
+                            const kai_pack_task *task, const kai_pack_strategy *strategy,
+                            int64_t *node_out, int64_t *devices_out, int64_t devices_cap,
+                            int64_t *reasons_out, int64_t reasons_cap)
+{
+    return place(table, eligible, task, strategy, node_out, devices_out, devices_cap,
+                 reasons_out, reasons_cap, 1);
+}
+
+int kai_pack_rank(const kai_pack_table *table, const int64_t *eligible,
+                  const kai_pack_task *task, const kai_pack_strategy *strategy,
+                  int64_t *ranked_out, int64_t ranked_cap, int64_t *ranked_n_out,
+                  int64_t *devices_out, int64_t devices_cap,
+                  int64_t *reasons_out, int64_t reasons_cap)
+{
+    return rank(table, eligible, task, strategy, ranked_out, ranked_cap, ranked_n_out,
+                devices_out, devices_cap, reasons_out, reasons_cap, 0);
+}
+
+int kai_pack_rank_trusting(const kai_pack_table *table, const int64_t *eligible,
+                           const kai_pack_task *task, const kai_pack_strategy *strategy,
+                           int64_t *ranked_out, int64_t ranked_cap, int64_t *ranked_n_out,
+                           int64_t *devices_out, int64_t devices_cap,
+                           int64_t *reasons_out, int64_t reasons_cap)
+{
+    return rank(table, eligible, task, strategy, ranked_out, ranked_cap, ranked_n_out,
+                devices_out, devices_cap, reasons_out, reasons_cap, 1);
+}
+
+int kai_pack_table_check(const kai_pack_table *table, const int64_t *eligible,
+                         const kai_pack_strategy *strategy)
+{
+    if (table == NULL || strategy == NULL || !table_shape_valid(table, eligible) ||
+        !in_range(strategy->gpu_strategy, 0, 2))
+        return KAI_PACK_EINVAL;
+    return table_checks(table, eligible, strategy);
 }

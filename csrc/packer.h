@@ -187,6 +187,8 @@
  *   ABI version 2 (was 1): struct kai_pack_strategy gained n_shapes and
  *   shapes; FRAGMENTATION is implemented.
  *   ABI version 3 (was 2): kai_pack_rank.
+ *   ABI version 4 (was 3): kai_pack_table_check, kai_pack_place_trusting,
+ *   kai_pack_rank_trusting (below).
  *   On a negative code *node_out (if non-NULL) is -1, reasons_out (if it is
  *   non-NULL and long enough) is all zero, devices_out is untouched.
  *
@@ -203,6 +205,22 @@
  * every node not listed ranks after the last listed one.  ranked_out must
  * hold 4 * ranked_cap values.  On a negative code *ranked_n_out is 0.
  *
+ * ---------------------------------------------------------------------------
+ * A TABLE CHECKED ONCE (kai_pack_table_check, kai_pack_*_trusting)
+ * ---------------------------------------------------------------------------
+ * kai_pack_place and kai_pack_rank check every node's and device's values on
+ * every call, which costs about what the scan does.  kai_pack_table_check
+ * makes those checks alone (the table's contents with eligible, and, for
+ * FRAGMENTATION, each node's device count): KAI_PACK_OK or KAI_PACK_EINVAL.
+ * kai_pack_place_trusting and kai_pack_rank_trusting are kai_pack_place and
+ * kai_pack_rank without them: every other check is made (NULL pointers,
+ * n_nodes, n_devices and gpu_start's ends, the task, strategy, workload and
+ * caps).  Their caller vouches that kai_pack_table_check accepted the table
+ * and that its values have stayed valid since, with gpu_start unchanged and
+ * eligible all 0 or 1; then their answers are kai_pack_place's and
+ * kai_pack_rank's.  (kai-es's wrapper does so for a table whose writers keep
+ * it valid: kai_es.scheduling.packing.native.)
+ *
  * The declarations between the CDEF markers are fed verbatim to cffi's
  * cdef(), so they use plain C types and integer-literal #defines only.
  */
@@ -216,7 +234,7 @@ extern "C" {
 #endif
 
 /* CDEF-BEGIN */
-#define KAI_PACK_ABI_VERSION 3
+#define KAI_PACK_ABI_VERSION 4
 #define KAI_PACK_MAX_RANKED 1024
 #define KAI_PACK_REASON_COUNT 7
 #define KAI_PACK_SHAPE_FIELDS 7
@@ -313,6 +331,32 @@ int kai_pack_rank(const kai_pack_table *table,
                   int64_t devices_cap,
                   int64_t *reasons_out,
                   int64_t reasons_cap);
+
+int kai_pack_table_check(const kai_pack_table *table,
+                         const int64_t *eligible,
+                         const kai_pack_strategy *strategy);
+
+int kai_pack_place_trusting(const kai_pack_table *table,
+                            const int64_t *eligible,
+                            const kai_pack_task *task,
+                            const kai_pack_strategy *strategy,
+                            int64_t *node_out,
+                            int64_t *devices_out,
+                            int64_t devices_cap,
+                            int64_t *reasons_out,
+                            int64_t reasons_cap);
+
+int kai_pack_rank_trusting(const kai_pack_table *table,
+                           const int64_t *eligible,
+                           const kai_pack_task *task,
+                           const kai_pack_strategy *strategy,
+                           int64_t *ranked_out,
+                           int64_t ranked_cap,
+                           int64_t *ranked_n_out,
+                           int64_t *devices_out,
+                           int64_t devices_cap,
+                           int64_t *reasons_out,
+                           int64_t reasons_cap);
 /* CDEF-END */
 
 #ifdef __cplusplus

@@ -25,6 +25,7 @@ from typing import Any
 from kai_es._native import load
 
 from .model import (
+    ArrayPackTable,
     MAX_NODE_DEVICES,
     MAX_RANKED,
     MAX_MEMORY_MIB,
@@ -54,7 +55,7 @@ from .model import (
 __all__ = ["NativePacker", "import_native", "NATIVE_MODULE", "ABI_VERSION"]
 
 NATIVE_MODULE = "kai_es._native._packer"
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 _NODE_FIELDS = ("free_milli_cpu", "free_memory_bytes", "free_pods", "alloc_milli_cpu")
 _DEVICE_FIELDS = ("dev_free_milli", "dev_total_memory_mib", "dev_shared")
@@ -312,10 +313,18 @@ class NativePacker:
 
 class _Calls:
     """`kai_pack_place` and `kai_pack_rank` bound to one table and strategy: the checks that
-    cannot change between calls made once (`NativePacker.bind`)."""
+    cannot change between calls made once (`NativePacker.bind`).
+
+    An `ArrayPackTable` that `kai_pack_table_check` accepts when bound is kept valid by its own
+    writers (`apply` checks what it writes; `apply_placed` writes a placement the packer
+    answered on it, or undoes one; nothing writes its `FIXED` buffers, `gpu_start` among
+    them): its calls go to the `_trusting` entry points, which do not check every node and
+    device again (on every call that cost about what the scan does). A mask is checked to be
+    all 0 and 1 the first time it is seen (as `kai_pack_place` would refuse it otherwise).
+    Any other table is checked on every call."""
 
     __slots__ = ("packer", "table", "strategy", "struct", "c_strategy", "keep", "n", "c_tasks",
-                 "c_eligible", "ranked", "place_c", "rank_c", "unpack")
+                 "c_eligible", "ranked", "trusting", "place_c", "rank_c", "unpack")
 
     def __init__(self, packer: NativePacker, table: PackTable, strategy: Strategy) -> None:
         problem = strategy_problem(strategy)
@@ -339,8 +348,15 @@ class _Calls:
         self.c_eligible: dict[int, tuple[array[int], Any]] = {}
         #: cap -> (ranked rows buffer, count buffer)
         self.ranked: dict[int, tuple[Any, Any]] = {}
+        lib = packer._lib
+        self.trusting = isinstance(table, ArrayPackTable) and \
+            lib.kai_pack_table_check(self.struct, bound.views[8], self.c_strategy) == 0
         # looked up once: every placement a cycle asks comes through here
-        self.place_c, self.rank_c, self.unpack = packer._lib.kai_pack_place, packer._lib.kai_pack_rank, packer._ffi.unpack
+        if self.trusting:
+            self.place_c, self.rank_c = lib.kai_pack_place_trusting, lib.kai_pack_rank_trusting
+        else:
+            self.place_c, self.rank_c = lib.kai_pack_place, lib.kai_pack_rank
+        self.unpack = packer._ffi.unpack
 
     def _task(self, task: TaskShape) -> tuple[Any, Any, int]:
         c = self.c_tasks.get(task)
@@ -355,7 +371,8 @@ class _Calls:
             return self.keep[0].views[8]
         e = self.c_eligible.get(id(eligible))
         if e is None or e[0] is not eligible:
-            if len(_check_buffer("eligible", eligible)) != self.n:
+            if len(_check_buffer("eligible", eligible)) != self.n or (
+                    self.trusting and eligible.count(0) + eligible.count(1) != self.n):
                 raise_for_result(Placement.failure(ReturnCode.EINVAL), self.table, self.strategy, eligible)
             e = self.c_eligible[id(eligible)] = (eligible, self.packer._ffi.from_buffer("int64_t[]", eligible))
         return e[1]
