@@ -422,11 +422,6 @@ static int outranks(int64_t s0, int64_t s1, int64_t s2, const rank_row *r)
     return s0 > r->s0 || (s0 == r->s0 && (s1 > r->s1 || (s1 == r->s1 && s2 > r->s2)));
 }
 
-/*
- * Zero the rejection counts (when they can be), then validate the arguments
- * both entry points share; on success store the task kind and return
- * KAI_PACK_OK.
- */
 /* What kai_pack_table_check checks: the table's contents and, for FRAGMENTATION, each
  * node's device count (a valid shape and strategy assumed). */
 static int table_checks(const kai_pack_table *table, const int64_t *eligible,
@@ -442,7 +437,11 @@ static int table_checks(const kai_pack_table *table, const int64_t *eligible,
     return KAI_PACK_OK;
 }
 
-/* The checks of every entry point; `trusting`: without table_checks (see packer.h). */
+/*
+ * Zero the rejection counts (when they can be), then validate the arguments
+ * the entry points share (`trusting`: all but table_checks, see packer.h); on
+ * success store the task kind and return KAI_PACK_OK.
+ */
 static int check_args(const kai_pack_table *table, const int64_t *eligible,
                       const kai_pack_task *task, const kai_pack_strategy *strategy,
                       int64_t *devices_out, int64_t devices_cap,
