@@ -151,3 +151,34 @@ def test_the_wrapper_trusts_a_valid_array_table_and_checks_each_new_mask() -> No
         assert answer == packer.place(t, TaskShape.whole(1), BINPACK)
         t.apply_placed(answer.node, answer.devices, TaskShape.whole(1), 1)
     assert bound(TaskShape.whole(1)).code == ReturnCode.NO_FIT
+
+
+class _CountingLib:
+    """The compiled library, counting `kai_pack_table_check` calls."""
+
+    def __init__(self, lib: Any) -> None:
+        self._lib, self.checks = lib, 0
+
+    def kai_pack_table_check(self, *args: Any) -> int:
+        self.checks += 1
+        return int(self._lib.kai_pack_table_check(*args))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lib, name)
+
+
+def test_binds_of_one_table_check_it_once_and_a_one_off_call_checks_it_again() -> None:
+    packer = NativePacker()
+    counting = _CountingLib(packer._lib)
+    packer._lib = counting
+    t = _table([(8000, [1000]), (8000, [1000])])
+    packing.bind_place(packer, t, BINPACK)  # (binds `place` and `rank`)
+    packer.bind_rank(t, BINPACK)
+    assert counting.checks == 1  # as a Plan binds its idle table three times
+    packer.bind(t, Strategy(GpuStrategy.FRAGMENTATION))
+    assert counting.checks == 2  # FRAGMENTATION checks more
+    t.dev_free_milli[0] = 1001  # (no writer of the table does this: a test's corruption)
+    with pytest.raises(InvalidArgument):
+        packer.place(t, TaskShape.cpu(1), BINPACK)  # one-off calls check the table again
+    answer, _ = packer.rank_raw(t, TaskShape.cpu(1), BINPACK, None, 2)
+    assert answer.code == ReturnCode.EINVAL and counting.checks == 3

@@ -25,6 +25,7 @@ from typing import Any
 from kai_es._native import load
 
 from .model import (
+    GpuStrategy,
     ArrayPackTable,
     MAX_NODE_DEVICES,
     MAX_RANKED,
@@ -97,14 +98,17 @@ _DEVICES_AT = 1 + REASON_COUNT
 
 
 class _Bound:
-    """A table's arrays, their cffi views and the filled ``kai_pack_table`` struct."""
+    """A table's arrays, their cffi views and the filled ``kai_pack_table`` struct; `checked`:
+    whether `kai_pack_table_check` accepted the table (`_Calls`), by whether the strategy is
+    FRAGMENTATION (which checks each node's device count too)."""
 
-    __slots__ = ("arrays", "views", "struct")
+    __slots__ = ("arrays", "views", "struct", "checked")
 
     def __init__(self, arrays: tuple[array[int], ...], views: list[Any], struct: Any) -> None:
         self.arrays = arrays
         self.views = views  # keeps the buffer exports (and so the memory) alive
         self.struct = struct
+        self.checked: dict[bool, bool] = {}
 
 
 class NativePacker:
@@ -224,12 +228,12 @@ class NativePacker:
         The returned function answers exactly as `place(table, task, strategy, eligible)` would,
         provided the table's buffers are not replaced or resized while it is used (an
         `ArrayPackTable` never resizes them; a `Plan` never replaces them)."""
-        return _Calls(self, table, strategy).place
+        return _Calls(self, table, strategy, reuse_check=True).place
 
     def bind_rank(self, table: PackTable, strategy: Strategy) -> RankFn:
         """`rank_raw` for one table and strategy, checked once as `bind` is; raises
         `InvalidArgument` for a cap outside 1..MAX_RANKED."""
-        return _Calls(self, table, strategy).rank
+        return _Calls(self, table, strategy, reuse_check=True).rank
 
     def rank_raw(
         self, table: PackTable, task: TaskShape, strategy: Strategy, eligible: array[int] | None, cap: int
@@ -326,7 +330,8 @@ class _Calls:
     __slots__ = ("packer", "table", "strategy", "struct", "c_strategy", "keep", "n", "c_tasks",
                  "c_eligible", "ranked", "trusting", "place_c", "rank_c", "unpack")
 
-    def __init__(self, packer: NativePacker, table: PackTable, strategy: Strategy) -> None:
+    def __init__(self, packer: NativePacker, table: PackTable, strategy: Strategy,
+                 reuse_check: bool = False) -> None:
         problem = strategy_problem(strategy)
         ensure(problem is None, problem)
         bound = packer._bind(table)
@@ -349,14 +354,25 @@ class _Calls:
         #: cap -> (ranked rows buffer, count buffer)
         self.ranked: dict[int, tuple[Any, Any]] = {}
         lib = packer._lib
-        self.trusting = isinstance(table, ArrayPackTable) and \
-            lib.kai_pack_table_check(self.struct, bound.views[8], self.c_strategy) == 0
+        self.trusting = isinstance(table, ArrayPackTable) and self._checked(bound, strategy, reuse_check)
         # looked up once: every placement a cycle asks comes through here
         if self.trusting:
             self.place_c, self.rank_c = lib.kai_pack_place_trusting, lib.kai_pack_rank_trusting
         else:
             self.place_c, self.rank_c = lib.kai_pack_place, lib.kai_pack_rank
         self.unpack = packer._ffi.unpack
+
+    def _checked(self, bound: _Bound, strategy: Strategy, reuse: bool) -> bool:
+        """Whether `kai_pack_table_check` accepts the bound table. With `reuse` (`bind` and
+        `bind_rank`: a Plan binds each of its tables three times), an answer already given for
+        the table (and kind of strategy) stands: an `ArrayPackTable`'s writers keep it as it was
+        checked. A one-off call (`place`, `rank_raw`) checks it again."""
+        fragmentation = strategy.gpu_strategy == GpuStrategy.FRAGMENTATION
+        ok = bound.checked.get(fragmentation) if reuse else None
+        if ok is None:
+            ok = bound.checked[fragmentation] = self.packer._lib.kai_pack_table_check(
+                bound.struct, bound.views[8], self.c_strategy) == 0
+        return ok
 
     def _task(self, task: TaskShape) -> tuple[Any, Any, int]:
         c = self.c_tasks.get(task)
