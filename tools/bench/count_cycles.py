@@ -11,8 +11,9 @@ Runs `bench_steady_cycle.py` (same options; `--restart` included) under
 `run_cycle` after the first `--skip` cycles (the first, which hashes every entity, and one more),
 so the build, the fold between cycles and the first cycles are not counted. Prints the
 instructions, first-level data-cache misses and last-level misses of the counted cycles, each
-per cycle. With PYTHONHASHSEED fixed, two runs of one commit give the same instruction count to
-within 0.01%; wall-clock time on a shared machine varies by ±10%. Needs valgrind (Debian:
+per cycle, and the exact instruction total. With PYTHONHASHSEED fixed, two runs of one commit in
+one directory give the same instruction count to within 0.01% (another working directory can move
+it by about 0.06%); wall-clock time on a shared machine varies by ±10%. Needs valgrind (Debian:
 `apt-get install valgrind`); a cycle runs about 50x slower under it (the issue #21 shape, five
 cycles: about 2.5 minutes). With `--max-instructions M` it exits 1, saying so, when a counted
 cycle takes more than M million instructions on average: a regression guard that, unlike a
@@ -153,6 +154,7 @@ def main() -> None:
     ir, d1, ll = (numbers[k] for k in sorted(numbers, key=lambda k: ("I", "D", "L").index(k[0])))
     print(f"per counted {count} ({cycles}): {ir / cycles / 1e6:,.1f} M instructions, "
           f"{d1 / cycles / 1e6:,.2f} M L1 data misses, {ll / cycles / 1e6:,.3f} M last-level misses")
+    print(f"instructions counted: {ir:,} in {cycles} {count}s")  # exact, for comparing two runs
     folded = re.search(r"events folded: (\d+)", run.stdout)
     if folded is not None:
         print(f"per event folded ({int(folded.group(1)):,}): {ir / cycles / int(folded.group(1)):,.0f} instructions")
