@@ -87,7 +87,7 @@ class EventLogContract:
 
         env = make_envelope(p.PodUnschedulable(
             namespace="default", name="a", uid="u", podgroup="g", queue="q",
-            reasons=[p.Reason(code="NoNodeFits", message="0/3 nodes: ünïcode ok", numbers={"nodes": 3})]),
+            reasons=(p.Reason(code="NoNodeFits", message="0/3 nodes: ünïcode ok", numbers={"nodes": 3}),)),
             event_id="x", source="test", subject="pod/default/a", logicaltime=5, basedon=0,
             statedigest="sha256:00")
         await log.append([env])

@@ -51,9 +51,9 @@ def _records(events: list[tuple[str, p.Payload]]) -> list[Record]:
 def _running() -> list[tuple[str, p.Payload]]:
     return [("node", NODE), ("queue", p.QueueObserved(name="q")), ("pod", POD),
             ("bind", p.BindingDecided(namespace="default", name="a", uid="ua", node="n", podgroup="g",
-                                      queue="q", gpu_devices=[1])),
+                                      queue="q", gpu_devices=(1,))),
             ("bound", p.PodBound(namespace="default", name="a", uid="ua", node="n", decision_id="bind",
-                                 gpu_devices=[1])),
+                                 gpu_devices=(1,))),
             ("evict", p.EvictionDecided(namespace="default", name="a", uid="ua", node="n", podgroup="g",
                                         queue="q", action="reclaim", reason="r"))]
 
@@ -85,7 +85,7 @@ def test_an_eviction_failure_for_another_decision_or_pod_changes_nothing() -> No
         state = fold(_records([*_running(), ("failed", stale)]))
         assert state.pods["default/a"].status == "Releasing" and state.ignored_events == 1
     # a pod terminating of its own accord keeps releasing its capacity
-    terminating = msgspec_replace(POD, terminating=True, node_name="n", gpu_devices=[1])
+    terminating = msgspec_replace(POD, terminating=True, node_name="n", gpu_devices=(1,))
     state = fold(_records([*_running(), ("obs", terminating), ("failed", _evict_failed())]))
     assert state.pods["default/a"].status == "Releasing" and state.ignored_events == 1
 
@@ -98,7 +98,7 @@ def _failed_binds(final_at: int) -> list[tuple[str, p.Payload]]:
     events: list[tuple[str, p.Payload]] = [("node", NODE), ("queue", p.QueueObserved(name="q")), ("pod", POD)]
     for i in range(final_at):
         events.append((f"bind{i}", p.BindingDecided(namespace="default", name="a", uid="ua", node="n",
-                                                    podgroup="g", queue="q", gpu_devices=[0])))
+                                                    podgroup="g", queue="q", gpu_devices=(0,))))
         events.append((f"failed{i}", p.PodBindFailed(namespace="default", name="a", uid="ua", node="n",
                                                      decision_id=f"bind{i}", message=f"denied {i}",
                                                      final=i == final_at - 1)))

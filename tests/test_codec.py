@@ -25,7 +25,7 @@ def _env(payload: p.Payload, **kw: object) -> object:
 
 def test_canonical_bytes_sort_keys_and_round_trip() -> None:
     env = _env(p.BindingDecided(namespace="default", name="a", uid="u", node="n1", podgroup="g",
-                                queue="q", gpu_devices=[3, 1]), basedon=7)
+                                queue="q", gpu_devices=(3, 1)), basedon=7)
     raw = encode(env)  # type: ignore[arg-type]
     obj = json.loads(raw)
     assert list(obj) == sorted(obj)
@@ -151,7 +151,7 @@ def test_version_1_pod_observed_decodes_as_version_2_and_keeps_its_bytes() -> No
           b'"time":"1970-01-01T00:00:00.000000005Z","type":"kai.cluster.pod.observed"}')
     env = decode(v1)
     assert env.schemaversion == 1
-    assert isinstance(env.data, p.PodObserved) and env.data.labels == {} and env.data.host_ports == []
+    assert isinstance(env.data, p.PodObserved) and env.data.labels == {} and env.data.host_ports == ()
     assert encode(env) == v1
     new = _env(p.PodObserved(namespace="default", name="a", uid="u1", podgroup="pg", labels={"app": "x"}))
     assert new.schemaversion == 3  # the current version (v3 adds start time and time annotations)

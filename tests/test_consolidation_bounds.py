@@ -71,7 +71,7 @@ class _Feed:
                                     podgroup=f"pg-{group}", phase="Running" if node is not None else "Pending",
                                     node_name=f"node-{node}" if node is not None else "", priority_class=str(cls),
                                     requests=p.PodResources(milli_cpu=1000, memory_bytes=2**30),
-                                    gpu=p.GpuRequest(whole=1), gpu_devices=[0] if node is not None else [],
+                                    gpu=p.GpuRequest(whole=1), gpu_devices=(0,) if node is not None else (),
                                     created_ns=100 + int(i)))
         elif kind == "finish":
             i = step[1]

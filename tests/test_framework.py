@@ -433,5 +433,5 @@ def test_pipelined_placement_waits_for_the_plans_victims() -> None:
             emitter.eviction(state, plan, op)
     kinds = [type(e.data).__name__ for e in emitter.out]
     assert kinds == ["EvictionDecided", "PodPipelined"]
-    assert emitter.out[1].data.waiting_for == ["default/big-a"]
+    assert emitter.out[1].data.waiting_for == ("default/big-a",)
     assert emitter.out[0].data.action == "reclaim"

@@ -43,7 +43,7 @@ def _cycle_mask(state: ClusterState, spec: p.PodObserved, verify: bool = False) 
 
 POD = p.PodObserved(namespace="team-a", name="train-0", uid="u0", podgroup="pg", queue="q",
                     node_selector={"nvidia.com/gpu.product": "H100"},
-                    tolerations=[p.Toleration(key="dedicated", operator="Equal", value="ml", effect="NoSchedule")])
+                    tolerations=(p.Toleration(key="dedicated", operator="Equal", value="ml", effect="NoSchedule"),))
 
 
 def test_a_kept_mask_follows_node_changes_between_cycles() -> None:
@@ -110,8 +110,8 @@ def test_a_pod_without_node_constraints_takes_the_plain_key_and_every_constraint
     feed = _Feed()
     feed.fold(_node("node-a", {"zone": "a"}))  # (the default node pool)
     feed.fold(_node("node-b", {"zone": "b", "kai.scheduler/node-pool": "pool-b"}))
-    on_a = [p.NodeSelectorTerm(match_expressions=[p.NodeSelectorRequirement(
-        key="zone", operator="NotIn", values=["a"])])]
+    on_a = (p.NodeSelectorTerm(match_expressions=(p.NodeSelectorRequirement(
+        key="zone", operator="NotIn", values=("a",)),)),)
     feed.fold(p.VolumeObserved(name="local-b", node_affinity=on_a))  # a local volume, not on node-a
     feed.fold(p.ClaimObserved(namespace="team-a", name="data", phase="Bound", volume="local-b"))
     names, nodes, _, _ = tables(feed.state)
@@ -120,10 +120,10 @@ def test_a_pod_without_node_constraints_takes_the_plain_key_and_every_constraint
     assert static_key(plain) == PLAIN_KEY and eligibility._key(plain) is PLAIN_KEY
     variants = {
         "node_selector": {"zone": "b"},
-        "tolerations": [p.Toleration(key="dedicated", operator="Exists")],
+        "tolerations": (p.Toleration(key="dedicated", operator="Exists"),),
         "affinity_terms": on_a,
         "node_pool": "pool-b",
-        "claims": ["data"],
+        "claims": ("data",),
         "scalar_requests": {"nvidia.com/mig-1g.10gb": 1},
     }
     specs = [msgspec.structs.replace(plain, name=f"with-{f}", **{f: v}) for f, v in variants.items()]

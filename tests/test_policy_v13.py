@@ -88,7 +88,7 @@ def test_a_queue_that_placed_a_job_goes_back_behind_the_queue_below_its_share() 
     assert [_short(k) for k in first.jobs] == ["a-1", "b-1", "a-2"]
     # the next cycles try a-2 alone: one edit (the head and the middle dropped), then nothing
     assert completed[1].tried_order is not None and completed[1].tried_order.keep_tail == 1
-    assert completed[1].tried_order.jobs == [] and all(c.tried_order is None for c in completed[2:])
+    assert completed[1].tried_order.jobs == () and all(c.tried_order is None for c in completed[2:])
     report = explain(records, "default/a-2")
     waits = [e for e in report["timeline"] if e["kind"] == "wait"]
     assert waits[0]["positionAtFirst"] == {"inQueue": 2, "of": 2, "inCluster": 3, "clusterOf": 3}
@@ -196,9 +196,9 @@ def test_an_edit_that_does_not_fit_is_counted_and_leaves_no_order(since: int, he
     order held applies; one that does not is counted in `ignored_events` and leaves no order; the
     next cycle, diffing against no order, records its own in full and the fold takes it."""
     state = ClusterState()
-    _fold_completed(state, 1, p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=["default/a", "default/b"]))
+    _fold_completed(state, 1, p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=("default/a", "default/b")))
     assert state.tried_order == ["default/a", "default/b"] and state.tried_order_cycle == 1
-    order = p.TriedOrder(since_cycle=since, keep_head=head, keep_tail=tail, jobs=jobs)
+    order = p.TriedOrder(since_cycle=since, keep_head=head, keep_tail=tail, jobs=tuple(jobs))
     fits = since == 1 and 0 <= head and 0 <= tail and head + tail <= 2
     expected = ["default/a", "default/b"][:head] + jobs + ["default/a", "default/b"][2 - tail:] if fits else None
     if expected is not None and len(set(expected)) != len(expected):
@@ -216,17 +216,17 @@ def test_an_edit_that_does_not_fit_is_counted_and_leaves_no_order(since: int, he
 
 def test_a_cycle_of_an_older_version_leaves_no_order() -> None:
     state = ClusterState()
-    _fold_completed(state, 1, p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=["default/a"]))
+    _fold_completed(state, 1, p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=("default/a",)))
     assert tried_ranks(state) == {"default/a": 0}
     _fold_completed(state, 2, None, version="kai-es/v12")
     assert (state.tried_order, state.tried_order_cycle, tried_ranks(state)) == ([], 0, None)
-    keep(state, 3, p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=["default/a"]), keeps=False)
+    keep(state, 3, p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=("default/a",)), keeps=False)
     assert state.tried_order_cycle == 0  # an order under a version that keeps none is not kept
 
 
 def test_the_order_is_in_the_snapshot_and_the_digest() -> None:
     state = ClusterState()
-    _fold_completed(state, 1, p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=["default/a", "default/b"]))
+    _fold_completed(state, 1, p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=("default/a", "default/b")))
     digest = policy.state_digest("kai-es/v13", state)
     back = restore(snapshot(state))
     assert (back.tried_order, back.tried_order_cycle) == (state.tried_order, 1)
@@ -277,11 +277,11 @@ def test_a_cycle_with_no_order_is_written_as_before() -> None:
     bytes older versions wrote (version 2 with pods stuck releasing, else version 1)."""
     from kai_es.events.registry import written_version
 
-    order = p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=["default/a"])
+    order = p.TriedOrder(since_cycle=0, keep_head=0, keep_tail=0, jobs=("default/a",))
     assert written_version(p.CycleCompleted(cycle=1, decisions=1)) == 1
-    assert written_version(p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=["d/p"])) == 2
+    assert written_version(p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=("d/p",))) == 2
     assert written_version(p.CycleCompleted(cycle=1, decisions=1, tried_order=order)) == 3
-    assert written_version(p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=["d/p"], tried_order=order)) == 3
+    assert written_version(p.CycleCompleted(cycle=1, decisions=1, stuck_releasing=("d/p",), tried_order=order)) == 3
 
 
 @settings(max_examples=80)

@@ -193,21 +193,21 @@ def test_gates_follow_the_config_in_force_and_survive_a_restart() -> None:
     sc = _scenario(MakeNode("n1").gpus(8).obj(), queue("team-a"), gated(MakePod("held").gpu(1)), version="kai-es/v14")
     state, _ = _cycle(sc)
     pod = state.pods["default/held"]
-    assert pod.pending_key is None and pod.spec.scheduling_gates == [GATE]
+    assert pod.pending_key is None and pod.spec.scheduling_gates == (GATE,)
     for version, pending in (("kai-es/v13", True), ("kai-es/v14", False)):
         apply(state, Record(state.position + 1, _env(p.ConfigApplied(
             config={"policyVersion": version}, config_digest=version), state.position + 10)))
         assert (pod.pending_key is not None) is pending, version
         assert bool(state.pending_jobs.get("team-a")) is pending
     again = restore(snapshot(state))
-    assert again.pods["default/held"].spec.scheduling_gates == [GATE] and again.honours_gates
+    assert again.pods["default/held"].spec.scheduling_gates == (GATE,) and again.honours_gates
     v14 = policy.POLICIES["kai-es/v14"]
     assert v14.state_digest(again) == v14.state_digest(state)
 
 
 def test_a_pod_observed_with_gates_is_schema_v5_and_without_them_what_older_versions_wrote() -> None:
     with_gates = tr.translate(gated(MakePod("a").gpu(1), "x/y", "z"))
-    assert isinstance(with_gates, p.PodObserved) and with_gates.scheduling_gates == ["x/y", "z"]
+    assert isinstance(with_gates, p.PodObserved) and with_gates.scheduling_gates == ("x/y", "z")
     assert written_version(with_gates) == 5
     plain = tr.translate(MakePod("a").gpu(1).obj())
     assert written_version(plain) == 3 and b"scheduling_gates" not in encode(_env(plain, 1))
@@ -232,7 +232,7 @@ def test_any_scheduling_gates_are_read_or_refused_naming_the_field(gates: Any) -
         return
     assert isinstance(pod, p.PodObserved)
     assert all(isinstance(g, str) and g for g in pod.scheduling_gates)
-    assert pod.scheduling_gates == ([g["name"] for g in gates] if isinstance(gates, list) else [])
+    assert pod.scheduling_gates == (tuple(g["name"] for g in gates) if isinstance(gates, list) else ())
 
 
 def test_explain_says_a_pod_waits_for_its_gates() -> None:

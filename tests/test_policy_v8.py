@@ -106,7 +106,7 @@ def test_preempt_takes_the_extras_of_a_lower_priority_job_never_its_core() -> No
 def _job(min_member: int, leaves: dict[str, int]) -> Job:
     subgroups = [p.SubGroup(name=name, min_member=m) for name, m in leaves.items()]
     spec = p.PodGroupObserved(namespace="d", name="j", queue="q", min_member=min_member,
-                              preemptibility="semi-preemptible", subgroups=subgroups)
+                              preemptibility="semi-preemptible", subgroups=tuple(subgroups))
     return Job(key="d/j", namespace="d", name="j", spec=spec, implicit=False, semi=True)
 
 

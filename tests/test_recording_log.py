@@ -7,13 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from kai_es.adapters.file_log import FileEventLog
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
-from kai_es.whatif.recording_log import RecordingFileLog
+from kai_es.whatif.recording_log import AppendedNotDecodedError, RecordingFileLog
 
 
 def _envelopes(start: int, n: int) -> list[Envelope]:
@@ -77,5 +78,28 @@ def test_without_a_file_a_read_from_before_the_window_fails() -> None:
         assert [r.position for r in await _read(log, log.base)] == list(range(log.base, 6))
         with pytest.raises(RuntimeError, match="no longer kept"):
             await _read(log, 0)
+
+    anyio.run(run)
+
+
+def test_in_verification_mode_an_append_that_its_bytes_would_not_give_back_is_refused(tmp_path: Path) -> None:
+    """The what-if folds the objects it appended, a replay their bytes decoded: a payload field
+    holding a list where it decodes a tuple (msgspec does not convert at construction) would
+    fold the two differently. Verification mode (CI's) refuses such an append, naming it."""
+    bound = p.PodBound(namespace="default", name="a", uid="u", node="n", decision_id="d",
+                       gpu_devices=[0, 1])  # type: ignore[arg-type]  # a list, as a careless writer makes it
+    env = make_envelope(bound, event_id="e-bound", source="test", subject="pod/default/a", logicaltime=1)
+    good = make_envelope(msgspec.structs.replace(bound, gpu_devices=(0, 1)), event_id="e-good",
+                         source="test", subject="pod/default/a", logicaltime=2)
+
+    async def run() -> None:
+        checked = RecordingFileLog(tmp_path / "v.events.jsonl", verify=True)
+        assert await checked.append([good]) == [0]
+        with pytest.raises(AppendedNotDecodedError, match=r"kai\.binder\.pod\.bound pod/default/a \(e-bound\)"):
+            await checked.append([env])
+        await checked.close()
+        unchecked = RecordingFileLog(None, verify=False)
+        assert await unchecked.append([env]) == [0]  # outside verification mode: served as appended
+        await unchecked.close()
 
     anyio.run(run)

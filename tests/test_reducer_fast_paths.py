@@ -49,13 +49,13 @@ def _running(**changes: object) -> list[p.Payload]:
     pod = _pod(**changes)
     return [NODE, p.QueueObserved(name="q0"), p.QueueObserved(name="q1"), pod,
             p.BindingDecided(namespace=pod.namespace, name=pod.name, uid="u0", node="n0",
-                             podgroup=pod.podgroup, queue="q0", gpu_devices=[2]),
+                             podgroup=pod.podgroup, queue="q0", gpu_devices=(2,)),
             p.PodBound(namespace=pod.namespace, name=pod.name, uid="u0", node="n0", decision_id="d",
-                       gpu_devices=[2])]
+                       gpu_devices=(2,))]
 
 
 def test_a_phase_only_observation_leaves_node_and_indexes_alone() -> None:
-    recs = records(_running() + [_pod(phase="Running", node_name="n0", gpu_devices=[2])] * 2)
+    recs = records(_running() + [_pod(phase="Running", node_name="n0", gpu_devices=(2,))] * 2)
     state = fold(recs[:-1])
     state.dirty_nodes.clear()
     fold(recs[-1:], state)
@@ -69,7 +69,7 @@ def test_the_same_job_key_from_another_split_of_namespace_and_podgroup_is_no_mov
     # "a" + "b/g" and "a/b" + "g" name the same job: the pod stays put, as it always did
     first = dict(namespace="a", name="b/p0", podgroup="b/g")
     recs = records(_running(**first) + [_pod(namespace="a/b", name="p0", podgroup="g", phase="Running",
-                                             node_name="n0", gpu_devices=[2])])
+                                             node_name="n0", gpu_devices=(2,))])
     state = fold(recs[:-1])
     state.dirty_nodes.clear()
     fold(recs[-1:], state)

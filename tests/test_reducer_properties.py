@@ -75,9 +75,9 @@ def decision(draw: st.DrawFn) -> p.Payload:
     devices = draw(st.lists(st.integers(0, 3), max_size=3, unique=True))
     common = dict(namespace="default", name=name, uid=uid)
     if kind == "bind":
-        return p.BindingDecided(**common, node=node, podgroup="g", queue="q0", gpu_devices=devices)
+        return p.BindingDecided(**common, node=node, podgroup="g", queue="q0", gpu_devices=tuple(devices))
     if kind == "bound":
-        return p.PodBound(**common, node=node, decision_id="d", gpu_devices=devices)
+        return p.PodBound(**common, node=node, decision_id="d", gpu_devices=tuple(devices))
     if kind == "failed":
         return p.PodBindFailed(**common, node=node, decision_id="d", message="no")
     if kind == "final":
@@ -92,7 +92,7 @@ def decision(draw: st.DrawFn) -> p.Payload:
     if kind == "pipelined":
         return p.PodPipelined(**common, node=node, podgroup="g", queue="q0")
     return p.PodUnschedulable(**common, podgroup="g", queue="q0",
-                              reasons=[p.Reason(code="X", message="m", numbers={"n": draw(st.integers(0, 3))})])
+                              reasons=(p.Reason(code="X", message="m", numbers={"n": draw(st.integers(0, 3))}),))
 
 
 DECISIONS = (p.BindingDecided, p.PodBound, p.PodBindFailed, p.EvictionDecided, p.PodEvicted, p.PodEvictionFailed,
@@ -125,7 +125,7 @@ def other(draw: st.DrawFn) -> p.Payload:
         name, uid = _pod_ref(draw)
         return p.PodRemoved(namespace="default", name=name, uid=draw(st.sampled_from([uid, ""])))
     if kind == "topo":
-        return p.TopologyObserved(name="t", levels=["zone"])
+        return p.TopologyObserved(name="t", levels=("zone",))
     k = draw(st.sampled_from(["Node", "Pod", "Queue", "PodGroup", "PriorityClass"]))
     return p.ResyncStarted(kind=k) if kind == "resync" else p.ResyncCompleted(kind=k)
 
@@ -286,7 +286,7 @@ def test_different_states_have_different_incremental_digests_for_one_field() -> 
         pod = p.PodObserved(namespace="default", name="p0", uid="u", podgroup="g", queue="q0")
         return fold(records([p.NodeObserved(name="n0", milli_cpu=cpu, memory_bytes=1, gpus=1), pod,
                              p.PodUnschedulable(namespace="default", name="p0", uid="u", podgroup="g",
-                                                queue="q0", reasons=[p.Reason(code=unschedulable, message="")])]))
+                                                queue="q0", reasons=(p.Reason(code=unschedulable, message=""),))]))
 
     digests = {incremental_digest(state(cpu, code)) for cpu in (1000, 2000) for code in ("A", "B")}
     assert len(digests) == 4 and all(d.startswith("mset-sha256:") for d in digests)
@@ -311,14 +311,14 @@ SCRIPT: list[p.Payload] = [
     p.QueueObserved(name="parent"),
     p.QueueObserved(name="q0", parent="parent"),
     p.PriorityClassObserved(name="custom", value=7),
-    p.TopologyObserved(name="t", levels=["zone"]),
+    p.TopologyObserved(name="t", levels=("zone",)),
     p.ResyncStarted(kind="Pod"),
     _pod("p0", priority_class="custom", gpu=p.GpuRequest(whole=1)),
     _pod("p1", gpu=p.GpuRequest(fraction_milli=500), gpu_group="grp"),
-    p.BindingDecided(**_ref("p1"), node="n0", podgroup="g", queue="q0", gpu_devices=[1], gpu_groups=["grp"]),
-    p.PodUnschedulable(**_ref("p0"), podgroup="g", queue="q0", reasons=[p.Reason(code="X", message="m")]),
+    p.BindingDecided(**_ref("p1"), node="n0", podgroup="g", queue="q0", gpu_devices=(1,), gpu_groups=("grp",)),
+    p.PodUnschedulable(**_ref("p0"), podgroup="g", queue="q0", reasons=(p.Reason(code="X", message="m"),)),
     p.PodPipelined(**_ref("p0"), node="n0", podgroup="g", queue="q0"),
-    p.PodBound(**_ref("p1"), node="n0", decision_id="d", gpu_devices=[1]),
+    p.PodBound(**_ref("p1"), node="n0", decision_id="d", gpu_devices=(1,)),
     _pod("p2", phase="Running", node_name="n1", gpu=p.GpuRequest(whole=1)),
     p.NodeObserved(name="n1", milli_cpu=16000, memory_bytes=2**36, gpus=1),
     p.QueueObserved(name="q1", parent="parent"),
@@ -331,7 +331,7 @@ SCRIPT: list[p.Payload] = [
     p.PodGroupObserved(namespace="default", name="g", queue="q0", min_member=2, priority_class="build"),
     _pod("p0", priority_class="custom", gpu=p.GpuRequest(whole=1), task_priority=2),
     _pod("p0", priority_class="custom", gpu=p.GpuRequest(whole=2)),
-    p.BindingDecided(**_ref("p0"), node="n0", podgroup="g", queue="q0", gpu_devices=[0]),
+    p.BindingDecided(**_ref("p0"), node="n0", podgroup="g", queue="q0", gpu_devices=(0,)),
     p.PodBindFailed(**_ref("p0"), node="n0", decision_id="d", message="no"),
     p.PodGroupRemoved(namespace="default", name="g"),
     p.PriorityClassObserved(name="custom", value=9),
@@ -351,7 +351,7 @@ SCRIPT: list[p.Payload] = [
     *_resync("PodGroup"),
     p.PriorityClassObserved(name="x", value=1),
     *_resync("PriorityClass"),
-    p.TopologyObserved(name="t2", levels=["rack"]),
+    p.TopologyObserved(name="t2", levels=("rack",)),
     *_resync("Topology"),
     *_resync("Queue", p.QueueObserved(name="q0")),
     p.ObjectRejected(kind="Pod", reason="bad"),

@@ -20,7 +20,7 @@ def _env(payload: p.Payload, event_id: str, t: int = T) -> Envelope:
 
 
 BIND = _env(p.BindingDecided(namespace="default", name="train-0", uid="u-0", node="node-1", podgroup="pg",
-                             queue="team-a", gpu_devices=[0]), "d-bind")
+                             queue="team-a", gpu_devices=(0,)), "d-bind")
 EVICT = _env(p.EvictionDecided(namespace="default", name="train-0", uid="u-0", node="node-1", podgroup="pg",
                                queue="team-a", action="reclaim", reason="r"), "d-evict")
 DECIDED = {"d-bind": _decided(BIND), "d-evict": _decided(EVICT)}

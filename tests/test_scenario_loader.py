@@ -154,7 +154,7 @@ def test_node_translation() -> None:
     node = sc.objects[0].payload
     assert isinstance(node, p.NodeObserved)
     assert (node.gpus, node.gpu_memory_mib, node.milli_cpu, node.memory_bytes) == (4, 40960, 32000, 256 * 2**30)
-    assert node.taints == [p.Taint(key="dedicated", effect="NoSchedule")]
+    assert node.taints == (p.Taint(key="dedicated", effect="NoSchedule"),)
 
 
 def test_a_queue_loop_is_rejected_naming_the_chain() -> None:

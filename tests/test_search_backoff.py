@@ -129,14 +129,14 @@ def test_the_fold_keeps_the_count_until_a_pod_of_the_job_is_placed() -> None:
     feed(p.NodeObserved(name="n", gpus=1, milli_cpu=1000, memory_bytes=2**30))
     feed(p.PodObserved(namespace="d", name="x", uid="u", queue="q", podgroup="g"))
     failed = p.Reason(code="ReclaimNotPossible", message="m", numbers={"search_failures": 3, "retry_at_ns": 9 * SEC})
-    feed(p.PodUnschedulable(namespace="d", name="x", uid="u", podgroup="g", queue="q", reasons=[failed]), "kai-es/v7")
+    feed(p.PodUnschedulable(namespace="d", name="x", uid="u", podgroup="g", queue="q", reasons=(failed,)), "kai-es/v7")
     assert state.jobs["d/g"].search_failures == 0  # a v7 decision: no back-off
-    feed(p.PodUnschedulable(namespace="d", name="x", uid="u", podgroup="g", queue="q", reasons=[failed]), "kai-es/v8")
+    feed(p.PodUnschedulable(namespace="d", name="x", uid="u", podgroup="g", queue="q", reasons=(failed,)), "kai-es/v8")
     assert (state.jobs["d/g"].search_failures, state.jobs["d/g"].search_retry_ns) == (3, 9 * SEC)
     for huge in ({"search_failures": 2**70, "retry_at_ns": SEC}, {"search_failures": 4, "retry_at_ns": 2**128},
                  {"search_failures": -1, "retry_at_ns": -5}):  # not what a scheduler writes: ignored
         feed(p.PodUnschedulable(namespace="d", name="x", uid="u", podgroup="g", queue="q",
-                                reasons=[p.Reason(code="ReclaimNotPossible", message="m", numbers=huge)]), "kai-es/v8")
+                                reasons=(p.Reason(code="ReclaimNotPossible", message="m", numbers=huge),)), "kai-es/v8")
         assert (state.jobs["d/g"].search_failures, state.jobs["d/g"].search_retry_ns) == (3, 9 * SEC)
     feed(p.BindingDecided(namespace="d", name="x", uid="u", node="n", podgroup="g", queue="q"), "kai-es/v8")
     assert (state.jobs["d/g"].search_failures, state.jobs["d/g"].search_retry_ns) == (0, 0)

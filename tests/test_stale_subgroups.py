@@ -201,7 +201,7 @@ def test_an_occupying_pod_relabelled_into_another_sub_group_is_counted_there() -
     events: list[p.Payload] = [
         p.NodeObserved(name="n1", milli_cpu=64000, memory_bytes=2**36, gpus=8, max_pods=110),
         p.PodGroupObserved(namespace="d", name="g", uid="g", min_member=2,
-                           subgroups=[p.SubGroup(name="a", min_member=1), p.SubGroup(name="b", min_member=1)]),
+                           subgroups=(p.SubGroup(name="a", min_member=1), p.SubGroup(name="b", min_member=1),)),
         _pod("x", "a"), _pod("y", "b"),
     ]
     records = [Record(0, config)] + [

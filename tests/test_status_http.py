@@ -84,7 +84,7 @@ async def test_metered_log_counts_appends_and_times_cycles(status: ProcessStatus
     await log.append([env(p.NodeObserved(name="n1", milli_cpu=1000, memory_bytes=2**30, gpus=8), 1)])
     await log.append([env(p.CycleStarted(cycle=1, config_digest="d"), 2)])
     await log.append([env(p.PodUnschedulable(namespace="a", name="x", uid="u", podgroup="g", queue="q",
-                                             reasons=[]), 3),
+                                             reasons=()), 3),
                       env(p.CycleCompleted(cycle=1, decisions=1, unschedulable=1), 4)])
     text = get(server, "/metrics")[1]
     assert metric(text, 'kai_es_appended_events_total{type="kai.scheduler.cycle.started"}') == 1

@@ -44,7 +44,7 @@ class Toleration(Payload, kw_only=True, frozen=True):
 class NodeSelectorRequirement(Payload, kw_only=True, frozen=True):
     key: str
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
-    values: list[str] = []
+    values: tuple[str, ...] = ()
 
 
 class NodeSelectorTerm(Payload, kw_only=True, frozen=True):
@@ -52,8 +52,8 @@ class NodeSelectorTerm(Payload, kw_only=True, frozen=True):
     fields (Kubernetes supports only `metadata.name`); `match_expressions` test node labels. A
     term with neither matches no node (as in Kubernetes)."""
 
-    match_expressions: list[NodeSelectorRequirement] = []
-    match_fields: list[NodeSelectorRequirement] = []
+    match_expressions: tuple[NodeSelectorRequirement, ...] = ()
+    match_fields: tuple[NodeSelectorRequirement, ...] = ()
 
 
 class PreferredSchedulingTerm(Payload, kw_only=True, frozen=True):
@@ -66,7 +66,7 @@ class PreferredSchedulingTerm(Payload, kw_only=True, frozen=True):
 class LabelSelectorRequirement(Payload, kw_only=True, frozen=True):
     key: str
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = []
+    values: tuple[str, ...] = ()
 
 
 class LabelSelector(Payload, kw_only=True, frozen=True):
@@ -74,7 +74,7 @@ class LabelSelector(Payload, kw_only=True, frozen=True):
     An empty selector matches everything."""
 
     match_labels: dict[str, str] = {}
-    match_expressions: list[LabelSelectorRequirement] = []
+    match_expressions: tuple[LabelSelectorRequirement, ...] = ()
 
 
 class PodAffinityTerm(Payload, kw_only=True, frozen=True):
@@ -83,7 +83,7 @@ class PodAffinityTerm(Payload, kw_only=True, frozen=True):
     namespace), counted per domain of the node label `topology_key`."""
 
     selector: LabelSelector | None = None
-    namespaces: list[str] = []
+    namespaces: tuple[str, ...] = ()
     namespace_selector: LabelSelector | None = None
     topology_key: str
 
@@ -162,7 +162,7 @@ class NodeObserved(Payload, kw_only=True, frozen=True):
     name: str
     uid: str = ""
     labels: dict[str, str] = {}
-    taints: list[Taint] = []
+    taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     milli_cpu: int
     memory_bytes: int
@@ -196,10 +196,10 @@ class PodObserved(Payload, kw_only=True, frozen=True):
     requests: PodResources = PodResources()
     gpu: GpuRequest = GpuRequest()
     gpu_group: str = ""
-    gpu_devices: list[int] = []
+    gpu_devices: tuple[int, ...] = ()
     node_selector: dict[str, str] = {}
-    affinity_terms: list[NodeSelectorTerm] = []
-    tolerations: list[Toleration] = []
+    affinity_terms: tuple[NodeSelectorTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
     subgroup: str = ""
     node_pool: str = ""
     task_priority: int = 0
@@ -207,17 +207,17 @@ class PodObserved(Payload, kw_only=True, frozen=True):
     created_ns: int = 0
     # --- schema version 2 (all optional: a version-1 payload is a valid version-2 payload) ---
     labels: dict[str, str] = {}
-    preferred_affinity: list[PreferredSchedulingTerm] = []
-    pod_affinity: list[PodAffinityTerm] = []
-    pod_anti_affinity: list[PodAffinityTerm] = []
-    preferred_pod_affinity: list[WeightedPodAffinityTerm] = []
-    preferred_pod_anti_affinity: list[WeightedPodAffinityTerm] = []
-    host_ports: list[HostPort] = []
+    preferred_affinity: tuple[PreferredSchedulingTerm, ...] = ()
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    preferred_pod_affinity: tuple[WeightedPodAffinityTerm, ...] = ()
+    preferred_pod_anti_affinity: tuple[WeightedPodAffinityTerm, ...] = ()
+    host_ports: tuple[HostPort, ...] = ()
     #: requests of every resource but cpu, memory and nvidia.com/gpu (base units)
     scalar_requests: dict[str, int] = {}
     #: PersistentVolumeClaims the pod mounts, and ConfigMaps it needs (non-optional volumes)
-    claims: list[str] = []
-    config_maps: list[str] = []
+    claims: tuple[str, ...] = ()
+    config_maps: tuple[str, ...] = ()
     # --- schema version 3 (optional): `status.startTime` (0: unknown), and KAI's annotations
     # `kai.scheduler/preemption-delay` and `kai.scheduler/staleness-grace-period` (None: unset),
     # which a job without a PodGroup object takes from its pods
@@ -231,7 +231,7 @@ class PodObserved(Payload, kw_only=True, frozen=True):
     # --- schema version 5 (optional): the names of `spec.schedulingGates`, in order (empty: no
     # gate). A gated pod waits for its gates to be removed: from policy kai-es/v14 on it is not
     # pending for kai-es, and counts as existing but not ready in its gang (KAI's Gated status)
-    scheduling_gates: list[str] = []
+    scheduling_gates: tuple[str, ...] = ()
 
 
 class PodRemoved(Payload, kw_only=True, frozen=True):
@@ -267,7 +267,7 @@ class PodGroupObserved(Payload, kw_only=True, frozen=True):
     min_member: int = 1
     priority_class: str = ""
     preemptibility: Preemptibility = ""
-    subgroups: list[SubGroup] = []
+    subgroups: tuple[SubGroup, ...] = ()
     topology: str = ""
     required_topology_level: str = ""
     preferred_topology_level: str = ""
@@ -293,7 +293,7 @@ class PodGroupRemoved(Payload, kw_only=True, frozen=True):
 
 class TopologyObserved(Payload, kw_only=True, frozen=True):
     name: str
-    levels: list[str] = []
+    levels: tuple[str, ...] = ()
 
 
 class TopologyRemoved(Payload, kw_only=True, frozen=True):
@@ -339,7 +339,7 @@ class VolumeObserved(Payload, kw_only=True, frozen=True):
     it may run (local volumes)."""
 
     name: str
-    node_affinity: list[NodeSelectorTerm] = []
+    node_affinity: tuple[NodeSelectorTerm, ...] = ()
 
 
 class VolumeRemoved(Payload, kw_only=True, frozen=True):
@@ -405,7 +405,7 @@ class TriedOrder(Payload, kw_only=True, frozen=True):
     since_cycle: int
     keep_head: int
     keep_tail: int
-    jobs: list[str] = []
+    jobs: tuple[str, ...] = ()
 
 
 class CycleCompleted(Payload, kw_only=True, frozen=True):
@@ -418,7 +418,7 @@ class CycleCompleted(Payload, kw_only=True, frozen=True):
     # --- schema version 2 (optional): the Running pods being deleted for longer than the
     # config's `stuckInReleasingThreshold` at the cycle's time (pod keys, sorted): KAI's
     # StuckInReleasing, whose capacity nothing was pipelined onto (policy kai-es/v7 on)
-    stuck_releasing: list[str] = []
+    stuck_releasing: tuple[str, ...] = ()
     # --- schema version 3 (optional): the order allocate tried the waiting jobs in, as an edit
     # of the order of the last cycle (`TriedOrder`); None when it is that order unchanged
     # (policy kai-es/v13 on: the positions `explain`, `serve` and the PodGroup condition show)
@@ -432,8 +432,8 @@ class BindingDecided(Payload, kw_only=True, frozen=True):
     node: str
     podgroup: str
     queue: str
-    gpu_devices: list[int] = []
-    gpu_groups: list[str] = []
+    gpu_devices: tuple[int, ...] = ()
+    gpu_groups: tuple[str, ...] = ()
 
 
 class PodPipelined(Payload, kw_only=True, frozen=True):
@@ -443,9 +443,9 @@ class PodPipelined(Payload, kw_only=True, frozen=True):
     node: str
     podgroup: str
     queue: str
-    gpu_devices: list[int] = []
-    gpu_groups: list[str] = []
-    waiting_for: list[str] = []
+    gpu_devices: tuple[int, ...] = ()
+    gpu_groups: tuple[str, ...] = ()
+    waiting_for: tuple[str, ...] = ()
 
 
 class EvictionDecided(Payload, kw_only=True, frozen=True):
@@ -471,7 +471,7 @@ class PodUnschedulable(Payload, kw_only=True, frozen=True):
     uid: str
     podgroup: str
     queue: str
-    reasons: list[Reason]
+    reasons: tuple[Reason, ...]
 
 
 # --- binder outcomes -------------------------------------------------------------------------
@@ -483,7 +483,7 @@ class PodBound(Payload, kw_only=True, frozen=True):
     uid: str
     node: str
     decision_id: str
-    gpu_devices: list[int] = []
+    gpu_devices: tuple[int, ...] = ()
 
 
 class PodBindFailed(Payload, kw_only=True, frozen=True):

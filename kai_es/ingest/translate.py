@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -248,7 +248,7 @@ def node(obj: Obj) -> p.NodeObserved:
             raise IngestError(f"{base}[{resource}]", problem)
         scalar[resource] = amount
     return p.NodeObserved(
-        name=name, uid=_uid(obj, name), labels=labels, taints=taints,
+        name=name, uid=_uid(obj, name), labels=labels, taints=tuple(taints),
         unschedulable=bool(_get(obj, "spec.unschedulable", False)), milli_cpu=cpu,
         memory_bytes=memory, gpus=gpus, max_pods=pods, gpu_memory_mib=gpu_mem,
         gpu_model=labels.get(GPU_MODEL_LABEL, ""), scalar_resources=scalar,
@@ -515,7 +515,8 @@ def _node_selector_term(term: Any, path: str) -> p.NodeSelectorTerm:
                     raise IngestError(f"{path}.{field}[{j}].values", f"operator {req.operator} takes exactly one integer")
             if field == "matchFields" and req.key != "metadata.name":
                 raise IngestError(f"{path}.{field}[{j}].key", f"only metadata.name is supported, got {req.key!r}")
-    return p.NodeSelectorTerm(**parts)
+    return p.NodeSelectorTerm(match_expressions=tuple(parts.get("match_expressions", ())),
+                              match_fields=tuple(parts.get("match_fields", ())))
 
 
 def _is_int(text: str) -> bool:
@@ -576,7 +577,7 @@ def label_selector(raw: Any, path: str) -> p.LabelSelector | None:
         if req.operator in ("Exists", "DoesNotExist") and req.values:
             raise IngestError(f"{path}.matchExpressions[{j}].values", f"must be empty for operator {req.operator}")
     return p.LabelSelector(match_labels={str(k): str(v) for k, v in sorted(labels.items())},
-                           match_expressions=reqs)
+                           match_expressions=tuple(reqs))
 
 
 def _pod_affinity_term(raw: Any, path: str) -> p.PodAffinityTerm:
@@ -593,7 +594,7 @@ def _pod_affinity_term(raw: Any, path: str) -> p.PodAffinityTerm:
             raise IngestError(f"{path}.{field}", "is not supported yet")
     return p.PodAffinityTerm(
         selector=label_selector(raw.get("labelSelector"), f"{path}.labelSelector"),
-        namespaces=sorted({str(n) for n in namespaces}),
+        namespaces=tuple(sorted({str(n) for n in namespaces})),
         namespace_selector=label_selector(raw.get("namespaceSelector"), f"{path}.namespaceSelector"),
         topology_key=key)
 
@@ -700,7 +701,7 @@ def implicit_podgroup_name(obj: Obj) -> str:
 
 
 def unknown_devices(scheduler: str, node_name: str, gpu: p.GpuRequest, group: str,
-                    devices: list[int], *, ours: str = SCHEDULER_NAME) -> str:
+                    devices: Sequence[int], *, ours: str = SCHEDULER_NAME) -> str:
     """Why a bound GPU pod's devices are not facts ("" when they are, or when they need not be).
 
     kai-es writes the GPU group and device indices on every shared-GPU pod it binds (KAI writes
@@ -799,18 +800,18 @@ def pod(obj: Obj, *, ours: str = SCHEDULER_NAME) -> p.PodObserved:
         priority=_int(priority, "spec.priority") if priority is not None else None,
         preemptibility=preempt,  # type: ignore[arg-type]
         requests=p.PodResources(milli_cpu=cpu, memory_bytes=memory), gpu=gpu,
-        gpu_group=labels.get(GPU_GROUP_LABEL, ""), gpu_devices=devices,
-        node_selector=_map(obj, "spec.nodeSelector"), affinity_terms=_affinity_terms(obj),
-        tolerations=_tolerations(obj), subgroup=labels.get(SUBGROUP_LABEL, ""),
+        gpu_group=labels.get(GPU_GROUP_LABEL, ""), gpu_devices=tuple(devices),
+        node_selector=_map(obj, "spec.nodeSelector"), affinity_terms=tuple(_affinity_terms(obj)),
+        tolerations=tuple(_tolerations(obj)), subgroup=labels.get(SUBGROUP_LABEL, ""),
         node_pool=labels.get(NODE_POOL_LABEL, ""),
         task_priority=_int(labels.get(TASK_PRIORITY_LABEL, 0), f"metadata.labels[{TASK_PRIORITY_LABEL}]"),
         owner=owner, created_ns=created_ns(obj),
-        labels=labels, preferred_affinity=_preferred_affinity(obj),
-        pod_affinity=affinity, pod_anti_affinity=anti, preferred_pod_affinity=preferred,
-        preferred_pod_anti_affinity=preferred_anti, host_ports=_host_ports(obj),
-        scalar_requests=scalar, claims=claims, config_maps=config_maps,
+        labels=labels, preferred_affinity=tuple(_preferred_affinity(obj)),
+        pod_affinity=tuple(affinity), pod_anti_affinity=tuple(anti), preferred_pod_affinity=tuple(preferred),
+        preferred_pod_anti_affinity=tuple(preferred_anti), host_ports=tuple(_host_ports(obj)),
+        scalar_requests=scalar, claims=tuple(claims), config_maps=tuple(config_maps),
         started_ns=pod_started_ns(obj), preemption_delay_ns=delay, staleness_grace_ns=grace,
-        scheduling_gates=_scheduling_gates(obj),
+        scheduling_gates=tuple(_scheduling_gates(obj)),
     )
 
 
@@ -956,7 +957,7 @@ def podgroup(obj: Obj) -> p.PodGroupObserved:
                         minimum=0),
         min_subgroup=min_subgroup,
         priority_class=str(_get(obj, "spec.priorityClassName", "") or ""),
-        preemptibility=preempt, subgroups=subgroups,
+        preemptibility=preempt, subgroups=tuple(subgroups),
         topology=topology, required_topology_level=required, preferred_topology_level=preferred,
         staleness_grace_ns=(_duration(grace, "spec.stalenessGracePeriod", signed=True) if grace is not None
                             else annotated_grace),
@@ -1049,7 +1050,7 @@ def topology(obj: Obj) -> p.TopologyObserved:
         levels.append(key)
     if not levels:
         raise IngestError("spec.levels", "needs at least one level (a nodeLabel), widest domain first")
-    return p.TopologyObserved(name=_name(obj), levels=levels)
+    return p.TopologyObserved(name=_name(obj), levels=tuple(levels))
 
 
 def priority_class(obj: Obj) -> p.PriorityClassObserved:
@@ -1084,7 +1085,7 @@ def volume(obj: Obj) -> p.VolumeObserved:
     if required is not None and not isinstance(required, Mapping):
         raise IngestError(base, "must be a map")
     terms = node_selector_terms((required or {}).get("nodeSelectorTerms") or [], f"{base}.nodeSelectorTerms")
-    return p.VolumeObserved(name=_name(obj), node_affinity=terms)
+    return p.VolumeObserved(name=_name(obj), node_affinity=tuple(terms))
 
 
 def config_map(obj: Obj) -> p.ConfigMapObserved:

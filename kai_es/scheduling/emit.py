@@ -57,13 +57,13 @@ class Emitter:
             self.emit(p.PodPipelined(
                 namespace=spec.namespace, name=spec.name, uid=spec.uid, node=node,
                 podgroup=job.name, queue=job.queue, gpu_devices=devices,
-                gpu_groups=list(entry.gpu_groups), waiting_for=sorted(waiting)), subject)
+                gpu_groups=entry.gpu_groups, waiting_for=tuple(sorted(waiting))), subject)
             self.counts["pipelined"] += 1
         else:
             self.emit(p.BindingDecided(
                 namespace=spec.namespace, name=spec.name, uid=spec.uid, node=node,
                 podgroup=job.name, queue=job.queue, gpu_devices=devices,
-                gpu_groups=list(entry.gpu_groups)), subject)
+                gpu_groups=entry.gpu_groups), subject)
             self.counts["bound"] += 1
 
     def eviction(self, state: ClusterState, plan: Plan, op: Eviction) -> None:
@@ -85,7 +85,7 @@ class Emitter:
         job = state.jobs[pod.job_key]
         self.emit(p.PodUnschedulable(
             namespace=pod.spec.namespace, name=pod.spec.name, uid=pod.spec.uid,
-            podgroup=job.name, queue=job.queue, reasons=reasons),
+            podgroup=job.name, queue=job.queue, reasons=tuple(reasons)),
             f"pod/{pod.spec.namespace}/{pod.spec.name}")
 
     def completed(self, cycle: int, statedigest: str | None, stuck_releasing: list[str] | None = None,
@@ -93,7 +93,7 @@ class Emitter:
         c = self.counts
         self.emit(p.CycleCompleted(
             cycle=cycle, decisions=len(self.out), bound=c["bound"], pipelined=c["pipelined"],
-            evicted=c["evicted"], unschedulable=c["unschedulable"], stuck_releasing=stuck_releasing or [],
+            evicted=c["evicted"], unschedulable=c["unschedulable"], stuck_releasing=tuple(stuck_releasing or ()),
             tried_order=tried_order),
             f"cycle/{cycle}", statedigest=statedigest)
         return self.out

@@ -630,7 +630,7 @@ class Plan:
             self._new_groups[key] = derived_id(pod_uid, device)
         return self._new_groups[key]
 
-    def local_devices(self, entry: Entry) -> list[int]:
+    def local_devices(self, entry: Entry) -> tuple[int, ...]:
         """Device indices of an entry relative to its node (what events carry)."""
         base = self.idle.gpu_start[entry.node]
-        return [d - base for d in entry.devices]
+        return tuple([d - base for d in entry.devices])

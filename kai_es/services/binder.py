@@ -250,7 +250,7 @@ class BinderService:
             if result.ok:
                 return make_envelope(p.PodBound(namespace=data.namespace, name=data.name, uid=data.uid,
                                                 node=data.node, decision_id=env.id,
-                                                gpu_devices=list(data.gpu_devices)), **common)  # type: ignore[arg-type]
+                                                gpu_devices=data.gpu_devices), **common)  # type: ignore[arg-type]
             final = self.bind_failures.get(data.uid, 0) + 1 >= MAX_BIND_FAILURES
             log.warning("bind %s/%s -> %s failed%s: %s", data.namespace, data.name, data.node,
                         " for good" if final else "", result.message)

@@ -159,7 +159,7 @@ class RecordedCluster:
             labels, group = {**labels, GPU_GROUP_LABEL: gpu_groups[0]}, gpu_groups[0]
         live.spec = msgspec.structs.replace(
             spec, phase="Running", node_name=node,
-            gpu_devices=list(gpu_devices) if gpu_devices else spec.gpu_devices, gpu_group=group, labels=labels)
+            gpu_devices=tuple(gpu_devices) if gpu_devices else spec.gpu_devices, gpu_group=group, labels=labels)
         live.node = node
         live.generation += 1
         if live.run.run_for_ns is not None:
@@ -194,7 +194,7 @@ class RecordedCluster:
                                                  created_ns=created))
         spec = msgspec.structs.replace(
             first, name=new_name, uid=new_uid, podgroup=podgroup, phase="Pending", node_name="",
-            gpu_devices=[], gpu_group="", labels=labels, created_ns=created)
+            gpu_devices=(), gpu_group="", labels=labels, created_ns=created)
         new_key = f"{namespace}/{spec.name}"
         self.live[new_key] = _Live(run=live.run, spec=spec)
         self._by_root[live.run.spec.uid] = new_key

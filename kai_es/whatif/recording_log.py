@@ -15,6 +15,10 @@ Without a file (`path` None, a re-run only summarised) it keeps the window alone
 memory log that would hold every record.
 Everything appended is in the file once `close` returns (it is flushed, not fsynced: a
 counterfactual can be re-run).
+Serving the appended objects is exact only while each equals what decoding its bytes gives (a
+list where the payload decodes a tuple compares unequal, and a reducer comparing specs would
+then fold the run differently from its replay): in verification mode (`kai_es.verify_mode`)
+every append checks that, and raises AppendedNotDecodedError naming the event that differs.
 """
 
 from __future__ import annotations
@@ -26,18 +30,25 @@ import anyio
 
 from pathlib import Path
 
+from kai_es import verify_mode
 from kai_es.adapters.file_log import FileEventLog, frame_batch
-from kai_es.events import Envelope, Record, encode
+from kai_es.events import Envelope, Record, decode, encode
 
 
 #: records kept in memory: the last WINDOW at least, at most twice as many
 WINDOW = 65_536
 
 
+class AppendedNotDecodedError(AssertionError):
+    """An appended envelope differs from its own bytes decoded (verification mode)."""
+
+
 class RecordingFileLog:
-    def __init__(self, path: str | Path | None, window: int = WINDOW) -> None:
+    def __init__(self, path: str | Path | None, window: int = WINDOW, *, verify: bool | None = None) -> None:
         """`path` None: no file (a re-run that is only summarised): the last records only, and
-        a read from before them raises RuntimeError."""
+        a read from before them raises RuntimeError. `verify`: check every append against its
+        decoded bytes (None: as `kai_es.verify_mode` says)."""
+        self.verify = verify_mode.enabled() if verify is None else verify
         self.path = None if path is None else Path(path)
         self._file: BinaryIO | None = None
         if self.path is not None:
@@ -50,8 +61,16 @@ class RecordingFileLog:
         self._appended = anyio.Event()
 
     async def append(self, events: Sequence[Envelope]) -> list[int]:
-        if self._file is not None:
-            self._file.write(b"".join(frame_batch([encode(e) for e in events])))
+        if self._file is not None or self.verify:
+            encoded = [encode(e) for e in events]
+            if self.verify:
+                for env, body in zip(events, encoded):
+                    if decode(body) != env:
+                        raise AppendedNotDecodedError(
+                            f"{env.type} {env.subject} ({env.id}) differs from its bytes decoded: a field "
+                            f"holds another type than its payload declares (a list for a tuple?): {env.data!r}")
+            if self._file is not None:
+                self._file.write(b"".join(frame_batch(encoded)))
         start = self.base + len(self.records)
         positions = list(range(start, start + len(events)))
         self.records.extend(Record(position, env) for position, env in zip(positions, events))

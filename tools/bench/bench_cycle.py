@@ -40,8 +40,8 @@ from kai_es.state.reducer import apply  # noqa: E402
 START = 1_767_225_600_000_000_000
 
 
-AFFINITY = [p.NodeSelectorTerm(match_expressions=[p.NodeSelectorRequirement(
-    key="nvidia.com/gpu.product", operator="In", values=["H100"])])]
+AFFINITY = (p.NodeSelectorTerm(match_expressions=(p.NodeSelectorRequirement(
+    key="nvidia.com/gpu.product", operator="In", values=("H100",)),)),)
 
 
 class Folder:
@@ -185,7 +185,7 @@ def build_topology(nodes: int, pods: int, gang: int = 12, rack_nodes: int = 16) 
     gangs of `gang` that each require one rack (Topology `bench`: zone, rack)."""
     folder = Folder()
     add = folder.add
-    add(p.TopologyObserved(name="bench", levels=["zone", "rack"]))
+    add(p.TopologyObserved(name="bench", levels=("zone", "rack")))
     for i in range(nodes):
         rack = i // rack_nodes
         add(p.NodeObserved(name=f"node-{i:05d}", labels={"zone": f"z{rack // 8}", "rack": f"r{rack}"},

@@ -273,7 +273,7 @@ def main() -> None:
 
     env = make_envelope(p.BindingDecided(namespace="default", name="train-0", uid="5b7c1a52-0f7e-4a8e-9d60-1c2b3a4d5e6f",
                                          node="node-0042", podgroup="pg-train", queue="team-a",
-                                         gpu_devices=[0, 1, 2, 3]),
+                                         gpu_devices=(0, 1, 2, 3)),
                         event_id=derived_id("c", 1), source="kai-es/scheduler", subject="pod/default/train-0",
                         logicaltime=START, causationid="c", correlationid="c", basedon=123456,
                         policyversion="kai-es/v1")

@@ -76,7 +76,7 @@ def workload(n: int, nodes: int = 200) -> Iterator[Envelope]:
                     requests=p.PodResources(milli_cpu=1000, memory_bytes=GIB),
                     gpu=p.GpuRequest(whole=1))
         steps = [(p.PodObserved(**base), "pod"),
-                 (p.PodObserved(**base, phase="Running", node_name=node, gpu_devices=[pod % 8]), "pod"),
+                 (p.PodObserved(**base, phase="Running", node_name=node, gpu_devices=(pod % 8,)), "pod"),
                  (p.PodRemoved(namespace="default", name=name, uid=uid), "pod")]
         for payload, _ in steps:
             if i >= n:

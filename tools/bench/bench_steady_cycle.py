@@ -110,7 +110,7 @@ def build(feed: Feed, nodes: int, running: int, pending: int, config: SchedulerC
                 spec = p.PodObserved(namespace="bench", name=f"train-{i}-{k}", uid=f"t{i}-{k}",
                                      phase="Running", node_name=node, queue=leaf(i),
                                      podgroup=f"train-{i}", implicit_podgroup=True,
-                                     requests=gpu_pod, gpu=p.GpuRequest(whole=1), gpu_devices=[k],
+                                     requests=gpu_pod, gpu=p.GpuRequest(whole=1), gpu_devices=(k,),
                                      created_ns=START)
                 gpu_pods[k].append(spec)
             else:

@@ -65,6 +65,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,7 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 
 
-def reasons_in_words(reasons: list[p.Reason]) -> str:
+def reasons_in_words(reasons: Sequence[p.Reason]) -> str:
     return "; ".join(r.message or r.code for r in reasons) or "unschedulable"
 
 
@@ -115,7 +116,7 @@ def _event_name(pod: str, record_id: str, reason: str) -> str:
 class _Verdict:
     """What a PodGroup's condition states: the verdict, and the position last written with it."""
     message: str
-    reasons: list[p.Reason]
+    reasons: Sequence[p.Reason]
     when: str
     transition: str
     place: tuple[int, int, str, int, int] | None = None

@@ -105,7 +105,7 @@ class Eligibility:
         self._kept = kept.masks
         #: check every kept legacy mask against a fresh evaluation (verification mode)
         self.verify = False
-        self._volume_terms: dict[str, list[tuple[str, str, list[p.NodeSelectorTerm]]]] = {}
+        self._volume_terms: dict[str, list[tuple[str, str, tuple[p.NodeSelectorTerm, ...]]]] = {}
         self.affinity = pod_affinity.PodAffinityIndex(state, labels_of(state, names, nodes), names, self.node_index)
         self._scalars: resources.ScalarFree | None = None
         self._ports: host_ports.PortsInUse | None = None
@@ -170,7 +170,7 @@ class Eligibility:
             return None
         return volumes.pod_problem(self.state, spec)
 
-    def _volumes_of(self, spec: p.PodObserved) -> list[tuple[str, str, list[p.NodeSelectorTerm]]]:
+    def _volumes_of(self, spec: p.PodObserved) -> list[tuple[str, str, tuple[p.NodeSelectorTerm, ...]]]:
         if not spec.claims:
             return []
         key = f"{spec.namespace}/{spec.name}"
@@ -246,7 +246,7 @@ class Eligibility:
 
     @staticmethod
     def _node_level(node: p.NodeObserved, spec: p.PodObserved,
-                    vols: list[tuple[str, str, list[p.NodeSelectorTerm]]]) -> bool:
+                    vols: list[tuple[str, str, tuple[p.NodeSelectorTerm, ...]]]) -> bool:
         return all(node_affinity.required_allows(terms, node) for _, _, terms in vols) and \
             resources.capacity_allows(node, spec)
 

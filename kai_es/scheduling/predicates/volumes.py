@@ -40,7 +40,7 @@ def pod_problem(state: ClusterState, spec: p.PodObserved) -> Reason | None:
     return None
 
 
-def volume_terms(state: ClusterState, spec: p.PodObserved) -> list[tuple[str, str, list[p.NodeSelectorTerm]]]:
+def volume_terms(state: ClusterState, spec: p.PodObserved) -> list[tuple[str, str, tuple[p.NodeSelectorTerm, ...]]]:
     out = []
     for name in spec.claims:
         claim = state.claims.get(f"{spec.namespace}/{name}")

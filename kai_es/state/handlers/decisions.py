@@ -5,6 +5,8 @@ Part of the reducer (`kai_es.state.reducer`, whose contract holds for every hand
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kai_es.events import Envelope
 from kai_es.events import payloads as p
 from kai_es.state.handlers.jobs import set_pending
@@ -97,7 +99,7 @@ def pod_unschedulable(state: ClusterState, env: Envelope) -> None:
         _search_failed(state, pod.job_key, data.reasons)
 
 
-def _search_failed(state: ClusterState, job_key: str, reasons: list[p.Reason]) -> None:
+def _search_failed(state: ClusterState, job_key: str, reasons: Sequence[p.Reason]) -> None:
     """Keep the most failed searches a reason of the verdict states, and its retry time, on the
     job (`backs_off_searches`)."""
     job = state.jobs.get(job_key)
@@ -115,7 +117,7 @@ def _search_failed(state: ClusterState, job_key: str, reasons: list[p.Reason]) -
     state.stale_jobs.add(job.key)
 
 
-def reasons_fingerprint(reasons: list[p.Reason]) -> str:
+def reasons_fingerprint(reasons: Sequence[p.Reason]) -> str:
     """What makes two unschedulable verdicts 'the same' (so an unchanged one is not re-announced)."""
     # (lists, not generators: str.join makes a list of a generator first; every unschedulable
     # pod of every cycle comes here)

@@ -31,7 +31,7 @@ def edit(old: list[str], new: list[str], since_cycle: int) -> p.TriedOrder | Non
     while tail < shortest - head and old[-1 - tail] == new[-1 - tail]:
         tail += 1
     return p.TriedOrder(since_cycle=since_cycle, keep_head=head, keep_tail=tail,
-                        jobs=new[head:len(new) - tail])
+                        jobs=tuple(new[head:len(new) - tail]))
 
 
 def applied(old: list[str], order: p.TriedOrder) -> list[str] | None:
