@@ -29,11 +29,13 @@ def _out_of_bounds_pod(spec: p.PodObserved) -> bool:
     g, r = spec.gpu, spec.requests
     if not (0 <= r.milli_cpu <= MAX_QUANTITY and 0 <= r.memory_bytes <= MAX_QUANTITY):
         return True
-    if g.whole or g.fraction_milli or g.gpu_memory_mib or g.fraction_devices != 1:
+    if g.fraction_milli or g.gpu_memory_mib or g.fraction_devices != 1:
         if not (0 <= g.whole <= bounds.MAX_POD_GPUS and 0 <= g.fraction_milli < 1000
                 and 0 <= g.gpu_memory_mib <= bounds.MAX_GPU_MEMORY_MIB
                 and 1 <= g.fraction_devices <= bounds.MAX_POD_GPUS):
             return True
+    elif not 0 <= g.whole <= bounds.MAX_POD_GPUS:  # whole devices only (or none): the common request
+        return True
     if spec.scalar_requests and not all(0 <= v <= MAX_QUANTITY for v in spec.scalar_requests.values()):
         return True
     return (spec.preemption_delay_ns is not None or spec.staleness_grace_ns is not None) and bool(
@@ -230,7 +232,8 @@ def drop_pod(state: ClusterState, pod: PodState, job: Job | None = None) -> None
         job = state.jobs[pod.job_key]
     job.members.discard(key)
     refresh_or_drop_job(state, job)
-    if len(stale_pods) + len(state.stale_jobs) > 2 * (len(pods) + len(state.jobs)) + 4096:
+    marks = len(stale_pods) + len(state.stale_jobs)
+    if marks > 4096 and marks > 2 * (len(pods) + len(state.jobs)) + 4096:  # (the cheap half first)
         _forget_hashes(state)
 
 
