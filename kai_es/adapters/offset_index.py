@@ -78,7 +78,11 @@ class OffsetIndex:
             cut -= 1
         if cut <= 0:
             return  # one batch holds the whole window: keep it
-        i = 0
+        # the first mark: `mark_every` lines past the last one (a batch start at or after it), so
+        # marks stay that far apart across compactions too, not one more at each compaction's start
+        i = max(0, self._mark_pos[-1] + self.mark_every - self.dense_from) if self._mark_pos else 0
+        while 0 < i < cut and m[dense[i - 1] + HEAD - 1] != ENDS:
+            i += 1
         while i < cut:
             self._mark_pos.append(self.dense_from + i)
             self._mark_byte.append(dense[i])
