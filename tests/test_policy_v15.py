@@ -114,9 +114,10 @@ def test_a_config_of_v15_takes_a_pod_v14_put_back_out_of_the_pending_pods() -> N
     assert check(cluster.state, strict=False) == []
 
 
-def test_v15_is_the_default_and_differs_from_v14_in_this_fold_rule_only() -> None:
-    assert policy.CURRENT_POLICY == "kai-es/v15"
+def test_v15_differs_from_v14_in_this_fold_rule_only_and_later_versions_keep_it() -> None:
     v14, v15 = policy.POLICIES["kai-es/v14"], policy.POLICIES["kai-es/v15"]
     assert v15.rules == v14.rules and v15.actions == v14.actions
     assert FOLD_RULES["kai-es/v15"] == dataclasses.replace(FOLD_RULES["kai-es/v14"], failed_binds_honour_deletion=True)
-    assert not any(FOLD_RULES[v].failed_binds_honour_deletion for v in FOLD_RULES if v != "kai-es/v15")
+    released = list(FOLD_RULES)  # (in release order)
+    since = released.index("kai-es/v15")
+    assert all(FOLD_RULES[v].failed_binds_honour_deletion == (i >= since) for i, v in enumerate(released))

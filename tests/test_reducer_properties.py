@@ -132,12 +132,15 @@ def other(draw: st.DrawFn) -> p.Payload:
 
 @st.composite
 def _events(draw: st.DrawFn) -> list[p.Payload]:
-    """The current policy's config, a cluster (nodes, queues), then a random mix weighted towards
-    pod life cycles. (A log written before a version folds by that version's rules, which golden
-    logs pin; a state of an older version can break an invariant a newer one fixed: under
-    kai-es/v14 a pod deleted while its bind was in flight became pending again when the bind
-    failed, which no state restored from a snapshot has.)"""
-    setup: list[p.Payload] = [p.ConfigApplied(config_digest="properties", config={"policyVersion": CURRENT_POLICY})]
+    """The current policy's config or v15's (the same fold, its digest hashing pod specs in the
+    order before v16: `kai_es.state.legacy_spec_form`), a cluster (nodes, queues), then a random
+    mix weighted towards pod life cycles, where the config may switch to the other of the two.
+    (A log written before a version folds by that version's rules, which golden logs pin; a
+    state of an older version can break an invariant a newer one fixed: under kai-es/v14 a pod
+    deleted while its bind was in flight became pending again when the bind failed, which no
+    state restored from a snapshot has.)"""
+    versions = draw(st.permutations([CURRENT_POLICY, "kai-es/v15"]))
+    setup: list[p.Payload] = [p.ConfigApplied(config_digest="properties", config={"policyVersion": versions[0]})]
     setup += [
         p.NodeObserved(name=n, milli_cpu=16000, memory_bytes=2**36, gpus=draw(st.integers(1, 4)),
                        max_pods=8, gpu_memory_mib=40960) for n in NODES]
@@ -155,6 +158,9 @@ def _events(draw: st.DrawFn) -> list[p.Payload]:
         elif waiting is not None and isinstance(payload, DECISIONS) and draw(st.booleans()):
             payload = msgspec.structs.replace(payload, name=waiting[0], uid=waiting[1])
         out.append(payload)
+    switch = draw(st.none() | st.integers(0, len(out)))
+    if switch is not None:  # every pod's hash changes form: the next digest re-hashes them all
+        out.insert(switch, p.ConfigApplied(config_digest="switched", config={"policyVersion": versions[1]}))
     return setup + out
 
 

@@ -43,7 +43,7 @@ V4_DEFAULT = ["allocate", "consolidation", "reclaim", "preempt", "stalegangevict
 
 def test_v3_runs_every_action_it_has_by_default_and_v2_keeps_allocate() -> None:
     assert parse_config({"policyVersion": "kai-es/v3"}).action_list == V3_DEFAULT
-    assert parse_config({}).policy_version == "kai-es/v15"  # v5 to v15 run v4's actions
+    assert parse_config({}).policy_version == "kai-es/v16"  # v5 to v16 run v4's actions
     assert parse_config({}).action_list == V4_DEFAULT
     assert parse_config({"policyVersion": "kai-es/v2"}).action_list == ["allocate"]
     # a config listing no actions and one listing the defaults are the same configuration

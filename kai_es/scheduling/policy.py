@@ -180,6 +180,11 @@ never changed: new behaviour is a new version here, and every old log keeps repl
   deletionTimestamp is Releasing, whatever its BindRequest): v14 put it back, decided it again after its back-off, and a
   checkpoint taken then restored to another state than its fold's.
 
+- `kai-es/v16`: v15's rules and decisions; its state digest hashes a pod's spec with its fields
+  in name order (the fold rule `name_ordered_specs`), the order `PodObserved` now declares them
+  in because decoding it so costs about 5% less of a fold. Older versions hash the order the
+  fields were added in (`kai_es.state.legacy_spec_form`), so their logs keep their digests.
+
 Each version is a value: its actions and its `Rules` (one object per rule, an old behaviour an
 old, named class); no action asks which version is in force.
 
@@ -458,9 +463,13 @@ POLICIES: Final[Mapping[str, PolicyVersion]] = {p.version: p for p in (
     PolicyVersion("kai-es/v15", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V14, FOLD_RULES["kai-es/v15"],
                   default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
                   snapshot_digest=snapshot_digest),
+    # v15's rules and decisions; its digest hashes pod specs with their fields in name order
+    PolicyVersion("kai-es/v16", _V4_ACTIONS, frozenset(ACTION_NAMES), RULES_V14, FOLD_RULES["kai-es/v16"],
+                  default_actions=_KAI_ORDER, empty_is_default=True, state_digest=incremental_digest,
+                  snapshot_digest=snapshot_digest),
 )}
 #: the version new configs get
-CURRENT_POLICY: Final = "kai-es/v15"
+CURRENT_POLICY: Final = "kai-es/v16"
 
 
 def policy_for(version: str) -> PolicyVersion:

@@ -45,6 +45,7 @@ from typing import Final
 import msgspec
 
 from kai_es.events import payloads as p
+from kai_es.state.legacy_spec_form import legacy_spec
 from kai_es.state.model import ClusterState
 from kai_es.state.reducer import pod_key
 from kai_es.state.snapshot import (
@@ -61,6 +62,7 @@ from kai_es.state.snapshot import (
     snapshot,
     usage_form,
 )
+from kai_es.state.versions import fold_rules
 
 PREFIX: Final = "mset-sha256:"
 MOD: Final = 2**256
@@ -76,7 +78,9 @@ def _node(state: ClusterState, key: str) -> object | None:
 
 def _pod(state: ClusterState, key: str) -> object | None:
     x = state.pods.get(key)
-    return None if x is None else pod_snap(x)
+    if x is None:
+        return None
+    return pod_snap(x) if state.name_ordered_specs else pod_snap(x, legacy_spec(x.spec))
 
 
 #: PodGroupObserved's fields before schema version 5 added the handover times. msgspec gives a
@@ -262,7 +266,11 @@ def snapshot_digest(snap: Snapshot) -> str:
     h = entity_hash
     total = _header_hash(snap)
     total += sum(h("node", n.spec.name, n) for n in snap.nodes)
-    total += sum(h("pod", pod_key(x.spec.namespace, x.spec.name), x) for x in snap.pods)
+    if fold_rules(snap.config.get("policyVersion")).name_ordered_specs:
+        total += sum(h("pod", pod_key(x.spec.namespace, x.spec.name), x) for x in snap.pods)
+    else:  # (the spec as policies before kai-es/v16 hash it)
+        total += sum(h("pod", pod_key(x.spec.namespace, x.spec.name),
+                       msgspec.structs.replace(x, spec=legacy_spec(x.spec))) for x in snap.pods)
     total += sum(h("job", j.key, job_digest_form(job_form(j))) for j in snap.jobs)
     total += sum(h("queue", q.spec.name, queue_form(q)) for q in snap.queues)
     total += sum(h("pending", q, keys) for q, keys in snap.pending_jobs.items())

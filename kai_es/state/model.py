@@ -355,6 +355,9 @@ class ClusterState:
     #: whether a pod whose bind failed stays out of the pending pods while it is terminating
     #: (policy kai-es/v15 on; `kai_es.state.handlers.jobs.set_pending`)
     failed_binds_honour_deletion: bool = False
+    #: whether the state digest hashes pod specs with their fields in name order (policy
+    #: kai-es/v16 on; `kai_es.state.legacy_spec_form`)
+    name_ordered_specs: bool = False
     #: the scheduler name kai-es answers to (the config's `schedulerName`, default KAI's): only
     #: pods of it are pending for kai-es
     scheduler_name: str = SCHEDULER_NAME

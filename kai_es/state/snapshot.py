@@ -176,9 +176,10 @@ def node_snap(n: NodeState) -> NodeSnap:
                     pods=sorted(n.pods), used_scalar=dict(sorted(n.used_scalar.items())) if n.used_scalar else {})
 
 
-def pod_snap(x: PodState) -> PodSnap:
-    """The canonical form of one pod."""
-    return PodSnap(spec=x.spec, job_key=x.job_key, status=x.status, node=x.node, devices=list(x.devices),
+def pod_snap(x: PodState, spec: Any = None) -> PodSnap:
+    """The canonical form of one pod (`spec`: its spec in another form, for a digest that hashes
+    one: `kai_es.state.legacy_spec_form`)."""
+    return PodSnap(spec=x.spec if spec is None else spec, job_key=x.job_key, status=x.status, node=x.node, devices=list(x.devices),
                    gpu_groups=list(x.gpu_groups), device_milli=x.device_milli, decision_id=x.decision_id,
                    bind_failures=x.bind_failures, backoff_until_ns=x.backoff_until_ns,
                    started_ns=x.started_ns, last_unschedulable=x.last_unschedulable,

@@ -42,6 +42,10 @@ reducer sits below the scheduler, so it is kept at the reducer's layer).
   failed), as every other way back to Pending does and as a state restored from a snapshot
   has it. Before, it was pending again and decided again after its back-off, and a checkpoint
   taken then restored to another state than the fold's (kai-es/v15 on; the config in force).
+- `name_ordered_specs`: the state digest hashes a pod's spec with its fields in name order, the
+  order `PodObserved` declares them in (cheaper to decode); before, in the order they were added
+  (`kai_es.state.legacy_spec_form`), which every older log's digests hold (kai-es/v16 on; the
+  config in force). No decision changes.
 
 A version this build does not know folds as the newest (the scheduler rejects a config naming
 one before it is applied); a log with no version at all (None) folds as the first logs did.
@@ -67,6 +71,7 @@ class FoldRules:
     bindings_hold: bool = False
     honours_gates: bool = False
     failed_binds_honour_deletion: bool = False
+    name_ordered_specs: bool = False
 
 
 _FIRST: Final = FoldRules(keeps_times=False, stale_subgroups=False, pipelined_nominates=False)
@@ -88,6 +93,7 @@ _GATED: Final = FoldRules(keeps_times=True, stale_subgroups=True, pipelined_nomi
                           releases_failed_moves=True, keeps_tried_order=True, bindings_hold=True,
                           honours_gates=True)
 _DELETING: Final = replace(_GATED, failed_binds_honour_deletion=True)
+_NAME_ORDERED: Final = replace(_DELETING, name_ordered_specs=True)
 
 #: released policy version -> its fold rules (in release order)
 FOLD_RULES: Final[Mapping[str, FoldRules]] = {
@@ -115,10 +121,12 @@ FOLD_RULES: Final[Mapping[str, FoldRules]] = {
     "kai-es/v14": _GATED,
     # a pod whose bind failed while it was being deleted is not pending again
     "kai-es/v15": _DELETING,
+    # the digest hashes pod specs with their fields in name order (no decision changes)
+    "kai-es/v16": _NAME_ORDERED,
 }
 #: what a log that names no version (None) or an empty one ("") folds by
 _UNNAMED: Final[Mapping[object, FoldRules]] = {None: _FIRST, "": _NOMINATING}
-_NEWEST: Final = _DELETING
+_NEWEST: Final = _NAME_ORDERED
 
 
 def fold_rules(version: object) -> FoldRules:

@@ -18,8 +18,7 @@ from kai_es.state.versions import fold_rules
 def derive_config_flags(state: ClusterState) -> None:
     """Set the state's flags derived from its config (`timed`, `subgroup_stale`,
     `handover_stamps`, `releases_failed_moves`, `bindings_hold`, `honours_gates`,
-    `failed_binds_honour_deletion`, the usage
-    resolution and window).
+    `failed_binds_honour_deletion`, `name_ordered_specs`, the usage resolution and window).
     A config whose durations do not parse keeps usage off (the scheduler rejects such a config
     before it is ever applied)."""
     config = state.config
@@ -31,6 +30,9 @@ def derive_config_flags(state: ClusterState) -> None:
     state.bindings_hold = rules.bindings_hold
     state.honours_gates = rules.honours_gates
     state.failed_binds_honour_deletion = rules.failed_binds_honour_deletion
+    if state.name_ordered_specs != rules.name_ordered_specs:
+        state.name_ordered_specs = rules.name_ordered_specs
+        state.hashes.complete = False  # every pod's hash was of the other form: the next digest re-hashes all
     name = config.get("schedulerName")
     state.scheduler_name = name if isinstance(name, str) and name else SCHEDULER_NAME
     fairshare = config.get("fairshare")
