@@ -11,8 +11,6 @@ the binder's Binding lands (the informer sees its deletionTimestamp), the Bindin
 
 from __future__ import annotations
 
-import dataclasses
-
 import msgspec
 
 from kai_es.events import Envelope, Record
@@ -29,8 +27,8 @@ from kai_es.state.invariants import check
 from kai_es.state.model import BIND_BACKOFF_BASE_NS
 from kai_es.state.reducer import apply
 from kai_es.state.snapshot import restore, snapshot
-from kai_es.state.versions import FOLD_RULES
 from tests.builders import MakeNode, MakePod, queue, scenario_text
+from tests.policy_checks import assert_one_fold_rule_added
 
 
 def _scenario(version: str) -> Scenario:
@@ -115,9 +113,4 @@ def test_a_config_of_v15_takes_a_pod_v14_put_back_out_of_the_pending_pods() -> N
 
 
 def test_v15_differs_from_v14_in_this_fold_rule_only_and_later_versions_keep_it() -> None:
-    v14, v15 = policy.POLICIES["kai-es/v14"], policy.POLICIES["kai-es/v15"]
-    assert v15.rules == v14.rules and v15.actions == v14.actions
-    assert FOLD_RULES["kai-es/v15"] == dataclasses.replace(FOLD_RULES["kai-es/v14"], failed_binds_honour_deletion=True)
-    released = list(FOLD_RULES)  # (in release order)
-    since = released.index("kai-es/v15")
-    assert all(FOLD_RULES[v].failed_binds_honour_deletion == (i >= since) for i, v in enumerate(released))
+    assert_one_fold_rule_added("kai-es/v14", "kai-es/v15", "failed_binds_honour_deletion")

@@ -6,8 +6,6 @@ a digest that a restored snapshot and a mid-log switch of version both agree wit
 
 from __future__ import annotations
 
-import dataclasses
-
 from kai_es.events import Envelope, Record
 from kai_es.events import payloads as p
 from kai_es.events.factory import make_envelope
@@ -20,8 +18,8 @@ from kai_es.scheduling.packing import load_packer
 from kai_es.state import ClusterState
 from kai_es.state.reducer import apply
 from kai_es.state.snapshot import restore, snapshot
-from kai_es.state.versions import FOLD_RULES
 from tests.builders import MakeNode, MakePod, podgroup, queue, scenario_text
+from tests.policy_checks import assert_one_fold_rule_added
 
 
 def _manifests(version: str) -> str:
@@ -68,12 +66,7 @@ def _placed(decisions: list[Envelope]) -> dict[str, tuple[str, tuple[int, ...]]]
 
 def test_v16_is_the_default_and_differs_from_v15_in_this_fold_rule_only() -> None:
     assert policy.CURRENT_POLICY == "kai-es/v16"
-    v15, v16 = policy.POLICIES["kai-es/v15"], policy.POLICIES["kai-es/v16"]
-    assert v16.rules == v15.rules and v16.actions == v15.actions
-    assert FOLD_RULES["kai-es/v16"] == dataclasses.replace(FOLD_RULES["kai-es/v15"], name_ordered_specs=True)
-    released = list(FOLD_RULES)  # (in release order)
-    since = released.index("kai-es/v16")
-    assert all(FOLD_RULES[v].name_ordered_specs == (i >= since) for i, v in enumerate(released))
+    assert_one_fold_rule_added("kai-es/v15", "kai-es/v16", "name_ordered_specs")
 
 
 def test_the_same_manifests_give_the_same_decisions_and_another_digest() -> None:
