@@ -73,7 +73,7 @@ async def test_fractional_pods_share_a_reserved_gpu_whose_id_is_published(
             assert set(decided) == {"half-a", "half-b"}
             group = decided["half-a"].gpu_groups[0]
             device = decided["half-a"].gpu_devices[0]
-            assert decided["half-b"].gpu_groups == [group] and decided["half-b"].gpu_devices == [device]
+            assert decided["half-b"].gpu_groups == (group,) and decided["half-b"].gpu_devices == (device,)
             for name in ("half-a", "half-b"):
                 _, pod = await get_pod(api, ns, name)
                 assert pod["metadata"]["labels"]["runai-gpu-group"] == group

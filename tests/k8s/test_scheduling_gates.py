@@ -51,7 +51,7 @@ async def test_a_gated_pod_waits_for_its_gates_and_is_bound_once_they_are_remove
     records = [r async for r in log.read()]
     observed = [d.scheduling_gates for d in (r.envelope.data for r in records)
                 if isinstance(d, p.PodObserved) and d.namespace == ns and d.name == "held"]
-    assert observed[0] == [GATE] and observed[-1] == [], observed
+    assert observed[0] == (GATE,) and observed[-1] == (), observed
     ungated_at = next(r.position for r in records if isinstance(r.envelope.data, p.PodObserved)
                       and r.envelope.data.name == "held" and r.envelope.data.namespace == ns
                       and not r.envelope.data.scheduling_gates)

@@ -90,6 +90,6 @@ async def test_a_rack_bound_gang_is_bound_inside_one_rack(k8s: K8s, scheduler_ku
     records = [r async for r in log.read()]
     observed = [r.envelope.data for r in records if isinstance(r.envelope.data, p.TopologyObserved)
                 and r.envelope.data.name == topology]
-    assert observed and observed[-1].levels == [ZONE, RACK]
+    assert observed and observed[-1].levels == (ZONE, RACK)
     result = replay(records, load_packer("native"))
     assert result.ok, result.divergence
