@@ -1,7 +1,7 @@
 """Policy kai-es/v16: v15's rules and decisions, its state digest hashing a pod's spec with the
 fields in name order (the order `PodObserved` declares them in since v16, cheaper to decode).
 Logs written under v15 keep their digests (tests/golden/history holds v15's goldens, replayed
-byte for byte by tests/test_golden_history.py); this file holds v16 to the same decisions and to
+byte for byte by tests/test_simulation.py); this file holds v16 to the same decisions and to
 a digest that a restored snapshot and a mid-log switch of version both agree with."""
 
 from __future__ import annotations

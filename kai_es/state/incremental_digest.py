@@ -40,12 +40,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import fields
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
 from kai_es.events import payloads as p
-from kai_es.state.legacy_spec_form import legacy_spec
+from kai_es.state.legacy_spec_form import legacy_spec, twin
 from kai_es.state.model import ClusterState
 from kai_es.state.reducer import pod_key
 from kai_es.state.snapshot import (
@@ -90,19 +90,7 @@ def _pod(state: ClusterState, key: str) -> object | None:
 _SPEC_FIELDS_V4: Final = p.PodGroupObserved.__struct_fields__[:15]
 _NEWER_SPEC_FIELDS: Final = p.PodGroupObserved.__struct_fields__[15:]
 assert _NEWER_SPEC_FIELDS == ("stale_timestamp_ns", "last_eviction_timestamp_ns"), _NEWER_SPEC_FIELDS
-
-
-def _field_spec(f: msgspec.structs.FieldInfo) -> tuple[str, type, object] | tuple[str, type]:
-    if f.required:
-        return (f.name, object)
-    if f.default is not msgspec.NODEFAULT:
-        return (f.name, object, f.default)
-    return (f.name, object, msgspec.field(default_factory=f.default_factory))
-
-
-_PodGroupFormV4: Final = msgspec.defstruct(
-    "PodGroupFormV4", [_field_spec(f) for f in msgspec.structs.fields(p.PodGroupObserved)[:15]],
-    kw_only=True, frozen=True, omit_defaults=True)
+_PodGroupFormV4: Final[Any] = twin(p.PodGroupObserved, _SPEC_FIELDS_V4, "PodGroupFormV4")
 
 
 def job_digest_form(snap: JobSnap) -> JobSnap:

@@ -36,16 +36,18 @@ POD_ORDER: Final = (
 )
 RESOURCES_ORDER: Final = ("milli_cpu", "memory_bytes")
 GPU_ORDER: Final = ("whole", "fraction_milli", "gpu_memory_mib", "fraction_devices")
+assert set(POD_ORDER) == set(p.PodObserved.__struct_fields__), "a PodObserved field added: not in the old order"
 
 
-def _twin(cls: type[msgspec.Struct], order: tuple[str, ...], name: str,
-          replaced: dict[str, tuple[type, object]] | None = None) -> type[msgspec.Struct]:
-    """`cls`'s fields in `order` (names must be the same set), positional, with `cls`'s own
-    default objects (or `replaced`'s type and default), omitting defaults as `cls` does. A
-    required field after one with a default (PodObserved's `podgroup`) gets UNSET as its
-    default: positional fields need it, and a spec never holds UNSET, so it is always written."""
+def twin(cls: type[msgspec.Struct], order: tuple[str, ...], name: str,
+         replaced: dict[str, tuple[type, object]] | None = None) -> type[msgspec.Struct]:
+    """A struct of `cls`'s fields named in `order` (some or all of them), in that order,
+    positional, with `cls`'s own default objects (or `replaced`'s type and default), omitting
+    defaults as `cls` does: it encodes as `cls` did when it declared those fields so. A required
+    field after one with a default (PodObserved's `podgroup`) gets UNSET as its default:
+    positional fields need it, and a spec never holds UNSET, so it is always written."""
     fields = {f.name: f for f in msgspec.structs.fields(cls)}
-    assert set(fields) == set(order), (cls, set(fields) ^ set(order))
+    assert set(order) <= set(fields), (cls, set(order) - set(fields))
     spec: list[Any] = []
     seen_default = False
     for field_name in order:
@@ -64,15 +66,15 @@ def _twin(cls: type[msgspec.Struct], order: tuple[str, ...], name: str,
     return msgspec.defstruct(name, spec, frozen=True, omit_defaults=True, gc=False)
 
 
-_Resources: Final[Any] = _twin(p.PodResources, RESOURCES_ORDER, "PodResourcesBeforeV16")
-_Gpu: Final[Any] = _twin(p.GpuRequest, GPU_ORDER, "GpuRequestBeforeV16")
+_Resources: Final[Any] = twin(p.PodResources, RESOURCES_ORDER, "PodResourcesBeforeV16")
+_Gpu: Final[Any] = twin(p.GpuRequest, GPU_ORDER, "GpuRequestBeforeV16")
 _RESOURCES_DEFAULT: Final = _Resources()
 _GPU_DEFAULT: Final = _Gpu()
 _POD_FIELDS: Final = {f.name: f for f in msgspec.structs.fields(p.PodObserved)}
 #: the default objects of the current classes, mapped by identity to the legacy ones
 _NEW_RESOURCES_DEFAULT: Final = _POD_FIELDS["requests"].default
 _NEW_GPU_DEFAULT: Final = _POD_FIELDS["gpu"].default
-_Pod: Final[Any] = _twin(p.PodObserved, POD_ORDER, "PodObservedBeforeV16",
+_Pod: Final[Any] = twin(p.PodObserved, POD_ORDER, "PodObservedBeforeV16",
                          {"requests": (_Resources, _RESOURCES_DEFAULT), "gpu": (_Gpu, _GPU_DEFAULT)})
 #: the current class's values (astuple: declaration order) picked in the legacy order
 _IN_POD_ORDER: Final = itemgetter(*(p.PodObserved.__struct_fields__.index(n) for n in POD_ORDER))
